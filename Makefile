@@ -1,0 +1,37 @@
+# Two entry points, both from a fresh clone with only python3 and make:
+#   make demo   set up and run the demo (simulated engines + gateway + dashboard)
+#   make test   set up and run the whole test suite (ruff, mypy --strict, pytest)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint unit bench soak clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/kvgateway demo
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check kvgateway tests bench
+	$(BIN)/ruff format --check kvgateway tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -q -ra
+
+unit: $(VENV)/.installed
+	$(BIN)/pytest -q tests/unit
+
+bench: $(VENV)/.installed
+	$(PY) -m bench
+
+soak: $(VENV)/.installed
+	$(PY) -m bench.soak
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache test-artifacts

@@ -1,0 +1,273 @@
+"""Starlette routes: thin adapters from HTTP, WebSocket and SSE to the gateway and its hub."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from kvgateway.gateway import Gateway
+from kvgateway.hub import BadRequest, Subscription, TooManyClients, parse_query
+
+log = logging.getLogger("kvgateway.web")
+
+SSE_RETRY_MS = 2000
+WS_CLOSE_SLOW = 1013
+WS_CLOSE_RESTART = 1012
+SCHEMA_FILE = "protocol.schema.json"
+
+
+def static_dir() -> Path:
+    """The dashboard files: inside the installed package, or the checkout's top-level static/."""
+    packaged = Path(__file__).parent / "static"
+    if (packaged / "index.html").is_file():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "static"
+
+
+def _json_error(status: int, message: str, **headers: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers or None)
+
+
+class SecurityHeaders:
+    """Headers that keep the dashboard from being framed or sniffed."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = message.setdefault("headers", [])
+                headers.append((b"x-content-type-options", b"nosniff"))
+                headers.append((b"x-frame-options", b"DENY"))
+                headers.append((b"referrer-policy", b"no-referrer"))
+                headers.append(
+                    (
+                        b"content-security-policy",
+                        b"default-src 'self'; connect-src 'self' ws: wss:; img-src 'self' data:; "
+                        b"style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
+                    )
+                )
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def create_app(gateway: Gateway) -> Starlette:
+    settings = gateway.settings
+    hub = gateway.hub
+    metrics = gateway.metrics
+    token = settings.token.encode() if settings.token else None
+    source_names = {s.name for s in settings.sources}
+    schema_bytes = resources.files("kvgateway").joinpath(SCHEMA_FILE).read_bytes()
+
+    def authorized(conn: HTTPConnection) -> bool:
+        if token is None:
+            return True
+        header = conn.headers.get("authorization", "")
+        scheme, _, value = header.partition(" ")
+        given = value.strip() if scheme.lower() == "bearer" else conn.query_params.get("token", "")
+        # compare_digest: the time taken does not tell how much of a guess was right.
+        return hmac.compare_digest(given.encode(), token)
+
+    def reject_unauthorized(conn: HTTPConnection, transport: str) -> JSONResponse:
+        metrics.client_rejections.labels(transport, "unauthorized").inc()
+        client = conn.client.host if conn.client else "?"
+        log.warning("auth failure: %s %s from %s", transport, conn.url.path, client)
+        return _json_error(401, "missing or invalid token", **{"WWW-Authenticate": 'Bearer realm="kvgateway"'})
+
+    def origin_allowed(conn: HTTPConnection) -> bool:
+        origin = conn.headers.get("origin")
+        if origin is None:
+            return True  # not a browser: Origin is the browsers' cross-site guard
+        if origin in settings.allowed_origins:
+            return True
+        parts = urlsplit(origin)
+        return not settings.allowed_origins and parts.netloc == conn.headers.get("host", "") and bool(parts.scheme)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "epoch": hub.epoch, "uptime_seconds": gateway.clock() - gateway.started_at})
+
+    async def readyz(request: Request) -> Response:
+        ready, not_ready = gateway.readiness()
+        return JSONResponse(
+            {"ready": ready, "streams": len(gateway.status), "not_ready": not_ready}, status_code=200 if ready else 503
+        )
+
+    async def metrics_endpoint(request: Request) -> Response:
+        gateway.refresh_gauges()
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    async def sources(request: Request) -> Response:
+        if not authorized(request):
+            return reject_unauthorized(request, "http")
+        return JSONResponse({"offset": hub.offset, "epoch": hub.epoch, "sources": gateway.statuses()})
+
+    async def occupancy(request: Request) -> Response:
+        if not authorized(request):
+            return reject_unauthorized(request, "http")
+        return Response(msgspec.json.encode(gateway.snapshot()), media_type="application/json")
+
+    async def schema(request: Request) -> Response:
+        if not authorized(request):
+            return reject_unauthorized(request, "http")
+        return Response(schema_bytes, media_type="application/schema+json")
+
+    def client_request(conn: HTTPConnection, transport: str) -> Any:
+        params: dict[str, list[str]] = {}
+        for key, value in conn.query_params.multi_items():
+            params.setdefault(key, []).append(value)
+        if transport == "sse" and "last_event_id" not in params and conn.headers.get("last-event-id"):
+            params["last_event_id"] = [conn.headers["last-event-id"]]
+        return parse_query(params, sources=source_names)
+
+    async def events(request: Request) -> Response:
+        if not authorized(request):
+            return reject_unauthorized(request, "sse")
+        try:
+            client = client_request(request, "sse")
+        except BadRequest as exc:
+            metrics.client_rejections.labels("sse", "bad_request").inc()
+            return _json_error(400, str(exc))
+        try:
+            subscription = hub.subscribe(client, "sse")
+        except TooManyClients:
+            metrics.client_rejections.labels("sse", "too_many_clients").inc()
+            return _json_error(503, "too many clients", **{"Retry-After": "5"})
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
+        return StreamingResponse(
+            _sse_stream(subscription, hub.epoch, settings.keepalive_seconds),
+            media_type="text/event-stream; charset=utf-8",
+            headers=headers,
+        )
+
+    async def websocket_endpoint(websocket: WebSocket) -> None:
+        if not origin_allowed(websocket):
+            metrics.client_rejections.labels("ws", "forbidden_origin").inc()
+            log.warning("websocket from foreign origin %r refused", websocket.headers.get("origin", "")[:200])
+            await websocket.send_denial_response(_json_error(403, "origin not allowed"))
+            return
+        if not authorized(websocket):
+            await websocket.send_denial_response(reject_unauthorized(websocket, "ws"))
+            return
+        try:
+            client = client_request(websocket, "ws")
+        except BadRequest as exc:
+            metrics.client_rejections.labels("ws", "bad_request").inc()
+            await websocket.send_denial_response(_json_error(400, str(exc)))
+            return
+        try:
+            subscription = hub.subscribe(client, "ws")
+        except TooManyClients:
+            metrics.client_rejections.labels("ws", "too_many_clients").inc()
+            await websocket.accept()
+            await websocket.close(WS_CLOSE_SLOW, "too many clients")
+            return
+        await _ws_session(websocket, subscription)
+
+    static = StaticFiles(directory=static_dir(), html=True)
+    routes = [
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/metrics", metrics_endpoint),
+        Route("/v1/sources", sources),
+        Route("/v1/occupancy", occupancy),
+        Route("/v1/schema", schema),
+        Route("/v1/events", events),
+        WebSocketRoute("/v1/ws", websocket_endpoint),
+        Mount("/", app=static, name="static"),
+    ]
+    app = Starlette(routes=routes)
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+async def _ws_session(websocket: WebSocket, subscription: Subscription) -> None:
+    await websocket.accept()
+    reader = asyncio.ensure_future(_drain_inbound(websocket))
+    try:
+        await websocket.send_text(subscription.hello.decode())
+        while True:
+            chunk_task = asyncio.ensure_future(subscription.next_chunk())
+            done, _ = await asyncio.wait({chunk_task, reader}, return_when=asyncio.FIRST_COMPLETED)
+            if reader in done:
+                chunk_task.cancel()
+                subscription.close("closed")
+                return
+            chunk = chunk_task.result()
+            if chunk is None:
+                reason = subscription.closed_reason
+                if reason == "slow_consumer":
+                    await websocket.close(WS_CLOSE_SLOW, "slow consumer")
+                elif reason == "shutdown":
+                    await websocket.close(WS_CLOSE_RESTART, "gateway shutting down")
+                else:
+                    await websocket.close()
+                return
+            # Several messages in one frame, newline-delimited: one frame per message would
+            # collapse throughput under load.
+            await websocket.send_text(b"\n".join(message.data for message in chunk).decode())
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        subscription.close("closed")
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await reader
+        subscription.close("closed")
+
+
+async def _drain_inbound(websocket: WebSocket) -> None:
+    """Clients have nothing to say; read and drop what they send, and notice when they leave."""
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+
+
+def _sse_event(event_type: str, data: bytes, event_id: str | None) -> bytes:
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}event: {event_type}\n".encode() + b"data: " + data + b"\n\n"
+
+
+async def _sse_stream(subscription: Subscription, epoch: str, keepalive: float) -> AsyncIterator[bytes]:
+    try:
+        hello_id = f"{epoch}:{subscription.offset}"
+        yield f"retry: {SSE_RETRY_MS}\n\n".encode() + _sse_event("hello", subscription.hello, hello_id)
+        pending: asyncio.Future[Any] | None = None
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(subscription.next_chunk())
+            done, _ = await asyncio.wait({pending}, timeout=keepalive)
+            if not done:
+                yield b": ping\n\n"  # keeps proxies from closing an idle stream
+                continue
+            chunk = pending.result()
+            pending = None
+            if chunk is None:
+                if subscription.closed_reason == "slow_consumer":
+                    yield _sse_event("notice", b'{"type":"notice","kind":"slow_consumer"}', None)
+                return
+            yield b"".join(_sse_event(m.type, m.data, m.id) for m in chunk)
+    finally:
+        subscription.close("closed")

@@ -1,0 +1,56 @@
+"""The ``kvgateway`` command: ``simulate``, ``serve`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from kvgateway import __version__
+
+
+class UsageError(Exception):
+    """Bad arguments or configuration: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kvgateway import config, demo, simulator
+
+    parser = _Parser(prog="kvgateway", description="An observable gateway for LLM engines' KV-cache events.")
+    parser.add_argument("--version", action="version", version=f"kvgateway {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    simulator.add_arguments(
+        sub.add_parser("simulate", help="run a vLLM-compatible engine publisher (for demos and tests)")
+    )
+    config.add_serve_arguments(sub.add_parser("serve", help="subscribe to engines and serve their events"))
+    demo.add_arguments(sub.add_parser("demo", help="simulated engines and the gateway in one process"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from kvgateway import config, demo, simulator
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "simulate":
+            return simulator.run(args)
+        if args.command == "serve":
+            from kvgateway import gateway
+
+            return gateway.run(config.settings_from_args(args))
+        if args.command == "demo":
+            return demo.run(args)
+    except (UsageError, config.ConfigError) as exc:
+        sys.stderr.write(f"kvgateway {args.command}: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    parser.error(f"unknown command {args.command!r}")

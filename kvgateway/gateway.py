@@ -1,0 +1,278 @@
+"""The gateway: builds ingest, index, hub and web app from Settings, and applies ingest decisions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+import zmq
+
+from kvgateway import logs, wire
+from kvgateway.config import Settings, StreamConfig, summary
+from kvgateway.hub import Hub
+from kvgateway.ingest import StreamReader
+from kvgateway.metrics import Metrics
+from kvgateway.occupancy import OccupancyIndex
+from kvgateway.status import StreamStatus
+
+log = logging.getLogger("kvgateway")
+
+
+class Gateway:
+    """Everything but the HTTP server: readers -> sequencer decisions -> index, hub, metrics."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.metrics = Metrics()
+        self.started_at = clock()
+        streams = settings.streams()
+        self.index = OccupancyIndex(capacity={s.key: s.capacity_blocks for s in streams if s.capacity_blocks})
+        self.status: dict[tuple[str, int], StreamStatus] = {s.key: StreamStatus(s) for s in streams}
+        for stream in streams:
+            self.metrics.init_stream(stream.source, stream.dp_rank)
+            self.index.stream(stream.source, stream.dp_rank)
+        self.hub = Hub(
+            metrics=self.metrics,
+            sources=[s.key for s in streams],
+            ring_messages=settings.ring_messages,
+            ring_bytes=settings.ring_bytes,
+            client_queue_bytes=settings.client_queue_bytes,
+            max_clients=settings.max_clients,
+            snapshot=self.snapshot,
+            statuses=self.statuses,
+        )
+        self._own_context = context is None
+        self.context: zmq.Context[zmq.Socket[bytes]] = context if context is not None else zmq.Context()
+        self.readers: list[StreamReader] = []
+        self._streams = streams
+        self._event_counters: dict[tuple[str, int], dict[str, Any]] = {}
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        slots = asyncio.Semaphore(self.settings.max_concurrent_replays)
+        for stream in self._streams:
+            reader = StreamReader(
+                stream,
+                self.context,
+                self,
+                replay_slots=slots,
+                replay_timeout=self.settings.replay_timeout,
+                restart_window=self.settings.restart_window,
+                hold_limit=self.settings.hold_limit,
+                clock=self.clock,
+            )
+            reader.start()
+            self.readers.append(reader)
+        log.info("gateway started: %s", summary(self.settings))
+
+    async def stop(self) -> None:
+        self.hub.close()
+        for reader in self.readers:
+            await reader.stop()
+        self.readers.clear()
+        if self._own_context:
+            self.context.term()
+
+    # --- views ------------------------------------------------------------------------------
+
+    def snapshot(self, offset: int | None = None) -> dict[str, Any]:
+        return self.index.snapshot(self.hub.offset if offset is None else offset, self.clock())
+
+    def statuses(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [
+            status.to_json(now, self.index.stream(*key).stale) for key, status in sorted(self.status.items())
+        ]
+
+    def readiness(self) -> tuple[bool, list[dict[str, Any]]]:
+        not_ready = [
+            {"source": key[0], "dp_rank": key[1], "reason": status.down_reason}
+            for key, status in sorted(self.status.items())
+            if not status.connected
+        ]
+        return not not_ready, not_ready
+
+    def refresh_gauges(self) -> None:
+        """Cache gauges are read from the index at scrape time, not on every batch."""
+        now = self.clock()
+        for source, rank in self.status:
+            for medium, stats in self.index.stream(source, rank).medium_stats(now).items():
+                self.metrics.cache_blocks.labels(source, str(rank), medium).set(stats.blocks)
+                self.metrics.cache_tokens.labels(source, str(rank), medium).set(stats.tokens)
+
+    # --- Sink: decisions from the readers ---------------------------------------------------
+
+    def _log_stream(self, stream: StreamReader) -> str:
+        return f"{stream.config.source}[{stream.config.dp_rank}]"
+
+    def received(self, stream: StreamReader, count: int) -> None:
+        self.metrics.batches_received.labels(*stream.labels).inc(count)
+        self.status[stream.key].counters["batches"] += count
+
+    def deliver(self, stream: StreamReader, seq: int, batch: wire.Batch, replayed: bool, received: float) -> None:
+        config: StreamConfig = stream.config
+        status = self.status[stream.key]
+        status.last_seq = seq
+        self.metrics.source_last_seq.labels(*stream.labels).set(seq)
+        if batch.dp_rank is not None and batch.dp_rank != config.dp_rank:
+            self.metrics.rank_mismatches.labels(*stream.labels).inc()
+            log.warning(
+                "stream %s: seq %d carries data_parallel_rank %d, expected %d",
+                self._log_stream(stream),
+                seq,
+                batch.dp_rank,
+                config.dp_rank,
+            )
+        if replayed:
+            self.metrics.replayed_batches.labels(*stream.labels).inc()
+            status.counters["replayed"] += 1
+        else:
+            lag = received - batch.ts
+            status.lag_seconds = lag
+            self.metrics.event_lag.labels(*stream.labels).observe(max(lag, 0.0))
+        types = Counter(event.type for event in batch.events)
+        for event_type, count in types.items():
+            self.metrics.events_received.labels(*stream.labels, event_type).inc(count)
+        index = self.index.stream(config.source, config.dp_rank)
+        unknown_before = index.unknown_removes
+        index.apply(batch, received)
+        if index.unknown_removes != unknown_before:
+            self.metrics.unknown_removes.labels(*stream.labels).inc(index.unknown_removes - unknown_before)
+        self.hub.publish_batch(config.source, config.dp_rank, seq, batch)
+
+    def delivered_skip(self, stream: StreamReader, seq: int) -> None:
+        self.status[stream.key].last_seq = seq
+        self.metrics.source_last_seq.labels(*stream.labels).set(seq)
+
+    def decode_error(self, stream: StreamReader, seq: int | None, reason: str) -> None:
+        self.metrics.decode_errors.labels(*stream.labels).inc()
+        self.status[stream.key].counters["decode_errors"] += 1
+        where = "" if seq is None else f" seq {seq}"
+        log.warning("stream %s:%s skipped undecodable message: %s", self._log_stream(stream), where, reason[:300])
+
+    def duplicate(self, stream: StreamReader, seq: int) -> None:
+        self.metrics.duplicate_batches.labels(*stream.labels).inc()
+        self.status[stream.key].counters["duplicates"] += 1
+
+    def gap(self, stream: StreamReader, first: int, last: int) -> None:
+        count = last - first + 1
+        self.metrics.sequence_gaps.labels(*stream.labels).inc()
+        self.metrics.missed_batches.labels(*stream.labels).inc(count)
+        counters = self.status[stream.key].counters
+        counters["gaps"] += 1
+        counters["missed"] += count
+        log.warning("stream %s: gap, seq %d..%d missing (%d batches)", self._log_stream(stream), first, last, count)
+
+    def unrecovered(self, stream: StreamReader, first: int, last: int, reason: str) -> None:
+        count = last - first + 1
+        status = self.status[stream.key]
+        was_degraded = status.degraded(self.clock())
+        status.last_loss_at = self.clock()
+        status.counters["unrecovered"] += count
+        self.metrics.unrecovered_batches.labels(*stream.labels).inc(count)
+        self.index.stream(*stream.key).mark_stale()
+        log.warning(
+            "stream %s: %d batches lost for good (seq %d..%d, %s)", self._log_stream(stream), count, first, last, reason
+        )
+        source, rank = stream.key
+        self.hub.publish_notice(
+            "unrecovered_gap", source, rank, first=first, last=last, count=count, reason=reason
+        )
+        if not was_degraded:
+            self.hub.publish_notice("degraded", source, rank, reason=f"{count} batches unrecovered ({reason})")
+
+    def replay_finished(self, stream: StreamReader, outcome: str, replayed: int) -> None:
+        self.metrics.replay_requests.labels(*stream.labels, outcome).inc()
+        level = logging.INFO if outcome == "recovered" else logging.WARNING
+        log.log(level, "stream %s: replay %s, %d batches replayed", self._log_stream(stream), outcome, replayed)
+
+    def restart(self, stream: StreamReader, seq: int, previous: int, reason: str) -> None:
+        self.metrics.publisher_restarts.labels(*stream.labels).inc()
+        self.status[stream.key].counters["restarts"] += 1
+        self.index.stream(*stream.key).reset()
+        log.warning(
+            "stream %s: publisher restart (%s): seq %d after %d; its cache state was reset",
+            self._log_stream(stream),
+            reason,
+            seq,
+            previous,
+        )
+        self.hub.publish_notice("restart", *stream.key, seq=seq, previous=previous, reason=reason)
+
+    def connection(self, stream: StreamReader, connected: bool, reason: str) -> None:
+        status = self.status[stream.key]
+        changed = status.connected != connected
+        status.connected = connected
+        if not connected:
+            status.down_reason = reason
+        self.metrics.source_up.labels(*stream.labels).set(1 if connected else 0)
+        if changed:
+            log.info("stream %s %s (%s)", self._log_stream(stream), "up" if connected else "down", reason)
+            self.hub.publish_notice("up" if connected else "down", *stream.key, reason=reason)
+
+    def queue_depth(self, stream: StreamReader, depth: int) -> None:
+        self.metrics.ingest_queue_depth.labels(*stream.labels).set(depth)
+
+
+def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ws="websockets-sansio",
+        ws_max_size=64 * 1024,
+        ws_per_message_deflate=False,
+        access_log=False,
+        log_config=None,
+        lifespan="on",
+        timeout_graceful_shutdown=3,
+    )
+
+
+async def serve(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:
+    """Run the gateway and its HTTP server until SIGINT/SIGTERM."""
+    from kvgateway.app import create_app
+
+    gateway = Gateway(settings)
+    app = create_app(gateway)
+    server = uvicorn.Server(uvicorn_config(app, settings))
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    await gateway.start()
+    try:
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if server.started and ready is not None:
+            ready(f"http://{settings.host}:{settings.port}/")
+        await task
+    finally:
+        await gateway.stop()
+
+
+def run(settings: Settings) -> int:
+    logs.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
+    if settings.allow_unauthenticated and settings.token is None:
+        log.warning("authentication is OFF on %s:%d (--allow-unauthenticated)", settings.host, settings.port)
+
+    def ready(url: str) -> None:
+        log.info("serving on %s", url)
+
+    asyncio.run(serve(settings, ready=ready))
+    return 0

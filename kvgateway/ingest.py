@@ -1,0 +1,335 @@
+"""The asyncio layer around the sequencer: one reader per stream, its replays and its monitor.
+
+ZeroMQ sockets are plain (non-asyncio) sockets whose file descriptor is watched by the event
+loop. The descriptor is edge-triggered, so a wake-up drains the socket, but at most a budget of
+messages at a time: a flooding engine then takes turns with the others instead of starving them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from kvgateway import wire
+from kvgateway.config import StreamConfig
+from kvgateway.sequencer import (
+    Action,
+    CancelReplay,
+    Deliver,
+    Duplicate,
+    GapDetected,
+    ReplayFinished,
+    RequestReplay,
+    Restart,
+    Sequencer,
+    Unrecovered,
+)
+
+log = logging.getLogger("kvgateway.ingest")
+
+BUDGET = 64
+"""Messages one stream may process before the loop serves another stream."""
+
+MAX_REPLAY_SECONDS_FACTOR = 20
+"""A replay may run this many replay timeouts in all, however steadily it trickles."""
+
+
+class Sink(Protocol):
+    """Where a stream's decisions go (the gateway: index, hub, metrics, status)."""
+
+    def deliver(self, stream: StreamReader, seq: int, batch: wire.Batch, replayed: bool, received: float) -> None: ...
+    def received(self, stream: StreamReader, count: int) -> None: ...
+    def decode_error(self, stream: StreamReader, seq: int | None, reason: str) -> None: ...
+    def delivered_skip(self, stream: StreamReader, seq: int) -> None: ...
+    def duplicate(self, stream: StreamReader, seq: int) -> None: ...
+    def gap(self, stream: StreamReader, first: int, last: int) -> None: ...
+    def unrecovered(self, stream: StreamReader, first: int, last: int, reason: str) -> None: ...
+    def replay_finished(self, stream: StreamReader, outcome: str, replayed: int) -> None: ...
+    def restart(self, stream: StreamReader, seq: int, previous: int, reason: str) -> None: ...
+    def connection(self, stream: StreamReader, connected: bool, reason: str) -> None: ...
+    def queue_depth(self, stream: StreamReader, depth: int) -> None: ...
+
+
+async def wait_readable(sock: zmq.Socket[bytes], timeout: float | None = None) -> bool:
+    """Wait until ``sock`` has a message; False on timeout. Checks ZMQ's own event flags,
+    since its descriptor only signals that they may have changed."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    while not sock.get(zmq.EVENTS) & zmq.POLLIN:
+        remaining = None if deadline is None else deadline - loop.time()
+        if remaining is not None and remaining <= 0:
+            return False
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def wake(future: asyncio.Future[None] = ready) -> None:
+            if not future.done():
+                future.set_result(None)
+
+        fd = sock.get(zmq.FD)
+        loop.add_reader(fd, wake)
+        try:
+            await asyncio.wait_for(ready, remaining)
+        except TimeoutError:
+            return False
+        finally:
+            loop.remove_reader(fd)
+    return True
+
+
+class StreamReader:
+    """One (source, dp_rank) stream: its SUB socket, its sequencer and its replays."""
+
+    def __init__(
+        self,
+        config: StreamConfig,
+        context: zmq.Context[zmq.Socket[bytes]],
+        sink: Sink,
+        *,
+        replay_slots: asyncio.Semaphore,
+        replay_timeout: float = 5.0,
+        restart_window: int = 1024,
+        hold_limit: int = 10_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.key = config.key
+        self.labels = (config.source, str(config.dp_rank))
+        self._context = context
+        self._sink = sink
+        self._clock = clock
+        self._replay_slots = replay_slots
+        self._replay_timeout = replay_timeout
+        self.sequencer = Sequencer(
+            has_replay=config.replay is not None, restart_window=restart_window, hold_limit=hold_limit
+        )
+        self._sub: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._replays: dict[int, asyncio.Task[None]] = {}
+        self._peers = 0
+        self._ever_connected = False
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        sub = self._context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.SUBSCRIBE, self.config.topic.encode())
+        # Reconnect quickly after an engine restart, but back off against a dead address.
+        sub.setsockopt(zmq.RECONNECT_IVL, 100)
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        self._monitor = sub.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_BIND_FAILED
+        )
+        if self.config.bind:
+            sub.bind(self.config.endpoint)
+        else:
+            sub.connect(self.config.endpoint)
+        self._sub = sub
+        self._spawn(self._read_loop(sub))
+        self._spawn(self._monitor_loop(self._monitor))
+
+    async def stop(self) -> None:
+        tasks = [*self._tasks, *self._replays.values()]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._sub is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sub.disable_monitor()
+            self._sub.close(linger=0)
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+
+    def _spawn(self, coro: object) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("stream %s[%d]: reader task failed: %r", *self.key, task.exception())
+
+    # --- live -------------------------------------------------------------------------------
+
+    async def _read_loop(self, sub: zmq.Socket[bytes]) -> None:
+        while True:
+            await wait_readable(sub)
+            for _ in range(BUDGET):
+                try:
+                    frames = sub.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._on_live(frames)
+            # Yield even when more is waiting, so other streams and the web side get their turn.
+            await asyncio.sleep(0)
+
+    def _on_live(self, frames: list[bytes]) -> None:
+        received = self._clock()
+        self._sink.received(self, 1)
+        if len(frames) != 3:
+            self._sink.decode_error(self, None, f"message has {len(frames)} frames, expected 3")
+            return
+        try:
+            seq = wire.parse_seq(frames[1])
+        except wire.DecodeError as exc:
+            self._sink.decode_error(self, None, str(exc))
+            return
+        batch = self._decode(seq, frames[2])
+        self._apply(self.sequencer.on_live(seq, batch), received)
+
+    def _decode(self, seq: int, payload: bytes) -> wire.Batch | None:
+        try:
+            return wire.decode_batch(payload)
+        except wire.DecodeError as exc:
+            # Counted and skipped; the seq still counts as received, so it is no gap.
+            self._sink.decode_error(self, seq, str(exc))
+            return None
+
+    def _apply(self, actions: list[Action], received: float) -> None:
+        sink = self._sink
+        for action in actions:
+            if type(action) is Deliver:
+                if action.batch is None:
+                    sink.delivered_skip(self, action.seq)
+                else:
+                    sink.deliver(self, action.seq, action.batch, action.replayed, received)
+            elif type(action) is Duplicate:
+                sink.duplicate(self, action.seq)
+            elif type(action) is GapDetected:
+                sink.gap(self, action.first, action.last)
+            elif type(action) is RequestReplay:
+                self._start_replay(action.token, action.start)
+            elif type(action) is CancelReplay:
+                task = self._replays.pop(action.token, None)
+                if task is not None:
+                    task.cancel()
+            elif type(action) is ReplayFinished:
+                sink.replay_finished(self, action.outcome, action.replayed)
+            elif type(action) is Unrecovered:
+                sink.unrecovered(self, action.first, action.last, action.reason)
+            elif type(action) is Restart:
+                sink.restart(self, action.seq, action.previous, action.reason)
+        sink.queue_depth(self, self.sequencer.held)
+
+    # --- replay -----------------------------------------------------------------------------
+
+    def _start_replay(self, token: int, start: int) -> None:
+        task = asyncio.ensure_future(self._replay(token, start))
+        self._replays[token] = task
+
+        def done(finished: asyncio.Task[None], token: int = token) -> None:
+            if self._replays.get(token) is finished:
+                del self._replays[token]
+            if not finished.cancelled() and finished.exception() is not None:
+                log.error("stream %s[%d]: replay task failed: %r", *self.key, finished.exception())
+
+        task.add_done_callback(done)
+
+    async def _replay(self, token: int, start: int) -> None:
+        assert self.config.replay is not None
+        async with self._replay_slots:
+            dealer = self._context.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.RCVHWM, 0)
+            try:
+                dealer.connect(self.config.replay)
+                # A fresh DEALER per request: late replies to an abandoned request can never mix in.
+                dealer.send_multipart([b"", wire.seq_bytes(start)])
+                outcome = await self._read_replay(dealer, token)
+            finally:
+                dealer.close(linger=0)
+        if outcome is not None:
+            self._apply(self.sequencer.on_replay_failed(token, outcome), self._clock())
+
+    async def _read_replay(self, dealer: zmq.Socket[bytes], token: int) -> str | None:
+        """Feed replayed batches to the sequencer; None when the end marker came, else the failure."""
+        loop = asyncio.get_running_loop()
+        hard_deadline = loop.time() + self._replay_timeout * MAX_REPLAY_SECONDS_FACTOR
+        while True:
+            idle = min(self._replay_timeout, hard_deadline - loop.time())
+            if idle <= 0 or not await wait_readable(dealer, idle):
+                log.warning("stream %s[%d]: replay from token %d timed out", *self.key, token)
+                return "timeout"
+            for _ in range(BUDGET):
+                try:
+                    frames = dealer.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                received = self._clock()
+                parsed = _parse_replay_reply(frames)
+                if parsed is None:
+                    log.warning("stream %s[%d]: malformed replay reply of %d frames", *self.key, len(frames))
+                    self._sink.decode_error(self, None, "malformed replay reply")
+                    return "failed"
+                seq, payload = parsed
+                if seq == wire.END_SEQ:
+                    self._apply(self.sequencer.on_replay_end(token), received)
+                    return None
+                self._sink.received(self, 1)
+                batch = self._decode(seq, payload)
+                self._apply(self.sequencer.on_replay_item(token, seq, batch), received)
+                if self.sequencer.replay_token != token:
+                    return None  # the sequencer gave this replay up (restart, overflow)
+            await asyncio.sleep(0)
+
+    # --- connection monitor -----------------------------------------------------------------
+
+    async def _monitor_loop(self, monitor: zmq.Socket[bytes]) -> None:
+        while True:
+            await wait_readable(monitor)
+            while True:
+                try:
+                    frames = monitor.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    event = parse_monitor_message(frames)
+                except Exception:
+                    continue
+                self._on_monitor_event(int(event["event"]))
+
+    def _on_monitor_event(self, event: int) -> None:
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._peers += 1
+            if self._peers == 1:
+                if self._ever_connected:
+                    # A batch below the cursor after this is a restarted publisher, not a duplicate.
+                    self.sequencer.on_reconnect()
+                self._ever_connected = True
+                self._sink.connection(self, True, "connected")
+        elif event == zmq.EVENT_DISCONNECTED:
+            self._peers = max(0, self._peers - 1)
+            if self._peers == 0:
+                self._sink.connection(self, False, "disconnected")
+        elif event == zmq.EVENT_CONNECT_RETRIED and self._peers == 0:
+            self._sink.connection(self, False, "connection refused, retrying")
+        elif event == zmq.EVENT_BIND_FAILED:
+            self._sink.connection(self, False, "bind failed")
+
+
+def _parse_replay_reply(frames: list[bytes]) -> tuple[int, bytes] | None:
+    """Both reply layouts, after the DEALER's empty delimiter: [topic, seq, payload] (vLLM >= 0.26)
+    or [seq, payload] (older vLLM, SGLang); the end marker is seq -1 with an empty payload."""
+    if len(frames) == 4 and frames[0] == b"":
+        seq_frame, payload = frames[2], frames[3]
+    elif len(frames) == 3 and frames[0] == b"":
+        seq_frame, payload = frames[1], frames[2]
+    else:
+        return None
+    if len(seq_frame) != wire.SEQ_BYTES:
+        return None
+    if seq_frame == wire.END_SEQ_BYTES:
+        return wire.END_SEQ, b""
+    return int.from_bytes(seq_frame, "big"), payload

@@ -1,0 +1,68 @@
+"""Logging: one line per event worth knowing, as text or JSON, with secrets redacted."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+from typing import Any
+
+_SECRET_QUERY = re.compile(r"(?i)([?&](?:token|access_token)=)[^&\s\"']*")
+_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """Remove tokens from a log text: query parameters, bearer headers and known secrets."""
+    text = _SECRET_QUERY.sub(r"\1[redacted]", text)
+    text = _BEARER.sub(r"\1[redacted]", text)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    return text
+
+
+class RedactingFilter(logging.Filter):
+    def __init__(self, secrets: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message, self.secrets)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info).splitlines()[-1]
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def setup(level: str = "info", fmt: str = "text", secrets: tuple[str, ...] = ()) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter(secrets))
+    root = logging.getLogger()
+    for existing in list(root.handlers):
+        root.removeHandler(existing)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True

@@ -1,0 +1,165 @@
+"""Every Prometheus metric of the gateway, defined once.
+
+Each gateway owns its own registry, so several can live in one process (tests, the demo).
+Label values come from configuration only (source names, ranks, fixed enumerations), never
+from clients or payloads, so cardinality is bounded by the config.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+STREAM = ("source", "dp_rank")
+
+REPLAY_OUTCOMES = ("recovered", "partial", "failed", "timeout", "unavailable")
+TRANSPORTS = ("ws", "sse")
+
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BROADCAST_BUCKETS = (0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
+QUEUE_BYTES_BUCKETS = (0, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
+
+
+class Metrics:
+    """The catalogue. docs/metrics.md describes each one; keep the two in step."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        # ingest
+        self.batches_received = Counter(
+            "kvgateway_batches_received", "Batches received from engines, live and replayed.", STREAM, registry=r
+        )
+        self.events_received = Counter(
+            "kvgateway_events_received", "Events in delivered batches, by event type.", (*STREAM, "type"), registry=r
+        )
+        self.sequence_gaps = Counter(
+            "kvgateway_sequence_gaps", "Jumps in a stream's sequence numbers (each a missing range).", STREAM, registry=r
+        )
+        self.missed_batches = Counter(
+            "kvgateway_missed_batches", "Batches missing from the live stream when a gap was seen.", STREAM, registry=r
+        )
+        self.replay_requests = Counter(
+            "kvgateway_replay_requests",
+            "Replay requests by outcome (recovered, partial, failed, timeout, unavailable).",
+            (*STREAM, "outcome"),
+            registry=r,
+        )
+        self.replayed_batches = Counter(
+            "kvgateway_replayed_batches", "Batches delivered from an engine's replay socket.", STREAM, registry=r
+        )
+        self.unrecovered_batches = Counter(
+            "kvgateway_unrecovered_batches", "Batches lost for good: neither live nor replayed.", STREAM, registry=r
+        )
+        self.publisher_restarts = Counter(
+            "kvgateway_publisher_restarts", "Engine publisher restarts detected.", STREAM, registry=r
+        )
+        self.duplicate_batches = Counter(
+            "kvgateway_duplicate_batches", "Batches dropped as already delivered.", STREAM, registry=r
+        )
+        self.decode_errors = Counter(
+            "kvgateway_decode_errors", "Messages that could not be decoded (counted and skipped).", STREAM, registry=r
+        )
+        self.rank_mismatches = Counter(
+            "kvgateway_rank_mismatches",
+            "Batches whose data_parallel_rank differs from the stream's configured rank.",
+            STREAM,
+            registry=r,
+        )
+        self.ingest_queue_depth = Gauge(
+            "kvgateway_ingest_queue_depth",
+            "Batches received but not yet delivered (held while a replay fills a gap).",
+            STREAM,
+            registry=r,
+        )
+        self.source_up = Gauge(
+            "kvgateway_source_up", "1 while the stream's subscription socket is connected.", STREAM, registry=r
+        )
+        self.source_last_seq = Gauge(
+            "kvgateway_source_last_seq", "The last sequence number delivered on the stream.", STREAM, registry=r
+        )
+        self.event_lag = Histogram(
+            "kvgateway_event_lag_seconds",
+            "Receive time minus the batch's own timestamp (clock skew included).",
+            STREAM,
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
+        # occupancy
+        self.cache_blocks = Gauge(
+            "kvgateway_cache_blocks", "Resident blocks per stream and medium.", (*STREAM, "medium"), registry=r
+        )
+        self.cache_tokens = Gauge(
+            "kvgateway_cache_tokens", "Resident tokens per stream and medium.", (*STREAM, "medium"), registry=r
+        )
+        self.unknown_removes = Counter(
+            "kvgateway_unknown_removes",
+            "BlockRemoved of a hash the index does not hold (expected for copies).",
+            STREAM,
+            registry=r,
+        )
+        # web clients
+        self.clients = Gauge("kvgateway_clients", "Connected web clients.", ("transport",), registry=r)
+        self.messages_sent = Counter(
+            "kvgateway_messages_sent", "Messages written to web clients.", ("transport",), registry=r
+        )
+        self.client_disconnects = Counter(
+            "kvgateway_client_disconnects",
+            "Client disconnections by reason (closed, slow_consumer, error, shutdown).",
+            ("transport", "reason"),
+            registry=r,
+        )
+        self.client_rejections = Counter(
+            "kvgateway_client_rejections",
+            "Requests refused before streaming (unauthorized, forbidden_origin, too_many_clients, bad_request).",
+            ("transport", "reason"),
+            registry=r,
+        )
+        self.resumes = Counter(
+            "kvgateway_resumes",
+            "Reconnections that asked to resume, by whether they were recovered.",
+            ("transport", "recovered"),
+            registry=r,
+        )
+        self.client_queue_bytes = Histogram(
+            "kvgateway_client_queue_bytes",
+            "Bytes queued for a client, observed at each write.",
+            buckets=QUEUE_BYTES_BUCKETS,
+            registry=r,
+        )
+        self.broadcast_seconds = Histogram(
+            "kvgateway_broadcast_seconds",
+            "Time to hand one message to every client's queue.",
+            buckets=BROADCAST_BUCKETS,
+            registry=r,
+        )
+        self.ring_messages = Gauge("kvgateway_ring_messages", "Messages held in the resume ring.", registry=r)
+        self.ring_bytes = Gauge("kvgateway_ring_bytes", "Encoded bytes held in the resume ring.", registry=r)
+        for transport in TRANSPORTS:
+            self.clients.labels(transport).set(0)
+
+    def init_stream(self, source: str, dp_rank: int) -> None:
+        """Create every per-stream series at zero so rates and alerts work from the first scrape."""
+        labels = (source, str(dp_rank))
+        for counter in (
+            self.batches_received,
+            self.sequence_gaps,
+            self.missed_batches,
+            self.replayed_batches,
+            self.unrecovered_batches,
+            self.publisher_restarts,
+            self.duplicate_batches,
+            self.decode_errors,
+            self.rank_mismatches,
+            self.unknown_removes,
+        ):
+            counter.labels(*labels)
+        for outcome in REPLAY_OUTCOMES:
+            self.replay_requests.labels(*labels, outcome)
+        self.ingest_queue_depth.labels(*labels).set(0)
+        self.source_up.labels(*labels).set(0)
+        self.source_last_seq.labels(*labels).set(-1)
+        self.event_lag.labels(*labels)
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,433 @@
+"""The engines' KV-event wire format: decode every layout, encode (for the simulator), render JSON.
+
+A PUB message is ``[topic, seq (8 bytes, big-endian, unsigned), payload (msgpack)]``.
+The payload is ``[ts, events]`` or ``[ts, events, data_parallel_rank, ...]``; each event is
+either a tagged positional array (vLLM <= 0.23, SGLang until 2026) or a ``"type"``-tagged
+map (vLLM >= 0.24, TensorRT-LLM), possibly mixed in one batch.
+
+msgspec cannot put array-like and map structs in one Union, so ``events`` is decoded as raw
+elements and each is dispatched on its first msgpack byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, Literal, TypeAlias
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+Hash: TypeAlias = int | bytes
+
+MAX_PAYLOAD_BYTES: Final = 64 * 1024 * 1024
+"""Payloads above this are refused before decoding (a real batch is a few KiB to a few MiB)."""
+
+SEQ_BYTES: Final = 8
+END_SEQ: Final = -1
+END_SEQ_BYTES: Final = END_SEQ.to_bytes(8, "big", signed=True)
+
+STORED: Final = "BlockStored"
+REMOVED: Final = "BlockRemoved"
+CLEARED: Final = "AllBlocksCleared"
+KNOWN_TYPES: Final = frozenset({STORED, REMOVED, CLEARED})
+
+
+class DecodeError(ValueError):
+    """A message or payload that is not a valid KV-event batch; the text is one line."""
+
+
+# --- the decoded, engine-independent form -------------------------------------------------
+
+
+class BlockStored(msgspec.Struct, gc=False):
+    """Blocks entered a cache. ``extra`` holds every further field the engine sent, by name."""
+
+    block_hashes: list[Hash]
+    parent_block_hash: Hash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra: dict[str, Any] = {}
+
+    type: Literal["BlockStored"] = STORED
+
+    @property
+    def group_idx(self) -> int | None:
+        value = self.extra.get("group_idx")
+        return value if isinstance(value, int) else None
+
+
+class BlockRemoved(msgspec.Struct, gc=False):
+    """Blocks left a cache (one announcement per physical copy)."""
+
+    block_hashes: list[Hash]
+    medium: str | None = None
+    extra: dict[str, Any] = {}
+
+    type: Literal["BlockRemoved"] = REMOVED
+
+    @property
+    def group_idx(self) -> int | None:
+        value = self.extra.get("group_idx")
+        return value if isinstance(value, int) else None
+
+
+class AllBlocksCleared(msgspec.Struct, gc=False):
+    """The publisher's whole cache was reset."""
+
+    extra: dict[str, Any] = {}
+
+    type: Literal["AllBlocksCleared"] = CLEARED
+
+
+class UnknownEvent(msgspec.Struct, gc=False):
+    """An event of a type this gateway does not know; kept and passed on as sent."""
+
+    type: str
+    body: dict[str, Any] | list[Any]
+
+
+Event: TypeAlias = BlockStored | BlockRemoved | AllBlocksCleared | UnknownEvent
+
+
+class Batch(msgspec.Struct, gc=False):
+    ts: float
+    events: list[Event]
+    dp_rank: int | None = None
+
+
+class Message(msgspec.Struct, gc=False):
+    topic: bytes
+    seq: int
+    batch: Batch
+
+
+# --- positional (array) layouts: every historical field count ------------------------------
+
+
+class _ArrStored(msgspec.Struct, array_like=True, tag=STORED, gc=False):
+    block_hashes: list[Hash]
+    parent_block_hash: Hash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None | UnsetType = UNSET
+    lora_name: str | None | UnsetType = UNSET
+    extra_keys: list[Any] | None | UnsetType = UNSET
+    group_idx: int | None | UnsetType = UNSET
+    kv_cache_spec_kind: str | None | UnsetType = UNSET
+    kv_cache_spec_sliding_window: int | None | UnsetType = UNSET
+
+
+class _ArrRemoved(msgspec.Struct, array_like=True, tag=REMOVED, gc=False):
+    block_hashes: list[Hash]
+    medium: str | None | UnsetType = UNSET
+    group_idx: int | None | UnsetType = UNSET
+
+
+class _ArrCleared(msgspec.Struct, array_like=True, tag=CLEARED, gc=False):
+    pass
+
+
+_STORED_FURTHER: Final = (
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+)
+
+# --- map layouts: validated by struct, unknown keys kept ---------------------------------
+
+
+class _MapStored(msgspec.Struct, tag_field="type", tag=STORED, gc=False):
+    block_hashes: list[Hash]
+    parent_block_hash: Hash | None = None
+    token_ids: list[int] = []
+    block_size: int = 0
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    group_idx: int | None = None
+
+
+class _MapRemoved(msgspec.Struct, tag_field="type", tag=REMOVED, gc=False):
+    block_hashes: list[Hash]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+_STORED_CORE: Final = frozenset(
+    {"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"}
+)
+_REMOVED_CORE: Final = frozenset({"type", "block_hashes", "medium"})
+
+
+class _WireBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: int | None = None
+
+
+_batch_decoder: Final = msgspec.msgpack.Decoder(_WireBatch)
+_array_event_decoder: Final = msgspec.msgpack.Decoder(_ArrStored | _ArrRemoved | _ArrCleared)
+_any_decoder: Final = msgspec.msgpack.Decoder()
+_encoder: Final = msgspec.msgpack.Encoder()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def parse_seq(frame: bytes) -> int:
+    """The unsigned big-endian sequence number of a PUB message."""
+    if len(frame) != SEQ_BYTES:
+        raise DecodeError(f"sequence frame is {len(frame)} bytes, expected 8")
+    return int.from_bytes(frame, "big")
+
+
+def decode_message(frames: Sequence[bytes], *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Message:
+    """Decode a whole PUB message ``[topic, seq, payload]``."""
+    if len(frames) != 3:
+        raise DecodeError(f"message has {len(frames)} frames, expected 3 (topic, seq, payload)")
+    topic, seq_frame, payload = frames
+    return Message(topic=bytes(topic), seq=parse_seq(bytes(seq_frame)), batch=decode_batch(payload, max_bytes=max_bytes))
+
+
+def decode_batch(payload: bytes | memoryview, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Batch:
+    """Decode one msgpack batch payload; raises only :class:`DecodeError`."""
+    if len(payload) > max_bytes:
+        raise DecodeError(f"payload of {len(payload)} bytes exceeds the {max_bytes}-byte limit")
+    try:
+        wire = _batch_decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise DecodeError(f"bad batch: {_one_line(exc)}") from None
+    events: list[Event] = []
+    for index, raw in enumerate(wire.events):
+        try:
+            events.append(_decode_event(raw))
+        except DecodeError as exc:
+            raise DecodeError(f"event {index}: {exc}") from None
+    return Batch(ts=wire.ts, events=events, dp_rank=wire.data_parallel_rank)
+
+
+def _decode_event(raw: msgspec.Raw) -> Event:
+    data = memoryview(raw)
+    if not data:
+        raise DecodeError("empty event")
+    first = data[0]
+    if 0x90 <= first <= 0x9F or first in (0xDC, 0xDD):
+        return _decode_array_event(raw)
+    if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF):
+        return _decode_map_event(raw)
+    raise DecodeError(f"event is neither an array nor a map (msgpack byte 0x{first:02x})")
+
+
+def _decode_array_event(raw: msgspec.Raw) -> Event:
+    try:
+        decoded = _array_event_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        return _unknown_or_error(raw, exc)
+    except msgspec.DecodeError as exc:
+        raise DecodeError(_one_line(exc)) from None
+    if type(decoded) is _ArrStored:
+        extra = {name: value for name in _STORED_FURTHER if (value := getattr(decoded, name)) is not UNSET}
+        return BlockStored(
+            block_hashes=decoded.block_hashes,
+            parent_block_hash=decoded.parent_block_hash,
+            token_ids=decoded.token_ids,
+            block_size=decoded.block_size,
+            lora_id=decoded.lora_id,
+            medium=None if decoded.medium is UNSET else decoded.medium,
+            lora_name=None if decoded.lora_name is UNSET else decoded.lora_name,
+            extra=extra,
+        )
+    if type(decoded) is _ArrRemoved:
+        removed_extra = {} if decoded.group_idx is UNSET else {"group_idx": decoded.group_idx}
+        return BlockRemoved(
+            block_hashes=decoded.block_hashes,
+            medium=None if decoded.medium is UNSET else decoded.medium,
+            extra=removed_extra,
+        )
+    return AllBlocksCleared()
+
+
+def _unknown_or_error(raw: msgspec.Raw, exc: msgspec.ValidationError) -> Event:
+    """A known tag with bad fields fails the batch; an unknown tag is kept opaque."""
+    try:
+        body = _any_decoder.decode(raw)
+    except msgspec.DecodeError as inner:
+        raise DecodeError(_one_line(inner)) from None
+    tag = body[0] if body else None
+    if not isinstance(tag, str):
+        raise DecodeError("array event does not start with a type name")
+    if tag in KNOWN_TYPES:
+        raise DecodeError(f"{tag}: {_one_line(exc)}")
+    return UnknownEvent(type=tag, body=body)
+
+
+def _decode_map_event(raw: msgspec.Raw) -> Event:
+    try:
+        body = _any_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise DecodeError(_one_line(exc)) from None
+    if not isinstance(body, dict):  # pragma: no cover - the first byte said map
+        raise DecodeError("map event is not a map")
+    tag = body.get("type")
+    if not isinstance(tag, str):
+        raise DecodeError("map event has no string 'type'")
+    try:
+        if tag == STORED:
+            stored = msgspec.convert(body, _MapStored)
+            return BlockStored(
+                block_hashes=stored.block_hashes,
+                parent_block_hash=stored.parent_block_hash,
+                token_ids=stored.token_ids,
+                block_size=stored.block_size,
+                lora_id=stored.lora_id,
+                medium=stored.medium,
+                lora_name=stored.lora_name,
+                extra={k: v for k, v in body.items() if k not in _STORED_CORE},
+            )
+        if tag == REMOVED:
+            removed = msgspec.convert(body, _MapRemoved)
+            return BlockRemoved(
+                block_hashes=removed.block_hashes,
+                medium=removed.medium,
+                extra={k: v for k, v in body.items() if k not in _REMOVED_CORE},
+            )
+    except msgspec.ValidationError as exc:
+        raise DecodeError(f"{tag}: {_one_line(exc)}") from None
+    if tag == CLEARED:
+        return AllBlocksCleared(extra={k: v for k, v in body.items() if k != "type"})
+    return UnknownEvent(type=tag, body=body)
+
+
+# --- JSON rendering -----------------------------------------------------------------------
+
+
+def hash_text(value: Hash) -> str:
+    """A block hash as text: decimal digits (sign kept) for ints, lowercase hex for bytes."""
+    return value.hex() if isinstance(value, bytes) else str(value)
+
+
+def _plain(value: Any) -> Any:
+    """Any value with every bytes inside it as lowercase hex (msgspec would write base64)."""
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {(k.hex() if isinstance(k, bytes) else k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _further(extra: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    for key, value in extra.items():
+        out[key] = _plain(value)
+    return out
+
+
+def render_event(event: Event) -> dict[str, Any]:
+    """One event as a JSON-ready dict with the engine's own field names."""
+    if type(event) is BlockStored:
+        parent = event.parent_block_hash
+        return _further(
+            event.extra,
+            {
+                "type": STORED,
+                "block_hashes": [hash_text(h) for h in event.block_hashes],
+                "parent_block_hash": None if parent is None else hash_text(parent),
+                "token_ids": event.token_ids,
+                "block_size": event.block_size,
+                "lora_id": event.lora_id,
+                "medium": event.medium,
+                "lora_name": event.lora_name,
+            },
+        )
+    if type(event) is BlockRemoved:
+        return _further(
+            event.extra,
+            {"type": REMOVED, "block_hashes": [hash_text(h) for h in event.block_hashes], "medium": event.medium},
+        )
+    if type(event) is AllBlocksCleared:
+        return _further(event.extra, {"type": CLEARED})
+    assert type(event) is UnknownEvent
+    if isinstance(event.body, dict):
+        return {str(k): v for k, v in _plain(event.body).items()}
+    return {"type": event.type, "fields": _plain(event.body[1:])}
+
+
+def render_events(events: Iterable[Event]) -> list[dict[str, Any]]:
+    return [render_event(event) for event in events]
+
+
+# --- encoding (the simulator, tests, and anyone writing a publisher) ----------------------
+
+EventForm = Literal["map", "array"]
+
+STORED_ARRAY_FIELDS: Final = 11
+"""Positional BlockStored field count of current vLLM; older engines send 5, 6, 7, 8."""
+REMOVED_ARRAY_FIELDS: Final = 3
+
+
+def event_to_wire(event: Event, form: EventForm = "map", *, fields: int | None = None) -> Any:
+    """The msgpack-ready value of one event, as an engine of the given form sends it.
+
+    ``fields`` truncates the positional form to an older engine's field count.
+    """
+    if type(event) is UnknownEvent:
+        return event.body
+    if form == "map":
+        if type(event) is BlockStored:
+            out: dict[str, Any] = {
+                "type": STORED,
+                "block_hashes": event.block_hashes,
+                "parent_block_hash": event.parent_block_hash,
+                "token_ids": event.token_ids,
+                "block_size": event.block_size,
+                "lora_id": event.lora_id,
+                "medium": event.medium,
+                "lora_name": event.lora_name,
+            }
+        elif type(event) is BlockRemoved:
+            out = {"type": REMOVED, "block_hashes": event.block_hashes, "medium": event.medium}
+        else:
+            out = {"type": CLEARED}
+        out.update(event.extra)
+        return out
+    if type(event) is BlockStored:
+        values: list[Any] = [
+            STORED,
+            event.block_hashes,
+            event.parent_block_hash,
+            event.token_ids,
+            event.block_size,
+            event.lora_id,
+            event.medium,
+            event.lora_name,
+            *(event.extra.get(name) for name in _STORED_FURTHER),
+        ]
+        count = STORED_ARRAY_FIELDS if fields is None else fields
+    elif type(event) is BlockRemoved:
+        values = [REMOVED, event.block_hashes, event.medium, event.extra.get("group_idx")]
+        count = REMOVED_ARRAY_FIELDS if fields is None else fields
+    else:
+        return [CLEARED]
+    return values[: count + 1]
+
+
+def encode_batch(
+    batch: Batch, form: EventForm = "map", *, fields: int | None = None, with_rank: bool = True
+) -> bytes:
+    """A msgpack payload as an engine sends it (``with_rank=False``: the vLLM 0.9.0 layout)."""
+    events = [event_to_wire(event, form, fields=fields) for event in batch.events]
+    body: list[Any] = [batch.ts, events]
+    if with_rank:
+        body.append(batch.dp_rank)
+    return _encoder.encode(body)
+
+
+def seq_bytes(seq: int) -> bytes:
+    return seq.to_bytes(SEQ_BYTES, "big")
