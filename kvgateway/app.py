@@ -7,7 +7,6 @@ import contextlib
 import hmac
 import logging
 from collections.abc import AsyncIterator
-from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,14 +21,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kvgateway.gateway import Gateway
-from kvgateway.hub import BadRequest, Subscription, TooManyClients, parse_query
+from kvgateway.hub import WS_CLOSE, BadRequest, ClientRequest, Subscription, TooManyClients
+from kvgateway.messages import SSE_PING, schema_bytes, sse_bytes, sse_preamble, ws_text
 
 log = logging.getLogger("kvgateway.web")
 
 SSE_RETRY_MS = 2000
-WS_CLOSE_SLOW = 1013
-WS_CLOSE_RESTART = 1012
-SCHEMA_FILE = "protocol.schema.json"
 
 
 def static_dir() -> Path:
@@ -78,8 +75,7 @@ def create_app(gateway: Gateway) -> Starlette:
     hub = gateway.hub
     metrics = gateway.metrics
     token = settings.token.encode() if settings.token else None
-    source_names = {s.name for s in settings.sources}
-    schema_bytes = resources.files("kvgateway").joinpath(SCHEMA_FILE).read_bytes()
+    schema_body = schema_bytes()
 
     def authorized(conn: HTTPConnection) -> bool:
         if token is None:
@@ -132,15 +128,12 @@ def create_app(gateway: Gateway) -> Starlette:
     async def schema(request: Request) -> Response:
         if not authorized(request):
             return reject_unauthorized(request, "http")
-        return Response(schema_bytes, media_type="application/schema+json")
+        return Response(schema_body, media_type="application/schema+json")
 
-    def client_request(conn: HTTPConnection, transport: str) -> Any:
-        params: dict[str, list[str]] = {}
-        for key, value in conn.query_params.multi_items():
-            params.setdefault(key, []).append(value)
-        if transport == "sse" and "last_event_id" not in params and conn.headers.get("last-event-id"):
-            params["last_event_id"] = [conn.headers["last-event-id"]]
-        return parse_query(params, sources=source_names)
+    def client_request(conn: HTTPConnection, transport: str) -> ClientRequest:
+        # EventSource resends the page's original URL on reconnect: its Last-Event-ID header wins.
+        header = conn.headers.get("last-event-id") if transport == "sse" else None
+        return hub.parse_query(conn.query_params, last_event_id=header)
 
     async def events(request: Request) -> Response:
         if not authorized(request):
@@ -157,7 +150,7 @@ def create_app(gateway: Gateway) -> Starlette:
             return _json_error(503, "too many clients", **{"Retry-After": "5"})
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
         return StreamingResponse(
-            _sse_stream(subscription, hub.epoch, settings.keepalive_seconds),
+            _sse_stream(subscription, settings.keepalive_seconds),
             media_type="text/event-stream; charset=utf-8",
             headers=headers,
         )
@@ -181,8 +174,9 @@ def create_app(gateway: Gateway) -> Starlette:
             subscription = hub.subscribe(client, "ws")
         except TooManyClients:
             metrics.client_rejections.labels("ws", "too_many_clients").inc()
+            code, reason = WS_CLOSE["too_many_clients"]
             await websocket.accept()
-            await websocket.close(WS_CLOSE_SLOW, "too many clients")
+            await websocket.close(code, reason)
             return
         await _ws_session(websocket, subscription)
 
@@ -207,29 +201,23 @@ async def _ws_session(websocket: WebSocket, subscription: Subscription) -> None:
     await websocket.accept()
     reader = asyncio.ensure_future(_drain_inbound(websocket))
     try:
-        await websocket.send_text(subscription.hello.decode())
+        await websocket.send_text(subscription.hello_message.text)
         while True:
             chunk_task = asyncio.ensure_future(subscription.next_chunk())
             done, _ = await asyncio.wait({chunk_task, reader}, return_when=asyncio.FIRST_COMPLETED)
             if reader in done:
                 chunk_task.cancel()
-                subscription.close("closed")
                 return
             chunk = chunk_task.result()
             if chunk is None:
-                reason = subscription.closed_reason
-                if reason == "slow_consumer":
-                    await websocket.close(WS_CLOSE_SLOW, "slow consumer")
-                elif reason == "shutdown":
-                    await websocket.close(WS_CLOSE_RESTART, "gateway shutting down")
-                else:
-                    await websocket.close()
+                code, reason = WS_CLOSE.get(subscription.closed_reason or "", (1000, ""))
+                await websocket.close(code, reason)
                 return
             # Several messages in one frame, newline-delimited: one frame per message would
             # collapse throughput under load.
-            await websocket.send_text(b"\n".join(message.data for message in chunk).decode())
+            await websocket.send_text(ws_text(chunk))
     except (WebSocketDisconnect, RuntimeError, OSError):
-        subscription.close("closed")
+        pass
     finally:
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -238,36 +226,34 @@ async def _ws_session(websocket: WebSocket, subscription: Subscription) -> None:
 
 
 async def _drain_inbound(websocket: WebSocket) -> None:
-    """Clients have nothing to say; read and drop what they send, and notice when they leave."""
+    """Clients have nothing to say: what they send (at most 64 KiB a frame) is read and dropped,
+    which is also how a departure is noticed."""
     while True:
         message = await websocket.receive()
         if message["type"] == "websocket.disconnect":
             return
 
 
-def _sse_event(event_type: str, data: bytes, event_id: str | None) -> bytes:
-    head = f"id: {event_id}\n" if event_id else ""
-    return f"{head}event: {event_type}\n".encode() + b"data: " + data + b"\n\n"
-
-
-async def _sse_stream(subscription: Subscription, epoch: str, keepalive: float) -> AsyncIterator[bytes]:
+async def _sse_stream(subscription: Subscription, keepalive: float) -> AsyncIterator[bytes]:
+    pending: asyncio.Future[Any] | None = None
     try:
-        hello_id = f"{epoch}:{subscription.offset}"
-        yield f"retry: {SSE_RETRY_MS}\n\n".encode() + _sse_event("hello", subscription.hello, hello_id)
-        pending: asyncio.Future[Any] | None = None
+        yield sse_preamble(SSE_RETRY_MS) + subscription.hello_message.sse
         while True:
             if pending is None:
                 pending = asyncio.ensure_future(subscription.next_chunk())
             done, _ = await asyncio.wait({pending}, timeout=keepalive)
             if not done:
-                yield b": ping\n\n"  # keeps proxies from closing an idle stream
+                yield SSE_PING  # keeps proxies from closing an idle stream
                 continue
             chunk = pending.result()
             pending = None
             if chunk is None:
-                if subscription.closed_reason == "slow_consumer":
-                    yield _sse_event("notice", b'{"type":"notice","kind":"slow_consumer"}', None)
+                farewell = subscription.farewell()
+                if farewell is not None:
+                    yield farewell.sse
                 return
-            yield b"".join(_sse_event(m.type, m.data, m.id) for m in chunk)
+            yield sse_bytes(chunk)
     finally:
+        if pending is not None:
+            pending.cancel()
         subscription.close("closed")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -243,14 +244,25 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
     )
 
 
+class StartupError(Exception):
+    """The gateway could not start (one line, exit code 1)."""
+
+
+class _Server(uvicorn.Server):
+    """Signals are the gateway's to handle: stop cleanly and exit 0, not re-raise them."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 async def serve(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:
     """Run the gateway and its HTTP server until SIGINT/SIGTERM."""
     from kvgateway.app import create_app
 
     gateway = Gateway(settings)
     app = create_app(gateway)
-    server = uvicorn.Server(uvicorn_config(app, settings))
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    server = _Server(uvicorn_config(app, settings))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
@@ -259,7 +271,12 @@ async def serve(settings: Settings, *, ready: Callable[[str], None] | None = Non
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
-        if server.started and ready is not None:
+        if not server.started:
+            # uvicorn has logged why (typically: the port is taken) and exits with SystemExit.
+            with contextlib.suppress(SystemExit, Exception):
+                await task
+            raise StartupError(f"cannot serve HTTP on {settings.host}:{settings.port}")
+        if ready is not None:
             ready(f"http://{settings.host}:{settings.port}/")
         await task
     finally:
@@ -274,5 +291,9 @@ def run(settings: Settings) -> int:
     def ready(url: str) -> None:
         log.info("serving on %s", url)
 
-    asyncio.run(serve(settings, ready=ready))
+    try:
+        asyncio.run(serve(settings, ready=ready))
+    except (StartupError, zmq.ZMQError) as exc:
+        log.error("%s", exc)
+        return 1
     return 0

@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -62,7 +62,7 @@ async def wait_readable(sock: zmq.Socket[bytes], timeout: float | None = None) -
     since its descriptor only signals that they may have changed."""
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
-    while not sock.get(zmq.EVENTS) & zmq.POLLIN:
+    while not int(sock.get(zmq.EVENTS)) & zmq.POLLIN:
         remaining = None if deadline is None else deadline - loop.time()
         if remaining is not None and remaining <= 0:
             return False
@@ -72,7 +72,7 @@ async def wait_readable(sock: zmq.Socket[bytes], timeout: float | None = None) -
             if not future.done():
                 future.set_result(None)
 
-        fd = sock.get(zmq.FD)
+        fd = int(sock.get(zmq.FD))
         loop.add_reader(fd, wake)
         try:
             await asyncio.wait_for(ready, remaining)
@@ -151,8 +151,8 @@ class StreamReader:
         if self._monitor is not None:
             self._monitor.close(linger=0)
 
-    def _spawn(self, coro: object) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 

@@ -7,8 +7,11 @@ from clients or payloads, so cardinality is bounded by the config.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+# The *_created series double the exposition and no dashboard or alert here reads them.
+disable_created_metrics()
 
 STREAM = ("source", "dp_rank")
 

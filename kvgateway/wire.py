@@ -377,7 +377,7 @@ def event_to_wire(event: Event, form: EventForm = "map", *, fields: int | None =
 
     ``fields`` truncates the positional form to an older engine's field count.
     """
-    if type(event) is UnknownEvent:
+    if isinstance(event, UnknownEvent):
         return event.body
     if form == "map":
         if type(event) is BlockStored:
