@@ -102,7 +102,9 @@ def create_app(gateway: Gateway) -> Starlette:
         return not settings.allowed_origins and parts.netloc == conn.headers.get("host", "") and bool(parts.scheme)
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "epoch": hub.epoch, "uptime_seconds": gateway.clock() - gateway.started_at})
+        return JSONResponse(
+            {"status": "ok", "epoch": hub.epoch, "uptime_seconds": gateway.clock() - gateway.started_at}
+        )
 
     async def readyz(request: Request) -> Response:
         ready, not_ready = gateway.readiness()

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kvgateway.endpoints import offset_endpoint
+
 CONFIG_ENV = "KVGATEWAY_CONFIG"
 TOKEN_ENV = "KVGATEWAY_TOKEN"
 
@@ -86,16 +88,6 @@ class Settings:
 
 
 # --- endpoints -----------------------------------------------------------------------------
-
-
-def offset_endpoint(endpoint: str, rank: int) -> str:
-    """vLLM's rule: rank r listens on port + r (tcp) or on ``<name>_dp<r>`` (ipc, inproc)."""
-    if rank == 0:
-        return endpoint
-    match = _TCP.match(endpoint)
-    if match:
-        return f"tcp://{match['host']}:{int(match['port']) + rank}"
-    return f"{endpoint}_dp{rank}"
 
 
 def _check_endpoint(source: str, key: str, value: object) -> str:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from kvgateway import config, logs
 from kvgateway.config import SourceConfig
-from kvgateway.simulator import Faults, SimulatedEngine, Workload, offset_endpoint
+from kvgateway.endpoints import offset_endpoint
+from kvgateway.simulator import Faults, HashKind, SimulatedEngine, Workload
 
 log = logging.getLogger("kvgateway.demo")
 
@@ -67,11 +68,11 @@ def build_engines(args: argparse.Namespace, sources: tuple[SourceConfig, ...]) -
     engines: list[SimulatedEngine] = []
     for index, source in enumerate(sources):
         offload = source.name == "sglang-b"
+        hash_kind: HashKind = "signed" if offload else "int"
+        # Each restart_at entry fires once and the seq starts again at 0: (N,) * k restarts k times.
+        restart_at = (args.restart_every,) * 10_000 if offload and args.restart_every else ()
         for rank in range(source.dp_size):
-            seed = args.seed * 1000 + index * 10 + rank
-            restart_at = (
-                tuple(range(args.restart_every, 10_000_000, args.restart_every + 1)) if offload and args.restart_every else ()
-            )
+            seed = args.seed * 1000 + index  # one seed per engine: its ranks share system prompts
             engines.append(
                 SimulatedEngine(
                     offset_endpoint(source.endpoint, rank),
@@ -81,15 +82,16 @@ def build_engines(args: argparse.Namespace, sources: tuple[SourceConfig, ...]) -
                     rate=args.rate,
                     form="array" if offload else "map",
                     replay_layout="plain" if offload else "topic",
-                    hash_kind="signed" if offload else "int",
+                    hash_kind=hash_kind,
                     seed=seed,
                     faults=Faults(restart_at=restart_at) if restart_at else None,
                     workload=Workload(
                         seed,
-                        hash_kind="signed" if offload else "int",
+                        hash_kind=hash_kind,
                         gpu_capacity_blocks=source.capacity_blocks.get("GPU", 2048),
                         cpu_offload=offload,
                         cpu_capacity_blocks=source.capacity_blocks.get("CPU", 8192),
+                        stream=rank,
                     ),
                 )
             )

@@ -95,9 +95,7 @@ class Gateway:
 
     def statuses(self) -> list[dict[str, Any]]:
         now = self.clock()
-        return [
-            status.to_json(now, self.index.stream(*key).stale) for key, status in sorted(self.status.items())
-        ]
+        return [status.to_json(now, self.index.stream(*key).stale) for key, status in sorted(self.status.items())]
 
     def readiness(self) -> tuple[bool, list[dict[str, Any]]]:
         not_ready = [
@@ -190,9 +188,7 @@ class Gateway:
             "stream %s: %d batches lost for good (seq %d..%d, %s)", self._log_stream(stream), count, first, last, reason
         )
         source, rank = stream.key
-        self.hub.publish_notice(
-            "unrecovered_gap", source, rank, first=first, last=last, count=count, reason=reason
-        )
+        self.hub.publish_notice("unrecovered_gap", source, rank, first=first, last=last, count=count, reason=reason)
         if not was_degraded:
             self.hub.publish_notice("degraded", source, rank, reason=f"{count} batches unrecovered ({reason})")
 
@@ -269,7 +265,7 @@ async def serve(settings: Settings, *, ready: Callable[[str], None] | None = Non
     await gateway.start()
     try:
         task = asyncio.create_task(server.serve())
-        while not server.started and not task.done():
+        while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn offers no start event
             await asyncio.sleep(0.02)
         if not server.started:
             # uvicorn has logged why (typically: the port is taken) and exits with SystemExit.

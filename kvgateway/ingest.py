@@ -57,11 +57,11 @@ class Sink(Protocol):
     def queue_depth(self, stream: StreamReader, depth: int) -> None: ...
 
 
-async def wait_readable(sock: zmq.Socket[bytes], timeout: float | None = None) -> bool:
+async def wait_readable(sock: zmq.Socket[bytes], within: float | None = None) -> bool:
     """Wait until ``sock`` has a message; False on timeout. Checks ZMQ's own event flags,
     since its descriptor only signals that they may have changed."""
     loop = asyncio.get_running_loop()
-    deadline = None if timeout is None else loop.time() + timeout
+    deadline = None if within is None else loop.time() + within
     while not int(sock.get(zmq.EVENTS)) & zmq.POLLIN:
         remaining = None if deadline is None else deadline - loop.time()
         if remaining is not None and remaining <= 0:

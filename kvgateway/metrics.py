@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 # The *_created series double the exposition and no dashboard or alert here reads them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 STREAM = ("source", "dp_rank")
 
@@ -37,7 +37,10 @@ class Metrics:
             "kvgateway_events_received", "Events in delivered batches, by event type.", (*STREAM, "type"), registry=r
         )
         self.sequence_gaps = Counter(
-            "kvgateway_sequence_gaps", "Jumps in a stream's sequence numbers (each a missing range).", STREAM, registry=r
+            "kvgateway_sequence_gaps",
+            "Jumps in a stream's sequence numbers (each a missing range).",
+            STREAM,
+            registry=r,
         )
         self.missed_batches = Counter(
             "kvgateway_missed_batches", "Batches missing from the live stream when a gap was seen.", STREAM, registry=r

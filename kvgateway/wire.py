@@ -113,18 +113,18 @@ class _ArrStored(msgspec.Struct, array_like=True, tag=STORED, gc=False):
     token_ids: list[int]
     block_size: int
     lora_id: int | None
-    medium: str | None | UnsetType = UNSET
-    lora_name: str | None | UnsetType = UNSET
-    extra_keys: list[Any] | None | UnsetType = UNSET
-    group_idx: int | None | UnsetType = UNSET
-    kv_cache_spec_kind: str | None | UnsetType = UNSET
-    kv_cache_spec_sliding_window: int | None | UnsetType = UNSET
+    medium: str | UnsetType | None = UNSET
+    lora_name: str | UnsetType | None = UNSET
+    extra_keys: list[Any] | UnsetType | None = UNSET
+    group_idx: int | UnsetType | None = UNSET
+    kv_cache_spec_kind: str | UnsetType | None = UNSET
+    kv_cache_spec_sliding_window: int | UnsetType | None = UNSET
 
 
 class _ArrRemoved(msgspec.Struct, array_like=True, tag=REMOVED, gc=False):
     block_hashes: list[Hash]
-    medium: str | None | UnsetType = UNSET
-    group_idx: int | None | UnsetType = UNSET
+    medium: str | UnsetType | None = UNSET
+    group_idx: int | UnsetType | None = UNSET
 
 
 class _ArrCleared(msgspec.Struct, array_like=True, tag=CLEARED, gc=False):
@@ -192,7 +192,9 @@ def decode_message(frames: Sequence[bytes], *, max_bytes: int = MAX_PAYLOAD_BYTE
     if len(frames) != 3:
         raise DecodeError(f"message has {len(frames)} frames, expected 3 (topic, seq, payload)")
     topic, seq_frame, payload = frames
-    return Message(topic=bytes(topic), seq=parse_seq(bytes(seq_frame)), batch=decode_batch(payload, max_bytes=max_bytes))
+    return Message(
+        topic=bytes(topic), seq=parse_seq(bytes(seq_frame)), batch=decode_batch(payload, max_bytes=max_bytes)
+    )
 
 
 def decode_batch(payload: bytes | memoryview, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Batch:
@@ -418,9 +420,7 @@ def event_to_wire(event: Event, form: EventForm = "map", *, fields: int | None =
     return values[: count + 1]
 
 
-def encode_batch(
-    batch: Batch, form: EventForm = "map", *, fields: int | None = None, with_rank: bool = True
-) -> bytes:
+def encode_batch(batch: Batch, form: EventForm = "map", *, fields: int | None = None, with_rank: bool = True) -> bytes:
     """A msgpack payload as an engine sends it (``with_rank=False``: the vLLM 0.9.0 layout)."""
     events = [event_to_wire(event, form, fields=fields) for event in batch.events]
     body: list[Any] = [batch.ts, events]

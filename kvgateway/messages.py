@@ -1,0 +1,285 @@
+"""The JSON messages the gateway sends to web clients, and their encoding.
+
+Three shapes, one JSON object each (docs/protocol.md, kvgateway/protocol.schema.json):
+
+- ``hello``: first on every connection (epoch, offset, recovered, sources, occupancy);
+- ``batch``: one engine batch, events as :func:`kvgateway.wire.render_events` renders them;
+- ``notice``: something happened to a stream (restart, unrecovered_gap, degraded, up, down) or
+  to this client (slow_consumer).
+
+Everything here is plain encoding without I/O. A batch is encoded once; its events are encoded
+one by one into the same buffer, so a filtered variant is a join of slices of the full message
+(:meth:`EncodedBatch.select`) rather than a second render and encode.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import re
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import Annotated, Any, Final, Literal, TypeAlias
+
+import msgspec
+
+MessageType: TypeAlias = Literal["hello", "batch", "notice"]
+StreamNoticeKind: TypeAlias = Literal["restart", "unrecovered_gap", "degraded", "up", "down"]
+
+HELLO: Final = "hello"
+BATCH: Final = "batch"
+NOTICE: Final = "notice"
+SLOW_CONSUMER: Final = "slow_consumer"
+STREAM_NOTICE_KINDS: Final[frozenset[str]] = frozenset({"restart", "unrecovered_gap", "degraded", "up", "down"})
+
+SCHEMA_FILE: Final = "protocol.schema.json"
+
+_encoder: Final = msgspec.json.Encoder()
+
+
+# --- ids ----------------------------------------------------------------------------------
+
+_ID_RE: Final = re.compile(r"([0-9A-Za-z_-]{1,64}):([0-9]{1,19})")
+
+
+def message_id(epoch: str, offset: int) -> str:
+    """The id of the message at ``offset``: ``"<epoch>:<offset>"`` (also the SSE ``id:`` line)."""
+    return f"{epoch}:{offset}"
+
+
+def parse_message_id(text: str) -> tuple[str, int] | None:
+    """``(epoch, offset)`` from a message id, or None when it is not one (never raises)."""
+    match = _ID_RE.fullmatch(text)
+    if match is None:
+        return None
+    return match.group(1), int(match.group(2))
+
+
+# --- what goes out ------------------------------------------------------------------------
+
+
+class OutMessage:
+    """One encoded message, shared by every client that receives it.
+
+    ``data`` is the compact JSON (one line, no newline inside); ``id`` is ``"<epoch>:<offset>"``
+    or None (a per-client notice). ``text`` and ``sse`` are derived once and cached, so a
+    thousand clients on one transport share one object.
+    """
+
+    __slots__ = ("_sse", "_text", "data", "id", "type")
+
+    def __init__(self, data: bytes, type: MessageType, id: str | None = None) -> None:
+        self.data = data
+        self.type = type
+        self.id = id
+        self._text: str | None = None
+        self._sse: bytes | None = None
+
+    @property
+    def text(self) -> str:
+        """``data`` as str (a WebSocket text frame needs str)."""
+        if self._text is None:
+            self._text = self.data.decode()
+        return self._text
+
+    @property
+    def sse(self) -> bytes:
+        """The SSE event: ``id:`` (when the message has one), ``event:``, ``data:``, blank line."""
+        if self._sse is None:
+            head = b"" if self.id is None else b"id: " + self.id.encode() + b"\n"
+            self._sse = head + b"event: " + self.type.encode() + b"\ndata: " + self.data + b"\n\n"
+        return self._sse
+
+    def __repr__(self) -> str:
+        return f"OutMessage(type={self.type!r}, id={self.id!r}, {len(self.data)} bytes)"
+
+
+def ws_text(chunk: Sequence[OutMessage]) -> str:
+    """One WebSocket text frame: the chunk's messages joined by ``"\\n"``, no trailing newline."""
+    if len(chunk) == 1:
+        return chunk[0].text  # the common case shares the cached str
+    return "\n".join(message.text for message in chunk)
+
+
+def sse_bytes(chunk: Sequence[OutMessage]) -> bytes:
+    """The chunk as SSE events, for one write."""
+    if len(chunk) == 1:
+        return chunk[0].sse
+    return b"".join(message.sse for message in chunk)
+
+
+SSE_PING: Final = b": ping\n\n"
+
+
+def sse_preamble(retry_ms: int) -> bytes:
+    """The first bytes of an SSE response: the reconnect delay for EventSource."""
+    return f"retry: {retry_ms}\n\n".encode()
+
+
+# --- hello --------------------------------------------------------------------------------
+
+
+class Hello(msgspec.Struct, kw_only=True, gc=False):
+    type: Literal["hello"] = "hello"
+    epoch: str
+    offset: int
+    recovered: bool
+    sources: list[dict[str, Any]]
+    occupancy: dict[str, Any] | None
+
+
+def encode_hello(
+    *, epoch: str, offset: int, recovered: bool, sources: list[dict[str, Any]], occupancy: dict[str, Any] | None
+) -> OutMessage:
+    """The hello; its id is the position the client is at, so an SSE reconnect right after resumes."""
+    data = _encoder.encode(Hello(epoch=epoch, offset=offset, recovered=recovered, sources=sources, occupancy=occupancy))
+    return OutMessage(data, HELLO, message_id(epoch, offset))
+
+
+# --- batch --------------------------------------------------------------------------------
+
+
+class _BatchHead(msgspec.Struct, gc=False):
+    """Every batch field but ``events``, in wire order; ``events`` is spliced in after it."""
+
+    type: str
+    id: str
+    offset: int
+    source: str
+    dp_rank: int
+    seq: int
+    ts: float
+
+
+_EVENTS_OPEN: Final = b',"events":['
+_EVENTS_CLOSE: Final = b"]}"
+
+
+class EncodedBatch:
+    """A batch message encoded once, with the position of each event in it.
+
+    ``message`` holds the whole batch. ``select(indices)`` builds the same message with only the
+    chosen events by joining slices of those bytes: no event is rendered or encoded twice.
+    """
+
+    __slots__ = ("_ends", "_prefix", "message")
+
+    def __init__(self, message: OutMessage, prefix: int, ends: array[int]) -> None:
+        self.message = message
+        self._prefix = prefix  # bytes up to and including '"events":['
+        self._ends = ends  # end of event i; event i+1 starts one comma later
+
+    @property
+    def event_count(self) -> int:
+        return len(self._ends)
+
+    def select(self, indices: Sequence[int]) -> OutMessage:
+        """The batch with only the events at ``indices`` (increasing); the same id and type."""
+        if len(indices) == len(self._ends):
+            return self.message
+        view = memoryview(self.message.data)
+        ends = self._ends
+        prefix = self._prefix
+        events = b",".join(view[(prefix if i == 0 else ends[i - 1] + 1) : ends[i]] for i in indices)
+        return OutMessage(b"".join((view[:prefix], events, _EVENTS_CLOSE)), BATCH, self.message.id)
+
+
+def encode_batch(
+    *, epoch: str, offset: int, source: str, dp_rank: int, seq: int, ts: float, events: Iterable[dict[str, Any]]
+) -> EncodedBatch:
+    """A batch message; ``events`` are rendered events (``wire.render_events``)."""
+    msg_id = message_id(epoch, offset)
+    head = _encoder.encode(_BatchHead(BATCH, msg_id, offset, source, dp_rank, seq, ts))
+    parts = [head[:-1], _EVENTS_OPEN]
+    position = len(head) - 1 + len(_EVENTS_OPEN)
+    prefix = position
+    ends = array("q")
+    encode = _encoder.encode
+    for event in events:
+        if ends:
+            parts.append(b",")
+            position += 1
+        fragment = encode(event)
+        parts.append(fragment)
+        position += len(fragment)
+        ends.append(position)
+    parts.append(_EVENTS_CLOSE)
+    return EncodedBatch(OutMessage(b"".join(parts), BATCH, msg_id), prefix, ends)
+
+
+# --- notices ------------------------------------------------------------------------------
+
+_Seq = Annotated[int, msgspec.Meta(ge=0)]
+_Reason = Annotated[str, msgspec.Meta(max_length=1000)]
+
+
+class _RestartFields(msgspec.Struct, forbid_unknown_fields=True):
+    seq: _Seq  # the first sequence number of the new publisher process
+    # the last one delivered before it: -1 when nothing was since an earlier restart, None if never
+    previous: Annotated[int, msgspec.Meta(ge=-1)] | None
+    reason: _Reason
+
+
+class _GapFields(msgspec.Struct, forbid_unknown_fields=True):
+    first: _Seq  # the lost range, inclusive
+    last: _Seq
+    count: _Seq
+    reason: _Reason
+
+
+class _ReasonFields(msgspec.Struct, forbid_unknown_fields=True):
+    reason: _Reason
+
+
+_NOTICE_FIELDS: Final[dict[str, type[msgspec.Struct]]] = {
+    "restart": _RestartFields,
+    "unrecovered_gap": _GapFields,
+    "degraded": _ReasonFields,
+    "up": _ReasonFields,
+    "down": _ReasonFields,
+}
+
+
+class NoticeError(ValueError):
+    """A stream notice with an unknown kind or wrong fields (a bug in the caller)."""
+
+
+def encode_stream_notice(
+    kind: str, *, epoch: str, offset: int, source: str, dp_rank: int, fields: dict[str, Any]
+) -> OutMessage:
+    """A notice about a stream; it has an offset and id like a batch.
+
+    ``fields`` must be exactly the kind's own fields (restart: seq, previous, reason;
+    unrecovered_gap: first, last, count, reason; degraded, up, down: reason).
+    """
+    spec = _NOTICE_FIELDS.get(kind)
+    if spec is None:
+        raise NoticeError(f"unknown stream notice kind {kind!r}")
+    try:
+        checked = msgspec.convert(fields, spec)
+    except msgspec.ValidationError as exc:
+        raise NoticeError(f"{kind} notice: {exc}") from None
+    msg_id = message_id(epoch, offset)
+    body: dict[str, Any] = {
+        "type": NOTICE,
+        "kind": kind,
+        "id": msg_id,
+        "offset": offset,
+        "source": source,
+        "dp_rank": dp_rank,
+    }
+    body.update(msgspec.structs.asdict(checked))
+    return OutMessage(_encoder.encode(body), NOTICE, msg_id)
+
+
+def encode_slow_consumer(limit_bytes: int) -> OutMessage:
+    """The last message a slow SSE client gets: per client, so no offset, no id, no stream."""
+    body = {"type": NOTICE, "kind": SLOW_CONSUMER, "reason": f"more than {limit_bytes} bytes queued for this client"}
+    return OutMessage(_encoder.encode(body), NOTICE)
+
+
+# --- the schema ---------------------------------------------------------------------------
+
+
+def schema_bytes() -> bytes:
+    """The JSON Schema of every message (served at GET /v1/schema)."""
+    return importlib.resources.files("kvgateway").joinpath(SCHEMA_FILE).read_bytes()

@@ -1,0 +1,367 @@
+"""The reference-counted cache index: which blocks each engine holds, per medium and KV-cache group.
+
+Sans-I/O: the caller passes ``now`` (seconds, any monotonic clock) into every time-dependent call.
+
+A stream is ``(source, dp_rank)``. Within a stream a block is ``(medium, group_idx, hash)``:
+the medium is normalised to upper case (absent, None or empty = ``"GPU"``), a missing group_idx
+is group 0. Engines announce every physical copy, so the index counts references: a store adds
+one per hash, a remove takes one away and the block leaves at zero. A remove of a hash the index
+does not hold is normal (the gateway joined late, a gap) and only counted.
+
+Memory: nearly every block has a single reference, so the resident hashes live in a ``set`` and
+only hashes with more than one reference get an entry in a side ``dict`` of extra references,
+about 60-80 bytes per resident u64 block including the int object itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Hash
+
+DEFAULT_MEDIUM: Final = "GPU"
+RATE_WINDOW_SECONDS: Final = 60
+"""``stores_per_s``/``removes_per_s`` average the 60 one-second buckets ending with the current one."""
+
+_NEVER: Final = -(2**62)
+_ROUTE_CACHE_MAX: Final = 256
+"""Bound on cached (raw medium, group_idx) routes: the wire's medium strings are not trusted."""
+
+
+def normalise_medium(medium: str | None) -> str:
+    """``"gpu"`` -> ``"GPU"``; None or empty -> ``"GPU"`` (engines before the field existed were GPU-only)."""
+    return medium.upper() if medium else DEFAULT_MEDIUM
+
+
+@dataclass(frozen=True, slots=True)
+class MediumStats:
+    """One medium of one stream. ``stores``/``removes`` count announced blocks (duplicates included)."""
+
+    blocks: int
+    tokens: int
+    block_size: int
+    stores: int
+    removes: int
+    stores_per_s: float
+    removes_per_s: float
+    capacity_blocks: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "blocks": self.blocks,
+            "tokens": self.tokens,
+            "capacity_blocks": self.capacity_blocks,
+            "block_size": self.block_size,
+            "stores": self.stores,
+            "removes": self.removes,
+            "stores_per_s": self.stores_per_s,
+            "removes_per_s": self.removes_per_s,
+        }
+
+
+class _Group:
+    """Resident hashes of one (medium, group_idx): refcount = 1 + ``extra.get(hash, 0)``."""
+
+    __slots__ = ("blocks", "extra", "medium")
+
+    def __init__(self, medium: _Medium) -> None:
+        self.blocks: set[Hash] = set()
+        self.extra: dict[Hash, int] = {}
+        self.medium = medium
+
+    def store(self, hashes: list[Hash]) -> None:
+        blocks = self.blocks
+        if blocks.isdisjoint(hashes):
+            # Fast path (the common case): all new. A length mismatch means repeats inside the list.
+            before = len(blocks)
+            blocks.update(hashes)
+            if len(blocks) - before != len(hashes):
+                extra = self.extra
+                for h, n in Counter(hashes).items():
+                    if n > 1:
+                        extra[h] = extra.get(h, 0) + n - 1
+            return
+        extra = self.extra
+        for h in hashes:
+            if h in blocks:
+                extra[h] = extra.get(h, 0) + 1
+            else:
+                blocks.add(h)
+
+    def remove(self, hashes: list[Hash]) -> int:
+        """Take one reference per hash; returns how many hashes were not resident."""
+        blocks = self.blocks
+        extra = self.extra
+        if not extra or extra.keys().isdisjoint(hashes):
+            # No extra references involved: a set difference has the sequential semantics
+            # (a repeated hash drops the block once; its second mention is unknown).
+            before = len(blocks)
+            blocks.difference_update(hashes)
+            return len(hashes) - (before - len(blocks))
+        unknown = 0
+        for h in hashes:
+            n = extra.get(h)
+            if n is not None:
+                if n == 1:
+                    del extra[h]
+                else:
+                    extra[h] = n - 1
+            elif h in blocks:
+                blocks.remove(h)
+            else:
+                unknown += 1
+        return unknown
+
+    def refcount(self, h: Hash) -> int:
+        return 1 + self.extra.get(h, 0) if h in self.blocks else 0
+
+    def clear(self) -> None:
+        # New objects rather than .clear(): frees the tables, and the dict would otherwise keep its size.
+        self.blocks = set()
+        self.extra = {}
+
+
+class _Medium:
+    """Counters, block size and per-second rate buckets of one medium of one stream."""
+
+    __slots__ = (
+        "block_size",
+        "bucket_removes",
+        "bucket_sec",
+        "bucket_stores",
+        "cur_removes",
+        "cur_sec",
+        "cur_stores",
+        "groups",
+        "removes",
+        "stores",
+    )
+
+    def __init__(self) -> None:
+        self.groups: dict[int, _Group] = {}
+        self.block_size = 0
+        self.stores = 0
+        self.removes = 0
+        # Ring of one-second buckets indexed by second % window; bucket_sec says which second a slot holds.
+        self.bucket_sec = [_NEVER] * RATE_WINDOW_SECONDS
+        self.bucket_stores = [0] * RATE_WINDOW_SECONDS
+        self.bucket_removes = [0] * RATE_WINDOW_SECONDS
+        # The current second is counted in plain attributes (cheap to bump) and rolled into the ring.
+        self.cur_sec = _NEVER
+        self.cur_stores = 0
+        self.cur_removes = 0
+
+    def group(self, group_idx: int) -> _Group:
+        grp = self.groups.get(group_idx)
+        if grp is None:
+            grp = self.groups[group_idx] = _Group(self)
+        return grp
+
+    def roll(self, sec: int) -> None:
+        """Close the current second's bucket and open ``sec``'s."""
+        if sec < self.cur_sec:  # a clock step backwards: keep filling the newest bucket
+            return
+        i = self.cur_sec % RATE_WINDOW_SECONDS
+        self.bucket_sec[i] = self.cur_sec
+        self.bucket_stores[i] = self.cur_stores
+        self.bucket_removes[i] = self.cur_removes
+        self.cur_sec = sec
+        self.cur_stores = self.cur_removes = 0
+
+    def rates(self, now: float) -> tuple[float, float]:
+        now_sec = math.floor(now)
+        oldest = now_sec - RATE_WINDOW_SECONDS
+        stores = removes = 0
+        if oldest < self.cur_sec <= now_sec:
+            stores, removes = self.cur_stores, self.cur_removes
+        for sec, s, r in zip(self.bucket_sec, self.bucket_stores, self.bucket_removes, strict=True):
+            if oldest < sec <= now_sec:  # the ring never holds cur_sec: roll() only moves forward
+                stores += s
+                removes += r
+        return stores / RATE_WINDOW_SECONDS, removes / RATE_WINDOW_SECONDS
+
+    def resident(self) -> int:
+        return sum(len(grp.blocks) for grp in self.groups.values())
+
+
+class StreamIndex:
+    """The index of one stream ``(source, dp_rank)``.
+
+    ``capacity_blocks`` (medium -> blocks, any case) is the configured cache size, shown beside
+    the occupancy; its mediums are listed from the start. Mediums stay listed once seen.
+    Cumulative counters (``stores``, ``removes``, ``unknown_removes``) and each medium's last known
+    block size survive clears and resets; only the resident blocks are dropped.
+    """
+
+    __slots__ = ("_capacity", "_mediums", "_routes", "dp_rank", "source", "stale", "unknown_removes")
+
+    def __init__(self, source: str, dp_rank: int, capacity_blocks: Mapping[str, int] | None = None) -> None:
+        self.source = source
+        self.dp_rank = dp_rank
+        self.stale = False
+        """Set by :meth:`mark_stale` (events lost for good); cleared by AllBlocksCleared or :meth:`reset`."""
+        self.unknown_removes = 0
+        self._capacity = {normalise_medium(m): n for m, n in (capacity_blocks or {}).items()}
+        self._mediums: dict[str, _Medium] = {m: _Medium() for m in sorted(self._capacity)}
+        # (raw medium, raw group_idx) -> group: one dict lookup per event on the hot path.
+        self._routes: dict[tuple[str | None, int | None], _Group] = {}
+
+    def _group(self, medium: str | None, group_idx: int | None) -> _Group:
+        """The group of a (raw medium, raw group_idx) not yet in the route cache."""
+        name = normalise_medium(medium)
+        med = self._mediums.get(name)
+        if med is None:
+            med = self._mediums[name] = _Medium()
+        grp = med.group(0 if group_idx is None else group_idx)
+        if len(self._routes) < _ROUTE_CACHE_MAX:
+            self._routes[(medium, group_idx)] = grp
+        return grp
+
+    def apply(self, batch: Batch, now: float) -> None:
+        """Apply one delivered batch in order; unknown event types are ignored."""
+        # The ingest hot path: inlined lookups, one route-cache hit per event in the common case.
+        sec = math.floor(now)
+        routes = self._routes
+        for event in batch.events:
+            if type(event) is BlockStored or type(event) is BlockRemoved:
+                extra = event.extra
+                group_idx = extra.get("group_idx") if extra else None
+                if group_idx is not None and type(group_idx) is not int:
+                    group_idx = None
+                grp = routes.get((event.medium, group_idx))
+                if grp is None:
+                    grp = self._group(event.medium, group_idx)
+                hashes = event.block_hashes
+                med = grp.medium
+                if sec != med.cur_sec:
+                    med.roll(sec)
+                if type(event) is BlockStored:
+                    grp.store(hashes)
+                    if event.block_size > 0:
+                        med.block_size = event.block_size
+                    med.stores += len(hashes)
+                    med.cur_stores += len(hashes)
+                else:
+                    self.unknown_removes += grp.remove(hashes)
+                    med.removes += len(hashes)
+                    med.cur_removes += len(hashes)
+            elif type(event) is AllBlocksCleared:
+                self._clear()
+                self.stale = False
+
+    def _clear(self) -> None:
+        for med in self._mediums.values():
+            for grp in med.groups.values():
+                grp.clear()
+
+    def reset(self) -> None:
+        """The publisher restarted: its cache is gone, and so is any doubt about the old state."""
+        self._clear()
+        self.stale = False
+
+    def mark_stale(self) -> None:
+        """Events were lost for good: counts may be wrong until the next AllBlocksCleared or reset."""
+        self.stale = True
+
+    def refcount(self, block_hash: Hash, medium: str | None = None, group_idx: int | None = None) -> int:
+        """References to one block (0 when not resident)."""
+        med = self._mediums.get(normalise_medium(medium))
+        grp = None if med is None else med.groups.get(0 if group_idx is None else group_idx)
+        return 0 if grp is None else grp.refcount(block_hash)
+
+    def groups(self, medium: str | None = None) -> dict[int, int]:
+        """Resident blocks per group_idx of one medium (groups seen stay listed)."""
+        med = self._mediums.get(normalise_medium(medium))
+        return {} if med is None else {g: len(grp.blocks) for g, grp in sorted(med.groups.items())}
+
+    def medium_stats(self, now: float) -> dict[str, MediumStats]:
+        out: dict[str, MediumStats] = {}
+        for name in sorted(self._mediums):
+            med = self._mediums[name]
+            blocks = med.resident()
+            stores_per_s, removes_per_s = med.rates(now)
+            out[name] = MediumStats(
+                blocks=blocks,
+                tokens=blocks * med.block_size,
+                block_size=med.block_size,
+                stores=med.stores,
+                removes=med.removes,
+                stores_per_s=stores_per_s,
+                removes_per_s=removes_per_s,
+                capacity_blocks=self._capacity.get(name),
+            )
+        return out
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """One entry of :meth:`OccupancyIndex.snapshot`'s ``streams``."""
+        return {
+            "source": self.source,
+            "dp_rank": self.dp_rank,
+            "stale": self.stale,
+            "unknown_removes": self.unknown_removes,
+            "mediums": {name: stats.to_json() for name, stats in self.medium_stats(now).items()},
+        }
+
+
+class OccupancyIndex:
+    """Every stream's index. ``capacity`` maps a stream key ``(source, dp_rank)`` to its
+    configured ``capacity_blocks`` (medium -> blocks), as ``config.StreamConfig`` holds them."""
+
+    __slots__ = ("_capacity", "_streams")
+
+    def __init__(self, capacity: Mapping[tuple[str, int], Mapping[str, int]] | None = None) -> None:
+        self._capacity = dict(capacity or {})
+        self._streams: dict[tuple[str, int], StreamIndex] = {}
+        for source, dp_rank in sorted(self._capacity):
+            self.stream(source, dp_rank)
+
+    def stream(self, source: str, dp_rank: int) -> StreamIndex:
+        """The index of one stream, created on first use."""
+        key = (source, dp_rank)
+        index = self._streams.get(key)
+        if index is None:
+            index = self._streams[key] = StreamIndex(source, dp_rank, self._capacity.get(key))
+        return index
+
+    def streams(self) -> Iterator[StreamIndex]:
+        """Every stream, sorted by (source, dp_rank)."""
+        for key in sorted(self._streams):
+            yield self._streams[key]
+
+    def apply(self, source: str, dp_rank: int, batch: Batch, now: float) -> None:
+        self.stream(source, dp_rank).apply(batch, now)
+
+    def snapshot(self, offset: int, now: float) -> dict[str, Any]:
+        """The /v1/occupancy document. ``offset`` is the hub offset the index reflects.
+
+        ``totals`` sums every stream per medium; its ``capacity_blocks`` is null unless every
+        stream listing that medium has one configured (a partial sum would mislead).
+        """
+        streams = [index.snapshot(now) for index in self.streams()]
+        totals: dict[str, dict[str, Any]] = {}
+        for entry in streams:
+            for name, stats in entry["mediums"].items():
+                total = totals.get(name)
+                if total is None:
+                    total = totals[name] = {
+                        "blocks": 0,
+                        "tokens": 0,
+                        "capacity_blocks": 0,
+                        "stores_per_s": 0.0,
+                        "removes_per_s": 0.0,
+                        "streams": 0,
+                    }
+                total["blocks"] += stats["blocks"]
+                total["tokens"] += stats["tokens"]
+                total["stores_per_s"] += stats["stores_per_s"]
+                total["removes_per_s"] += stats["removes_per_s"]
+                total["streams"] += 1
+                if stats["capacity_blocks"] is None or total["capacity_blocks"] is None:
+                    total["capacity_blocks"] = None
+                else:
+                    total["capacity_blocks"] += stats["capacity_blocks"]
+        return {"offset": offset, "streams": streams, "totals": {name: totals[name] for name in sorted(totals)}}
