@@ -18,7 +18,7 @@ from kvgateway import logs, wire
 from kvgateway.config import Settings, StreamConfig, summary
 from kvgateway.hub import Hub
 from kvgateway.ingest import StreamReader
-from kvgateway.metrics import Metrics
+from kvgateway.metrics import Metrics, StreamMetrics
 from kvgateway.occupancy import OccupancyIndex
 from kvgateway.status import StreamStatus
 
@@ -42,8 +42,9 @@ class Gateway:
         streams = settings.streams()
         self.index = OccupancyIndex(capacity={s.key: s.capacity_blocks for s in streams if s.capacity_blocks})
         self.status: dict[tuple[str, int], StreamStatus] = {s.key: StreamStatus(s) for s in streams}
+        self.stream_metrics: dict[tuple[str, int], StreamMetrics] = {}
         for stream in streams:
-            self.metrics.init_stream(stream.source, stream.dp_rank)
+            self.stream_metrics[stream.key] = self.metrics.init_stream(stream.source, stream.dp_rank)
             self.index.stream(stream.source, stream.dp_rank)
         self.hub = Hub(
             metrics=self.metrics,
@@ -59,7 +60,6 @@ class Gateway:
         self.context: zmq.Context[zmq.Socket[bytes]] = context if context is not None else zmq.Context()
         self.readers: list[StreamReader] = []
         self._streams = streams
-        self._event_counters: dict[tuple[str, int], dict[str, Any]] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -108,10 +108,11 @@ class Gateway:
     def refresh_gauges(self) -> None:
         """Cache gauges are read from the index at scrape time, not on every batch."""
         now = self.clock()
-        for source, rank in self.status:
-            for medium, stats in self.index.stream(source, rank).medium_stats(now).items():
-                self.metrics.cache_blocks.labels(source, str(rank), medium).set(stats.blocks)
-                self.metrics.cache_tokens.labels(source, str(rank), medium).set(stats.tokens)
+        for key, children in self.stream_metrics.items():
+            for medium, stats in self.index.stream(*key).medium_stats(now).items():
+                blocks, tokens = children.cache(medium)
+                blocks.set(stats.blocks)
+                tokens.set(stats.tokens)
 
     # --- Sink: decisions from the readers ---------------------------------------------------
 
@@ -119,16 +120,17 @@ class Gateway:
         return f"{stream.config.source}[{stream.config.dp_rank}]"
 
     def received(self, stream: StreamReader, count: int) -> None:
-        self.metrics.batches_received.labels(*stream.labels).inc(count)
+        self.stream_metrics[stream.key].batches_received.inc(count)
         self.status[stream.key].counters["batches"] += count
 
     def deliver(self, stream: StreamReader, seq: int, batch: wire.Batch, replayed: bool, received: float) -> None:
         config: StreamConfig = stream.config
         status = self.status[stream.key]
+        children = self.stream_metrics[stream.key]
         status.last_seq = seq
-        self.metrics.source_last_seq.labels(*stream.labels).set(seq)
+        children.source_last_seq.set(seq)
         if batch.dp_rank is not None and batch.dp_rank != config.dp_rank:
-            self.metrics.rank_mismatches.labels(*stream.labels).inc()
+            children.rank_mismatches.inc()
             log.warning(
                 "stream %s: seq %d carries data_parallel_rank %d, expected %d",
                 self._log_stream(stream),
@@ -137,40 +139,45 @@ class Gateway:
                 config.dp_rank,
             )
         if replayed:
-            self.metrics.replayed_batches.labels(*stream.labels).inc()
+            children.replayed_batches.inc()
             status.counters["replayed"] += 1
         else:
             lag = received - batch.ts
             status.lag_seconds = lag
-            self.metrics.event_lag.labels(*stream.labels).observe(max(lag, 0.0))
-        types = Counter(event.type for event in batch.events)
-        for event_type, count in types.items():
-            self.metrics.events_received.labels(*stream.labels, event_type).inc(count)
+            children.event_lag.observe(max(lag, 0.0))
+        events = batch.events
+        if len(events) == 1:
+            children.events_received(events[0].type).inc()
+        elif events:
+            for event_type, count in Counter(event.type for event in events).items():
+                children.events_received(event_type).inc(count)
         index = self.index.stream(config.source, config.dp_rank)
         unknown_before = index.unknown_removes
         index.apply(batch, received)
         if index.unknown_removes != unknown_before:
-            self.metrics.unknown_removes.labels(*stream.labels).inc(index.unknown_removes - unknown_before)
+            children.unknown_removes.inc(index.unknown_removes - unknown_before)
+        # No await between the index and the hub: a hello's snapshot is exact at its offset.
         self.hub.publish_batch(config.source, config.dp_rank, seq, batch)
 
     def delivered_skip(self, stream: StreamReader, seq: int) -> None:
         self.status[stream.key].last_seq = seq
-        self.metrics.source_last_seq.labels(*stream.labels).set(seq)
+        self.stream_metrics[stream.key].source_last_seq.set(seq)
 
     def decode_error(self, stream: StreamReader, seq: int | None, reason: str) -> None:
-        self.metrics.decode_errors.labels(*stream.labels).inc()
+        self.stream_metrics[stream.key].decode_errors.inc()
         self.status[stream.key].counters["decode_errors"] += 1
         where = "" if seq is None else f" seq {seq}"
         log.warning("stream %s:%s skipped undecodable message: %s", self._log_stream(stream), where, reason[:300])
 
     def duplicate(self, stream: StreamReader, seq: int) -> None:
-        self.metrics.duplicate_batches.labels(*stream.labels).inc()
+        self.stream_metrics[stream.key].duplicate_batches.inc()
         self.status[stream.key].counters["duplicates"] += 1
 
     def gap(self, stream: StreamReader, first: int, last: int) -> None:
         count = last - first + 1
-        self.metrics.sequence_gaps.labels(*stream.labels).inc()
-        self.metrics.missed_batches.labels(*stream.labels).inc(count)
+        children = self.stream_metrics[stream.key]
+        children.sequence_gaps.inc()
+        children.missed_batches.inc(count)
         counters = self.status[stream.key].counters
         counters["gaps"] += 1
         counters["missed"] += count
@@ -182,7 +189,7 @@ class Gateway:
         was_degraded = status.degraded(self.clock())
         status.last_loss_at = self.clock()
         status.counters["unrecovered"] += count
-        self.metrics.unrecovered_batches.labels(*stream.labels).inc(count)
+        self.stream_metrics[stream.key].unrecovered_batches.inc(count)
         self.index.stream(*stream.key).mark_stale()
         log.warning(
             "stream %s: %d batches lost for good (seq %d..%d, %s)", self._log_stream(stream), count, first, last, reason
@@ -193,12 +200,12 @@ class Gateway:
             self.hub.publish_notice("degraded", source, rank, reason=f"{count} batches unrecovered ({reason})")
 
     def replay_finished(self, stream: StreamReader, outcome: str, replayed: int) -> None:
-        self.metrics.replay_requests.labels(*stream.labels, outcome).inc()
+        self.stream_metrics[stream.key].replay_requests(outcome).inc()
         level = logging.INFO if outcome == "recovered" else logging.WARNING
         log.log(level, "stream %s: replay %s, %d batches replayed", self._log_stream(stream), outcome, replayed)
 
     def restart(self, stream: StreamReader, seq: int, previous: int, reason: str) -> None:
-        self.metrics.publisher_restarts.labels(*stream.labels).inc()
+        self.stream_metrics[stream.key].publisher_restarts.inc()
         self.status[stream.key].counters["restarts"] += 1
         self.index.stream(*stream.key).reset()
         log.warning(
@@ -216,13 +223,13 @@ class Gateway:
         status.connected = connected
         if not connected:
             status.down_reason = reason
-        self.metrics.source_up.labels(*stream.labels).set(1 if connected else 0)
+        self.stream_metrics[stream.key].source_up.set(1 if connected else 0)
         if changed:
             log.info("stream %s %s (%s)", self._log_stream(stream), "up" if connected else "down", reason)
             self.hub.publish_notice("up" if connected else "down", *stream.key, reason=reason)
 
     def queue_depth(self, stream: StreamReader, depth: int) -> None:
-        self.metrics.ingest_queue_depth.labels(*stream.labels).set(depth)
+        self.stream_metrics[stream.key].ingest_queue_depth.set(depth)
 
 
 def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:

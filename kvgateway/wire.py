@@ -36,6 +36,10 @@ class DecodeError(ValueError):
     """A message or payload that is not a valid KV-event batch; the text is one line."""
 
 
+# msgspec raises UnicodeDecodeError for invalid UTF-8 in a str, RecursionError for deep nesting.
+_MALFORMED: Final = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+
+
 # --- the decoded, engine-independent form -------------------------------------------------
 
 
@@ -138,30 +142,38 @@ _STORED_FURTHER: Final = (
     "kv_cache_spec_sliding_window",
 )
 
-# --- map layouts: validated by struct, unknown keys kept ---------------------------------
+# --- map layouts: decoded by struct; unknown keys kept via a slower generic pass ---------
 
 
 class _MapStored(msgspec.Struct, tag_field="type", tag=STORED, gc=False):
     block_hashes: list[Hash]
-    parent_block_hash: Hash | None = None
-    token_ids: list[int] = []
-    block_size: int = 0
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    group_idx: int | None = None
+    parent_block_hash: Hash | UnsetType | None = UNSET
+    token_ids: list[int] | UnsetType = UNSET
+    block_size: int | UnsetType = UNSET
+    lora_id: int | UnsetType | None = UNSET
+    medium: str | UnsetType | None = UNSET
+    lora_name: str | UnsetType | None = UNSET
+    extra_keys: list[Any] | UnsetType | None = UNSET
+    group_idx: int | UnsetType | None = UNSET
+    kv_cache_spec_kind: str | UnsetType | None = UNSET
+    kv_cache_spec_sliding_window: int | UnsetType | None = UNSET
 
 
 class _MapRemoved(msgspec.Struct, tag_field="type", tag=REMOVED, gc=False):
     block_hashes: list[Hash]
-    medium: str | None = None
-    group_idx: int | None = None
+    medium: str | UnsetType | None = UNSET
+    group_idx: int | UnsetType | None = UNSET
+
+
+class _MapCleared(msgspec.Struct, tag_field="type", tag=CLEARED, gc=False):
+    pass
 
 
 _STORED_CORE: Final = frozenset(
     {"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"}
 )
 _REMOVED_CORE: Final = frozenset({"type", "block_hashes", "medium"})
+_REMOVED_FURTHER: Final = ("group_idx",)
 
 
 class _WireBatch(msgspec.Struct, array_like=True, gc=False):
@@ -172,6 +184,7 @@ class _WireBatch(msgspec.Struct, array_like=True, gc=False):
 
 _batch_decoder: Final = msgspec.msgpack.Decoder(_WireBatch)
 _array_event_decoder: Final = msgspec.msgpack.Decoder(_ArrStored | _ArrRemoved | _ArrCleared)
+_map_event_decoder: Final = msgspec.msgpack.Decoder(_MapStored | _MapRemoved | _MapCleared)
 _any_decoder: Final = msgspec.msgpack.Decoder()
 _encoder: Final = msgspec.msgpack.Encoder()
 
@@ -203,7 +216,7 @@ def decode_batch(payload: bytes | memoryview, *, max_bytes: int = MAX_PAYLOAD_BY
         raise DecodeError(f"payload of {len(payload)} bytes exceeds the {max_bytes}-byte limit")
     try:
         wire = _batch_decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (*_MALFORMED, msgspec.ValidationError) as exc:
         raise DecodeError(f"bad batch: {_one_line(exc)}") from None
     events: list[Event] = []
     for index, raw in enumerate(wire.events):
@@ -231,7 +244,7 @@ def _decode_array_event(raw: msgspec.Raw) -> Event:
         decoded = _array_event_decoder.decode(raw)
     except msgspec.ValidationError as exc:
         return _unknown_or_error(raw, exc)
-    except msgspec.DecodeError as exc:
+    except _MALFORMED as exc:
         raise DecodeError(_one_line(exc)) from None
     if type(decoded) is _ArrStored:
         extra = {name: value for name in _STORED_FURTHER if (value := getattr(decoded, name)) is not UNSET}
@@ -259,7 +272,7 @@ def _unknown_or_error(raw: msgspec.Raw, exc: msgspec.ValidationError) -> Event:
     """A known tag with bad fields fails the batch; an unknown tag is kept opaque."""
     try:
         body = _any_decoder.decode(raw)
-    except msgspec.DecodeError as inner:
+    except _MALFORMED as inner:
         raise DecodeError(_one_line(inner)) from None
     tag = body[0] if body else None
     if not isinstance(tag, str):
@@ -269,40 +282,79 @@ def _unknown_or_error(raw: msgspec.Raw, exc: msgspec.ValidationError) -> Event:
     return UnknownEvent(type=tag, body=body)
 
 
+def _map_len(data: memoryview) -> int:
+    first = data[0]
+    if first <= 0x8F:
+        return first & 0x0F
+    if first == 0xDE:
+        return int.from_bytes(data[1:3], "big")
+    return int.from_bytes(data[1:5], "big")
+
+
+def _present(struct: msgspec.Struct, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: value for name in names if (value := getattr(struct, name)) is not UNSET}
+
+
 def _decode_map_event(raw: msgspec.Raw) -> Event:
     try:
-        body = _any_decoder.decode(raw)
-    except msgspec.DecodeError as exc:
+        decoded = _map_event_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        return _map_fallback(raw, exc)
+    except _MALFORMED as exc:
         raise DecodeError(_one_line(exc)) from None
-    if not isinstance(body, dict):  # pragma: no cover - the first byte said map
-        raise DecodeError("map event is not a map")
-    tag = body.get("type")
+    # Fast path: every key of the map is a known field. Otherwise a generic pass keeps the rest.
+    if type(decoded) is _MapStored:
+        extra = _present(decoded, _STORED_FURTHER)
+        known = 2 + len(extra) + sum(getattr(decoded, name) is not UNSET for name in _STORED_OPTIONAL)
+        if known != _map_len(memoryview(raw)):
+            extra = _unknown_keys(raw, _STORED_CORE)
+        return BlockStored(
+            block_hashes=decoded.block_hashes,
+            parent_block_hash=None if decoded.parent_block_hash is UNSET else decoded.parent_block_hash,
+            token_ids=[] if decoded.token_ids is UNSET else decoded.token_ids,
+            block_size=0 if decoded.block_size is UNSET else decoded.block_size,
+            lora_id=None if decoded.lora_id is UNSET else decoded.lora_id,
+            medium=None if decoded.medium is UNSET else decoded.medium,
+            lora_name=None if decoded.lora_name is UNSET else decoded.lora_name,
+            extra=extra,
+        )
+    if type(decoded) is _MapRemoved:
+        extra = _present(decoded, _REMOVED_FURTHER)
+        known = 2 + len(extra) + (decoded.medium is not UNSET)
+        if known != _map_len(memoryview(raw)):
+            extra = _unknown_keys(raw, _REMOVED_CORE)
+        return BlockRemoved(
+            block_hashes=decoded.block_hashes,
+            medium=None if decoded.medium is UNSET else decoded.medium,
+            extra=extra,
+        )
+    if _map_len(memoryview(raw)) != 1:
+        return AllBlocksCleared(extra=_unknown_keys(raw, frozenset({"type"})))
+    return AllBlocksCleared()
+
+
+_STORED_OPTIONAL: Final = ("parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name")
+
+
+def _unknown_keys(raw: msgspec.Raw, core: frozenset[str]) -> dict[str, Any]:
+    try:
+        body = _any_decoder.decode(raw)
+    except _MALFORMED as exc:
+        raise DecodeError(_one_line(exc)) from None
+    return {k: v for k, v in body.items() if k not in core}
+
+
+def _map_fallback(raw: msgspec.Raw, exc: msgspec.ValidationError) -> Event:
+    """A known type with bad fields fails the batch; an unknown or missing type is judged here."""
+    try:
+        body = _any_decoder.decode(raw)
+    except _MALFORMED as inner:
+        raise DecodeError(_one_line(inner)) from None
+    tag = body.get("type") if isinstance(body, dict) else None
     if not isinstance(tag, str):
         raise DecodeError("map event has no string 'type'")
-    try:
-        if tag == STORED:
-            stored = msgspec.convert(body, _MapStored)
-            return BlockStored(
-                block_hashes=stored.block_hashes,
-                parent_block_hash=stored.parent_block_hash,
-                token_ids=stored.token_ids,
-                block_size=stored.block_size,
-                lora_id=stored.lora_id,
-                medium=stored.medium,
-                lora_name=stored.lora_name,
-                extra={k: v for k, v in body.items() if k not in _STORED_CORE},
-            )
-        if tag == REMOVED:
-            removed = msgspec.convert(body, _MapRemoved)
-            return BlockRemoved(
-                block_hashes=removed.block_hashes,
-                medium=removed.medium,
-                extra={k: v for k, v in body.items() if k not in _REMOVED_CORE},
-            )
-    except msgspec.ValidationError as exc:
-        raise DecodeError(f"{tag}: {_one_line(exc)}") from None
-    if tag == CLEARED:
-        return AllBlocksCleared(extra={k: v for k, v in body.items() if k != "type"})
+    if tag in KNOWN_TYPES:
+        raise DecodeError(f"{tag}: {_one_line(exc)}")
     return UnknownEvent(type=tag, body=body)
 
 
@@ -311,23 +363,55 @@ def _decode_map_event(raw: msgspec.Raw) -> Event:
 
 def hash_text(value: Hash) -> str:
     """A block hash as text: decimal digits (sign kept) for ints, lowercase hex for bytes."""
-    return value.hex() if isinstance(value, bytes) else str(value)
+    return str(value) if type(value) is int else value.hex()  # type: ignore[union-attr]
 
 
-def _plain(value: Any) -> Any:
-    """Any value with every bytes inside it as lowercase hex (msgspec would write base64)."""
-    if isinstance(value, bytes):
+def _hashes_text(values: list[Hash]) -> list[str]:
+    return [str(h) if type(h) is int else h.hex() for h in values]  # type: ignore[union-attr]
+
+
+_SCALARS: Final = frozenset({int, str, float, bool, type(None)})
+
+
+MAX_RENDER_DEPTH: Final = 32
+"""Opaque values nested deeper render as :data:`TOO_DEEP` (real ones nest 3-4 levels)."""
+TOO_DEEP: Final = "(nested too deeply)"
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """Any value made JSON-ready: bytes as lowercase hex (msgspec would write base64), msgpack
+    extensions as ``{"ext_type", "data"}``, every map key a string or number, depth bounded."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is bytes:
         return value.hex()
-    if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
-    if isinstance(value, dict):
-        return {(k.hex() if isinstance(k, bytes) else k): _plain(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        # The common case (extra_keys of Nones, ints, strings) needs no copy.
+        if all(type(item) in _SCALARS for item in value):
+            return value
+        return TOO_DEEP if depth >= MAX_RENDER_DEPTH else [_plain(item, depth + 1) for item in value]
+    if kind is dict:
+        if depth >= MAX_RENDER_DEPTH:
+            return TOO_DEEP
+        return {_key(k): _plain(v, depth + 1) for k, v in value.items()}
+    if kind is msgspec.msgpack.Ext:
+        return {"ext_type": value.code, "data": bytes(value.data).hex()}
     return value
+
+
+def _key(key: Any) -> str | int | float:
+    """A msgpack map key as a JSON object key (msgpack also allows nil, bools, arrays, bytes)."""
+    if isinstance(key, str) or (isinstance(key, int | float) and not isinstance(key, bool)):
+        return key
+    if isinstance(key, bytes):
+        return key.hex()
+    return msgspec.json.encode(_plain(key, MAX_RENDER_DEPTH - 1)).decode()
 
 
 def _further(extra: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     for key, value in extra.items():
-        out[key] = _plain(value)
+        out[key] = value if type(value) in _SCALARS else _plain(value)
     return out
 
 
@@ -339,7 +423,7 @@ def render_event(event: Event) -> dict[str, Any]:
             event.extra,
             {
                 "type": STORED,
-                "block_hashes": [hash_text(h) for h in event.block_hashes],
+                "block_hashes": _hashes_text(event.block_hashes),
                 "parent_block_hash": None if parent is None else hash_text(parent),
                 "token_ids": event.token_ids,
                 "block_size": event.block_size,
@@ -351,7 +435,7 @@ def render_event(event: Event) -> dict[str, Any]:
     if type(event) is BlockRemoved:
         return _further(
             event.extra,
-            {"type": REMOVED, "block_hashes": [hash_text(h) for h in event.block_hashes], "medium": event.medium},
+            {"type": REMOVED, "block_hashes": _hashes_text(event.block_hashes), "medium": event.medium},
         )
     if type(event) is AllBlocksCleared:
         return _further(event.extra, {"type": CLEARED})

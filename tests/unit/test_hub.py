@@ -1,0 +1,843 @@
+"""The hub without sockets: encoding, filters, resume, ring bounds, client queues, query parsing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from starlette.datastructures import QueryParams
+
+from kvgateway import messages, wire
+from kvgateway.hub import (
+    MAX_VALUES,
+    PARAMETERS,
+    BadRequest,
+    ClientFilter,
+    ClientRequest,
+    Hub,
+    Ring,
+    Subscription,
+    TooManyClients,
+    parse_query,
+    resume_after,
+)
+from kvgateway.messages import OutMessage
+from kvgateway.metrics import Metrics
+
+T = TypeVar("T")
+STREAMS = [("a", 0), ("a", 1), ("b", 0)]
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def snapshot(offset: int) -> dict[str, Any]:
+    return {"offset": offset, "streams": [{"source": "a", "dp_rank": 0, "blocks": offset}], "totals": {"blocks": 0}}
+
+
+def statuses() -> list[dict[str, Any]]:
+    return [{"source": s, "dp_rank": r, "state": "up"} for s, r in STREAMS]
+
+
+def make_hub(**kwargs: Any) -> Hub:
+    return Hub(metrics=Metrics(), sources=STREAMS, snapshot=snapshot, statuses=statuses, **kwargs)
+
+
+def sample(hub: Hub, name: str, **labels: str) -> float:
+    value = hub.metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def stored(*hashes: wire.Hash, medium: str | None = None) -> wire.BlockStored:
+    return wire.BlockStored(
+        block_hashes=list(hashes), parent_block_hash=None, token_ids=[1, 2], block_size=2, medium=medium
+    )
+
+
+def removed(*hashes: wire.Hash, medium: str | None = None) -> wire.BlockRemoved:
+    return wire.BlockRemoved(block_hashes=list(hashes), medium=medium)
+
+
+def batch(*events: wire.Event, ts: float = 1.5) -> wire.Batch:
+    return wire.Batch(ts=ts, events=list(events))
+
+
+def subscribe(hub: Hub, query: str = "", transport: Any = "ws", last_event_id: str | None = None) -> Subscription:
+    return hub.subscribe(hub.parse_query(QueryParams(query), last_event_id=last_event_id), transport)
+
+
+def drain(sub: Subscription) -> list[OutMessage]:
+    """Every message queued now, through next_chunk (never blocks)."""
+
+    async def collect() -> list[OutMessage]:
+        out: list[OutMessage] = []
+        while sub.queued_bytes:
+            chunk = await sub.next_chunk()
+            assert chunk is not None
+            out.extend(chunk)
+        return out
+
+    return run(collect())
+
+
+def decode(message: OutMessage) -> dict[str, Any]:
+    value = msgspec.json.decode(message.data)
+    assert isinstance(value, dict)
+    return value
+
+
+def offsets(items: list[OutMessage]) -> list[int]:
+    return [decode(m)["offset"] for m in items if m.type != "hello"]
+
+
+# --- hello --------------------------------------------------------------------------------
+
+
+def test_hello_of_a_fresh_client_carries_the_snapshot_at_its_offset() -> None:
+    hub = make_hub()
+    hub.publish_batch("a", 0, 7, batch(stored(1)))
+    hub.publish_batch("b", 0, 3, batch(stored(2)))
+    sub = subscribe(hub)
+    assert not sub.recovered
+    assert drain(sub) == []
+    hello = sub.hello_message
+    assert hello.data is sub.hello
+    assert sub.offset == 2
+    assert hello.type == "hello"
+    assert hello.id == f"{hub.epoch}:2"
+    body = decode(hello)
+    assert body == {
+        "type": "hello",
+        "epoch": hub.epoch,
+        "offset": 2,
+        "recovered": False,
+        "sources": statuses(),
+        "occupancy": snapshot(2),
+    }
+    assert list(body) == ["type", "epoch", "offset", "recovered", "sources", "occupancy"]
+
+
+def test_epoch_is_random_hex_per_hub_and_offsets_count_every_ring_message() -> None:
+    one, two = make_hub(), make_hub()
+    assert len(one.epoch) == 16
+    int(one.epoch, 16)
+    assert one.epoch != two.epoch
+    assert one.offset == 0
+    assert one.publish_batch("a", 0, 0, batch()) == 1
+    assert one.publish_notice("up", "a", 1, reason="connected") == 2
+    assert one.publish_batch("b", 0, 0, batch(stored(1))) == 3
+    assert one.offset == 3
+
+
+# --- batches ------------------------------------------------------------------------------
+
+
+def test_batch_message_has_the_documented_fields_and_rendered_events() -> None:
+    hub = make_hub()
+    sub = subscribe(hub)
+    big = 2**64 - 1
+    events: list[wire.Event] = [
+        wire.BlockStored(
+            block_hashes=[big, -5, b"\x00\xff"],
+            parent_block_hash=big - 1,
+            token_ids=[1, 2, 3],
+            block_size=1,
+            medium="GPU",
+            extra={"group_idx": 0},
+        ),
+        removed(b"\x01", medium="cpu"),
+        wire.AllBlocksCleared(),
+        wire.UnknownEvent(type="Fancy", body=["Fancy", 1, b"\x02"]),
+    ]
+    hub.publish_batch("a", 1, 42, batch(*events, ts=1789095808.8378847))
+    [message] = drain(sub)
+    assert message.type == "batch"
+    assert message.id == f"{hub.epoch}:1"
+    body = decode(message)
+    assert list(body) == ["type", "id", "offset", "source", "dp_rank", "seq", "ts", "events"]
+    assert body["id"] == message.id
+    assert (body["offset"], body["source"], body["dp_rank"], body["seq"]) == (1, "a", 1, 42)
+    assert body["ts"] == 1789095808.8378847
+    assert body["events"] == json.loads(json.dumps(wire.render_events(events)))
+    assert body["events"][0]["block_hashes"] == [str(big), "-5", "00ff"]
+    assert b"\n" not in message.data
+
+
+def test_encoded_batch_select_gives_exactly_the_chosen_events() -> None:
+    events = [{"type": "X", "n": i, "s": "a,b]}"} for i in range(5)]
+    encoded = messages.encode_batch(epoch="e", offset=9, source="s", dp_rank=0, seq=1, ts=0.5, events=events)
+    assert encoded.event_count == 5
+    for chosen in ([0], [4], [1, 3], [0, 2, 4], [0, 1, 2, 3]):
+        body = msgspec.json.decode(encoded.select(chosen).data)
+        assert body["events"] == [events[i] for i in chosen]
+        assert body["id"] == "e:9"
+    assert encoded.select(range(5)) is encoded.message
+    empty = messages.encode_batch(epoch="e", offset=1, source="s", dp_rank=0, seq=1, ts=0.5, events=[])
+    assert msgspec.json.decode(empty.message.data)["events"] == []
+
+
+def test_encode_once_same_bytes_object_for_clients_with_the_same_filter() -> None:
+    hub = make_hub()
+    plain = [subscribe(hub), subscribe(hub, transport="sse"), subscribe(hub, "source=a")]
+    gpu = [subscribe(hub, "medium=gpu"), subscribe(hub, "medium=GPU&dp_rank=0")]
+    stored_only = [subscribe(hub, "type=BlockStored"), subscribe(hub, "type=BlockStored&medium=cpu&medium=gpu")]
+    hub.publish_batch("a", 0, 1, batch(stored(1), removed(2, medium="CPU")))
+    got = {id(sub): drain(sub)[0] for sub in plain + gpu + stored_only}
+    first = got[id(plain[0])]
+    assert all(got[id(sub)] is first for sub in plain)
+    assert got[id(gpu[0])] is got[id(gpu[1])]
+    assert got[id(gpu[0])] is not first
+    assert got[id(gpu[0])].data is not first.data
+    assert [e["type"] for e in decode(got[id(gpu[0])])["events"]] == ["BlockStored"]
+    # a different filter key that keeps the same events still has its own cache slot
+    assert decode(got[id(stored_only[0])]) == decode(got[id(stored_only[1])])
+    # a filter that keeps every event shares the unfiltered bytes
+    everything = subscribe(hub, "type=BlockStored&type=BlockRemoved")
+    hub.publish_batch("a", 0, 2, batch(stored(3), removed(4)))
+    live = drain(plain[0])[-1]
+    assert drain(everything)[-1] is live
+
+
+# --- filters ------------------------------------------------------------------------------
+
+MIXED: list[wire.Event] = [
+    stored(1, medium="GPU"),
+    stored(2),  # no medium: counts as GPU
+    stored(3, medium="cpu"),
+    removed(4, medium="CPU"),
+    wire.AllBlocksCleared(),
+    wire.UnknownEvent(type="Offloaded", body={"type": "Offloaded", "medium": "disk"}),
+    wire.UnknownEvent(type="Offloaded", body=["Offloaded", 7]),  # no medium: fails medium filters
+]
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("", [0, 1, 2, 3, 4, 5, 6]),
+        ("medium=GPU", [0, 1, 4]),
+        ("medium=gpu", [0, 1, 4]),
+        ("medium=CPU", [2, 3, 4]),
+        ("medium=Disk", [4, 5]),
+        ("medium=GPU&medium=disk", [0, 1, 4, 5]),
+        ("type=BlockStored", [0, 1, 2]),
+        ("type=BlockRemoved&type=AllBlocksCleared", [3, 4]),
+        ("type=Offloaded", [5, 6]),
+        ("type=Offloaded&medium=DISK", [5]),
+        ("type=BlockStored&medium=cpu", [2]),
+        ("type=AllBlocksCleared&medium=nowhere", [4]),
+        ("type=Nothing", None),
+        ("type=BlockRemoved&medium=GPU", None),
+    ],
+)
+def test_event_filters(query: str, expected: list[int] | None) -> None:
+    hub = make_hub()
+    sub = subscribe(hub, query)
+    hub.publish_batch("a", 0, 1, batch(*MIXED))
+    got = drain(sub)
+    rendered = wire.render_events(MIXED)
+    if expected is None:
+        assert got == []
+    else:
+        assert [decode(m)["events"] for m in got] == [json.loads(json.dumps([rendered[i] for i in expected]))]
+    request = hub.parse_query(QueryParams(query))
+    chosen = request.filter.select_events(MIXED)
+    assert chosen == [MIXED[i] for i in expected or []]
+    assert [request.filter.matches_event(e) for e in MIXED] == [i in (expected or []) for i in range(len(MIXED))]
+
+
+def test_a_batch_without_matching_events_is_skipped_and_offsets_jump() -> None:
+    hub = make_hub()
+    sub = subscribe(hub, "type=BlockRemoved")
+    hub.publish_batch("a", 0, 1, batch(removed(1)))
+    hub.publish_batch("a", 0, 2, batch(stored(2)))
+    hub.publish_batch("a", 0, 3, batch(stored(3), removed(3)))
+    assert offsets(drain(sub)) == [1, 3]
+
+
+def test_stream_filters_and_notices_pass_event_filters() -> None:
+    hub = make_hub()
+    a = subscribe(hub, "source=a")
+    rank1 = subscribe(hub, "dp_rank=1")
+    b_stored = subscribe(hub, "source=b&type=BlockStored")
+    hub.publish_batch("a", 0, 1, batch(stored(1)))  # 1
+    hub.publish_batch("a", 1, 1, batch(stored(1)))  # 2
+    hub.publish_batch("b", 0, 1, batch(removed(1)))  # 3
+    hub.publish_notice("down", "b", 0, reason="socket closed")  # 4
+    hub.publish_notice("up", "a", 1, reason="connected")  # 5
+    assert offsets(drain(a)) == [1, 2, 5]
+    assert offsets(drain(rank1)) == [2, 5]
+    assert offsets(drain(b_stored)) == [4]
+    f = ClientFilter(sources=frozenset({"a"}), dp_ranks=frozenset({1}))
+    assert f.matches_stream("a", 1)
+    assert not f.matches_stream("a", 0)
+    assert not f.matches_stream("b", 1)
+    assert ClientFilter().matches_stream("anything", 99)
+
+
+def test_a_stream_outside_the_configuration_is_served_too() -> None:
+    hub = make_hub()
+    everyone, only_a = subscribe(hub), subscribe(hub, "source=a")
+    hub.publish_batch("z", 3, 1, batch(stored(1)))
+    assert offsets(drain(everyone)) == [1]
+    assert offsets(drain(only_a)) == []
+    late = subscribe(hub)
+    hub.publish_batch("z", 3, 2, batch(stored(1)))
+    assert offsets(drain(late)) == [2]
+
+
+# --- notices ------------------------------------------------------------------------------
+
+
+def test_stream_notices_have_offsets_ids_and_their_kind_fields() -> None:
+    hub = make_hub()
+    sub = subscribe(hub)
+    hub.publish_notice("restart", "a", 0, seq=0, previous=1234, reason="sequence went back")
+    hub.publish_notice("restart", "a", 1, seq=5, previous=None, reason="first seen")
+    hub.publish_notice("unrecovered_gap", "b", 0, first=10, last=19, count=10, reason="replay unavailable")
+    hub.publish_notice("degraded", "b", 0, reason="ingest queue full")
+    hub.publish_notice("down", "b", 0, reason="disconnected")
+    bodies = [decode(m) for m in drain(sub)]
+    assert bodies[0] == {
+        "type": "notice",
+        "kind": "restart",
+        "id": f"{hub.epoch}:1",
+        "offset": 1,
+        "source": "a",
+        "dp_rank": 0,
+        "seq": 0,
+        "previous": 1234,
+        "reason": "sequence went back",
+    }
+    assert bodies[1]["previous"] is None
+    assert {k: bodies[2][k] for k in ("kind", "first", "last", "count", "offset")} == {
+        "kind": "unrecovered_gap",
+        "first": 10,
+        "last": 19,
+        "count": 10,
+        "offset": 3,
+    }
+    assert [b["kind"] for b in bodies[3:]] == ["degraded", "down"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields"),
+    [
+        ("slow_consumer", {"reason": "x"}),
+        ("nonsense", {"reason": "x"}),
+        ("restart", {"seq": 1, "reason": "x"}),
+        ("restart", {"seq": 1, "previous": 0, "reason": "x", "extra": 1}),
+        ("restart", {"seq": True, "previous": 0, "reason": "x"}),
+        ("restart", {"seq": 0, "previous": -2, "reason": "x"}),
+        ("unrecovered_gap", {"first": -1, "last": 2, "count": 1, "reason": "x"}),
+        ("up", {}),
+        ("down", {"reason": 5}),
+    ],
+)
+def test_bad_stream_notices_are_refused_without_using_an_offset(kind: str, fields: dict[str, Any]) -> None:
+    hub = make_hub()
+    with pytest.raises(messages.NoticeError):
+        hub.publish_notice(kind, "a", 0, **fields)
+    assert hub.offset == 0
+    assert len(hub.ring) == 0
+
+
+# --- resume -------------------------------------------------------------------------------
+
+
+def test_resume_inside_the_ring_replays_exactly_the_missed_messages_then_live() -> None:
+    hub = make_hub()
+    watcher = subscribe(hub)
+    for seq in range(5):
+        hub.publish_batch("a", 0, seq, batch(stored(seq)))
+    hub.publish_notice("down", "a", 0, reason="gone")
+    seen = drain(watcher)
+    last = seen[1]  # the client had read offsets 1 and 2 when it dropped
+    assert last.id is not None
+    sub = subscribe(hub, f"last_event_id={last.id}")
+    assert sub.recovered
+    backlog = drain(sub)
+    hello = sub.hello_message
+    assert sub.offset == 2
+    assert decode(hello) == {
+        "type": "hello",
+        "epoch": hub.epoch,
+        "offset": 2,
+        "recovered": True,
+        "sources": statuses(),
+        "occupancy": None,
+    }
+    assert hello.id == last.id
+    assert [m.data for m in backlog] == [m.data for m in seen[2:]]
+    assert offsets(backlog) == [3, 4, 5, 6]
+    hub.publish_batch("a", 0, 9, batch(stored(9)))
+    assert offsets(drain(sub)) == [7]
+    assert sample(hub, "kvgateway_resumes_total", transport="ws", recovered="true") == 1
+
+
+def test_resume_hand_over_has_no_gap_and_no_duplicate_at_any_point() -> None:
+    hub = make_hub()
+    total = 30
+    clients: list[Subscription] = []
+    for n in range(1, total + 1):
+        for start in range(max(0, n - 3), n):  # resume from a few points behind the head
+            clients.append(subscribe(hub, f"last_event_id={hub.epoch}:{start}"))
+        hub.publish_batch("a", n % 2, n, batch(stored(n)))
+    for sub in clients:
+        start = sub.offset
+        assert sub.recovered
+        assert offsets(drain(sub)) == list(range(start + 1, total + 1))
+
+
+def test_a_client_that_reconnects_mid_stream_sees_every_message_once() -> None:
+    hub = make_hub()
+    total = 300
+
+    async def publisher() -> None:
+        for n in range(1, total + 1):
+            hub.publish_batch("a", 0, n, batch(stored(n)))
+            if n % 7 == 0:
+                await asyncio.sleep(0)
+
+    async def client() -> list[int]:
+        seen: list[int] = []
+        last_id: str | None = None
+        while not seen or seen[-1] < total:
+            sub = subscribe(hub, transport="sse", last_event_id=last_id)
+            assert sub.recovered == (last_id is not None)
+            last_id = sub.hello_message.id  # what EventSource remembers after the hello
+            for _ in range(3):  # a few frames, then the connection drops
+                chunk = await sub.next_chunk()
+                assert chunk is not None
+                for message in chunk:
+                    last_id = message.id
+                    seen.append(decode(message)["offset"])
+                if seen and seen[-1] == total:
+                    break
+            sub.close()
+        return seen
+
+    async def scenario() -> list[int]:
+        seen, _ = await asyncio.gather(client(), publisher())
+        return seen
+
+    assert run(scenario()) == list(range(1, total + 1))
+    assert sample(hub, "kvgateway_resumes_total", transport="sse", recovered="true") > 3
+
+
+def test_resume_applies_the_filters_to_the_backlog() -> None:
+    hub = make_hub()
+    hub.publish_batch("a", 0, 1, batch(stored(1), removed(1)))  # 1
+    hub.publish_batch("b", 0, 1, batch(removed(2)))  # 2
+    hub.publish_batch("a", 0, 2, batch(stored(3)))  # 3
+    hub.publish_notice("degraded", "a", 0, reason="x")  # 4
+    hub.publish_batch("a", 1, 2, batch(removed(4)))  # 5
+    sub = subscribe(hub, f"last_event_id={hub.epoch}:0&type=BlockRemoved&source=a")
+    backlog = drain(sub)
+    assert offsets(backlog) == [1, 4, 5]
+    assert [e["type"] for e in decode(backlog[0])["events"]] == ["BlockRemoved"]
+
+
+def test_resume_boundaries_of_the_ring() -> None:
+    hub = make_hub(ring_messages=5)
+    for seq in range(10):
+        hub.publish_batch("a", 0, seq, batch(stored(seq)))
+    assert (hub.ring.first_offset, hub.ring.last_offset) == (6, 10)
+    at_edge = subscribe(hub, last_event_id=f"{hub.epoch}:5")
+    assert at_edge.recovered
+    assert offsets(drain(at_edge)) == [6, 7, 8, 9, 10]
+    at_head = subscribe(hub, last_event_id=f"{hub.epoch}:10")
+    assert at_head.recovered
+    assert drain(at_head) == []
+    fresh_hub = make_hub()
+    from_zero = subscribe(fresh_hub, last_event_id=f"{fresh_hub.epoch}:0")
+    assert from_zero.recovered
+
+
+@pytest.mark.parametrize(
+    "make_id",
+    [
+        lambda hub: "0123456789abcdef:3",  # another epoch (another process)
+        lambda hub: f"{hub.epoch}:4",  # fell out of the ring
+        lambda hub: f"{hub.epoch}:1",
+        lambda hub: f"{hub.epoch}:11",  # in the future
+        lambda hub: f"{hub.epoch}:99999999999999999999",
+        lambda hub: f"{hub.epoch}",  # malformed
+        lambda hub: f"{hub.epoch}:",
+        lambda hub: f"{hub.epoch}:-1",
+        lambda hub: f"{hub.epoch}:+7",
+        lambda hub: f"{hub.epoch}:7 ",
+        lambda hub: f"{hub.epoch}:7:7",
+        lambda hub: ":7",
+        lambda hub: "garbage",
+    ],
+)
+def test_unrecoverable_ids_get_a_snapshot_and_no_replay(make_id: Any) -> None:
+    hub = make_hub(ring_messages=5)
+    for seq in range(10):
+        hub.publish_batch("a", 0, seq, batch(stored(seq)))
+    sub = subscribe(hub, last_event_id=make_id(hub))
+    assert not sub.recovered
+    assert drain(sub) == []
+    assert decode(sub.hello_message)["occupancy"] == snapshot(10)
+    assert decode(sub.hello_message)["offset"] == sub.offset == 10
+    assert sample(hub, "kvgateway_resumes_total", transport="ws", recovered="false") == 1
+    hub.publish_batch("a", 0, 10, batch(stored(10)))
+    assert offsets(drain(sub)) == [11]
+
+
+def test_no_or_empty_last_event_id_is_a_fresh_client_not_a_resume() -> None:
+    hub = make_hub()
+    hub.publish_batch("a", 0, 0, batch())
+    for sub in (subscribe(hub), subscribe(hub, "last_event_id=")):
+        assert not sub.recovered
+        assert drain(sub) == []
+    assert sample(hub, "kvgateway_resumes_total", transport="ws", recovered="false") == 0
+
+
+def test_resume_after_is_all_or_nothing() -> None:
+    assert resume_after("e:4", epoch="e", first_offset=5, last_offset=9) == 4
+    assert resume_after("e:9", epoch="e", first_offset=5, last_offset=9) == 9
+    assert resume_after("e:3", epoch="e", first_offset=5, last_offset=9) is None
+    assert resume_after("e:10", epoch="e", first_offset=5, last_offset=9) is None
+    assert resume_after("f:6", epoch="e", first_offset=5, last_offset=9) is None
+    assert resume_after("e:0", epoch="e", first_offset=1, last_offset=0) == 0
+    assert messages.parse_message_id("ab:12") == ("ab", 12)
+    assert messages.parse_message_id("ab:12\n") is None
+
+
+# --- the ring -----------------------------------------------------------------------------
+
+
+def test_ring_bound_by_count() -> None:
+    hub = make_hub(ring_messages=3)
+    for seq in range(7):
+        hub.publish_batch("a", 0, seq, batch(stored(seq)))
+    assert len(hub.ring) == 3
+    assert (hub.ring.first_offset, hub.ring.last_offset) == (5, 7)
+    assert [e.offset for e in hub.ring.since(4)] == [5, 6, 7]
+    with pytest.raises(ValueError, match="no longer"):
+        hub.ring.since(3)
+    assert sample(hub, "kvgateway_ring_messages") == 3
+    assert sample(hub, "kvgateway_ring_bytes") == hub.ring.bytes
+
+
+def test_ring_bound_by_bytes_and_an_oversized_message_is_live_only() -> None:
+    hub = make_hub(ring_bytes=1000)
+    sizes = []
+    for seq in range(20):
+        hub.publish_batch("a", 0, seq, batch(stored(seq)))
+        sizes.append(len(hub.ring.since(hub.offset - 1).__next__().message.data))
+    assert hub.ring.bytes <= 1000
+    assert hub.ring.bytes + sizes[0] > 1000  # as many as fit, no fewer
+    assert hub.ring.bytes == sum(sizes[-len(hub.ring) :])
+    sub = subscribe(hub)
+    hub.publish_batch("a", 0, 99, batch(stored(*range(500))))
+    assert len(hub.ring) == 0
+    assert hub.ring.first_offset == hub.offset + 1
+    assert offsets(drain(sub)) == [21]
+    assert subscribe(hub, last_event_id=f"{hub.epoch}:21").recovered
+    assert not subscribe(hub, last_event_id=f"{hub.epoch}:20").recovered
+
+
+def test_filtered_variants_count_towards_the_ring_bytes() -> None:
+    hub = make_hub()
+    hub.publish_batch("a", 0, 1, batch(stored(1), removed(2)))
+    before = hub.ring.bytes
+    sub = subscribe(hub, f"last_event_id={hub.epoch}:0&type=BlockRemoved")
+    variant = drain(sub)[0]
+    assert hub.ring.bytes == before + len(variant.data)
+    assert sample(hub, "kvgateway_ring_bytes") == hub.ring.bytes
+
+
+def test_ring_refuses_out_of_order_offsets_and_negative_bounds() -> None:
+    hub = make_hub()
+    hub.publish_batch("a", 0, 1, batch())
+    hub.publish_batch("a", 0, 2, batch())
+    _, second = hub.ring.since(0)
+    with pytest.raises(ValueError, match="expected offset 1"):
+        Ring(10, 10).append(second)
+    with pytest.raises(ValueError):
+        Ring(-1, 10)
+
+
+# --- client queues ------------------------------------------------------------------------
+
+
+def test_slow_consumer_is_cut_while_the_others_continue() -> None:
+    hub = make_hub(client_queue_bytes=4096)
+    slow = subscribe(hub, transport="sse")
+    fast = subscribe(hub)
+    drain(slow)
+    received: list[OutMessage] = drain(fast)
+    n = 0
+    while slow.closed_reason is None:
+        n += 1
+        hub.publish_batch("a", 0, n, batch(stored(n, n + 1, n + 2)))
+        received += drain(fast)
+        assert n < 1000
+    assert slow.closed_reason == "slow_consumer"
+    assert slow.queued_bytes == 0
+    assert run(slow.next_chunk()) is None
+    farewell = slow.farewell()
+    assert farewell is not None
+    assert farewell.id is None
+    assert decode(farewell)["kind"] == "slow_consumer"
+    assert list(decode(farewell)) == ["type", "kind", "reason"]
+    assert farewell.sse.startswith(b"event: notice\ndata: ")
+    assert fast.farewell() is None
+    for more in range(3):
+        hub.publish_batch("a", 0, n + 1 + more, batch(stored(0)))
+    received += drain(fast)
+    assert offsets(received) == list(range(1, n + 4))
+    assert hub.client_count == 1
+    assert sample(hub, "kvgateway_client_disconnects_total", transport="sse", reason="slow_consumer") == 1
+    assert sample(hub, "kvgateway_clients", transport="sse") == 0
+    assert sample(hub, "kvgateway_clients", transport="ws") == 1
+    slow.close()  # the route's finally: nothing more is counted
+    assert sample(hub, "kvgateway_client_disconnects_total", transport="sse", reason="closed") == 0
+
+
+def test_one_message_larger_than_the_bound_still_reaches_an_idle_client() -> None:
+    hub = make_hub(client_queue_bytes=100)
+    sub = subscribe(hub)
+    drain(sub)
+    hub.publish_batch("a", 0, 1, batch(stored(*range(100))))
+    assert sub.closed_reason is None
+    hub.publish_batch("a", 0, 2, batch(stored(1)))
+    assert sub.closed_reason == "slow_consumer"
+
+
+def test_hello_and_resume_backlog_do_not_count_against_the_queue_bound() -> None:
+    hub = make_hub(client_queue_bytes=2000)
+    for seq in range(100):
+        hub.publish_batch("a", 0, seq, batch(stored(seq)))
+    sub = subscribe(hub, last_event_id=f"{hub.epoch}:0")
+    assert sub.queued_bytes > 10_000
+    for seq in range(5):  # live messages behind the backlog: a few hundred bytes
+        hub.publish_batch("a", 0, 100 + seq, batch(stored(seq)))
+    assert sub.closed_reason is None
+    assert offsets(drain(sub)) == list(range(1, 106))
+    for seq in range(100):
+        hub.publish_batch("a", 0, 200 + seq, batch(stored(seq)))
+        if sub.closed_reason:
+            break
+    assert sub.closed_reason == "slow_consumer"  # the bound applies to live messages
+
+
+def test_next_chunk_returns_everything_pending_up_to_the_byte_cap() -> None:
+    hub = make_hub()
+    sub = subscribe(hub)
+    for seq in range(10):
+        hub.publish_batch("a", 0, seq, batch(stored(seq)))
+
+    async def chunks() -> tuple[list[OutMessage], list[OutMessage], list[OutMessage]]:
+        first = await sub.next_chunk(max_bytes=1)  # never less than one message
+        assert first is not None
+        size = len(sub._queue[0].data) * 3
+        second = await sub.next_chunk(max_bytes=size)
+        rest = await sub.next_chunk()
+        assert second is not None
+        assert rest is not None
+        return first, second, rest
+
+    first, second, rest = run(chunks())
+    assert offsets(first) == [1]
+    assert offsets(second) == [2, 3, 4]
+    assert offsets(rest) == list(range(5, 11))
+    assert sub.queued_bytes == 0
+    frame = messages.ws_text(rest)
+    assert frame.split("\n") == [m.text for m in rest]
+    assert not frame.endswith("\n")
+    assert messages.ws_text(rest[:1]) is rest[0].text
+    sse = messages.sse_bytes(rest)
+    assert sse.count(b"\n\n") == len(rest)
+    assert sse.startswith(f"id: {hub.epoch}:5\nevent: batch\ndata: {{".encode())
+    assert sample(hub, "kvgateway_messages_sent_total", transport="ws") == 10
+    assert sample(hub, "kvgateway_client_queue_bytes_count") == 3
+
+
+def test_next_chunk_waits_for_a_publish_and_close_wakes_it() -> None:
+    hub = make_hub()
+
+    async def scenario() -> None:
+        sub = subscribe(hub)
+        waiting = asyncio.ensure_future(sub.next_chunk())
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        with pytest.raises(RuntimeError, match="already"):
+            await sub.next_chunk()
+        hub.publish_batch("a", 0, 1, batch(stored(1)))
+        chunk = await asyncio.wait_for(waiting, 1)
+        assert chunk is not None
+        assert offsets(chunk) == [1]
+        waiting = asyncio.ensure_future(sub.next_chunk())
+        await asyncio.sleep(0)
+        hub.close()
+        assert await asyncio.wait_for(waiting, 1) is None
+        assert sub.closed_reason == "shutdown"
+        # a cancelled wait leaves the subscription usable
+        other = Hub(metrics=Metrics(), sources=STREAMS, snapshot=snapshot, statuses=statuses)
+        sub2 = other.subscribe(ClientRequest(ClientFilter()), "sse")
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(sub2.next_chunk(), 0.01)
+        other.publish_batch("a", 0, 1, batch())
+        assert await asyncio.wait_for(sub2.next_chunk(), 1) is not None
+
+    run(scenario())
+    assert sample(hub, "kvgateway_client_disconnects_total", transport="ws", reason="shutdown") == 1
+    assert not hub.can_accept()
+    with pytest.raises(TooManyClients):
+        subscribe(hub)
+
+
+def test_max_clients_and_close_accounting() -> None:
+    hub = make_hub(max_clients=2)
+    one = subscribe(hub)
+    subscribe(hub, transport="sse")
+    assert not hub.can_accept()
+    with pytest.raises(TooManyClients):
+        subscribe(hub)
+    assert sample(hub, "kvgateway_client_rejections_total", transport="ws", reason="too_many_clients") == 0  # route's
+    one.close("error")
+    one.close("closed")
+    assert sample(hub, "kvgateway_client_disconnects_total", transport="ws", reason="error") == 1
+    assert sample(hub, "kvgateway_client_disconnects_total", transport="ws", reason="closed") == 0
+    assert hub.client_count == 1
+    assert hub.can_accept()
+    assert run(one.next_chunk()) is None
+    hub.publish_batch("a", 0, 1, batch())  # a closed client gets nothing
+    assert one.queued_bytes == 0
+    assert sample(hub, "kvgateway_clients", transport="ws") == 0
+    assert sample(hub, "kvgateway_broadcast_seconds_count") == 1
+
+
+# --- query parameters ---------------------------------------------------------------------
+
+
+def test_parse_query_accepts_repeated_values_and_normalizes() -> None:
+    request = parse_query(
+        QueryParams("source=a&source=b&dp_rank=0&dp_rank=01&type=BlockStored&medium=cpu&medium=CPU&token=x"),
+        sources=["a", "b"],
+    )
+    assert request == ClientRequest(
+        ClientFilter(
+            sources=frozenset({"a", "b"}),
+            dp_ranks=frozenset({0, 1}),
+            types=frozenset({"BlockStored"}),
+            mediums=frozenset({"CPU"}),
+        ),
+        None,
+    )
+    assert parse_query({"source": ["a"], "last_event_id": ["e:1"]}, sources=["a"]).last_event_id == "e:1"
+    assert parse_query({"last_event_id": ["e:1"]}, last_event_id="e:2").last_event_id == "e:2"
+    assert parse_query({"last_event_id": ["e:1"]}, last_event_id="").last_event_id == "e:1"
+    assert parse_query({}).filter == ClientFilter()
+    assert parse_query({"source": ["anything"]}).filter.sources == frozenset({"anything"})
+
+
+@pytest.mark.parametrize(
+    ("query", "parameter"),
+    [
+        ("sources=a", "sources"),
+        ("Source=a", "Source"),
+        ("source=c", "source"),
+        ("source=", "source"),
+        ("dp_rank=-1", "dp_rank"),
+        ("dp_rank=x", "dp_rank"),
+        ("dp_rank=1_0", "dp_rank"),
+        ("dp_rank=%201", "dp_rank"),
+        ("dp_rank=1234567890", "dp_rank"),
+        ("type=", "type"),
+        ("type=Block%20Stored", "type"),
+        ("medium=gpu%0A", "medium"),
+        ("last_event_id=a&last_event_id=b", "last_event_id"),
+        ("=x", "''"),
+    ],
+)
+def test_parse_query_rejects_with_one_line_naming_the_parameter(query: str, parameter: str) -> None:
+    with pytest.raises(BadRequest) as caught:
+        parse_query(QueryParams(query), sources=["a", "b"])
+    message = caught.value.message
+    assert str(caught.value) == message
+    assert parameter in message
+    assert len(message.splitlines()) == 1
+
+
+def test_parse_query_limits_distinct_values() -> None:
+    many = [f"T{i}" for i in range(MAX_VALUES + 1)]
+    assert parse_query({"type": many[:MAX_VALUES]}).filter.types is not None
+    with pytest.raises(BadRequest, match="type: more than"):
+        parse_query({"type": many})
+
+
+_names = st.one_of(st.sampled_from(PARAMETERS), st.text(max_size=12))
+_values = st.one_of(
+    st.text(max_size=20),
+    st.sampled_from(["a", "b", "0", "7", "-1", "BlockStored", "gpu", "CPU", "x:1", ""]),
+    st.integers(-5, 10**12).map(str),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(_names, st.lists(_values, max_size=4), max_size=6), st.none() | st.text(max_size=10))
+def test_parse_query_returns_a_valid_request_or_bad_request(params: dict[str, list[str]], header: str | None) -> None:
+    try:
+        request = parse_query(params, sources=["a", "b"], last_event_id=header)
+    except BadRequest as exc:
+        assert exc.message
+        assert len(exc.message.splitlines()) == 1
+        return
+    assert {name for name, values in params.items() if values} <= set(PARAMETERS)  # a name without values is absent
+    f = request.filter
+    for name, got in (("source", f.sources), ("dp_rank", f.dp_ranks), ("type", f.types), ("medium", f.mediums)):
+        assert (got is None) == (not params.get(name))
+    assert f.sources is None or f.sources <= {"a", "b"}
+    assert f.dp_ranks is None or all(r >= 0 for r in f.dp_ranks)
+    assert f.mediums is None or all(m == m.upper() for m in f.mediums)
+    assert request.last_event_id != ""
+    if header:
+        assert request.last_event_id == header
+
+
+# --- the schema ---------------------------------------------------------------------------
+
+
+def test_every_message_validates_against_the_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(messages.schema_bytes())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    hub = make_hub(client_queue_bytes=1)
+    sub = subscribe(hub)
+    hub.publish_batch("a", 0, 1, batch(*MIXED, stored(2**64 - 1, b"\xab", -3, medium="CPU")))
+    hub.publish_batch("a", 0, 2, batch())
+    hub.publish_notice("restart", "a", 0, seq=0, previous=None, reason="r")
+    hub.publish_notice("restart", "a", 1, seq=0, previous=-1, reason="seq_reset")
+    hub.publish_notice("unrecovered_gap", "a", 0, first=1, last=2, count=2, reason="r")
+    for kind in ("degraded", "up", "down"):
+        hub.publish_notice(kind, "b", 0, reason="r")
+    resumed = subscribe(hub, f"last_event_id={hub.epoch}:0")
+    sent = [resumed.hello_message, *drain(resumed), sub.hello_message, hub.slow_consumer_notice]
+    assert len(sent) == 11
+    for message in sent:
+        validator.validate(decode(message))
+    bad = decode(sent[1])
+    bad["events"][0]["block_hashes"] = [1]
+    assert not validator.is_valid(bad)
+    notice = decode(sent[3])
+    notice["extra"] = 1
+    assert not validator.is_valid(notice)
+    hello = decode(sent[0])
+    hello["occupancy"] = snapshot(0)
+    assert not validator.is_valid(hello)  # recovered hellos carry no snapshot

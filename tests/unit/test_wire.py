@@ -1,0 +1,710 @@
+"""wire.py: every layout an engine sends, built by hand with msgspec.msgpack.encode of plain
+lists and dicts (never with wire.encode_batch, so the decoder is not checked against itself)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvgateway import wire
+from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, DecodeError, Event, UnknownEvent
+
+enc = msgspec.msgpack.encode
+
+U64 = 2**64 - 1
+ABOVE_I64 = 15760518052499183552  # from a real vLLM 0.26 capture: > 2^63
+RAW32 = bytes(range(0xE0, 0x100))  # 32 raw bytes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0)
+
+STORED_CORE = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name")
+STORED_FURTHER = ("extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
+STORED_POSITIONAL = STORED_CORE + STORED_FURTHER  # the 11 positional fields, in wire order
+RENDERED_STORED = {"type", *STORED_CORE}
+RENDERED_REMOVED = {"type", "block_hashes", "medium"}
+MAP_ONLY_KEYS = {"locality": "LOCAL", "ownership": "owned", "session_id": "s-1", "cache_salt": "salt"}
+
+
+def one_line(exc: DecodeError) -> str:
+    text = str(exc)
+    assert text, "empty error message"
+    assert "\n" not in text and "\r" not in text, text
+    return text
+
+
+def decode(*events: Any, tail: tuple[Any, ...] = (0,)) -> Batch:
+    return wire.decode_batch(enc([1789095808.8378847, list(events), *tail]))
+
+
+def stored_array(n: int, **fields: Any) -> list[Any]:
+    """A positional BlockStored with its first ``n`` fields (unspecified ones None)."""
+    values = {"block_hashes": [1], "token_ids": [], "block_size": 16} | fields
+    return ["BlockStored", *(values.get(name) for name in STORED_POSITIONAL[:n])]
+
+
+# --- the batch envelope ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tail", "rank"),
+    [
+        ((), None),  # vLLM 0.9.0: [ts, events]
+        ((0,), 0),  # 0.9.1 on: [ts, events, data_parallel_rank]
+        ((None,), None),  # the rank may be null
+        ((3, "publisher-id"), 3),  # a proposed 4th element: ignored
+        ((7, "publisher-id", {"x": 1}, [1, 2], b"\x00"), 7),  # anything further: ignored
+    ],
+)
+def test_batch_layouts(tail: tuple[Any, ...], rank: int | None) -> None:
+    events = [stored_array(5, block_hashes=[ABOVE_I64]), ["AllBlocksCleared"]]
+    got = wire.decode_batch(enc([12.5, events, *tail]))
+    assert got.ts == 12.5
+    assert got.dp_rank == rank
+    assert got.events == [
+        BlockStored(block_hashes=[ABOVE_I64], parent_block_hash=None, token_ids=[], block_size=16),
+        AllBlocksCleared(),
+    ]
+
+
+def test_empty_batch_and_integer_ts() -> None:
+    assert wire.decode_batch(enc([5, []])) == Batch(ts=5.0, events=[], dp_rank=None)
+
+
+def test_memoryview_payload() -> None:
+    payload = enc([1.0, [["BlockRemoved", [U64]]], 1])
+    assert wire.decode_batch(memoryview(payload)) == wire.decode_batch(payload)
+
+
+# --- positional (array) events -----------------------------------------------------------------
+
+FULL_STORED: dict[str, Any] = {
+    "block_hashes": [ABOVE_I64, -5, RAW32],
+    "parent_block_hash": U64,
+    "token_ids": list(range(48)),
+    "block_size": 16,
+    "lora_id": 3,
+    "medium": "GPU",
+    "lora_name": "adapter",
+    "extra_keys": [None, ["adapter", ["mm-hash"], "salt"], None],
+    "group_idx": 1,
+    "kv_cache_spec_kind": "sliding_window",
+    "kv_cache_spec_sliding_window": 4096,
+}
+
+
+@pytest.mark.parametrize("n", [5, 6, 7, 8, 9, 10, 11])
+def test_positional_block_stored_every_field_count(n: int) -> None:
+    (event,) = decode(["BlockStored", *(FULL_STORED[name] for name in STORED_POSITIONAL[:n])]).events
+    assert isinstance(event, BlockStored)
+    for name in STORED_CORE[:n]:
+        assert getattr(event, name) == FULL_STORED[name], name
+    for name in STORED_CORE[n:]:  # fields an older engine did not have
+        assert getattr(event, name) is None, name
+    assert event.extra == {name: FULL_STORED[name] for name in STORED_FURTHER[: max(0, n - 7)]}
+    assert event.group_idx == (1 if n >= 9 else None)
+
+
+def test_positional_block_stored_with_extra_trailing_fields() -> None:
+    values = ["BlockStored", *(FULL_STORED[name] for name in STORED_POSITIONAL), "future", 12, None, [1]]
+    (event,) = decode(values).events
+    (reference,) = decode(values[:12]).events
+    assert event == reference
+
+
+def test_positional_block_stored_too_short_fails_the_batch() -> None:
+    with pytest.raises(DecodeError, match=r"^event 1: BlockStored") as info:
+        decode(["AllBlocksCleared"], ["BlockStored", [1], None, [], 16])
+    one_line(info.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "medium", "extra"),
+    [
+        (["BlockRemoved", [ABOVE_I64, RAW32]], None, {}),
+        (["BlockRemoved", [ABOVE_I64, RAW32], "CPU"], "CPU", {}),
+        (["BlockRemoved", [ABOVE_I64, RAW32], "CPU", 2], "CPU", {"group_idx": 2}),
+        (["BlockRemoved", [ABOVE_I64, RAW32], None, None], None, {"group_idx": None}),
+        (["BlockRemoved", [ABOVE_I64, RAW32], "gpu", 0, "LOCAL", "x", 9], "gpu", {"group_idx": 0}),
+    ],
+)
+def test_positional_block_removed(values: list[Any], medium: str | None, extra: dict[str, Any]) -> None:
+    (event,) = decode(values).events
+    assert event == BlockRemoved(block_hashes=[ABOVE_I64, RAW32], medium=medium, extra=extra)
+
+
+def test_positional_all_blocks_cleared_with_trailing_fields() -> None:
+    assert decode(["AllBlocksCleared"], ["AllBlocksCleared", 1, "x"]).events == [AllBlocksCleared()] * 2
+
+
+# --- map events --------------------------------------------------------------------------------
+
+
+def test_map_events_with_omitted_defaults() -> None:
+    got = decode(
+        {"type": "BlockStored", "block_hashes": [U64]},
+        {"type": "BlockRemoved", "block_hashes": [U64]},
+        {"type": "AllBlocksCleared"},
+    ).events
+    assert got == [
+        BlockStored(block_hashes=[U64], parent_block_hash=None, token_ids=[], block_size=0),
+        BlockRemoved(block_hashes=[U64]),
+        AllBlocksCleared(),
+    ]
+    stored_event = got[0]
+    assert isinstance(stored_event, BlockStored)
+    assert (stored_event.lora_id, stored_event.medium, stored_event.lora_name, stored_event.group_idx) == (None,) * 4
+
+
+def test_map_unknown_keys_are_kept() -> None:
+    got = decode(
+        {"type": "BlockStored", "block_hashes": [1], "block_size": 16, **MAP_ONLY_KEYS, "group_idx": 2},
+        {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "group_idx": 2, "locality": "REMOTE"},
+        {"type": "AllBlocksCleared", "reason": "drop"},
+    ).events
+    assert isinstance(got[0], BlockStored)
+    assert isinstance(got[1], BlockRemoved)
+    assert isinstance(got[2], AllBlocksCleared)
+    assert got[0].extra == {**MAP_ONLY_KEYS, "group_idx": 2}
+    assert got[1].extra == {"group_idx": 2, "locality": "REMOTE"}
+    assert got[2].extra == {"reason": "drop"}
+    assert got[0].group_idx == got[1].group_idx == 2
+
+
+def test_real_vllm_0_26_capture() -> None:
+    (event,) = decode(
+        {
+            "type": "BlockStored",
+            "block_hashes": [15760518052499183552],
+            "parent_block_hash": None,
+            "token_ids": [
+                151644,
+                872,
+                198,
+                9064,
+                374,
+                279,
+                6722,
+                315,
+                5616,
+                30,
+                151645,
+                198,
+                151644,
+                77091,
+                198,
+                151667,
+            ],
+            "block_size": 16,
+            "lora_id": None,
+            "medium": "GPU",
+            "lora_name": None,
+            "extra_keys": [None],
+            "group_idx": 0,
+            "kv_cache_spec_kind": "full_attention",
+        }
+    ).events
+    assert isinstance(event, BlockStored)
+    assert event.block_hashes == [15760518052499183552]
+    assert (event.block_size, event.medium, event.group_idx) == (16, "GPU", 0)
+    assert event.extra == {"extra_keys": [None], "group_idx": 0, "kv_cache_spec_kind": "full_attention"}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"type": "BlockStored"},  # no block_hashes
+        {"type": "BlockStored", "block_hashes": [1.5]},
+        {"type": "BlockStored", "block_hashes": [1], "block_size": "16"},
+        {"type": "BlockStored", "block_hashes": [1], "group_idx": "0"},
+        {"type": "BlockRemoved", "block_hashes": 1},
+        {"type": "BlockRemoved", "block_hashes": [True]},
+        {"block_hashes": [1]},  # no type
+        {"type": 7},
+        ["BlockRemoved"],
+        ["BlockRemoved", [1], 5],  # medium must be a string
+        [],
+        [42, 1],
+        "BlockStored",
+        7,
+        None,
+    ],
+)
+def test_malformed_events_fail_the_batch(bad: Any) -> None:
+    with pytest.raises(DecodeError, match=r"^event 1: ") as info:
+        wire.decode_batch(enc([1.0, [["AllBlocksCleared"], bad]]))
+    one_line(info.value)
+
+
+# --- hashes and mediums ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, 2**53 + 1, 2**63, ABOVE_I64, U64, -1, -(2**63), RAW32, b"\x00" * 32])
+def test_hash_values_survive_both_forms(value: int | bytes) -> None:
+    got = decode(
+        stored_array(5, block_hashes=[value], parent_block_hash=value),
+        {"type": "BlockStored", "block_hashes": [value], "parent_block_hash": value},
+        ["BlockRemoved", [value]],
+        {"type": "BlockRemoved", "block_hashes": [value]},
+    ).events
+    for event in got:
+        assert isinstance(event, BlockStored | BlockRemoved)
+        assert event.block_hashes == [value]
+        assert type(event.block_hashes[0]) is type(value)
+        if isinstance(event, BlockStored):
+            assert event.parent_block_hash == value
+
+
+@pytest.mark.parametrize("medium", ["GPU", "gpu", "CPU", "CPU_PINNED", "DISK", "EXTERNAL", "STORAGE", None])
+def test_medium_is_kept_as_sent(medium: str | None) -> None:
+    got = decode(
+        stored_array(6, medium=medium),
+        {"type": "BlockStored", "block_hashes": [1], "medium": medium},
+        ["BlockRemoved", [1], medium],
+        {"type": "BlockRemoved", "block_hashes": [1], "medium": medium},
+    ).events
+    assert [e.medium for e in got if isinstance(e, BlockStored | BlockRemoved)] == [medium] * 4
+    rendered = wire.render_events(got)
+    assert [r["medium"] for r in rendered] == [medium] * 4
+
+
+def test_medium_absent_is_none() -> None:
+    got = decode(stored_array(5), {"type": "BlockStored", "block_hashes": [1]}, ["BlockRemoved", [1]]).events
+    assert [e.medium for e in got if isinstance(e, BlockStored | BlockRemoved)] == [None] * 3
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        ["BlockStored", [ABOVE_I64], None, [], 0, None, "CPU"],
+        ["BlockStored", [ABOVE_I64], None, [], 0, None, "CPU", None, None, 0, "full_attention", None],
+        {"type": "BlockStored", "block_hashes": [ABOVE_I64], "token_ids": [], "block_size": 0, "medium": "CPU"},
+    ],
+)
+def test_placeholder_offload_events(event: Any) -> None:
+    (got,) = decode(event).events
+    assert isinstance(got, BlockStored)
+    assert (got.block_hashes, got.parent_block_hash, got.token_ids, got.block_size) == ([ABOVE_I64], None, [], 0)
+    assert wire.render_event(got)["block_size"] == 0
+
+
+# --- unknown event types -----------------------------------------------------------------------
+
+
+def test_unknown_event_types_are_kept_in_order_and_rendered() -> None:
+    got = decode(
+        ["BlockStored", [1], None, [], 16, None],
+        ["BlockMoved", [ABOVE_I64], "CPU", b"\xab\xcd", {"k": b"\x01"}],
+        {"type": "KVTransfer", "block_hashes": [U64], "blob": b"\xff", "nested": {"x": [b"\x0a"]}},
+        ["AllBlocksCleared"],
+    ).events
+    assert [type(e) for e in got] == [BlockStored, UnknownEvent, UnknownEvent, AllBlocksCleared]
+    assert got[1] == UnknownEvent(
+        type="BlockMoved", body=["BlockMoved", [ABOVE_I64], "CPU", b"\xab\xcd", {"k": b"\x01"}]
+    )
+    assert got[2] == UnknownEvent(
+        type="KVTransfer",
+        body={"type": "KVTransfer", "block_hashes": [U64], "blob": b"\xff", "nested": {"x": [b"\x0a"]}},
+    )
+    rendered = json.loads(msgspec.json.encode(wire.render_events(got)))
+    assert rendered[1] == {"type": "BlockMoved", "fields": [[ABOVE_I64], "CPU", "abcd", {"k": "01"}]}
+    assert rendered[2] == {"type": "KVTransfer", "block_hashes": [U64], "blob": "ff", "nested": {"x": ["0a"]}}
+
+
+def test_lowercase_or_unlisted_tag_is_unknown_not_an_error() -> None:
+    got = decode(["blockstored", 1], {"type": "Blockstored"}, ["AllBlocksCleared2"]).events
+    assert [e.type for e in got] == ["blockstored", "Blockstored", "AllBlocksCleared2"]
+    assert all(type(e) is UnknownEvent for e in got)
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+def roundtrip(events: list[Event]) -> list[dict[str, Any]]:
+    """What a web client sees: msgspec's JSON, read back by a plain JSON parser."""
+    out: list[dict[str, Any]] = json.loads(msgspec.json.encode(wire.render_events(events)))
+    return out
+
+
+@given(
+    hashes=st.lists(st.integers(2**53 + 1, U64) | st.integers(-(2**63), -(2**53) - 1), min_size=1, max_size=8),
+    parent=st.integers(2**53 + 1, U64),
+)
+def test_rendered_u64_hashes_are_exact_decimal_strings(hashes: list[int], parent: int) -> None:
+    events = decode(
+        stored_array(5, block_hashes=hashes, parent_block_hash=parent),
+        {"type": "BlockRemoved", "block_hashes": hashes},
+    ).events
+    stored_json, removed_json = roundtrip(events)
+    assert stored_json["block_hashes"] == removed_json["block_hashes"] == [str(h) for h in hashes]
+    assert [int(text) for text in stored_json["block_hashes"]] == hashes
+    assert stored_json["parent_block_hash"] == str(parent)
+
+
+@given(hashes=st.lists(st.binary(min_size=32, max_size=32), min_size=1, max_size=4))
+def test_rendered_bytes_hashes_are_lowercase_hex(hashes: list[bytes]) -> None:
+    events = decode(stored_array(5, block_hashes=hashes, parent_block_hash=hashes[0]), ["BlockRemoved", hashes]).events
+    stored_json, removed_json = roundtrip(events)
+    for texts in (stored_json["block_hashes"], removed_json["block_hashes"]):
+        assert texts == [h.hex() for h in hashes]
+        assert all(len(t) == 64 and t == t.lower() for t in texts)
+    assert stored_json["parent_block_hash"] == hashes[0].hex()
+
+
+def test_rendered_small_and_negative_int_hashes() -> None:
+    (event,) = roundtrip(decode(["BlockRemoved", [0, 7, -1, -(2**63)]]).events)
+    assert event["block_hashes"] == ["0", "7", "-1", str(-(2**63))]
+
+
+def test_rendered_field_sets_from_the_sparsest_layouts() -> None:
+    events = decode(
+        stored_array(5),
+        {"type": "BlockStored", "block_hashes": [1]},
+        ["BlockRemoved", [1]],
+        {"type": "BlockRemoved", "block_hashes": [1]},
+        ["AllBlocksCleared"],
+    ).events
+    a, b, c, d, e = roundtrip(events)
+    expected_stored = {
+        "type": "BlockStored",
+        "block_hashes": ["1"],
+        "parent_block_hash": None,
+        "token_ids": [],
+        "lora_id": None,
+        "medium": None,
+        "lora_name": None,
+    }
+    assert a == expected_stored | {"block_size": 16}
+    assert b == expected_stored | {"block_size": 0}
+    assert c == d == {"type": "BlockRemoved", "block_hashes": ["1"], "medium": None}
+    assert e == {"type": "AllBlocksCleared"}
+
+
+def test_rendered_further_fields_with_bytes_as_hex() -> None:
+    fields = FULL_STORED | {"extra_keys": [None, ["adapter", [b"\x01\x02"], "salt"], None]}
+    (stored_json,) = roundtrip(decode(["BlockStored", *(fields[name] for name in STORED_POSITIONAL)]).events)
+    assert stored_json["extra_keys"] == [None, ["adapter", ["0102"], "salt"], None]
+    assert stored_json["group_idx"] == 1
+    assert stored_json["kv_cache_spec_kind"] == "sliding_window"
+    assert stored_json["kv_cache_spec_sliding_window"] == 4096
+    assert stored_json["block_hashes"] == [str(ABOVE_I64), "-5", RAW32.hex()]
+    assert stored_json["parent_block_hash"] == str(U64)
+
+
+# --- every layout, mixed, as a property -----------------------------------------------------------
+
+hash_st = st.one_of(
+    st.integers(2**63, U64), st.integers(-(2**63), -1), st.integers(0, 2**63), st.binary(min_size=32, max_size=32)
+)
+medium_st = st.sampled_from(["GPU", "gpu", "CPU", "CPU_PINNED", "DISK", None])
+small_value = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), U64), st.text(max_size=8), st.binary(max_size=8)
+)
+
+
+@st.composite
+def stored_fields(draw: st.DrawFn) -> dict[str, Any]:
+    hashes = draw(st.lists(hash_st, max_size=4))
+    return {
+        "block_hashes": hashes,
+        "parent_block_hash": draw(st.none() | hash_st),
+        "token_ids": draw(st.lists(st.integers(0, 2**32 - 1), max_size=20)),
+        "block_size": draw(st.sampled_from([0, 1, 16, 64])),
+        "lora_id": draw(st.none() | st.integers(0, 2**31)),
+        "medium": draw(medium_st),
+        "lora_name": draw(st.none() | st.text(max_size=8)),
+        "extra_keys": draw(
+            st.none() | st.just([None] * len(hashes)) | st.just([["lora", [b"\x01"], "s"]] * len(hashes))
+        ),
+        "group_idx": draw(st.none() | st.integers(0, 3)),
+        "kv_cache_spec_kind": draw(st.none() | st.sampled_from(["full_attention", "mamba", "unknown"])),
+        "kv_cache_spec_sliding_window": draw(st.none() | st.integers(1, 2**20)),
+    }
+
+
+@st.composite
+def encoded_event(draw: st.DrawFn) -> tuple[Any, Event, tuple[Any, ...]]:
+    """(the plain value an engine sends, the event it must decode to, its layout-free core)."""
+    kind = draw(st.sampled_from(["stored", "removed", "cleared", "unknown"]))
+    as_map = draw(st.booleans())
+    if kind == "stored":
+        f = draw(stored_fields())
+        core = ("BlockStored", *(f[name] for name in STORED_CORE), f["group_idx"])
+        if as_map:
+            body: dict[str, Any] = {"type": "BlockStored"}
+            for name in STORED_POSITIONAL:  # None values may be left out (omit_defaults)
+                if f[name] is not None or name == "block_hashes" or draw(st.booleans()):
+                    body[name] = f[name]
+            body.update(draw(st.dictionaries(st.sampled_from(sorted(MAP_ONLY_KEYS)), small_value)))
+            items = draw(st.permutations(list(body.items())))
+            wire_value: Any = dict(items)
+            extra = {k: v for k, v in wire_value.items() if k not in {"type", *STORED_CORE}}
+        else:
+            last = max([0, *(i + 1 for i, name in enumerate(STORED_POSITIONAL) if f[name] is not None)])
+            n = draw(st.sampled_from([c for c in (5, 6, 7, 8, 11) if c >= last]))
+            trailing = draw(st.lists(small_value, max_size=3)) if n == 11 else []
+            wire_value = ["BlockStored", *(f[name] for name in STORED_POSITIONAL[:n]), *trailing]
+            extra = {name: f[name] for name in STORED_FURTHER[: max(0, n - 7)]}
+        expected: Event = BlockStored(**{name: f[name] for name in STORED_CORE}, extra=extra)
+        return wire_value, expected, core
+    if kind == "removed":
+        hashes = draw(st.lists(hash_st, max_size=4))
+        medium = draw(medium_st)
+        group_idx = draw(st.none() | st.integers(0, 3))
+        core = ("BlockRemoved", hashes, medium, group_idx)
+        if as_map:
+            body = {"type": "BlockRemoved", "block_hashes": hashes}
+            if medium is not None or draw(st.booleans()):
+                body["medium"] = medium
+            if group_idx is not None or draw(st.booleans()):
+                body["group_idx"] = group_idx
+            body.update(draw(st.dictionaries(st.sampled_from(["locality", "ownership"]), small_value)))
+            extra = {k: v for k, v in body.items() if k not in {"type", "block_hashes", "medium"}}
+            return body, BlockRemoved(block_hashes=hashes, medium=medium, extra=extra), core
+        n = 3 if group_idx is not None else draw(st.sampled_from([2, 3] if medium is not None else [1, 2, 3]))
+        values = ["BlockRemoved", hashes, medium, group_idx][: n + 1]
+        extra = {"group_idx": group_idx} if n == 3 else {}
+        return values, BlockRemoved(block_hashes=hashes, medium=medium, extra=extra), core
+    if kind == "cleared":
+        if as_map:
+            body = {"type": "AllBlocksCleared"} | draw(st.dictionaries(st.sampled_from(["reason"]), small_value))
+            return body, AllBlocksCleared(extra={k: v for k, v in body.items() if k != "type"}), ("AllBlocksCleared",)
+        return ["AllBlocksCleared"], AllBlocksCleared(), ("AllBlocksCleared",)
+    tag = draw(st.sampled_from(["BlockMoved", "KVTransfer", "blockstored"]))
+    fields = draw(st.lists(small_value, max_size=4))
+    if as_map:
+        body = {"type": tag, **{f"f{i}": v for i, v in enumerate(fields)}}
+        return body, UnknownEvent(type=tag, body=body), (tag,)
+    array: list[Any] = [tag, *fields]
+    return array, UnknownEvent(type=tag, body=array), (tag,)
+
+
+def core_of(event: Event) -> tuple[Any, ...]:
+    if isinstance(event, BlockStored):
+        return ("BlockStored", *(getattr(event, name) for name in STORED_CORE), event.group_idx)
+    if isinstance(event, BlockRemoved):
+        return ("BlockRemoved", event.block_hashes, event.medium, event.group_idx)
+    return (event.type,)
+
+
+batch_st = st.tuples(
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.lists(encoded_event(), max_size=6),
+    st.sampled_from([(), (0,), (None,), (3,), (1, "publisher-id")]),
+)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=batch_st)
+def test_every_layout_mixed_in_one_batch_decodes_to_the_same_events(
+    batch: tuple[float, list[tuple[Any, Event, tuple[Any, ...]]], tuple[Any, ...]],
+) -> None:
+    ts, items, tail = batch
+    got = wire.decode_batch(enc([ts, [value for value, _, _ in items], *tail]))
+    assert got.ts == ts
+    assert got.dp_rank == (tail[0] if tail else None)
+    assert got.events == [expected for _, expected, _ in items]
+    assert [core_of(e) for e in got.events] == [core for _, _, core in items]
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(encoded_event(), max_size=6))
+def test_rendering_carries_the_required_fields_and_is_json_ready(
+    items: list[tuple[Any, Event, tuple[Any, ...]]],
+) -> None:
+    events = wire.decode_batch(enc([1.0, [value for value, _, _ in items]])).events
+    rendered = roundtrip(events)
+    assert len(rendered) == len(events)
+    for event, out in zip(events, rendered, strict=True):
+        assert out["type"] == event.type
+        if isinstance(event, BlockStored):
+            assert out.keys() >= RENDERED_STORED
+            assert out["block_hashes"] == [wire.hash_text(h) for h in event.block_hashes]
+            assert all(isinstance(h, str) for h in out["block_hashes"])
+            parent = event.parent_block_hash
+            assert out["parent_block_hash"] == (None if parent is None else wire.hash_text(parent))
+            assert (out["token_ids"], out["block_size"], out["medium"]) == (
+                event.token_ids,
+                event.block_size,
+                event.medium,
+            )
+            assert event.extra.keys() <= out.keys()
+        elif isinstance(event, BlockRemoved):
+            assert out.keys() >= RENDERED_REMOVED
+            assert out["block_hashes"] == [wire.hash_text(h) for h in event.block_hashes]
+            assert event.extra.keys() <= out.keys()
+
+
+# --- garbage never escapes as anything but DecodeError ------------------------------------------
+
+
+def decodes_or_refuses(payload: bytes) -> None:
+    """A payload either decodes to a batch that renders to JSON, or raises a one-line DecodeError."""
+    try:
+        got = wire.decode_batch(payload)
+    except DecodeError as exc:
+        one_line(exc)
+        return
+    assert isinstance(got, Batch)
+    assert all(isinstance(e, BlockStored | BlockRemoved | AllBlocksCleared | UnknownEvent) for e in got.events)
+    msgspec.json.encode(wire.render_events(got.events))
+
+
+@settings(max_examples=500)
+@given(payload=st.binary(max_size=300))
+def test_random_bytes_raise_only_decode_error(payload: bytes) -> None:
+    decodes_or_refuses(payload)
+
+
+@settings(max_examples=300)
+@given(payload=st.binary(max_size=200))
+def test_random_bytes_behind_a_valid_prefix_raise_only_decode_error(payload: bytes) -> None:
+    # fixarray(3), float64 ts, then an events array header: the fuzz lands inside the events
+    decodes_or_refuses(b"\x93\xcb" + bytes(8) + b"\x92" + payload)
+
+
+mutation = st.tuples(
+    st.sampled_from(["flip", "insert", "delete", "truncate"]), st.integers(0, 2**16), st.integers(1, 255)
+)
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(encoded_event(), min_size=1, max_size=4), mutations=st.lists(mutation, min_size=1, max_size=4))
+def test_mutated_valid_payloads_raise_only_decode_error(
+    items: list[tuple[Any, Event, tuple[Any, ...]]], mutations: list[tuple[str, int, int]]
+) -> None:
+    data = bytearray(enc([1.0, [value for value, _, _ in items], 0]))
+    for how, where, byte in mutations:
+        at = where % (len(data) + 1)
+        if how == "insert":
+            data.insert(at, byte)
+        elif not data:
+            continue
+        elif how == "flip":
+            data[at % len(data)] ^= byte
+        elif how == "delete":
+            del data[at % len(data)]
+        else:
+            del data[at % len(data) :]
+    decodes_or_refuses(bytes(data))
+
+
+# --- size limit and message framing ------------------------------------------------------------
+
+
+def test_oversized_payload_is_refused_before_decoding() -> None:
+    payload = enc([1.0, [["BlockRemoved", [U64] * 100]], 0])
+    assert wire.decode_batch(payload, max_bytes=len(payload)).events
+    with pytest.raises(DecodeError, match="exceeds") as info:
+        wire.decode_batch(payload, max_bytes=len(payload) - 1)
+    one_line(info.value)
+    with pytest.raises(DecodeError, match="exceeds"):  # the default limit; zero bytes are not valid msgpack anyway
+        wire.decode_batch(bytes(wire.MAX_PAYLOAD_BYTES + 1))
+    with pytest.raises(DecodeError, match="exceeds"):
+        wire.decode_message([b"", wire.seq_bytes(0), payload], max_bytes=10)
+
+
+def test_decode_message() -> None:
+    payload = enc([1.0, [["BlockRemoved", [U64]]], 2])
+    msg = wire.decode_message([b"kv-events", (U64).to_bytes(8, "big"), payload])
+    assert (msg.topic, msg.seq) == (b"kv-events", U64)  # unsigned: 0xFF*8 is not -1 here
+    assert msg.batch == wire.decode_batch(payload)
+    assert wire.decode_message([b"", bytes(8), payload]).seq == 0
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 4])
+def test_decode_message_frame_count(count: int) -> None:
+    frames = [b"kv", bytes(8), enc([1.0, []]), b"more"][:count]
+    with pytest.raises(DecodeError, match=rf"^message has {count} frames") as info:
+        wire.decode_message(frames)
+    one_line(info.value)
+
+
+@pytest.mark.parametrize("seq_frame", [b"", b"\x00" * 7, b"\x00" * 9, b"\x01"])
+def test_decode_message_sequence_length(seq_frame: bytes) -> None:
+    with pytest.raises(DecodeError, match=rf"^sequence frame is {len(seq_frame)} bytes") as info:
+        wire.decode_message([b"kv", seq_frame, enc([1.0, []])])
+    one_line(info.value)
+
+
+def test_parse_seq_is_unsigned_big_endian() -> None:
+    assert wire.parse_seq(wire.seq_bytes(258)) == 258
+    assert wire.parse_seq(b"\x00\x00\x00\x00\x00\x00\x01\x02") == 258
+    assert wire.parse_seq(wire.END_SEQ_BYTES) == U64
+    assert int.from_bytes(wire.END_SEQ_BYTES, "big", signed=True) == wire.END_SEQ
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"\xc1",  # never-used msgpack byte
+        enc({"ts": 1.0, "events": []}),
+        enc([1.0]),
+        enc(["1.0", []]),
+        enc([1.0, {}]),
+        enc([1.0, [], "0"]),
+        enc([1.0, [], 0])[:-1] + b"\x92",  # trailing garbage
+        enc([1.0, [["BlockRemoved", [1, 2, 3]]]])[:-2],  # truncated
+    ],
+)
+def test_bad_batches(payload: bytes) -> None:
+    with pytest.raises(DecodeError) as info:
+        wire.decode_batch(payload)
+    one_line(info.value)
+
+
+# --- hostile payloads found by fuzzing: each refused or rendered, never an escape --------------
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        b"\x92\xa1X\xa1\xff",  # in an unknown array event
+        b"\x92\xabBlockStored\xa1\xff",  # in a known one (its tag check fails first, then the generic decode)
+        b"\x81\xa4type\xa1\xff",  # in a map event
+    ],
+)
+def test_invalid_utf8_raises_decode_error(event: bytes) -> None:
+    with pytest.raises(DecodeError):
+        wire.decode_batch(b"\x92\xcb" + bytes(8) + b"\x91" + event)
+
+
+def nested(depth: int) -> bytes:
+    """``[[[...[]...]]]`` nested ``depth`` deep, in a few bytes per level."""
+    return b"\x91" * depth + b"\x90"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\x92\xcb" + bytes(8) + b"\x91" + nested(5000),  # inside events, while skipping Raw
+        b"\x92\xcb" + bytes(8) + b"\x91\x92\xa1X" + nested(5000),  # an unknown array event's body
+        b"\x92\xcb" + bytes(8) + b"\x91\x82\xa4type\xa1X\xa1a" + nested(5000),  # an unknown map event's body
+    ],
+)
+def test_deeply_nested_payload_raises_decode_error(payload: bytes) -> None:
+    with pytest.raises(DecodeError):
+        wire.decode_batch(payload)
+
+
+def test_decodable_nesting_renders() -> None:
+    # 600 levels decode today (msgspec's limit is near 1000), but rendering needs ~1200 Python frames
+    decodes_or_refuses(b"\x92\xcb" + bytes(8) + b"\x91\x82\xa4type\xa1X\xa1a" + nested(600))
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"type": "KVTransfer", "blob": msgspec.msgpack.Ext(5, b"\x01")},  # unknown event
+        {"type": "BlockStored", "block_hashes": [1], "session": msgspec.msgpack.Ext(1, b"")},  # extra of a known one
+        ["KVTransfer", msgspec.msgpack.Ext(5, b"\x01")],
+        {"type": "KVTransfer", "index": {None: 1}},  # nil map key
+        {"type": "KVTransfer", "index": {(1, 2): 1}},  # array map key: decodes to a tuple
+    ],
+)
+def test_any_decodable_event_renders_to_json(event: Any) -> None:
+    batch = wire.decode_batch(enc([1.0, [event]]))
+    json.loads(msgspec.json.encode(wire.render_events(batch.events)))
