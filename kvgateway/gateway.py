@@ -46,6 +46,8 @@ class Gateway:
         for stream in streams:
             self.stream_metrics[stream.key] = self.metrics.init_stream(stream.source, stream.dp_rank)
             self.index.stream(stream.source, stream.dp_rank)
+            for medium, blocks in stream.capacity_blocks.items():
+                self.metrics.cache_capacity_blocks.labels(stream.source, str(stream.dp_rank), medium).set(blocks)
         self.hub = Hub(
             metrics=self.metrics,
             sources=[s.key for s in streams],
@@ -240,6 +242,7 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         ws="websockets-sansio",
         ws_max_size=64 * 1024,
         ws_per_message_deflate=False,
+        ws_ping_interval=settings.keepalive_seconds,
         access_log=False,
         log_config=None,
         lifespan="on",

@@ -17,6 +17,9 @@ STREAM = ("source", "dp_rank")
 
 REPLAY_OUTCOMES = ("recovered", "partial", "failed", "timeout", "unavailable")
 TRANSPORTS = ("ws", "sse")
+DISCONNECT_REASONS = ("closed", "slow_consumer", "error", "shutdown")
+REJECTION_REASONS = ("unauthorized", "forbidden_origin", "too_many_clients", "bad_request")
+REJECTION_TRANSPORTS = ("ws", "sse", "http")
 
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BROADCAST_BUCKETS = (0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
@@ -186,8 +189,23 @@ class Metrics:
         )
         self.ring_messages = Gauge("kvgateway_ring_messages", "Messages held in the resume ring.", registry=r)
         self.ring_bytes = Gauge("kvgateway_ring_bytes", "Encoded bytes held in the resume ring.", registry=r)
+        self.cache_capacity_blocks = Gauge(
+            "kvgateway_cache_capacity_blocks",
+            "Configured capacity per stream and medium (only where capacity_blocks is set).",
+            (*STREAM, "medium"),
+            registry=r,
+        )
+        # Every client series exists from the start, so increase() sees the first event too.
         for transport in TRANSPORTS:
             self.clients.labels(transport).set(0)
+            self.messages_sent.labels(transport)
+            for recovered in ("true", "false"):
+                self.resumes.labels(transport, recovered)
+            for reason in DISCONNECT_REASONS:
+                self.client_disconnects.labels(transport, reason)
+        for transport in REJECTION_TRANSPORTS:
+            for reason in REJECTION_REASONS:
+                self.client_rejections.labels(transport, reason)
 
     def init_stream(self, source: str, dp_rank: int) -> StreamMetrics:
         """Every per-stream series, created at zero so rates and alerts work from the first scrape."""

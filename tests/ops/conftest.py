@@ -1,0 +1,23 @@
+"""Fixtures of the deployment and operations tests (helpers: tests/ops/support.py)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests.ops.support import PROMTOOL_MISSING, Catalogue, build_catalogue
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """The promtool binary; the test is skipped when it is not installed."""
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip(PROMTOOL_MISSING)
+    return path
+
+
+@pytest.fixture(scope="session")
+def catalogue() -> Catalogue:
+    return build_catalogue()

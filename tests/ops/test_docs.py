@@ -1,0 +1,74 @@
+"""docs/metrics.md and docs/operations.md: links resolve, and the operations guide covers what an
+operator needs (the PromQL and the metric names are checked in test_metric_names.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.ops.support import METRICS_DOC, OPERATIONS_DOC, RULES, load_yaml
+
+DOCS = [METRICS_DOC, OPERATIONS_DOC]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    out = set()
+    in_code = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        if in_code or not line.startswith("#"):
+            continue
+        title = line.lstrip("#").strip().lower()
+        title = re.sub(r"[^\w\- ]", "", title)
+        out.add(title.replace(" ", "-"))
+    return out
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_links_resolve(doc: Path) -> None:
+    for target in LINK.findall(doc.read_text(encoding="utf-8")):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        file_part, _, anchor = target.partition("#")
+        path = (doc.parent / file_part).resolve() if file_part else doc
+        assert path.exists(), f"{doc.name}: link to missing {target}"
+        if anchor and path.suffix == ".md":
+            assert anchor in anchors(path), f"{doc.name}: no heading for #{anchor} in {path.name}"
+
+
+def test_operations_covers_every_alert() -> None:
+    data = load_yaml(RULES)
+    assert isinstance(data, dict)
+    names = {rule["alert"] for group in data["groups"] for rule in group["rules"] if "alert" in rule}
+    headings = anchors(OPERATIONS_DOC)
+    for name in names:
+        assert name.lower() in headings, f"docs/operations.md has no runbook section for {name}"
+    metrics_doc = METRICS_DOC.read_text(encoding="utf-8")
+    for name in names:
+        assert f"`{name}`" in metrics_doc, f"docs/metrics.md's alert table lacks {name}"
+
+
+def test_operations_covers_the_topics() -> None:
+    text = OPERATIONS_DOC.read_text(encoding="utf-8")
+    for needle in (
+        "--kv-events-config",  # the vLLM flag
+        "port + r",  # DP port spacing
+        "bind = true",  # engines that connect out
+        "150 bytes",  # memory per resident block
+        "ring_messages",
+        "client_queue_bytes",
+        "six HTTP/1.1 connections",
+        "proxy_buffering off;",
+        "http2 on;",
+        "/healthz",
+        "/readyz",
+        "log_format",
+        "recovered: false",  # clients after a gateway restart
+        "security.md",
+    ):
+        assert needle in text, f"docs/operations.md does not mention {needle!r}"
