@@ -1,0 +1,1436 @@
+// kvgateway dashboard: plain ES module, no build step, works offline (uPlot is vendored).
+//
+// Where each number comes from (one source per fact):
+// - Resident blocks/tokens per stream and medium, fleet totals, capacity: the gateway's occupancy
+//   snapshot. hello.occupancy on a connection that was not recovered, then GET v1/occupancy every
+//   1 s. A browser cannot rebuild the snapshot from batches (it would need the reference-counted
+//   hash sets), so it never tries.
+// - Store/remove rate charts: the `stores_per_s` / `removes_per_s` fields of those same 1 s
+//   snapshots (summed over mediums), one point per poll, 5 minutes kept. Chosen over counting
+//   blocks in the stream because the gateway's rates agree with /metrics and with the snapshot,
+//   do not spike when a reconnect replays missed batches, and keep working on the SSE fallback
+//   or while the tab is throttled in the background. A failed poll adds a gap, not a zero.
+// - State badges and counters (gaps, replays, unrecovered, restarts, decode errors): GET
+//   v1/sources every 2 s, and hello.sources. Notices from the stream update a badge at once
+//   (the next poll confirms) and flash the card.
+// - Live tail: batches and notices from the stream (WebSocket v1/ws, or SSE v1/events after the
+//   WebSocket failed to open twice while plain HTTP worked; WebSocket is tried again on a
+//   reconnect 5 minutes later). One row per event; the newest 200 rows that pass the client-side
+//   filters are in the DOM. Reconnects back off (0.5 s doubling to 15 s, jittered) and resume
+//   with last_event_id; a hello with recovered=false brings a fresh snapshot, and the tail gets
+//   a separator row saying so.
+// - Token: a 401 on any request shows an inline form; the token is kept in sessionStorage (this
+//   tab only) and sent as "Authorization: Bearer" (fetch) or ?token= (WebSocket, SSE).
+//
+// Rendering: messages and poll results only change in-memory state and mark it dirty; one
+// requestAnimationFrame callback renders whatever is dirty (the tail at most ~8 times a second),
+// so a 1,000 batches/s stream costs a JSON.parse per message and one paint per frame.
+//
+// URLs are relative to the page, so the dashboard also works behind a path prefix.
+// Block hashes are strings in the protocol and are never converted to numbers here.
+
+const OCC_POLL_MS = 1000;
+const SOURCES_POLL_MS = 2000;
+const FETCH_TIMEOUT_MS = 4000;
+const CHART_WINDOW_S = 300;
+const TAIL_ROWS = 200; // rows in the DOM
+const TAIL_BUFFER = 2000; // events kept in memory (for re-filtering)
+const TAIL_MIN_INTERVAL_MS = 200; // the tail and the header counters repaint at most 5 times a second
+const HASHES_SHOWN = 3;
+const HELLO_TIMEOUT_MS = 10000;
+const BACKOFF_MS = [500, 1000, 2000, 4000, 8000, 15000];
+const WS_FAILURES_BEFORE_SSE = 2;
+const WS_RETRY_AFTER_SSE_MS = 5 * 60 * 1000; // on a later reconnect, give WebSocket another chance
+const TOKEN_KEY = "kvgateway.token";
+const NOTICE_FLASH_MS = 4000;
+const STALL_MS = 20000;
+const SLOW_WINDOW_MS = 60000;
+const MEDIUM_ORDER = ["GPU", "CPU", "CPU_PINNED", "STORAGE", "DISK", "EXTERNAL"];
+const COUNTERS = ["gaps", "missed", "replayed", "unrecovered", "restarts", "decode_errors", "duplicates", "batches"];
+
+// ---------------------------------------------------------------------------------------------
+// small helpers
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const tid = (name, root = document) => root.querySelector(`[data-testid="${name}"]`);
+
+const intFmt = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
+const compactFmt = new Intl.NumberFormat("en-US", { notation: "compact", maximumFractionDigits: 2 });
+const rateFmt = new Intl.NumberFormat("en-US", { maximumFractionDigits: 1 });
+
+function fmtInt(n) {
+  if (n === null || n === undefined || !Number.isFinite(n)) return "–";
+  return Math.abs(n) >= 1e6 ? compactFmt.format(n) : intFmt.format(n);
+}
+
+function fmtRate(n) {
+  if (n === null || n === undefined || !Number.isFinite(n)) return "–";
+  return n >= 1000 ? compactFmt.format(n) : rateFmt.format(n);
+}
+
+function fmtPct(frac) {
+  if (frac === null || !Number.isFinite(frac)) return "";
+  const p = frac * 100;
+  return (p > 0 && p < 0.1 ? "<0.1" : p.toFixed(p < 10 ? 1 : 0)) + "%";
+}
+
+function fmtTime(tsSeconds) {
+  if (typeof tsSeconds !== "number" || !Number.isFinite(tsSeconds)) return "";
+  const d = new Date(tsSeconds * 1000);
+  const pad = (v, w = 2) => String(v).padStart(w, "0");
+  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+}
+
+function shortHash(h) {
+  const s = String(h);
+  return s.length > 8 ? s.slice(0, 8) + "…" : s;
+}
+
+/** A medium as the dashboard groups it: upper case, absent = GPU (engines before media existed). */
+function normMedium(m) {
+  return m === null || m === undefined || m === "" ? "GPU" : String(m).toUpperCase();
+}
+
+function mediumRank(m) {
+  const i = MEDIUM_ORDER.indexOf(m);
+  return i < 0 ? MEDIUM_ORDER.length : i;
+}
+
+function sortMediums(list) {
+  return [...list].sort((a, b) => mediumRank(a) - mediumRank(b) || a.localeCompare(b));
+}
+
+const streamKey = (source, rank) => `${source}\u0000${rank}`;
+
+/** Set text and data-value only when they changed (keeps layout work per frame small). */
+function setVal(el, value, text) {
+  if (!el) return;
+  const v = value === null || value === undefined ? "" : String(value);
+  if (el.dataset.value !== v) el.dataset.value = v;
+  const t = text === undefined ? v : text;
+  if (el.textContent !== t) el.textContent = t;
+}
+
+function setText(el, text) {
+  if (el && el.textContent !== text) el.textContent = text;
+}
+
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------------
+// state
+
+const state = {
+  token: sessionStorage.getItem(TOKEN_KEY) || "",
+  needAuth: false,
+  authRejected: false,
+
+  conn: "connecting", // connecting | live | reconnecting
+  connNote: "",
+  transport: "ws", // ws | sse
+  wsFailures: 0,
+  sseSince: 0,
+  epoch: "",
+  offset: null,
+  lastId: "",
+  everLive: false,
+
+  occupancy: null, // last snapshot {offset, streams, totals}
+  occAt: 0, // Date.now() when it arrived
+  occError: "",
+  sources: null, // [{source, dp_rank, state, ...}]
+  sourcesAt: 0,
+  sourcesError: "",
+
+  overrides: new Map(), // streamKey -> {state, until} from notices, until the next sources poll
+  notices: new Map(), // streamKey -> {kind, at}
+  series: new Map(), // streamKey -> {xs, stores, removes}
+
+  tail: new Array(TAIL_BUFFER), // ring of entries
+  tailHead: 0, // number of entries ever pushed
+  tailClearedAt: 0, // entries before this index are hidden
+  tailRendered: 0, // tailHead at the last tail render
+  tailFilterKey: "",
+  tailPaused: false,
+  tailHover: false,
+  knownSources: new Set(),
+  knownMediums: new Set(),
+
+  msgCount: 0,
+  lastMessageAt: 0,
+  slowCuts: [], // Date.now() of recent slow-consumer disconnects
+  msgRate: 0,
+  msgRateAt: performance.now(),
+
+  dirty: { conn: true, counters: true, occ: true, sources: true, tail: true, charts: true, filters: true },
+};
+
+let frameRequested = false;
+function invalidate(part) {
+  state.dirty[part] = true;
+  if (!frameRequested) {
+    frameRequested = true;
+    requestAnimationFrame(renderFrame);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP polls
+
+class AuthError extends Error {}
+
+function authHeaders() {
+  return state.token ? { Authorization: `Bearer ${state.token}` } : {};
+}
+
+async function getJSON(path) {
+  const ctrl = new AbortController();
+  const timer = setTimeout(() => ctrl.abort(), FETCH_TIMEOUT_MS);
+  try {
+    const res = await fetch(new URL(path, document.baseURI), {
+      headers: { Accept: "application/json", ...authHeaders() },
+      cache: "no-store",
+      signal: ctrl.signal,
+    });
+    if (res.status === 401 || res.status === 403) throw new AuthError(`HTTP ${res.status}`);
+    if (!res.ok) throw new Error(`HTTP ${res.status}`);
+    return await res.json();
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+function onAuthRequired() {
+  if (!state.needAuth) {
+    state.authRejected = Boolean(state.token);
+    state.needAuth = true;
+    stopStream();
+    state.connNote = "waiting for token";
+    invalidate("conn");
+  }
+}
+
+function poller(path, intervalMs, onData, onError) {
+  let timer = 0;
+  const tick = async () => {
+    timer = 0;
+    if (!state.needAuth) {
+      try {
+        onData(await getJSON(path));
+      } catch (err) {
+        if (err instanceof AuthError) onAuthRequired();
+        else onError(err);
+      }
+    }
+    timer = setTimeout(tick, intervalMs);
+  };
+  return {
+    start() {
+      if (!timer) timer = setTimeout(tick, 0);
+    },
+    now() {
+      if (timer) clearTimeout(timer);
+      timer = setTimeout(tick, 0);
+    },
+  };
+}
+
+const occPoller = poller(
+  "v1/occupancy",
+  OCC_POLL_MS,
+  (data) => {
+    applyOccupancy(data);
+    state.occError = "";
+  },
+  (err) => {
+    state.occError = `occupancy: ${err.message || err}`;
+    addChartGap();
+    invalidate("occ");
+  },
+);
+
+const sourcesPoller = poller(
+  "v1/sources",
+  SOURCES_POLL_MS,
+  (data) => {
+    applySources(data && data.sources);
+    state.sourcesError = "";
+  },
+  (err) => {
+    state.sourcesError = `sources: ${err.message || err}`;
+    invalidate("sources");
+  },
+);
+
+function applyOccupancy(occ, fromHello = false) {
+  if (!occ || !Array.isArray(occ.streams)) return;
+  state.occupancy = occ;
+  state.occAt = Date.now();
+  for (const s of occ.streams) {
+    state.knownSources.add(s.source);
+    for (const m of Object.keys(s.mediums || {})) state.knownMediums.add(m);
+  }
+  if (!fromHello) addChartPoint(occ);
+  invalidate("occ");
+  invalidate("filters");
+}
+
+function applySources(list) {
+  if (!Array.isArray(list)) return;
+  state.sources = list;
+  state.sourcesAt = Date.now();
+  state.overrides.clear();
+  for (const s of list) state.knownSources.add(s.source);
+  invalidate("sources");
+  invalidate("filters");
+}
+
+function addChartPoint(occ) {
+  const t = Date.now() / 1000;
+  const seen = new Set();
+  for (const s of occ.streams) {
+    const key = streamKey(s.source, s.dp_rank);
+    seen.add(key);
+    let stores = 0;
+    let removes = 0;
+    for (const m of Object.values(s.mediums || {})) {
+      stores += Number(m.stores_per_s) || 0;
+      removes += Number(m.removes_per_s) || 0;
+    }
+    pushPoint(key, t, stores, removes);
+  }
+  for (const key of state.series.keys()) if (!seen.has(key)) pushPoint(key, t, null, null);
+  invalidate("charts");
+}
+
+function addChartGap() {
+  const t = Date.now() / 1000;
+  for (const key of state.series.keys()) pushPoint(key, t, null, null);
+  invalidate("charts");
+}
+
+function pushPoint(key, t, stores, removes) {
+  let s = state.series.get(key);
+  if (!s) {
+    s = { xs: [], stores: [], removes: [] };
+    state.series.set(key, s);
+  }
+  s.xs.push(t);
+  s.stores.push(stores);
+  s.removes.push(removes);
+  const cutoff = t - CHART_WINDOW_S - 5;
+  let drop = 0;
+  while (drop < s.xs.length && s.xs[drop] < cutoff) drop++;
+  if (drop) {
+    s.xs.splice(0, drop);
+    s.stores.splice(0, drop);
+    s.removes.splice(0, drop);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the stream: WebSocket, SSE fallback, reconnect with backoff and resume
+
+let conn = null; // {kind, close()}
+let reconnectTimer = 0;
+let attempt = 0;
+
+function streamURL(path, scheme) {
+  const url = new URL(path, document.baseURI);
+  if (scheme) url.protocol = scheme;
+  if (state.token) url.searchParams.set("token", state.token);
+  if (state.lastId) url.searchParams.set("last_event_id", state.lastId);
+  return url.toString();
+}
+
+function setConn(value, note = "") {
+  if (state.conn !== value || state.connNote !== note) {
+    state.conn = value;
+    state.connNote = note;
+    invalidate("conn");
+  }
+}
+
+function stopStream() {
+  clearTimeout(reconnectTimer);
+  reconnectTimer = 0;
+  if (conn) {
+    const c = conn;
+    conn = null;
+    c.close();
+  }
+}
+
+function connect() {
+  stopStream();
+  if (state.needAuth) return;
+  setConn(state.everLive ? "reconnecting" : "connecting", state.connNote === "waiting for token" ? "" : state.connNote);
+  if (state.transport === "sse" && state.sseSince && Date.now() - state.sseSince > WS_RETRY_AFTER_SSE_MS) {
+    state.transport = "ws";
+    state.wsFailures = 0;
+    state.sseSince = 0;
+  }
+  if (state.transport === "ws" && "WebSocket" in window) connectWS();
+  else connectSSE();
+}
+
+/**
+ * The gateway cut us for falling behind. Resuming at once is right the first time (the ring still
+ * holds the gap); if it keeps happening, wait longer each time so that this tab does not become
+ * a reconnect loop (attempt is otherwise reset by every hello).
+ */
+function onSlowCut() {
+  const now = Date.now();
+  state.slowCuts = state.slowCuts.filter((t) => now - t < SLOW_WINDOW_MS);
+  state.slowCuts.push(now);
+  attempt = Math.max(attempt, state.slowCuts.length - 1);
+}
+
+function scheduleReconnect(note) {
+  if (state.needAuth) return;
+  clearTimeout(reconnectTimer);
+  const base = BACKOFF_MS[Math.min(attempt, BACKOFF_MS.length - 1)];
+  const delay = Math.round(base * (0.75 + Math.random() * 0.5));
+  attempt++;
+  setConn(state.everLive ? "reconnecting" : "connecting", `${note}; retry in ${(delay / 1000).toFixed(1)} s`);
+  reconnectTimer = setTimeout(connect, delay);
+}
+
+/**
+ * A WebSocket that never opened: was it the WebSocket, the gateway or the token? Only a
+ * WebSocket failure while plain HTTP works counts toward falling back to SSE.
+ */
+async function diagnoseFailedOpen() {
+  try {
+    await getJSON("v1/sources");
+    return "ws";
+  } catch (err) {
+    if (err instanceof AuthError) return "auth";
+    return "down";
+  }
+}
+
+function connectWS() {
+  const ws = new WebSocket(streamURL("v1/ws", location.protocol === "https:" ? "wss:" : "ws:"));
+  let opened = false;
+  let gotHello = false;
+  let closed = false;
+  const helloTimer = setTimeout(() => {
+    if (!gotHello) ws.close(4000, "no hello");
+  }, HELLO_TIMEOUT_MS);
+  const me = {
+    kind: "ws",
+    close() {
+      closed = true;
+      clearTimeout(helloTimer);
+      try {
+        ws.close(1000);
+      } catch {
+        /* already closed */
+      }
+    },
+  };
+  conn = me;
+  state.transport = "ws";
+  invalidate("conn");
+
+  ws.onopen = () => {
+    opened = true;
+  };
+  ws.onmessage = (ev) => {
+    if (closed || typeof ev.data !== "string") return;
+    const text = ev.data;
+    let start = 0;
+    while (start < text.length) {
+      let end = text.indexOf("\n", start);
+      if (end < 0) end = text.length;
+      if (end > start) {
+        let msg;
+        try {
+          msg = JSON.parse(text.slice(start, end));
+        } catch {
+          msg = null;
+        }
+        if (msg) {
+          if (msg.type === "hello") gotHello = true;
+          handleMessage(msg);
+        }
+      }
+      start = end + 1;
+    }
+  };
+  ws.onclose = async (ev) => {
+    clearTimeout(helloTimer);
+    if (closed || conn !== me) return;
+    conn = null;
+    // The server closing an accepted socket on purpose (too many clients, shutting down) proves
+    // that WebSocket works here: not a reason to fall back.
+    const deliberate = opened && (ev.code === 1012 || ev.code === 1013);
+    if (!gotHello && !deliberate) {
+      const why = await diagnoseFailedOpen();
+      if (conn || state.needAuth) return; // something else took over meanwhile
+      if (why === "auth") {
+        onAuthRequired();
+        return;
+      }
+      if (why === "ws") {
+        state.wsFailures++;
+        if (state.wsFailures >= WS_FAILURES_BEFORE_SSE) {
+          state.transport = "sse";
+          state.sseSince = Date.now();
+          attempt = 0;
+          addSeparator("WebSocket unavailable: switched to SSE");
+          connect();
+          return;
+        }
+      }
+      scheduleReconnect(why === "down" ? "gateway unreachable" : "WebSocket failed to open");
+      return;
+    }
+    const reason = ev.reason ? `: ${ev.reason}` : "";
+    if (ev.code === 1013 && gotHello) {
+      onSlowCut();
+      scheduleReconnect("dropped as a slow consumer");
+      return;
+    }
+    scheduleReconnect(`closed (${ev.code}${reason})`);
+  };
+}
+
+function connectSSE() {
+  const es = new EventSource(streamURL("v1/events"));
+  let gotHello = false;
+  let sawSlowNotice = false;
+  let closed = false;
+  const me = {
+    kind: "sse",
+    close() {
+      closed = true;
+      es.close();
+    },
+  };
+  conn = me;
+  state.transport = "sse";
+  invalidate("conn");
+
+  const onEvent = (ev) => {
+    if (closed) return;
+    let msg;
+    try {
+      msg = JSON.parse(ev.data);
+    } catch {
+      return;
+    }
+    if (!msg || typeof msg !== "object") return;
+    if (!msg.type && ev.type && ev.type !== "message") msg.type = ev.type;
+    if (!msg.id && ev.lastEventId && msg.type !== "hello") msg.id = ev.lastEventId;
+    if (msg.type === "hello") gotHello = true;
+    if (msg.type === "notice" && msg.kind === "slow_consumer") sawSlowNotice = true;
+    handleMessage(msg);
+  };
+  for (const t of ["hello", "batch", "notice", "message"]) es.addEventListener(t, onEvent);
+  // We own reconnection (backoff and last_event_id in the URL), not EventSource.
+  es.onerror = async () => {
+    if (closed || conn !== me) return;
+    me.close();
+    conn = null;
+    if (!gotHello) {
+      const why = await diagnoseFailedOpen();
+      if (conn || state.needAuth) return;
+      if (why === "auth") {
+        onAuthRequired();
+        return;
+      }
+      scheduleReconnect(why === "down" ? "gateway unreachable" : "event stream failed");
+      return;
+    }
+    if (sawSlowNotice) {
+      onSlowCut();
+      scheduleReconnect("dropped as a slow consumer");
+      return;
+    }
+    scheduleReconnect("event stream closed");
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// messages
+
+function handleMessage(msg) {
+  state.msgCount++;
+  state.lastMessageAt = Date.now();
+  switch (msg.type) {
+    case "batch":
+      onBatch(msg);
+      break;
+    case "notice":
+      onNotice(msg);
+      break;
+    case "hello":
+      onHello(msg);
+      break;
+    default:
+      break; // unknown message types are ignored (forward compatibility)
+  }
+}
+
+function noteId(msg) {
+  if (typeof msg.id === "string" && msg.id) state.lastId = msg.id;
+  if (typeof msg.offset === "number") state.offset = msg.offset;
+}
+
+function onHello(msg) {
+  const newEpoch = state.epoch && msg.epoch !== state.epoch;
+  const hadHistory = state.tailHead > 0;
+  state.epoch = String(msg.epoch ?? "");
+  if (typeof msg.offset === "number") {
+    state.offset = msg.offset;
+    state.lastId = `${state.epoch}:${msg.offset}`;
+  }
+  attempt = 0;
+  state.everLive = true;
+  if (state.transport === "ws") state.wsFailures = 0;
+  if (Array.isArray(msg.sources)) applySources(msg.sources);
+  if (!msg.recovered) {
+    if (msg.occupancy) applyOccupancy(msg.occupancy, true);
+    if (hadHistory) addSeparator(newEpoch ? "gateway restarted: fresh snapshot" : "resumed without recovery: fresh snapshot");
+  } else if (hadHistory) {
+    addSeparator("reconnected: missed messages recovered");
+  }
+  // The snapshot in hello is complete; refresh the rest right away too.
+  occPoller.now();
+  sourcesPoller.now();
+  setConn("live");
+}
+
+function pushTail(entry) {
+  entry.n = state.tailHead;
+  state.tail[state.tailHead % TAIL_BUFFER] = entry;
+  state.tailHead++;
+}
+
+function onBatch(msg) {
+  noteId(msg);
+  const events = Array.isArray(msg.events) ? msg.events : [];
+  const source = String(msg.source ?? "");
+  const rank = msg.dp_rank ?? 0;
+  const ts = typeof msg.ts === "number" ? msg.ts : Date.now() / 1000;
+  for (const ev of events) {
+    if (!ev || typeof ev !== "object") continue;
+    const type = String(ev.type ?? "unknown");
+    const hasMedium = type === "BlockStored" || type === "BlockRemoved";
+    const medium = hasMedium ? normMedium(ev.medium) : "";
+    if (medium && !state.knownMediums.has(medium)) {
+      state.knownMediums.add(medium);
+      invalidate("filters");
+    }
+    pushTail({
+      kind: "event",
+      type,
+      source,
+      rank,
+      seq: msg.seq,
+      offset: msg.offset,
+      ts,
+      medium,
+      hashes: Array.isArray(ev.block_hashes) ? ev.block_hashes : null,
+      parent: ev.parent_block_hash ?? null,
+      tokens: Array.isArray(ev.token_ids) ? ev.token_ids.length : null,
+      blockSize: typeof ev.block_size === "number" ? ev.block_size : null,
+      lora: ev.lora_name ?? ev.lora_id ?? null,
+    });
+  }
+  if (!state.knownSources.has(source)) {
+    state.knownSources.add(source);
+    invalidate("filters");
+  }
+  invalidate("tail");
+  invalidate("counters");
+}
+
+const NOTICE_STATE = { up: "up", down: "down", degraded: "degraded", stale: "stale" };
+
+function onNotice(msg) {
+  noteId(msg);
+  const kind = String(msg.kind ?? "notice");
+  const hasStream = msg.source !== undefined && msg.source !== null;
+  const source = hasStream ? String(msg.source) : "";
+  const rank = msg.dp_rank ?? 0;
+  const detail = noticeDetail(kind, msg);
+  pushTail({
+    kind: "notice",
+    type: "notice",
+    notice: kind,
+    source,
+    rank: hasStream ? rank : null,
+    offset: msg.offset,
+    ts: typeof msg.ts === "number" ? msg.ts : Date.now() / 1000,
+    medium: "",
+    detail,
+  });
+  if (hasStream) {
+    const key = streamKey(source, rank);
+    state.notices.set(key, { kind, at: Date.now(), detail });
+    if (NOTICE_STATE[kind]) state.overrides.set(key, NOTICE_STATE[kind]);
+    invalidate("sources");
+    setTimeout(() => invalidate("sources"), NOTICE_FLASH_MS + 50);
+  }
+  if (kind === "slow_consumer") setConn(state.conn, "server reports this client is too slow");
+  invalidate("tail");
+  invalidate("counters");
+}
+
+/** A notice's own fields as one readable line (restart: seq/previous; gap: the lost range). */
+function noticeDetail(kind, msg) {
+  const parts = [];
+  if (kind === "restart" && typeof msg.seq === "number") {
+    parts.push(msg.previous === null || msg.previous === undefined ? `from seq ${msg.seq}` : `seq ${msg.previous} → ${msg.seq}`);
+  } else if (kind === "unrecovered_gap" && typeof msg.first === "number") {
+    parts.push(`lost seq ${msg.first}–${msg.last} (${msg.count})`);
+  }
+  const known = new Set(["type", "id", "offset", "kind", "source", "dp_rank", "reason", "seq", "previous", "first", "last", "count"]);
+  for (const [k, v] of Object.entries(msg)) {
+    if (known.has(k) || v === null || typeof v === "object") continue;
+    parts.push(`${k}=${v}`);
+  }
+  if (typeof msg.reason === "string" && msg.reason) parts.push(msg.reason);
+  return parts.join(" · ");
+}
+
+function addSeparator(text) {
+  pushTail({ kind: "sep", type: "sep", text, ts: Date.now() / 1000, source: "", medium: "" });
+  invalidate("tail");
+}
+
+// ---------------------------------------------------------------------------------------------
+// rendering
+
+function renderFrame() {
+  frameRequested = false;
+  const d = state.dirty;
+  const now = performance.now();
+  if (d.conn || (d.counters && now - lastCountersRender >= TAIL_MIN_INTERVAL_MS)) {
+    d.conn = false;
+    d.counters = false;
+    lastCountersRender = now;
+    renderConn();
+  } else if (d.counters) {
+    invalidate("counters"); // later, coalesced
+  }
+  if (d.filters) {
+    d.filters = false;
+    renderFilters();
+  }
+  if (d.occ || d.sources) {
+    d.occ = false;
+    d.sources = false;
+    renderFleet();
+  }
+  if (d.charts) {
+    d.charts = false;
+    renderCharts();
+  }
+  if (d.tail) {
+    if (now - lastTailRender >= TAIL_MIN_INTERVAL_MS) {
+      d.tail = false;
+      lastTailRender = now;
+      renderTail();
+    } else {
+      invalidate("tail"); // try again next frame
+    }
+  }
+}
+let lastTailRender = 0;
+let lastCountersRender = 0;
+
+// --- connection bar
+
+function renderConn() {
+  const box = tid("conn-state");
+  box.dataset.value = state.conn;
+  let text = state.conn;
+  if (state.needAuth) text = "waiting for token";
+  else if (state.connNote && state.conn !== "live") text = `${state.conn}: ${state.connNote}`;
+  else if (state.connNote && state.conn === "live") text = `live · ${state.connNote}`;
+  setText($(".conn-text", box), text);
+  setVal(tid("transport"), state.transport);
+  setVal(tid("offset"), state.offset, state.offset === null ? "–" : intFmt.format(state.offset));
+  setVal(tid("epoch"), state.epoch, state.epoch ? state.epoch.slice(0, 8) : "–");
+  setVal(tid("msg-rate"), state.msgRate, fmtRate(state.msgRate));
+
+  const form = tid("auth-form");
+  if (form.hidden === state.needAuth) {
+    form.hidden = !state.needAuth;
+    if (state.needAuth) setTimeout(() => tid("token-input").focus(), 0);
+  }
+  tid("auth-error").hidden = !state.authRejected;
+}
+
+// --- totals and cards
+
+/** The rows of the fleet: one per stream known from occupancy or sources. */
+function streamRows() {
+  const rows = new Map();
+  for (const s of (state.occupancy && state.occupancy.streams) || []) {
+    rows.set(streamKey(s.source, s.dp_rank), { source: s.source, rank: s.dp_rank, occ: s, src: null });
+  }
+  for (const s of state.sources || []) {
+    const key = streamKey(s.source, s.dp_rank);
+    const row = rows.get(key) || { source: s.source, rank: s.dp_rank, occ: null, src: null };
+    row.src = s;
+    rows.set(key, row);
+  }
+  return [...rows.entries()].sort(([, a], [, b]) =>
+    String(a.source).localeCompare(String(b.source)) || Number(a.rank) - Number(b.rank),
+  );
+}
+
+function streamState(key, row) {
+  const override = state.overrides.get(key);
+  if (override) return override;
+  if (row.src && row.src.state) return String(row.src.state);
+  if (row.occ) return row.occ.stale ? "stale" : "unknown";
+  return "unknown";
+}
+
+function renderFleet() {
+  const rows = streamRows();
+  renderTotals(rows);
+  renderCards(rows);
+  renderUpdated();
+}
+
+function renderTotals(rows) {
+  const counts = { up: 0, down: 0, degraded: 0, stale: 0 };
+  for (const [key, row] of rows) {
+    const st = streamState(key, row);
+    if (st in counts) counts[st]++;
+  }
+  for (const k of Object.keys(counts)) setVal(tid(`streams-${k}`), counts[k]);
+
+  const occ = state.occupancy;
+  const totalsEl = tid("totals");
+  const off = occ && typeof occ.offset === "number" ? String(occ.offset) : "";
+  if (totalsEl.dataset.offset !== off) totalsEl.dataset.offset = off;
+  const totals = (occ && occ.totals) || {};
+  const box = tid("total-mediums");
+  const mediums = sortMediums(Object.keys(totals));
+  const want = mediums.join("\u0000");
+  if (box.dataset.mediums !== want) {
+    box.dataset.mediums = want;
+    box.replaceChildren(...mediums.map(buildTotalTile));
+  }
+  for (const m of mediums) {
+    const t = totals[m] || {};
+    const tile = box.querySelector(`[data-medium="${CSS.escape(m)}"]`);
+    setVal(tid(`total-${m}-blocks`, tile), t.blocks, fmtInt(t.blocks));
+    setVal(tid(`total-${m}-tokens`, tile), t.tokens, fmtInt(t.tokens));
+    const cap = typeof t.capacity_blocks === "number" && t.capacity_blocks > 0 ? t.capacity_blocks : null;
+    setVal(tid(`total-${m}-capacity`, tile), cap, cap === null ? "capacity unknown" : `of ${fmtInt(cap)} blocks`);
+    const frac = cap === null ? null : t.blocks / cap;
+    setVal(tid(`total-${m}-fraction`, tile), frac === null ? "" : frac.toFixed(6), fmtPct(frac));
+    setBar($(".bar", tile), frac);
+  }
+}
+
+function buildTotalTile(m) {
+  const tile = el("div", "tile");
+  tile.dataset.medium = m;
+  tile.dataset.testid = `total-${m}`;
+  const head = el("div", "tile-head");
+  head.append(el("span", "medium-tag", m));
+  const frac = el("span", "tile-frac");
+  frac.dataset.testid = `total-${m}-fraction`;
+  head.append(frac);
+  const nums = el("div", "tile-nums");
+  const b = el("span", "big");
+  b.dataset.testid = `total-${m}-blocks`;
+  const t = el("span", "mid");
+  t.dataset.testid = `total-${m}-tokens`;
+  const g1 = el("span", "grp");
+  g1.append(b, el("span", "unit", "blocks"));
+  const g2 = el("span", "grp");
+  g2.append(t, el("span", "unit", "tokens"));
+  nums.append(g1, g2);
+  const cap = el("div", "tile-cap");
+  cap.dataset.testid = `total-${m}-capacity`;
+  const bar = el("div", "bar");
+  bar.append(el("span", "bar-fill"));
+  tile.append(head, nums, bar, cap);
+  return tile;
+}
+
+function setBar(bar, frac) {
+  if (!bar) return;
+  const known = frac !== null && Number.isFinite(frac);
+  bar.classList.toggle("unknown", !known);
+  const fill = bar.firstElementChild;
+  const pct = known ? Math.max(0, Math.min(1, frac)) * 100 : 0;
+  const w = `${pct.toFixed(2)}%`;
+  if (fill.style.width !== w) fill.style.width = w;
+  bar.classList.toggle("hot", known && frac >= 0.95);
+}
+
+const cards = new Map(); // streamKey -> {root, refs, chart, mediums}
+
+function renderCards(rows) {
+  const grid = tid("cards");
+  const keep = new Set();
+  let prev = null;
+  for (const [key, row] of rows) {
+    keep.add(key);
+    let card = cards.get(key);
+    if (!card) {
+      card = buildCard(key, row);
+      cards.set(key, card);
+    }
+    // keep DOM order = sorted order, moving only what is out of place
+    const expectedNext = prev ? prev.nextElementSibling : grid.firstElementChild;
+    if (expectedNext !== card.root) grid.insertBefore(card.root, expectedNext);
+    prev = card.root;
+    updateCard(key, card, row);
+  }
+  for (const [key, card] of cards) {
+    if (!keep.has(key)) {
+      if (card.chart) card.chart.destroy();
+      card.root.remove();
+      cards.delete(key);
+    }
+  }
+  tid("cards-empty").hidden = rows.length > 0;
+  if (rows.length === 0 && !tid("cards-empty").isConnected) grid.append(tid("cards-empty"));
+}
+
+function buildCard(key, row) {
+  const root = document.getElementById("card-template").content.firstElementChild.cloneNode(true);
+  root.dataset.testid = `card-${row.source}-${row.rank}`;
+  root.dataset.source = String(row.source);
+  root.dataset.dpRank = String(row.rank);
+  $(".card-source", root).textContent = String(row.source);
+  $(".card-rank", root).textContent = `dp ${row.rank}`;
+  const refs = {};
+  for (const node of root.querySelectorAll("[data-testid]")) refs[node.dataset.testid] = node;
+  const card = { root, refs, chart: null, chartBox: refs.chart, mediums: "", mediumRefs: new Map() };
+  makeChart(key, card);
+  return card;
+}
+
+function updateCard(key, card, row) {
+  const { refs } = card;
+  const st = streamState(key, row);
+  setVal(refs.state, st);
+  if (card.root.dataset.state !== st) card.root.dataset.state = st;
+  const src = row.src;
+  const occ = row.occ;
+  setText(refs.endpoint, src ? String(src.endpoint ?? "") : "");
+  const reason = src && src.reason ? String(src.reason) : "";
+  setVal(refs.reason, reason);
+  refs.reason.hidden = !reason;
+  refs.endpoint.title = src && src.replay ? `replay: ${src.replay}` : "no replay endpoint";
+  setVal(refs["last-seq"], src ? src.last_seq : null, src && src.last_seq !== null && src.last_seq !== undefined ? intFmt.format(src.last_seq) : "–");
+  const lag = src && typeof src.lag_seconds === "number" ? src.lag_seconds : null;
+  setVal(refs.lag, lag, lag === null ? "–" : lag < 10 ? `${lag.toFixed(2)} s` : `${fmtInt(lag)} s`);
+  const counters = (src && src.counters) || {};
+  for (const c of COUNTERS) {
+    const v = typeof counters[c] === "number" ? counters[c] : null;
+    setVal(refs[c], v, fmtInt(v));
+    const parent = refs[c].parentElement;
+    parent.classList.toggle("nonzero", v !== null && v > 0);
+  }
+  card.root.classList.toggle("is-stale", Boolean(occ && occ.stale));
+
+  // mediums
+  const mediums = occ ? sortMediums(Object.keys(occ.mediums || {})) : [];
+  const want = mediums.join("\u0000");
+  if (card.mediums !== want) {
+    card.mediums = want;
+    card.mediumRefs.clear();
+    const rows = mediums.map((m) => {
+      const r = buildMediumRow(m);
+      card.mediumRefs.set(m, r);
+      return r.row;
+    });
+    if (rows.length === 0) rows.push(el("div", "medium-empty", occ ? "no resident blocks" : "no occupancy data"));
+    refs.mediums.replaceChildren(...rows);
+  }
+  let stores = null;
+  let removes = null;
+  for (const m of mediums) {
+    const v = occ.mediums[m] || {};
+    const r = card.mediumRefs.get(m);
+    setVal(r.blocks, v.blocks, fmtInt(v.blocks));
+    setVal(r.tokens, v.tokens, fmtInt(v.tokens));
+    const cap = typeof v.capacity_blocks === "number" && v.capacity_blocks > 0 ? v.capacity_blocks : null;
+    const frac = cap === null ? null : v.blocks / cap;
+    setVal(r.capacity, cap, cap === null ? "" : `${fmtPct(frac)} of ${fmtInt(cap)}`);
+    r.bar.hidden = cap === null;
+    setBar(r.bar, frac);
+    if (typeof v.stores_per_s === "number") stores = (stores ?? 0) + v.stores_per_s;
+    if (typeof v.removes_per_s === "number") removes = (removes ?? 0) + v.removes_per_s;
+  }
+  setVal(refs["stores-rate"], stores, fmtRate(stores));
+  setVal(refs["removes-rate"], removes, fmtRate(removes));
+
+  // last notice
+  const n = state.notices.get(key);
+  const ln = refs["last-notice"];
+  if (n) {
+    ln.hidden = false;
+    setVal(ln, n.kind, `${n.kind} at ${fmtTime(n.at / 1000).slice(0, 8)}${n.detail ? " · " + n.detail : ""}`);
+    ln.dataset.kind = n.kind;
+    card.root.classList.toggle("flash", Date.now() - n.at < NOTICE_FLASH_MS);
+  } else if (!ln.hidden) {
+    ln.hidden = true;
+  }
+}
+
+function buildMediumRow(m) {
+  const row = el("div", "medium-row");
+  row.dataset.medium = m;
+  const tag = el("span", "medium-tag", m);
+  const blocks = el("span", "num");
+  blocks.dataset.testid = `blocks-${m}`;
+  const bu = el("span", "unit", "blocks");
+  const tokens = el("span", "num dim");
+  tokens.dataset.testid = `tokens-${m}`;
+  const tu = el("span", "unit", "tokens");
+  const capacity = el("span", "cap");
+  capacity.dataset.testid = `capacity-${m}`;
+  const bar = el("div", "bar small");
+  bar.append(el("span", "bar-fill"));
+  row.append(tag, blocks, bu, tokens, tu, capacity, bar);
+  return { row, blocks, tokens, capacity, bar };
+}
+
+function renderUpdated() {
+  const parts = [];
+  if (state.occAt) {
+    const age = (Date.now() - state.occAt) / 1000;
+    parts.push(age < 2 ? "updated just now" : `updated ${fmtInt(age)} s ago`);
+  } else {
+    parts.push("waiting for data…");
+  }
+  const err = state.occError || state.sourcesError;
+  if (err) parts.push(err);
+  const u = tid("updated");
+  setText(u, parts.join(" · "));
+  const stale = Boolean(err) || (state.occAt && Date.now() - state.occAt > 5000);
+  u.classList.toggle("error", Boolean(stale));
+  document.body.classList.toggle("data-stale", Boolean(stale));
+  const banner = tid("banner");
+  const bannerText = err && state.conn !== "live" ? "The gateway is unreachable: numbers below are the last ones received." : "";
+  banner.hidden = !bannerText;
+  setText(banner, bannerText);
+}
+
+// --- charts
+
+const css = getComputedStyle(document.documentElement);
+const cssVar = (name, fallback) => css.getPropertyValue(name).trim() || fallback;
+const COLORS = {
+  stores: cssVar("--stores", "#4cc38a"),
+  removes: cssVar("--removes", "#f0883e"),
+  axis: cssVar("--muted", "#8b949e"),
+  grid: cssVar("--grid", "rgba(255,255,255,0.06)"),
+};
+
+function chartOptions(width) {
+  return {
+    width,
+    height: 110,
+    padding: [6, 16, 0, 0], // room for the last time label
+    legend: { show: false },
+    cursor: { points: { size: 5 }, drag: { x: false, y: false } },
+    scales: {
+      x: {
+        time: true,
+        range: () => {
+          const now = Date.now() / 1000;
+          return [now - CHART_WINDOW_S, now];
+        },
+      },
+      y: { range: (u, min, max) => [0, max > 0 ? niceMax(max) : 1] },
+    },
+    axes: [
+      {
+        stroke: COLORS.axis,
+        grid: { stroke: COLORS.grid, width: 1 },
+        ticks: { show: false },
+        size: 22,
+        space: 44, // px per tick label: keeps 1-minute ticks on a phone-wide card
+        font: "10px system-ui, sans-serif",
+        values: (u, splits) => splits.map((v) => fmtTime(v).slice(0, 5)),
+      },
+      {
+        stroke: COLORS.axis,
+        grid: { stroke: COLORS.grid, width: 1 },
+        ticks: { show: false },
+        size: 38,
+        space: 24,
+        font: "10px system-ui, sans-serif",
+        values: (u, splits) => splits.map((v) => fmtRate(v)),
+      },
+    ],
+    series: [
+      {},
+      { label: "stored/s", stroke: COLORS.stores, width: 1.5, fill: COLORS.stores + "22", points: { show: false } },
+      { label: "removed/s", stroke: COLORS.removes, width: 1.5, points: { show: false } },
+    ],
+  };
+}
+
+function niceMax(v) {
+  const p = 10 ** Math.floor(Math.log10(v));
+  for (const m of [1, 2, 2.5, 5, 10]) if (v * 1.05 <= m * p) return m * p;
+  return 10 * p;
+}
+
+function makeChart(key, card) {
+  if (typeof window.uPlot !== "function") return;
+  const width = Math.max(200, card.chartBox.clientWidth || 300);
+  const data = chartData(key);
+  card.chart = new window.uPlot(chartOptions(width), data, card.chartBox);
+  card.chartWidth = width;
+}
+
+function chartData(key) {
+  const s = state.series.get(key);
+  return s ? [s.xs, s.stores, s.removes] : [[], [], []];
+}
+
+function renderCharts() {
+  for (const [key, card] of cards) {
+    if (!card.chart) continue;
+    const w = card.chartBox.clientWidth;
+    if (w > 0 && Math.abs(w - card.chartWidth) > 1) {
+      card.chartWidth = w;
+      card.chart.setSize({ width: w, height: 110 });
+    }
+    card.chart.setData(chartData(key));
+  }
+}
+
+const resizeObserver = new ResizeObserver(() => invalidate("charts"));
+resizeObserver.observe(tid("cards"));
+
+// --- live tail
+
+function tailFilter() {
+  return {
+    source: tid("filter-source").value,
+    type: tid("filter-type").value,
+    medium: tid("filter-medium").value,
+  };
+}
+
+function passes(entry, f) {
+  if (entry.kind === "sep") return true;
+  if (f.source) {
+    const [src, rank] = f.source.split("\u0000");
+    if (entry.source !== src) return false;
+    if (rank !== undefined && String(entry.rank) !== rank) return false;
+  }
+  if (f.type && entry.type !== f.type) return false;
+  // as on the server: a cache reset clears every medium, so it passes every medium filter
+  if (f.medium && entry.medium !== f.medium && entry.type !== "AllBlocksCleared") return false;
+  return true;
+}
+
+function renderTail() {
+  const list = tid("tail");
+  const f = tailFilter();
+  const fkey = `${f.source}|${f.type}|${f.medium}|${state.tailClearedAt}`;
+  const head = state.tailHead;
+  const oldest = Math.max(state.tailClearedAt, head - TAIL_BUFFER);
+  const frozen = state.tailPaused || state.tailHover;
+  const shown = Math.min(head - state.tailClearedAt, TAIL_BUFFER);
+  setText(tid("tail-count"), `${intFmt.format(shown)} events buffered`);
+  setText(
+    tid("tail-status"),
+    state.tailPaused ? "paused: new events are buffered, not shown" : state.tailHover ? "paused while the pointer is over the tail" : "",
+  );
+  if (frozen && fkey === state.tailFilterKey) return;
+
+  const rebuild = fkey !== state.tailFilterKey || head - state.tailRendered >= TAIL_BUFFER;
+  const from = rebuild ? oldest : Math.max(state.tailRendered, oldest);
+  // newest first: collect up to TAIL_ROWS matching entries walking backwards
+  const fresh = [];
+  for (let n = head - 1; n >= from && fresh.length < TAIL_ROWS; n--) {
+    const e = state.tail[n % TAIL_BUFFER];
+    if (e && passes(e, f)) fresh.push(e);
+  }
+  state.tailRendered = head;
+  state.tailFilterKey = fkey;
+  if (rebuild || fresh.length >= TAIL_ROWS) {
+    const frag = document.createDocumentFragment();
+    for (const e of fresh) frag.append(buildTailRow(e));
+    list.replaceChildren(frag);
+  } else if (fresh.length) {
+    const frag = document.createDocumentFragment();
+    for (const e of fresh) frag.append(buildTailRow(e));
+    list.prepend(frag);
+    while (list.childElementCount > TAIL_ROWS) list.lastElementChild.remove();
+  }
+  if (!list.firstElementChild) {
+    const empty = el("li", "tail-empty", state.tailHead > state.tailClearedAt ? "No events match the filters." : "No events yet.");
+    list.replaceChildren(empty);
+  } else if (list.lastElementChild.classList.contains("tail-empty") && list.childElementCount > 1) {
+    list.lastElementChild.remove();
+  }
+}
+
+function hashChip(h, cls = "hash") {
+  const s = String(h);
+  const b = el("button", cls, shortHash(s));
+  b.type = "button";
+  b.dataset.hash = s;
+  b.title = `${s} (click to copy)`;
+  return b;
+}
+
+function buildTailRow(e) {
+  const li = el("li", "tail-row");
+  li.dataset.testid = "tail-row";
+  li.dataset.type = e.type;
+  if (e.kind === "sep") {
+    li.className = "tail-row sep";
+    li.append(el("span", "t", fmtTime(e.ts)), el("span", "sep-text", e.text));
+    return li;
+  }
+  li.dataset.source = e.source;
+  if (e.rank !== null && e.rank !== undefined) li.dataset.dpRank = String(e.rank);
+  if (e.medium) li.dataset.medium = e.medium;
+  if (e.offset !== undefined) li.dataset.offset = String(e.offset);
+  const stream = e.source ? `${e.source}${e.rank !== null && e.rank !== undefined ? "/" + e.rank : ""}` : "gateway";
+  li.append(el("span", "t", fmtTime(e.ts)), el("span", "s", stream));
+  if (e.kind === "notice") {
+    li.classList.add("notice", `notice-${e.notice}`);
+    li.dataset.kind = e.notice;
+    li.append(el("span", "ty", e.notice), el("span", "d", e.detail || ""));
+    return li;
+  }
+  const tyShort = { BlockStored: "stored", BlockRemoved: "removed", AllBlocksCleared: "cleared" }[e.type] || e.type;
+  const ty = el("span", `ty ty-${tyShort}`, tyShort);
+  ty.title = e.type;
+  li.append(ty);
+  li.append(el("span", "m", e.medium || ""));
+  const d = el("span", "d");
+  if (e.type === "AllBlocksCleared") {
+    d.append(el("span", "dim", "all blocks cleared"));
+  } else if (e.hashes) {
+    const n = e.hashes.length;
+    d.append(el("span", "count", `${n}×`));
+    for (const h of e.hashes.slice(0, HASHES_SHOWN)) d.append(hashChip(h));
+    if (n > HASHES_SHOWN) {
+      const more = el("button", "more", `+${n - HASHES_SHOWN}`);
+      more.type = "button";
+      more.title = "show all hashes";
+      more.dataset.more = "1";
+      d.append(more);
+    }
+    if (e.parent !== null && e.parent !== undefined) {
+      d.append(el("span", "dim", "parent"));
+      d.append(hashChip(e.parent, "hash parent"));
+    }
+    if (e.tokens !== null) d.append(el("span", "dim", `${e.tokens} tok`));
+  }
+  if (e.seq !== undefined) {
+    const seq = el("span", "q", `#${e.seq}`);
+    seq.title = `engine seq ${e.seq}, gateway offset ${e.offset}`;
+    li.append(d, seq);
+  } else {
+    li.append(d);
+  }
+  li._entry = e;
+  return li;
+}
+
+// --- filters
+
+function renderFilters() {
+  const srcSel = tid("filter-source");
+  const ranks = new Map();
+  for (const [, row] of streamRows()) {
+    if (!ranks.has(row.source)) ranks.set(row.source, new Set());
+    ranks.get(row.source).add(row.rank);
+  }
+  for (const s of state.knownSources) if (!ranks.has(s)) ranks.set(s, new Set());
+  const opts = [["", "all"]];
+  for (const s of [...ranks.keys()].sort()) {
+    opts.push([s, s]);
+    const rs = [...ranks.get(s)].sort((a, b) => a - b);
+    if (rs.length > 1) for (const r of rs) opts.push([`${s}\u0000${r}`, `${s} · dp ${r}`]);
+  }
+  setOptions(srcSel, opts);
+  const meds = sortMediums(state.knownMediums);
+  setOptions(tid("filter-medium"), [["", "all"], ...meds.map((m) => [m, m])]);
+}
+
+function setOptions(sel, opts) {
+  const sig = opts.map((o) => o[0]).join("\u0001");
+  if (sel.dataset.sig === sig) return;
+  sel.dataset.sig = sig;
+  const current = sel.value;
+  sel.replaceChildren(
+    ...opts.map(([v, label]) => {
+      const o = el("option", "", label);
+      o.value = v;
+      return o;
+    }),
+  );
+  sel.value = opts.some((o) => o[0] === current) ? current : "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// interactions
+
+async function copyText(text) {
+  if (navigator.clipboard && window.isSecureContext) {
+    try {
+      await navigator.clipboard.writeText(text);
+      return true;
+    } catch {
+      /* fall through to the legacy path */
+    }
+  }
+  const ta = document.createElement("textarea");
+  ta.value = text;
+  ta.setAttribute("readonly", "");
+  ta.style.position = "fixed";
+  ta.style.top = "-1000px";
+  document.body.append(ta);
+  ta.select();
+  let ok = false;
+  try {
+    ok = document.execCommand("copy");
+  } catch {
+    ok = false;
+  }
+  ta.remove();
+  return ok;
+}
+
+let toastTimer = 0;
+function toast(text, sticky = false) {
+  const t = tid("toast");
+  t.textContent = text;
+  t.hidden = false;
+  clearTimeout(toastTimer);
+  toastTimer = setTimeout(() => (t.hidden = true), sticky ? 8000 : 2200);
+}
+
+tid("tail").addEventListener("click", async (ev) => {
+  const target = ev.target instanceof Element ? ev.target : null;
+  if (!target) return;
+  const hashEl = target.closest("[data-hash]");
+  if (hashEl) {
+    const full = hashEl.dataset.hash;
+    const ok = await copyText(full);
+    hashEl.classList.add("copied");
+    setTimeout(() => hashEl.classList.remove("copied"), 900);
+    const t = tid("toast");
+    t.dataset.value = full;
+    if (ok) toast(`Copied ${full}`);
+    else toast(`Copy failed; hash: ${full}`, true);
+    return;
+  }
+  const more = target.closest("[data-more]");
+  if (more) {
+    const row = more.closest(".tail-row");
+    const e = row && row._entry;
+    if (!e || !e.hashes) return;
+    const frag = document.createDocumentFragment();
+    for (const h of e.hashes.slice(HASHES_SHOWN)) frag.append(hashChip(h));
+    more.replaceWith(frag);
+  }
+});
+
+const tailEl = tid("tail");
+tailEl.addEventListener("pointerenter", (ev) => {
+  if (ev.pointerType === "mouse") {
+    state.tailHover = true;
+    invalidate("tail");
+  }
+});
+tailEl.addEventListener("pointerleave", () => {
+  state.tailHover = false;
+  invalidate("tail");
+});
+
+for (const name of ["filter-source", "filter-type", "filter-medium"]) {
+  tid(name).addEventListener("change", () => {
+    lastTailRender = 0;
+    invalidate("tail");
+  });
+}
+
+tid("tail-pause").addEventListener("click", (ev) => {
+  state.tailPaused = !state.tailPaused;
+  ev.currentTarget.setAttribute("aria-pressed", String(state.tailPaused));
+  ev.currentTarget.textContent = state.tailPaused ? "Resume" : "Pause";
+  invalidate("tail");
+});
+
+tid("tail-clear").addEventListener("click", () => {
+  state.tailClearedAt = state.tailHead;
+  state.tailRendered = state.tailHead;
+  lastTailRender = 0;
+  invalidate("tail");
+});
+
+tid("auth-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const input = tid("token-input");
+  const token = input.value.trim();
+  if (!token) return;
+  state.token = token;
+  try {
+    sessionStorage.setItem(TOKEN_KEY, token);
+  } catch {
+    /* storage disabled: keep it in memory */
+  }
+  input.value = "";
+  state.needAuth = false;
+  state.authRejected = false;
+  state.connNote = "";
+  state.wsFailures = 0;
+  attempt = 0;
+  invalidate("conn");
+  occPoller.now();
+  sourcesPoller.now();
+  connect();
+});
+
+// a once-a-second tick: message rate, "updated n s ago", flashing cards expiring
+setInterval(() => {
+  const now = performance.now();
+  const dt = (now - state.msgRateAt) / 1000;
+  state.msgRate = dt > 0 ? state.msgCount / dt : 0;
+  state.msgCount = 0;
+  state.msgRateAt = now;
+  invalidate("conn");
+  invalidate("occ");
+  // Watchdog: a stream that says nothing while plain HTTP to the gateway fails too is probably a
+  // dead TCP connection the browser has not noticed (no protocol pings reach page scripts).
+  const quietMs = Date.now() - Math.max(state.lastMessageAt, state.occAt);
+  if (conn && state.conn === "live" && state.occError && quietMs > STALL_MS) {
+    stopStream();
+    scheduleReconnect("connection stalled");
+  }
+}, 1000);
+
+// ---------------------------------------------------------------------------------------------
+// start
+
+occPoller.start();
+sourcesPoller.start();
+connect();
+invalidate("tail");
+
+// For debugging from the console (not an API).
+window.kvgatewayDashboard = { state };

@@ -1,0 +1,416 @@
+"""The dashboard in a real headless Chromium against a real `kvgateway demo`.
+
+How "the page shows what /v1/occupancy says" is checked: the demo's numbers change many times a
+second, so a snapshot fetched by the test and the one the page rendered a moment earlier rarely
+agree. The test therefore records every /v1/occupancy response the page itself receives (the
+request goes through to the real gateway; Playwright only copies the body), and compares the
+numbers in the DOM with the recorded body whose `offset` equals the page's `data-offset`.
+Nothing is mocked.
+
+Waiting is done with `page.wait_for_timeout`, never `time.sleep`: Playwright only runs the
+recording route handler while the test is inside a Playwright call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.browser.demo import ARTIFACTS, Demo, free_port
+
+pytestmark = pytest.mark.browser
+
+SETTLE_TIMEOUT_S = 20.0
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def get_json(demo: Demo, path: str, token: str | None = None) -> Any:
+    req = urllib.request.Request(demo.url + path.lstrip("/"))
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=5) as res:
+        return json.loads(res.read())
+
+
+def tid(name: str) -> str:
+    return f'[data-testid="{name}"]'
+
+
+def card(source: str, rank: int) -> str:
+    return tid(f"card-{source}-{rank}")
+
+
+class OccupancyRecorder:
+    """Passes the page's GET v1/occupancy through to the gateway and keeps each body by offset."""
+
+    def __init__(self) -> None:
+        self.bodies: dict[int, dict[str, Any]] = {}
+
+    def handle(self, route: Any) -> None:
+        try:
+            response = route.fetch()
+        except Exception:  # the gateway is down: the page must see a failed request
+            with contextlib.suppress(Exception):
+                route.abort("connectionrefused")
+            return
+        try:
+            if response.status == 200:
+                body = response.json()
+                self.bodies[int(body["offset"])] = body
+                if len(self.bodies) > 500:
+                    del self.bodies[min(self.bodies)]
+            route.fulfill(response=response)
+        except Exception:  # the page or its context is closing under us
+            with contextlib.suppress(Exception):
+                route.abort()
+
+    def attach(self, page: Any) -> OccupancyRecorder:
+        page.route("**/v1/occupancy", self.handle)
+        return self
+
+
+READ_DOM = """() => {
+  const q = (root, id) => root.querySelector(`[data-testid="${id}"]`);
+  const out = { offset: document.querySelector('[data-testid="totals"]').dataset.offset, totals: {}, streams: {} };
+  for (const tile of document.querySelectorAll('[data-testid="total-mediums"] [data-medium]')) {
+    const m = tile.dataset.medium;
+    out.totals[m] = {
+      blocks: q(tile, `total-${m}-blocks`).dataset.value,
+      tokens: q(tile, `total-${m}-tokens`).dataset.value,
+      capacity_blocks: q(tile, `total-${m}-capacity`).dataset.value,
+    };
+  }
+  for (const card of document.querySelectorAll('[data-testid^="card-"]')) {
+    const mediums = {};
+    for (const row of card.querySelectorAll('[data-testid="mediums"] [data-medium]')) {
+      const m = row.dataset.medium;
+      mediums[m] = {
+        blocks: q(row, `blocks-${m}`).dataset.value,
+        tokens: q(row, `tokens-${m}`).dataset.value,
+        capacity_blocks: q(row, `capacity-${m}`).dataset.value,
+      };
+    }
+    out.streams[card.dataset.testid] = mediums;
+  }
+  return out;
+}"""
+
+
+def _cap(value: Any) -> str:
+    return str(value) if isinstance(value, int) and value > 0 else ""
+
+
+def expected_from(body: dict[str, Any]) -> dict[str, Any]:
+    """What the DOM must hold (as data-value strings) for one /v1/occupancy body."""
+    totals = {
+        m: {"blocks": str(t["blocks"]), "tokens": str(t["tokens"]), "capacity_blocks": _cap(t.get("capacity_blocks"))}
+        for m, t in body["totals"].items()
+    }
+    streams = {}
+    for s in body["streams"]:
+        streams[f"card-{s['source']}-{s['dp_rank']}"] = {
+            m: {
+                "blocks": str(v["blocks"]),
+                "tokens": str(v["tokens"]),
+                "capacity_blocks": _cap(v.get("capacity_blocks")),
+            }
+            for m, v in s["mediums"].items()
+        }
+    return {"offset": str(body["offset"]), "totals": totals, "streams": streams}
+
+
+def wait_until(page: Any, check: Callable[[], Any], timeout: float = SETTLE_TIMEOUT_S, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = check()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what or check}")
+        page.wait_for_timeout(200)
+
+
+def wait_page_matches_occupancy(
+    page: Any, recorder: OccupancyRecorder, timeout: float = SETTLE_TIMEOUT_S
+) -> dict[str, Any]:
+    """Poll until the DOM equals the /v1/occupancy body it was rendered from; return it."""
+    deadline = time.monotonic() + timeout
+    last: tuple[Any, Any] = (None, None)
+    while time.monotonic() < deadline:
+        shown = page.evaluate(READ_DOM)
+        if shown["offset"]:
+            body = recorder.bodies.get(int(shown["offset"]))
+            if body is not None:
+                expected = expected_from(body)
+                if shown == expected and body["streams"]:
+                    return shown
+                last = (shown, expected)
+        page.wait_for_timeout(250)
+    shown, expected = last
+    pytest.fail(f"the page never showed its /v1/occupancy numbers exactly:\nshown    {shown}\nexpected {expected}")
+
+
+def open_dashboard(page: Any, demo: Demo, recorder: OccupancyRecorder | None = None) -> None:
+    if recorder:
+        recorder.attach(page)
+    page.goto(demo.url)
+    page.wait_for_selector(f'{tid("conn-state")}[data-value="live"]', timeout=20_000)
+
+
+# --- tests --------------------------------------------------------------------------------
+
+
+def test_numbers_equal_occupancy(shared_demo: Demo, new_page: Callable[..., Any]) -> None:
+    page = new_page()
+    requested: list[str] = []
+    page.on("request", lambda req: requested.append(req.url))
+    recorder = OccupancyRecorder()
+    open_dashboard(page, shared_demo, recorder)
+    shown = wait_page_matches_occupancy(page, recorder)
+    # Offline-safe: every request (scripts, styles, API, stream) goes to the gateway itself.
+    origin = shared_demo.url.rstrip("/")
+    ws_origin = origin.replace("http://", "ws://", 1)
+    foreign = [u for u in requested if not (u.startswith((origin + "/", ws_origin + "/")) or u.startswith("data:"))]
+    assert not foreign, foreign
+    assert any(u.endswith("vendor/uplot/uPlot.iife.min.js") for u in requested)
+
+    # Every stream the gateway knows has a card, and cards exist only for those streams.
+    direct = get_json(shared_demo, "v1/occupancy")
+    assert set(shown["streams"]) == {f"card-{s['source']}-{s['dp_rank']}" for s in direct["streams"]}
+    sources = get_json(shared_demo, "v1/sources")["sources"]
+    assert page.locator('[data-testid^="card-"]').count() == len(sources)
+    # Fleet totals are the sums of the cards (checked on what the page shows).
+    for medium, total in shown["totals"].items():
+        assert int(total["blocks"]) == sum(int(s[medium]["blocks"]) for s in shown["streams"].values() if medium in s)
+        assert int(total["tokens"]) == sum(int(s[medium]["tokens"]) for s in shown["streams"].values() if medium in s)
+    # Streams up: the demo's engines are all running.
+    wait_until(
+        page,
+        lambda: page.locator(tid("streams-up")).get_attribute("data-value") == str(len(sources)),
+        what="all streams up",
+    )
+    assert page.locator(tid("transport")).get_attribute("data-value") == "ws"
+
+
+def test_numbers_change_live(shared_demo: Demo, new_page: Callable[..., Any]) -> None:
+    page = new_page()
+    recorder = OccupancyRecorder()
+    open_dashboard(page, shared_demo, recorder)
+    first = wait_page_matches_occupancy(page, recorder)
+    first_offset = int(page.locator(tid("offset")).get_attribute("data-value") or 0)
+
+    def moved() -> bool:
+        now = page.evaluate(READ_DOM)
+        return bool(now["offset"]) and int(now["offset"]) > int(first["offset"]) and now != first
+
+    wait_until(page, moved, what="the occupancy numbers to change")
+    second = wait_page_matches_occupancy(page, recorder)
+    assert int(second["offset"]) > int(first["offset"])
+    # The stream feeds the tail and the offset in the header.
+    wait_until(
+        page,
+        lambda: int(page.locator(tid("offset")).get_attribute("data-value") or 0) > first_offset,
+        what="the stream offset to advance",
+    )
+    assert page.locator(f'{tid("tail")} [data-testid="tail-row"][data-type="BlockStored"]').count() > 0
+    rows = page.locator(f"{tid('tail')} > li").count()
+    assert 0 < rows <= 200
+    # Rates come from the gateway's snapshot: some stream is storing blocks.
+    rates = page.locator(tid("stores-rate")).evaluate_all("els => els.map(e => Number(e.dataset.value || 0))")
+    assert any(r > 0 for r in rates)
+    # The chart exists (uPlot draws into a canvas).
+    assert page.locator(f"{card('vllm-a', 0)} {tid('chart')} canvas").count() >= 1
+
+
+def test_engine_restart_shows(shared_demo: Demo, new_page: Callable[..., Any]) -> None:
+    page = new_page()
+    open_dashboard(page, shared_demo)
+    page.select_option(tid("filter-type"), "notice")
+    restarts = page.locator(f"{card('sglang-b', 0)} {tid('restarts')}")
+    before = int(restarts.get_attribute("data-value") or 0)
+    # The demo restarts sglang-b every 60 batches (3 s at 20 batches/s): a new one must show.
+    wait_until(page, lambda: int(restarts.get_attribute("data-value") or 0) > before, timeout=30, what="a restart")
+    page.wait_for_selector(f'{tid("tail")} [data-kind="restart"][data-source="sglang-b"]', timeout=15_000)
+
+    # Card counter == the gateway's counter (the page refreshes /v1/sources every 2 s).
+    def same_as_gateway() -> bool:
+        gw = next(s for s in get_json(shared_demo, "v1/sources")["sources"] if s["source"] == "sglang-b")
+        return restarts.get_attribute("data-value") == str(gw["counters"]["restarts"])
+
+    wait_until(page, same_as_gateway, timeout=15, what="restarts equal to /v1/sources")
+    notice = page.locator(f"{card('sglang-b', 0)} {tid('last-notice')}")
+    assert notice.is_visible()
+    # Only notices in the tail now.
+    types = page.locator(f'{tid("tail")} [data-testid="tail-row"]').evaluate_all("els => els.map(e => e.dataset.type)")
+    assert types and set(types) <= {"notice", "sep"}
+
+
+def test_recovers_after_gateway_killed(start_demo: Callable[..., Demo], new_page: Callable[..., Any]) -> None:
+    port = free_port()
+    demo = start_demo(port=port, seed=5, rate=20)
+    page = new_page()
+    recorder = OccupancyRecorder()
+    open_dashboard(page, demo, recorder)
+    wait_page_matches_occupancy(page, recorder)
+    epoch = page.locator(tid("epoch")).get_attribute("data-value")
+    assert epoch
+    page.select_option(tid("filter-type"), "notice")  # keeps the tail's separator rows in view
+
+    demo.kill()
+    page.wait_for_selector(f'{tid("conn-state")}[data-value="reconnecting"]', timeout=15_000)
+    wait_until(page, lambda: page.locator(tid("banner")).is_visible(), timeout=10, what="the unreachable banner")
+
+    again = start_demo(port=port, seed=6, rate=20)
+    page.wait_for_selector(f'{tid("conn-state")}[data-value="live"]', timeout=40_000)
+    wait_until(
+        page,
+        lambda: page.locator(tid("epoch")).get_attribute("data-value") not in ("", epoch),
+        what="the new gateway's epoch",
+    )
+    recorder.bodies.clear()  # numbers of the new gateway only
+    wait_page_matches_occupancy(page, recorder)
+    assert not page.locator(tid("banner")).is_visible()
+    assert get_json(again, "v1/occupancy")["streams"]
+    # The tail says the state was reloaded rather than resumed.
+    page.wait_for_selector(f"{tid('tail')} .sep", timeout=5_000)
+    assert "fresh snapshot" in page.locator(f"{tid('tail')} .sep").first.inner_text()
+
+
+def test_token_flow(start_demo: Callable[..., Demo], new_page: Callable[..., Any]) -> None:
+    token = "t0k-" + str(free_port())
+    demo = start_demo(token=token, rate=20)
+    with pytest.raises(urllib.error.HTTPError) as err:
+        get_json(demo, "v1/occupancy")
+    assert err.value.code == 401
+
+    page = new_page()
+    page.goto(demo.url)
+    form = page.locator(tid("auth-form"))
+    form.wait_for(state="visible")
+    assert page.locator(tid("conn-state")).get_attribute("data-value") != "live"
+
+    page.fill(tid("token-input"), "wrong")
+    page.click(tid("token-submit"))
+    page.locator(tid("auth-error")).wait_for(state="visible")
+    assert form.is_visible()
+
+    recorder = OccupancyRecorder().attach(page)
+    page.fill(tid("token-input"), token)
+    page.click(tid("token-submit"))
+    page.wait_for_selector(f'{tid("conn-state")}[data-value="live"]')
+    assert not form.is_visible()
+    wait_page_matches_occupancy(page, recorder)
+    assert page.evaluate("sessionStorage.getItem('kvgateway.token')") == token
+    assert token not in page.locator("body").inner_text()
+
+    # Same tab, reload: the token is remembered; no form.
+    page.reload()
+    page.wait_for_selector(f'{tid("conn-state")}[data-value="live"]')
+    assert not form.is_visible()
+    # A new tab (fresh context) asks again.
+    other = new_page()
+    other.goto(demo.url)
+    other.locator(tid("auth-form")).wait_for(state="visible")
+
+
+def test_sse_fallback_when_websocket_fails(shared_demo: Demo, new_page: Callable[..., Any]) -> None:
+    page = new_page()
+    attempts: list[str] = []
+
+    def refuse(ws: Any) -> None:  # the WebSocket opens, then dies before any hello
+        attempts.append(ws.url)
+        ws.close(code=1011, reason="test: no websocket here")
+
+    page.route_web_socket(re.compile(r".*/v1/ws.*"), refuse)
+    recorder = OccupancyRecorder()
+    open_dashboard(page, shared_demo, recorder)
+    assert page.locator(tid("transport")).get_attribute("data-value") == "sse"
+    assert len(attempts) == 2
+    wait_page_matches_occupancy(page, recorder)
+    page.wait_for_selector(f'{tid("tail")} [data-testid="tail-row"][data-type="BlockStored"]')
+
+
+def test_tail_filters_and_hash_copy(shared_demo: Demo, new_page: Callable[..., Any]) -> None:
+    page = new_page(permissions=["clipboard-read", "clipboard-write"])
+    open_dashboard(page, shared_demo)
+    page.wait_for_selector(f'{tid("tail")} [data-testid="tail-row"][data-type="BlockRemoved"]', timeout=20_000)
+
+    rows = page.locator(f'{tid("tail")} [data-testid="tail-row"]:not(.sep)')
+
+    def only(attribute: str, value: str) -> bool:
+        """Some rows, and every one with data-<attribute> == value (filters apply on the next frame)."""
+        values = rows.evaluate_all(f"els => els.map(e => e.dataset.{attribute})")
+        return bool(values) and set(values) == {value}
+
+    page.select_option(tid("filter-type"), "BlockRemoved")
+    page.select_option(tid("filter-source"), "vllm-a")
+    # vllm-a evicts only once its GPU cache is full (some seconds into the demo).
+    wait_until(
+        page, lambda: only("type", "BlockRemoved") and only("source", "vllm-a"), timeout=60, what="filtered rows"
+    )
+
+    page.select_option(tid("filter-source"), "")
+    page.select_option(tid("filter-type"), "")
+    page.select_option(tid("filter-medium"), "CPU")
+    rows = page.locator(f'{tid("tail")} [data-testid="tail-row"]:not(.sep):not([data-type="AllBlocksCleared"])')
+    wait_until(page, lambda: only("medium", "CPU"), timeout=30, what="CPU rows only")
+    page.select_option(tid("filter-medium"), "")
+
+    # Hashes: 8 characters + an ellipsis on screen, the exact string on the clipboard.
+    page.click(tid("tail-pause"))
+    chip = page.locator(f"{tid('tail')} [data-hash]").first
+    full = chip.get_attribute("data-hash")
+    assert full and re.fullmatch(r"-?[0-9]+", full), full  # the demo sends integer hashes, as strings
+    if len(full) > 8:
+        assert chip.inner_text() == full[:8] + "…"
+    chip.click()
+    wait_until(page, lambda: page.locator(tid("toast")).get_attribute("data-value") == full, timeout=5, what="toast")
+    assert page.evaluate("navigator.clipboard.readText()") == full
+    page.click(tid("tail-pause"))
+
+
+def test_keeps_up_with_a_fast_stream(start_demo: Callable[..., Demo], new_page: Callable[..., Any]) -> None:
+    demo = start_demo(rate=300)  # 900 batches/s over three streams
+    page = new_page()
+    recorder = OccupancyRecorder()
+    open_dashboard(page, demo, recorder)
+    page.wait_for_timeout(4000)
+    frames = page.evaluate(
+        """() => new Promise(done => {
+             let n = 0; const t0 = performance.now();
+             const f = () => { n++; if (performance.now() - t0 < 1000) requestAnimationFrame(f); else done(n); };
+             requestAnimationFrame(f);
+           })"""
+    )
+    assert frames >= 10, f"only {frames} frames in a second while streaming"
+    assert page.locator(f"{tid('tail')} > li").count() <= 200
+    rate = float(page.locator(tid("msg-rate")).get_attribute("data-value") or 0)
+    assert rate > 100, f"the page received only {rate} messages/s"
+    wait_page_matches_occupancy(page, recorder)
+
+
+@pytest.mark.parametrize("width,height", [(1280, 900), (390, 844)])
+def test_screenshots(shared_demo: Demo, new_page: Callable[..., Any], width: int, height: int) -> None:
+    page = new_page(width=width, height=height, device_scale_factor=1)
+    recorder = OccupancyRecorder()
+    open_dashboard(page, shared_demo, recorder)
+    wait_page_matches_occupancy(page, recorder)
+    page.wait_for_timeout(5000)  # a few chart points
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"horizontal overflow of {overflow}px at {width}px"
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"dashboard-{width}.png"), full_page=width < 600)
+    # Every card fits in the viewport's width.
+    widths = page.locator('[data-testid^="card-"]').evaluate_all("els => els.map(e => e.getBoundingClientRect().right)")
+    assert widths and max(widths) <= width
