@@ -16,6 +16,7 @@ one synchronous step (no ``await`` in between), so that ``snapshot(offset)`` cal
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import secrets
 from collections import deque
@@ -28,6 +29,8 @@ from typing import Any, Final, Literal, Protocol, TypeAlias, runtime_checkable
 from kvgateway import messages, wire
 from kvgateway.messages import EncodedBatch, OutMessage
 from kvgateway.metrics import Metrics
+
+log = logging.getLogger("kvgateway.hub")
 
 Transport: TypeAlias = Literal["ws", "sse"]
 CloseReason: TypeAlias = Literal["closed", "slow_consumer", "error", "shutdown"]
@@ -563,6 +566,12 @@ class Hub:
                 slow.append(sub)
         if slow is not None:  # not inside the loop: closing edits the dict being iterated
             for sub in slow:
+                log.warning(
+                    "%s client cut off as a slow consumer: %d bytes queued, limit %d",
+                    sub.transport,
+                    sub.queued_bytes,
+                    self.client_queue_bytes,
+                )
                 sub.close("slow_consumer")
         ring.trim()
         self._broadcast.observe(perf_counter() - started)
