@@ -98,8 +98,9 @@ def create_app(gateway: Gateway) -> Starlette:
             return True  # not a browser: Origin is the browsers' cross-site guard
         if origin in settings.allowed_origins:
             return True
+        # The gateway's own pages (the dashboard) are always welcome: same origin is no threat.
         parts = urlsplit(origin)
-        return not settings.allowed_origins and parts.netloc == conn.headers.get("host", "") and bool(parts.scheme)
+        return parts.scheme in ("http", "https") and parts.netloc == conn.headers.get("host", "")
 
     async def healthz(request: Request) -> Response:
         return JSONResponse(
@@ -217,7 +218,11 @@ async def _ws_session(websocket: WebSocket, subscription: Subscription) -> None:
                 return
             # Several messages in one frame, newline-delimited: one frame per message would
             # collapse throughput under load.
-            await websocket.send_text(ws_text(chunk))
+            subscription.writing = True
+            try:
+                await websocket.send_text(ws_text(chunk))
+            finally:
+                subscription.writing = False
     except (WebSocketDisconnect, RuntimeError, OSError):
         pass
     finally:
@@ -254,7 +259,11 @@ async def _sse_stream(subscription: Subscription, keepalive: float) -> AsyncIter
                 if farewell is not None:
                     yield farewell.sse
                 return
-            yield sse_bytes(chunk)
+            subscription.writing = True
+            try:
+                yield sse_bytes(chunk)
+            finally:
+                subscription.writing = False
     finally:
         if pending is not None:
             pending.cancel()

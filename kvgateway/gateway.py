@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -262,6 +263,23 @@ class _Server(uvicorn.Server):
         yield
 
 
+SEND_TIMEOUT_SECONDS = 15
+"""A client whose TCP peer acknowledges nothing for this long is dropped by the kernel.
+
+A cut slow consumer that never reads again would otherwise hold its connection forever: closing
+it waits for its send buffer to drain, which never happens."""
+
+
+def _listen(config: uvicorn.Config, settings: Settings) -> socket.socket:
+    try:
+        listener = config.bind_socket()
+    except SystemExit:  # uvicorn has logged why (typically: the port is taken)
+        raise StartupError(f"cannot listen on {settings.host}:{settings.port}") from None
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux; accepted connections inherit it
+        listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, SEND_TIMEOUT_SECONDS * 1000)
+    return listener
+
+
 async def serve(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:
     """Run the gateway and its HTTP server until SIGINT/SIGTERM."""
     from kvgateway.app import create_app
@@ -270,11 +288,18 @@ async def serve(settings: Settings, *, ready: Callable[[str], None] | None = Non
     app = create_app(gateway)
     server = _Server(uvicorn_config(app, settings))
     loop = asyncio.get_running_loop()
+
+    def shut_down() -> None:
+        # Clients first, with our own close code (1012) and nothing half-sent; then uvicorn.
+        gateway.hub.close()
+        server.should_exit = True
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        loop.add_signal_handler(sig, shut_down)
     await gateway.start()
     try:
-        task = asyncio.create_task(server.serve())
+        listener = _listen(server.config, settings)
+        task = asyncio.create_task(server.serve(sockets=[listener]))
         while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn offers no start event
             await asyncio.sleep(0.02)
         if not server.started:
@@ -283,7 +308,8 @@ async def serve(settings: Settings, *, ready: Callable[[str], None] | None = Non
                 await task
             raise StartupError(f"cannot serve HTTP on {settings.host}:{settings.port}")
         if ready is not None:
-            ready(f"http://{settings.host}:{settings.port}/")
+            host = f"[{settings.host}]" if ":" in settings.host else settings.host
+            ready(f"http://{host}:{listener.getsockname()[1]}/")
         await task
     finally:
         await gateway.stop()

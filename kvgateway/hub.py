@@ -355,6 +355,7 @@ class Subscription:
         "offset",
         "recovered",
         "transport",
+        "writing",
     )
 
     def __init__(
@@ -382,6 +383,10 @@ class Subscription:
         self._limit = hub.client_queue_bytes
         self._sent = hub.metrics.messages_sent.labels(transport)
         self._waiter: asyncio.Future[None] | None = None
+        # Set by the route while it awaits a write to the client's socket. Only then is a full
+        # queue the client's fault: a writer that is merely waiting for its turn on a busy loop
+        # drains its queue at that turn.
+        self.writing = False
 
     @property
     def queued_bytes(self) -> int:
@@ -398,7 +403,7 @@ class Subscription:
         size = len(message.data)
         live = self._queued - self._credit
         # a single message larger than the bound still goes into an empty queue
-        if live > 0 and live + size > self._limit:
+        if live > 0 and live + size > self._limit and self.writing:
             return False
         self._queue.append(message)
         self._queued += size

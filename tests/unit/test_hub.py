@@ -579,6 +579,7 @@ def test_slow_consumer_is_cut_while_the_others_continue() -> None:
     slow = subscribe(hub, transport="sse")
     fast = subscribe(hub)
     drain(slow)
+    slow.writing = True  # its route is stuck writing to a client that does not read
     received: list[OutMessage] = drain(fast)
     n = 0
     while slow.closed_reason is None:
@@ -612,6 +613,7 @@ def test_one_message_larger_than_the_bound_still_reaches_an_idle_client() -> Non
     hub = make_hub(client_queue_bytes=100)
     sub = subscribe(hub)
     drain(sub)
+    sub.writing = True
     hub.publish_batch("a", 0, 1, batch(stored(*range(100))))
     assert sub.closed_reason is None
     hub.publish_batch("a", 0, 2, batch(stored(1)))
@@ -628,11 +630,24 @@ def test_hello_and_resume_backlog_do_not_count_against_the_queue_bound() -> None
         hub.publish_batch("a", 0, 100 + seq, batch(stored(seq)))
     assert sub.closed_reason is None
     assert offsets(drain(sub)) == list(range(1, 106))
+    sub.writing = True
     for seq in range(100):
         hub.publish_batch("a", 0, 200 + seq, batch(stored(seq)))
         if sub.closed_reason:
             break
     assert sub.closed_reason == "slow_consumer"  # the bound applies to live messages
+
+
+def test_a_client_waiting_for_its_turn_is_not_cut() -> None:
+    # A burst larger than the bound while the client's writer is not blocked on its socket
+    # (the loop was busy publishing): the writer drains it at its next turn.
+    hub = make_hub(client_queue_bytes=500)
+    sub = subscribe(hub)
+    drain(sub)
+    for seq in range(50):
+        hub.publish_batch("a", 0, seq, batch(stored(seq)))
+    assert sub.closed_reason is None
+    assert offsets(drain(sub)) == list(range(1, 51))
 
 
 def test_next_chunk_returns_everything_pending_up_to_the_byte_cap() -> None:
