@@ -37,6 +37,9 @@ log = logging.getLogger("kvgateway.ingest")
 BUDGET = 64
 """Messages one stream may process before the loop serves another stream."""
 
+TURN_SECONDS = 0.005
+"""...and the time it may take for them: huge batches must not turn 64 messages into a second."""
+
 MAX_REPLAY_SECONDS_FACTOR = 20
 """A replay may run this many replay timeouts in all, however steadily it trickles."""
 
@@ -164,14 +167,18 @@ class StreamReader:
     # --- live -------------------------------------------------------------------------------
 
     async def _read_loop(self, sub: zmq.Socket[bytes]) -> None:
+        clock = asyncio.get_running_loop().time
         while True:
             await wait_readable(sub)
+            deadline = clock() + TURN_SECONDS
             for _ in range(BUDGET):
                 try:
                     frames = sub.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
                 self._on_live(frames)
+                if clock() >= deadline:
+                    break
             # Yield even when more is waiting, so other streams and the web side get their turn.
             await asyncio.sleep(0)
 
@@ -262,7 +269,10 @@ class StreamReader:
             if idle <= 0 or not await wait_readable(dealer, idle):
                 log.warning("stream %s[%d]: replay from token %d timed out", *self.key, token)
                 return "timeout"
+            deadline = loop.time() + TURN_SECONDS
             for _ in range(BUDGET):
+                if loop.time() >= deadline:
+                    break
                 try:
                     frames = dealer.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:

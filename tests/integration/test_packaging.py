@@ -42,30 +42,25 @@ def test_wheel_ships_dashboard_and_schema(tmp_path: Path) -> None:
     )
     env = {**os.environ, "PYTHONPATH": str(target)}
     result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path
+        [sys.executable, "-c", probe], check=False, capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()).is_relative_to(target)
 
 
+def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvgateway", *argv], check=False, capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+
+
 def test_cli_help_and_bad_arguments() -> None:
     for argv in (["--help"], ["serve", "--help"], ["simulate", "--help"], ["demo", "--help"]):
-        result = subprocess.run(
-            [sys.executable, "-m", "kvgateway", *argv], capture_output=True, text=True, timeout=60, cwd=REPO
-        )
+        result = _cli(*argv)
         assert result.returncode == 0, result.stderr
         assert "usage: kvgateway" in result.stdout
-    result = subprocess.run(
-        [sys.executable, "-m", "kvgateway", "serve", "--port", "notaport"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--port" in lines[0], result.stderr
-    result = subprocess.run(
-        [sys.executable, "-m", "kvgateway", "bogus"], capture_output=True, text=True, timeout=60, cwd=REPO
-    )
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    for argv in (["serve", "--port", "notaport"], ["bogus"], ["demo", "--rate", "-1"]):
+        result = _cli(*argv)
+        assert result.returncode == 2, (argv, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("kvgateway"), (argv, result.stderr)
