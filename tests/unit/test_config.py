@@ -175,6 +175,8 @@ def test_public_bind_without_token_needs_explicit_flag() -> None:
 
 
 def test_summary_never_contains_the_token() -> None:
-    settings = config.validate(Settings(token="s3cret-value", sources=(parse_source_flag("name=a,endpoint=tcp://h:1"),)))
+    settings = config.validate(
+        Settings(token="s3cret-value", sources=(parse_source_flag("name=a,endpoint=tcp://h:1"),))
+    )
     text = config.summary(settings)
     assert "s3cret-value" not in text and "auth token" in text and "a[0]=tcp://h:1" in text
