@@ -20,9 +20,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from kvgateway.config import Settings, is_loopback
 from kvgateway.gateway import Gateway
 from kvgateway.hub import WS_CLOSE, BadRequest, ClientRequest, Subscription, TooManyClients
 from kvgateway.messages import SSE_PING, schema_bytes, sse_bytes, sse_preamble, ws_text
+from kvgateway.metrics import Metrics
 
 log = logging.getLogger("kvgateway.web")
 
@@ -68,6 +70,64 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+"""Probes and scrapes: no token, no Host check (they carry no events and come by pod address)."""
+
+
+def host_name(header: str) -> str:
+    """The name in a Host header, without port or IPv6 brackets, lower case."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def _is_loopback_name(name: str) -> bool:
+    return name == "localhost" or name.endswith(".localhost") or is_loopback(name)
+
+
+class HostCheck:
+    """Refuse requests whose Host the gateway does not answer to: the defence against DNS
+    rebinding, where a foreign page's own host name resolves to the gateway's address.
+
+    Loopback names always pass, and so do ``allowed_hosts`` and the hosts of
+    ``allowed_origins``. Bound to loopback, nothing else does; bound to another address, any
+    Host passes unless ``allowed_hosts`` is set (the token, required there, guards the data).
+    """
+
+    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.allowed = frozenset(name.lower() for name in settings.allowed_hosts) | {
+            host_name(urlsplit(origin).netloc) for origin in settings.allowed_origins
+        }
+        self.strict = bool(settings.allowed_hosts) or is_loopback(settings.host)
+
+    def allows(self, header: str | None) -> bool:
+        if header is None:
+            return True  # HTTP/1.0 tools: no name to rebind
+        name = host_name(header)
+        return _is_loopback_name(name) or name in self.allowed or not self.strict
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        raw = headers.get(b"host")
+        if self.allows(None if raw is None else raw.decode("latin-1")):
+            await self.app(scope, receive, send)
+            return
+        transport = "ws" if scope["type"] == "websocket" else "http"
+        self.metrics.client_rejections.labels(transport, "forbidden_host").inc()
+        log.warning("request for a foreign host refused: %r", (raw or b"").decode("latin-1")[:200])
+        response = _json_error(400, "host not allowed (see --allowed-host)")
+        if scope["type"] == "websocket":
+            await WebSocket(scope, receive, send).send_denial_response(response)
+        else:
+            await response(scope, receive, send)
 
 
 def create_app(gateway: Gateway) -> Starlette:
@@ -196,6 +256,7 @@ def create_app(gateway: Gateway) -> Starlette:
         Mount("/", app=static, name="static"),
     ]
     app = Starlette(routes=routes)
+    app.add_middleware(HostCheck, settings=settings, metrics=metrics)
     app.add_middleware(SecurityHeaders)
     return app
 

@@ -70,6 +70,7 @@ class Settings:
     port: int = 8080
     token: str | None = None
     allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
     allow_unauthenticated: bool = False
     max_clients: int = 1000
     ring_messages: int = 10_000
@@ -221,6 +222,7 @@ _SERVER_KEYS: dict[str, type] = {
     "token": str,
     "token_file": str,
     "allowed_origins": list,
+    "allowed_hosts": list,
     "allow_unauthenticated": bool,
     "max_clients": int,
     "ring_messages": int,
@@ -271,10 +273,10 @@ def _server_value(key: str, value: object) -> object:
         raise ConfigError(f"[server]: key 'log_level': one of {', '.join(LOG_LEVELS)}")
     if key == "log_format" and value not in LOG_FORMATS:
         raise ConfigError(f"[server]: key 'log_format': one of {', '.join(LOG_FORMATS)}")
-    if key == "allowed_origins":
+    if key in ("allowed_origins", "allowed_hosts"):
         assert isinstance(value, list)
-        if not all(isinstance(item, str) for item in value):
-            raise ConfigError("[server]: key 'allowed_origins': expected a list of strings")
+        if not all(isinstance(item, str) and item for item in value):
+            raise ConfigError(f"[server]: key {key!r}: expected a list of non-empty strings")
         return tuple(value)
     return value
 
@@ -374,6 +376,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "--allowed-origin", action="append", metavar="ORIGIN", help="browser Origin allowed on WebSocket (repeatable)"
     )
     parser.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a Host name clients may use (repeatable); guards against DNS rebinding",
+    )
+    parser.add_argument(
         "--allow-unauthenticated",
         action="store_true",
         default=None,
@@ -419,6 +427,8 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
             flags[key] = _server_value(key, value)
     if getattr(args, "allowed_origin", None):
         flags["allowed_origins"] = tuple(args.allowed_origin)
+    if getattr(args, "allowed_host", None):
+        flags["allowed_hosts"] = tuple(host.lower() for host in args.allowed_host)
     if getattr(args, "token_file", None):
         flags["token"] = read_token_file(args.token_file)
     if getattr(args, "token", None):

@@ -111,6 +111,7 @@ class Gateway:
     def refresh_gauges(self) -> None:
         """Cache gauges are read from the index at scrape time, not on every batch."""
         now = self.clock()
+        self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
         for key, children in self.stream_metrics.items():
             for medium, stats in self.index.stream(*key).medium_stats(now).items():
                 blocks, tokens = children.cache(medium)

@@ -8,18 +8,28 @@ import re
 import sys
 import time
 from typing import Any
+from urllib.parse import quote, unquote_plus
 
-_SECRET_QUERY = re.compile(r"(?i)([?&](?:token|access_token)=)[^&\s\"']*")
-_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
+_QUERY_PAIR = re.compile(r"([?&])([^=&\s\"'?]*)=([^&\s\"']*)")
+_SECRET_NAMES = frozenset({"token", "access_token"})
+_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=%-]+")
+
+
+def _redact_pair(match: re.Match[str]) -> str:
+    # Judge the name as the server will (percent-decoded): ?%74oken= authenticates like ?token=.
+    if unquote_plus(match[2]).strip().lower() in _SECRET_NAMES:
+        return f"{match[1]}{match[2]}=[redacted]"
+    return match[0]
 
 
 def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
     """Remove tokens from a log text: query parameters, bearer headers and known secrets."""
-    text = _SECRET_QUERY.sub(r"\1[redacted]", text)
+    text = _QUERY_PAIR.sub(_redact_pair, text)
     text = _BEARER.sub(r"\1[redacted]", text)
     for secret in secrets:
         if secret:
-            text = text.replace(secret, "[redacted]")
+            for form in {secret, quote(secret, safe=""), quote(secret)}:
+                text = text.replace(form, "[redacted]")
     return text
 
 

@@ -18,7 +18,7 @@ STREAM = ("source", "dp_rank")
 REPLAY_OUTCOMES = ("recovered", "partial", "failed", "timeout", "unavailable")
 TRANSPORTS = ("ws", "sse")
 DISCONNECT_REASONS = ("closed", "slow_consumer", "error", "shutdown")
-REJECTION_REASONS = ("unauthorized", "forbidden_origin", "too_many_clients", "bad_request")
+REJECTION_REASONS = ("unauthorized", "forbidden_origin", "forbidden_host", "too_many_clients", "bad_request")
 REJECTION_TRANSPORTS = ("ws", "sse", "http")
 
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -165,7 +165,8 @@ class Metrics:
         )
         self.client_rejections = Counter(
             "kvgateway_client_rejections",
-            "Requests refused before streaming (unauthorized, forbidden_origin, too_many_clients, bad_request).",
+            "Requests refused before streaming (unauthorized, forbidden_origin, forbidden_host, too_many_clients, "
+            "bad_request).",
             ("transport", "reason"),
             registry=r,
         )
@@ -186,6 +187,9 @@ class Metrics:
             "Time to hand one message to every client's queue.",
             buckets=BROADCAST_BUCKETS,
             registry=r,
+        )
+        self.asyncio_tasks = Gauge(
+            "kvgateway_asyncio_tasks", "Asyncio tasks alive in the gateway process (a leak shows here).", registry=r
         )
         self.ring_messages = Gauge("kvgateway_ring_messages", "Messages held in the resume ring.", registry=r)
         self.ring_bytes = Gauge("kvgateway_ring_bytes", "Encoded bytes held in the resume ring.", registry=r)

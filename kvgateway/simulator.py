@@ -484,7 +484,7 @@ def _is_ipv6(endpoint: str) -> bool:
 _IDLE_SLICE: Final = 0.05  # longest sleep between checks of stop() and replay requests
 _YIELD_EVERY: Final = 32  # rate 0: batches between yields to the event loop
 _REPLAY_YIELD_EVERY: Final = 256
-_PUB_HWM: Final = 100_000  # vLLM's default hwm
+PUB_HWM: Final = 100_000  # vLLM's default hwm
 _PUBLISHED_KEPT: Final = 100_000
 
 
@@ -517,6 +517,7 @@ class SimulatedEngine:
         faults: Faults | None = None,
         workload: Workload | None = None,
         context: zmq.asyncio.Context | None = None,
+        hwm: int = PUB_HWM,
     ) -> None:
         if rate < 0:
             raise ValueError("rate must not be negative")
@@ -524,6 +525,9 @@ class SimulatedEngine:
             raise ValueError("batches must not be negative")
         if buffer_steps < 0:
             raise ValueError("buffer_steps must not be negative")
+        if hwm < 0:
+            raise ValueError("hwm must not be negative")
+        self._hwm = hwm
         if form not in EVENT_FORMS:
             raise ValueError(f"form must be one of {', '.join(EVENT_FORMS)}")
         if replay_layout not in REPLAY_LAYOUTS:
@@ -598,7 +602,7 @@ class SimulatedEngine:
             return
         pub = self._context.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
-        pub.setsockopt(zmq.SNDHWM, _PUB_HWM)
+        pub.setsockopt(zmq.SNDHWM, self._hwm)
         if _is_ipv6(self.endpoint):
             pub.setsockopt(zmq.IPV6, 1)
         try:
@@ -776,6 +780,7 @@ def build_engines(
     faults: Faults | None = None,
     workload_options: dict[str, Any] | None = None,
     context: zmq.asyncio.Context | None = None,
+    hwm: int = PUB_HWM,
 ) -> list[SimulatedEngine]:
     """One engine per DP rank with vLLM's endpoint offsets; ranks share the seed's system prompts.
 
@@ -798,6 +803,7 @@ def build_engines(
                 form=form,
                 replay_layout=replay_layout,
                 buffer_steps=buffer_steps,
+                hwm=hwm,
                 faults=faults,
                 workload=Workload(seed, stream=rank, **options),
                 context=context,
@@ -916,6 +922,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pub.add_argument(
         "--buffer-steps", type=_int_arg(0), default=10_000, help="batches kept for replay (default: 10000)"
     )
+    parser.add_argument(
+        "--hwm",
+        type=_int_arg(0),
+        default=PUB_HWM,
+        help="PUB send high-water mark: beyond it batches are dropped silently, as vLLM's are (default: 100000)",
+    )
     pub.add_argument(
         "--linger",
         type=_linger_arg,
@@ -989,6 +1001,7 @@ def _engines_from_args(args: argparse.Namespace, context: zmq.asyncio.Context) -
             form=args.format,
             replay_layout=args.replay_layout,
             buffer_steps=args.buffer_steps,
+            hwm=args.hwm,
             seed=args.seed,
             faults=faults,
             workload_options={

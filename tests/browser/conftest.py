@@ -11,8 +11,10 @@ import pytest
 from tests.browser.demo import CHROMIUM, CHROMIUM_ARGS, Demo, free_port
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    # Module scope: Playwright's sync API keeps an event loop running in this thread while it
+    # lives, and the rest of the suite calls asyncio.run().
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing: the dashboard tests drive the system Chromium")
     from playwright.sync_api import sync_playwright
