@@ -43,7 +43,19 @@ _MALFORMED: Final = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 # --- the decoded, engine-independent form -------------------------------------------------
 
 
-class BlockStored(msgspec.Struct, gc=False):
+class _Grouped:
+    """The KV-cache group of a block event (hybrid models); None when the engine sent none."""
+
+    __slots__ = ()
+    extra: dict[str, Any]
+
+    @property
+    def group_idx(self) -> int | None:
+        value = self.extra.get("group_idx")
+        return value if isinstance(value, int) else None
+
+
+class BlockStored(msgspec.Struct, _Grouped, gc=False):
     """Blocks entered a cache. ``extra`` holds every further field the engine sent, by name."""
 
     block_hashes: list[Hash]
@@ -57,13 +69,8 @@ class BlockStored(msgspec.Struct, gc=False):
 
     type: Literal["BlockStored"] = STORED
 
-    @property
-    def group_idx(self) -> int | None:
-        value = self.extra.get("group_idx")
-        return value if isinstance(value, int) else None
 
-
-class BlockRemoved(msgspec.Struct, gc=False):
+class BlockRemoved(msgspec.Struct, _Grouped, gc=False):
     """Blocks left a cache (one announcement per physical copy)."""
 
     block_hashes: list[Hash]
@@ -71,11 +78,6 @@ class BlockRemoved(msgspec.Struct, gc=False):
     extra: dict[str, Any] = {}
 
     type: Literal["BlockRemoved"] = REMOVED
-
-    @property
-    def group_idx(self) -> int | None:
-        value = self.extra.get("group_idx")
-        return value if isinstance(value, int) else None
 
 
 class AllBlocksCleared(msgspec.Struct, gc=False):
