@@ -8,7 +8,6 @@ import hmac
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
@@ -263,19 +262,18 @@ def create_app(gateway: Gateway) -> Starlette:
 
 async def _ws_session(websocket: WebSocket, subscription: Subscription) -> None:
     await websocket.accept()
-    reader = asyncio.ensure_future(_drain_inbound(websocket))
+    # The reader closes the subscription when the client leaves, which wakes the pump: the pump
+    # awaits next_chunk() itself, with no task and no asyncio.wait() per chunk (they cost more
+    # than the write).
+    reader = asyncio.ensure_future(_drain_inbound(websocket, subscription))
     try:
         await websocket.send_text(subscription.hello_message.text)
         while True:
-            chunk_task = asyncio.ensure_future(subscription.next_chunk())
-            done, _ = await asyncio.wait({chunk_task, reader}, return_when=asyncio.FIRST_COMPLETED)
-            if reader in done:
-                chunk_task.cancel()
-                return
-            chunk = chunk_task.result()
+            chunk = await subscription.next_chunk()
             if chunk is None:
-                code, reason = WS_CLOSE.get(subscription.closed_reason or "", (1000, ""))
-                await websocket.close(code, reason)
+                if not reader.done():  # cut by the gateway (slow, shutdown), not gone by itself
+                    code, reason = WS_CLOSE.get(subscription.closed_reason or "", (1000, ""))
+                    await websocket.close(code, reason)
                 return
             # Several messages in one frame, newline-delimited: one frame per message would
             # collapse throughput under load.
@@ -293,28 +291,27 @@ async def _ws_session(websocket: WebSocket, subscription: Subscription) -> None:
         subscription.close("closed")
 
 
-async def _drain_inbound(websocket: WebSocket) -> None:
+async def _drain_inbound(websocket: WebSocket, subscription: Subscription) -> None:
     """Clients have nothing to say: what they send (at most 64 KiB a frame) is read and dropped,
-    which is also how a departure is noticed."""
-    while True:
-        message = await websocket.receive()
-        if message["type"] == "websocket.disconnect":
-            return
+    which is also how a departure is noticed: the subscription is closed, waking the pump."""
+    try:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+    finally:
+        subscription.close("closed")
 
 
 async def _sse_stream(subscription: Subscription, keepalive: float) -> AsyncIterator[bytes]:
-    pending: asyncio.Future[Any] | None = None
     try:
         yield sse_preamble(SSE_RETRY_MS) + subscription.hello_message.sse
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(subscription.next_chunk())
-            done, _ = await asyncio.wait({pending}, timeout=keepalive)
-            if not done:
-                yield SSE_PING  # keeps proxies from closing an idle stream
+            # One timer per wait for the keepalive, none when messages are already queued.
+            chunk = await subscription.next_chunk(idle=keepalive)
+            if chunk == []:
+                yield SSE_PING  # nothing for `keepalive` seconds: keeps proxies from closing the stream
                 continue
-            chunk = pending.result()
-            pending = None
             if chunk is None:
                 farewell = subscription.farewell()
                 if farewell is not None:
@@ -326,6 +323,4 @@ async def _sse_stream(subscription: Subscription, keepalive: float) -> AsyncIter
             finally:
                 subscription.writing = False
     finally:
-        if pending is not None:
-            pending.cancel()
         subscription.close("closed")

@@ -414,11 +414,12 @@ class Subscription:
                 waiter.set_result(None)
         return True
 
-    async def next_chunk(self, max_bytes: int = CHUNK_BYTES) -> list[OutMessage] | None:
+    async def next_chunk(self, max_bytes: int = CHUNK_BYTES, idle: float | None = None) -> list[OutMessage] | None:
         """Wait for at least one message, then return every queued one up to ``max_bytes``.
 
         None once the subscription is closed (by the route, the hub's shutdown, or for
-        slowness); a closed subscription's queue is dropped, not flushed.
+        slowness); a closed subscription's queue is dropped, not flushed. With ``idle``: an empty
+        list when nothing came for that many seconds (the SSE keepalive).
         """
         queue = self._queue
         while not queue:
@@ -426,13 +427,19 @@ class Subscription:
                 return None
             if self._waiter is not None:
                 raise RuntimeError("next_chunk() is already being awaited")
-            waiter = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
             self._waiter = waiter
+            timer = None if idle is None else loop.call_later(idle, _wake_idle, waiter)
             try:
                 await waiter
             finally:
                 if self._waiter is waiter:
                     self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if idle is not None and not queue and self.closed_reason is None:
+                return []
         self._hub.metrics.client_queue_bytes.observe(self._queued)
         first = queue.popleft()
         chunk = [first]
@@ -463,6 +470,11 @@ class Subscription:
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
+
+
+def _wake_idle(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 # --- the hub ------------------------------------------------------------------------------
