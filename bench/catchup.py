@@ -1,0 +1,151 @@
+"""Scenario 6, catch-up: from gateway start to a fully rebuilt index, from a 10,000-batch replay.
+
+The engine (:mod:`bench.publisher` with a replay ROUTER and ``buffer_steps`` 10,000) has already
+published 9,999 batches when the gateway starts; it publishes the 10,000th (seq 9,999) as soon as
+the gateway subscribes. Seeing a first live seq above 0, the gateway asks the engine for a replay
+from seq 0 and gets all 10,000 batches. The clock runs from the gateway's spawn until
+/v1/sources shows last_seq 9,999 *and* /v1/occupancy shows exactly the engine's resident blocks
+(the workload's own count at that point). Time stamps from the engine side split it into start-up
+(spawn to the replay request) and the replay phase (request to rebuilt index).
+
+Baseline: a raw DEALER process (:mod:`bench.raw`) fetching the same 10,000-batch replay from an
+engine in the same state, timed from its spawn, and from its request.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from bench import payloads
+from bench.common import BenchError, Gateway, Process, median, python_command, say
+from bench.context import Context
+from bench.harness import endpoint_of, replay_of, start_publisher
+from bench.ingest import _last_json
+
+
+def _count(ctx: Context) -> int:
+    return int(ctx.pick(10_000, 10_000, 1_000))
+
+
+def _spec(ctx: Context) -> payloads.SetSpec:
+    return payloads.standard(ctx.pick(30_000, 30_000, 2_000))
+
+
+def gateway_trial(ctx: Context, run: int) -> dict[str, Any]:
+    count = _count(ctx)
+    data = payloads.load_or_generate(_spec(ctx))
+    expected = data.expected[0][str(count)]
+    logs = ctx.logs / "catchup" / f"gateway-run{run}"
+    publisher = start_publisher(payloads.path_of(_spec(ctx)), logs, "engine", replay=True, buffer_steps=count)
+    gateway = None
+    try:
+        publisher.request({"cmd": "send", "count": count - 1, "rate": 0}, timeout=120)  # nobody listens yet
+        publisher.send({"cmd": "send", "count": 1, "rate": 0, "when_subscribed": True})
+        spawned = time.time()
+        gateway = Gateway(logs / "gateway.log", endpoint=endpoint_of(publisher), replay=replay_of(publisher))
+        http_ready: float | None = None
+        seq_done: float | None = None
+        mediums: dict[str, int] = {}
+        source: dict[str, Any] = {}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            gateway.check_alive("the gateway")
+            try:
+                source = gateway.sources()[0]
+            except OSError:
+                time.sleep(0.01)
+                continue
+            if http_ready is None:
+                http_ready = time.time()
+            if source["last_seq"] == count - 1:
+                seq_done = seq_done or time.time()
+                streams = gateway.occupancy()["streams"]
+                mediums = {name: m["blocks"] for name, m in streams[0]["mediums"].items() if m["blocks"]}
+                if mediums == expected:
+                    break
+            time.sleep(0.02)
+        else:
+            raise BenchError(f"not rebuilt in time: last_seq {source.get('last_seq')}, occupancy {mediums}")
+        done = time.time()
+        trigger = publisher.reply(timeout=30)
+        replays = publisher.request({"cmd": "replays"})["replays"]
+        if len(replays) != 1 or replays[0]["items"] != count:
+            raise BenchError(f"expected one replay of {count} batches, the engine served {replays}")
+        counters = source["counters"]
+        return {
+            "batches": count,
+            "total_seconds": round(done - spawned, 4),
+            "http_ready_seconds": round((http_ready or done) - spawned, 4),
+            "live_trigger_seconds": round(float(trigger["t_start"]) - spawned, 4),
+            "replay_request_seconds": round(float(replays[0]["received"]) - spawned, 4),
+            "replay_phase_seconds": round(done - float(replays[0]["received"]), 4),
+            "engine_answer_seconds": round(float(replays[0]["answered"]) - float(replays[0]["received"]), 4),
+            "occupancy": mediums,
+            "expected": expected,
+            "replayed": counters["replayed"],
+            "unrecovered": counters["unrecovered"],
+        }
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        publisher.stop()
+
+
+def raw_trial(ctx: Context, run: int) -> dict[str, Any]:
+    count = _count(ctx)
+    logs = ctx.logs / "catchup" / f"raw-run{run}"
+    publisher = start_publisher(payloads.path_of(_spec(ctx)), logs, "engine", replay=True, buffer_steps=count)
+    dealer = None
+    try:
+        publisher.request({"cmd": "send", "count": count, "rate": 0}, timeout=120)
+        spawned = time.time()
+        dealer = Process(
+            python_command("bench.raw", "dealer", "--endpoint", str(replay_of(publisher)), "--start", "0"),
+            logs / "dealer.log",
+        )
+        dealer.popen.wait(timeout=120)
+        result = _last_json(dealer)
+        if result["items"] != count:
+            raise BenchError(f"the raw DEALER got {result['items']} batches, expected {count}")
+        return {
+            "batches": count,
+            "total_seconds": round(float(result["end"]) - spawned, 4),
+            "fetch_seconds": round(float(result["end"]) - float(result["sent"]), 4),
+        }
+    finally:
+        if dealer is not None:
+            dealer.stop()
+        publisher.stop()
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    pairs = []
+    for run_index in range(ctx.runs):
+        say(f"catch-up run {run_index + 1}/{ctx.runs}: raw DEALER, then the gateway")
+        raw = raw_trial(ctx, run_index)
+        gateway = gateway_trial(ctx, run_index)
+        say(
+            f"  raw {raw['total_seconds']:.3f}s (fetch {raw['fetch_seconds']:.3f}s), gateway "
+            f"{gateway['total_seconds']:.3f}s (replay phase {gateway['replay_phase_seconds']:.3f}s)"
+        )
+        pairs.append(
+            {
+                "raw": raw,
+                "gateway": gateway,
+                "ratio_total": gateway["total_seconds"] / raw["total_seconds"],
+                "ratio_replay": gateway["replay_phase_seconds"] / raw["fetch_seconds"],
+            }
+        )
+    return {
+        "batches": _count(ctx),
+        "gateway_total_seconds": median(p["gateway"]["total_seconds"] for p in pairs),
+        "gateway_replay_phase_seconds": median(p["gateway"]["replay_phase_seconds"] for p in pairs),
+        "gateway_startup_seconds": median(p["gateway"]["replay_request_seconds"] for p in pairs),
+        "raw_total_seconds": median(p["raw"]["total_seconds"] for p in pairs),
+        "raw_fetch_seconds": median(p["raw"]["fetch_seconds"] for p in pairs),
+        "ratio_total": median(p["ratio_total"] for p in pairs),
+        "ratio_replay": median(p["ratio_replay"] for p in pairs),
+        "rebuilt_exactly": all(p["gateway"]["occupancy"] == p["gateway"]["expected"] for p in pairs),
+        "runs": pairs,
+    }

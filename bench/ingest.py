@@ -1,0 +1,223 @@
+"""Scenario 1, the ingest ceiling: batches/s through decode, sequencing, index and JSON encoding.
+
+No web client is connected. The consumer (the gateway, or the baseline: :mod:`bench.raw`'s
+SUB loop that only receives) is subscribed, then stopped with SIGSTOP; the publisher sends N
+batches flat out (unlimited high-water marks on both sides, so nothing is dropped: they wait in
+the publisher's queue and the socket buffers); SIGCONT starts the clock. The consumption rate is
+N / (time of the last batch's receipt - SIGCONT). The raw loop records that time itself; for the
+gateway it is the last batch's ``ts`` plus the ``lag_seconds`` /v1/sources reports for it (the
+gateway's own ``time.time()`` when it received that batch), so polling does not blur it.
+Raw and gateway trials alternate, and the figure is the median of the per-pair ratios.
+
+The in-process breakdown (microseconds per batch for each stage, same payloads) is there to
+explain the ratio, not to replace it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from typing import Any
+
+import msgspec
+
+from bench import payloads
+from bench.common import (
+    BenchError,
+    CpuMeter,
+    Gateway,
+    Process,
+    Profiler,
+    median,
+    pause,
+    python_command,
+    resume,
+    say,
+)
+from bench.context import Context
+from bench.harness import endpoint_of, start_publisher
+
+
+def _batches(ctx: Context) -> int:
+    return int(ctx.pick(50_000, 15_000, 1_000))
+
+
+def _spec(ctx: Context) -> payloads.SetSpec:
+    return payloads.standard(ctx.pick(30_000, 30_000, 2_000))
+
+
+def raw_trial(ctx: Context, run: int) -> dict[str, Any]:
+    count = _batches(ctx)
+    logs = ctx.logs / "ingest" / f"raw-run{run}"
+    publisher = start_publisher(payloads.path_of(_spec(ctx)), logs, "publisher")
+    consumer = None
+    try:
+        consumer = Process(
+            python_command("bench.raw", "sub", "--endpoint", endpoint_of(publisher), "--count", str(count)),
+            logs / "raw.log",
+        )
+        publisher.request({"cmd": "wait_subscribers", "timeout": 30}, timeout=40)
+        pause(consumer)
+        publisher.request({"cmd": "send", "count": count, "rate": 0}, timeout=120)
+        time.sleep(0.3)
+        cpu = CpuMeter(consumer.pid)
+        cpu.start()
+        started = resume(consumer)
+        consumer.popen.wait(timeout=max(60, count / 1000))
+        result = _last_json(consumer)
+        seconds = float(result["last"]) - started
+        if int(result["last_seq"]) != count - 1:
+            raise BenchError(f"raw SUB ended at seq {result['last_seq']}, expected {count - 1}")
+        return {"batches": count, "seconds": seconds, "rate": count / seconds}
+    finally:
+        if consumer is not None:
+            consumer.stop()
+        publisher.stop()
+
+
+def gateway_trial(ctx: Context, run: int) -> dict[str, Any]:
+    count = _batches(ctx)
+    logs = ctx.logs / "ingest" / f"gateway-run{run}"
+    publisher = start_publisher(payloads.path_of(_spec(ctx)), logs, "publisher")
+    gateway = None
+    try:
+        gateway = Gateway(logs / "gateway.log", endpoint=endpoint_of(publisher))
+        gateway.wait_ready()
+        publisher.request({"cmd": "wait_subscribers", "timeout": 30}, timeout=40)
+        pause(gateway)
+        sent = publisher.request({"cmd": "send", "count": count, "rate": 0}, timeout=120)
+        profiler = Profiler(gateway.pid, logs / "py-spy.txt") if ctx.profile and run == 0 else None
+        time.sleep(0.3)
+        cpu = CpuMeter(gateway.pid)
+        cpu.start()
+        started = resume(gateway)
+        deadline = time.monotonic() + max(120, count / 200)
+        source: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            gateway.check_alive("the gateway")
+            source = gateway.sources()[0]
+            if source["last_seq"] == count - 1:
+                break
+        else:
+            raise BenchError(f"the gateway reached seq {source.get('last_seq')} of {count - 1} in time")
+        cores = cpu.stop()
+        profile = profiler.stop() if profiler is not None else None
+        received_last = float(sent["ts_last"]) + float(source["lag_seconds"])
+        seconds = received_last - started
+        counters = source["counters"]
+        if counters["gaps"] or counters["batches"] != count:
+            raise BenchError(f"the gateway saw gaps or extra batches: {counters}")
+        return {
+            "batches": count,
+            "seconds": seconds,
+            "rate": count / seconds,
+            "cpu_cores": round(cores, 3),
+            "cpu_us_per_batch": round(cpu.seconds / count * 1e6, 1),
+            **({"profile": profile} if profile else {}),
+        }
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        publisher.stop()
+
+
+def _last_json(process: Process) -> dict[str, Any]:
+    for line in reversed(process.log_path.read_text().splitlines()):
+        if line.startswith("{"):
+            return dict(json.loads(line))
+    raise BenchError(f"no result from {process.command[3:5]}: {process.tail()}")
+
+
+def breakdown(ctx: Context) -> dict[str, float]:
+    """Microseconds per batch for each stage of the gateway's ingest path, in this process.
+
+    ``floor`` is not a stage: msgspec's untyped msgpack decode plus its JSON encode of the result,
+    the least any Python bridge that re-encodes these payloads pays (not in ``sum``).
+    """
+    stream = payloads.load_or_generate(_spec(ctx)).stream(0)[: ctx.pick(10_000, 5_000, 500)]
+    out: dict[str, float] = {}
+    # Every stage's objects are kept for the next one: without this the collector's passes over
+    # them (which the gateway, holding one batch at a time, does not pay) would swamp the figures.
+    gc.collect()
+    gc.disable()
+    try:
+        return _stages(stream, out)
+    finally:
+        gc.enable()
+
+
+def _stages(stream: list[bytes], out: dict[str, float]) -> dict[str, float]:
+    from kvgateway import messages, wire
+    from kvgateway.hub import event_key
+    from kvgateway.occupancy import OccupancyIndex
+    from kvgateway.sequencer import Sequencer
+
+    n = len(stream)
+
+    started = time.perf_counter()
+    batches = [wire.decode_batch(p) for p in stream]
+    out["decode"] = (time.perf_counter() - started) / n * 1e6
+
+    sequencer = Sequencer(has_replay=True)
+    started = time.perf_counter()
+    for seq, batch in enumerate(batches):
+        sequencer.on_live(seq, batch)
+    out["sequence"] = (time.perf_counter() - started) / n * 1e6
+
+    index = OccupancyIndex()
+    now = time.time()
+    started = time.perf_counter()
+    for batch in batches:
+        index.apply("bench", 0, batch, now)
+    out["index"] = (time.perf_counter() - started) / n * 1e6
+
+    started = time.perf_counter()
+    rendered = [wire.render_events(batch.events) for batch in batches]
+    out["render"] = (time.perf_counter() - started) / n * 1e6
+
+    started = time.perf_counter()
+    for offset, (batch, events) in enumerate(zip(batches, rendered, strict=True)):
+        messages.encode_batch(
+            epoch="0123456789abcdef", offset=offset, source="bench", dp_rank=0, seq=offset, ts=batch.ts, events=events
+        )
+    out["json_encode"] = (time.perf_counter() - started) / n * 1e6
+
+    started = time.perf_counter()
+    for batch in batches:
+        tuple(event_key(event) for event in batch.events)
+    out["filter_keys"] = (time.perf_counter() - started) / n * 1e6
+    out["sum"] = sum(out.values())
+
+    decode, encode = msgspec.msgpack.decode, msgspec.json.encode
+    started = time.perf_counter()
+    for payload in stream:
+        encode(decode(payload))
+    out["floor"] = (time.perf_counter() - started) / n * 1e6
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    pairs: list[dict[str, Any]] = []
+    for run_index in range(ctx.runs):
+        say(f"ingest run {run_index + 1}/{ctx.runs}: raw SUB, then the gateway, {_batches(ctx):,} batches each")
+        raw = raw_trial(ctx, run_index)
+        gateway = gateway_trial(ctx, run_index)
+        ratio = gateway["rate"] / raw["rate"]
+        say(f"  raw {raw['rate']:,.0f}/s, gateway {gateway['rate']:,.0f}/s, ratio {ratio:.3f}")
+        pairs.append({"raw": raw, "gateway": gateway, "ratio": ratio})
+    data = payloads.load_or_generate(_spec(ctx))
+    return {
+        "batches": _batches(ctx),
+        "payload_bytes": round(data.mean_payload_bytes()),
+        "events_per_batch": round(data.events / data.total_batches, 2),
+        "raw_rate": median(p["raw"]["rate"] for p in pairs),
+        "gateway_rate": median(p["gateway"]["rate"] for p in pairs),
+        "ratio": median(p["ratio"] for p in pairs),
+        "gateway_cpu_us_per_batch": median(p["gateway"]["cpu_us_per_batch"] for p in pairs),
+        "target_ratio": 0.6,
+        "breakdown_us": breakdown(ctx),
+        **({"profile": pairs[0]["gateway"]["profile"]} if "profile" in pairs[0]["gateway"] else {}),
+        "runs": pairs,
+    }
