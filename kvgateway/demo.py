@@ -131,7 +131,10 @@ def run(args: argparse.Namespace) -> int:
     settings = config.settings_from_args(args)
     logs.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
     try:
-        asyncio.run(_run(args, settings))
+        from kvgateway.gateway import loop_factory
+
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(_run(args, settings))
     except OSError as exc:
         sys.stderr.write(f"kvgateway demo: error: {exc.strerror or exc}\n")
         return 1
