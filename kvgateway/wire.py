@@ -319,7 +319,6 @@ def _decode_array_event(raw: msgspec.Raw) -> Event:
     except _MALFORMED as exc:
         raise DecodeError(_one_line(exc)) from None
     if type(decoded) is _ArrStored:
-        extra = {name: value for name in _STORED_FURTHER if (value := getattr(decoded, name)) is not UNSET}
         return BlockStored(
             block_hashes=decoded.block_hashes,
             parent_block_hash=decoded.parent_block_hash,
@@ -328,14 +327,13 @@ def _decode_array_event(raw: msgspec.Raw) -> Event:
             lora_id=decoded.lora_id,
             medium=None if decoded.medium is UNSET else decoded.medium,
             lora_name=None if decoded.lora_name is UNSET else decoded.lora_name,
-            extra=extra,
+            extra=_present(decoded, _STORED_FURTHER),
         )
     if type(decoded) is _ArrRemoved:
-        removed_extra = {} if decoded.group_idx is UNSET else {"group_idx": decoded.group_idx}
         return BlockRemoved(
             block_hashes=decoded.block_hashes,
             medium=None if decoded.medium is UNSET else decoded.medium,
-            extra=removed_extra,
+            extra=_present(decoded, _REMOVED_FURTHER),
         )
     return AllBlocksCleared()
 
