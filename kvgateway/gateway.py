@@ -21,7 +21,7 @@ from kvgateway.hub import Hub
 from kvgateway.ingest import StreamReader
 from kvgateway.metrics import Metrics, StreamMetrics
 from kvgateway.occupancy import OccupancyIndex
-from kvgateway.status import StreamStatus
+from kvgateway.status import QUIET_LOSSES, StreamStatus
 
 log = logging.getLogger("kvgateway")
 
@@ -98,7 +98,11 @@ class Gateway:
 
     def statuses(self) -> list[dict[str, Any]]:
         now = self.clock()
-        return [status.to_json(now, self.index.stream(*key).stale) for key, status in sorted(self.status.items())]
+        out = []
+        for key, status in sorted(self.status.items()):
+            index = self.index.stream(*key)
+            out.append(status.to_json(now, index.stale, index.stale_reason))
+        return out
 
     def readiness(self) -> tuple[bool, list[dict[str, Any]]]:
         not_ready = [
@@ -113,6 +117,7 @@ class Gateway:
         now = self.clock()
         self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
         for key, children in self.stream_metrics.items():
+            children.index_stale.set(1 if self.index.stream(*key).stale else 0)
             for medium, stats in self.index.stream(*key).medium_stats(now).items():
                 blocks, tokens = children.cache(medium)
                 blocks.set(stats.blocks)
@@ -164,14 +169,26 @@ class Gateway:
         self.hub.publish_batch(config.source, config.dp_rank, seq, batch)
 
     def delivered_skip(self, stream: StreamReader, seq: int) -> None:
+        """An undecodable batch took its place in the order: the index now misses its events."""
         self.status[stream.key].last_seq = seq
         self.stream_metrics[stream.key].source_last_seq.set(seq)
+        self._mark_stale(stream, "undecodable", seq=seq, detail="the batch could not be decoded; see the log")
 
     def decode_error(self, stream: StreamReader, seq: int | None, reason: str) -> None:
         self.stream_metrics[stream.key].decode_errors.inc()
         self.status[stream.key].counters["decode_errors"] += 1
         where = "" if seq is None else f" seq {seq}"
         log.warning("stream %s:%s skipped undecodable message: %s", self._log_stream(stream), where, reason[:300])
+
+    def _mark_stale(
+        self, stream: StreamReader, reason: str, *, seq: int | None = None, detail: str | None = None
+    ) -> None:
+        """The index of ``stream`` is incomplete: say so once per cause (a notice to every client)."""
+        index = self.index.stream(*stream.key)
+        if index.stale and index.stale_reason == reason:
+            return  # already said; a second loss of the same kind changes nothing for a client
+        index.mark_stale(reason)
+        self.hub.publish_notice("stale", *stream.key, reason=reason, seq=seq, detail=detail)
 
     def duplicate(self, stream: StreamReader, seq: int) -> None:
         self.stream_metrics[stream.key].duplicate_batches.inc()
@@ -189,24 +206,52 @@ class Gateway:
 
     def unrecovered(self, stream: StreamReader, first: int, last: int, reason: str) -> None:
         count = last - first + 1
+        now = self.clock()
         status = self.status[stream.key]
-        was_degraded = status.degraded(self.clock())
-        status.last_loss_at = self.clock()
+        was_degraded = status.degraded(now)
+        if reason not in QUIET_LOSSES:
+            status.last_loss_at = now
         status.counters["unrecovered"] += count
-        self.stream_metrics[stream.key].unrecovered_batches.inc(count)
-        self.index.stream(*stream.key).mark_stale()
+        status.losses[reason] = status.losses.get(reason, 0) + count
+        self.stream_metrics[stream.key].unrecovered_batches(reason).inc(count)
         log.warning(
             "stream %s: %d batches lost for good (seq %d..%d, %s)", self._log_stream(stream), count, first, last, reason
         )
         source, rank = stream.key
         self.hub.publish_notice("unrecovered_gap", source, rank, first=first, last=last, count=count, reason=reason)
-        if not was_degraded:
+        if reason != "not_sent":
+            # not_sent: the engine fenced the hole with an AllBlocksCleared, which resets the index.
+            self._mark_stale(stream, "unrecovered", seq=first, detail=f"{count} batches lost ({reason})")
+        if reason not in QUIET_LOSSES and not was_degraded:
             self.hub.publish_notice("degraded", source, rank, reason=f"{count} batches unrecovered ({reason})")
 
-    def replay_finished(self, stream: StreamReader, outcome: str, replayed: int) -> None:
+    def history_truncated(self, stream: StreamReader, first: int) -> None:
+        self.stream_metrics[stream.key].history_truncations.inc()
+        self.status[stream.key].counters["history_truncations"] += 1
+        log.warning(
+            "stream %s: the engine no longer holds its history before seq %d; the index lacks it until the "
+            "next AllBlocksCleared or restart",
+            self._log_stream(stream),
+            first,
+        )
+        self._mark_stale(stream, "history_truncated", seq=first, detail=f"seqs 0..{first - 1} no longer buffered")
+
+    def replay_requested(self, stream: StreamReader, start: int, purpose: str, attempt: int) -> None:
+        self.stream_metrics[stream.key].replay_attempts(purpose).inc()
+        if attempt > 1:
+            log.info("stream %s: replay again from seq %d (attempt %d)", self._log_stream(stream), start, attempt)
+
+    def replay_finished(self, stream: StreamReader, outcome: str, replayed: int, attempts: int) -> None:
         self.stream_metrics[stream.key].replay_requests(outcome).inc()
         level = logging.INFO if outcome == "recovered" else logging.WARNING
-        log.log(level, "stream %s: replay %s, %d batches replayed", self._log_stream(stream), outcome, replayed)
+        log.log(
+            level,
+            "stream %s: replay %s, %d batches replayed in %d attempt(s)",
+            self._log_stream(stream),
+            outcome,
+            replayed,
+            attempts,
+        )
 
     def restart(self, stream: StreamReader, seq: int, previous: int, reason: str) -> None:
         self.stream_metrics[stream.key].publisher_restarts.inc()

@@ -25,6 +25,7 @@ from kvgateway.sequencer import (
     Deliver,
     Duplicate,
     GapDetected,
+    HistoryTruncated,
     ReplayFinished,
     RequestReplay,
     Restart,
@@ -41,7 +42,11 @@ TURN_SECONDS = 0.005
 """...and the time it may take for them: huge batches must not turn 64 messages into a second."""
 
 MAX_REPLAY_SECONDS_FACTOR = 20
-"""A replay may run this many replay timeouts in all, however steadily it trickles."""
+"""A replay attempt may run this many replay timeouts in all, however steadily it trickles."""
+
+QUIET_SECONDS = 2.0
+"""Batches wait this long for a live stream that is behind a replay before the hole below them is
+settled by another replay (the live stream cannot be relied on to bring it: it may be idle)."""
 
 
 class Sink(Protocol):
@@ -54,7 +59,9 @@ class Sink(Protocol):
     def duplicate(self, stream: StreamReader, seq: int) -> None: ...
     def gap(self, stream: StreamReader, first: int, last: int) -> None: ...
     def unrecovered(self, stream: StreamReader, first: int, last: int, reason: str) -> None: ...
-    def replay_finished(self, stream: StreamReader, outcome: str, replayed: int) -> None: ...
+    def history_truncated(self, stream: StreamReader, first: int) -> None: ...
+    def replay_requested(self, stream: StreamReader, start: int, purpose: str, attempt: int) -> None: ...
+    def replay_finished(self, stream: StreamReader, outcome: str, replayed: int, attempts: int) -> None: ...
     def restart(self, stream: StreamReader, seq: int, previous: int, reason: str) -> None: ...
     def connection(self, stream: StreamReader, connected: bool, reason: str) -> None: ...
     def queue_depth(self, stream: StreamReader, depth: int) -> None: ...
@@ -99,6 +106,7 @@ class StreamReader:
         replay_timeout: float = 5.0,
         restart_window: int = 1024,
         hold_limit: int = 10_000,
+        quiet_seconds: float = QUIET_SECONDS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
@@ -109,6 +117,9 @@ class StreamReader:
         self._clock = clock
         self._replay_slots = replay_slots
         self._replay_timeout = replay_timeout
+        self._quiet_seconds = quiet_seconds
+        self._quiet: asyncio.TimerHandle | None = None
+        self._live_count = 0  # live messages so far, to tell a quiet stream from a busy one
         self.sequencer = Sequencer(
             has_replay=config.replay is not None, restart_window=restart_window, hold_limit=hold_limit
         )
@@ -117,7 +128,6 @@ class StreamReader:
         self._tasks: set[asyncio.Task[None]] = set()
         self._replays: dict[int, asyncio.Task[None]] = {}
         self._peers = 0
-        self._ever_connected = False
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -141,6 +151,8 @@ class StreamReader:
         self._spawn(self._monitor_loop(self._monitor))
 
     async def stop(self) -> None:
+        if self._quiet is not None:
+            self._quiet.cancel()
         tasks = [*self._tasks, *self._replays.values()]
         for task in tasks:
             task.cancel()
@@ -170,6 +182,9 @@ class StreamReader:
         clock = asyncio.get_running_loop().time
         while True:
             await wait_readable(sub)
+            # Connection changes first: a batch of a new connection must not be read before the
+            # sequencer has heard of that connection (see _on_monitor_event).
+            self._poll_monitor()
             deadline = clock() + TURN_SECONDS
             for _ in range(BUDGET):
                 try:
@@ -182,8 +197,21 @@ class StreamReader:
             # Yield even when more is waiting, so other streams and the web side get their turn.
             await asyncio.sleep(0)
 
+    def _drain_live(self) -> None:
+        """Read every message queued on the SUB socket now (at a disconnect: they are the old connection's)."""
+        sub = self._sub
+        if sub is None:
+            return
+        while True:
+            try:
+                frames = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._on_live(frames)
+
     def _on_live(self, frames: list[bytes]) -> None:
         received = self._clock()
+        self._live_count += 1
         self._sink.received(self, 1)
         if len(frames) != 3:
             self._sink.decode_error(self, None, f"message has {len(frames)} frames, expected 3")
@@ -193,8 +221,9 @@ class StreamReader:
         except wire.DecodeError as exc:
             self._sink.decode_error(self, None, str(exc))
             return
-        batch = self._decode(seq, frames[2])
-        self._apply(self.sequencer.on_live(seq, batch), received)
+        payload = frames[2]
+        batch = self._decode(seq, payload)
+        self._apply(self.sequencer.on_live(seq, batch, payload), received)
 
     def _decode(self, seq: int, payload: bytes) -> wire.Batch | None:
         try:
@@ -217,18 +246,37 @@ class StreamReader:
             elif type(action) is GapDetected:
                 sink.gap(self, action.first, action.last)
             elif type(action) is RequestReplay:
+                sink.replay_requested(self, action.start, action.purpose, action.attempt)
                 self._start_replay(action.token, action.start)
             elif type(action) is CancelReplay:
                 task = self._replays.pop(action.token, None)
                 if task is not None:
                     task.cancel()
             elif type(action) is ReplayFinished:
-                sink.replay_finished(self, action.outcome, action.replayed)
+                sink.replay_finished(self, action.outcome, action.replayed, action.attempts)
             elif type(action) is Unrecovered:
                 sink.unrecovered(self, action.first, action.last, action.reason)
+            elif type(action) is HistoryTruncated:
+                sink.history_truncated(self, action.first)
             elif type(action) is Restart:
                 sink.restart(self, action.seq, action.previous, action.reason)
         sink.queue_depth(self, self.sequencer.held)
+        if self.sequencer.waiting_for_live and self._quiet is None:
+            self._quiet = asyncio.get_running_loop().call_later(
+                self._quiet_seconds, self._quiet_check, self._live_count
+            )
+
+    def _quiet_check(self, live_count: int) -> None:
+        """Batches wait above a hole for the live stream: settle the hole once the stream is quiet."""
+        self._quiet = None
+        if not self.sequencer.waiting_for_live:
+            return
+        if self._live_count == live_count:
+            self._apply(self.sequencer.on_quiet(), self._clock())
+        else:  # still flowing: it may yet bring the hole
+            self._quiet = asyncio.get_running_loop().call_later(
+                self._quiet_seconds, self._quiet_check, self._live_count
+            )
 
     # --- replay -----------------------------------------------------------------------------
 
@@ -289,7 +337,7 @@ class StreamReader:
                     return None
                 self._sink.received(self, 1)
                 batch = self._decode(seq, payload)
-                self._apply(self.sequencer.on_replay_item(token, seq, batch), received)
+                self._apply(self.sequencer.on_replay_item(token, seq, batch, payload), received)
                 if self.sequencer.replay_token != token:
                     return None  # the sequencer gave this replay up (restart, overflow)
             await asyncio.sleep(0)
@@ -299,29 +347,38 @@ class StreamReader:
     async def _monitor_loop(self, monitor: zmq.Socket[bytes]) -> None:
         while True:
             await wait_readable(monitor)
-            while True:
-                try:
-                    frames = monitor.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                try:
-                    event = parse_monitor_message(frames)
-                except Exception:
-                    continue
-                self._on_monitor_event(int(event["event"]))
+            self._poll_monitor()
+
+    def _poll_monitor(self) -> None:
+        """Handle every connection event queued now (cheap when there is none)."""
+        monitor = self._monitor
+        if monitor is None:
+            return
+        while int(monitor.get(zmq.EVENTS)) & zmq.POLLIN:
+            try:
+                frames = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                event = parse_monitor_message(frames)
+            except Exception:
+                continue
+            self._on_monitor_event(int(event["event"]))
 
     def _on_monitor_event(self, event: int) -> None:
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._peers += 1
             if self._peers == 1:
-                if self._ever_connected:
-                    # A batch below the cursor after this is a restarted publisher, not a duplicate.
-                    self.sequencer.on_reconnect()
-                self._ever_connected = True
                 self._sink.connection(self, True, "connected")
+                # Catch up, or check that the engine behind the socket is the one we were reading.
+                self._apply(self.sequencer.on_connected(), self._clock())
         elif event == zmq.EVENT_DISCONNECTED:
             self._peers = max(0, self._peers - 1)
             if self._peers == 0:
+                # What the old connection delivered is queued before this event: read it as the
+                # old connection's, so a restarted engine's batches are never mistaken for it.
+                self._drain_live()
+                self.sequencer.on_disconnected()
                 self._sink.connection(self, False, "disconnected")
         elif event == zmq.EVENT_CONNECT_RETRIED and self._peers == 0:
             self._sink.connection(self, False, "connection refused, retrying")

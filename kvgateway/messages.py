@@ -4,7 +4,7 @@ Three shapes, one JSON object each (docs/protocol.md, kvgateway/protocol.schema.
 
 - ``hello``: first on every connection (epoch, offset, recovered, sources, occupancy);
 - ``batch``: one engine batch, events as :func:`kvgateway.wire.render_events` renders them;
-- ``notice``: something happened to a stream (restart, unrecovered_gap, degraded, up, down) or
+- ``notice``: something happened to a stream (restart, unrecovered_gap, stale, degraded, up, down) or
   to this client (slow_consumer).
 
 Everything here is plain encoding without I/O. A batch is encoded once; its events are encoded
@@ -29,7 +29,9 @@ HELLO: Final = "hello"
 BATCH: Final = "batch"
 NOTICE: Final = "notice"
 SLOW_CONSUMER: Final = "slow_consumer"
-STREAM_NOTICE_KINDS: Final[frozenset[str]] = frozenset({"restart", "unrecovered_gap", "degraded", "up", "down"})
+STREAM_NOTICE_KINDS: Final[frozenset[str]] = frozenset(
+    {"restart", "unrecovered_gap", "stale", "degraded", "up", "down"}
+)
 
 SCHEMA_FILE: Final = "protocol.schema.json"
 
@@ -230,10 +232,17 @@ class _ReasonFields(msgspec.Struct, forbid_unknown_fields=True):
     reason: _Reason
 
 
+class _StaleFields(msgspec.Struct, forbid_unknown_fields=True):
+    reason: _Reason  # history_truncated, unrecovered, undecodable
+    seq: _Seq | None = None  # history_truncated: the first seq the engine still held; undecodable: its seq
+    detail: _Reason | None = None
+
+
 _NOTICE_FIELDS: Final[dict[str, type[msgspec.Struct]]] = {
     "restart": _RestartFields,
     "unrecovered_gap": _GapFields,
     "degraded": _ReasonFields,
+    "stale": _StaleFields,
     "up": _ReasonFields,
     "down": _ReasonFields,
 }
@@ -249,7 +258,8 @@ def encode_stream_notice(
     """A notice about a stream; it has an offset and id like a batch.
 
     ``fields`` must be exactly the kind's own fields (restart: seq, previous, reason;
-    unrecovered_gap: first, last, count, reason; degraded, up, down: reason).
+    unrecovered_gap: first, last, count, reason; stale: reason, seq, detail; degraded, up, down:
+    reason).
     """
     spec = _NOTICE_FIELDS.get(kind)
     if spec is None:

@@ -15,7 +15,9 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 
 STREAM = ("source", "dp_rank")
 
-REPLAY_OUTCOMES = ("recovered", "partial", "failed", "timeout", "unavailable")
+REPLAY_OUTCOMES = ("recovered", "partial", "failed", "unavailable")
+REPLAY_PURPOSES = ("catch_up", "gap", "verify")
+LOSS_REASONS = ("not_sent", "evicted", "transit", "no_answer", "no_replay", "restart", "overflow")
 TRANSPORTS = ("ws", "sse")
 DISCONNECT_REASONS = ("closed", "slow_consumer", "error", "shutdown")
 REJECTION_REASONS = ("unauthorized", "forbidden_origin", "forbidden_host", "too_many_clients", "bad_request")
@@ -38,7 +40,10 @@ class StreamMetrics:
         self.sequence_gaps = metrics.sequence_gaps.labels(*labels)
         self.missed_batches = metrics.missed_batches.labels(*labels)
         self.replayed_batches = metrics.replayed_batches.labels(*labels)
-        self.unrecovered_batches = metrics.unrecovered_batches.labels(*labels)
+        self._unrecovered = {reason: metrics.unrecovered_batches.labels(*labels, reason) for reason in LOSS_REASONS}
+        self._attempts = {purpose: metrics.replay_attempts.labels(*labels, purpose) for purpose in REPLAY_PURPOSES}
+        self.history_truncations = metrics.history_truncations.labels(*labels)
+        self.index_stale = metrics.index_stale.labels(*labels)
         self.publisher_restarts = metrics.publisher_restarts.labels(*labels)
         self.duplicate_batches = metrics.duplicate_batches.labels(*labels)
         self.decode_errors = metrics.decode_errors.labels(*labels)
@@ -52,6 +57,7 @@ class StreamMetrics:
         for outcome in REPLAY_OUTCOMES:
             metrics.replay_requests.labels(*labels, outcome)
         self.ingest_queue_depth.set(0)
+        self.index_stale.set(0)
         self.source_up.set(0)
         self.source_last_seq.set(-1)
 
@@ -63,6 +69,12 @@ class StreamMetrics:
 
     def replay_requests(self, outcome: str) -> Counter:
         return self._metrics.replay_requests.labels(*self._labels, outcome)
+
+    def unrecovered_batches(self, reason: str) -> Counter:
+        return self._unrecovered[reason]
+
+    def replay_attempts(self, purpose: str) -> Counter:
+        return self._attempts[purpose]
 
     def cache(self, medium: str) -> tuple[Gauge, Gauge]:
         return (
@@ -95,15 +107,39 @@ class Metrics:
         )
         self.replay_requests = Counter(
             "kvgateway_replay_requests",
-            "Replay requests by outcome (recovered, partial, failed, timeout, unavailable).",
+            "Recoveries from a replay socket (each one or more attempts), by outcome (recovered, partial, "
+            "failed: nothing came back, unavailable: no replay endpoint).",
             (*STREAM, "outcome"),
+            registry=r,
+        )
+        self.replay_attempts = Counter(
+            "kvgateway_replay_attempts",
+            "Requests sent to replay sockets, by purpose (catch_up, gap, verify); a recovery asks again "
+            "while its attempts make progress.",
+            (*STREAM, "purpose"),
+            registry=r,
+        )
+        self.history_truncations = Counter(
+            "kvgateway_history_truncations",
+            "Catch-ups that found the start of the engine's history gone (the index lacks it: stale).",
+            STREAM,
+            registry=r,
+        )
+        self.index_stale = Gauge(
+            "kvgateway_index_stale",
+            "1 while the stream's index is known to be incomplete (until an AllBlocksCleared or restart).",
+            STREAM,
             registry=r,
         )
         self.replayed_batches = Counter(
             "kvgateway_replayed_batches", "Batches delivered from an engine's replay socket.", STREAM, registry=r
         )
         self.unrecovered_batches = Counter(
-            "kvgateway_unrecovered_batches", "Batches lost for good: neither live nor replayed.", STREAM, registry=r
+            "kvgateway_unrecovered_batches",
+            "Batches lost for good: neither live nor replayed, by reason (not_sent, evicted, transit, no_answer, "
+            "no_replay, restart, overflow).",
+            (*STREAM, "reason"),
+            registry=r,
         )
         self.publisher_restarts = Counter(
             "kvgateway_publisher_restarts", "Engine publisher restarts detected.", STREAM, registry=r

@@ -197,13 +197,15 @@ class StreamIndex:
     block size survive clears and resets; only the resident blocks are dropped.
     """
 
-    __slots__ = ("_capacity", "_mediums", "_routes", "dp_rank", "source", "stale", "unknown_removes")
+    __slots__ = ("_capacity", "_mediums", "_routes", "dp_rank", "source", "stale", "stale_reason", "unknown_removes")
 
     def __init__(self, source: str, dp_rank: int, capacity_blocks: Mapping[str, int] | None = None) -> None:
         self.source = source
         self.dp_rank = dp_rank
         self.stale = False
         """Set by :meth:`mark_stale` (events lost for good); cleared by AllBlocksCleared or :meth:`reset`."""
+        self.stale_reason: str | None = None
+        """Why the index is stale (the latest cause): unrecovered, history_truncated, undecodable."""
         self.unknown_removes = 0
         self._capacity = {normalise_medium(m): n for m, n in (capacity_blocks or {}).items()}
         self._mediums: dict[str, _Medium] = {m: _Medium() for m in sorted(self._capacity)}
@@ -252,6 +254,7 @@ class StreamIndex:
             elif type(event) is AllBlocksCleared:
                 self._clear()
                 self.stale = False
+                self.stale_reason = None
 
     def _clear(self) -> None:
         for med in self._mediums.values():
@@ -262,10 +265,12 @@ class StreamIndex:
         """The publisher restarted: its cache is gone, and so is any doubt about the old state."""
         self._clear()
         self.stale = False
+        self.stale_reason = None
 
-    def mark_stale(self) -> None:
+    def mark_stale(self, reason: str = "unrecovered") -> None:
         """Events were lost for good: counts may be wrong until the next AllBlocksCleared or reset."""
         self.stale = True
+        self.stale_reason = reason
 
     def refcount(self, block_hash: Hash, medium: str | None = None, group_idx: int | None = None) -> int:
         """References to one block (0 when not resident)."""
@@ -302,6 +307,7 @@ class StreamIndex:
             "source": self.source,
             "dp_rank": self.dp_rank,
             "stale": self.stale,
+            "stale_reason": self.stale_reason,
             "unknown_removes": self.unknown_removes,
             "mediums": {name: stats.to_json() for name, stats in self.medium_stats(now).items()},
         }

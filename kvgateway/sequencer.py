@@ -1,62 +1,89 @@
-"""Per-stream ordering: gaps, replay, restarts and duplicates, without I/O.
+"""Per-stream ordering: gaps, replays, restarts and duplicates, without I/O.
 
 One :class:`Sequencer` per stream (one engine publisher, i.e. one DP rank). The asyncio layer
-feeds it live batches from the SUB socket and replies from the replay socket; every call returns
-a list of *actions* for the layer to apply in order. The sequencer never reads a clock or a socket
-and looks inside a batch only to see whether its first event is ``AllBlocksCleared``. A batch of
-``None`` is an undecodable payload: its seq still counts as received and it is delivered (as a
-skip), never counted as a gap.
+feeds it what happens (the SUB socket connected or dropped, a live batch, a replay item, a
+replay's end or failure, a quiet live stream) and applies the *actions* each call returns, in
+order. The sequencer never reads a clock or a socket. It looks inside a batch only to see whether
+it starts with ``AllBlocksCleared``, and keeps the raw payload of the last delivered batch to
+recognise the engine after a reconnect. A batch of ``None`` is an undecodable payload: its seq
+still counts as received and it is delivered (as a skip), never counted as a gap.
 
 Guarantee, per *epoch* (the run of one publisher process, between two :class:`Restart` actions):
 seqs are delivered in strictly increasing order, none twice, and every seq from the first one
 delivered or accounted for up to the last is either delivered or inside exactly one
-:class:`Unrecovered` range.
+:class:`Unrecovered` range, whose reason says why.
 
-Rules (``cursor`` is the last seq delivered or accounted for):
+What the real publishers do, and so what the rules assume (``../docs/protocol.md`` has more):
 
-1. **Fresh start** (cursor ``None``): seq 0, or no replay endpoint: deliver; history before the
-   gateway started is not a gap. Seq > 0 with a replay endpoint: *catch-up*: ask a replay from 0
-   and hold the batch. What the catch-up replay cannot give before its first item (or before the
-   first held batch, if it gives nothing) is not counted; holes after that are.
-2. **Next seq** (``cursor + 1``, live or replayed): deliver, then every held batch that is now
-   contiguous. A live next seq is delivered at once even while a replay is in flight.
-3. **Forward gap** (live, no replay in flight): :class:`GapDetected`, then with a replay endpoint
-   :class:`RequestReplay` from ``cursor + 1`` and hold the batch; without one, the gap is
-   :class:`Unrecovered` ("unavailable"), ``ReplayFinished(None, "unavailable", 0)``, deliver.
-   A jump of more than ``jump_limit`` is a restart ("jump": TensorRT-LLM seeds its seq with
-   ``time_ns``) and starts fresh without catch-up.
-4. **Live during a replay**: held (a seq already held is a :class:`Duplicate`); a hole above the
-   highest seq known is reported with :class:`GapDetected` (the replay covers it if the engine
-   still has it). Holding more than ``hold_limit`` cancels the replay and drains as in 6 with
-   reason "overflow".
-5. **Replay items**: seq <= cursor is ignored (overlap with live). Held batches older than the item
-   are delivered first; a hole before the item is :class:`Unrecovered` ("evicted": the engine's
-   buffer no longer had it). Then the item is delivered (``replayed=True``) and contiguous held
-   batches follow. An item above the highest live seq with a hole before it is ignored: the live
-   stream lags behind the engine (a deep SUB queue) and will still bring the hole and the item;
-   counting the hole lost would drop batches that are on their way.
-6. **Replay end or failure**: held batches are delivered in order, holes before each counted as
-   Unrecovered ("short" after an end marker, "timeout"/"failed" after a failure), then
-   :class:`ReplayFinished`. Outcome: "recovered" if nothing of that replay was unrecovered,
-   "partial" if some batches were replayed and some lost, otherwise "failed" (end marker) or the
-   failure's own outcome ("timeout"/"failed") when nothing was replayed.
-7. **Live seq <= cursor**: a restart if ``seq <= 1 and seq < cursor`` ("seq_reset"),
-   ``cursor - seq > restart_window`` ("window"), it is the first live batch after
-   :meth:`Sequencer.on_reconnect` ("reconnect"), or the batch starts with ``AllBlocksCleared``
-   ("cleared"); otherwise a :class:`Duplicate`. A restart first ends an in-flight replay
-   (:class:`CancelReplay`, drain with reason "restart", ReplayFinished), then emits
-   :class:`Restart`; the cursor becomes -1 (a new publisher starts at 0) and the batch goes through
-   rules 2/3, so what the new publisher sent before it is a counted gap.
+- The live stream is in order; it loses batches only at the PUB socket's high-water mark, and a
+  subscriber sees only what was published after it connected.
+- A replay reply is the engine's buffer from the seq asked for, in order, then an end marker.
+  vLLM sends it in one unpaced loop through a ROUTER that silently drops past its high-water
+  mark, so a reply can have holes in the middle, lose its tail or its end marker: the engine still
+  holds those batches. Only a reply whose *first* seq is above the one asked for proves that the
+  engine no longer holds the seqs before it (evicted).
 
-Replay tokens start at 1 and increase by one per request. Items, ends and failures carrying any
+Rules (``cursor``: last seq delivered or accounted for; ``live_top``: highest live seq of the
+epoch; *pending*: batches received above the cursor, live or replayed, not yet delivered):
+
+1. **Connect.** The first connection with a replay endpoint asks for the engine's whole buffer
+   (a *catch-up* from seq 0), so an idle engine's cache is known at once. A reconnection after
+   something was delivered first *verifies* the engine: it asks from the last delivered seq (the
+   *anchor*) and compares that batch's payload with the one delivered; while it verifies, live
+   batches are pending, none delivered. Same payload: the reply goes on as a gap replay. Another
+   payload, or an end marker with nothing (the engine holds nothing that old), is a restart
+   (``identity``). No answer, or the anchor no longer in the buffer, cannot tell: the reconnect
+   heuristic of rule 7 applies to the live batches.
+2. **Catch-up.** The epoch starts at the lowest seq the catch-up brings, live or replayed. Before
+   it: nothing, if the epoch began at 0 and that seq is 0; after a restart of a counting
+   publisher, :class:`Unrecovered` ``restart``; on a fresh start above 0, :class:`HistoryTruncated`
+   (the engine no longer holds the beginning; the index is incomplete) unless that batch starts
+   with ``AllBlocksCleared``. Seqs seeded with the clock (TensorRT-LLM) say nothing about where the
+   process began: no truncation is reported for them. Without a replay endpoint the first live
+   batch starts the epoch, by the same rule.
+3. **Next seq** (``cursor + 1``, live or replayed): deliver it, then every pending batch that is
+   now contiguous. A live next seq is delivered at once even while a replay is in flight (not
+   while verifying).
+4. **Forward gap** (live): the seqs the live stream skipped are reported with
+   :class:`GapDetected`. Without a replay in flight, :class:`RequestReplay` from ``cursor + 1``;
+   without a replay endpoint the hole is :class:`Unrecovered` ``no_replay`` (``not_sent`` if the
+   batch after it starts with ``AllBlocksCleared``: the engine's own fence after dropping events).
+   A jump of more than ``jump_limit`` above everything known is a restart (``jump``).
+5. **Replay items.** Items at or below the cursor, or already pending, are ignored. Others are kept
+   pending (up to ``hold_limit`` in all; beyond it, items ahead of the live stream are not kept:
+   live or a later replay brings them) and delivered in seq order as they become contiguous; a
+   later live copy is a :class:`Duplicate`.
+6. **End of an attempt** (end marker, timeout, malformed reply). For the lowest missing seq:
+   evicted (this attempt's first item is above it) and below ``live_top`` (the live stream passed
+   it): :class:`Unrecovered` ``evicted``. Otherwise, if the attempt brought anything new: ask again
+   from it (a new :class:`RequestReplay`, at most ``max_attempts`` per recovery). Otherwise give up
+   on what lies below ``live_top``: ``transit`` (the engine answered but the batches never came
+   through) or ``no_answer``. Missing seqs above ``live_top`` are left to the live stream, which
+   is behind: when it passes them a new gap replay settles them; if it stays quiet,
+   :meth:`Sequencer.on_quiet` treats it as passed. A recovery ends with :class:`ReplayFinished`:
+   ``recovered`` (nothing lost), ``partial`` (some lost, some brought), ``failed`` (lost, and
+   nothing came back).
+7. **Live seq at or below the cursor**: above ``live_top``, it is the live copy of a batch a
+   replay delivered first (a duplicate). Otherwise a restart if ``seq <= 1 and seq < cursor``
+   (``seq_reset``), ``cursor - seq > restart_window`` (``window``), it is the first live batch
+   after an unverified reconnect (``reconnect``), or the batch starts with ``AllBlocksCleared``
+   (``cleared``); otherwise a :class:`Duplicate`.
+8. **Restart.** An in-flight replay is cancelled; what the old process already sent is delivered,
+   holes counted ``restart``; then :class:`Restart`, and the new process is caught up as at start
+   (rule 2), its seqs from 0 unless they are clock-seeded.
+9. **Hold overflow**: more than ``hold_limit`` pending batches cancel the replay; holes are
+   counted ``overflow`` and everything pending is delivered.
+
+Replay tokens start at 1 and increase by one per attempt. Items, ends and failures carrying any
 other token than the in-flight one are ignored.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Final, Literal, TypeAlias
 
 from kvgateway.wire import AllBlocksCleared, Batch
 
@@ -67,20 +94,33 @@ __all__ = [
     "Duplicate",
     "FailureOutcome",
     "GapDetected",
+    "HistoryTruncated",
     "LossReason",
     "Outcome",
+    "Purpose",
     "ReplayFinished",
     "RequestReplay",
     "Restart",
     "RestartReason",
     "Sequencer",
     "Unrecovered",
+    "clock_seeded",
 ]
 
-Outcome: TypeAlias = Literal["recovered", "partial", "failed", "timeout", "unavailable"]
+Outcome: TypeAlias = Literal["recovered", "partial", "failed", "unavailable"]
 FailureOutcome: TypeAlias = Literal["timeout", "failed"]
-LossReason: TypeAlias = Literal["unavailable", "evicted", "short", "timeout", "failed", "overflow", "restart"]
-RestartReason: TypeAlias = Literal["seq_reset", "window", "reconnect", "cleared", "jump"]
+LossReason: TypeAlias = Literal["not_sent", "evicted", "transit", "no_answer", "no_replay", "restart", "overflow"]
+RestartReason: TypeAlias = Literal["seq_reset", "window", "reconnect", "cleared", "jump", "identity"]
+Purpose: TypeAlias = Literal["catch_up", "gap", "verify"]
+
+CLOCK_SEEDED_FLOOR: Final = 10**15
+"""Seqs from here on are taken for clock-seeded (TensorRT-LLM starts at ``time.time_ns()``, about
+1.7e18); a counting publisher would need 30 years at a million batches a second to get here."""
+
+
+def clock_seeded(seq: int) -> bool:
+    """Whether ``seq`` looks seeded with the clock rather than counted from 0."""
+    return seq >= CLOCK_SEEDED_FLOOR
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +134,14 @@ class Deliver:
 
 @dataclass(frozen=True, slots=True)
 class Duplicate:
-    """A live batch dropped: already delivered or already held."""
+    """A live batch dropped: already delivered or already pending."""
 
     seq: int
 
 
 @dataclass(frozen=True, slots=True)
 class GapDetected:
-    """The live stream skipped ``first..last`` (inclusive); ``count`` batches are missing so far."""
+    """The live stream skipped ``first..last`` (inclusive)."""
 
     first: int
     last: int
@@ -117,6 +157,8 @@ class RequestReplay:
 
     token: int
     start: int
+    purpose: Purpose = "gap"
+    attempt: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,16 +170,18 @@ class CancelReplay:
 
 @dataclass(frozen=True, slots=True)
 class ReplayFinished:
-    """A replay is over; ``replayed`` batches were delivered from it. Token ``None``: no endpoint."""
+    """A recovery is over after ``attempts`` requests; it brought ``replayed`` batches.
+    Token ``None``: there is no replay endpoint."""
 
     token: int | None
     outcome: Outcome
     replayed: int
+    attempts: int = 1
 
 
 @dataclass(frozen=True, slots=True)
 class Unrecovered:
-    """Seqs ``first..last`` (inclusive) are lost for good."""
+    """Seqs ``first..last`` (inclusive) are lost for good, for ``reason``."""
 
     first: int
     last: int
@@ -149,8 +193,15 @@ class Unrecovered:
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryTruncated:
+    """The stream's history before ``first`` is no longer held by the engine: the index lacks it."""
+
+    first: int
+
+
+@dataclass(frozen=True, slots=True)
 class Restart:
-    """The publisher restarted at ``seq``; downstream empties this stream's state."""
+    """The publisher restarted (seen at ``seq``); downstream empties this stream's state."""
 
     seq: int
     previous: int
@@ -158,31 +209,84 @@ class Restart:
 
 
 Action: TypeAlias = (
-    Deliver | Duplicate | GapDetected | RequestReplay | CancelReplay | ReplayFinished | Unrecovered | Restart
+    Deliver
+    | Duplicate
+    | GapDetected
+    | RequestReplay
+    | CancelReplay
+    | ReplayFinished
+    | Unrecovered
+    | HistoryTruncated
+    | Restart
 )
+
+# A batch received and not yet delivered: (batch, raw payload, connection generation, from a replay).
+_Item: TypeAlias = tuple[Batch | None, bytes, int, bool]
 
 
 def _starts_cleared(batch: Batch | None) -> bool:
     return batch is not None and bool(batch.events) and isinstance(batch.events[0], AllBlocksCleared)
 
 
+class _Recovery:
+    """One recovery: a catch-up, a gap replay or a verification, over one or more attempts."""
+
+    __slots__ = (
+        "attempt",
+        "brought",
+        "first",
+        "floor",
+        "heard",
+        "items",
+        "lost",
+        "progress",
+        "purpose",
+        "start",
+        "token",
+    )
+
+    def __init__(self, token: int, start: int, purpose: Purpose) -> None:
+        self.purpose: Purpose = purpose
+        self.attempt = 0
+        self.brought = 0  # new batches this recovery brought, over all attempts
+        self.lost = 0
+        self.token = token
+        self.start = start
+        self.items = 0  # this attempt's items
+        self.first: int | None = None  # this attempt's first item
+        self.floor: int | None = None  # seqs below it (and >= start) are not in the engine's buffer
+        self.progress = False  # this attempt brought something new
+        self.heard = False  # any item or end marker came back, in any attempt
+
+    def new_attempt(self, token: int, start: int) -> None:
+        self.attempt += 1
+        self.token = token
+        self.start = start
+        self.items = 0
+        self.first = self.floor = None
+        self.progress = False
+
+
 class Sequencer:
     """The ordering state machine of one stream; see the module docstring for the rules."""
 
     __slots__ = (
+        "_anchor",
+        "_ever_connected",
+        "_gen",
         "_has_replay",
         "_heap",
-        "_held",
         "_hold_limit",
         "_jump_limit",
         "_last_token",
         "_live_top",
-        "_lost",
+        "_low_live",
+        "_max_attempts",
+        "_origin_zero",
+        "_pending",
+        "_rec",
         "_reconnected",
-        "_replayed",
         "_restart_window",
-        "_token",
-        "_top",
         "cursor",
     )
 
@@ -193,6 +297,7 @@ class Sequencer:
         restart_window: int = 1024,
         hold_limit: int = 10_000,
         jump_limit: int = 10_000_000,
+        max_attempts: int = 32,
     ) -> None:
         if restart_window < 0:
             raise ValueError(f"restart_window must be >= 0, got {restart_window}")
@@ -200,157 +305,377 @@ class Sequencer:
             raise ValueError(f"hold_limit must be >= 1, got {hold_limit}")
         if jump_limit < 1:
             raise ValueError(f"jump_limit must be >= 1, got {jump_limit}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self._has_replay = has_replay
         self._restart_window = restart_window
         self._hold_limit = hold_limit
         self._jump_limit = jump_limit
+        self._max_attempts = max_attempts
         self.cursor: int | None = None
-        # Highest seq delivered, held or accounted for in this epoch: holes above it are news.
-        self._top = -1
-        # Highest live seq of this epoch: live is in order, so a missing seq below it never comes live.
+        self._origin_zero = False  # this epoch's process counted from 0 (known after a restart)
         self._live_top = -1
-        # Live batches waiting for the replay; the heap orders them (stale entries skipped lazily).
-        self._held: dict[int, Batch | None] = {}
-        self._heap: list[int] = []
-        self._token: int | None = None
+        self._pending: dict[int, _Item] = {}
+        self._heap: list[int] = []  # orders the pending seqs (stale entries skipped lazily)
+        self._rec: _Recovery | None = None
         self._last_token = 0
-        self._replayed = 0
-        self._lost = 0
+        self._gen = 0  # bumped at each disconnect: tells the old connection's batches from the new
+        self._anchor: tuple[int, bytes] | None = None  # last delivered seq and its payload
+        self._low_live: list[tuple[int, Batch | None, bytes]] = []  # live at/below cursor while verifying
+        self._ever_connected = False
         self._reconnected = False
+
+    # --- views --------------------------------------------------------------------------
 
     @property
     def held(self) -> int:
-        """Live batches held while a replay is in flight (the ingest queue depth)."""
-        return len(self._held)
+        """Batches received but not yet delivered (the ingest queue depth)."""
+        return len(self._pending) + len(self._low_live)
 
     @property
     def replay_token(self) -> int | None:
-        """The token of the in-flight replay, if any."""
-        return self._token
+        """The token of the in-flight replay attempt, if any."""
+        return None if self._rec is None else self._rec.token
+
+    @property
+    def waiting_for_live(self) -> bool:
+        """Pending batches wait for the live stream (no replay in flight): see :meth:`on_quiet`."""
+        return self._rec is None and bool(self._pending)
 
     # --- inputs -------------------------------------------------------------------------
 
-    def on_reconnect(self) -> None:
-        """The SUB socket reconnected: the next live batch at or below the cursor is a restart."""
-        self._reconnected = True
-
-    def on_live(self, seq: int, batch: Batch | None) -> list[Action]:
-        """A batch from the SUB socket."""
-        reconnected, self._reconnected = self._reconnected, False
+    def on_connected(self) -> list[Action]:
+        """The SUB socket has a publisher (again): catch up, or verify it is the same one."""
+        first, self._ever_connected = not self._ever_connected, True
         out: list[Action] = []
-        cursor = self.cursor
-        if cursor is None and self._token is None:
-            self._start(seq, batch, self._has_replay, out)
+        if not self._has_replay:
+            self._reconnected = not first
             return out
-        if seq in self._held:
-            out.append(Duplicate(seq))
+        rec = self._rec
+        if self.cursor is None:
+            purpose: Purpose = "catch_up"
+            start = 0
+        elif self._anchor is not None:
+            purpose, start = "verify", self._anchor[0]
+            # If the verification cannot tell (no answer, anchor evicted) before any live batch came,
+            # rule 1 falls back on the reconnect heuristic: the next live batch must still see it.
+            self._reconnected = True
+        else:  # nothing delivered in this epoch to compare: only the heuristic is left
+            self._reconnected = True
             return out
-        if cursor is not None:
-            if seq <= cursor:
-                reason = self._restart_reason(seq, cursor, batch, reconnected)
-                if reason is None:
-                    out.append(Duplicate(seq))
-                else:
-                    self._restart(seq, batch, reason, out)
-                return out
+        if rec is None:
+            self._begin(purpose, start, out)
         else:
-            # Catch-up: nothing delivered yet; below every live batch seen, a restart is the likely story.
-            low = self._first_held()
-            assert low is not None  # a catch-up always holds its first batch
-            if seq < low and (reason := self._restart_reason(seq, low, batch, reconnected)) is not None:
-                self._restart(seq, batch, reason, out)
-                return out
-        if seq - self._top > self._jump_limit:
-            self._restart(seq, batch, "jump", out)
-            return out
-        self._forward(seq, batch, out)
+            # The request in flight may have gone to the process that just went away.
+            out.append(CancelReplay(rec.token))
+            rec.purpose = purpose
+            self._attempt(start, out)
         return out
 
-    def on_replay_item(self, token: int, seq: int, batch: Batch | None) -> list[Action]:
-        """One batch of the replay ``token``."""
-        if token != self._token:
+    def on_disconnected(self) -> None:
+        """The SUB socket lost its publisher: batches from now on come from a new connection."""
+        self._gen += 1
+
+    def on_live(self, seq: int, batch: Batch | None, raw: bytes = b"") -> list[Action]:
+        """A batch from the SUB socket (``raw``: its payload, to recognise the engine later)."""
+        # ``reconnected``: the first live batch since an unverified reconnect. A restart it reveals
+        # began at the reconnect, so what the new connection brought (replay items) is the new
+        # process's and stays pending for the new epoch instead of being flushed into the old one.
+        reconnected, self._reconnected = self._reconnected, False
+        out: list[Action] = []
+        if seq in self._pending:
+            out.append(Duplicate(seq))
+            return out
+        item: _Item = (batch, raw, self._gen, False)
+        cursor = self.cursor
+        rec = self._rec
+        verifying = rec is not None and rec.purpose == "verify"
+        if cursor is not None and seq <= cursor:
+            if verifying:
+                if len(self._low_live) < self._hold_limit:
+                    self._low_live.append((seq, batch, raw))
+                else:
+                    out.append(Duplicate(seq))
+                return out
+            if seq > self._live_top:  # a replay delivered it first; this is its live copy
+                self._live_top = seq
+                out.append(Duplicate(seq))
+                return out
+            reason = self._restart_reason(seq, cursor, batch, reconnected)
+            if reason is None:
+                out.append(Duplicate(seq))
+            else:
+                self._restart(seq, reason, reconnected, out, first_live=seq)
+                self._start_epoch_live(seq, item, out)
+            return out
+        if cursor is None and rec is None:
+            self._start_epoch_live(seq, item, out)
+            return out
+        if cursor is None:
+            low = self._first_pending()
+            if low is not None and seq < low and (reason := self._restart_reason(seq, low, batch, reconnected)):
+                self._restart(seq, reason, reconnected, out, first_live=seq)
+                self._start_epoch_live(seq, item, out)
+                return out
+        ref = max(self._live_top, -1 if cursor is None else cursor)
+        if ref >= 0 and seq - ref > self._jump_limit:
+            self._restart(seq, "jump", reconnected, out, first_live=seq)
+            self._start_epoch_live(seq, item, out)
+            return out
+        self._forward(seq, item, verifying, out)
+        return out
+
+    def on_replay_item(self, token: int, seq: int, batch: Batch | None, raw: bytes = b"") -> list[Action]:
+        """One batch of the replay attempt ``token``."""
+        rec = self._rec
+        if rec is None or token != rec.token:
             return []
         out: list[Action] = []
-        if self.cursor is not None and seq <= self.cursor:
-            return out
-        # Live batches older than this item were not in the engine's buffer any more.
-        while (low := self._first_held()) is not None and low < seq:
-            self._account(low, self._held.pop(low), False, "evicted", out)
+        rec.items += 1
+        rec.heard = True
+        if rec.first is None:
+            rec.first = seq
+            if rec.purpose == "verify":
+                if not self._check_identity(rec, seq, raw, out):
+                    return out
+            elif seq > rec.start:
+                rec.floor = seq
+            if self.cursor is None:
+                low = self._first_pending()
+                if low is not None and low < seq:
+                    self._establish(low, self._pending[low][0], out)
+                else:
+                    self._establish(seq, batch, out)
+                # Also when the first item is the lowest pending batch itself (its live copy): without
+                # this it, and every later item then kept pending, waited for the end marker.
+                self._drain(out)
         cursor = self.cursor
-        if cursor is not None and seq > cursor + 1 and seq > self._live_top:
-            # Ahead of a lagging live stream, with a hole the live stream can still fill: leave it to live.
+        assert cursor is not None
+        if seq <= cursor or seq in self._pending:
             return out
-        self._held.pop(seq, None)  # the replayed copy wins; the live one is the same batch
-        self._account(seq, batch, True, "evicted", out)
-        self._drain_contiguous(out)
+        if seq == cursor + 1:
+            self._deliver(seq, (batch, raw, self._gen, True), out)
+            rec.progress = True
+            rec.brought += 1
+            self._drain(out)
+            return out
+        if len(self._pending) >= self._hold_limit:
+            return out  # not kept: the live stream or a later attempt brings it
+        self._put(seq, (batch, raw, self._gen, True))
+        rec.progress = True
+        rec.brought += 1
         return out
 
     def on_replay_end(self, token: int) -> list[Action]:
-        """The end marker of the replay ``token``."""
-        if token != self._token:
+        """The end marker of the replay attempt ``token``."""
+        rec = self._rec
+        if rec is None or token != rec.token:
             return []
         out: list[Action] = []
-        self._finish("short", None, out)
+        rec.heard = True
+        if rec.purpose == "verify" and rec.items == 0:
+            # The engine holds nothing at or after the anchor: a younger process than the one we read.
+            assert self._anchor is not None
+            self._restart(self._anchor[0], "identity", True, out)
+            return out
+        self._attempt_over(out)
         return out
 
     def on_replay_failed(self, token: int, outcome: str) -> list[Action]:
-        """The replay ``token`` timed out (``"timeout"``) or failed (``"failed"``: garbage, socket error)."""
-        failure: FailureOutcome
-        if outcome == "timeout":
-            failure = "timeout"
-        elif outcome == "failed":
-            failure = "failed"
-        else:
+        """The attempt ``token`` ended without its end marker: ``"timeout"`` (nothing more came) or
+        ``"failed"`` (a malformed reply, a socket error)."""
+        if outcome not in ("timeout", "failed"):
             raise ValueError(f"replay failure outcome must be 'timeout' or 'failed', got {outcome!r}")
-        if token != self._token:
+        rec = self._rec
+        if rec is None or token != rec.token:
             return []
         out: list[Action] = []
-        self._finish(failure, failure, out)
+        if rec.purpose == "verify":
+            self._unverifiable(out)
+            if self._rec is not rec:
+                return out
+        self._attempt_over(out)
+        return out
+
+    def on_quiet(self) -> list[Action]:
+        """The live stream has been quiet for a while with batches pending above a hole: it will
+        not bring the hole any more, so the hole is treated as passed (rule 6)."""
+        out: list[Action] = []
+        if self._rec is not None or not self._pending:
+            return out
+        self._live_top = max([self._live_top, *self._pending])
+        self._settle(out)
         return out
 
     # --- the rules ----------------------------------------------------------------------
 
-    def _start(self, seq: int, batch: Batch | None, catch_up: bool, out: list[Action]) -> None:
-        """Rule 1: the first batch of the gateway's view of this publisher."""
-        self._live_top = seq
-        if seq == 0 or not catch_up:
-            self._deliver(seq, batch, False, out)
+    def _start_epoch_live(self, seq: int, item: _Item, out: list[Action]) -> None:
+        """Rules 1-2 for a live batch when nothing of the epoch is known yet."""
+        self._live_top = max(self._live_top, seq)
+        if self._rec is not None:  # a restart has begun the new process's catch-up
+            self._put(seq, item)
             return
-        out.append(RequestReplay(self._new_token(), 0))
-        self._put(seq, batch)
+        if self._has_replay and seq != 0:  # seq 0 is a process's first batch: nothing precedes it
+            self._put(seq, item)
+            self._begin("catch_up", 0, out)
+            return
+        self._establish(seq, item[0], out)
+        self._deliver(seq, item, out)
 
-    def _forward(self, seq: int, batch: Batch | None, out: list[Action]) -> None:
-        """Rules 2-4: a live batch above the cursor (or during catch-up) that is not held."""
+    def _establish(self, start: int, batch: Batch | None, out: list[Action]) -> None:
+        """Rule 2: the epoch starts at ``start``; say what lies before it."""
+        if self._origin_zero and not clock_seeded(start):
+            self.cursor = -1
+            if start > 0:
+                self._account(start - 1, "restart", out)
+            return
+        self.cursor = start - 1
+        if start > 0 and not clock_seeded(start) and not _starts_cleared(batch):
+            out.append(HistoryTruncated(start))
+
+    def _forward(self, seq: int, item: _Item, verifying: bool, out: list[Action]) -> None:
+        """Rules 3-4: a live batch above the cursor (or during a catch-up) that is not pending."""
+        self._report_gaps(seq, out)
         self._live_top = max(self._live_top, seq)
         cursor = self.cursor
-        if cursor is not None and seq == cursor + 1:
-            self._deliver(seq, batch, False, out)
-            self._drain_contiguous(out)
+        if cursor is not None and seq == cursor + 1 and not verifying:
+            self._deliver(seq, item, out)
+            self._drain(out)
             return
-        if self._token is not None:
-            self._hold(seq, batch, out)
+        self._put(seq, item)
+        if self._rec is not None:
+            if self.held > self._hold_limit:
+                self._overflow(out)
             return
-        assert cursor is not None  # no replay in flight and not fresh
-        self._note_gap(seq - 1, out)
-        if self._has_replay:
-            out.append(RequestReplay(self._new_token(), cursor + 1))
-            self._put(seq, batch)
-            return
-        out.append(Unrecovered(cursor + 1, seq - 1, "unavailable"))
-        out.append(ReplayFinished(None, "unavailable", 0))
-        self._deliver(seq, batch, False, out)
+        self._settle(out)
 
-    def _hold(self, seq: int, batch: Batch | None, out: list[Action]) -> None:
-        """Rule 4."""
-        self._note_gap(seq - 1, out)
-        self._put(seq, batch)
-        if len(self._held) > self._hold_limit:
-            assert self._token is not None
-            out.append(CancelReplay(self._token))
-            self._finish("overflow", "failed", out)
+    def _report_gaps(self, seq: int, out: list[Action]) -> None:
+        """GapDetected for the seqs the live stream skipped that nothing else brought."""
+        if self._live_top < 0:
+            return  # the first live batch of the epoch: what came before is history, not a gap
+        low = self._live_top + 1
+        if self.cursor is not None:
+            low = max(low, self.cursor + 1)
+        run = low
+        for held in sorted(s for s in self._pending if low <= s < seq):
+            if held > run:
+                out.append(GapDetected(run, held - 1))
+            run = held + 1
+        if run < seq:
+            out.append(GapDetected(run, seq - 1))
+
+    def _settle(self, out: list[Action]) -> None:
+        """No replay in flight and something missing below a pending batch: recover or account it."""
+        while self._pending:
+            assert self.cursor is not None
+            low = self._first_pending()
+            assert low is not None
+            if low == self.cursor + 1:
+                self._drain(out)
+                continue
+            if self.cursor + 1 > self._live_top:
+                return  # the live stream is behind and will bring it (rule 6)
+            if self._has_replay:
+                self._begin("gap", self.cursor + 1, out)
+                return
+            self._account(low - 1, "no_replay", out)
+            out.append(ReplayFinished(None, "unavailable", 0))
+            self._drain(out)
+
+    def _check_identity(self, rec: _Recovery, seq: int, raw: bytes, out: list[Action]) -> bool:
+        """Rule 1 on the first item of a verification; False when it found a restart."""
+        assert self._anchor is not None
+        anchor, anchor_raw = self._anchor
+        if seq == anchor and raw == anchor_raw:
+            self._reconnected = False  # the same engine: no heuristic for the next live batch
+            out.extend(Duplicate(s) for s, _, _ in self._low_live)
+            self._low_live.clear()
+            rec.purpose = "gap"
+            self._drain(out)
+            return True
+        if seq <= anchor:  # another batch under the same seq, or a reply from below what was asked
+            self._restart(seq, "identity", True, out)
+            return False
+        if seq - anchor > self._jump_limit:
+            self._restart(seq, "jump", True, out)
+            return False
+        # The anchor has left the buffer: the engine cannot be told apart; the live stream decides.
+        rec.floor = seq
+        self._unverifiable(out)
+        return self._rec is rec
+
+    def _unverifiable(self, out: list[Action]) -> None:
+        """Rule 1's fallback: a live batch at or below the cursor after the reconnect is a restart."""
+        rec = self._rec
+        assert rec is not None
+        rec.purpose = "gap"
+        if not self._low_live:
+            self._drain(out)
+            return
+        assert self.cursor is not None
+        seq, batch, _ = self._low_live[0]
+        reason = self._restart_reason(seq, self.cursor, batch, True)
+        assert reason is not None  # reconnected=True always gives one
+        self._restart(seq, reason, True, out)
+
+    def _attempt_over(self, out: list[Action]) -> None:
+        """Rule 6."""
+        rec = self._rec
+        assert rec is not None
+        if self.cursor is None:
+            low = self._first_pending()
+            if low is None:  # nothing known at all: wait for the live stream
+                self._finish(out)
+                return
+            self._establish(low, self._pending[low][0], out)
+        while True:
+            self._drain(out)
+            assert self.cursor is not None
+            low = self._first_pending()
+            if low is None:
+                self._finish(out)
+                return
+            nxt = self.cursor + 1
+            passed = nxt <= self._live_top
+            if rec.floor is not None and rec.start <= nxt < rec.floor:
+                if not passed:
+                    self._finish(out)
+                    return
+                self._account(min(low, rec.floor) - 1, "evicted", out)
+                continue
+            if rec.progress and rec.attempt < self._max_attempts:
+                self._attempt(nxt, out)
+                return
+            if not passed:
+                self._finish(out)
+                return
+            self._account(low - 1, "transit" if rec.brought or rec.items else "no_answer", out)
+
+    def _overflow(self, out: list[Action]) -> None:
+        """Rule 9."""
+        rec = self._rec
+        assert rec is not None
+        out.append(CancelReplay(rec.token))
+        self._flush("overflow", lambda gen: True, out)
+        self._finish(out)
+
+    def _flush(self, reason: LossReason, old: Callable[[int], bool], out: list[Action]) -> None:
+        """Deliver the pending batches that ``old`` selects (by generation), holes counted as ``reason``."""
+        for seq in sorted(self._pending):
+            item = self._pending[seq]
+            if not old(item[2]):
+                continue
+            del self._pending[seq]
+            if self.cursor is None:
+                self._establish(seq, item[0], out)
+            assert self.cursor is not None
+            if seq > self.cursor + 1:
+                self._account(seq - 1, reason, out)
+            self._deliver(seq, item, out)
+        self._heap = sorted(self._pending)
 
     def _restart_reason(self, seq: int, ref: int, batch: Batch | None, reconnected: bool) -> RestartReason | None:
-        """Rule 7, for a live ``seq`` at or below ``ref`` (the cursor)."""
+        """Rule 7, for a live ``seq`` at or below ``ref``."""
         if seq <= 1 and seq < ref:
             return "seq_reset"
         if ref - seq > self._restart_window:
@@ -361,89 +686,97 @@ class Sequencer:
             return "cleared"
         return None
 
-    def _restart(self, seq: int, batch: Batch | None, reason: RestartReason, out: list[Action]) -> None:
-        if self._token is not None:
-            # Deliver what the old publisher already sent before forgetting it.
-            out.append(CancelReplay(self._token))
-            self._finish("restart", "failed", out)
-        previous = self.cursor
-        assert previous is not None  # only reachable after something was delivered or held (then drained)
-        out.append(Restart(seq, previous, reason))
-        self._top = self._live_top = -1
-        if reason == "jump":
-            # A time-seeded seq says nothing about what came before it: start fresh, no catch-up.
-            self.cursor = None
-            self._start(seq, batch, False, out)
-        else:
-            self.cursor = -1
-            self._forward(seq, batch, out)
+    def _restart(
+        self, seq: int, reason: RestartReason, by_connection: bool, out: list[Action], *, first_live: int | None = None
+    ) -> None:
+        """Rule 8. ``by_connection``: batches of the connection before the last disconnect are the
+        old process's; without it (a live batch gave the restart away) everything pending is."""
+        rec = self._rec
+        if rec is not None:
+            out.append(CancelReplay(rec.token))
+        current = self._gen
+        self._flush("restart", (lambda gen: gen < current) if by_connection else (lambda gen: True), out)
+        if rec is not None:
+            self._finish(out)
+        # Live batches at or below the cursor since the reconnect are the new process's own.
+        low_live, self._low_live = self._low_live, []
+        if by_connection:
+            for s, b, raw in low_live:
+                if s not in self._pending:
+                    self._put(s, (b, raw, current, False))
+        out.append(Restart(seq, -1 if self.cursor is None else self.cursor, reason))
+        self._reconnected = False  # the restart is found: the heuristic has done its work
+        self.cursor = None
+        self._anchor = None
+        self._origin_zero = reason != "jump"
+        self._live_top = max(self._pending, default=-1)
+        # A live seq 0 that gave the restart away is the new process's first batch: no history to fetch.
+        if self._has_replay and not (first_live == 0 and not self._pending):
+            self._begin("catch_up", 0, out)
 
-    def _finish(self, reason: LossReason, failure: FailureOutcome | None, out: list[Action]) -> None:
-        """Rule 6: drain every held batch, then report the replay's outcome."""
-        while (low := self._first_held()) is not None:
-            self._account(low, self._held.pop(low), False, reason, out)
-        self._heap.clear()
-        if self._lost == 0 and (failure is None or self._replayed > 0):
+    def _finish(self, out: list[Action]) -> None:
+        rec = self._rec
+        assert rec is not None
+        if rec.lost == 0 and (rec.heard or rec.brought > 0):
             outcome: Outcome = "recovered"
-        elif self._replayed > 0:
+        elif rec.brought > 0:
             outcome = "partial"
-        else:
-            outcome = "failed" if failure is None else failure
-        out.append(ReplayFinished(self._token, outcome, self._replayed))
-        self._token = None
-        self._replayed = 0
-        self._lost = 0
+        else:  # lost with nothing brought, or no answer at all
+            outcome = "failed"
+        out.append(ReplayFinished(rec.token, outcome, rec.brought, rec.attempt))
+        self._rec = None
 
     # --- primitives ---------------------------------------------------------------------
 
-    def _new_token(self) -> int:
+    def _begin(self, purpose: Purpose, start: int, out: list[Action]) -> None:
+        self._rec = _Recovery(0, start, purpose)
+        self._attempt(start, out)
+
+    def _attempt(self, start: int, out: list[Action]) -> None:
+        rec = self._rec
+        assert rec is not None
         self._last_token += 1
-        self._token = self._last_token
-        self._replayed = 0
-        self._lost = 0
-        return self._last_token
+        rec.new_attempt(self._last_token, start)
+        out.append(RequestReplay(rec.token, start, rec.purpose, rec.attempt))
 
-    def _put(self, seq: int, batch: Batch | None) -> None:
-        self._held[seq] = batch
+    def _put(self, seq: int, item: _Item) -> None:
+        self._pending[seq] = item
         heapq.heappush(self._heap, seq)
-        self._top = max(self._top, seq)
 
-    def _first_held(self) -> int | None:
+    def _first_pending(self) -> int | None:
         heap = self._heap
-        while heap and heap[0] not in self._held:
+        while heap and heap[0] not in self._pending:
             heapq.heappop(heap)
         return heap[0] if heap else None
 
-    def _note_gap(self, last: int, out: list[Action]) -> None:
-        """Report the seqs above everything known up to ``last`` as a live gap."""
-        if last > self._top:
-            out.append(GapDetected(self._top + 1, last))
-            self._top = last
-
-    def _account(self, seq: int, batch: Batch | None, replayed: bool, reason: LossReason, out: list[Action]) -> None:
-        """Deliver ``seq``, counting the hole between the cursor and it as lost for ``reason``."""
+    def _account(self, last: int, reason: LossReason, out: list[Action]) -> None:
+        """Count ``cursor + 1 .. last`` as lost; ``not_sent`` when the engine fenced it with a clear."""
         cursor = self.cursor
-        # A catch-up's very first batch has no cursor: the history before it is not a loss.
-        # The hole lies below a live batch already seen, so GapDetected reported it then (or, in a
-        # catch-up, it is history before the first live batch).
-        if cursor is not None and seq > cursor + 1:
-            out.append(Unrecovered(cursor + 1, seq - 1, reason))
-            self._lost += seq - 1 - cursor
-        self._deliver(seq, batch, replayed, out)
+        assert cursor is not None and last > cursor
+        if reason in ("evicted", "transit", "no_answer", "no_replay"):
+            after = self._pending.get(last + 1)
+            if after is not None and _starts_cleared(after[0]):
+                reason = "not_sent"
+        out.append(Unrecovered(cursor + 1, last, reason))
+        if self._rec is not None:
+            self._rec.lost += last - cursor
+        self.cursor = last
 
-    def _deliver(self, seq: int, batch: Batch | None, replayed: bool, out: list[Action]) -> None:
+    def _deliver(self, seq: int, item: _Item, out: list[Action]) -> None:
+        batch, raw, _, replayed = item
         out.append(Deliver(seq, batch, replayed))
         self.cursor = seq
-        self._top = max(self._top, seq)
-        if replayed:
-            self._replayed += 1
+        self._anchor = (seq, raw)
 
-    def _drain_contiguous(self, out: list[Action]) -> None:
-        held = self._held
-        while held:
+    def _drain(self, out: list[Action]) -> None:
+        pending = self._pending
+        if self._rec is not None and self._rec.purpose == "verify":
+            return
+        while pending:
             assert self.cursor is not None
             nxt = self.cursor + 1
-            if nxt not in held:
+            item = pending.pop(nxt, None)
+            if item is None:
                 return
-            self._deliver(nxt, held.pop(nxt), False, out)
+            self._deliver(nxt, item, out)
         self._heap.clear()  # every entry left is stale

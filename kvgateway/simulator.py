@@ -973,6 +973,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     faults.add_argument(
         "--start-seq", type=_int_arg(0, MAX_SEQ), default=0, metavar="N", help="first seq (TensorRT-LLM style)"
     )
+    faults.add_argument(
+        "--start-delay",
+        type=_seconds_arg,
+        default=0.0,
+        metavar="S",
+        help="open the sockets, then stay silent S s (answering replays) before the first batch",
+    )
 
 
 def _engines_from_args(args: argparse.Namespace, context: zmq.asyncio.Context) -> list[SimulatedEngine]:
@@ -1063,6 +1070,9 @@ async def _simulate(args: argparse.Namespace) -> int:
                 f" replay {engine.replay_bound_endpoint or 'none'}",
                 flush=True,
             )
+        if args.start_delay > 0:
+            # Bound and answering replays, but silent: a consumer connects and catches up on nothing.
+            await asyncio.gather(*(engine.serve_replays(args.start_delay) for engine in engines))
         await asyncio.gather(*(engine.run() for engine in engines))
         if not stopped and args.linger != 0:
             seconds = None if args.linger < 0 else args.linger

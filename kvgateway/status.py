@@ -10,7 +10,21 @@ from kvgateway.config import StreamConfig
 DEGRADED_SECONDS = 60.0
 """A stream that lost batches for good shows as degraded for this long after the last loss."""
 
-COUNTERS = ("batches", "gaps", "missed", "replayed", "unrecovered", "restarts", "duplicates", "decode_errors")
+COUNTERS = (
+    "batches",
+    "gaps",
+    "missed",
+    "replayed",
+    "unrecovered",
+    "restarts",
+    "duplicates",
+    "decode_errors",
+    "history_truncations",
+)
+
+QUIET_LOSSES = frozenset({"restart"})
+"""Loss reasons that do not make a stream degraded: batches a restarted engine published before the
+gateway reconnected are an ordinary part of a restart (the restart notice says so)."""
 
 
 @dataclass(slots=True)
@@ -22,6 +36,7 @@ class StreamStatus:
     lag_seconds: float | None = None
     last_loss_at: float | None = None
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    losses: dict[str, int] = field(default_factory=dict)  # unrecovered batches by reason
 
     def degraded(self, now: float) -> bool:
         return self.last_loss_at is not None and now - self.last_loss_at < DEGRADED_SECONDS
@@ -34,7 +49,7 @@ class StreamStatus:
             return "degraded"
         return "stale" if stale else "up"
 
-    def to_json(self, now: float, stale: bool) -> dict[str, Any]:
+    def to_json(self, now: float, stale: bool, stale_reason: str | None = None) -> dict[str, Any]:
         cfg = self.config
         return {
             "source": cfg.source,
@@ -46,7 +61,9 @@ class StreamStatus:
             "connected": self.connected,
             "reason": None if self.connected else self.down_reason,
             "stale": stale,
+            "stale_reason": stale_reason if stale else None,
             "last_seq": self.last_seq,
             "lag_seconds": self.lag_seconds,
             "counters": dict(self.counters),
+            "unrecovered_by_reason": dict(sorted(self.losses.items())),
         }

@@ -76,22 +76,16 @@ def sim_ready(proc: Proc, ranks: int = 1, timeout: float = 30.0) -> None:
         proc.wait_for(rf"^simulate: rank {rank} publishing ", timeout=timeout)
 
 
-def warmup(batches: int) -> list[str]:
-    """Simulator flags for a silent warm-up of ``batches`` batches before the run a test watches.
+def warmup(seconds: float) -> list[str]:
+    """Simulator flags for a silent start of ``seconds`` before the run a test watches.
 
     ZeroMQ's PUB drops what it sends before a subscriber's subscription has arrived (the "slow
-    joiner"), and the simulator publishes its first batch as soon as its socket is up: which seq
-    the gateway sees first would be left to chance, and with it whether a catch-up replay runs.
-    So the simulator first runs ``batches`` batches with seqs from :data:`WARMUP_BASE`, none sent
-    live, then restarts at seq 0 with an empty replay buffer and cache (like a new engine process).
-    The gateway never sees the warm-up, so for it the run begins at seq 0, received live, with no
-    catch-up and no restart. Add ``batches`` to ``--batches``. (``--skip`` and ``--garbage-at`` of a
-    test stay far below :data:`WARMUP_BASE`, so they only hit the watched run.)
+    joiner"), and the gateway asks a connecting engine for its history: which seqs arrive live and
+    which by that catch-up would be left to chance. So the simulator opens its sockets and stays
+    silent (answering replays) for ``seconds``: the gateway connects, catches up on an empty buffer
+    (one ``recovered`` recovery that brings nothing), and the run begins at seq 0, received live.
     """
-    if batches == 0:
-        return []
-    last = WARMUP_BASE + batches - 1
-    return ["--start-seq", str(WARMUP_BASE), "--skip", f"{WARMUP_BASE}-{last}", "--restart-at", str(last)]
+    return [] if seconds <= 0 else ["--start-delay", str(seconds)]
 
 
 # --- the WebSocket client ---------------------------------------------------------------------
@@ -195,6 +189,10 @@ def stream_metrics(base: str, source: str, dp_rank: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, name in _STREAM_COUNTERS.items():
         found = select(name)
+        if key == "unrecovered":  # one series per reason
+            out[key] = sum(int(v) for _, v in found)
+            out["losses"] = {labels["reason"]: int(v) for labels, v in found if int(v) != 0}
+            continue
         assert len(found) == 1, f"{name} for {want}: {found}"
         out[key] = int(found[0][1])
     out["replay"] = {

@@ -7,10 +7,11 @@ before the engine publishes (it sees every delivered batch and notice, in the ga
 Two techniques keep the counts exact whatever the machine's load:
 
 - **Warm-up** (:func:`warmup`): for every engine whose counts are checked (all but the
-  late-gateway test), the gateway binds (``bind=true``) and the simulator connects to it, after a
-  silent warm-up run that ends in a restart at seq 0. The gateway's subscription is in place long
-  before seq 0 (ZeroMQ drops what a PUB sends before it), so seq 0 arrives live and no catch-up
-  replay muddies the counters.
+  late-gateway test), the gateway binds (``bind=true``) and the simulator connects to it, then
+  stays silent for a moment. The gateway's subscription is in place long before seq 0 (ZeroMQ
+  drops what a PUB sends before it), and its catch-up at connect finds an empty buffer (one
+  ``recovered`` recovery that brings nothing), so seq 0 arrives live. The warm-up outlasts the
+  engine's ``--replay-delay``, so that catch-up is answered before the run begins.
 - **Frozen replay buffer**: a replay reply holds every buffered batch from the requested seq up to
   the engine's latest, so its length (counted in ``batches_received``) depends on when the engine
   answers. Where a test counts a replay's batches, the engine answers late (``--replay-delay``),
@@ -64,22 +65,21 @@ def connecting_sim(
     *,
     rate: float,
     batches: int,
-    warm: int,
+    warm: float,
     dp_size: int = 1,
     extra: Sequence[str] = (),
     wait: bool = True,
 ) -> Proc:
-    """A simulator that connects to the gateway, runs ``warm`` silent batches, then ``batches`` watched ones."""
-    args = ["--endpoint", loopback(pub), "--rate", str(rate), "--batches", str(warm + batches), "--linger", "60"]
+    """A simulator that connects to the gateway, stays silent ``warm`` seconds, then publishes ``batches``."""
+    args = ["--endpoint", loopback(pub), "--rate", str(rate), "--batches", str(batches), "--linger", "60"]
     if replay is not None:
         args += ["--replay-endpoint", loopback(replay)]
     args += ["--dp-size", str(dp_size), *warmup(warm), *extra]
     return start_sim(procs, *args, ranks=dp_size, wait=wait)
 
 
-def warm_batches(rate: float, seconds: float = 0.5) -> int:
-    """Warm-up length: the gateway's subscription needs milliseconds; give it ``seconds``."""
-    return max(20, int(rate * seconds))
+WARM = 0.5
+"""Warm-up length in seconds: the gateway's subscription and catch-up need milliseconds."""
 
 
 def counters(**overrides: Any) -> dict[str, Any]:
@@ -90,13 +90,14 @@ def counters(**overrides: Any) -> dict[str, Any]:
         "missed": 0,
         "replayed": 0,
         "unrecovered": 0,
+        "losses": {},
         "restarts": 0,
         "duplicates": 0,
         "decode_errors": 0,
         "up": 1,
         "last_seq": -1,
         "queue_depth": 0,
-        "replay": {},
+        "replay": {"recovered": 1},  # the catch-up at connect
     }
     base.update(overrides)
     return base
@@ -133,6 +134,7 @@ def loss_notices(first: int, last: int, reason: str) -> list[tuple[Any, ...]]:
     count = last - first + 1
     return [
         ("notice", "unrecovered_gap", {"first": first, "last": last, "count": count, "reason": reason}),
+        ("notice", "stale", {"reason": "unrecovered", "seq": first, "detail": f"{count} batches lost ({reason})"}),
         ("notice", "degraded", {"reason": f"{count} batches unrecovered ({reason})"}),
     ]
 
@@ -156,10 +158,10 @@ def test_skipped_range_is_replayed_and_every_batch_delivered_once_in_order(procs
             rep,
             rate=rate,
             batches=total,
-            warm=warm_batches(rate),
+            warm=3.5,
             extra=["--skip", f"{first}-{last}", "--replay-delay", "3"],
         )
-        got = settled(gw.base, "a", last_seq=total - 1, replays=1)
+        got = settled(gw.base, "a", last_seq=total - 1, replays=2)
         wait_until(lambda: ws.last_seq("a") == total - 1, timeout=30, what="the last batch on the WebSocket")
         missing = last - first + 1
         live = total - missing
@@ -169,7 +171,7 @@ def test_skipped_range_is_replayed_and_every_batch_delivered_once_in_order(procs
             missed=missing,
             replayed=missing,
             last_seq=total - 1,
-            replay={"recovered": 1},
+            replay={"recovered": 2},
         )
         assert stream_story(ws, "a") == batches(range(total))
         assert ws.closed_error is None
@@ -184,6 +186,7 @@ def test_skipped_range_is_replayed_and_every_batch_delivered_once_in_order(procs
         "restarts": 0,
         "duplicates": 0,
         "decode_errors": 0,
+        "history_truncations": 0,
     }
 
 
@@ -203,10 +206,10 @@ def test_history_evicted_before_the_replay_is_reported_unrecovered(procs: Start)
             rep,
             rate=rate,
             batches=total,
-            warm=warm_batches(rate),
+            warm=2.0,
             extra=["--skip", "100-399", "--buffer-steps", str(keep), "--replay-delay", "1.5"],
         )
-        got = settled(gw.base, "a", last_seq=total - 1, replays=1)
+        got = settled(gw.base, "a", last_seq=total - 1, replays=2)
         wait_until(lambda: ws.last_seq("a") == total - 1, timeout=30, what="the last batch on the WebSocket")
         assert got == counters(
             received=200 + keep,  # 0-99 and 400-499 live, then the reply 350-499
@@ -214,8 +217,9 @@ def test_history_evicted_before_the_replay_is_reported_unrecovered(procs: Start)
             missed=300,
             replayed=50,
             unrecovered=250,
+            losses={"evicted": 250},
             last_seq=total - 1,
-            replay={"partial": 1},
+            replay={"recovered": 1, "partial": 1},
         )
         assert stream_story(ws, "a") == [
             *batches(range(100)),
@@ -225,6 +229,7 @@ def test_history_evicted_before_the_replay_is_reported_unrecovered(procs: Start)
     status = source_status(gw.base, "a")
     assert (status["state"], status["stale"], status["connected"]) == ("degraded", True, True)
     assert status["counters"]["unrecovered"] == 250
+    assert (status["stale_reason"], status["unrecovered_by_reason"]) == ("unrecovered", {"evicted": 250})
     assert occupancy_stream(gw.base, "a")["stale"] is True
 
 
@@ -244,7 +249,7 @@ def test_publisher_restart_resets_the_stream_and_loses_nothing_after_it(procs: S
             rep,
             rate=rate,
             batches=before + after,
-            warm=warm_batches(rate),
+            warm=WARM,
             extra=["--restart-at", str(before - 1)],
         )
 
@@ -254,6 +259,7 @@ def test_publisher_restart_resets_the_stream_and_loses_nothing_after_it(procs: S
 
         wait_until(second_run_done, timeout=60, what="every batch of both runs on the WebSocket")
         got = settled(gw.base, "a", last_seq=after - 1)
+        # The new process's first batch (seq 0) arrived live: nothing precedes it, no catch-up.
         assert got == counters(received=before + after, restarts=1, last_seq=after - 1)
         restart = ("notice", "restart", {"seq": 0, "previous": before - 1, "reason": "seq_reset"})
         assert stream_story(ws, "a") == [*batches(range(before)), restart, *batches(range(after))]
@@ -316,7 +322,7 @@ def test_failed_replays_lose_only_the_gap_and_do_not_hold_up_other_streams(procs
         "--replay-timeout",
         str(timeout),
     )
-    warm = warm_batches(rate)
+    warm = WARM
     skip = ["--skip", "100-199"]
     dead, slow = [*skip, "--replay-dead"], [*skip, "--replay-delay", "3"]
     ok_total = 2 * total
@@ -330,18 +336,19 @@ def test_failed_replays_lose_only_the_gap_and_do_not_hold_up_other_streams(procs
         for sim in sims:
             sim_ready(sim)
         results = {}
-        for name, last, replays in (("none", total, 1), ("dead", total, 1), ("slow", total, 1), ("ok", ok_total, 0)):
+        for name, last, replays in (("none", total, 1), ("dead", total, 2), ("slow", total, 2), ("ok", ok_total, 1)):
             results[name] = settled(gw.base, name, last_seq=last - 1, replays=replays)
             wait_until(lambda n=name, s=last - 1: ws.last_seq(n) == s, timeout=30, what=f"{name}'s last batch")
 
         lossy = {"received": 300, "gaps": 1, "missed": 100, "unrecovered": 100, "last_seq": total - 1}
+        # dead and slow answer neither the catch-up at connect nor the gap's replay: both failed.
         assert results == {
-            "none": counters(**lossy, replay={"unavailable": 1}),
-            "dead": counters(**lossy, replay={"timeout": 1}),
-            "slow": counters(**lossy, replay={"timeout": 1}),
+            "none": counters(**lossy, losses={"no_replay": 100}, replay={"unavailable": 1}),
+            "dead": counters(**lossy, losses={"no_answer": 100}, replay={"failed": 2}),
+            "slow": counters(**lossy, losses={"no_answer": 100}, replay={"failed": 2}),
             "ok": counters(received=ok_total, last_seq=ok_total - 1),
         }
-        for name, reason in (("none", "unavailable"), ("dead", "timeout"), ("slow", "timeout")):
+        for name, reason in (("none", "no_replay"), ("dead", "no_answer"), ("slow", "no_answer")):
             assert stream_story(ws, name) == [
                 *batches(range(100)),
                 *loss_notices(100, 199, reason),
@@ -375,14 +382,28 @@ def test_undecodable_payloads_are_counted_and_skipped_without_a_gap(procs: Start
     gw = start_gateway(procs, http, [bound_source("a", pub, rep)])
     with WsCollector(gw.ws_url) as ws:
         extra = [arg for seq in garbage for arg in ("--garbage-at", str(seq))]
-        connecting_sim(procs, pub, rep, rate=rate, batches=total, warm=warm_batches(rate), extra=extra)
+        connecting_sim(procs, pub, rep, rate=rate, batches=total, warm=WARM, extra=extra)
         # The last seq is undecodable too: it still moves last_seq, with no batch on the WebSocket.
         got = settled(gw.base, "a", last_seq=total - 1)
         wait_until(lambda: ws.last_seq("a") == total - 2, timeout=30, what="the last good batch on the WebSocket")
         assert got == counters(received=total, decode_errors=len(garbage), last_seq=total - 1)
-        assert stream_story(ws, "a") == [("batch", seq) for seq in range(total) if seq not in garbage]
+        # The index misses the undecodable batches' events: the stream turns stale, said once.
+        stale = (
+            "notice",
+            "stale",
+            {"reason": "undecodable", "seq": 7, "detail": "the batch could not be decoded; see the log"},
+        )
+        assert stream_story(ws, "a") == [
+            *batches(range(7)),
+            stale,
+            *[("batch", seq) for seq in range(9, total) if seq not in garbage],
+        ]
     status = source_status(gw.base, "a")
-    assert (status["state"], status["counters"]["decode_errors"]) == ("up", len(garbage))
+    assert (status["state"], status["stale_reason"], status["counters"]["decode_errors"]) == (
+        "stale",
+        "undecodable",
+        len(garbage),
+    )
 
 
 # --- (f) a flooding engine next to a modest one -------------------------------------------------
@@ -417,10 +438,10 @@ def test_flooding_engine_does_not_delay_a_modest_one(procs: Start) -> None:
         finally:
             gw.proc.popen.send_signal(signal.SIGCONT)
         # The gateway's one ZeroMQ I/O thread is busy with the backlog: a longer warm-up for modest's handshake.
-        warm = warm_batches(rate, seconds=2.0)
+        warm = 2.0
         connecting_sim(procs, p_modest, None, rate=rate, batches=total, warm=warm, dp_size=2)
         # modest's first batch is due warm/rate after its readiness line.
-        first_due = time.time() + warm / rate + max_lag + 2.0
+        first_due = time.time() + warm + max_lag + 2.0
 
         def lags() -> list[float]:
             return sorted(arrived - m["ts"] for arrived, m in list(ws.messages) if m["type"] == "batch")
@@ -445,7 +466,9 @@ def test_flooding_engine_does_not_delay_a_modest_one(procs: Start) -> None:
             raise LateDelivery(f"half of modest's batches reached the client over {observed[total]:.2f}s late")
         for rank in (0, 1):
             assert stream_story(ws, "modest", rank) == batches(range(total))
-            assert settled(gw.base, "modest", rank, last_seq=total - 1) == counters(received=total, last_seq=total - 1)
+            assert settled(gw.base, "modest", rank, last_seq=total - 1) == counters(
+                received=total, last_seq=total - 1, replay={}
+            )
     for rank in (0, 1):
         flooded = stream_metrics(gw.base, "flood", rank)
         assert (flooded["gaps"], flooded["unrecovered"], flooded["decode_errors"], flooded["up"]) == (0, 0, 0, 1)
@@ -487,13 +510,16 @@ def test_gateway_started_late_catches_up_the_history_by_replay(procs: Start) -> 
     gw = start_gateway(procs, http, [f"name=a,endpoint={loopback(pub)},replay={loopback(rep)}"])
     assert time.monotonic() - started < history / rate - 0.2, "the gateway started too late for this test"
     with WsCollector(gw.ws_url) as ws:
-        got = settled(gw.base, "a", last_seq=total - 1, replays=1)
+        got = settled(gw.base, "a", last_seq=total - 1, replays=2)
         wait_until(lambda: ws.last_seq("a") == total - 1, timeout=30, what="the last batch on the WebSocket")
+        # The catch-up at connect brings the buffer as it was then; the live stream's first batch
+        # (3000) shows the rest is missing, and a second replay, answered after the last batch,
+        # brings it: together the whole buffer once.
         assert got == counters(
-            received=(total - history) + total,  # live 3000-3499, then the whole buffer
+            received=(total - history) + total,
             replayed=history,
             last_seq=total - 1,
-            replay={"recovered": 1},
+            replay={"recovered": 2},
         )
         assert stream_story(ws, "a") == batches(range(total))
     assert sim.popen.poll() is None
