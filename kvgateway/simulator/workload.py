@@ -31,6 +31,8 @@ HASH_KINDS: Final = ("int", "bytes", "signed")
 
 GPU: Final = "GPU"
 CPU: Final = "CPU"
+SGLANG_OFFLOAD_MEDIUMS: Final = ("CPU_PINNED", "DISK", "EXTERNAL")
+"""SGLang's tiers below the GPU (its HiCache host memory is pinned CPU memory)."""
 
 
 _MASK64: Final = (1 << 64) - 1
@@ -166,6 +168,11 @@ class Workload:
 
     ``stream`` separates workloads that share ``seed``: they have the same system prompts (so the
     same prefix hashes, like DP ranks of one model) but different requests.
+    ``dialect="sglang"``: events as SGLang fills them: no extra_keys/group_idx, the offload tier's
+    medium is ``CPU_PINNED`` (its placeholder stores included), unknown removes also name ``DISK``
+    and ``EXTERNAL``; with ``metadata`` every BlockStored carries ``{"cache_salt": ...}`` in
+    ``extra`` (encoded by ``wire.encode_batch(..., dialect="sglang")`` as SGLang's metadata map).
+    The pools are still addressed as ``"GPU"``/``"CPU"`` in :meth:`resident_counts`.
     ``events_per_batch``: the minimum event count per batch, fixed or drawn from an inclusive
     ``(low, high)`` range; a request's events are never split, so a batch may hold more.
     """
@@ -182,7 +189,13 @@ class Workload:
         clear_every: int = 0,
         events_per_batch: int | tuple[int, int] = (2, 6),
         stream: int = 0,
+        dialect: wire.Dialect = "vllm",
+        metadata: bool = False,
     ) -> None:
+        if dialect not in wire.DIALECTS:
+            raise ValueError(f"dialect must be one of {', '.join(wire.DIALECTS)}, not {dialect!r}")
+        if metadata and dialect != "sglang":
+            raise ValueError("metadata is SGLang's BlockStored field: it needs dialect='sglang'")
         if hash_kind not in HASH_KINDS:
             raise ValueError(f"hash_kind must be one of {', '.join(HASH_KINDS)}, not {hash_kind!r}")
         if block_size < 1:
@@ -195,6 +208,11 @@ class Workload:
         if not 1 <= low <= high:
             raise ValueError("events_per_batch must be a positive count or a (low, high) range with low <= high")
         self.hash_kind: HashKind = hash_kind
+        self.dialect: wire.Dialect = dialect
+        self.metadata = metadata
+        self._sglang = dialect == "sglang"
+        self._cpu_name = "CPU_PINNED" if self._sglang else CPU
+        self._removed_extra: dict[str, Any] = {} if self._sglang else {"group_idx": 0}
         self.block_size = block_size
         self.cpu_offload = cpu_offload
         self.clear_every = clear_every
@@ -322,9 +340,11 @@ class Workload:
 
     def _unknown_remove(self, events: list[wire.Event]) -> None:
         """A remove of a hash never announced: consumers must tolerate it."""
-        medium = CPU if self.cpu_offload and self._rng.random() < 0.5 else GPU
+        medium: str = CPU if self.cpu_offload and self._rng.random() < 0.5 else GPU
+        if self._sglang and medium == CPU:
+            medium = self._rng.choice(SGLANG_OFFLOAD_MEDIUMS)
         h = _hash_from_digest(self._rng.randbytes(32), self.hash_kind)
-        events.append(wire.BlockRemoved(block_hashes=[h], medium=medium, extra={"group_idx": 0}))
+        events.append(wire.BlockRemoved(block_hashes=[h], medium=medium, extra=dict(self._removed_extra)))
 
     def _store(
         self, medium: Medium, blocks: list[_Block], events: list[wire.Event], *, placeholder: bool = False
@@ -341,7 +361,11 @@ class Workload:
                 if medium == GPU and self.cpu_offload:
                     self._offload_evicted(evicted, events)
                 events.append(
-                    wire.BlockRemoved(block_hashes=[b.hash for b in evicted], medium=medium, extra={"group_idx": 0})
+                    wire.BlockRemoved(
+                        block_hashes=[b.hash for b in evicted],
+                        medium=self._medium_name(medium),
+                        extra=dict(self._removed_extra),
+                    )
                 )
             events.append(self._stored_event(part, medium, placeholder=placeholder))
 
@@ -356,7 +380,6 @@ class Workload:
                 self._store(CPU, [block], events)
 
     def _stored_event(self, blocks: list[_Block], medium: Medium, *, placeholder: bool) -> wire.BlockStored:
-        n = len(blocks)
         if placeholder:
             # vLLM's offloading connector without self-describing events: no tokens, no parent.
             return wire.BlockStored(
@@ -364,17 +387,30 @@ class Workload:
                 parent_block_hash=None,
                 token_ids=[],
                 block_size=0,
-                medium=medium,
-                extra=_stored_extra(n),
+                medium=self._medium_name(medium),
+                extra=self._stored_extra(blocks),
             )
         return wire.BlockStored(
             block_hashes=[b.hash for b in blocks],
             parent_block_hash=blocks[0].parent,
             token_ids=[t for b in blocks for t in b.tokens],
             block_size=self.block_size,
-            medium=medium,
-            extra=_stored_extra(n),
+            medium=self._medium_name(medium),
+            extra=self._stored_extra(blocks),
         )
+
+    def _medium_name(self, medium: Medium) -> str:
+        return GPU if medium == GPU else self._cpu_name
+
+    def _stored_extra(self, blocks: list[_Block]) -> dict[str, Any]:
+        if not self._sglang:
+            return _stored_extra(len(blocks))
+        if not self.metadata:
+            return {}
+        # A stable per-tenant salt: derived from the chain's first block, no random draw.
+        first = blocks[0].hash
+        tenant = (first[-1] if isinstance(first, bytes) else first & 0xFF) % 4
+        return {"cache_salt": f"tenant-{tenant}"}
 
     # -- tokens ------------------------------------------------------------------------------
 
