@@ -225,8 +225,17 @@ def test_defaults_match_the_brief() -> None:
     add_arguments(parser)
     args = parser.parse_args([])
     assert (args.endpoint, args.replay_endpoint, args.topic, args.dp_size) == ("tcp://*:5557", None, "kv-events", 1)
-    assert (args.rate, args.batches, args.format, args.hash, args.replay_layout) == (100.0, None, "map", "int", "topic")
-    assert (args.buffer_steps, args.linger, args.start_seq, args.skip, args.restart_at) == (10_000, 2.0, 0, [], [])
+    # Flavour-dependent options stay None here; the engine fills them in (vLLM's by default).
+    assert (args.rate, args.batches, args.format, args.hash, args.replay_layout) == (100.0, None, None, None, None)
+    assert (args.buffer_steps, args.linger, args.start_seq, args.skip, args.restart_at) == (10_000, 2.0, None, [], [])
+    assert (args.engine, args.replay_hwm, args.replay_pace, args.heartbeat, args.restart_down) == (
+        "vllm",
+        1000,
+        False,
+        None,
+        None,
+    )
+    assert (args.lose_tail, args.replay_drop, args.replay_cut, args.drop_queue) == (0, [], None, [])
     args = parser.parse_args(
         ["--skip", "3-5", "--skip", "9", "--restart-at", "4", "--restart-at", "4", "--linger", "-1"]
     )
