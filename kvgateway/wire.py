@@ -528,13 +528,25 @@ STORED_ARRAY_FIELDS: Final = 11
 REMOVED_ARRAY_FIELDS: Final = 3
 
 
-def event_to_wire(event: Event, form: EventForm = "map", *, fields: int | None = None) -> Any:
+Dialect = Literal["vllm", "sglang"]
+DIALECTS: Final = ("vllm", "sglang")
+
+SGLANG_STORED_ARRAY_FIELDS: Final = 6
+"""SGLang's positional BlockStored: hashes, parent, tokens, block_size, lora_id, medium."""
+
+
+def event_to_wire(
+    event: Event, form: EventForm = "map", *, fields: int | None = None, dialect: Dialect = "vllm"
+) -> Any:
     """The msgpack-ready value of one event, as an engine of the given form sends it.
 
     ``fields`` truncates the positional form to an older engine's field count.
+    ``dialect="sglang"``: SGLang's own layout (see :func:`_sglang_event_to_wire`).
     """
     if isinstance(event, UnknownEvent):
         return event.body
+    if dialect == "sglang":
+        return _sglang_event_to_wire(event, form)
     if form == "map":
         if type(event) is BlockStored:
             out: dict[str, Any] = {
@@ -574,9 +586,58 @@ def event_to_wire(event: Event, form: EventForm = "map", *, fields: int | None =
     return values[: count + 1]
 
 
-def encode_batch(batch: Batch, form: EventForm = "map", *, fields: int | None = None, with_rank: bool = True) -> bytes:
+def _sglang_event_to_wire(event: BlockStored | BlockRemoved | AllBlocksCleared, form: EventForm) -> Any:
+    """SGLang's layout: no lora_name, extra_keys or group_idx.
+
+    A BlockStored's ``extra`` (e.g. ``{"cache_salt": ...}``) becomes, in the positional form, one
+    further element holding a map, at the position where vLLM has lora_name (index 7 of the array,
+    the tag being index 0); in the map form its keys sit beside the others. A BlockRemoved's
+    ``extra`` goes only into the map form.
+    """
+    if type(event) is BlockStored:
+        if form == "map":
+            stored: dict[str, Any] = {
+                "type": STORED,
+                "block_hashes": event.block_hashes,
+                "parent_block_hash": event.parent_block_hash,
+                "token_ids": event.token_ids,
+                "block_size": event.block_size,
+                "lora_id": event.lora_id,
+                "medium": event.medium,
+            }
+            stored.update(event.extra)
+            return stored
+        values: list[Any] = [
+            STORED,
+            event.block_hashes,
+            event.parent_block_hash,
+            event.token_ids,
+            event.block_size,
+            event.lora_id,
+            event.medium,
+        ]
+        if event.extra:
+            values.append(dict(event.extra))
+        return values
+    if type(event) is BlockRemoved:
+        if form == "map":
+            removed: dict[str, Any] = {"type": REMOVED, "block_hashes": event.block_hashes, "medium": event.medium}
+            removed.update(event.extra)
+            return removed
+        return [REMOVED, event.block_hashes, event.medium]
+    return {"type": CLEARED} if form == "map" else [CLEARED]
+
+
+def encode_batch(
+    batch: Batch,
+    form: EventForm = "map",
+    *,
+    fields: int | None = None,
+    with_rank: bool = True,
+    dialect: Dialect = "vllm",
+) -> bytes:
     """A msgpack payload as an engine sends it (``with_rank=False``: the vLLM 0.9.0 layout)."""
-    events = [event_to_wire(event, form, fields=fields) for event in batch.events]
+    events = [event_to_wire(event, form, fields=fields, dialect=dialect) for event in batch.events]
     body: list[Any] = [batch.ts, events]
     if with_rank:
         body.append(batch.dp_rank)

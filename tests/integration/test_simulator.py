@@ -12,12 +12,13 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import msgspec
 import pytest
 import zmq
 import zmq.asyncio
 
 from kvgateway import cli, wire
-from kvgateway.simulator import Faults, SimulatedEngine, add_arguments, build_engines
+from kvgateway.simulator import Faults, SimulatedEngine, Workload, add_arguments, build_engines
 
 from ._sim_helpers import (
     Layout,
@@ -194,6 +195,17 @@ def test_cli_bind_failure_is_one_line() -> None:
         ["--events-per-batch", "0"],
         ["--replay-delay", "-0.5"],
         ["--clear-every", "-2"],
+        ["--engine", "tgi"],
+        ["--replay-hwm", "-1"],
+        ["--replay-drop", "5-3"],
+        ["--replay-drop", "3-5x0"],
+        ["--replay-drop", "3-5xa"],
+        ["--replay-cut", "x2"],
+        ["--replay-cut", "-1"],
+        ["--restart-down", "-1"],
+        ["--heartbeat", "nan"],
+        ["--lose-tail", "-1"],
+        ["--drop-queue", "9-2"],
     ],
 )
 def test_bad_values_are_one_parser_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -212,6 +224,10 @@ def test_bad_values_are_one_parser_error(argv: list[str], capsys: pytest.Capture
         (["--endpoint", "tcp://*:5557", "--replay-endpoint", "tcp://*:5558", "--dp-size", "2"], "collides"),
         (["--endpoint", "tcp://*:65535", "--dp-size", "2"], "65535"),
         (["--cpu-offload", "--cpu-blocks", "2"], "--cpu-blocks"),
+        (["--replay-drop", "3-5"], "--replay-endpoint"),
+        (["--replay-cut", "3", "--replay-pace"], "--replay-endpoint"),
+        (["--restart-down", "1"], "--restart-at"),
+        (["--sglang-metadata"], "--engine sglang"),
     ],
 )
 def test_inconsistent_options_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -225,8 +241,17 @@ def test_defaults_match_the_brief() -> None:
     add_arguments(parser)
     args = parser.parse_args([])
     assert (args.endpoint, args.replay_endpoint, args.topic, args.dp_size) == ("tcp://*:5557", None, "kv-events", 1)
-    assert (args.rate, args.batches, args.format, args.hash, args.replay_layout) == (100.0, None, "map", "int", "topic")
-    assert (args.buffer_steps, args.linger, args.start_seq, args.skip, args.restart_at) == (10_000, 2.0, 0, [], [])
+    # Flavour-dependent options stay None here; the engine fills them in (vLLM's by default).
+    assert (args.rate, args.batches, args.format, args.hash, args.replay_layout) == (100.0, None, None, None, None)
+    assert (args.buffer_steps, args.linger, args.start_seq, args.skip, args.restart_at) == (10_000, 2.0, None, [], [])
+    assert (args.engine, args.replay_hwm, args.replay_pace, args.heartbeat, args.restart_down) == (
+        "vllm",
+        1000,
+        False,
+        None,
+        None,
+    )
+    assert (args.lose_tail, args.replay_drop, args.replay_cut, args.drop_queue) == (0, [], None, [])
     args = parser.parse_args(
         ["--skip", "3-5", "--skip", "9", "--restart-at", "4", "--restart-at", "4", "--linger", "-1"]
     )
@@ -276,10 +301,11 @@ async def replay_after_run(
     context: zmq.asyncio.Context, engine: SimulatedEngine, start: int, layout: Layout = "topic"
 ) -> list[tuple[int, bytes]]:
     """Ask a replay of a finished engine, serving replays meanwhile (the CLI's --linger)."""
-    assert engine.replay_endpoint is not None
+    endpoint = engine.replay_bound_endpoint
+    assert endpoint is not None
     server = asyncio.ensure_future(engine.serve_replays(10.0))
     try:
-        return await replay_async(context, engine.replay_endpoint, start, layout)
+        return await replay_async(context, endpoint, start, layout)
     finally:
         server.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -520,3 +546,470 @@ def test_build_engines_offsets_and_shares_system_prompts() -> None:
     finally:
         for engine in engines:
             arun(engine.close())
+
+
+# --- replay as vLLM serves it: one unpaced loop through a ROUTER at SNDHWM 1000 ---------------
+
+
+async def _read_reply(
+    dealer: zmq.asyncio.Socket, layout: Layout = "topic", quiet: float = 0.3
+) -> tuple[list[int], bool]:
+    """The seqs of one reply and whether its end marker came; stops after ``quiet`` s of silence."""
+    seqs: list[int] = []
+    while await dealer.poll(int(quiet * 1000)):
+        seq, _ = parse_replay_reply(await dealer.recv_multipart(), layout)
+        if seq == wire.END_SEQ:
+            return seqs, True
+        seqs.append(seq)
+    return seqs, False
+
+
+@asynccontextmanager
+async def finished_engine(
+    batches: int, **kwargs: Any
+) -> AsyncIterator[tuple[zmq.asyncio.Context, SimulatedEngine, zmq.asyncio.Socket]]:
+    """An engine that has published ``batches`` (cheap ones) and now serves replays, and a DEALER."""
+    kwargs.setdefault("workload", Workload(1, events_per_batch=1, gpu_capacity_blocks=64))
+    rcvhwm = kwargs.pop("rcvhwm", 1000)
+    async with engine_and_sub(rate=0, batches=batches, **kwargs) as (context, engine, _sub):
+        await engine.run()
+        assert engine.replay_endpoint is not None
+        dealer = context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.RCVHWM, rcvhwm)
+        dealer.connect(engine.replay_endpoint)
+        server = asyncio.ensure_future(engine.serve_replays())
+        try:
+            yield context, engine, dealer
+        finally:
+            dealer.close(linger=0)
+            engine.stop()
+            await server
+
+
+def test_long_reply_through_the_default_hwm_loses_batches_the_engine_still_holds() -> None:
+    """vLLM's own behaviour: the DEALER does not read while the engine sends 5,000 replies in one
+    loop; the ROUTER keeps 1,000 (+ the DEALER's 10) and drops the rest and the end marker."""
+    total = 5000
+
+    async def scenario() -> None:
+        async with finished_engine(total, rcvhwm=10) as (_, engine, dealer):
+            await dealer.send_multipart([b"", wire.seq_bytes(0)])
+            await asyncio.sleep(0.3)  # not reading while the engine answers
+            first, ended = await _read_reply(dealer)
+            assert not ended, "the end marker was dropped too"
+            assert 1000 <= len(first) < total and first == list(range(len(first)))
+            reply = engine.replies[-1]
+            assert (reply.planned, reply.sent) == (total, len(first))
+            assert reply.hwm_dropped == list(range(len(first), total)), "dropped by the ROUTER, not by a fault"
+            assert engine.buffered_seqs == list(range(total)), "the engine still holds every batch"
+            # A consumer that asks again from the first missing seq gets the rest, reply by reply.
+            got = list(first)
+            for _ in range(10):
+                await dealer.send_multipart([b"", wire.seq_bytes(got[-1] + 1)])
+                await asyncio.sleep(0.1)
+                more, ended = await _read_reply(dealer)
+                assert more and more[0] == got[-1] + 1
+                got += more
+                if ended:
+                    break
+            assert got == list(range(total)) and ended
+
+    arun(scenario())
+
+
+@pytest.mark.parametrize(("replay_hwm", "pace"), [(1000, True), (0, False)])
+def test_paced_or_unlimited_replay_never_drops(replay_hwm: int, pace: bool) -> None:
+    total = 5000
+
+    async def scenario() -> None:
+        async with finished_engine(total, rcvhwm=10, replay_hwm=replay_hwm, replay_pace=pace) as (_, engine, dealer):
+            await dealer.send_multipart([b"", wire.seq_bytes(0)])
+            await asyncio.sleep(0.3)  # the same slow DEALER
+            seqs, ended = await _read_reply(dealer, quiet=1.0)
+            assert seqs == list(range(total)) and ended
+            assert engine.replies[-1].hwm_dropped == []
+
+    arun(scenario())
+
+
+def test_replay_drop_leaves_exactly_those_holes_in_the_first_n_replies() -> None:
+    faults = Faults(replay_drop=((3, 5, 1), (8, 8, 2)))
+
+    async def scenario() -> None:
+        async with finished_engine(12, faults=faults) as (_, engine, dealer):
+
+            async def ask(start: int) -> list[int]:
+                await dealer.send_multipart([b"", wire.seq_bytes(start)])
+                seqs, ended = await _read_reply(dealer)
+                assert ended, "a dropped item is a hole, not a cut: the end marker still comes"
+                return seqs
+
+            assert await ask(9) == [9, 10, 11], "a reply without those seqs does not use up the fault"
+            assert await ask(0) == [0, 1, 2, 6, 7, 9, 10, 11]
+            assert await ask(2) == [2, 3, 4, 5, 6, 7, 9, 10, 11], "3-5 only once, 8 twice"
+            assert await ask(0) == list(range(12))
+            assert engine.replies[1].fault_dropped == [3, 4, 5, 8] and engine.replies[1].hwm_dropped == []
+
+    arun(scenario())
+
+
+def test_replay_cut_stops_the_first_n_replies_without_end_marker() -> None:
+    async def scenario() -> None:
+        async with finished_engine(10, faults=Faults(replay_cut=(4, 2))) as (_, _engine, dealer):
+            for start, expected in ((0, [0, 1, 2, 3]), (5, [5, 6, 7, 8])):
+                await dealer.send_multipart([b"", wire.seq_bytes(start)])
+                assert await _read_reply(dealer) == (expected, False)
+            await dealer.send_multipart([b"", wire.seq_bytes(0)])
+            assert await _read_reply(dealer) == (list(range(10)), True)
+
+    arun(scenario())
+
+
+# --- process lifecycle ------------------------------------------------------------------------
+
+
+def test_real_restart_disconnects_subscribers_and_starts_a_new_process() -> None:
+    async def scenario() -> None:
+        context = zmq.asyncio.Context()
+        engine = SimulatedEngine(
+            "tcp://127.0.0.1:*",
+            replay_endpoint="tcp://127.0.0.1:*",
+            rate=50,
+            batches=30,
+            faults=Faults(restart_at=(9,), restart_down=0.4),
+            context=context,
+        )
+        await engine.start()
+        pub, replay = engine.bound_endpoint, engine.replay_bound_endpoint
+        sub = context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        sub.connect(pub)
+        await asyncio.sleep(0.2)
+        try:
+            runner = asyncio.ensure_future(engine.run())
+            live: list[list[bytes]] = []
+            disconnected_after: int | None = None
+            async with asyncio.timeout(10):
+                while not runner.done() or await sub.poll(100):
+                    if await monitor.poll(0) and disconnected_after is None:
+                        await monitor.recv_multipart()
+                        disconnected_after = len(live)
+                    if await sub.poll(10):
+                        live.append(await sub.recv_multipart())
+            await runner
+            assert disconnected_after is not None, "the SUB saw the PUB go away"
+            seqs = seqs_of(live)
+            assert seqs[:disconnected_after] == list(range(10)), "the old process, up to the restart"
+            after = seqs[disconnected_after:]
+            assert after and after == list(range(after[0], 20)) and after[0] < 10, "the new process counts from 0"
+            assert engine.restarts == 1 and engine.bound_endpoint == pub and engine.replay_bound_endpoint == replay
+            assert replay is not None
+            replayed = await replay_after_run(context, engine, 0)
+            assert [seq for seq, _ in replayed] == list(range(20)), "the new process replays only its own batches"
+            old = {frames[2] for frames in live[:disconnected_after]}
+            assert not old & {payload for _, payload in replayed}
+            assert [payload for seq, payload in replayed if seq >= after[0]] == [
+                f[2] for f in live[disconnected_after:]
+            ]
+        finally:
+            sub.close(linger=0)
+            monitor.close(linger=0)
+            await engine.close()
+            context.term()
+
+    arun(scenario())
+
+
+def test_lose_tail_consumes_seqs_that_are_never_sent_nor_buffered() -> None:
+    async def scenario() -> None:
+        async with engine_and_sub(rate=200, faults=Faults(lose_tail=3)) as (_, engine, sub):
+            runner = asyncio.ensure_future(engine.run())
+            await asyncio.sleep(0.2)
+            engine.stop()
+            await runner
+            live = seqs_of([await sub.recv_multipart() for _ in range(len(engine.published))])
+            last = live[-1]
+            assert live == list(range(last + 1))
+            assert not await sub.poll(200), "nothing after the last published batch"
+            assert engine.tail_lost == [last + 1, last + 2, last + 3]
+            assert (engine.next_seq, engine.batches_done) == (last + 4, last + 4)
+            assert engine.buffered_seqs == list(range(last + 1))
+
+    arun(scenario())
+
+
+def test_lose_tail_does_not_apply_when_the_batches_are_all_done() -> None:
+    async def scenario() -> None:
+        async with engine_and_sub(rate=0, batches=5, faults=Faults(lose_tail=3)) as (_, engine, sub):
+            assert seqs_of(await live_until(sub, engine)) == [0, 1, 2, 3, 4]
+            assert engine.tail_lost == [] and engine.next_seq == 5
+
+    arun(scenario())
+
+
+# --- engine flavours --------------------------------------------------------------------------
+
+
+def _raw_events(payload: bytes) -> list[Any]:
+    body = msgspec.msgpack.decode(payload)
+    assert isinstance(body, list)
+    return list(body[1])
+
+
+def test_sglang_flavour() -> None:
+    async def scenario() -> None:
+        context = zmq.asyncio.Context()
+        name = f"sim-test-{next(_names)}"
+        (engine,) = build_engines(
+            1,
+            f"inproc://{name}",
+            replay_endpoint=f"inproc://{name}-replay",
+            rate=0,
+            batches=120,
+            engine="sglang",
+            sglang_metadata=True,
+            faults=Faults(restart_at=(79,)),
+            workload_options={"cpu_offload": True, "gpu_capacity_blocks": 128},
+            context=context,
+        )
+        assert (engine.form, engine.replay_layout, engine.workload.hash_kind) == ("array", "plain", "signed")
+        await engine.start()
+        sub = context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(engine.bound_endpoint)
+        await asyncio.sleep(0.05)
+        try:
+            live = await live_until(sub, engine)
+            assert seqs_of(live) == [*range(80), *range(40)]
+            for first in (live[0], live[80]):  # after start and after the restart
+                assert _raw_events(first[2]) == [["AllBlocksCleared"]]
+            hashes: list[int] = []
+            mediums: set[str] = set()
+            placeholders = 0
+            for frames in live:
+                for event in _raw_events(frames[2]):
+                    assert isinstance(event, list), "SGLang's positional form"
+                    mediums.add(
+                        event[6] if event[0] == "BlockStored" else event[2] if event[0] == "BlockRemoved" else ""
+                    )
+                    if event[0] == "BlockStored":
+                        assert len(event) == 8 and isinstance(event[7], dict), "metadata map at index 7"
+                        assert set(event[7]) == {"cache_salt"}
+                        hashes += event[1]
+                        placeholders += event[3] == [] and event[4] == 0
+                    elif event[0] == "BlockRemoved":
+                        assert len(event) == 3
+            assert any(h < 0 for h in hashes) and all(isinstance(h, int) for h in hashes), "signed int hashes"
+            assert {"GPU", "CPU_PINNED"} <= mediums <= {"GPU", "CPU_PINNED", "DISK", "EXTERNAL", ""}
+            assert placeholders > 0
+            replayed = await replay_after_run(context, engine, 38, "plain")
+            assert [seq for seq, _ in replayed] == [38, 39]
+        finally:
+            sub.close(linger=0)
+            await engine.close()
+            context.term()
+
+    arun(scenario())
+
+
+def test_trtllm_flavour_seq_from_time_ns_and_heartbeats() -> None:
+    async def scenario() -> None:
+        before = time.time_ns()
+        async with engine_and_sub(rate=0, batches=2, engine="trtllm", heartbeat=0.15) as (context, engine, sub):
+            after = time.time_ns()
+            assert engine.form == "map"
+            live = await live_until(sub, engine)
+            first = seqs_of(live)[0]
+            assert before <= first <= after
+            assert seqs_of(live) == [first, first + 1]
+            await asyncio.sleep(0)  # no heartbeat while batches flow
+            assert engine.heartbeat_seqs == []
+            await engine.serve_replays(0.7)  # idle: heartbeats
+            beats = [await sub.recv_multipart() for _ in range(len(engine.heartbeat_seqs))]
+            assert 3 <= len(beats) <= 5
+            assert seqs_of(beats) == list(range(first + 2, first + 2 + len(beats)))
+            for frames in beats:
+                assert wire.decode_message(frames).batch.events == []
+            replayed = await replay_after_run(context, engine, first)
+            assert [seq for seq, _ in replayed][: 2 + len(beats)] == list(range(first, first + 2 + len(beats)))
+
+    arun(scenario())
+
+
+def test_trtllm_drop_queue_leaves_an_unfillable_gap_then_a_clear_fence() -> None:
+    base = 1_800_000_000_000_000_000
+    faults = Faults(start_seq=base, drop_queue=((base + 3, base + 5),))
+
+    async def scenario() -> None:
+        async with engine_and_sub(rate=0, batches=10, engine="trtllm", faults=faults) as (context, engine, sub):
+            live = await live_until(sub, engine)
+            expected = [base + i for i in (0, 1, 2, 6, 7, 8, 9)]
+            assert seqs_of(live) == expected
+            assert engine.queue_dropped == [base + 3, base + 4, base + 5]
+            fence = msgspec.msgpack.decode(live[3][2])[1]
+            assert fence[0] == {"type": "AllBlocksCleared"} and len(fence) > 1, "a clear, then that batch's events"
+            for frames in live[4:]:
+                assert not any(isinstance(e, wire.AllBlocksCleared) for e in wire.decode_message(frames).batch.events)
+            for start in (base, base + 3):
+                replayed = [seq for seq, _ in await replay_after_run(context, engine, start)]
+                assert replayed == [s for s in expected if s >= start], "no replay fills the gap"
+
+    arun(scenario())
+
+
+def test_flavours_only_change_defaults() -> None:
+    engines = [
+        *build_engines(1, "inproc://f1", engine="sglang", form="map", replay_layout="topic", hash_kind="int"),
+        *build_engines(1, "inproc://f2", engine="trtllm", heartbeat=0),
+        *build_engines(1, "inproc://f3", engine="trtllm"),
+        *build_engines(1, "inproc://f4"),
+    ]
+    try:
+        sglang, trt_quiet, trt, vllm = engines
+        assert (sglang.form, sglang.replay_layout, sglang.workload.hash_kind, sglang.clear_on_start) == (
+            "map",
+            "topic",
+            "int",
+            True,
+        )
+        assert (trt_quiet.heartbeat, trt.heartbeat, vllm.heartbeat) == (0, 5.0, 0)
+        assert trt.next_seq > 1_700_000_000 * 10**9 and vllm.next_seq == 0
+        assert (vllm.form, vllm.replay_layout, vllm.workload.hash_kind, vllm.replay_hwm) == (
+            "map",
+            "topic",
+            "int",
+            1000,
+        )
+    finally:
+        for engine in engines:
+            arun(engine.close())
+
+
+# --- the CLI with the new options -------------------------------------------------------------
+
+
+def test_cli_sglang_replay_plain_and_wrong_shapes_get_no_answer() -> None:
+    sim = SimulatorProcess(
+        [
+            *["--engine", "sglang", "--sglang-metadata", "--rate", "0", "--batches", "30", "--linger", "-1"],
+            *["--endpoint", "tcp://127.0.0.1:*", "--replay-endpoint", "tcp://127.0.0.1:*"],
+            *["--replay-drop", "5-6", "--replay-cut", "20x1"],
+        ]
+    )
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        ((_, _, replay),) = sim.wait_ready(1)
+        time.sleep(0.5)  # 30 batches flat out
+        dealer = context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(connectable(replay))
+        for wrong in ([wire.seq_bytes(0)], [b"", b"abc"], [b"", wire.seq_bytes(0), b""], [b"x", wire.seq_bytes(0)]):
+            dealer.send_multipart(wrong)
+        assert not dealer.poll(500), "a request of the wrong shape gets no answer at all"
+        dealer.send_multipart([b"", wire.seq_bytes(0)])
+        first: list[int] = []
+        while dealer.poll(500):
+            seq, payload = parse_replay_reply(dealer.recv_multipart(), "plain")
+            assert seq != wire.END_SEQ, "the cut reply has no end marker"
+            first.append(seq)
+            if seq == 0:
+                assert msgspec.msgpack.decode(payload)[1] == [["AllBlocksCleared"]]
+        assert first == [0, 1, 2, 3, 4, *range(7, 22)], "5-6 dropped, then cut after 20 items"
+        dealer.close(linger=0)
+        assert [seq for seq, _ in replay_sync(context, connectable(replay), 0, "plain")] == list(range(30))
+        assert sim.stop() == 0
+    finally:
+        context.destroy(linger=0)
+        sim.kill()
+
+
+def test_cli_lose_tail_and_real_restart() -> None:
+    sim = SimulatorProcess(
+        [
+            *["--rate", "100", "--restart-at", "49", "--restart-down", "0.2", "--lose-tail", "4"],
+            *["--endpoint", "tcp://127.0.0.1:*", "--replay-endpoint", "tcp://127.0.0.1:*"],
+        ]
+    )
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        ((_, pub, _),) = sim.wait_ready(1)
+        sub = context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(connectable(pub))
+        seqs: list[int] = []
+        deadline = time.monotonic() + 10
+        while not (49 in seqs and len(seqs) > seqs.index(49) + 10):
+            assert time.monotonic() < deadline and sub.poll(2000), seqs
+            seqs.append(wire.parse_seq(sub.recv_multipart()[1]))
+        assert sim.stop() == 0
+        while sub.poll(300):
+            seqs.append(wire.parse_seq(sub.recv_multipart()[1]))
+        restart = seqs.index(49) + 1
+        assert seqs[restart] < 49, "the seq went back after the restart"
+        assert seqs[restart:] == list(range(seqs[restart], seqs[-1] + 1))
+        out = [line for line in iter(sim.lines.get, None)]
+        stopped = [line for line in out if "stopped after" in line]
+        assert len(stopped) == 1 and stopped[0].endswith(f"(next seq {seqs[-1] + 1 + 4})"), (stopped, seqs[-5:])
+        sub.close(linger=0)
+    finally:
+        context.destroy(linger=0)
+        sim.kill()
+
+
+def test_help_says_whose_behaviour_each_option_is(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["simulate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for needle in ("vLLM's own behaviour", "SGLang", "TensorRT-LLM", "fault injection", "NOT vLLM's behaviour"):
+        assert needle in text
+    for flag in (
+        "--engine",
+        "--sglang-metadata",
+        "--heartbeat",
+        "--replay-hwm",
+        "--replay-pace",
+        "--replay-drop",
+        "--replay-cut",
+        "--restart-down",
+        "--lose-tail",
+        "--drop-queue",
+    ):
+        assert flag in text
+
+
+def test_new_options_parse() -> None:
+    parser = cli._Parser(prog="kvgateway simulate")
+    add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--replay-drop",
+            "3-5x2",
+            "--replay-drop",
+            "7",
+            "--replay-cut",
+            "100x3",
+            "--restart-at",
+            "4",
+            "--restart-down",
+            "--drop-queue",
+            "8-9",
+            "--engine",
+            "trtllm",
+            "--heartbeat",
+            "0.5",
+            "--replay-hwm",
+            "0",
+            "--lose-tail",
+            "2",
+        ]
+    )
+    assert args.replay_drop == [(3, 5, 2), (7, 7, 1)] and args.replay_cut == (100, 3)
+    assert (args.restart_down, args.drop_queue, args.engine, args.heartbeat) == (0.0, [(8, 9)], "trtllm", 0.5)
+    assert (args.replay_hwm, args.lose_tail) == (0, 2)
+    assert parser.parse_args(["--replay-cut", "7", "--restart-down", "1.5"]).replay_cut == (7, 1)

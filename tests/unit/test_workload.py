@@ -6,6 +6,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -429,3 +430,73 @@ def test_bind_rule_like_vllm() -> None:
     assert binds("inproc://x")
     assert not binds("tcp://127.0.0.1:5557")
     assert not binds("tcp://gateway.local:5557")
+
+
+def test_new_faults_validation() -> None:
+    Faults(replay_drop=((3, 5, 1),), replay_cut=(0, 1), restart_down=0.0, lose_tail=2, drop_queue=((1, 1),))
+    for bad in (
+        {"replay_drop": ((5, 3, 1),)},
+        {"replay_drop": ((3, 5, 0),)},
+        {"replay_cut": (-1, 1)},
+        {"replay_cut": (4, 0)},
+        {"restart_down": -1.0},
+        {"restart_down": float("inf")},
+        {"lose_tail": -1},
+        {"drop_queue": ((4, 2),)},
+    ):
+        with pytest.raises(ValueError):
+            Faults(**bad)  # type: ignore[arg-type]
+    assert [s for s in range(8) if Faults(drop_queue=((2, 3), (6, 6))).drops_queued(s)] == [2, 3, 6]
+
+
+# --- SGLang's dialect -------------------------------------------------------------------------
+
+
+def test_sglang_workload_events_and_encoding() -> None:
+    workload = Workload(
+        21, hash_kind="signed", dialect="sglang", metadata=True, cpu_offload=True, gpu_capacity_blocks=96
+    )
+    mediums: set[str | None] = set()
+    stored = 0
+    for batch in batches(workload, 150):
+        for event in batch.events:
+            if isinstance(event, (wire.BlockStored, wire.BlockRemoved)):
+                mediums.add(event.medium)
+                assert "group_idx" not in event.extra and "extra_keys" not in event.extra
+            if isinstance(event, wire.BlockStored):
+                stored += 1
+                assert set(event.extra) == {"cache_salt"}
+        array = msgspec.msgpack.decode(wire.encode_batch(batch, "array", dialect="sglang"))
+        maps = msgspec.msgpack.decode(wire.encode_batch(batch, "map", dialect="sglang"))
+        for event, as_array, as_map in zip(batch.events, array[1], maps[1], strict=True):
+            if isinstance(event, wire.BlockStored):
+                assert len(as_array) == 8 and as_array[7] == event.extra, "metadata map at index 7"
+                assert as_array[1:7] == [
+                    event.block_hashes,
+                    event.parent_block_hash,
+                    event.token_ids,
+                    event.block_size,
+                    event.lora_id,
+                    event.medium,
+                ]
+                assert "lora_name" not in as_map and as_map["cache_salt"] == event.extra["cache_salt"]
+            elif isinstance(event, wire.BlockRemoved):
+                assert as_array == ["BlockRemoved", event.block_hashes, event.medium]
+                assert as_map == {"type": "BlockRemoved", "block_hashes": event.block_hashes, "medium": event.medium}
+    assert stored and {"GPU", "CPU_PINNED"} <= mediums <= {"GPU", "CPU_PINNED", "DISK", "EXTERNAL"}
+    assert workload.resident_counts("CPU"), "the offload tier is still addressed as the CPU pool"
+
+
+def test_sglang_without_metadata_sends_six_fields_and_vllm_is_unchanged() -> None:
+    plain = Workload(22, dialect="sglang").next_batch(0.0, 0)
+    stored = [e for e in plain.events if isinstance(e, wire.BlockStored)]
+    assert stored and all(e.extra == {} for e in stored)
+    for event in msgspec.msgpack.decode(wire.encode_batch(plain, "array", dialect="sglang"))[1]:
+        if event[0] == "BlockStored":
+            assert len(event) == 7
+    vllm = Workload(22).next_batch(0.0, 0)
+    assert wire.encode_batch(vllm, "array") == wire.encode_batch(vllm, "array", dialect="vllm")
+    with pytest.raises(ValueError):
+        Workload(0, metadata=True)
+    with pytest.raises(ValueError):
+        Workload(0, dialect="tgi")  # type: ignore[arg-type]
