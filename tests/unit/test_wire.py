@@ -4,6 +4,7 @@ lists and dicts (never with wire.encode_batch, so the decoder is not checked aga
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from typing import Any
 
 import msgspec
@@ -962,7 +963,9 @@ msgpack_value = st.recursive(
     | st.floats(allow_nan=False)
     | st.text(max_size=8)
     | st.binary(max_size=8)
-    | st.builds(msgspec.msgpack.Ext, st.integers(-128, 127), st.binary(max_size=4)),
+    | st.datetimes(timezones=st.just(UTC))  # the timestamp extension (-1): decoded to a datetime
+    # any other extension (an ext -1 that is not a valid timestamp is malformed msgpack: DecodeError)
+    | st.builds(msgspec.msgpack.Ext, st.integers(-128, 127).filter(lambda code: code != -1), st.binary(max_size=4)),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3),
     max_leaves=8,
 )
