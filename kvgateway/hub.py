@@ -27,6 +27,7 @@ from time import perf_counter
 from typing import Any, Final, Literal, Protocol, TypeAlias, runtime_checkable
 
 from kvgateway import messages, wire
+from kvgateway.mediums import medium_tier, normalise_medium
 from kvgateway.messages import EncodedBatch, OutMessage
 from kvgateway.metrics import Metrics
 
@@ -48,7 +49,6 @@ WS_CLOSE: Final[dict[str, tuple[int, str]]] = {
 }
 """WebSocket close code and reason for each way the gateway ends a connection (docs/protocol.md)."""
 
-DEFAULT_MEDIUM: Final = "GPU"  # an event without a medium comes from an engine that only knew GPUs
 _ANY_MEDIUM: Final = "*"  # AllBlocksCleared clears every medium: it passes any medium filter
 
 
@@ -66,35 +66,42 @@ class TooManyClients(Exception):
 
 # --- filters and query parameters ---------------------------------------------------------
 
-EventKey: TypeAlias = tuple[str, str | None]
-"""(type, medium) of one event as filters see it; medium upper-cased, "GPU" for None, "*" for
-AllBlocksCleared, None for an unknown event without a medium (it passes no medium filter)."""
+EventKey: TypeAlias = tuple[str, str | None, str | None]
+"""(type, medium, tier) of one event as filters see it. The medium is normalised as the occupancy
+index does it (:func:`kvgateway.mediums.normalise_medium`: upper case, "GPU" for None or empty)
+and the tier is its :func:`kvgateway.mediums.medium_tier`; both are "*" for AllBlocksCleared and
+None for an unknown event without a string ``medium`` (it passes no medium filter)."""
 
 _interned: dict[EventKey, EventKey] = {}
 
 
 def event_key(event: wire.Event) -> EventKey:
     if type(event) is wire.BlockStored or type(event) is wire.BlockRemoved:
-        medium = DEFAULT_MEDIUM if event.medium is None else event.medium.upper()
-        key: EventKey = (event.type, medium)
+        raw: str | None = event.medium
+        key: EventKey = (event.type, normalise_medium(raw), medium_tier(raw))
     elif type(event) is wire.AllBlocksCleared:
-        key = (wire.CLEARED, _ANY_MEDIUM)
+        key = (wire.CLEARED, _ANY_MEDIUM, _ANY_MEDIUM)
     else:
         assert type(event) is wire.UnknownEvent
         found = event.body.get("medium") if isinstance(event.body, dict) else None
-        key = (event.type, found.upper() if isinstance(found, str) else None)
+        if isinstance(found, str):
+            key = (event.type, normalise_medium(found), medium_tier(found))
+        else:
+            key = (event.type, None, None)
     # a ring holds many events but few distinct keys: share the tuples
     if len(_interned) < 4096:
         return _interned.setdefault(key, key)
     return _interned.get(key, key)
 
 
-def _select(keys: Sequence[EventKey], types: frozenset[str] | None, mediums: frozenset[str] | None) -> list[int]:
+def _select(keys: Sequence[EventKey], types: frozenset[str] | None, names: frozenset[str] | None) -> list[int]:
+    """Indices of the keys that pass. A ``medium=`` value matches an event's medium name or its tier:
+    ``CPU`` (a tier name) passes CPU and CPU_PINNED, ``CPU_PINNED`` only CPU_PINNED."""
     return [
         i
-        for i, (kind, medium) in enumerate(keys)
+        for i, (kind, medium, tier) in enumerate(keys)
         if (types is None or kind in types)
-        and (mediums is None or medium == _ANY_MEDIUM or (medium is not None and medium in mediums))
+        and (names is None or medium == _ANY_MEDIUM or (medium is not None and (medium in names or tier in names)))
     ]
 
 
@@ -105,7 +112,7 @@ class ClientFilter:
     sources: frozenset[str] | None = None
     dp_ranks: frozenset[int] | None = None
     types: frozenset[str] | None = None
-    mediums: frozenset[str] | None = None  # upper-cased
+    mediums: frozenset[str] | None = None  # upper-cased medium or tier names (a tier name matches its tier)
 
     def matches_stream(self, source: str, dp_rank: int) -> bool:
         return (self.sources is None or source in self.sources) and (self.dp_ranks is None or dp_rank in self.dp_ranks)

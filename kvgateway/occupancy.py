@@ -3,10 +3,14 @@
 Sans-I/O: the caller passes ``now`` (seconds, any monotonic clock) into every time-dependent call.
 
 A stream is ``(source, dp_rank)``. Within a stream a block is ``(medium, group_idx, hash)``:
-the medium is normalised to upper case (absent, None or empty = ``"GPU"``), a missing group_idx
-is group 0. Engines announce every physical copy, so the index counts references: a store adds
-one per hash, a remove takes one away and the block leaves at zero. A remove of a hash the index
-does not hold is normal (the gateway joined late, a gap) and only counted.
+the medium is the engine's own name normalised by :func:`kvgateway.mediums.normalise_medium`
+(upper case; absent, None or empty = ``"GPU"``), a missing group_idx is group 0. Every medium
+belongs to one tier (GPU, CPU, DISK, EXTERNAL: :func:`kvgateway.mediums.medium_tier`); the
+snapshots sum the mediums of each tier too.
+
+Engines announce every physical copy, so the index counts references: a store adds one per hash,
+a remove takes one away and the block leaves at zero. A remove of a hash the index does not hold
+is normal (the gateway joined late, a gap) and only counted.
 
 Memory: nearly every block has a single reference, so the resident hashes live in a ``set`` and
 only hashes with more than one reference get an entry in a side ``dict`` of extra references,
@@ -21,20 +25,17 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kvgateway.mediums import DEFAULT_MEDIUM, medium_tier, normalise_medium, tier_rank
 from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Hash
 
-DEFAULT_MEDIUM: Final = "GPU"
+__all__ = ["DEFAULT_MEDIUM", "MediumStats", "OccupancyIndex", "StreamIndex", "normalise_medium"]
+
 RATE_WINDOW_SECONDS: Final = 60
 """``stores_per_s``/``removes_per_s`` average the 60 one-second buckets ending with the current one."""
 
 _NEVER: Final = -(2**62)
 _ROUTE_CACHE_MAX: Final = 256
 """Bound on cached (raw medium, group_idx) routes: the wire's medium strings are not trusted."""
-
-
-def normalise_medium(medium: str | None) -> str:
-    """``"gpu"`` -> ``"GPU"``; None or empty -> ``"GPU"`` (engines before the field existed were GPU-only)."""
-    return medium.upper() if medium else DEFAULT_MEDIUM
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +51,12 @@ class MediumStats:
     removes_per_s: float
     capacity_blocks: int | None
 
+    tier: str
+    """The medium's tier (GPU, CPU, DISK, EXTERNAL)."""
+
     def to_json(self) -> dict[str, Any]:
         return {
+            "tier": self.tier,
             "blocks": self.blocks,
             "tokens": self.tokens,
             "capacity_blocks": self.capacity_blocks,
@@ -298,19 +303,59 @@ class StreamIndex:
                 stores_per_s=stores_per_s,
                 removes_per_s=removes_per_s,
                 capacity_blocks=self._capacity.get(name),
+                tier=medium_tier(name),
             )
         return out
 
     def snapshot(self, now: float) -> dict[str, Any]:
-        """One entry of :meth:`OccupancyIndex.snapshot`'s ``streams``."""
+        """One entry of :meth:`OccupancyIndex.snapshot`'s ``streams``.
+
+        ``mediums`` by the engine's own names; ``tiers`` sums them per tier (see :func:`tier_totals`).
+        """
+        mediums = {name: stats.to_json() for name, stats in self.medium_stats(now).items()}
         return {
             "source": self.source,
             "dp_rank": self.dp_rank,
             "stale": self.stale,
             "stale_reason": self.stale_reason,
             "unknown_removes": self.unknown_removes,
-            "mediums": {name: stats.to_json() for name, stats in self.medium_stats(now).items()},
+            "mediums": mediums,
+            "tiers": tier_totals(mediums),
         }
+
+
+def tier_totals(mediums: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Medium entries (``MediumStats.to_json``, or fleet totals per medium) summed per tier.
+
+    Tiers in GPU, CPU, DISK, EXTERNAL order, only those with a medium listed. Each gives
+    ``mediums`` (the names summed, sorted), ``blocks``, ``tokens``, ``stores_per_s``,
+    ``removes_per_s``, and ``capacity_blocks``: the sum, or null unless every medium of the tier
+    has one (a partial sum would mislead).
+    """
+    tiers: dict[str, dict[str, Any]] = {}
+    for name in sorted(mediums, key=lambda m: (tier_rank(medium_tier(m)), m)):
+        stats = mediums[name]
+        tier = medium_tier(name)
+        total = tiers.get(tier)
+        if total is None:
+            total = tiers[tier] = {
+                "mediums": [],
+                "blocks": 0,
+                "tokens": 0,
+                "capacity_blocks": 0,
+                "stores_per_s": 0.0,
+                "removes_per_s": 0.0,
+            }
+        total["mediums"].append(name)
+        total["blocks"] += stats["blocks"]
+        total["tokens"] += stats["tokens"]
+        total["stores_per_s"] += stats["stores_per_s"]
+        total["removes_per_s"] += stats["removes_per_s"]
+        if stats["capacity_blocks"] is None or total["capacity_blocks"] is None:
+            total["capacity_blocks"] = None
+        else:
+            total["capacity_blocks"] += stats["capacity_blocks"]
+    return tiers
 
 
 class OccupancyIndex:
@@ -345,7 +390,9 @@ class OccupancyIndex:
         """The /v1/occupancy document. ``offset`` is the hub offset the index reflects.
 
         ``totals`` sums every stream per medium; its ``capacity_blocks`` is null unless every
-        stream listing that medium has one configured (a partial sum would mislead).
+        stream listing that medium has one configured (a partial sum would mislead). ``tiers``
+        sums ``totals`` per tier (:func:`tier_totals`), with ``streams``: how many streams list
+        a medium of that tier.
         """
         streams = [index.snapshot(now) for index in self.streams()]
         totals: dict[str, dict[str, Any]] = {}
@@ -354,6 +401,7 @@ class OccupancyIndex:
                 total = totals.get(name)
                 if total is None:
                     total = totals[name] = {
+                        "tier": stats["tier"],
                         "blocks": 0,
                         "tokens": 0,
                         "capacity_blocks": 0,
@@ -370,4 +418,12 @@ class OccupancyIndex:
                     total["capacity_blocks"] = None
                 else:
                     total["capacity_blocks"] += stats["capacity_blocks"]
-        return {"offset": offset, "streams": streams, "totals": {name: totals[name] for name in sorted(totals)}}
+        tiers = tier_totals(totals)
+        for tier, total in tiers.items():
+            total["streams"] = sum(tier in entry["tiers"] for entry in streams)
+        return {
+            "offset": offset,
+            "streams": streams,
+            "totals": {name: totals[name] for name in sorted(totals)},
+            "tiers": tiers,
+        }

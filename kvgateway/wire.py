@@ -11,11 +11,13 @@ elements and each is dispatched on its first msgpack byte.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
 from msgspec import UNSET, UnsetType
+
+from kvgateway.mediums import medium_tier
 
 Hash: TypeAlias = int | bytes
 
@@ -339,7 +341,7 @@ def _decode_array_event(raw: msgspec.Raw) -> Event:
 
 
 def _unknown_or_error(raw: msgspec.Raw, exc: msgspec.ValidationError) -> Event:
-    """A known tag with bad fields fails the batch; an unknown tag is kept opaque."""
+    """A known tag whose fields did not all fit: decoded leniently; an unknown tag is kept opaque."""
     try:
         body = _any_decoder.decode(raw)
     except _MALFORMED as inner:
@@ -347,6 +349,8 @@ def _unknown_or_error(raw: msgspec.Raw, exc: msgspec.ValidationError) -> Event:
     tag = body[0] if body else None
     if not isinstance(tag, str):
         raise DecodeError("array event does not start with a type name")
+    if tag in _LENIENT_TYPES:
+        return _lenient_array(tag, body)
     if tag in KNOWN_TYPES:
         raise DecodeError(f"{tag}: {_one_line(exc)}")
     return UnknownEvent(type=tag, body=body)
@@ -423,9 +427,180 @@ def _map_fallback(raw: msgspec.Raw, exc: msgspec.ValidationError) -> Event:
     tag = body.get("type") if isinstance(body, dict) else None
     if not isinstance(tag, str):
         raise DecodeError("map event has no string 'type'")
+    if tag in _LENIENT_TYPES:
+        return _lenient_map(tag, body)
     if tag in KNOWN_TYPES:
         raise DecodeError(f"{tag}: {_one_line(exc)}")
     return UnknownEvent(type=tag, body=body)
+
+
+# --- the lenient fallback: one field of an unexpected type does not cost the event --------------
+#
+# Taken only after the typed decode of a BlockStored or BlockRemoved failed (the fast paths above
+# are unchanged). Each field is checked on its own against the type the typed decoders expect:
+#
+# - a core field of the wrong type still fails the batch (DecodeError): block_hashes (the event
+#   is about nothing without them) and BlockStored's token_ids and block_size (what the blocks
+#   hold; the index counts tokens with block_size, clients match prefixes on token_ids). They may
+#   be null or, in a map, absent: [] and 0, as in a placeholder offload event.
+# - any other field of the wrong type is kept, unchanged, as an unnamed further field: positional
+#   field N (its index in the array, the type tag being 0) as ``field_N``, a map key K as
+#   ``field_K``; the named field is then None (or, for further fields, absent). So an SGLang
+#   metadata map at position 7, where lora_name is expected, renders as ``"field_7": {...}``.
+
+
+def _is_hash(value: Any) -> bool:
+    kind = type(value)
+    return kind is int or kind is bytes
+
+
+def _is_hash_or_none(value: Any) -> bool:
+    return value is None or _is_hash(value)
+
+
+def _is_hashes(value: Any) -> bool:
+    return type(value) is list and all(type(h) is int or type(h) is bytes for h in value)
+
+
+def _is_ints_or_none(value: Any) -> bool:
+    return value is None or (type(value) is list and all(type(v) is int for v in value))
+
+
+def _is_int_or_none(value: Any) -> bool:
+    return value is None or type(value) is int
+
+
+def _is_str_or_none(value: Any) -> bool:
+    return value is None or type(value) is str
+
+
+def _is_list_or_none(value: Any) -> bool:
+    return value is None or type(value) is list
+
+
+_Check: TypeAlias = Callable[[Any], bool]
+_CORE: Final = True
+_LENIENT: Final = False
+
+# (name, check, core, what the check wants: for the error text), in positional order
+_STORED_FIELDS: Final[tuple[tuple[str, _Check, bool, str], ...]] = (
+    ("block_hashes", _is_hashes, _CORE, "a list of int or bytes hashes"),
+    ("parent_block_hash", _is_hash_or_none, _LENIENT, "a hash or null"),
+    ("token_ids", _is_ints_or_none, _CORE, "a list of ints or null"),
+    ("block_size", _is_int_or_none, _CORE, "an int or null"),
+    ("lora_id", _is_int_or_none, _LENIENT, "an int or null"),
+    ("medium", _is_str_or_none, _LENIENT, "a str or null"),
+    ("lora_name", _is_str_or_none, _LENIENT, "a str or null"),
+    ("extra_keys", _is_list_or_none, _LENIENT, "a list or null"),
+    ("group_idx", _is_int_or_none, _LENIENT, "an int or null"),
+    ("kv_cache_spec_kind", _is_str_or_none, _LENIENT, "a str or null"),
+    ("kv_cache_spec_sliding_window", _is_int_or_none, _LENIENT, "an int or null"),
+)
+_REMOVED_FIELDS: Final[tuple[tuple[str, _Check, bool, str], ...]] = (
+    ("block_hashes", _is_hashes, _CORE, "a list of int or bytes hashes"),
+    ("medium", _is_str_or_none, _LENIENT, "a str or null"),
+    ("group_idx", _is_int_or_none, _LENIENT, "an int or null"),
+)
+_LENIENT_TYPES: Final = frozenset({STORED, REMOVED})
+_STORED_REQUIRED: Final = 5
+"""Positional BlockStored fields every engine sends (vLLM 0.9.0: hashes .. lora_id)."""
+_STORED_BY_NAME: Final = {spec[0]: spec for spec in _STORED_FIELDS}
+_REMOVED_BY_NAME: Final = {spec[0]: spec for spec in _REMOVED_FIELDS}
+_STORED_ATTRS: Final = frozenset(
+    {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"}
+)
+"""Fields of :class:`BlockStored` itself; the other named fields go to ``extra`` under their name."""
+_REMOVED_ATTRS: Final = frozenset({"block_hashes", "medium"})
+
+_TYPE_NAMES: Final[dict[type, str]] = {
+    type(None): "null",
+    bool: "bool",
+    int: "int",
+    float: "float",
+    str: "str",
+    bytes: "bytes",
+    list: "array",
+    dict: "map",
+    msgspec.msgpack.Ext: "ext",
+}
+
+
+def _place(
+    tag: str,
+    spec: tuple[str, _Check, bool, str],
+    value: Any,
+    *,
+    unnamed: str,
+    where: str,
+    attrs: frozenset[str],
+    named: dict[str, Any],
+    extra: dict[Any, Any],
+) -> None:
+    """Put one field where it belongs: named (its type fits), ``extra[unnamed]`` (it does not), or fail."""
+    name, check, core, wanted = spec
+    if check(value):
+        if name in attrs:
+            named[name] = value
+        else:
+            extra[name] = value
+    elif core:
+        raise DecodeError(f"{tag}: {where} should be {wanted}, got {_TYPE_NAMES.get(type(value), 'another type')}")
+    else:
+        extra[unnamed] = value
+
+
+def _lenient_array(tag: str, body: list[Any]) -> Event:
+    """A positional BlockStored or BlockRemoved, field by field (fields past the known ones are ignored)."""
+    stored = tag == STORED
+    specs = _STORED_FIELDS if stored else _REMOVED_FIELDS
+    attrs = _STORED_ATTRS if stored else _REMOVED_ATTRS
+    required = _STORED_REQUIRED if stored else 1
+    values = body[1:]
+    if len(values) < required:
+        raise DecodeError(f"{tag}: expected at least {required} positional fields, got {len(values)}")
+    named: dict[str, Any] = {}
+    extra: dict[Any, Any] = {}
+    for position, (spec, value) in enumerate(zip(specs, values, strict=False), start=1):
+        where = f"field {position} ({spec[0]})"
+        _place(tag, spec, value, unnamed=f"field_{position}", where=where, attrs=attrs, named=named, extra=extra)
+    return _lenient_event(stored, named, extra)
+
+
+def _lenient_map(tag: str, body: dict[Any, Any]) -> Event:
+    """A map BlockStored or BlockRemoved, key by key (unknown keys are kept as they are)."""
+    stored = tag == STORED
+    by_name = _STORED_BY_NAME if stored else _REMOVED_BY_NAME
+    attrs = _STORED_ATTRS if stored else _REMOVED_ATTRS
+    if "block_hashes" not in body:
+        raise DecodeError(f"{tag}: no block_hashes")
+    named: dict[str, Any] = {}
+    extra: dict[Any, Any] = {}
+    for key, value in body.items():
+        if key == "type":
+            continue
+        spec = by_name.get(key) if type(key) is str else None
+        if spec is None:
+            extra[key] = value
+        else:
+            _place(tag, spec, value, unnamed=f"field_{key}", where=key, attrs=attrs, named=named, extra=extra)
+    return _lenient_event(stored, named, extra)
+
+
+def _lenient_event(stored: bool, named: dict[str, Any], extra: dict[Any, Any]) -> Event:
+    if stored:
+        token_ids = named.get("token_ids")
+        block_size = named.get("block_size")
+        return BlockStored(
+            block_hashes=named["block_hashes"],
+            parent_block_hash=named.get("parent_block_hash"),
+            token_ids=[] if token_ids is None else token_ids,
+            block_size=0 if block_size is None else block_size,
+            lora_id=named.get("lora_id"),
+            medium=named.get("medium"),
+            lora_name=named.get("lora_name"),
+            extra=extra,
+        )
+    return BlockRemoved(block_hashes=named["block_hashes"], medium=named.get("medium"), extra=extra)
 
 
 # --- JSON rendering -----------------------------------------------------------------------
@@ -486,7 +661,11 @@ def _further(extra: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
 
 
 def render_event(event: Event) -> dict[str, Any]:
-    """One event as a JSON-ready dict with the engine's own field names."""
+    """One event as a JSON-ready dict with the engine's own field names.
+
+    Block events also carry ``tier`` (GPU, CPU, DISK, EXTERNAL: :mod:`kvgateway.mediums`) right
+    after ``medium``, which stays as the engine sent it.
+    """
     if type(event) is BlockStored:
         parent = event.parent_block_hash
         return _further(
@@ -499,13 +678,19 @@ def render_event(event: Event) -> dict[str, Any]:
                 "block_size": event.block_size,
                 "lora_id": event.lora_id,
                 "medium": event.medium,
+                "tier": medium_tier(event.medium),
                 "lora_name": event.lora_name,
             },
         )
     if type(event) is BlockRemoved:
         return _further(
             event.extra,
-            {"type": REMOVED, "block_hashes": _hashes_text(event.block_hashes), "medium": event.medium},
+            {
+                "type": REMOVED,
+                "block_hashes": _hashes_text(event.block_hashes),
+                "medium": event.medium,
+                "tier": medium_tier(event.medium),
+            },
         )
     if type(event) is AllBlocksCleared:
         return _further(event.extra, {"type": CLEARED})

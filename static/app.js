@@ -46,6 +46,8 @@ const NOTICE_FLASH_MS = 4000;
 const STALL_MS = 20000;
 const SLOW_WINDOW_MS = 60000;
 const MEDIUM_ORDER = ["GPU", "CPU", "CPU_PINNED", "STORAGE", "DISK", "EXTERNAL"];
+// The gateway's tiers (docs/protocol.md): every medium belongs to one; events and snapshots carry it.
+const TIERS = ["GPU", "CPU", "DISK", "EXTERNAL"];
 const COUNTERS = ["gaps", "missed", "replayed", "unrecovered", "restarts", "decode_errors", "duplicates", "batches"];
 
 // ---------------------------------------------------------------------------------------------
@@ -89,6 +91,11 @@ function shortHash(h) {
 /** A medium as the dashboard groups it: upper case, absent = GPU (engines before media existed). */
 function normMedium(m) {
   return m === null || m === undefined || m === "" ? "GPU" : String(m).toUpperCase();
+}
+
+/** The tier the gateway gave a medium (snapshot entries and events carry it); GPU when absent. */
+function tierOf(x) {
+  return x && TIERS.includes(x.tier) ? x.tier : "GPU";
 }
 
 function mediumRank(m) {
@@ -160,6 +167,7 @@ const state = {
   tailHover: false,
   knownSources: new Set(),
   knownMediums: new Set(),
+  mediumTiers: new Map(), // medium name -> its tier, as the gateway said
 
   msgCount: 0,
   lastMessageAt: 0,
@@ -273,7 +281,11 @@ function applyOccupancy(occ, fromHello = false) {
   state.occAt = Date.now();
   for (const s of occ.streams) {
     state.knownSources.add(s.source);
-    for (const m of Object.keys(s.mediums || {})) state.knownMediums.add(m);
+    for (const [m, v] of Object.entries(s.mediums || {})) {
+      if (!state.knownMediums.has(m) || state.mediumTiers.get(m) !== tierOf(v)) invalidate("filters");
+      state.knownMediums.add(m);
+      state.mediumTiers.set(m, tierOf(v));
+    }
   }
   if (!fromHello) addChartPoint(occ);
   invalidate("occ");
@@ -625,8 +637,10 @@ function onBatch(msg) {
     const type = String(ev.type ?? "unknown");
     const hasMedium = type === "BlockStored" || type === "BlockRemoved";
     const medium = hasMedium ? normMedium(ev.medium) : "";
+    const tier = hasMedium ? tierOf(ev) : "";
     if (medium && !state.knownMediums.has(medium)) {
       state.knownMediums.add(medium);
+      state.mediumTiers.set(medium, tier);
       invalidate("filters");
     }
     pushTail({
@@ -638,6 +652,7 @@ function onBatch(msg) {
       offset: msg.offset,
       ts,
       medium,
+      tier,
       hashes: Array.isArray(ev.block_hashes) ? ev.block_hashes : null,
       parent: ev.parent_block_hash ?? null,
       tokens: Array.isArray(ev.token_ids) ? ev.token_ids.length : null,
@@ -817,48 +832,55 @@ function renderTotals(rows) {
   const totalsEl = tid("totals");
   const off = occ && typeof occ.offset === "number" ? String(occ.offset) : "";
   if (totalsEl.dataset.offset !== off) totalsEl.dataset.offset = off;
-  const totals = (occ && occ.totals) || {};
-  const box = tid("total-mediums");
-  const mediums = sortMediums(Object.keys(totals));
-  const want = mediums.join("\u0000");
-  if (box.dataset.mediums !== want) {
-    box.dataset.mediums = want;
-    box.replaceChildren(...mediums.map(buildTotalTile));
+  // fleet totals by tier (GPU, CPU, DISK, EXTERNAL), each naming the engines' mediums it sums
+  const tiers = (occ && occ.tiers) || {};
+  const box = tid("total-tiers");
+  const shown = TIERS.filter((t) => t in tiers);
+  const want = shown.join("\u0000");
+  if (box.dataset.tiers !== want) {
+    box.dataset.tiers = want;
+    box.replaceChildren(...shown.map(buildTotalTile));
   }
-  for (const m of mediums) {
-    const t = totals[m] || {};
-    const tile = box.querySelector(`[data-medium="${CSS.escape(m)}"]`);
-    setVal(tid(`total-${m}-blocks`, tile), t.blocks, fmtInt(t.blocks));
-    setVal(tid(`total-${m}-tokens`, tile), t.tokens, fmtInt(t.tokens));
-    const cap = typeof t.capacity_blocks === "number" && t.capacity_blocks > 0 ? t.capacity_blocks : null;
-    setVal(tid(`total-${m}-capacity`, tile), cap, cap === null ? "capacity unknown" : `of ${fmtInt(cap)} blocks`);
-    const frac = cap === null ? null : t.blocks / cap;
-    setVal(tid(`total-${m}-fraction`, tile), frac === null ? "" : frac.toFixed(6), fmtPct(frac));
+  for (const t of shown) {
+    const v = tiers[t] || {};
+    const tile = box.querySelector(`[data-tier="${CSS.escape(t)}"]`);
+    setVal(tid(`total-${t}-blocks`, tile), v.blocks, fmtInt(v.blocks));
+    setVal(tid(`total-${t}-tokens`, tile), v.tokens, fmtInt(v.tokens));
+    const names = Array.isArray(v.mediums) ? v.mediums.map(String) : [];
+    setVal(tid(`total-${t}-mediums`, tile), names.join(" "), names.join(" · "));
+    const cap = typeof v.capacity_blocks === "number" && v.capacity_blocks > 0 ? v.capacity_blocks : null;
+    setVal(tid(`total-${t}-capacity`, tile), cap, cap === null ? "capacity unknown" : `of ${fmtInt(cap)} blocks`);
+    const frac = cap === null ? null : v.blocks / cap;
+    setVal(tid(`total-${t}-fraction`, tile), frac === null ? "" : frac.toFixed(6), fmtPct(frac));
     setBar($(".bar", tile), frac);
   }
 }
 
-function buildTotalTile(m) {
+function buildTotalTile(t) {
   const tile = el("div", "tile");
-  tile.dataset.medium = m;
-  tile.dataset.testid = `total-${m}`;
+  tile.dataset.tier = t;
+  tile.dataset.testid = `total-${t}`;
   const head = el("div", "tile-head");
-  head.append(el("span", "medium-tag", m));
+  const name = el("span", "tile-name");
+  const meds = el("span", "tile-mediums");
+  meds.dataset.testid = `total-${t}-mediums`;
+  name.append(el("span", "medium-tag", t), meds);
+  head.append(name);
   const frac = el("span", "tile-frac");
-  frac.dataset.testid = `total-${m}-fraction`;
+  frac.dataset.testid = `total-${t}-fraction`;
   head.append(frac);
   const nums = el("div", "tile-nums");
   const b = el("span", "big");
-  b.dataset.testid = `total-${m}-blocks`;
-  const t = el("span", "mid");
-  t.dataset.testid = `total-${m}-tokens`;
+  b.dataset.testid = `total-${t}-blocks`;
+  const tk = el("span", "mid");
+  tk.dataset.testid = `total-${t}-tokens`;
   const g1 = el("span", "grp");
   g1.append(b, el("span", "unit", "blocks"));
   const g2 = el("span", "grp");
-  g2.append(t, el("span", "unit", "tokens"));
+  g2.append(tk, el("span", "unit", "tokens"));
   nums.append(g1, g2);
   const cap = el("div", "tile-cap");
-  cap.dataset.testid = `total-${m}-capacity`;
+  cap.dataset.testid = `total-${t}-capacity`;
   const bar = el("div", "bar");
   bar.append(el("span", "bar-fill"));
   tile.append(head, nums, bar, cap);
@@ -945,13 +967,19 @@ function updateCard(key, card, row) {
   card.root.classList.toggle("is-stale", Boolean(occ && occ.stale));
 
   // mediums
-  const mediums = occ ? sortMediums(Object.keys(occ.mediums || {})) : [];
-  const want = mediums.join("\u0000");
+  // the engine's own medium names, grouped by tier (GPU, CPU, DISK, EXTERNAL)
+  const mediumTier = (m) => tierOf(occ.mediums[m]);
+  const mediums = occ
+    ? sortMediums(Object.keys(occ.mediums || {})).sort(
+        (a, b) => TIERS.indexOf(mediumTier(a)) - TIERS.indexOf(mediumTier(b)),
+      )
+    : [];
+  const want = mediums.map((m) => `${m}\u0001${mediumTier(m)}`).join("\u0000");
   if (card.mediums !== want) {
     card.mediums = want;
     card.mediumRefs.clear();
     const rows = mediums.map((m) => {
-      const r = buildMediumRow(m);
+      const r = buildMediumRow(m, mediumTier(m));
       card.mediumRefs.set(m, r);
       return r.row;
     });
@@ -989,10 +1017,17 @@ function updateCard(key, card, row) {
   }
 }
 
-function buildMediumRow(m) {
+function buildMediumRow(m, tier) {
   const row = el("div", "medium-row");
   row.dataset.medium = m;
+  row.dataset.tier = tier;
   const tag = el("span", "medium-tag", m);
+  tag.title = `tier ${tier}`;
+  if (tier !== m) {
+    const tt = el("span", "tier-tag", tier);
+    tt.dataset.testid = `tier-${m}`;
+    tag.append(tt);
+  }
   const blocks = el("span", "num");
   blocks.dataset.testid = `blocks-${m}`;
   const bu = el("span", "unit", "blocks");
@@ -1136,8 +1171,12 @@ function passes(entry, f) {
     if (rank !== undefined && String(entry.rank) !== rank) return false;
   }
   if (f.type && entry.type !== f.type) return false;
-  // as on the server: a cache reset clears every medium, so it passes every medium filter
-  if (f.medium && entry.medium !== f.medium && entry.type !== "AllBlocksCleared") return false;
+  // as on the server: a tier name matches the whole tier, any other name that medium only; a cache
+  // reset clears every medium, so it passes every medium filter
+  if (f.medium && entry.type !== "AllBlocksCleared") {
+    const hit = TIERS.includes(f.medium) ? entry.tier === f.medium : entry.medium === f.medium;
+    if (!hit) return false;
+  }
   return true;
 }
 
@@ -1205,6 +1244,7 @@ function buildTailRow(e) {
   li.dataset.source = e.source;
   if (e.rank !== null && e.rank !== undefined) li.dataset.dpRank = String(e.rank);
   if (e.medium) li.dataset.medium = e.medium;
+  if (e.tier) li.dataset.tier = e.tier;
   if (e.offset !== undefined) li.dataset.offset = String(e.offset);
   const stream = e.source ? `${e.source}${e.rank !== null && e.rank !== undefined ? "/" + e.rank : ""}` : "gateway";
   li.append(el("span", "t", fmtTime(e.ts)), el("span", "s", stream));
@@ -1267,12 +1307,15 @@ function renderFilters() {
     if (rs.length > 1) for (const r of rs) opts.push([`${s}\u0000${r}`, `${s} · dp ${r}`]);
   }
   setOptions(srcSel, opts);
+  // tiers first (a tier name filters the whole tier), then the engines' own names that are not tier names
   const meds = sortMediums(state.knownMediums);
-  setOptions(tid("filter-medium"), [["", "all"], ...meds.map((m) => [m, m])]);
+  const tiers = TIERS.filter((t) => meds.some((m) => state.mediumTiers.get(m) === t));
+  const named = meds.filter((m) => !TIERS.includes(m)).map((m) => [m, `${m} (${state.mediumTiers.get(m) || "?"})`]);
+  setOptions(tid("filter-medium"), [["", "all"], ...tiers.map((t) => [t, `${t} tier`]), ...named]);
 }
 
 function setOptions(sel, opts) {
-  const sig = opts.map((o) => o[0]).join("\u0001");
+  const sig = opts.map((o) => o.join("\u0002")).join("\u0001");
   if (sel.dataset.sig === sig) return;
   sel.dataset.sig = sig;
   const current = sel.value;

@@ -82,13 +82,14 @@ class OccupancyRecorder:
 
 READ_DOM = """() => {
   const q = (root, id) => root.querySelector(`[data-testid="${id}"]`);
-  const out = { offset: document.querySelector('[data-testid="totals"]').dataset.offset, totals: {}, streams: {} };
-  for (const tile of document.querySelectorAll('[data-testid="total-mediums"] [data-medium]')) {
-    const m = tile.dataset.medium;
-    out.totals[m] = {
-      blocks: q(tile, `total-${m}-blocks`).dataset.value,
-      tokens: q(tile, `total-${m}-tokens`).dataset.value,
-      capacity_blocks: q(tile, `total-${m}-capacity`).dataset.value,
+  const out = { offset: document.querySelector('[data-testid="totals"]').dataset.offset, tiers: {}, streams: {} };
+  for (const tile of document.querySelectorAll('[data-testid="total-tiers"] [data-tier]')) {
+    const t = tile.dataset.tier;
+    out.tiers[t] = {
+      blocks: q(tile, `total-${t}-blocks`).dataset.value,
+      tokens: q(tile, `total-${t}-tokens`).dataset.value,
+      capacity_blocks: q(tile, `total-${t}-capacity`).dataset.value,
+      mediums: q(tile, `total-${t}-mediums`).dataset.value,
     };
   }
   for (const card of document.querySelectorAll('[data-testid^="card-"]')) {
@@ -96,6 +97,7 @@ READ_DOM = """() => {
     for (const row of card.querySelectorAll('[data-testid="mediums"] [data-medium]')) {
       const m = row.dataset.medium;
       mediums[m] = {
+        tier: row.dataset.tier,
         blocks: q(row, `blocks-${m}`).dataset.value,
         tokens: q(row, `tokens-${m}`).dataset.value,
         capacity_blocks: q(row, `capacity-${m}`).dataset.value,
@@ -113,21 +115,27 @@ def _cap(value: Any) -> str:
 
 def expected_from(body: dict[str, Any]) -> dict[str, Any]:
     """What the DOM must hold (as data-value strings) for one /v1/occupancy body."""
-    totals = {
-        m: {"blocks": str(t["blocks"]), "tokens": str(t["tokens"]), "capacity_blocks": _cap(t.get("capacity_blocks"))}
-        for m, t in body["totals"].items()
+    tiers = {
+        t: {
+            "blocks": str(v["blocks"]),
+            "tokens": str(v["tokens"]),
+            "capacity_blocks": _cap(v.get("capacity_blocks")),
+            "mediums": " ".join(v["mediums"]),
+        }
+        for t, v in body["tiers"].items()
     }
     streams = {}
     for s in body["streams"]:
         streams[f"card-{s['source']}-{s['dp_rank']}"] = {
             m: {
+                "tier": v["tier"],
                 "blocks": str(v["blocks"]),
                 "tokens": str(v["tokens"]),
                 "capacity_blocks": _cap(v.get("capacity_blocks")),
             }
             for m, v in s["mediums"].items()
         }
-    return {"offset": str(body["offset"]), "totals": totals, "streams": streams}
+    return {"offset": str(body["offset"]), "tiers": tiers, "streams": streams}
 
 
 def wait_until(page: Any, check: Callable[[], Any], timeout: float = SETTLE_TIMEOUT_S, what: str = "") -> Any:
@@ -191,10 +199,15 @@ def test_numbers_equal_occupancy(shared_demo: Demo, new_page: Callable[..., Any]
     assert set(shown["streams"]) == {f"card-{s['source']}-{s['dp_rank']}" for s in direct["streams"]}
     sources = get_json(shared_demo, "v1/sources")["sources"]
     assert page.locator('[data-testid^="card-"]').count() == len(sources)
-    # Fleet totals are the sums of the cards (checked on what the page shows).
-    for medium, total in shown["totals"].items():
-        assert int(total["blocks"]) == sum(int(s[medium]["blocks"]) for s in shown["streams"].values() if medium in s)
-        assert int(total["tokens"]) == sum(int(s[medium]["tokens"]) for s in shown["streams"].values() if medium in s)
+    # Fleet totals by tier are the sums of the cards' mediums of that tier (checked on what the page shows).
+    assert shown["tiers"], "no fleet totals shown"
+    for tier, total in shown["tiers"].items():
+        rows = [row for card in shown["streams"].values() for row in card.values() if row["tier"] == tier]
+        assert int(total["blocks"]) == sum(int(row["blocks"]) for row in rows)
+        assert int(total["tokens"]) == sum(int(row["tokens"]) for row in rows)
+    # Every card row shows the engine's own medium name; the tiles name the mediums they sum.
+    names = {m for card in shown["streams"].values() for m in card}
+    assert names == {m for total in shown["tiers"].values() for m in total["mediums"].split()}
     # Streams up: the demo's engines are all running.
     wait_until(
         page,

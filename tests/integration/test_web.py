@@ -158,6 +158,7 @@ def test_the_schema_check_rejects_what_the_schema_forbids() -> None:
         "block_size": 4,
         "lora_id": None,
         "medium": "GPU",
+        "tier": "GPU",
         "lora_name": None,
         "group_idx": 0,
     }
@@ -167,7 +168,9 @@ def test_the_schema_check_rejects_what_the_schema_forbids() -> None:
         {**event, "token_ids": [1, "2"]},
         {**event, "token_ids": [1, True]},
         {k: v for k, v in event.items() if k != "medium"},
-        {"type": "BlockRemoved", "block_hashes": ["AB"], "medium": "GPU"},  # hex is lowercase
+        {"type": "BlockRemoved", "block_hashes": ["AB"], "medium": "GPU", "tier": "GPU"},  # hex is lowercase
+        {"type": "BlockRemoved", "block_hashes": ["ab"], "medium": "GPU"},  # no tier
+        {**event, "tier": "SSD"},  # not a tier
     ]
     bad_messages = [
         {**batch, "events": [], "extra": 1},  # envelopes are closed
@@ -640,6 +643,19 @@ def assert_contiguous(conn: Conn, first: int, last: int | None = None) -> None:
 # --- filters, as docs/protocol.md defines them (the test's own implementation) ----------------
 
 
+TIER_PREFIXES = {
+    "GPU": ("GPU", "CUDA", "HBM", "DEVICE"),
+    "CPU": ("CPU", "HOST", "DRAM", "PINNED"),
+    "DISK": ("DISK", "STORAGE", "SSD", "NVME", "FILE", "HDD"),
+}
+
+
+def tier_of(medium: str | None) -> str:
+    """The tier table of docs/protocol.md (block events carry it as ``tier``; unknown events do not)."""
+    name = (medium or "GPU").upper()
+    return next((tier for tier, prefixes in TIER_PREFIXES.items() if name.startswith(prefixes)), "EXTERNAL")
+
+
 @dataclass(frozen=True)
 class Filter:
     query: str
@@ -673,9 +689,12 @@ class Filter:
         if self.mediums is None or event["type"] == "AllBlocksCleared":
             return True  # AllBlocksCleared clears every medium
         medium = event.get("medium")
+        # a medium name matches that medium, a tier name (GPU, CPU, DISK, EXTERNAL) the whole tier
         if event["type"] in ("BlockStored", "BlockRemoved"):
-            return (medium or "GPU").upper() in self.mediums
-        return isinstance(medium, str) and medium.upper() in self.mediums
+            return (medium or "GPU").upper() in self.mediums or event["tier"] in self.mediums
+        if not isinstance(medium, str):
+            return False
+        return (medium or "GPU").upper() in self.mediums or tier_of(medium) in self.mediums
 
     def apply(self, message: dict[str, Any]) -> dict[str, Any] | None:
         """What a client with this filter receives for ``message`` (None: nothing)."""

@@ -42,7 +42,14 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def snapshot(offset: int) -> dict[str, Any]:
-    return {"offset": offset, "streams": [{"source": "a", "dp_rank": 0, "blocks": offset}], "totals": {"blocks": 0}}
+    gpu = {"tier": "GPU", "blocks": offset, "tokens": 0, "capacity_blocks": None}
+    tiers = {"GPU": {"mediums": ["GPU"], "blocks": offset, "tokens": 0, "capacity_blocks": None}}
+    return {
+        "offset": offset,
+        "streams": [{"source": "a", "dp_rank": 0, "mediums": {"GPU": gpu}, "tiers": tiers}],
+        "totals": {"GPU": gpu},
+        "tiers": tiers,
+    }
 
 
 def statuses() -> list[dict[str, Any]]:
@@ -254,6 +261,68 @@ def test_event_filters(query: str, expected: list[int] | None) -> None:
     chosen = request.filter.select_events(MIXED)
     assert chosen == [MIXED[i] for i in expected or []]
     assert [request.filter.matches_event(e) for e in MIXED] == [i in (expected or []) for i in range(len(MIXED))]
+
+
+TIERED: list[wire.Event] = [
+    stored(1, medium="GPU"),  # 0
+    stored(2),  # 1: no medium: GPU
+    stored(3, medium=""),  # 2: empty: GPU, as the occupancy index counts it
+    stored(4, medium="CPU"),  # 3
+    stored(5, medium="cpu_pinned"),  # 4
+    removed(6, medium="CPU_PINNED"),  # 5
+    stored(7, medium="STORAGE"),  # 6
+    stored(8, medium="disk"),  # 7
+    stored(9, medium="EXTERNAL"),  # 8
+    removed(10, medium="lmcache"),  # 9
+    wire.AllBlocksCleared(),  # 10: every medium
+    wire.UnknownEvent(type="Offloaded", body={"type": "Offloaded", "medium": "Cpu_Pinned"}),  # 11
+]
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("medium=GPU", [0, 1, 2, 10]),  # a tier name: the whole tier
+        ("medium=CPU", [3, 4, 5, 10, 11]),  # CPU and CPU_PINNED
+        ("medium=cpu_pinned", [4, 5, 10, 11]),  # a medium name: only that medium
+        ("medium=CPU_PINNED&type=BlockStored", [4]),
+        ("medium=DISK", [6, 7, 10]),  # DISK and STORAGE
+        ("medium=storage", [6, 10]),
+        ("medium=EXTERNAL", [8, 9, 10]),  # anything the tier table does not name
+        ("medium=LMCACHE", [9, 10]),
+        ("medium=STORAGE&medium=EXTERNAL", [6, 8, 9, 10]),
+        ("medium=nowhere", [10]),
+    ],
+)
+def test_medium_filter_takes_a_medium_name_or_a_tier_name(query: str, expected: list[int]) -> None:
+    hub = make_hub()
+    sub = subscribe(hub, query)
+    hub.publish_batch("a", 0, 1, batch(*TIERED))
+    (message,) = drain(sub)
+    rendered = wire.render_events(TIERED)
+    assert decode(message)["events"] == json.loads(json.dumps([rendered[i] for i in expected]))
+    request = hub.parse_query(QueryParams(query))
+    assert request.filter.select_events(TIERED) == [TIERED[i] for i in expected]
+
+
+def test_medium_filter_and_occupancy_index_agree_on_every_event() -> None:
+    """One normaliser: an event passes ``medium=M`` exactly when the index counts it under M (or M's tier)."""
+    from kvgateway.mediums import TIER_NAMES, TIERS
+    from kvgateway.occupancy import OccupancyIndex
+
+    blocks = [e for e in TIERED if isinstance(e, wire.BlockStored)]
+    index = OccupancyIndex()
+    for event in blocks:
+        index.apply("a", 0, batch(event), 0.0)
+    (entry,) = index.snapshot(1, 0.0)["streams"]
+    for name, stats in entry["mediums"].items():
+        if name in TIER_NAMES:  # a tier name filters the whole tier: checked below
+            continue
+        passing = parse_query({"medium": [name]}).filter.select_events(blocks)
+        assert len(passing) == stats["blocks"], name
+    for tier in TIERS:
+        passing = parse_query({"medium": [tier]}).filter.select_events(blocks)
+        assert len(passing) == entry["tiers"].get(tier, {"blocks": 0})["blocks"], tier
 
 
 def test_a_batch_without_matching_events_is_skipped_and_offsets_jump() -> None:
@@ -850,9 +919,61 @@ def test_every_message_validates_against_the_schema() -> None:
     bad = decode(sent[1])
     bad["events"][0]["block_hashes"] = [1]
     assert not validator.is_valid(bad)
+    for event in decode(sent[1])["events"]:
+        if event["type"] in ("BlockStored", "BlockRemoved"):
+            assert not validator.is_valid(decode(sent[1]) | {"events": [event | {"tier": "NVME"}]})
+            assert not validator.is_valid(
+                decode(sent[1]) | {"events": [{k: v for k, v in event.items() if k != "tier"}]}
+            )
     notice = decode(sent[3])
     notice["extra"] = 1
     assert not validator.is_valid(notice)
     hello = decode(sent[0])
     hello["occupancy"] = snapshot(0)
     assert not validator.is_valid(hello)  # recovered hellos carry no snapshot
+
+
+def test_tiers_lenient_fields_and_a_real_snapshot_validate_against_the_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    from kvgateway.occupancy import OccupancyIndex
+
+    validator = jsonschema.Draft202012Validator(json.loads(messages.schema_bytes()))
+    index = OccupancyIndex({("a", 0): {"GPU": 10, "cpu_pinned": 20}})
+    payload = msgspec.msgpack.encode(
+        [
+            1.0,
+            [
+                ["BlockStored", [1, 2], None, [1, 2], 1, None, "GPU", {"cache_salt": "abc"}],  # SGLang's metadata
+                ["BlockStored", [3], None, [3], 1, None, "cpu_pinned", None, None, "0"],  # a str group_idx
+                {"type": "BlockStored", "block_hashes": [4], "medium": "STORAGE", "lora_name": 5},
+                {"type": "BlockRemoved", "block_hashes": [5], "medium": ["EXTERNAL"]},
+                ["BlockRemoved", [6], "lmcache", 0],
+            ],
+            0,
+        ]
+    )
+    decoded = wire.decode_batch(payload)
+    hub = Hub(
+        metrics=Metrics(), sources=STREAMS, snapshot=lambda offset: index.snapshot(offset, 0.0), statuses=statuses
+    )
+    index.apply("a", 0, decoded, 0.0)
+    hub.publish_batch("a", 0, 1, decoded)
+    sub = subscribe(hub)
+    hello = decode(sub.hello_message)
+    validator.validate(hello)
+    assert list(hello["occupancy"]["tiers"]) == ["GPU", "CPU", "DISK", "EXTERNAL"]
+    resumed = subscribe(hub, f"last_event_id={hub.epoch}:0")
+    (message,) = drain(resumed)
+    body = decode(message)
+    validator.validate(body)
+    events = body["events"]
+    assert [e["tier"] for e in events] == ["GPU", "CPU", "DISK", "GPU", "EXTERNAL"]
+    assert events[0]["field_7"] == {"cache_salt": "abc"}
+    assert events[1]["field_9"] == "0"
+    assert (events[2]["field_lora_name"], events[2]["lora_name"]) == (5, None)
+    assert (events[3]["field_medium"], events[3]["medium"]) == (["EXTERNAL"], None)
+    broken = json.loads(json.dumps(hello))
+    broken["occupancy"]["tiers"]["SSD"] = broken["occupancy"]["tiers"]["DISK"]
+    assert not validator.is_valid(broken)
+    del broken["occupancy"]["tiers"]
+    assert not validator.is_valid(broken)

@@ -266,6 +266,7 @@ def test_snapshot_shape_sorting_totals_and_capacity() -> None:
     a0, a1, b0 = snap["streams"]
     assert (a0["stale"], a1["stale"], b0["stale"]) == (False, True, False)
     assert a0["mediums"]["GPU"] == {
+        "tier": "GPU",
         "blocks": 1,
         "tokens": 16,
         "capacity_blocks": 500,
@@ -300,6 +301,7 @@ def test_configured_streams_and_mediums_are_listed_before_any_event() -> None:
             "unknown_removes": 0,
             "mediums": {
                 "CPU": {
+                    "tier": "CPU",
                     "blocks": 0,
                     "tokens": 0,
                     "capacity_blocks": 10,
@@ -310,10 +312,21 @@ def test_configured_streams_and_mediums_are_listed_before_any_event() -> None:
                     "removes_per_s": 0.0,
                 }
             },
+            "tiers": {
+                "CPU": {
+                    "mediums": ["CPU"],
+                    "blocks": 0,
+                    "tokens": 0,
+                    "capacity_blocks": 10,
+                    "stores_per_s": 0.0,
+                    "removes_per_s": 0.0,
+                }
+            },
         }
     ]
     assert snap["totals"]["CPU"]["capacity_blocks"] == 10
-    assert OccupancyIndex().snapshot(3, 0.0) == {"offset": 3, "streams": [], "totals": {}}
+    assert snap["tiers"]["CPU"]["capacity_blocks"] == 10
+    assert OccupancyIndex().snapshot(3, 0.0) == {"offset": 3, "streams": [], "totals": {}, "tiers": {}}
 
 
 def test_emptied_mediums_stay_in_the_snapshot() -> None:
@@ -495,3 +508,89 @@ def test_matches_a_dict_of_counts_model(steps: list[list[tuple[Any, ...]] | str]
                     assert index.refcount(h, m, group) == counts.get((m, group, h), 0)
         assert index.unknown_removes == unknown
         assert index.stale is stale
+
+
+# --- mediums and tiers ---------------------------------------------------------------------------
+
+
+def test_mediums_keep_the_engines_names_and_sum_by_tier_per_stream_and_fleet() -> None:
+    occ = OccupancyIndex({("vllm", 0): {"gpu": 100, "cpu": 1000}, ("sglang", 0): {"GPU": 50, "CPU_PINNED": 400}})
+    occ.apply(
+        "vllm",
+        0,
+        batch(stored(1, 2), stored(3, medium="gpu"), stored(4, medium="CPU"), stored(5, 6, medium="storage")),
+        10.0,
+    )
+    occ.apply(
+        "sglang",
+        0,
+        batch(
+            stored(1, medium="GPU", block_size=32),
+            stored(7, 8, medium="cpu_pinned", block_size=32),
+            stored(9, medium="DISK", block_size=32),
+            stored(10, medium="EXTERNAL", block_size=32),
+            stored(11, medium="lmcache", block_size=32),
+        ),
+        10.0,
+    )
+    snap = occ.snapshot(7, 10.0)
+    sglang, vllm = snap["streams"]
+    # per stream: the engine's own names (upper-cased), each with its tier
+    assert {m: v["tier"] for m, v in vllm["mediums"].items()} == {"CPU": "CPU", "GPU": "GPU", "STORAGE": "DISK"}
+    assert {m: v["tier"] for m, v in sglang["mediums"].items()} == {
+        "CPU_PINNED": "CPU",
+        "DISK": "DISK",
+        "EXTERNAL": "EXTERNAL",
+        "GPU": "GPU",
+        "LMCACHE": "EXTERNAL",
+    }
+    # per stream by tier, fastest tier first
+    assert list(sglang["tiers"]) == ["GPU", "CPU", "DISK", "EXTERNAL"]
+    assert list(vllm["tiers"]) == ["GPU", "CPU", "DISK"]
+    assert sglang["tiers"]["EXTERNAL"] == {
+        "mediums": ["EXTERNAL", "LMCACHE"],
+        "blocks": 2,
+        "tokens": 64,
+        "capacity_blocks": None,
+        "stores_per_s": 2 / 60,
+        "removes_per_s": 0.0,
+    }
+    assert sglang["tiers"]["CPU"]["mediums"] == ["CPU_PINNED"]
+    assert sglang["tiers"]["CPU"]["capacity_blocks"] == 400
+    assert vllm["tiers"]["GPU"]["blocks"] == 3  # None and "gpu" are both GPU
+    assert vllm["tiers"]["DISK"]["mediums"] == ["STORAGE"]
+    # fleet totals: per medium name as before, and per tier
+    assert snap["totals"]["CPU_PINNED"]["tier"] == "CPU"
+    tiers = snap["tiers"]
+    assert list(tiers) == ["GPU", "CPU", "DISK", "EXTERNAL"]
+    assert {t: v["blocks"] for t, v in tiers.items()} == {"GPU": 4, "CPU": 3, "DISK": 3, "EXTERNAL": 2}
+    assert {t: v["streams"] for t, v in tiers.items()} == {"GPU": 2, "CPU": 2, "DISK": 2, "EXTERNAL": 1}
+    assert tiers["CPU"]["mediums"] == ["CPU", "CPU_PINNED"]
+    assert tiers["CPU"]["capacity_blocks"] == 1400
+    assert tiers["GPU"]["capacity_blocks"] == 150
+    assert tiers["GPU"]["tokens"] == 3 * 16 + 32
+    assert tiers["DISK"]["capacity_blocks"] is None  # no DISK capacity configured anywhere
+    for tier, total in tiers.items():
+        assert total["blocks"] == sum(s["tiers"][tier]["blocks"] for s in snap["streams"] if tier in s["tiers"])
+        assert total["blocks"] == sum(v["blocks"] for v in snap["totals"].values() if v["tier"] == tier)
+    assert msgspec.json.decode(msgspec.json.encode(snap)) == snap
+
+
+def test_tier_capacity_is_null_unless_every_medium_of_the_tier_has_one() -> None:
+    occ = OccupancyIndex({("a", 0): {"CPU": 10}})
+    occ.apply("a", 0, batch(stored(1, medium="CPU"), stored(2, medium="CPU_PINNED")), 0.0)
+    (entry,) = occ.snapshot(1, 0.0)["streams"]
+    assert entry["mediums"]["CPU"]["capacity_blocks"] == 10
+    assert entry["tiers"]["CPU"]["capacity_blocks"] is None
+    assert entry["tiers"]["CPU"]["blocks"] == 2
+
+
+def test_empty_medium_counts_as_gpu_like_the_hub_filter() -> None:
+    from kvgateway import hub
+
+    occ = OccupancyIndex()
+    events = [stored(1, medium=""), stored(2, medium=None), stored(3, medium="gPu")]
+    occ.apply("a", 0, batch(*events), 0.0)
+    assert occ.stream("a", 0).groups("GPU") == {0: 3}
+    gpu_filter = hub.parse_query({"medium": ["GPU"]}).filter
+    assert all(gpu_filter.matches_event(e) for e in events)

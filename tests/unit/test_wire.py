@@ -4,6 +4,7 @@ lists and dicts (never with wire.encode_batch, so the decoder is not checked aga
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from typing import Any
 
 import msgspec
@@ -23,8 +24,8 @@ RAW32 = bytes(range(0xE0, 0x100))  # 32 raw bytes (VLLM_KV_EVENTS_USE_INT_BLOCK_
 STORED_CORE = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name")
 STORED_FURTHER = ("extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
 STORED_POSITIONAL = STORED_CORE + STORED_FURTHER  # the 11 positional fields, in wire order
-RENDERED_STORED = {"type", *STORED_CORE}
-RENDERED_REMOVED = {"type", "block_hashes", "medium"}
+RENDERED_STORED = {"type", *STORED_CORE, "tier"}
+RENDERED_REMOVED = {"type", "block_hashes", "medium", "tier"}
 MAP_ONLY_KEYS = {"locality": "LOCAL", "ownership": "owned", "session_id": "s-1", "cache_salt": "salt"}
 
 
@@ -218,13 +219,16 @@ def test_real_vllm_0_26_capture() -> None:
         {"type": "BlockStored"},  # no block_hashes
         {"type": "BlockStored", "block_hashes": [1.5]},
         {"type": "BlockStored", "block_hashes": [1], "block_size": "16"},
-        {"type": "BlockStored", "block_hashes": [1], "group_idx": "0"},
+        {"type": "BlockStored", "block_hashes": [1], "token_ids": [1, "2"]},
+        ["BlockStored", [1], None, "tokens", 16, None],
+        ["BlockStored", [1], None, [], 16.0, None],
+        ["BlockStored", "1", None, [], 16, None],
         {"type": "BlockRemoved", "block_hashes": 1},
         {"type": "BlockRemoved", "block_hashes": [True]},
         {"block_hashes": [1]},  # no type
         {"type": 7},
         ["BlockRemoved"],
-        ["BlockRemoved", [1], 5],  # medium must be a string
+        ["BlockRemoved", [1.0], "GPU"],
         [],
         [42, 1],
         "BlockStored",
@@ -374,11 +378,12 @@ def test_rendered_field_sets_from_the_sparsest_layouts() -> None:
         "token_ids": [],
         "lora_id": None,
         "medium": None,
+        "tier": "GPU",
         "lora_name": None,
     }
     assert a == expected_stored | {"block_size": 16}
     assert b == expected_stored | {"block_size": 0}
-    assert c == d == {"type": "BlockRemoved", "block_hashes": ["1"], "medium": None}
+    assert c == d == {"type": "BlockRemoved", "block_hashes": ["1"], "medium": None, "tier": "GPU"}
     assert e == {"type": "AllBlocksCleared"}
 
 
@@ -708,3 +713,356 @@ def test_decodable_nesting_renders() -> None:
 def test_any_decodable_event_renders_to_json(event: Any) -> None:
     batch = wire.decode_batch(enc([1.0, [event]]))
     json.loads(msgspec.json.encode(wire.render_events(batch.events)))
+
+
+# --- one field of an unexpected type: kept as an unnamed further field, never the event's loss ----
+
+WRONG_VALUES: dict[str, Any] = {
+    "null": None,
+    "bool": True,
+    "int": 7,
+    "negative int": -(2**63),
+    "u64": U64,
+    "float": 1.5,
+    "str": "GPU",
+    "bytes": b"\x01\x02",
+    "array": [1, "x"],
+    "int array": [1, 2],
+    "empty array": [],
+    "map": {"cache_salt": "abc"},
+    "empty map": {},
+    "ext": msgspec.msgpack.Ext(5, b"\x01"),
+}
+# The types each field takes; any other value is "wrong" for it.
+FITS: dict[str, tuple[str, ...]] = {
+    "parent_block_hash": ("null", "int", "negative int", "u64", "bytes"),
+    "lora_id": ("null", "int", "negative int", "u64"),
+    "medium": ("null", "str"),
+    "lora_name": ("null", "str"),
+    "extra_keys": ("null", "array", "int array", "empty array"),
+    "group_idx": ("null", "int", "negative int", "u64"),
+    "kv_cache_spec_kind": ("null", "str"),
+    "kv_cache_spec_sliding_window": ("null", "int", "negative int", "u64"),
+}
+STORED_LENIENT = ("parent_block_hash", "lora_id", "medium", "lora_name", *STORED_FURTHER)
+STORED_ATTRS = ("block_hashes", *STORED_CORE[1:])  # fields of BlockStored itself, the rest in extra
+REMOVED_POSITIONAL = ("block_hashes", "medium", "group_idx")
+REMOVED_LENIENT = ("medium", "group_idx")
+WRONG_CASES = [
+    pytest.param(name, label, id=f"{name}-{label}")
+    for name in STORED_LENIENT
+    for label in WRONG_VALUES
+    if label not in FITS[name]
+]
+REMOVED_WRONG_CASES = [
+    pytest.param(name, label, id=f"{name}-{label}")
+    for name in REMOVED_LENIENT
+    for label in WRONG_VALUES
+    if label not in FITS[name]
+]
+NEIGHBOURS = (["AllBlocksCleared"], {"type": "BlockRemoved", "block_hashes": [9], "medium": "CPU"})
+
+
+def expect_stored(fields: dict[str, Any], extra: dict[str, Any]) -> BlockStored:
+    return BlockStored(**{name: fields[name] for name in STORED_ATTRS}, extra=extra)
+
+
+def test_sglang_metadata_map_in_the_lora_name_position() -> None:
+    """The reported case: a 7th positional field that is a map, where lora_name is expected."""
+    sglang = ["BlockStored", [ABOVE_I64, -5], None, list(range(32)), 16, None, "GPU", {"cache_salt": "abc"}]
+    got = decode(["AllBlocksCleared"], sglang, ["BlockRemoved", [3], "CPU_PINNED"]).events
+    assert len(got) == 3
+    stored = got[1]
+    assert stored == BlockStored(
+        block_hashes=[ABOVE_I64, -5],
+        parent_block_hash=None,
+        token_ids=list(range(32)),
+        block_size=16,
+        medium="GPU",
+        extra={"field_7": {"cache_salt": "abc"}},
+    )
+    rendered = roundtrip(got)[1]
+    assert rendered["field_7"] == {"cache_salt": "abc"}
+    assert rendered["lora_name"] is None
+    assert rendered["block_hashes"] == [str(ABOVE_I64), "-5"]
+
+
+@pytest.mark.parametrize(("name", "label"), WRONG_CASES)
+def test_positional_block_stored_field_of_a_wrong_type_is_kept_unnamed(name: str, label: str) -> None:
+    value = WRONG_VALUES[label]
+    position = STORED_POSITIONAL.index(name) + 1  # its index in the array: the tag is 0
+    for n in sorted(c for c in {max(position, 5), 7, 11} if c >= position):  # layouts long enough to have it
+        values = ["BlockStored", *(FULL_STORED[f] for f in STORED_POSITIONAL[:n])]
+        values[position] = value
+        got = decode(NEIGHBOURS[0], values, NEIGHBOURS[1]).events
+        assert len(got) == 3, "the neighbours are kept too"
+        event = got[1]
+        assert isinstance(event, BlockStored)
+        fields = FULL_STORED | {f: None for f in STORED_POSITIONAL[n:]}
+        extra = {f: fields[f] for f in STORED_FURTHER[: max(0, n - 7)]}
+        extra = {(f"field_{position}" if f == name else f): v for f, v in extra.items()}
+        if name in STORED_ATTRS:
+            fields = fields | {name: None}
+            extra = {f"field_{position}": value} | extra  # in positional order
+        else:
+            extra[f"field_{position}"] = value
+        assert event == expect_stored(fields, extra)
+        assert list(event.extra) == [k for k in extra]  # in the order of the array
+        rendered = roundtrip([event])[0]
+        assert f"field_{position}" in rendered
+        assert name not in rendered or rendered[name] is None
+        assert rendered["block_hashes"] == [wire.hash_text(h) for h in FULL_STORED["block_hashes"]]
+        if name == "group_idx":
+            assert event.group_idx is None
+
+
+@pytest.mark.parametrize(("name", "label"), REMOVED_WRONG_CASES)
+def test_positional_block_removed_field_of_a_wrong_type_is_kept_unnamed(name: str, label: str) -> None:
+    value = WRONG_VALUES[label]
+    position = REMOVED_POSITIONAL.index(name) + 1
+    full = {"block_hashes": [ABOVE_I64, RAW32], "medium": "CPU", "group_idx": 2}
+    values = ["BlockRemoved", *full.values()]
+    values[position] = value
+    (_, event, _) = decode(NEIGHBOURS[0], values, NEIGHBOURS[1]).events
+    if name == "medium":
+        assert event == BlockRemoved(block_hashes=full["block_hashes"], extra={"field_2": value, "group_idx": 2})
+    else:
+        assert event == BlockRemoved(block_hashes=full["block_hashes"], medium="CPU", extra={"field_3": value})
+    rendered = roundtrip([event])[0]
+    assert f"field_{position}" in rendered
+    assert rendered["tier"] == ("GPU" if name == "medium" else "CPU")
+
+
+@pytest.mark.parametrize(("name", "label"), WRONG_CASES)
+def test_map_block_stored_known_key_of_a_wrong_type_is_kept_raw(name: str, label: str) -> None:
+    value = WRONG_VALUES[label]
+    body = {"type": "BlockStored", **FULL_STORED, "locality": "LOCAL"}
+    body[name] = value
+    (_, event, _) = decode(NEIGHBOURS[0], body, NEIGHBOURS[1]).events
+    assert isinstance(event, BlockStored)
+    fields = FULL_STORED | ({name: None} if name in STORED_ATTRS else {})
+    extra = {(f"field_{f}" if f == name else f): body[f] for f in (*STORED_FURTHER, "locality")}
+    if name in STORED_ATTRS:
+        extra = {f"field_{name}": value} | extra  # the map's key order
+    assert event == expect_stored(fields, extra)
+    rendered = roundtrip([event])[0]
+    assert f"field_{name}" in rendered
+    assert name not in rendered or rendered[name] is None
+    assert rendered["locality"] == "LOCAL"
+
+
+@pytest.mark.parametrize(("name", "label"), REMOVED_WRONG_CASES)
+def test_map_block_removed_known_key_of_a_wrong_type_is_kept_raw(name: str, label: str) -> None:
+    value = WRONG_VALUES[label]
+    body = {"type": "BlockRemoved", "block_hashes": [1], "medium": "DISK", "group_idx": 0, "ownership": "x"}
+    body[name] = value
+    (_, event, _) = decode(NEIGHBOURS[0], body, NEIGHBOURS[1]).events
+    medium = None if name == "medium" else "DISK"
+    extra = {("field_" + k if k == name else k): v for k, v in body.items() if k not in {"type", "block_hashes"}}
+    if name != "medium":
+        del extra["medium"]
+    assert event == BlockRemoved(block_hashes=[1], medium=medium, extra=extra)
+
+
+@pytest.mark.parametrize(
+    ("event", "field"),
+    [
+        *(
+            pytest.param(["BlockStored", value, None, [], 16, None], "field 1 (block_hashes)", id=f"pos-hashes-{label}")
+            for label, value in WRONG_VALUES.items()
+            if label not in ("int array", "empty array")
+        ),
+        pytest.param(["BlockStored", [1, 1.5], None, [], 16, None], "field 1", id="pos-hashes-float-item"),
+        pytest.param(["BlockStored", [True], None, [], 16, None], "field 1", id="pos-hashes-bool-item"),
+        *(
+            pytest.param(["BlockStored", [1], None, value, 16, None], "field 3 (token_ids)", id=f"pos-tokens-{label}")
+            for label, value in WRONG_VALUES.items()
+            if label not in ("null", "int array", "empty array")
+        ),
+        *(
+            pytest.param(["BlockStored", [1], None, [], value, None], "field 4 (block_size)", id=f"pos-size-{label}")
+            for label, value in WRONG_VALUES.items()
+            if label not in ("null", "int", "negative int", "u64")
+        ),
+        *(
+            pytest.param(["BlockRemoved", value, "GPU"], "field 1 (block_hashes)", id=f"pos-removed-{label}")
+            for label, value in WRONG_VALUES.items()
+            if label not in ("int array", "empty array")
+        ),
+        *(
+            pytest.param({"type": "BlockStored", "block_hashes": value}, "block_hashes", id=f"map-hashes-{label}")
+            for label, value in WRONG_VALUES.items()
+            if label not in ("int array", "empty array")
+        ),
+        *(
+            pytest.param(
+                {"type": "BlockStored", "block_hashes": [1], "token_ids": value}, "token_ids", id=f"map-tokens-{label}"
+            )
+            for label, value in WRONG_VALUES.items()
+            if label not in ("null", "int array", "empty array")
+        ),
+        *(
+            pytest.param(
+                {"type": "BlockStored", "block_hashes": [1], "block_size": value}, "block_size", id=f"map-size-{label}"
+            )
+            for label, value in WRONG_VALUES.items()
+            if label not in ("null", "int", "negative int", "u64")
+        ),
+        pytest.param({"type": "BlockRemoved", "block_hashes": [b"\x01", "x"]}, "block_hashes", id="map-removed-str"),
+        pytest.param({"type": "BlockRemoved", "medium": "GPU"}, "block_hashes", id="map-removed-missing"),
+        pytest.param(["BlockStored", [1], None, [], 16], "at least 5", id="pos-too-short"),
+        pytest.param(["BlockRemoved"], "at least 1", id="pos-removed-empty"),
+    ],
+)
+def test_a_core_field_of_a_wrong_type_still_fails_the_batch(event: Any, field: str) -> None:
+    with pytest.raises(DecodeError, match=r"^event 1: Block(Stored|Removed): ") as info:
+        decode(["AllBlocksCleared"], event)
+    assert field in one_line(info.value)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        ["BlockStored", [1], None, None, None, None],
+        {"type": "BlockStored", "block_hashes": [1], "token_ids": None, "block_size": None},
+        {"type": "BlockStored", "block_hashes": [1], "token_ids": None},
+    ],
+)
+def test_null_token_ids_and_block_size_read_as_a_placeholder(event: Any) -> None:
+    (got,) = decode(event).events
+    assert isinstance(got, BlockStored)
+    assert (got.block_hashes, got.token_ids, got.block_size) == ([1], [], 0)
+
+
+def test_several_wrong_fields_in_one_event_are_all_kept() -> None:
+    values = ["BlockStored", [1], 2.5, [1], 1, "x", 5, {"a": 1}, "not a list", "0", 3, "4096"]
+    (event,) = decode(values).events
+    assert isinstance(event, BlockStored)
+    assert event.extra == {
+        "field_2": 2.5,
+        "field_5": "x",
+        "field_6": 5,
+        "field_7": {"a": 1},
+        "field_8": "not a list",
+        "field_9": "0",
+        "field_10": 3,
+        "field_11": "4096",
+    }
+    assert (event.parent_block_hash, event.lora_id, event.medium, event.lora_name) == (None, None, None, None)
+    assert event.group_idx is None
+    rendered = roundtrip([event])[0]
+    assert rendered["tier"] == "GPU"  # an unreadable medium counts like an absent one
+    assert rendered["field_9"] == "0"
+    assert "kv_cache_spec_kind" not in rendered  # position 10 was wrong: 3 is not a spec kind name
+
+
+msgpack_value = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), U64)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
+    | st.binary(max_size=8)
+    | st.datetimes(timezones=st.just(UTC))  # the timestamp extension (-1): decoded to a datetime
+    # any other extension (an ext -1 that is not a valid timestamp is malformed msgpack: DecodeError)
+    | st.builds(msgspec.msgpack.Ext, st.integers(-128, 127).filter(lambda code: code != -1), st.binary(max_size=4)),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3),
+    max_leaves=8,
+)
+
+
+def fits(name: str, value: Any) -> bool:
+    """Whether ``value`` has the type the field ``name`` takes."""
+    if value is None:
+        return True
+    if name in ("parent_block_hash",):
+        return type(value) in (int, bytes)
+    if name in ("medium", "lora_name", "kv_cache_spec_kind"):
+        return type(value) is str
+    if name == "extra_keys":
+        return type(value) is list
+    return type(value) is int  # lora_id, group_idx, kv_cache_spec_sliding_window
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    fields=stored_fields(),
+    name=st.sampled_from(STORED_LENIENT),
+    value=msgpack_value,
+    n=st.sampled_from([7, 8, 11]),
+    as_map=st.booleans(),
+)
+def test_any_value_in_one_optional_field_keeps_the_event_and_its_hashes(
+    fields: dict[str, Any], name: str, value: Any, n: int, as_map: bool
+) -> None:
+    position = STORED_POSITIONAL.index(name) + 1
+    n = max(n, position)
+    if as_map:
+        event: Any = {"type": "BlockStored", **fields, name: value}
+    else:
+        event = ["BlockStored", *(fields[f] for f in STORED_POSITIONAL[:n])]
+        event[position] = value
+    unnamed = f"field_{name}" if as_map else f"field_{position}"
+    got = decode(NEIGHBOURS[0], event, NEIGHBOURS[1]).events
+    assert [e.type for e in got] == ["AllBlocksCleared", "BlockStored", "BlockRemoved"]
+    stored = got[1]
+    assert isinstance(stored, BlockStored)
+    assert stored.block_hashes == fields["block_hashes"]
+    assert (stored.token_ids, stored.block_size) == (fields["token_ids"], fields["block_size"])
+    if fits(name, value):
+        held = getattr(stored, name) if name in STORED_ATTRS else stored.extra[name]
+        assert held == value
+        assert unnamed not in stored.extra
+    else:
+        assert stored.extra[unnamed] == value
+        assert getattr(stored, name, None) is None and name not in stored.extra
+    rendered = roundtrip(got)[1]
+    assert rendered["block_hashes"] == [wire.hash_text(h) for h in fields["block_hashes"]]
+    assert rendered["tier"] in ("GPU", "CPU", "DISK", "EXTERNAL")
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    hashes=st.lists(hash_st, max_size=4),
+    name=st.sampled_from(REMOVED_LENIENT),
+    value=msgpack_value,
+    as_map=st.booleans(),
+)
+def test_any_value_in_one_optional_removed_field_keeps_the_event_and_its_hashes(
+    hashes: list[Any], name: str, value: Any, as_map: bool
+) -> None:
+    full = {"block_hashes": hashes, "medium": "CPU", "group_idx": 1}
+    if as_map:
+        event: Any = {"type": "BlockRemoved", **full, name: value}
+    else:
+        event = ["BlockRemoved", *full.values()]
+        event[REMOVED_POSITIONAL.index(name) + 1] = value
+    got = decode(NEIGHBOURS[0], event, NEIGHBOURS[1]).events
+    removed = got[1]
+    assert isinstance(removed, BlockRemoved)
+    assert removed.block_hashes == hashes
+    assert roundtrip(got)[1]["block_hashes"] == [wire.hash_text(h) for h in hashes]
+
+
+@pytest.mark.parametrize(
+    ("medium", "tier"),
+    [
+        ("GPU", "GPU"),
+        ("gpu", "GPU"),
+        (None, "GPU"),
+        ("", "GPU"),
+        ("CPU", "CPU"),
+        ("cpu_pinned", "CPU"),
+        ("STORAGE", "DISK"),
+        ("DISK", "DISK"),
+        ("EXTERNAL", "EXTERNAL"),
+        ("lmcache", "EXTERNAL"),
+    ],
+)
+def test_block_events_render_their_tier_after_the_medium_as_sent(medium: str | None, tier: str) -> None:
+    got = decode(stored_array(6, medium=medium), {"type": "BlockRemoved", "block_hashes": [1], "medium": medium})
+    for rendered in roundtrip(got.events):
+        assert rendered["medium"] == medium
+        assert rendered["tier"] == tier
+        keys = list(rendered)
+        assert keys[keys.index("medium") + 1] == "tier"

@@ -1,0 +1,88 @@
+"""Medium names and tiers: the one place that decides what an engine's ``medium`` string means.
+
+Engines name their cache mediums themselves: vLLM ``"GPU"``, ``"CPU"``, ``"STORAGE"`` (case
+varies; null or absent in engines older than the field, which were GPU-only), SGLang ``"GPU"``,
+``"CPU_PINNED"``, ``"DISK"``, ``"EXTERNAL"``. The gateway keeps the engine's own name (upper-cased:
+:func:`normalise_medium`) wherever it shows a stream, and maps every name to one of four
+:data:`TIERS` (:func:`medium_tier`) for fleet totals and filters:
+
+======== =====================================================================================
+tier     medium names (after upper-casing; a name *starting with* one of these prefixes)
+======== =====================================================================================
+GPU      ``GPU``, ``CUDA``, ``HBM``, ``DEVICE``; and null, absent or empty (older engines)
+CPU      ``CPU`` (``CPU_PINNED``, ...), ``HOST``, ``DRAM``, ``PINNED``
+DISK     ``DISK``, ``STORAGE``, ``SSD``, ``NVME``, ``FILE``, ``HDD``
+EXTERNAL anything else (``EXTERNAL``, ``REMOTE``, ``LMCACHE``, a name of a future engine, ...)
+======== =====================================================================================
+
+Both the occupancy index and the hub's ``medium=`` filter use these functions, so a filter and
+the index always put an event in the same medium and tier.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, TypeAlias
+
+Tier: TypeAlias = Literal["GPU", "CPU", "DISK", "EXTERNAL"]
+
+GPU: Final = "GPU"
+CPU: Final = "CPU"
+DISK: Final = "DISK"
+EXTERNAL: Final = "EXTERNAL"
+TIERS: Final[tuple[Tier, ...]] = (GPU, CPU, DISK, EXTERNAL)
+"""Every tier, fastest first (the order the gateway lists them in)."""
+TIER_NAMES: Final[frozenset[str]] = frozenset(TIERS)
+
+DEFAULT_MEDIUM: Final = GPU
+"""The medium of an event without one: engines before the field existed only had GPU caches."""
+
+_PREFIXES: Final[tuple[tuple[str, Tier], ...]] = (
+    ("GPU", GPU),
+    ("CUDA", GPU),
+    ("HBM", GPU),
+    ("DEVICE", GPU),
+    ("CPU", CPU),
+    ("HOST", CPU),
+    ("DRAM", CPU),
+    ("PINNED", CPU),
+    ("DISK", DISK),
+    ("STORAGE", DISK),
+    ("SSD", DISK),
+    ("NVME", DISK),
+    ("FILE", DISK),
+    ("HDD", DISK),
+)
+
+_CACHE_MAX: Final = 256
+"""Bound on the memo of raw medium strings: the wire's strings are not trusted."""
+_tiers: dict[str | None, Tier] = {None: GPU, "": GPU}
+
+
+def normalise_medium(medium: str | None) -> str:
+    """The medium name the gateway shows: ``"gpu"`` -> ``"GPU"``; None or empty -> ``"GPU"``."""
+    return medium.upper() if medium else DEFAULT_MEDIUM
+
+
+def _tier_of_name(name: str) -> Tier:
+    for prefix, tier in _PREFIXES:
+        if name.startswith(prefix):
+            return tier
+    return EXTERNAL
+
+
+def medium_tier(medium: str | None) -> Tier:
+    """The tier of a medium as an engine sent it (any case; None or empty: GPU)."""
+    tier = _tiers.get(medium)
+    if tier is None:
+        tier = _tier_of_name(normalise_medium(medium))
+        if len(_tiers) < _CACHE_MAX:
+            _tiers[medium] = tier
+    return tier
+
+
+def tier_rank(tier: str) -> int:
+    """Sort key of a tier name: GPU, CPU, DISK, EXTERNAL, then anything else."""
+    try:
+        return TIERS.index(tier)
+    except ValueError:
+        return len(TIERS)
