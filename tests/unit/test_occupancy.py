@@ -126,9 +126,10 @@ def test_clear_in_the_middle_of_a_batch_applies_in_order() -> None:
 def test_reset_empties_and_clears_stale() -> None:
     index = StreamIndex("a", 0)
     index.apply(batch(stored(1, 2, medium="CPU"), stored(BIG, BIG)), 0.0)
-    index.mark_stale()
+    index.mark_stale("history_truncated")
+    assert index.stale_reason == "history_truncated"
     index.reset()
-    assert index.stale is False
+    assert (index.stale, index.stale_reason) == (False, None)
     assert all(s.blocks == 0 for s in index.medium_stats(0.0).values())
     assert set(index.medium_stats(0.0)) == {"CPU", "GPU"}
     assert index.refcount(BIG) == 0
@@ -142,10 +143,11 @@ def test_stale_until_all_blocks_cleared() -> None:
     index.mark_stale()
     index.apply(batch(stored(1), removed(1), UnknownEvent(type="Foo", body=["Foo"])), 0.0)
     assert index.stale is True
+    assert index.stale_reason == "unrecovered"
     index.apply(batch(stored(2), AllBlocksCleared(), stored(3)), 0.0)
-    assert index.stale is False
-    index.mark_stale()
-    assert index.snapshot(0.0)["stale"] is True
+    assert (index.stale, index.stale_reason) == (False, None)
+    index.mark_stale("undecodable")
+    assert (index.snapshot(0.0)["stale"], index.snapshot(0.0)["stale_reason"]) == (True, "undecodable")
 
 
 def test_unknown_events_are_ignored() -> None:
@@ -298,6 +300,7 @@ def test_configured_streams_and_mediums_are_listed_before_any_event() -> None:
             "source": "a",
             "dp_rank": 0,
             "stale": False,
+            "stale_reason": None,
             "unknown_removes": 0,
             "mediums": {
                 "CPU": {
