@@ -239,8 +239,10 @@ class _Recovery:
         "heard",
         "items",
         "lost",
+        "mark",
         "progress",
         "purpose",
+        "silent",
         "start",
         "token",
     )
@@ -256,7 +258,9 @@ class _Recovery:
         self.first: int | None = None  # this attempt's first item
         self.floor: int | None = None  # seqs below it (and >= start) are not in the engine's buffer
         self.progress = False  # this attempt brought something new
+        self.mark = start  # the first missing seq when this attempt was asked
         self.heard = False  # any item or end marker came back, in any attempt
+        self.silent = 0  # attempts that got no answer at all
 
     def new_attempt(self, token: int, start: int) -> None:
         self.attempt += 1
@@ -491,10 +495,14 @@ class Sequencer:
             return []
         out: list[Action] = []
         if rec.purpose == "verify":
+            if outcome == "timeout" and rec.items == 0 and rec.silent == 0 and rec.attempt < self._max_attempts:
+                rec.silent += 1  # no answer yet: ask once more before judging by the live stream
+                self._attempt(rec.start, out)
+                return out
             self._unverifiable(out)
             if self._rec is not rec:
                 return out
-        self._attempt_over(out)
+        self._attempt_over(out, silent=outcome == "timeout" and rec.items == 0)
         return out
 
     def on_quiet(self) -> list[Action]:
@@ -618,16 +626,28 @@ class Sequencer:
         assert reason is not None  # reconnected=True always gives one
         self._restart(seq, reason, True, out)
 
-    def _attempt_over(self, out: list[Action]) -> None:
-        """Rule 6."""
+    def _attempt_over(self, out: list[Action], *, silent: bool = False) -> None:
+        """Rule 6. ``silent``: the attempt timed out with no answer at all."""
         rec = self._rec
         assert rec is not None
+        # An engine busy publishing, or a request sent while its ROUTER was reconnecting, can leave
+        # one attempt unanswered: that one is asked again; a second silence ends the recovery.
+        retry_silence = silent and rec.silent == 0
+        rec.silent += silent
         if self.cursor is None:
             low = self._first_pending()
-            if low is None:  # nothing known at all: wait for the live stream
-                self._finish(out)
+            if low is None:  # nothing known at all: ask again after a silence, else wait for live
+                if retry_silence and rec.attempt < self._max_attempts:
+                    self._attempt(rec.start, out)
+                else:
+                    self._finish(out)
                 return
             self._establish(low, self._pending[low][0], out)
+        self._drain(out)
+        assert self.cursor is not None
+        # Progress: something new came, or the first missing seq moved up (the reply brought what
+        # live had brought too): the next attempt starts higher, so the retries end.
+        progress = rec.progress or self.cursor + 1 > rec.mark or retry_silence
         while True:
             self._drain(out)
             assert self.cursor is not None
@@ -643,7 +663,7 @@ class Sequencer:
                     return
                 self._account(min(low, rec.floor) - 1, "evicted", out)
                 continue
-            if rec.progress and rec.attempt < self._max_attempts:
+            if progress and rec.attempt < self._max_attempts:
                 self._attempt(nxt, out)
                 return
             if not passed:
@@ -737,6 +757,7 @@ class Sequencer:
         assert rec is not None
         self._last_token += 1
         rec.new_attempt(self._last_token, start)
+        rec.mark = start if self.cursor is None else self.cursor + 1
         out.append(RequestReplay(rec.token, start, rec.purpose, rec.attempt))
 
     def _put(self, seq: int, item: _Item) -> None:

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -23,9 +24,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from kvgateway import wire
 from tests.conftest import Proc
 
-from ._sim_helpers import replay_sync
+from ._sim_helpers import Layout, parse_replay_reply
 
 BIG_QUEUE = 256 * 1024 * 1024
 """``--client-queue-bytes`` for every gateway: the test's own client must never be cut off."""
@@ -222,11 +224,43 @@ def occupancy_counts(entry: dict[str, Any]) -> dict[str, dict[str, int]]:
 # --- ground truth from the engine itself ------------------------------------------------------
 
 
-def fetch_history(replay_endpoint: str, start: int = 0, timeout: float = 20.0) -> list[tuple[int, bytes]]:
-    """Every batch the engine's replay socket still holds from ``start``: (seq, raw payload)."""
+def fetch_history(
+    replay_endpoint: str, start: int = 0, timeout: float = 20.0, layout: Layout = "topic"
+) -> list[tuple[int, bytes]]:
+    """Every batch the engine's replay socket still holds from ``start``: (seq, raw payload).
+
+    The engine sends its reply through a ROUTER that drops past its high-water mark, so a long
+    reply can come back with holes or without its end marker: ask again from the first missing
+    seq, as the gateway does, until a reply comes back whole, or brings nothing new (a hole the
+    engine never buffered stays a hole)."""
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    got: dict[int, bytes] = {}
+    deadline = time.monotonic() + timeout
     try:
-        return replay_sync(context, replay_endpoint, start, "topic", timeout=timeout)
+        ask = start
+        while True:
+            dealer = context.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.RCVHWM, 0)
+            dealer.connect(replay_endpoint)
+            ended = False
+            before = len(got)
+            try:
+                dealer.send_multipart([b"", wire.seq_bytes(ask)])
+                while not ended and dealer.poll(2000):
+                    seq, payload = parse_replay_reply(dealer.recv_multipart(), layout)
+                    if seq == wire.END_SEQ:
+                        ended = True
+                    else:
+                        got.setdefault(seq, payload)
+            finally:
+                dealer.close(linger=0)
+            seqs = sorted(s for s in got if s >= start)
+            holes = [a + 1 for a, b in pairwise(seqs) if b != a + 1]
+            if (ended and not holes) or (len(got) == before and ask != start):
+                return [(seq, got[seq]) for seq in seqs]
+            assert time.monotonic() < deadline, f"replay from {start} on {replay_endpoint}: incomplete"
+            ask = holes[0] if holes else (seqs[-1] + 1 if seqs else start)
     finally:
         context.term()
 
@@ -257,6 +291,12 @@ class RefModel:
 
     def _medium(self, name: str | None) -> _Medium:
         return self.mediums.setdefault((name or "GPU").upper(), _Medium())
+
+    def feed_any(self, payload: bytes) -> None:
+        """Any layout: events decoded by the gateway's own wire decoder, counted by this model."""
+        decoded = wire.decode_batch(payload)
+        events = [wire.render_event(event) for event in decoded.events]
+        self.feed(msgspec.msgpack.encode([decoded.ts, events]))
 
     def feed(self, payload: bytes) -> None:
         batch = msgspec.msgpack.decode(payload)
