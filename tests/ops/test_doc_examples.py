@@ -242,3 +242,46 @@ def test_bench_duration_matches_the_results() -> None:
     took = [int(s) for s in re.findall(r"took (\d+) s", perf)]
     total = sum(dict.fromkeys(took))
     assert abs(total / 60 - minutes) <= 2, f"the results took {total / 60:.0f} minutes, the docs say {minutes}"
+
+
+# --- statements the documents make about the program -----------------------------------------
+
+
+def test_metrics_doc_lists_every_rejection_reason() -> None:
+    code = "".join(path.read_text(encoding="utf-8") for path in (REPO / "kvgateway").glob("*.py"))
+    reasons = set(re.findall(r'client_rejections\.labels\([^,]+, "([a-z_]+)"\)', code))
+    assert "forbidden_host" in reasons
+    doc = (REPO / "docs" / "metrics.md").read_text(encoding="utf-8")
+    (row,) = [line for line in doc.splitlines() if line.startswith("| `reason` |")]
+    listed = set(re.findall(r"`([a-z_]+)`", row.split("rejections:")[1]))
+    assert listed == reasons, f"metrics.md lists {sorted(listed)}, the code uses {sorted(reasons)}"
+
+
+def test_operations_quotes_the_collision_message_as_the_gateway_writes_it() -> None:
+    with pytest.raises(config.ConfigError) as info:
+        config.check_overlaps(
+            [config.parse_source_flag("name=vllm-a,endpoint=tcp://h:5557,replay=tcp://h:5558,dp_size=2")]
+        )
+    real = str(info.value).replace("tcp://h:", "tcp://...:")
+    doc = " ".join((REPO / "docs" / "operations.md").read_text(encoding="utf-8").split())
+    assert f"(`{real}`)" in doc
+
+
+def test_operations_states_the_logging_and_exit_codes_of_today() -> None:
+    doc = " ".join((REPO / "docs" / "operations.md").read_text(encoding="utf-8").split())
+    assert "HTTP access logs are off" not in doc
+    assert 'written at `log_level = "debug"` only' in doc
+    assert "and exit code 1" in doc and "exit code 2" in doc
+    # The dashboard opens a WebSocket and falls back to SSE (static/app.js).
+    app = (REPO / "static" / "app.js").read_text(encoding="utf-8")
+    assert app.index("new WebSocket(") < app.index("new EventSource(")
+    assert "SSE is what the dashboard" not in doc and "the dashboard uses a WebSocket and falls back to SSE" in doc
+
+
+def test_performance_and_example_toml_describe_today() -> None:
+    perf = " ".join((REPO / "docs" / "performance.md").read_text(encoding="utf-8").split())
+    assert "exposes no asyncio task count" not in perf and "`kvgateway_asyncio_tasks`" in perf
+    assert "kvgateway uses (asyncio's own)" not in perf
+    toml = (REPO / "deploy" / "kvgateway.example.toml").read_text(encoding="utf-8")
+    (line,) = [line for line in toml.splitlines() if "keepalive_seconds" in line]
+    assert "WebSocket" in line  # it sets the WebSocket ping interval too (gateway.uvicorn_config)
