@@ -21,15 +21,17 @@ from typing import Any
 
 from bench import RESULTS_SCHEMA, catchup, fanout, ingest, latency, memory, report
 from bench.common import (
-    NAIVE_UVLOOP_ENV,
+    NAIVE_LOOP_ENV,
     REPO,
     RESULTS_DIR,
     SOURCE_ENV,
     BenchError,
     Mode,
     code_identity,
+    gateway_loop,
     machine_cpu,
     machine_info,
+    naive_loop,
     say,
 )
 from bench.context import Context
@@ -61,9 +63,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     docs.add_argument("--no-docs", action="store_true", help="do not write docs/performance.md (full runs do)")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway in ingest and fan-out")
     parser.add_argument(
-        "--naive-uvloop",
-        action="store_true",
-        help="run the naive bridge on uvloop (use it when kvgateway runs on uvloop: same loop, fair comparison)",
+        "--naive-loop",
+        choices=("asyncio", "uvloop"),
+        help="run the naive bridge on this loop (default: the gateway's own, uvloop when installed; same loop, "
+        "fair comparison)",
     )
     parser.add_argument(
         "--render-docs",
@@ -119,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         report.update_doc(target, report.render(latest))
         say(f"wrote the results section of {target} from {args.results_dir / 'latest.json'}")
         return 0
-    if args.naive_uvloop:
-        os.environ[NAIVE_UVLOOP_ENV] = "1"
+    if args.naive_loop:
+        os.environ[NAIVE_LOOP_ENV] = args.naive_loop
     if args.gateway_source is not None:
         if not (args.gateway_source / "kvgateway" / "__init__.py").is_file():
             raise SystemExit(f"--gateway-source: no kvgateway package in {args.gateway_source}")
@@ -143,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             "churn_seconds": churn,
             "scenarios": chosen,
             "gateway_source": os.environ.get(SOURCE_ENV),
-            "naive_uvloop": bool(os.environ.get(NAIVE_UVLOOP_ENV)),
+            "gateway_loop": gateway_loop(),
+            "naive_loop": naive_loop(),
         },
         "machine": machine_info(),
         "scenarios": {},

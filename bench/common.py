@@ -26,8 +26,23 @@ REPO: Final = Path(__file__).resolve().parent.parent
 RESULTS_DIR: Final = REPO / "bench" / "results"
 CACHE_DIR: Final = RESULTS_DIR / "cache"
 TOPIC: Final = "kv-events"
-NAIVE_UVLOOP_ENV: Final = "KVGATEWAY_BENCH_NAIVE_UVLOOP"
-"""Set (``python -m bench --naive-uvloop``): the naive bridge runs on uvloop, for when kvgateway does."""
+NAIVE_LOOP_ENV: Final = "KVGATEWAY_BENCH_NAIVE_LOOP"
+"""``asyncio`` or ``uvloop`` (``python -m bench --naive-loop``): the naive bridge's event loop.
+Unset, it runs on the gateway's loop, so the comparison is about the design and not the loop."""
+
+
+def gateway_loop() -> str:
+    """The event loop ``kvgateway serve`` runs on: uvloop when installed, else asyncio's."""
+    from kvgateway.gateway import loop_factory
+
+    return "asyncio" if loop_factory() is None else "uvloop"
+
+
+def naive_loop() -> str:
+    """The naive bridge's loop: the gateway's, unless ``--naive-loop`` chose another."""
+    return os.environ.get(NAIVE_LOOP_ENV) or gateway_loop()
+
+
 SOURCE_ENV: Final = "KVGATEWAY_BENCH_SOURCE"
 """A checkout whose ``kvgateway`` package the gateway processes run instead of this one's
 (``python -m bench --gateway-source DIR``): how a patch is measured against the baseline."""

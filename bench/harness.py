@@ -10,7 +10,6 @@ every connection received every batch of it, and how late.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 from bench.common import (
-    NAIVE_UVLOOP_ENV,
     BenchError,
     CpuMeter,
     Gateway,
@@ -27,6 +25,7 @@ from bench.common import (
     Worker,
     cpu_seconds,
     free_port,
+    naive_loop,
     python_command,
     rss_bytes,
     wait_until,
@@ -101,7 +100,7 @@ def start_target(kind: TargetKind, publisher: Worker, logs: Path, extra: Sequenc
         target = Target(kind, gateway, gateway.ws_url, gateway.sse_url)
     else:
         port = free_port()
-        options = ["--uvloop"] if os.environ.get(NAIVE_UVLOOP_ENV) else []
+        options = ["--loop", naive_loop()]  # the gateway's loop unless --naive-loop said otherwise
         process = Process(
             python_command("bench.naive_bridge", "--endpoint", endpoint_of(publisher), "--port", str(port), *options),
             logs / "naive.log",

@@ -9,9 +9,8 @@ without bound). It exists so that :mod:`bench.fanout` can put kvgateway's fan-ou
 obvious alternative on the same harness.
 
 Its messages carry the fields the harness reads (``seq`` and ``ts``), so the same clients
-measure both. Like kvgateway (whose ``serve`` calls ``asyncio.run``), it runs on asyncio's own
-event loop, so the comparison is about the design and not the loop; ``--uvloop`` is there for
-experiments.
+measure both. By default it runs on the event loop kvgateway runs on (uvloop when installed), so
+the comparison is about the design and not the loop; ``--loop`` is there for experiments.
 
 ``python -m bench.naive_bridge --endpoint tcp://127.0.0.1:5557 --port 8765``
 """
@@ -48,6 +47,8 @@ async def bridge(endpoint: str, topic: str, host: str, port: int) -> None:
     sub.connect(endpoint)
     sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
     decoder = msgspec.msgpack.Decoder()
+    loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]  # "uvloop" or "asyncio"
+    print(f"naive bridge: {loop_name} loop, ws://{host}:{port}/", file=sys.stderr, flush=True)
 
     async with serve(handler, host, port):
         sys.stdout.write(f"naive bridge: listening on ws://{host}:{port}/\n")
@@ -72,9 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topic", default=TOPIC)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--uvloop", action="store_true", help="run on uvloop instead of asyncio's loop")
+    parser.add_argument(
+        "--loop", choices=("asyncio", "uvloop"), default=None, help="event loop (default: the one kvgateway uses)"
+    )
     args = parser.parse_args(argv)
-    if args.uvloop:
+    if args.loop is None:
+        from kvgateway.gateway import loop_factory
+
+        args.loop = "asyncio" if loop_factory() is None else "uvloop"
+    if args.loop == "uvloop":
         import uvloop
 
         uvloop.run(bridge(args.endpoint, args.topic, args.host, args.port))

@@ -7,13 +7,15 @@ import contextlib
 import hmac
 import logging
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import HTTPConnection, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -242,6 +244,22 @@ def create_app(gateway: Gateway) -> Starlette:
             return
         await _ws_session(websocket, subscription)
 
+    known_v1 = {"/v1/sources", "/v1/occupancy", "/v1/schema", "/v1/events", "/v1/ws"}
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        """404 and 405 (raised by the dashboard's static mount): JSON under /v1/, like every API answer."""
+        status = exc.status_code if isinstance(exc, HTTPException) else 404
+        path = request.url.path
+        if not path.startswith("/v1/"):
+            return PlainTextResponse(HTTPStatus(status).phrase, status_code=status)
+        if not authorized(request):
+            return reject_unauthorized(request, "http")
+        if path == "/v1/ws":
+            return _json_error(426, "/v1/ws is a WebSocket endpoint: use a WebSocket client", Upgrade="websocket")
+        if path in known_v1:
+            return _json_error(405, f"method {request.method} not allowed on {path}", Allow="GET, HEAD")
+        return _json_error(404, f"no such endpoint: {path[:200]} (see docs/protocol.md)")
+
     static = StaticFiles(directory=static_dir(), html=True)
     routes = [
         Route("/healthz", healthz),
@@ -254,7 +272,7 @@ def create_app(gateway: Gateway) -> Starlette:
         WebSocketRoute("/v1/ws", websocket_endpoint),
         Mount("/", app=static, name="static"),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
     app.add_middleware(HostCheck, settings=settings, metrics=metrics)
     app.add_middleware(SecurityHeaders)
     return app

@@ -38,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kvgateway import config, demo, simulator
 
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:  # a first try: show what there is rather than "the following arguments are required"
+        parser.print_help()
+        return 0
     args = parser.parse_args(argv)
     try:
         if args.command == "simulate":

@@ -1,32 +1,53 @@
-"""Settings: one typed object that CLI flags, the TOML file and the environment all land in.
+"""Settings: one typed object that CLI flags, the environment and the TOML file all land in.
 
-Precedence: built-in defaults < TOML file (``--config`` or ``KVGATEWAY_CONFIG``) <
-environment (``KVGATEWAY_TOKEN``) < command-line flags. ``--source`` flags, when given,
-replace the file's ``[[sources]]`` list as a whole.
+Precedence, for every setting: command-line flag > environment (``KVGATEWAY_*``) > TOML file
+(``--config`` or ``KVGATEWAY_CONFIG``) > built-in default. Every ``[server]`` key has a flag
+(``--ring-bytes``) and a variable (``KVGATEWAY_RING_BYTES``); sources are ``--source`` flags,
+``KVGATEWAY_SOURCES`` (specs separated by ``;``) or ``[[sources]]`` tables, and the first of
+those given replaces the others as a whole.
+
+Errors are one line and name the setting the way it was given: ``--port`` for a flag,
+``KVGATEWAY_PORT`` for a variable, ``[server] key 'port'`` for the file.
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import os
 import re
+import socket
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvgateway.endpoints import offset_endpoint
+from kvgateway.endpoints import WILDCARD_HOSTS, is_wildcard, offset_endpoint, split_tcp, tcp_endpoint, vllm_binds
 
 CONFIG_ENV = "KVGATEWAY_CONFIG"
 TOKEN_ENV = "KVGATEWAY_TOKEN"
+SOURCES_ENV = "KVGATEWAY_SOURCES"
+ENV_PREFIX = "KVGATEWAY_"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _TCP = re.compile(r"^tcp://(?P<host>\[[^\]]+\]|[^:/\[\]]+):(?P<port>\d{1,5})$")
 _MEDIUM = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
-SOURCE_KEYS = ("name", "endpoint", "replay", "topic", "dp_size", "bind", "capacity_blocks")
+SOURCE_KEYS = ("name", "endpoint", "replay", "topic", "dp_size", "bind", "capacity_blocks", "host", "kv_events_config")
 MAX_DP_SIZE = 1024
+
+KV_EVENTS_KEYS = (
+    "enable_kv_cache_events",
+    "publisher",
+    "endpoint",
+    "replay_endpoint",
+    "buffer_steps",
+    "hwm",
+    "max_queue_size",
+    "topic",
+)
+"""vLLM's KVEventsConfig fields: the JSON keys of ``vllm serve --kv-events-config``."""
 
 
 class ConfigError(ValueError):
@@ -104,10 +125,6 @@ def _check_endpoint(source: str, key: str, value: object) -> str:
     raise ConfigError(f"source {source!r}: key {key!r}: {value!r} must start with tcp://, ipc:// or inproc://")
 
 
-def _is_wildcard(endpoint: str) -> bool:
-    return "*" in endpoint or "::" in endpoint
-
-
 def expand_source(source: SourceConfig) -> list[StreamConfig]:
     return [
         StreamConfig(
@@ -123,21 +140,66 @@ def expand_source(source: SourceConfig) -> list[StreamConfig]:
     ]
 
 
-def check_overlaps(sources: Sequence[SourceConfig]) -> None:
-    """Reject two streams on one address (vLLM does not check its PUB and replay ranges)."""
+def resolve_host(host: str) -> frozenset[str] | None:
+    """The addresses a host name stands for (an address stands for itself); None when it does not resolve."""
+    if host in WILDCARD_HOSTS or host == "":
+        return frozenset({"*"})
+    try:
+        return frozenset({str(ipaddress.ip_address(host))})
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    return frozenset(str(info[4][0]) for info in infos)
+
+
+def _address_keys(address: str, cache: dict[str, frozenset[str] | None], unresolved: list[str]) -> list[str]:
+    """Comparable forms of an endpoint: one per resolved address of a TCP host, else the text."""
+    parts = split_tcp(address)
+    if parts is None:
+        return [address]
+    host, port = parts
+    if host not in cache:
+        cache[host] = resolve_host(host)
+        if cache[host] is None:
+            unresolved.append(host)
+    resolved = cache[host]
+    if resolved is None:  # compared by name: the best there is until it resolves
+        return [f"tcp://{host.lower()}:{port}"]
+    return [f"tcp://{ip}:{port}" for ip in sorted(resolved)]
+
+
+def check_overlaps(sources: Sequence[SourceConfig]) -> list[str]:
+    """Reject two streams on one address (vLLM does not check its PUB and replay ranges).
+
+    Addresses are compared resolved: ``tcp://localhost:7557`` and ``tcp://127.0.0.1:7557`` are
+    one address. Returns the host names that did not resolve (compared by name instead).
+    """
     seen: dict[str, str] = {}
+    cache: dict[str, frozenset[str] | None] = {}
+    unresolved: list[str] = []
     for source in sources:
         for stream in expand_source(source):
             for role, address in (("endpoint", stream.endpoint), ("replay", stream.replay)):
                 if address is None:
                     continue
                 what = f"source {stream.source!r} rank {stream.dp_rank} {role} {address}"
-                if address in seen:
-                    raise ConfigError(f"{what} collides with {seen[address]}")
-                seen[address] = what
+                for key in _address_keys(address, cache, unresolved):
+                    if key in seen and seen[key] != what:
+                        same = "" if key == address else f" (both are {key})"
+                        raise ConfigError(f"{what} collides with {seen[key]}{same}")
+                    seen[key] = what
+    return unresolved
 
 
-# --- parsing -------------------------------------------------------------------------------
+def unresolved_hosts(settings: Settings) -> list[str]:
+    """Engine host names that do not resolve now (said at start: the engine cannot be reached yet)."""
+    return check_overlaps(settings.sources)
+
+
+# --- sources -------------------------------------------------------------------------------
 
 
 def _parse_bool(source: str, key: str, value: object) -> bool:
@@ -173,6 +235,78 @@ def _parse_capacity(source: str, value: object) -> dict[str, int]:
     return out
 
 
+def _engine_side(name: str, host: object, endpoint: str, role: str) -> str:
+    """The gateway's address for an endpoint vLLM binds: a wildcard host becomes the engine's host."""
+    if not is_wildcard(endpoint):
+        return endpoint  # a named address (or ipc://) is reachable as it is
+    if not isinstance(host, str) or not host.strip():
+        raise ConfigError(
+            f"source {name!r}: key 'host' is required: kv_events_config's {role} {endpoint!r} "
+            "is a wildcard, so the gateway needs the engine's host name or address"
+        )
+    parts = split_tcp(endpoint)
+    assert parts is not None  # is_wildcard() only holds for tcp://HOST:PORT
+    return tcp_endpoint(host.strip().strip("[]"), parts[1])
+
+
+def vllm_source(raw: Mapping[str, object], name: str) -> dict[str, object]:
+    """endpoint, replay, topic and bind of a source given as vLLM's ``--kv-events-config``.
+
+    The engine's publisher binds its PUB socket when its endpoint contains ``*`` or ``::`` or is
+    ``ipc``/``inproc`` (vLLM's rule), and then the gateway connects to it, at ``host`` for a
+    wildcard; otherwise the engine connects out and the gateway binds that address. The replay
+    ROUTER is always bound by the engine. Ranks are offset by vLLM's rule in :func:`expand_source`.
+    """
+    text = raw["kv_events_config"]
+    where = f"source {name!r}: key 'kv_events_config'"
+    if isinstance(text, Mapping):
+        spec: object = dict(text)
+    elif isinstance(text, str):
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
+    else:
+        raise ConfigError(f"{where}: expected the JSON given to vllm serve --kv-events-config")
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: expected a JSON object")
+    for key in spec:
+        if key not in KV_EVENTS_KEYS:
+            raise ConfigError(f"{where}: unknown key {key!r} (vLLM's keys: {', '.join(KV_EVENTS_KEYS)})")
+    for key in ("endpoint", "replay", "topic", "bind"):
+        if key in raw:
+            raise ConfigError(f"source {name!r}: key {key!r}: derived from kv_events_config; give one or the other")
+    if spec.get("enable_kv_cache_events") is not True:
+        raise ConfigError(f'{where}: vLLM publishes nothing unless "enable_kv_cache_events": true')
+    if spec.get("publisher", "null") != "zmq":
+        raise ConfigError(f'{where}: vLLM publishes over ZeroMQ only with "publisher": "zmq"')
+    endpoint = spec.get("endpoint", "tcp://*:5557")  # vLLM's defaults
+    replay = spec.get("replay_endpoint")
+    topic = spec.get("topic", "")
+    if not isinstance(endpoint, str) or not isinstance(topic, str) or not isinstance(replay, str | None):
+        raise ConfigError(f"{where}: endpoint, replay_endpoint and topic must be strings")
+    _check_endpoint(name, "kv_events_config.endpoint", endpoint)
+    if replay is not None:
+        _check_endpoint(name, "kv_events_config.replay_endpoint", replay)
+    dp_size = _parse_int(name, "dp_size", raw.get("dp_size", 1), 1, MAX_DP_SIZE)
+    for value in (endpoint, replay):
+        if value is not None and value.startswith("ipc://") and dp_size > 1:
+            # vLLM's offset rule knows only tcp (port + r) and inproc (suffix); it fails on ipc.
+            raise ConfigError(f"{where}: vLLM cannot run DP ranks on {value!r}; give tcp:// endpoints")
+        if value is not None and value.startswith("inproc://"):
+            raise ConfigError(f"{where}: {value!r} is inside the engine's process; give tcp:// or ipc://")
+    out: dict[str, object] = {"topic": topic}
+    if vllm_binds(endpoint):
+        out["endpoint"] = _engine_side(name, raw.get("host"), endpoint, "endpoint")
+        out["bind"] = False
+    else:
+        out["endpoint"] = endpoint  # the engine connects here: it is the gateway's address to bind
+        out["bind"] = True
+    if replay is not None:
+        out["replay"] = _engine_side(name, raw.get("host"), replay, "replay_endpoint")
+    return out
+
+
 def source_from_mapping(raw: Mapping[str, object], where: str) -> SourceConfig:
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
@@ -182,17 +316,22 @@ def source_from_mapping(raw: Mapping[str, object], where: str) -> SourceConfig:
     for key in raw:
         if key not in SOURCE_KEYS:
             raise ConfigError(f"source {name!r}: unknown key {key!r} (known: {', '.join(SOURCE_KEYS)})")
+    if "kv_events_config" in raw:
+        raw = {**raw, **vllm_source(raw, name)}
+    elif "host" in raw:
+        raise ConfigError(f"source {name!r}: key 'host' goes with kv_events_config; give endpoint= otherwise")
     if "endpoint" not in raw:
-        raise ConfigError(f"source {name!r}: key 'endpoint' is required")
+        raise ConfigError(f"source {name!r}: key 'endpoint' is required (or kv_events_config and host)")
     endpoint = _check_endpoint(name, "endpoint", raw["endpoint"])
     replay = None if raw.get("replay") in (None, "") else _check_endpoint(name, "replay", raw["replay"])
     topic = raw.get("topic", "")
     if not isinstance(topic, str):
         raise ConfigError(f"source {name!r}: key 'topic': expected a string")
     dp_size = _parse_int(name, "dp_size", raw.get("dp_size", 1), 1, MAX_DP_SIZE)
-    # As with vLLM's publisher: a wildcard address is bound, any other is connected to unless bind=true.
-    bind = _parse_bool(name, "bind", raw.get("bind", False)) or _is_wildcard(endpoint)
-    if replay is not None and _is_wildcard(replay):
+    # A wildcard address can only be bound; any other is connected to unless bind=true. (vLLM's
+    # publisher also binds anything containing '::', which would make every IPv6 engine unreachable.)
+    bind = _parse_bool(name, "bind", raw.get("bind", False)) or is_wildcard(endpoint)
+    if replay is not None and is_wildcard(replay):
         raise ConfigError(f"source {name!r}: key 'replay': the engine binds its replay socket; give its address")
     if dp_size > 1:
         for key, value in (("endpoint", endpoint), ("replay", replay)):
@@ -202,83 +341,192 @@ def source_from_mapping(raw: Mapping[str, object], where: str) -> SourceConfig:
     return SourceConfig(name, endpoint, replay, topic, dp_size, bind, capacity)
 
 
-def parse_source_flag(text: str) -> SourceConfig:
-    """``name=NAME,endpoint=tcp://HOST:PORT[,replay=...][,topic=...][,dp_size=N][,bind=true]``."""
+def split_top_level(text: str, separator: str) -> list[str]:
+    """Split at ``separator`` outside JSON braces, brackets and strings (a kv_events_config value
+    is JSON, with commas of its own)."""
+    parts: list[str] = []
+    depth = 0
+    quoted = escaped = False
+    current: list[str] = []
+    for char in text:
+        if quoted:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                quoted = False
+        elif char == '"':
+            quoted = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth = max(0, depth - 1)
+        elif char == separator and depth == 0:
+            parts.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    parts.append("".join(current))
+    return parts
+
+
+def parse_source_flag(text: str, flag: str = "--source") -> SourceConfig:
+    """``name=NAME,endpoint=tcp://HOST:PORT[,replay=...][,topic=...][,dp_size=N][,bind=true]``, or
+    ``name=NAME,host=HOST,dp_size=N,kv_events_config=JSON`` (vLLM's own flag value)."""
     raw: dict[str, object] = {}
-    for part in text.split(","):
+    for part in split_top_level(text, ","):
         key, sep, value = part.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError(f"--source {text!r}: expected key=value pairs separated by commas, got {part!r}")
+            raise ConfigError(f"{flag} {text!r}: expected key=value pairs separated by commas, got {part!r}")
         if key in raw:
-            raise ConfigError(f"--source {text!r}: key {key!r} given twice")
+            raise ConfigError(f"{flag} {text!r}: key {key!r} given twice")
         raw[key] = value.strip()
-    return source_from_mapping(raw, f"--source {text!r}")
+    return source_from_mapping(raw, f"{flag} {text!r}")
 
 
-_SERVER_KEYS: dict[str, type] = {
-    "host": str,
-    "port": int,
-    "token": str,
-    "token_file": str,
-    "allowed_origins": list,
-    "allowed_hosts": list,
-    "allow_unauthenticated": bool,
-    "max_clients": int,
-    "ring_messages": int,
-    "ring_bytes": int,
-    "client_queue_bytes": int,
-    "replay_timeout": float,
-    "restart_window": int,
-    "hold_limit": int,
-    "max_concurrent_replays": int,
-    "keepalive_seconds": float,
-    "log_format": str,
-    "log_level": str,
-}
+# --- server settings: one table for the file, the environment and the flags ------------------
 
-_LIMITS: dict[str, tuple[float, float]] = {
-    "port": (0, 65535),
-    "max_clients": (1, 1_000_000),
-    "ring_messages": (1, 10_000_000),
-    "ring_bytes": (1024, 2**40),
-    "client_queue_bytes": (1024, 2**34),
-    "replay_timeout": (0.05, 3600),
-    "restart_window": (1, 2**62),
-    "hold_limit": (1, 10_000_000),
-    "max_concurrent_replays": (1, 1024),
-    "keepalive_seconds": (0.1, 3600),
-}
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One ``[server]`` setting, also a flag and a ``KVGATEWAY_*`` variable."""
+
+    key: str
+    kind: type
+    group: str
+    help: str
+    limits: tuple[float, float] | None = None
+    choices: tuple[str, ...] = ()
+    flag: str = ""  # default: --key-with-dashes
+    metavar: str | None = None
+
+    @property
+    def flag_name(self) -> str:
+        return self.flag or "--" + self.key.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+    @property
+    def dest(self) -> str:
+        return self.flag_name[2:].replace("-", "_")
+
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 
+GROUPS = {
+    "http": "HTTP",
+    "security": "security",
+    "limits": "limits",
+    "logging": "logging",
+}
 
-def _server_value(key: str, value: object) -> object:
-    kind = _SERVER_KEYS.get(key)
-    if kind is None:
-        raise ConfigError(f"[server]: unknown key {key!r}")
+OPTIONS: tuple[Option, ...] = (
+    Option("host", str, "http", "HTTP listen address (default 127.0.0.1; any other needs a token)"),
+    Option("port", int, "http", "HTTP port, 0 = any free port (default 8080)", (0, 65535)),
+    Option(
+        "keepalive_seconds",
+        float,
+        "http",
+        "WebSocket ping and SSE keepalive interval in seconds (default 15)",
+        (0.1, 3600),
+    ),
+    Option("token", str, "security", "bearer token required on /v1/* (prefer --token-file: argv is visible)"),
+    Option("token_file", str, "security", "read the bearer token from FILE", metavar="FILE"),
+    Option(
+        "allowed_origins",
+        list,
+        "security",
+        "a browser Origin allowed to open a WebSocket (repeatable; variable: comma-separated)",
+        flag="--allowed-origin",
+        metavar="ORIGIN",
+    ),
+    Option(
+        "allowed_hosts",
+        list,
+        "security",
+        "a Host name clients may use (repeatable; variable: comma-separated); guards against DNS rebinding",
+        flag="--allowed-host",
+        metavar="NAME",
+    ),
+    Option("allow_unauthenticated", bool, "security", "allow a non-loopback --host without a token"),
+    Option("max_clients", int, "limits", "web clients at once (default 1000)", (1, 1_000_000)),
+    Option("ring_messages", int, "limits", "resume ring size in messages (default 10000)", (1, 10_000_000)),
+    Option("ring_bytes", int, "limits", "resume ring size in bytes (default 64 MiB)", (1024, 2**40), metavar="BYTES"),
+    Option(
+        "client_queue_bytes",
+        int,
+        "limits",
+        "per-client queue before it is cut (default 1 MiB)",
+        (1024, 2**34),
+        metavar="BYTES",
+    ),
+    Option("replay_timeout", float, "limits", "seconds to wait for an engine's replay (default 5)", (0.05, 3600)),
+    Option("restart_window", int, "limits", "seq drop that means a publisher restart (default 1024)", (1, 2**62)),
+    Option("hold_limit", int, "limits", "live batches held per stream in a replay (default 10000)", (1, 10_000_000)),
+    Option("max_concurrent_replays", int, "limits", "replays in flight across all streams (default 4)", (1, 1024)),
+    Option("log_format", str, "logging", "text or json (default text)", choices=LOG_FORMATS),
+    Option("log_level", str, "logging", "debug shows every HTTP request (default info)", choices=LOG_LEVELS),
+)
+OPTION_BY_KEY = {option.key: option for option in OPTIONS}
+_SERVER_KEYS: dict[str, type] = {option.key: option.kind for option in OPTIONS}
+
+
+def _coerce(option: Option, value: object, where: str) -> object:
+    """Check one value of ``option``; ``where`` names it as the user gave it (flag, variable, key)."""
+    kind = option.kind
+    if isinstance(value, str) and kind is not str and kind is not list:  # flag and variable text
+        text = value.strip()
+        if kind is bool:
+            if text.lower() not in ("true", "1", "yes", "false", "0", "no"):
+                raise ConfigError(f"{where}: expected true or false, got {value!r}")
+            value = text.lower() in ("true", "1", "yes")
+        else:
+            try:
+                value = int(text) if kind is int else float(text)
+            except ValueError:
+                what = "an integer" if kind is int else "a number"
+                raise ConfigError(f"{where}: expected {what}, got {value!r}") from None
+    if kind is list and isinstance(value, str):  # a variable: comma-separated
+        value = [item.strip() for item in value.split(",") if item.strip()]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if kind is int and isinstance(value, bool):
-        raise ConfigError(f"[server]: key {key!r}: expected an integer")
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
     if not isinstance(value, kind):
-        raise ConfigError(f"[server]: key {key!r}: expected {kind.__name__}, got {value!r}")
-    if key in _LIMITS:
-        low, high = _LIMITS[key]
+        names = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list"}
+        raise ConfigError(f"{where}: expected {names[kind]}, got {value!r}")
+    if option.limits is not None:
+        low, high = option.limits
         assert isinstance(value, int | float)
         if not low <= value <= high:
-            raise ConfigError(f"[server]: key {key!r}: must be from {low:g} to {high:g}, got {value!r}")
-    if key == "log_level" and str(value).lower() not in LOG_LEVELS:
-        raise ConfigError(f"[server]: key 'log_level': one of {', '.join(LOG_LEVELS)}")
-    if key == "log_format" and value not in LOG_FORMATS:
-        raise ConfigError(f"[server]: key 'log_format': one of {', '.join(LOG_FORMATS)}")
-    if key in ("allowed_origins", "allowed_hosts"):
+            raise ConfigError(f"{where}: must be from {low:g} to {high:g}, got {value!r}")
+    if option.choices:
+        value = str(value).lower()
+        if value not in option.choices:
+            raise ConfigError(f"{where}: one of {', '.join(option.choices)}, got {value!r}")
+    if kind is str and not str(value).strip():
+        raise ConfigError(f"{where}: empty")
+    if kind is list:
         assert isinstance(value, list)
-        if not all(isinstance(item, str) and item for item in value):
-            raise ConfigError(f"[server]: key {key!r}: expected a list of non-empty strings")
-        return tuple(value)
+        if not all(isinstance(item, str) and item.strip() for item in value):
+            raise ConfigError(f"{where}: expected a list of non-empty strings")
+        items = [item.strip() for item in value]
+        return tuple(item.lower() for item in items) if option.key == "allowed_hosts" else tuple(items)
     return value
+
+
+def _apply(changes: dict[str, Any], key: str, value: object) -> None:
+    if key == "token_file":
+        changes["token"] = read_token_file(str(value))
+    elif key == "token":
+        changes["token"] = str(value).strip()
+    else:
+        changes[key] = value
 
 
 def read_token_file(path: str) -> str:
@@ -302,6 +550,7 @@ def load_file(path: str) -> dict[str, Any]:
 
 
 def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None) -> Settings:
+    """A TOML document's settings over ``base`` (the defaults)."""
     settings = base or Settings()
     for key in data:
         if key not in ("server", "sources"):
@@ -311,11 +560,10 @@ def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None)
         raise ConfigError("config: [server] must be a table")
     changes: dict[str, Any] = {}
     for key, value in server.items():
-        checked = _server_value(key, value)
-        if key == "token_file":
-            changes["token"] = read_token_file(str(checked))
-        else:
-            changes[key] = checked
+        option = OPTION_BY_KEY.get(key)
+        if option is None:
+            raise ConfigError(f"[server]: unknown key {key!r} (known: {', '.join(OPTION_BY_KEY)})")
+        _apply(changes, key, _coerce(option, value, f"[server] key {key!r}"))
     sources_raw = data.get("sources", [])
     if not isinstance(sources_raw, list) or not all(isinstance(item, Mapping) for item in sources_raw):
         raise ConfigError("config: sources must be [[sources]] tables")
@@ -324,6 +572,37 @@ def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None)
             source_from_mapping(item, f"[[sources]] #{index + 1}") for index, item in enumerate(sources_raw)
         )
     return replace(settings, **changes)
+
+
+_SERVICE_LINK = re.compile(r"^KVGATEWAY_(SERVICE_|PORT_\d+_)")
+"""Kubernetes' service-link variables for a Service named kvgateway: not ours, never an error."""
+
+
+def settings_from_env(env: Mapping[str, str], base: Settings) -> Settings:
+    """``KVGATEWAY_*`` variables over ``base``; an unknown ``KVGATEWAY_`` name is an error (a typo
+    would otherwise be silently ignored)."""
+    known = {option.env for option in OPTIONS} | {CONFIG_ENV, SOURCES_ENV}
+    changes: dict[str, Any] = {}
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name == CONFIG_ENV or _SERVICE_LINK.match(name):
+            continue
+        if name == OPTION_BY_KEY["port"].env and env[name].startswith("tcp://"):
+            raise ConfigError(
+                f"{name}={env[name]!r} was set by Kubernetes for a Service named kvgateway: "
+                "set enableServiceLinks: false in the pod spec (deploy/k8s does)"
+            )
+        if name not in known:
+            raise ConfigError(f"{name}: unknown variable (known: {', '.join(sorted(known))})")
+        value = env[name]
+        if name == SOURCES_ENV:
+            specs = [spec.strip() for spec in split_top_level(value, ";") if spec.strip()]
+            if not specs:
+                raise ConfigError(f"{SOURCES_ENV}: empty")
+            changes["sources"] = tuple(parse_source_flag(spec, SOURCES_ENV) for spec in specs)
+            continue
+        option = next(option for option in OPTIONS if option.env == name)
+        _apply(changes, option.key, _coerce(option, value, name))
+    return replace(base, **changes)
 
 
 def validate(settings: Settings) -> Settings:
@@ -353,91 +632,101 @@ def is_loopback(host: str) -> bool:
 
 # --- command line --------------------------------------------------------------------------
 
+SERVE_DESCRIPTION = """\
+Subscribe to the KV-cache event streams of LLM engines (vLLM, SGLang, TensorRT-LLM) over ZeroMQ
+and serve them to web clients: WebSocket and SSE with resume, a REST occupancy snapshot, a
+dashboard at /, Prometheus metrics at /metrics, probes at /healthz and /readyz.
+
+Every setting can be given as a flag, as a KVGATEWAY_* environment variable (--ring-bytes is
+KVGATEWAY_RING_BYTES) or in the TOML file's [server] table (ring_bytes); a flag beats the
+environment, which beats the file, which beats the default."""
+
+SERVE_EPILOG = """\
+examples:
+  # the engine's own --kv-events-config, its host and its --data-parallel-size
+  kvgateway serve --source 'name=vllm-a,host=vllm-host,dp_size=2,kv_events_config={"enable_kv_cache_events": true,
+    "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5657", "topic": "kv-events"}'
+
+  # the same by endpoints
+  kvgateway serve --source name=vllm-a,endpoint=tcp://vllm-host:5557,replay=tcp://vllm-host:5657,topic=kv-events,dp_size=2
+
+  # from a file, reachable from other machines with a token
+  KVGATEWAY_TOKEN_FILE=/run/secrets/token kvgateway serve --config kvgateway.toml --host 0.0.0.0
+
+See deploy/kvgateway.example.toml for every key and docs/operations.md for deployment."""
+
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help=f"TOML file ([server], [[sources]]); or ${CONFIG_ENV}")
-    parser.add_argument(
+    parser.description = SERVE_DESCRIPTION
+    parser.epilog = SERVE_EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    engines = parser.add_argument_group("engines")
+    engines.add_argument("--config", metavar="FILE", help=f"TOML file ([server], [[sources]]); or ${CONFIG_ENV}")
+    engines.add_argument(
         "--source",
         action="append",
         metavar="SPEC",
         help="name=NAME,endpoint=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,topic=T][,dp_size=N][,bind=true]"
-        "[,capacity_blocks=GPU:N/CPU:N] (repeatable; replaces the file's sources)",
+        "[,capacity_blocks=GPU:N/CPU:N], or name=NAME,host=HOST,dp_size=N,kv_events_config=JSON with the "
+        f"JSON given to vllm serve --kv-events-config (repeatable; or ${SOURCES_ENV}, specs separated by ';'; "
+        "replaces the file's sources)",
     )
     add_server_arguments(parser)
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """The HTTP-side flags, shared by ``serve`` and ``demo``."""
-    parser.add_argument("--host", help="HTTP listen address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="HTTP port (default 8080)")
-    parser.add_argument("--token", help=f"bearer token required on /v1/* (or ${TOKEN_ENV}, or --token-file)")
-    parser.add_argument("--token-file", metavar="FILE", help="read the token from FILE")
-    parser.add_argument(
-        "--allowed-origin", action="append", metavar="ORIGIN", help="browser Origin allowed on WebSocket (repeatable)"
-    )
-    parser.add_argument(
-        "--allowed-host",
-        action="append",
-        metavar="NAME",
-        help="a Host name clients may use (repeatable); guards against DNS rebinding",
-    )
-    parser.add_argument(
-        "--allow-unauthenticated",
-        action="store_true",
-        default=None,
-        help="allow a non-loopback --host without a token",
-    )
-    parser.add_argument("--max-clients", type=int, help="web clients at once (default 1000)")
-    parser.add_argument("--ring-messages", type=int, help="resume ring size in messages (default 10000)")
-    parser.add_argument("--ring-bytes", type=int, help="resume ring size in bytes (default 64 MiB)")
-    parser.add_argument("--client-queue-bytes", type=int, help="per-client queue before it is cut (default 1 MiB)")
-    parser.add_argument("--replay-timeout", type=float, help="seconds to wait for a replay (default 5)")
-    parser.add_argument("--restart-window", type=int, help="seq drop that means a restart (default 1024)")
-    parser.add_argument("--log-format", choices=LOG_FORMATS, help="text or json (default text)")
-    parser.add_argument("--log-level", choices=LOG_LEVELS, help="default info")
+    """The HTTP-side flags, shared by ``serve`` and ``demo``: one per [server] key."""
+    groups = {name: parser.add_argument_group(title) for name, title in GROUPS.items()}
+    for option in OPTIONS:
+        group = groups[option.group]
+        env = f"; ${option.env}"
+        if option.kind is bool:
+            group.add_argument(option.flag_name, action="store_true", default=None, help=option.help + env)
+        elif option.kind is list:
+            group.add_argument(option.flag_name, action="append", metavar=option.metavar, help=option.help + env)
+        else:
+            default_metavar = {int: "N", float: "SECONDS"}.get(option.kind, option.key.split("_")[-1].upper())
+            metavar = option.metavar or ("|".join(option.choices) if option.choices else default_metavar)
+            # Values are checked by _coerce, not argparse: one wording for flags, variables and keys.
+            group.add_argument(option.flag_name, metavar=metavar, help=option.help + env)
 
 
-_FLAG_KEYS = (
-    "host",
-    "port",
-    "max_clients",
-    "ring_messages",
-    "ring_bytes",
-    "client_queue_bytes",
-    "replay_timeout",
-    "restart_window",
-    "log_format",
-    "log_level",
-    "allow_unauthenticated",
-)
+def flag_names(parser: argparse.ArgumentParser) -> set[str]:
+    """Every --flag of ``parser`` and its subcommands (for the docs test)."""
+    names: set[str] = set()
+    for action in parser._actions:
+        names.update(opt for opt in action.option_strings if opt.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                names |= flag_names(sub)
+    return names
 
 
 def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
+    """Defaults < file < environment < flags (``environ`` defaults to ``os.environ``)."""
     env = os.environ if environ is None else environ
     settings = Settings()
     path = getattr(args, "config", None) or env.get(CONFIG_ENV)
+    if getattr(args, "config", None) == "":
+        raise ConfigError("--config: empty")
     if path:
         settings = settings_from_mapping(load_file(path), settings)
-    if env.get(TOKEN_ENV):
-        settings = replace(settings, token=env[TOKEN_ENV].strip())
+    settings = settings_from_env(env, settings)
     flags: dict[str, Any] = {}
-    for key in _FLAG_KEYS:
-        value = getattr(args, key, None)
-        if value is not None:
-            flags[key] = _server_value(key, value)
-    if getattr(args, "allowed_origin", None):
-        flags["allowed_origins"] = tuple(args.allowed_origin)
-    if getattr(args, "allowed_host", None):
-        flags["allowed_hosts"] = tuple(host.lower() for host in args.allowed_host)
-    if getattr(args, "token_file", None):
-        flags["token"] = read_token_file(args.token_file)
-    if getattr(args, "token", None):
-        flags["token"] = args.token
+    for option in OPTIONS:
+        value = getattr(args, option.dest, None)
+        if value is None:
+            continue
+        if option.kind is list:
+            checked = _coerce(option, list(value), option.flag_name)
+        else:
+            checked = _coerce(option, value, option.flag_name)
+        _apply(flags, option.key, checked)
     if getattr(args, "source", None):
         flags["sources"] = tuple(parse_source_flag(text) for text in args.source)
     settings = replace(settings, **flags)
     if not settings.sources and getattr(args, "command", None) == "serve":
-        raise ConfigError("no sources: give --source or a config file with [[sources]]")
+        raise ConfigError(f"no sources: give --source, ${SOURCES_ENV} or a config file with [[sources]]")
     return validate(settings)
 
 

@@ -130,11 +130,14 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     settings = config.settings_from_args(args)
     logs.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
-    try:
-        from kvgateway.gateway import loop_factory
+    from kvgateway.gateway import StartupError, loop_factory
 
+    try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(_run(args, settings))
+    except StartupError as exc:
+        sys.stderr.write(f"kvgateway demo: error: {exc}\n")
+        return 1
     except OSError as exc:
         sys.stderr.write(f"kvgateway demo: error: {exc.strerror or exc}\n")
         return 1

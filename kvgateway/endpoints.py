@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
+WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]"})
+"""Hosts that mean "every interface": an endpoint with one of them can only be bound."""
+
+_TCP = re.compile(r"^tcp://(?P<host>\[[^\]]*\]|[^:/\[\]]+):(?P<port>[^:/\[\]]+)$")
+
 
 def offset_endpoint(endpoint: str, rank: int) -> str:
     """DP rank ``rank``'s endpoint, by vLLM's rule: TCP port + rank, ``inproc``/``ipc`` suffix ``_dp{rank}``.
@@ -30,6 +37,48 @@ def offset_endpoint(endpoint: str, rank: int) -> str:
     return f"{base}:{new_port}"
 
 
+def split_tcp(endpoint: str) -> tuple[str, str] | None:
+    """``(host, port)`` of a ``tcp://HOST:PORT`` endpoint, the host without IPv6 brackets; else None."""
+    match = _TCP.match(endpoint)
+    if match is None:
+        return None
+    host = match["host"]
+    return (host[1:-1] if host.startswith("[") else host), match["port"]
+
+
+def tcp_endpoint(host: str, port: int | str) -> str:
+    """``tcp://HOST:PORT``, with brackets around an IPv6 address."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def is_wildcard(endpoint: str) -> bool:
+    """A TCP endpoint on every interface (``*``, ``0.0.0.0``, ``[::]``): one only a binder can use.
+
+    An IPv6 address is not a wildcard because it contains ``::`` (``tcp://[::1]:5557``,
+    ``tcp://[fd00::5]:5557`` name one host): vLLM's own heuristic gets this wrong.
+    """
+    parts = split_tcp(endpoint)
+    return parts is not None and (parts[0] in WILDCARD_HOSTS or parts[0] == "")
+
+
+def is_ipv6(endpoint: str) -> bool:
+    """A TCP endpoint whose host is an IPv6 address: its socket needs ``zmq.IPV6`` set, or ZeroMQ
+    refuses it (bind: "No such device") or never reaches it."""
+    parts = split_tcp(endpoint)
+    return parts is not None and ":" in parts[0]
+
+
 def binds(endpoint: str) -> bool:
-    """vLLM's heuristic: the PUB socket binds on wildcards, ``ipc`` and ``inproc``; otherwise it connects."""
+    """Whether a publisher binds: on a wildcard host, ``ipc`` and ``inproc``; otherwise it connects.
+
+    vLLM's publisher also binds any endpoint containing ``::`` (so every IPv6 address); this
+    rule binds only the real wildcard ``[::]``, so ``tcp://[::1]:5557`` connects.
+    """
+    return is_wildcard(endpoint) or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def vllm_binds(endpoint: str) -> bool:
+    """What vLLM's ZmqEventPublisher actually does with its PUB endpoint: bind when the text
+    contains ``*`` or ``::`` or is ``ipc``/``inproc``, connect otherwise (spec: vLLM's
+    ``_socket_setup``). Used to predict an engine from its ``--kv-events-config``."""
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))

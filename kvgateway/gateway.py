@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import os
 import signal
 import socket
 import time
@@ -16,7 +18,8 @@ import uvicorn
 import zmq
 
 from kvgateway import logs, wire
-from kvgateway.config import Settings, StreamConfig, summary
+from kvgateway.config import Settings, StreamConfig, summary, unresolved_hosts
+from kvgateway.endpoints import is_ipv6, split_tcp
 from kvgateway.hub import Hub
 from kvgateway.ingest import StreamReader
 from kvgateway.metrics import Metrics, StreamMetrics
@@ -41,7 +44,9 @@ class Gateway:
         self.metrics = Metrics()
         self.started_at = clock()
         streams = settings.streams()
-        self.index = OccupancyIndex(capacity={s.key: s.capacity_blocks for s in streams if s.capacity_blocks})
+        self.index = OccupancyIndex(
+            capacity={s.key: s.capacity_blocks for s in streams if s.capacity_blocks}, started=self.started_at
+        )
         self.status: dict[tuple[str, int], StreamStatus] = {s.key: StreamStatus(s) for s in streams}
         self.stream_metrics: dict[tuple[str, int], StreamMetrics] = {}
         for stream in streams:
@@ -63,6 +68,9 @@ class Gateway:
         self.context: zmq.Context[zmq.Socket[bytes]] = context if context is not None else zmq.Context()
         self.readers: list[StreamReader] = []
         self._streams = streams
+        self._logged: dict[tuple[str, int], tuple[bool, str]] = {}  # last connection state logged
+        self._diagnoses: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._diagnosed_at: dict[tuple[str, int], float] = {}  # time.monotonic() of the last diagnosis
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -79,17 +87,24 @@ class Gateway:
                 hold_limit=self.settings.hold_limit,
                 clock=self.clock,
             )
-            reader.start()
+            try:
+                reader.start()
+            except zmq.ZMQError as exc:
+                raise StartupError(_zmq_failure(stream, exc)) from None
             self.readers.append(reader)
         log.info("gateway started: %s", summary(self.settings))
 
     async def stop(self) -> None:
         self.hub.close()
+        for task in list(self._diagnoses.values()):
+            task.cancel()
         for reader in self.readers:
             await reader.stop()
         self.readers.clear()
         if self._own_context:
-            self.context.term()
+            # destroy, not term: a reader whose bind failed left its socket open, and term() would wait
+            # for it forever.
+            self.context.destroy(linger=0)
 
     # --- views ------------------------------------------------------------------------------
 
@@ -162,7 +177,7 @@ class Gateway:
                 children.events_received(event_type).inc(count)
         index = self.index.stream(config.source, config.dp_rank)
         unknown_before = index.unknown_removes
-        index.apply(batch, received)
+        index.apply(batch, received, replayed)  # replayed history stays out of the rates
         if index.unknown_removes != unknown_before:
             children.unknown_removes.inc(index.unknown_removes - unknown_before)
         # No await between the index and the hub: a hello's snapshot is exact at its offset.
@@ -274,11 +289,99 @@ class Gateway:
             status.down_reason = reason
         self.stream_metrics[stream.key].source_up.set(1 if connected else 0)
         if changed:
-            log.info("stream %s %s (%s)", self._log_stream(stream), "up" if connected else "down", reason)
             self.hub.publish_notice("up" if connected else "down", *stream.key, reason=reason)
+        if connected or stream.config.bind or not stream.config.endpoint.startswith("tcp://"):
+            self._log_connection(stream, connected, reason)
+            return
+        now = time.monotonic()
+        if changed:  # the engine went away: say so at once, find out more on the next retries
+            self._diagnosed_at[stream.key] = now
+            self._log_connection(stream, connected, reason)
+        elif stream.key not in self._diagnoses and now - self._diagnosed_at.get(stream.key, -1e9) >= (
+            DIAGNOSE_INTERVAL_SECONDS
+        ):
+            # ZeroMQ only says "retrying": find out why (DNS, refused, no answer) off the loop's path.
+            self._diagnosed_at[stream.key] = now
+            task = asyncio.ensure_future(self._diagnose(stream, reason))
+            self._diagnoses[stream.key] = task
+            task.add_done_callback(lambda _: self._diagnoses.pop(stream.key, None))
+
+    async def _diagnose(self, stream: StreamReader, reason: str) -> None:
+        why = await diagnose_connect(stream.config.endpoint)
+        status = self.status[stream.key]
+        if status.connected:
+            return  # it came up meanwhile
+        status.down_reason = why or reason
+        self._log_connection(stream, False, status.down_reason)
+
+    def _log_connection(self, stream: StreamReader, connected: bool, reason: str) -> None:
+        """The first failure and every later change at WARNING; a first connection at INFO."""
+        previous = self._logged.get(stream.key)
+        if previous == (connected, reason) or (previous is not None and previous[0] == connected and connected):
+            return
+        self._logged[stream.key] = (connected, reason)
+        level = logging.INFO if connected and previous is None else logging.WARNING
+        log.log(level, "stream %s %s (%s)", self._log_stream(stream), "up" if connected else "down", reason)
 
     def queue_depth(self, stream: StreamReader, depth: int) -> None:
         self.stream_metrics[stream.key].ingest_queue_depth.set(depth)
+
+
+DIAGNOSE_INTERVAL_SECONDS = 30.0
+"""A stream that stays down has its reason re-checked (DNS, refused, no answer) at most this often;
+a changed reason is logged."""
+
+
+def _zmq_failure(stream: StreamConfig, exc: zmq.ZMQError) -> str:
+    """One line naming the stream, the address and the OS's reason.
+
+    ZeroMQ's errno after a failed bind is unreliable with a monitor attached (it reports
+    "Resource temporarily unavailable" for a port in use), so a TCP bind is tried once more with a
+    plain socket, whose error is the OS's own."""
+    code = exc.errno
+    if stream.bind and (parts := split_tcp(stream.endpoint)) is not None and parts[1].isdigit():
+        host = "" if parts[0] in ("*", "") else parts[0]
+        try:
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind((host, int(parts[1])))
+        except OSError as probe_error:
+            code = probe_error.errno or code
+    # Codes from ZMQ_HAUSNUMERO (156384712) up are ZeroMQ's own, which the OS cannot name.
+    reason = os.strerror(code).lower() if code and code < 156384712 else str(exc).split(" (addr=")[0]
+    if code == errno.ENODEV and is_ipv6(stream.endpoint):
+        reason = "no interface has this IPv6 address"
+    verb = "bind" if stream.bind else "connect to"
+    hint = " (another process or source holds it)" if code == errno.EADDRINUSE else ""
+    return f"source {stream.source!r} rank {stream.dp_rank}: cannot {verb} {stream.endpoint}: {reason}{hint}"
+
+
+async def diagnose_connect(endpoint: str, within: float = 3.0) -> str | None:
+    """Why a TCP connection to ``endpoint`` fails, as the OS says it: the name does not resolve,
+    connection refused, no answer... None when a TCP connection works (the engine is up again,
+    or speaks no ZeroMQ)."""
+    parts = split_tcp(endpoint)
+    if parts is None or not parts[1].isdigit():
+        return None
+    host, port = parts
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await asyncio.wait_for(loop.getaddrinfo(host, int(port), type=socket.SOCK_STREAM), within)
+    except TimeoutError:
+        return f"cannot resolve host {host!r}: no answer from DNS within {within:g} s"
+    except socket.gaierror as exc:
+        return f"cannot resolve host {host!r}: {str(exc.strerror or exc).lower()}"
+    # As ZeroMQ does without IPV6 set: IPv4 addresses of a name, the address itself for a literal.
+    family = socket.AF_INET6 if is_ipv6(endpoint) else socket.AF_INET
+    addresses = [info[4] for info in infos if info[0] == family] or [infos[0][4]]
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(str(addresses[0][0]), int(port)), within)
+    except TimeoutError:
+        return f"no answer from {endpoint} within {within:g} s, retrying"
+    except OSError as exc:
+        text = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        return f"{text}, retrying"
+    writer.close()
+    return None
 
 
 def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
@@ -290,8 +393,9 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         ws_max_size=64 * 1024,
         ws_per_message_deflate=False,
         ws_ping_interval=settings.keepalive_seconds,
-        access_log=False,
-        log_config=None,
+        # One line per request only at debug: at info a busy dashboard would drown the stream logs.
+        access_log=settings.log_level == "debug",
+        log_config=None,  # uvicorn's records go to the gateway's handler (logs.setup)
         lifespan="on",
         timeout_graceful_shutdown=3,
     )
@@ -316,49 +420,77 @@ A cut slow consumer that never reads again would otherwise hold its connection f
 it waits for its send buffer to drain, which never happens."""
 
 
-def _listen(config: uvicorn.Config, settings: Settings) -> socket.socket:
+def _listen(settings: Settings) -> socket.socket:
+    """The HTTP listening socket, bound before anything starts: a taken port is one clear line."""
+    host = settings.host.strip("[]")
+    where = f"{settings.host}:{settings.port}"
     try:
-        listener = config.bind_socket()
-    except SystemExit:  # uvicorn has logged why (typically: the port is taken)
-        raise StartupError(f"cannot listen on {settings.host}:{settings.port}") from None
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {where}: {str(exc.strerror or exc).lower()}") from None
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restart during TIME_WAIT
+        listener.bind((host, settings.port))
+    except OSError as exc:
+        listener.close()
+        reason = str(exc.strerror or exc).lower()
+        if exc.errno == errno.EADDRINUSE:
+            hint = "another process uses that port: stop it, or choose another with --port"
+        elif exc.errno == errno.EACCES:
+            hint = "ports below 1024 need privileges: choose another with --port"
+        else:
+            hint = "check --host"
+        raise StartupError(f"cannot listen on {where}: {reason}; {hint}") from None
+    listener.set_inheritable(True)
     if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux; accepted connections inherit it
         listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, SEND_TIMEOUT_SECONDS * 1000)
     return listener
 
 
 async def serve(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:
-    """Run the gateway and its HTTP server until SIGINT/SIGTERM."""
+    """Run the gateway and its HTTP server until SIGINT/SIGTERM.
+
+    The HTTP port is bound first and the engines' sockets next: nothing says "started" before
+    both are known to work. Raises :class:`StartupError` (one line) when either fails.
+    """
     from kvgateway.app import create_app
 
-    gateway = Gateway(settings)
-    app = create_app(gateway)
-    server = _Server(uvicorn_config(app, settings))
-    loop = asyncio.get_running_loop()
-
-    def shut_down() -> None:
-        # Clients first, with our own close code (1012) and nothing half-sent; then uvicorn.
-        gateway.hub.close()
-        server.should_exit = True
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, shut_down)
-    await gateway.start()
+    listener = _listen(settings)
     try:
-        listener = _listen(server.config, settings)
-        task = asyncio.create_task(server.serve(sockets=[listener]))
-        while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn offers no start event
-            await asyncio.sleep(0.02)
-        if not server.started:
-            # uvicorn has logged why (typically: the port is taken) and exits with SystemExit.
-            with contextlib.suppress(SystemExit, Exception):
-                await task
-            raise StartupError(f"cannot serve HTTP on {settings.host}:{settings.port}")
-        if ready is not None:
-            host = f"[{settings.host}]" if ":" in settings.host else settings.host
-            ready(f"http://{host}:{listener.getsockname()[1]}/")
-        await task
+        gateway = Gateway(settings)
+        app = create_app(gateway)
+        server = _Server(uvicorn_config(app, settings))
+        loop = asyncio.get_running_loop()
+
+        def shut_down() -> None:
+            # Clients first, with our own close code (1012) and nothing half-sent; then uvicorn.
+            gateway.hub.close()
+            server.should_exit = True
+
+        for host in unresolved_hosts(settings):
+            log.warning("host %r does not resolve (yet): its streams stay down until it does", host)
+        try:
+            await gateway.start()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, shut_down)
+            task = asyncio.create_task(server.serve(sockets=[listener]))
+            while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn offers no start event
+                await asyncio.sleep(0.02)
+            if not server.started:
+                with contextlib.suppress(SystemExit, Exception):
+                    await task
+                raise StartupError(f"cannot serve HTTP on {settings.host}:{settings.port}")
+            if ready is not None:
+                host = f"[{settings.host}]" if ":" in settings.host else settings.host
+                ready(f"http://{host}:{listener.getsockname()[1]}/")
+            await task
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            await gateway.stop()
     finally:
-        await gateway.stop()
+        listener.close()
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -382,7 +514,7 @@ def run(settings: Settings) -> int:
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(serve(settings, ready=ready))
-    except (StartupError, zmq.ZMQError) as exc:
+    except StartupError as exc:
         log.error("%s", exc)
         return 1
     return 0

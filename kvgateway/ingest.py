@@ -19,6 +19,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from kvgateway import wire
 from kvgateway.config import StreamConfig
+from kvgateway.endpoints import is_ipv6
 from kvgateway.sequencer import (
     Action,
     CancelReplay,
@@ -136,6 +137,7 @@ class StreamReader:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 100_000)
         sub.setsockopt(zmq.SUBSCRIBE, self.config.topic.encode())
+        sub.setsockopt(zmq.IPV6, is_ipv6(self.config.endpoint))  # ZeroMQ refuses IPv6 addresses without it
         # Reconnect quickly after an engine restart, but back off against a dead address.
         sub.setsockopt(zmq.RECONNECT_IVL, 100)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
@@ -298,6 +300,7 @@ class StreamReader:
             dealer = self._context.socket(zmq.DEALER)
             dealer.setsockopt(zmq.LINGER, 0)
             dealer.setsockopt(zmq.RCVHWM, 0)
+            dealer.setsockopt(zmq.IPV6, is_ipv6(self.config.replay))
             try:
                 dealer.connect(self.config.replay)
                 # A fresh DEALER per request: late replies to an abandoned request can never mix in.

@@ -46,6 +46,16 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+_RENAMED = {"uvicorn": "kvgateway.http", "uvicorn.error": "kvgateway.http", "uvicorn.access": "kvgateway.http.access"}
+"""uvicorn's loggers under the gateway's names: one naming scheme for every line the process writes."""
+
+
+class RenamingFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.name = _RENAMED.get(record.name, record.name)
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -67,6 +77,7 @@ def setup(level: str = "info", fmt: str = "text", secrets: tuple[str, ...] = ())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     handler.addFilter(RedactingFilter(secrets))
+    handler.addFilter(RenamingFilter())
     root = logging.getLogger()
     for existing in list(root.handlers):
         root.removeHandler(existing)
@@ -76,3 +87,6 @@ def setup(level: str = "info", fmt: str = "text", secrets: tuple[str, ...] = ())
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+    # uvicorn's start-up chatter ("Uvicorn running on ...", "Application startup complete") repeats
+    # the gateway's own "serving on" line: shown at debug only. Its warnings and errors always show.
+    logging.getLogger("uvicorn.error").setLevel(logging.DEBUG if level.lower() == "debug" else logging.WARNING)

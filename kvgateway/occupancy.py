@@ -31,7 +31,8 @@ from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, H
 __all__ = ["DEFAULT_MEDIUM", "MediumStats", "OccupancyIndex", "StreamIndex", "normalise_medium"]
 
 RATE_WINDOW_SECONDS: Final = 60
-"""``stores_per_s``/``removes_per_s`` average the 60 one-second buckets ending with the current one."""
+"""``stores_per_s``/``removes_per_s`` average the 60 one-second buckets ending with the current one,
+or the time since the index started when that is shorter (no ramp-up after a start)."""
 
 _NEVER: Final = -(2**62)
 _ROUTE_CACHE_MAX: Final = 256
@@ -177,7 +178,13 @@ class _Medium:
         self.cur_sec = sec
         self.cur_stores = self.cur_removes = 0
 
-    def rates(self, now: float) -> tuple[float, float]:
+    def rates(self, now: float, started: float | None = None) -> tuple[float, float]:
+        """Per-second rates over the window, or over the time since ``started`` (at least one
+        second) when the index has not watched a whole window yet: the last 60 s divided by 60
+        would ramp up for a minute after every gateway start."""
+        covered: float = RATE_WINDOW_SECONDS
+        if started is not None:
+            covered = min(float(RATE_WINDOW_SECONDS), max(1.0, now - started))
         now_sec = math.floor(now)
         oldest = now_sec - RATE_WINDOW_SECONDS
         stores = removes = 0
@@ -187,7 +194,7 @@ class _Medium:
             if oldest < sec <= now_sec:  # the ring never holds cur_sec: roll() only moves forward
                 stores += s
                 removes += r
-        return stores / RATE_WINDOW_SECONDS, removes / RATE_WINDOW_SECONDS
+        return stores / covered, removes / covered
 
     def resident(self) -> int:
         return sum(len(grp.blocks) for grp in self.groups.values())
@@ -202,10 +209,29 @@ class StreamIndex:
     block size survive clears and resets; only the resident blocks are dropped.
     """
 
-    __slots__ = ("_capacity", "_mediums", "_routes", "dp_rank", "source", "stale", "stale_reason", "unknown_removes")
+    __slots__ = (
+        "_capacity",
+        "_mediums",
+        "_routes",
+        "dp_rank",
+        "source",
+        "stale",
+        "stale_reason",
+        "started",
+        "unknown_removes",
+    )
 
-    def __init__(self, source: str, dp_rank: int, capacity_blocks: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        source: str,
+        dp_rank: int,
+        capacity_blocks: Mapping[str, int] | None = None,
+        started: float | None = None,
+    ) -> None:
         self.source = source
+        self.started = started
+        """When counting began (the gateway's start): rates divide by the time since, up to the
+        window. None: as if a whole window had been watched."""
         self.dp_rank = dp_rank
         self.stale = False
         """Set by :meth:`mark_stale` (events lost for good); cleared by AllBlocksCleared or :meth:`reset`."""
@@ -228,10 +254,15 @@ class StreamIndex:
             self._routes[(medium, group_idx)] = grp
         return grp
 
-    def apply(self, batch: Batch, now: float) -> None:
-        """Apply one delivered batch in order; unknown event types are ignored."""
+    def apply(self, batch: Batch, now: float, replayed: bool = False) -> None:
+        """Apply one delivered batch in order; unknown event types are ignored.
+
+        A ``replayed`` batch is history (a catch-up or a gap filled late): it changes the blocks and
+        the cumulative counts, but not the per-second rates, which would otherwise spike after
+        every start and every recovered gap."""
         # The ingest hot path: inlined lookups, one route-cache hit per event in the common case.
         sec = math.floor(now)
+        live = not replayed
         routes = self._routes
         for event in batch.events:
             if type(event) is BlockStored or type(event) is BlockRemoved:
@@ -244,18 +275,20 @@ class StreamIndex:
                     grp = self._group(event.medium, group_idx)
                 hashes = event.block_hashes
                 med = grp.medium
-                if sec != med.cur_sec:
+                if live and sec != med.cur_sec:
                     med.roll(sec)
                 if type(event) is BlockStored:
                     grp.store(hashes)
                     if event.block_size > 0:
                         med.block_size = event.block_size
                     med.stores += len(hashes)
-                    med.cur_stores += len(hashes)
+                    if live:
+                        med.cur_stores += len(hashes)
                 else:
                     self.unknown_removes += grp.remove(hashes)
                     med.removes += len(hashes)
-                    med.cur_removes += len(hashes)
+                    if live:
+                        med.cur_removes += len(hashes)
             elif type(event) is AllBlocksCleared:
                 self._clear()
                 self.stale = False
@@ -293,7 +326,7 @@ class StreamIndex:
         for name in sorted(self._mediums):
             med = self._mediums[name]
             blocks = med.resident()
-            stores_per_s, removes_per_s = med.rates(now)
+            stores_per_s, removes_per_s = med.rates(now, self.started)
             out[name] = MediumStats(
                 blocks=blocks,
                 tokens=blocks * med.block_size,
@@ -362,10 +395,13 @@ class OccupancyIndex:
     """Every stream's index. ``capacity`` maps a stream key ``(source, dp_rank)`` to its
     configured ``capacity_blocks`` (medium -> blocks), as ``config.StreamConfig`` holds them."""
 
-    __slots__ = ("_capacity", "_streams")
+    __slots__ = ("_capacity", "_started", "_streams")
 
-    def __init__(self, capacity: Mapping[tuple[str, int], Mapping[str, int]] | None = None) -> None:
+    def __init__(
+        self, capacity: Mapping[tuple[str, int], Mapping[str, int]] | None = None, started: float | None = None
+    ) -> None:
         self._capacity = dict(capacity or {})
+        self._started = started
         self._streams: dict[tuple[str, int], StreamIndex] = {}
         for source, dp_rank in sorted(self._capacity):
             self.stream(source, dp_rank)
@@ -375,7 +411,7 @@ class OccupancyIndex:
         key = (source, dp_rank)
         index = self._streams.get(key)
         if index is None:
-            index = self._streams[key] = StreamIndex(source, dp_rank, self._capacity.get(key))
+            index = self._streams[key] = StreamIndex(source, dp_rank, self._capacity.get(key), self._started)
         return index
 
     def streams(self) -> Iterator[StreamIndex]:
@@ -383,8 +419,8 @@ class OccupancyIndex:
         for key in sorted(self._streams):
             yield self._streams[key]
 
-    def apply(self, source: str, dp_rank: int, batch: Batch, now: float) -> None:
-        self.stream(source, dp_rank).apply(batch, now)
+    def apply(self, source: str, dp_rank: int, batch: Batch, now: float, replayed: bool = False) -> None:
+        self.stream(source, dp_rank).apply(batch, now, replayed)
 
     def snapshot(self, offset: int, now: float) -> dict[str, Any]:
         """The /v1/occupancy document. ``offset`` is the hub offset the index reflects.

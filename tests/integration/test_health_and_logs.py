@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -84,3 +85,98 @@ def test_ready_when_every_stream_is_connected(procs: Callable[..., Proc]) -> Non
     )
     assert sorted((item["source"], item["dp_rank"]) for item in body["not_ready"]) == [("e", 0), ("e", 1)]
     assert all(item["reason"] for item in body["not_ready"])
+
+
+def _records(proc: Proc) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in list(proc.lines) if line.startswith("{")]
+
+
+def test_streams_that_never_connect_are_logged_with_the_true_reason(procs: Callable[..., Proc]) -> None:
+    """An unresolvable host and a closed port: each stream's first failure is a WARNING with its
+    own reason, /readyz gives the same reasons, and later changes (up, down) are WARNINGs too."""
+    http = free_port()
+    (closed,) = free_ports(1)
+    gateway = procs(
+        "serve",
+        "--port",
+        str(http),
+        "--log-format",
+        "json",
+        "--source",
+        "name=dns,endpoint=tcp://no-such-engine.invalid:5557",
+        "--source",
+        f"name=closed,endpoint=tcp://127.0.0.1:{closed}",
+    )
+    gateway.wait_for(r"serving on")
+
+    def down_lines() -> dict[str, dict[str, Any]] | None:
+        found = {
+            r["message"].split()[1]: r
+            for r in _records(gateway)
+            if r["message"].startswith("stream ") and " down " in r["message"]
+        }
+        return found if {"dns[0]", "closed[0]"} <= found.keys() else None
+
+    found = wait_until(down_lines, what="both streams logged down")
+    assert found["dns[0]"]["level"] == "warning" and found["closed[0]"]["level"] == "warning"
+    assert "cannot resolve host 'no-such-engine.invalid'" in found["dns[0]"]["message"]
+    assert "connection refused" in found["closed[0]"]["message"]
+    warnings = [r["message"] for r in _records(gateway) if r["level"] == "warning"]
+    assert any("host 'no-such-engine.invalid' does not resolve" in m for m in warnings)
+
+    body = httpx.get(f"http://127.0.0.1:{http}/readyz", timeout=5).json()
+    reasons = {item["source"]: item["reason"] for item in body["not_ready"]}
+    assert reasons["dns"].startswith("cannot resolve host") and "refused" not in reasons["dns"]
+    assert "connection refused" in reasons["closed"]
+
+    # The engine comes, then goes: both changes are logged at WARNING (the first failure was).
+    engine = procs("simulate", "--endpoint", f"tcp://*:{closed}", "--rate", "20")
+    engine.wait_for(r"rank 0 publishing")
+    wait_until(lambda: any(r["message"].startswith("stream closed[0] up") for r in _records(gateway)), what="up")
+    engine.stop()
+    wait_until(
+        lambda: [r for r in _records(gateway) if r["message"].startswith("stream closed[0] down")][1:],
+        what="down again",
+    )
+    changes = [r for r in _records(gateway) if r["message"].startswith("stream closed[0]")]
+    assert [r["level"] for r in changes][:3] == ["warning", "warning", "warning"], changes
+    gateway.stop()
+
+
+def test_uvicorn_lines_share_the_format_and_access_lines_are_debug_only(procs: Callable[..., Proc]) -> None:
+    (pub,) = free_ports(1)
+    outputs: dict[str, list[dict[str, Any]]] = {}
+    for level in ("info", "debug"):
+        http = free_port()
+        gateway = procs(
+            "serve",
+            "--port",
+            str(http),
+            "--log-format",
+            "json",
+            "--log-level",
+            level,
+            "--source",
+            f"name=e,endpoint=tcp://127.0.0.1:{pub}",
+        )
+        gateway.wait_for(r"serving on")
+        base = f"http://127.0.0.1:{http}"
+        # Unknown /v1 paths answer JSON, like every other API route; the dashboard's stay plain.
+        missing = httpx.get(f"{base}/v1/no-such-thing", timeout=5)
+        assert missing.status_code == 404 and missing.json()["error"].startswith("no such endpoint: /v1/no-such-thing")
+        wrong = httpx.post(f"{base}/v1/occupancy", timeout=5)
+        assert wrong.status_code == 405 and "not allowed" in wrong.json()["error"]
+        assert httpx.get(f"{base}/v1/ws", timeout=5).status_code == 426
+        assert httpx.get(f"{base}/no-such-page", timeout=5).status_code == 404
+        httpx.get(f"{base}/healthz", timeout=5)
+        if level == "debug":
+            wait_until(lambda g=gateway: "/healthz" in g.output(), what="the access line")
+        gateway.stop()
+        assert all(line.startswith("{") for line in gateway.lines if line.strip()), gateway.output()
+        outputs[level] = _records(gateway)
+    for records in outputs.values():
+        assert all(r["logger"].startswith("kvgateway") for r in records), {r["logger"] for r in records}
+    assert not any("/healthz" in r["message"] for r in outputs["info"])
+    access = [r for r in outputs["debug"] if "/healthz" in r["message"]]
+    assert access and all(r["logger"] == "kvgateway.http.access" for r in access)
+    assert any(r["logger"] == "kvgateway.http" for r in outputs["debug"])  # uvicorn's own lines, renamed

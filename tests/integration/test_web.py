@@ -358,6 +358,8 @@ def guarded(module_procs: Starter) -> Gateway:
         "2",
         "--ring-messages",
         "20",
+        "--log-level",
+        "debug",  # per-connection access lines (checked for redaction) are written at debug only
         token=TOKEN,
     )
     start_simulator(module_procs, pub, replay, "--rate=20", "--seed=5")

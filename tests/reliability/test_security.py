@@ -158,7 +158,17 @@ def assert_no_secret(body: bytes | str, gateway: Gateway, endpoints: list[str]) 
 def guarded() -> Iterator[tuple[Gateway, list[str]]]:
     http, pub, rep = free_ports(3)
     sim = Proc("simulate", "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", "--rate", "30")
-    proc = Proc("serve", "--port", str(http), "--source", source_spec("e", pub, rep), env={"KVGATEWAY_TOKEN": TOKEN})
+    # --log-level debug: the per-connection access lines, checked for redaction, are written at debug only.
+    proc = Proc(
+        "serve",
+        "--port",
+        str(http),
+        "--log-level",
+        "debug",
+        "--source",
+        source_spec("e", pub, rep),
+        env={"KVGATEWAY_TOKEN": TOKEN},
+    )
     try:
         sim.wait_for("publishing")
         proc.wait_for("serving on http://")

@@ -9,6 +9,7 @@ import pytest
 
 from kvgateway import config
 from kvgateway.config import ConfigError, Settings, offset_endpoint, parse_source_flag
+from kvgateway.endpoints import binds, is_ipv6
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -180,3 +181,222 @@ def test_summary_never_contains_the_token() -> None:
     )
     text = config.summary(settings)
     assert "s3cret-value" not in text and "auth token" in text and "a[0]=tcp://h:1" in text
+
+
+# --- endpoints: only a real wildcard binds ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "bind"),
+    [
+        ("tcp://*:5557", True),
+        ("tcp://0.0.0.0:5557", True),
+        ("tcp://[::]:5557", True),
+        ("tcp://[::1]:5557", False),
+        ("tcp://[fd00::5]:5557", False),
+        ("tcp://[2001:db8::1]:5557", False),
+        ("tcp://127.0.0.1:5557", False),
+        ("tcp://vllm-host:5557", False),
+    ],
+)
+def test_only_a_wildcard_host_means_bind(endpoint: str, bind: bool) -> None:
+    assert parse_source_flag(f"name=a,endpoint={endpoint}").bind is bind
+    assert binds(endpoint) is bind
+    assert parse_source_flag(f"name=a,endpoint={endpoint},bind=true").bind
+
+
+def test_an_ipv6_engine_may_have_a_replay_socket() -> None:
+    # '::' inside an address is no wildcard: this used to be "the engine binds its replay socket".
+    src = parse_source_flag("name=a,endpoint=tcp://[fd00::5]:5557,replay=tcp://[fd00::5]:5657,dp_size=2")
+    assert [(s.endpoint, s.replay, s.bind) for s in config.expand_source(src)] == [
+        ("tcp://[fd00::5]:5557", "tcp://[fd00::5]:5657", False),
+        ("tcp://[fd00::5]:5558", "tcp://[fd00::5]:5658", False),
+    ]
+    assert is_ipv6("tcp://[fd00::5]:5557") and not is_ipv6("tcp://127.0.0.1:5557")
+
+
+# --- collisions are found between resolved addresses ------------------------------------------
+
+
+def test_localhost_and_127_0_0_1_are_one_address() -> None:
+    args = _args("--source", "name=a,endpoint=tcp://localhost:7557", "--source", "name=b,endpoint=tcp://127.0.0.1:7557")
+    with pytest.raises(ConfigError) as info:
+        config.settings_from_args(args, environ={})
+    message = str(info.value)
+    assert "source 'b' rank 0 endpoint tcp://127.0.0.1:7557 collides with source 'a'" in message
+    assert "\n" not in message
+
+
+def test_an_unresolvable_name_is_compared_by_name_and_reported() -> None:
+    sources = (parse_source_flag("name=a,endpoint=tcp://no-such-engine.invalid:7557"),)
+    assert config.check_overlaps(sources) == ["no-such-engine.invalid"]
+    same = (*sources, parse_source_flag("name=b,endpoint=tcp://NO-SUCH-ENGINE.invalid:7557"))
+    with pytest.raises(ConfigError, match="collides"):
+        config.check_overlaps(same)
+
+
+# --- a source given as vLLM's --kv-events-config -----------------------------------------------
+
+README_JSON = (
+    '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+    '"replay_endpoint": "tcp://*:5657", "topic": "kv-events"}'
+)
+
+
+def test_kv_events_config_derives_endpoints_topic_and_ranks() -> None:
+    src = parse_source_flag(f"name=vllm-a,host=vllm-host,dp_size=2,kv_events_config={README_JSON}")
+    assert [(s.dp_rank, s.endpoint, s.replay, s.topic, s.bind) for s in config.expand_source(src)] == [
+        (0, "tcp://vllm-host:5557", "tcp://vllm-host:5657", "kv-events", False),
+        (1, "tcp://vllm-host:5558", "tcp://vllm-host:5658", "kv-events", False),
+    ]
+    # the same as the explicit form
+    explicit = parse_source_flag(
+        "name=vllm-a,endpoint=tcp://vllm-host:5557,replay=tcp://vllm-host:5657,topic=kv-events,dp_size=2"
+    )
+    assert src == explicit
+
+
+def test_kv_events_config_defaults_ipv6_host_and_connect_out() -> None:
+    # vLLM's defaults: endpoint tcp://*:5557, no replay, topic "".
+    src = parse_source_flag('name=e,host=fd00::5,kv_events_config={"enable_kv_cache_events": true, "publisher": "zmq"}')
+    assert (src.endpoint, src.replay, src.topic, src.bind) == ("tcp://[fd00::5]:5557", None, "", False)
+    # An engine that connects out (no wildcard): the gateway binds the address it connects to.
+    out = parse_source_flag(
+        'name=e,host=vllm-host,kv_events_config={"enable_kv_cache_events": true, "publisher": "zmq", '
+        '"endpoint": "tcp://gateway:6000", "replay_endpoint": "tcp://*:6100"}',
+    )
+    assert out.bind and out.endpoint == "tcp://gateway:6000" and out.replay == "tcp://vllm-host:6100"
+
+
+def test_kv_events_config_in_toml_as_a_table(tmp_path: Path) -> None:
+    path = tmp_path / "kv.toml"
+    path.write_text(
+        '[[sources]]\nname = "a"\nhost = "10.0.0.7"\ndp_size = 3\n'
+        'kv_events_config = { enable_kv_cache_events = true, publisher = "zmq", endpoint = "tcp://*:7000" }\n'
+    )
+    settings = config.settings_from_args(_args("--config", str(path)), environ={})
+    assert [s.endpoint for s in settings.streams()] == [
+        "tcp://10.0.0.7:7000",
+        "tcp://10.0.0.7:7001",
+        "tcp://10.0.0.7:7002",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ('name=a,host=h,kv_events_config={"publisher": "zmq"}', '"enable_kv_cache_events": true'),
+        ('name=a,host=h,kv_events_config={"enable_kv_cache_events": true}', '"publisher": "zmq"'),
+        (
+            'name=a,host=h,kv_events_config={"enable_kv_cache_events": true, "publisher": "zmq", "port": 1}',
+            "unknown key 'port'",
+        ),
+        ("name=a,host=h,kv_events_config={not json", "not JSON"),
+        ('name=a,kv_events_config={"enable_kv_cache_events": true, "publisher": "zmq"}', "key 'host' is required"),
+        (
+            'name=a,host=h,endpoint=tcp://h:1,kv_events_config={"enable_kv_cache_events": true, "publisher": "zmq"}',
+            "key 'endpoint': derived from kv_events_config",
+        ),
+        ("name=a,host=h,endpoint=tcp://h:1", "key 'host' goes with kv_events_config"),
+        (
+            'name=a,dp_size=2,kv_events_config={"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "ipc:///x"}',
+            "cannot run DP ranks",
+        ),
+    ],
+)
+def test_bad_kv_events_config(spec: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_source_flag(spec)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+# --- one precedence rule, every setting three ways ---------------------------------------------
+
+
+def test_every_toml_key_is_a_flag_and_a_variable() -> None:
+    parser = argparse.ArgumentParser()
+    config.add_serve_arguments(parser)
+    flags = config.flag_names(parser)
+    for option in config.OPTIONS:
+        assert option.flag_name in flags, option.key
+        assert option.env == "KVGATEWAY_" + option.key.upper()
+    assert {"--config", "--source"} <= flags
+
+
+@pytest.mark.parametrize("option", [o for o in config.OPTIONS if o.kind in (int, float, bool)], ids=lambda o: o.key)
+def test_flag_beats_environment_beats_file_beats_default(option: config.Option, tmp_path: Path) -> None:
+    low = int(option.limits[0]) if option.limits else 0
+    samples: dict[type, tuple[object, object, object]] = {
+        int: (low + 1, low + 2, low + 3),  # in range, and none is the default
+        float: (2.5, 3.5, 4.5),
+        bool: (True, False, True),
+    }
+    file_value, env_value, flag_value = samples[option.kind]
+    path = tmp_path / "kv.toml"
+    literal = str(file_value).lower() if option.kind is bool else str(file_value)
+    path.write_text(f"[server]\n{option.key} = {literal}\n")
+    default = getattr(Settings(), option.key)
+    src = ["--source", "name=a,endpoint=tcp://127.0.0.1:1"]
+    assert getattr(config.settings_from_args(_args(*src), environ={}), option.key) == default
+    from_file = config.settings_from_args(_args("--config", str(path), *src), environ={})
+    assert getattr(from_file, option.key) == file_value
+    env = {option.env: str(env_value)}
+    assert getattr(config.settings_from_args(_args("--config", str(path), *src), environ=env), option.key) == env_value
+    flag = [option.flag_name] if option.kind is bool else [option.flag_name, str(flag_value)]
+    both = config.settings_from_args(_args("--config", str(path), *src, *flag), environ=env)
+    assert getattr(both, option.key) == flag_value
+
+
+def test_string_settings_precedence(tmp_path: Path) -> None:
+    path = tmp_path / "kv.toml"
+    path.write_text('[server]\nlog_level = "error"\nallowed_hosts = ["file.example"]\ntoken = "file-token"\n')
+    src = ["--source", "name=a,endpoint=tcp://127.0.0.1:1"]
+    env = {"KVGATEWAY_LOG_LEVEL": "warning", "KVGATEWAY_ALLOWED_HOSTS": "env.example, Env2.example"}
+    settings = config.settings_from_args(_args("--config", str(path), *src), environ=env)
+    assert settings.log_level == "warning" and settings.allowed_hosts == ("env.example", "env2.example")
+    assert settings.token == "file-token"
+    settings = config.settings_from_args(
+        _args("--config", str(path), *src, "--log-level", "debug", "--allowed-host", "flag.example"), environ=env
+    )
+    assert settings.log_level == "debug" and settings.allowed_hosts == ("flag.example",)
+
+
+def test_sources_from_the_environment() -> None:
+    env = {"KVGATEWAY_SOURCES": f"name=a,endpoint=tcp://127.0.0.1:1; name=b,host=h,kv_events_config={README_JSON}"}
+    settings = config.settings_from_args(_args(), environ=env)
+    assert [s.name for s in settings.sources] == ["a", "b"]
+    flagged = config.settings_from_args(_args("--source", "name=c,endpoint=tcp://127.0.0.1:2"), environ=env)
+    assert [s.name for s in flagged.sources] == ["c"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        (["--port", "x"], {}, "--port: expected an integer, got 'x'"),
+        (["--port", "70000"], {}, "--port: must be from 0 to 65535, got 70000"),
+        (["--log-level", "loud"], {}, "--log-level: one of debug, info, warning, error, got 'loud'"),
+        ([], {"KVGATEWAY_PORT": "x"}, "KVGATEWAY_PORT: expected an integer, got 'x'"),
+        ([], {"KVGATEWAY_RING_BYTES": "1"}, "KVGATEWAY_RING_BYTES: must be from 1024"),
+        ([], {"KVGATEWAY_COLOUR": "red"}, "KVGATEWAY_COLOUR: unknown variable (known: "),
+        ([], {"KVGATEWAY_PORT": "tcp://10.0.0.1:8080"}, "enableServiceLinks: false"),
+        (["--token", ""], {}, "--token: empty"),
+        (["--token", "  "], {}, "--token: empty"),
+        ([], {"KVGATEWAY_TOKEN": ""}, "KVGATEWAY_TOKEN: empty"),
+    ],
+)
+def test_errors_name_the_flag_or_variable(argv: list[str], env: dict[str, str], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.settings_from_args(_args(*argv, "--source", "name=a,endpoint=tcp://127.0.0.1:1"), environ=env)
+    assert expected in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_toml_errors_name_the_key_and_unknown_keys_list_the_known(tmp_path: Path) -> None:
+    path = tmp_path / "kv.toml"
+    path.write_text("[server]\nport = 'x'\n")
+    with pytest.raises(ConfigError, match=r"^\[server\] key 'port': expected an integer, got 'x'$"):
+        config.settings_from_args(_args("--config", str(path)), environ={})
+    path.write_text("[server]\nring_byts = 1\n")
+    with pytest.raises(ConfigError) as info:
+        config.settings_from_args(_args("--config", str(path)), environ={})
+    assert "unknown key 'ring_byts' (known: host, port," in str(info.value) and "ring_bytes" in str(info.value)

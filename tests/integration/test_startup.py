@@ -1,0 +1,124 @@
+"""Starting the gateway as a new user does: taken ports, IPv6 engines, the bare command.
+
+Real processes only: ``python -m kvgateway`` subprocesses, a listening socket holding a port, a
+ZeroMQ socket holding an engine port, and the simulator as an IPv6 engine.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+import zmq
+
+from tests.conftest import REPO, Proc, free_port, free_ports, wait_until
+
+from ._gateway_helpers import start_gateway, start_sim, stream_metrics
+
+Start = Callable[..., Proc]
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A loopback port some other program listens on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield int(holder.getsockname()[1])
+
+
+def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvgateway", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("command", ["demo", "serve"])
+def test_a_taken_http_port_is_one_line_naming_the_port_and_the_flag(command: str, taken_port: int) -> None:
+    extra = [] if command == "demo" else ["--source", "name=a,endpoint=tcp://127.0.0.1:9"]
+    result = _run(command, "--port", str(taken_port), *extra)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    lines = output.strip().splitlines()
+    assert len(lines) == 1, output  # no traceback, nothing else
+    assert f"cannot listen on 127.0.0.1:{taken_port}: address already in use" in lines[0]
+    assert "--port" in lines[0]
+    # Nothing claimed to have started.
+    assert "started" not in output and "dashboard at" not in output and "serving on" not in output
+
+
+def test_a_taken_engine_port_names_the_source_address_and_reason() -> None:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    holder = context.socket(zmq.PUB)
+    try:
+        port = holder.bind_to_random_port("tcp://127.0.0.1")
+        endpoint = f"tcp://127.0.0.1:{port}"
+        result = _run("serve", "--port", str(free_port()), "--source", f"name=late,endpoint={endpoint},bind=true")
+    finally:
+        holder.close(linger=0)
+        context.term()
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    (line,) = output.strip().splitlines()
+    assert f"source 'late' rank 0: cannot bind {endpoint}: address already in use" in line
+    assert "Resource temporarily unavailable" not in line and "gateway started" not in output
+
+
+def test_an_ipv6_engine_is_connected_to_and_replayed_from(procs: Start) -> None:
+    """The engine listens on IPv6 (``[::]``, so on ``::1``); the gateway is given ``tcp://[::1]:P``:
+    it must connect (not bind), receive every batch and fill a gap from the IPv6 replay socket."""
+    http, pub, rep = free_ports(3)
+    total = 150
+    start_sim(
+        procs,
+        "--endpoint",
+        f"tcp://[::]:{pub}",
+        "--replay-endpoint",
+        f"tcp://[::]:{rep}",
+        "--rate",
+        "100",
+        "--batches",
+        str(total),
+        "--skip",
+        "60-69",  # never sent live: only a replay over IPv6 can deliver them
+        "--linger",
+        "60",
+    )
+    gw = start_gateway(procs, http, [f"name=v6,endpoint=tcp://[::1]:{pub},replay=tcp://[::1]:{rep}"])
+    assert "v6[0]=tcp://[::1]" in gw.proc.output()  # connect: the summary would say "bind"
+    assert "v6[0]=bind" not in gw.proc.output()
+
+    def done() -> dict[str, object] | None:
+        m = stream_metrics(gw.base, "v6")
+        return m if m["last_seq"] == total - 1 and m["queue_depth"] == 0 and m["replay"] else None
+
+    m = wait_until(done, timeout=60, what="every batch of the IPv6 engine")
+    assert m["up"] == 1 and m["unrecovered"] == 0
+    assert m["replay"].get("recovered", 0) >= 1 and set(m["replay"]) == {"recovered"}
+    assert m["replayed"] >= 10  # at least the skipped 60-69
+
+
+def test_the_bare_command_prints_the_help() -> None:
+    result = _run()
+    assert result.returncode == 0
+    assert result.stdout.startswith("usage: kvgateway")
+    for command in ("simulate", "serve", "demo"):
+        assert command in result.stdout
+
+
+def test_serve_help_has_description_examples_and_groups() -> None:
+    result = _run("serve", "--help")
+    assert result.returncode == 0
+    text = result.stdout
+    for title in ("engines:", "HTTP:", "security:", "limits:", "logging:", "examples:"):
+        assert f"\n{title}" in text, title
+    assert "kv_events_config=" in text and "KVGATEWAY_RING_BYTES" in text
+    assert "a flag beats the\nenvironment" in text or "a flag beats the environment" in text.replace("\n", " ")
