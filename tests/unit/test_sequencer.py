@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvgateway.sequencer import (
     Action,
@@ -975,3 +977,79 @@ def test_hold_overflow_during_a_catch_up() -> None:
     s.on_connected()
     feed(s, 5)
     assert feed(s, 6) == [CancelReplay(1), HistoryTruncated(5), d(5), d(6), ReplayFinished(1, "failed", 0)]
+
+
+# --- generated scenarios ---------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    drops=st.lists(st.booleans(), min_size=1, max_size=80),
+    transit=st.lists(st.booleans(), max_size=80),
+    tail=st.integers(0, 5),
+    answer_after=st.integers(0, 5),
+)
+def test_full_replays_with_transit_holes_recover_everything(
+    drops: list[bool], transit: list[bool], tail: int, answer_after: int
+) -> None:
+    """The engine holds everything; its replies lose items in the middle, and their tails with the end
+    marker, never the first: asking again from the first missing seq gets everything, in order,
+    nothing lost."""
+    s = Sequencer(has_replay=True, max_attempts=1000)
+    published = list(range(len(drops)))
+    live = [seq for seq, drop in zip(published, drops, strict=True) if not drop]
+    delivered: list[int] = []
+    outcomes: list[str] = []
+    pending: list[tuple[int, int, int]] = []  # token, start, live batches until it is answered
+    drop_at = iter(transit * 50)
+
+    def run(actions: list[Action]) -> None:
+        for a in actions:
+            if isinstance(a, Deliver):
+                delivered.append(a.seq)
+            elif isinstance(a, RequestReplay):
+                pending[:] = [(a.token, a.start, answer_after)]
+            elif isinstance(a, ReplayFinished):
+                outcomes.append(a.outcome)
+            else:
+                assert isinstance(a, GapDetected | Duplicate), a
+
+    seen_top = -1
+
+    def answer(up_to: int) -> None:
+        nonlocal seen_top
+        token, first, _ = pending.pop()
+        items = list(range(first, up_to + 1))
+        if not items:  # the end marker is the reply's first message: never lost
+            run(s.on_replay_end(token))
+            return
+        items = items[: max(1, len(items) - tail)]
+        seen_top = max(seen_top, items[-1])
+        for i, seq in enumerate(items):
+            # Holes in the middle; a lost tail takes the end marker with it (the ``tail`` cut).
+            if 0 < i < len(items) - 1 and next(drop_at, False):
+                continue
+            run(s.on_replay_item(token, seq, b(seq)))
+        if tail == 0:
+            run(s.on_replay_end(token))
+        else:
+            run(s.on_replay_failed(token, "timeout"))
+
+    run(s.on_connected())
+    for seq in live:
+        run(s.on_live(seq, b(seq)))
+        seen_top = max(seen_top, seq)
+        while pending and pending[0][2] == 0:
+            answer(seq)  # the engine has published up to the live batch just seen
+        if pending:
+            token, first, wait = pending[0]
+            pending[0] = (token, first, wait - 1)
+    while pending:
+        answer(len(drops) - 1)
+    if s.waiting_for_live:  # replayed batches wait above a hole the live stream will not bring
+        run(s.on_quiet())
+        while pending:
+            answer(len(drops) - 1)
+    assert s.held == 0 and s.replay_token is None
+    assert delivered == list(range(seen_top + 1))
+    assert set(outcomes) <= {"recovered"}
