@@ -69,12 +69,15 @@ def is_ipv6(endpoint: str) -> bool:
 
 
 def binds(endpoint: str) -> bool:
-    """Whether a publisher binds: on a wildcard host, ``ipc`` and ``inproc``; otherwise it connects.
+    """Whether a socket binds: on a wildcard host or port (nothing to connect to), ``ipc`` and
+    ``inproc``; otherwise it connects.
 
     vLLM's publisher also binds any endpoint containing ``::`` (so every IPv6 address); this
     rule binds only the real wildcard ``[::]``, so ``tcp://[::1]:5557`` connects.
     """
-    return is_wildcard(endpoint) or endpoint.startswith(("ipc://", "inproc://"))
+    parts = split_tcp(endpoint)
+    wildcard_port = parts is not None and parts[1] in ("*", "0")
+    return is_wildcard(endpoint) or wildcard_port or endpoint.startswith(("ipc://", "inproc://"))
 
 
 def vllm_binds(endpoint: str) -> bool:

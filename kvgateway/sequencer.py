@@ -33,7 +33,8 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
    batches are pending, none delivered. Same payload: the reply goes on as a gap replay. Another
    payload, or an end marker with nothing (the engine holds nothing that old), is a restart
    (``identity``). No answer, or the anchor no longer in the buffer, cannot tell: the reconnect
-   heuristic of rule 7 applies to the live batches.
+   heuristic of rule 7 applies to the live batches. A reconnection counts the cursor as passed by
+   the live stream (``live_top``): the new connection brings only later batches.
 2. **Catch-up.** The epoch starts at the lowest seq the catch-up brings, live or replayed. Before
    it: nothing, if the epoch began at 0 and that seq is 0; after a restart of a counting
    publisher, :class:`Unrecovered` ``restart``; on a fresh start above 0, :class:`HistoryTruncated`
@@ -55,10 +56,11 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
    later live copy is a :class:`Duplicate`.
 6. **End of an attempt** (end marker, timeout, malformed reply). For the lowest missing seq:
    evicted (this attempt's first item is above it) and below ``live_top`` (the live stream passed
-   it): :class:`Unrecovered` ``evicted``. Otherwise, if the attempt brought anything new: ask again
-   from it (a new :class:`RequestReplay`, at most ``max_attempts`` per recovery). Otherwise give up
+   it): :class:`Unrecovered` ``evicted`` (``not_sent`` if the batch after them starts with
+   ``AllBlocksCleared``). Otherwise, if the attempt brought anything new: ask again from it (a new
+   :class:`RequestReplay`, at most ``max_attempts`` per recovery). Otherwise give up
    on what lies below ``live_top``: ``transit`` (the engine answered but the batches never came
-   through) or ``no_answer``. Missing seqs above ``live_top`` are left to the live stream, which
+   through) or ``no_answer``, never ``not_sent`` (the engine may hold them). Missing seqs above ``live_top`` are left to the live stream, which
    is behind: when it passes them a new gap replay settles them; if it stays quiet,
    :meth:`Sequencer.on_quiet` treats it as passed. A recovery ends with :class:`ReplayFinished`:
    ``recovered`` (nothing lost), ``partial`` (some lost, some brought), ``failed`` (lost, and
@@ -352,6 +354,11 @@ class Sequencer:
         """The SUB socket has a publisher (again): catch up, or verify it is the same one."""
         first, self._ever_connected = not self._ever_connected, True
         out: list[Action] = []
+        if self.cursor is not None:
+            # The new connection brings only batches published after it: the live stream has passed
+            # the cursor. Without this, after an epoch delivered by replays alone (``live_top`` still
+            # below the cursor), rule 7 took a restarted process's low live seq for a live copy.
+            self._live_top = max(self._live_top, self.cursor)
         if not self._has_replay:
             self._reconnected = not first
             return out
@@ -774,7 +781,10 @@ class Sequencer:
         """Count ``cursor + 1 .. last`` as lost; ``not_sent`` when the engine fenced it with a clear."""
         cursor = self.cursor
         assert cursor is not None and last > cursor
-        if reason in ("evicted", "transit", "no_answer", "no_replay"):
+        # Only where the engine is not known to hold them: ``transit`` and ``no_answer`` seqs may be in
+        # its buffer (a reply reached at or below them, or none came), so a fence does not make them
+        # unsent; ``evicted`` ones are not in it, and without a replay endpoint the fence is all we have.
+        if reason in ("evicted", "no_replay"):
             after = self._pending.get(last + 1)
             if after is not None and _starts_cleared(after[0]):
                 reason = "not_sent"

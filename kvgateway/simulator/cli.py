@@ -133,7 +133,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--endpoint",
         type=_endpoint_arg,
         default="tcp://*:5557",
-        help="PUB endpoint; binds on '*', '::', ipc:// and inproc://, otherwise connects, like vLLM "
+        help="PUB endpoint; binds on a wildcard host or port ('*', '0.0.0.0', '[::]'), ipc:// and "
+        "inproc://, otherwise connects, like vLLM (which also binds any address containing '::') "
         "(default: %(default)s; rank r uses port + r)",
     )
     out.add_argument(

@@ -346,7 +346,8 @@ def test_batches_the_engine_dropped_before_a_clear_fence_are_counted_not_sent(pr
         start_sim(
             procs,
             *engine_args(pub, rep, "--engine", "trtllm", "--start-seq", str(first), "--rate", "500"),
-            *("--batches", "300", "--start-delay", "1", "--drop-queue", f"{first + 100}-{first + 119}"),
+            *("--batches", "300", "--start-delay", "1", "--heartbeat", "0"),
+            *("--drop-queue", f"{first + 100}-{first + 119}"),
         )
         try:
             wait_until(lambda: ws.last_seq("a") == first + 299, timeout=30, what="the last batch")

@@ -159,7 +159,8 @@ def test_skipped_range_is_replayed_and_every_batch_delivered_once_in_order(procs
             rate=rate,
             batches=total,
             warm=3.5,
-            extra=["--skip", f"{first}-{last}", "--replay-delay", "3"],
+            # --replay-hwm 0: the 2,000-batch reply comes whole, so received is exact (see (g)).
+            extra=["--skip", f"{first}-{last}", "--replay-delay", "3", "--replay-hwm", "0"],
         )
         got = settled(gw.base, "a", last_seq=total - 1, replays=2)
         wait_until(lambda: ws.last_seq("a") == total - 1, timeout=30, what="the last batch on the WebSocket")
@@ -501,6 +502,10 @@ def test_gateway_started_late_catches_up_the_history_by_replay(procs: Start) -> 
         "10000",
         "--replay-delay",
         "1.5",
+        # An unlimited ROUTER queue: the reply comes whole, so the counts are exact (the default
+        # high-water mark and the holes it cuts are test_exactness.py's subject).
+        "--replay-hwm",
+        "0",
         "--cpu-offload",
         "--linger",
         "60",

@@ -189,7 +189,8 @@ def test_prometheus_reads_gaps_and_occupancy(
 
     assert prometheus.value(f"kvgateway_sequence_gaps_total{{{stream}}}") == 1
     assert prometheus.value(f"kvgateway_missed_batches_total{{{stream}}}") == SKIP[1] - SKIP[0] + 1
-    assert prometheus.value(f"kvgateway_unrecovered_batches_total{{{stream}}}") == 0
+    assert prometheus.value(f"sum(kvgateway_unrecovered_batches_total{{{stream}}})") == 0
+    assert len(prometheus.query(f"kvgateway_unrecovered_batches_total{{{stream}}}")) == 7  # one per reason
     assert prometheus.value(f'kvgateway_replay_requests_total{{{stream}, outcome="recovered"}}') >= 1  # type: ignore[operator]
     assert prometheus.value(f"kvgateway_publisher_restarts_total{{{stream}}}") == 0
 

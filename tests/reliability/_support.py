@@ -115,7 +115,10 @@ class Gateway:
                 continue
             for labels, value in samples:
                 if {k: labels.get(k) for k in want} == want:
-                    out[f"replay_{labels['outcome']}" if key == "replay_requests" else key] = int(value)
+                    if key == "unrecovered_batches":  # one series per reason: their sum
+                        out[key] = out.get(key, 0) + int(value)
+                    else:
+                        out[f"replay_{labels['outcome']}" if key == "replay_requests" else key] = int(value)
         return out
 
     def wait_metric(self, name: str, value: int, timeout: float = 30.0, **labels: str) -> None:

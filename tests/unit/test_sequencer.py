@@ -1053,3 +1053,35 @@ def test_full_replays_with_transit_holes_recover_everything(
     assert s.held == 0 and s.replay_token is None
     assert delivered == list(range(seen_top + 1))
     assert set(outcomes) <= {"recovered"}
+
+
+# --- regressions found by the publisher model (test_sequencer_model.py) ---------------------------
+
+
+def test_fence_after_a_hole_the_engine_may_still_hold_is_not_not_sent() -> None:
+    """TensorRT-LLM: C+1 published (lost live), C+2 dropped by its queue, C+3 its fence. The reply that
+    would have brought C+1 is malformed: the hole is ``no_answer``, not ``not_sent`` (C+1 was sent)."""
+    s = Sequencer(has_replay=True)
+    s.on_connected()
+    assert replay(s, 1, CLOCK) == [d(CLOCK, True)]
+    assert s.on_replay_failed(1, "timeout") == [ReplayFinished(1, "recovered", 1)]
+    fence = cleared(CLOCK + 3)
+    assert s.on_live(CLOCK + 3, fence, raw(CLOCK + 3)) == [rr(2, CLOCK + 1)]
+    assert s.on_replay_failed(2, "failed") == [
+        Unrecovered(CLOCK + 1, CLOCK + 2, "no_answer"),
+        Deliver(CLOCK + 3, fence, False),
+        ReplayFinished(2, "failed", 0),
+    ]
+
+
+def test_restart_after_an_epoch_delivered_by_replay_alone_is_seen_by_the_heuristic() -> None:
+    """The catch-up delivered seq 0 (no live batch yet); the engine restarts, the verification gets a
+    malformed reply: the new process's live seq 0 is at the cursor, not the live copy of a replay."""
+    s = Sequencer(has_replay=True)
+    s.on_connected()
+    assert replay(s, 1, 0) == [d(0, True)]
+    assert s.on_replay_end(1) == [ReplayFinished(1, "recovered", 1)]
+    s.on_disconnected()
+    assert s.on_connected() == [rr(2, 0, "verify")]
+    assert s.on_replay_failed(2, "failed") == [ReplayFinished(2, "failed", 0)]
+    assert feed(s, 0, proc=1) == [Restart(0, 0, "reconnect"), Deliver(0, b(0), False)]
