@@ -58,13 +58,13 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
    evicted (this attempt's first item is above it) and below ``live_top`` (the live stream passed
    it): :class:`Unrecovered` ``evicted`` (``not_sent`` if the batch after them starts with
    ``AllBlocksCleared``). Otherwise, if the attempt brought anything new: ask again from it (a new
-   :class:`RequestReplay`, at most ``max_attempts`` per recovery). Otherwise give up
-   on what lies below ``live_top``: ``transit`` (the engine answered but the batches never came
-   through) or ``no_answer``, never ``not_sent`` (the engine may hold them). Missing seqs above ``live_top`` are left to the live stream, which
-   is behind: when it passes them a new gap replay settles them; if it stays quiet,
-   :meth:`Sequencer.on_quiet` treats it as passed. A recovery ends with :class:`ReplayFinished`:
-   ``recovered`` (nothing lost), ``partial`` (some lost, some brought), ``failed`` (lost, and
-   nothing came back).
+   :class:`RequestReplay`, at most ``max_attempts`` per recovery). Otherwise give up on what lies
+   below ``live_top``: ``transit`` (the engine answered but the batches never came through) or
+   ``no_answer``, never ``not_sent`` (the engine may hold them). Missing seqs above ``live_top``
+   are left to the live stream, which is behind: when it passes them a new gap replay settles
+   them; if it stays quiet, :meth:`Sequencer.on_quiet` treats it as passed. A recovery ends with
+   :class:`ReplayFinished`: ``recovered`` (nothing lost), ``partial`` (some lost, some brought),
+   ``failed`` (lost, and nothing came back, or no answer at all).
 7. **Live seq at or below the cursor**: above ``live_top``, it is the live copy of a batch a
    replay delivered first (a duplicate). Otherwise a restart if ``seq <= 1 and seq < cursor``
    (``seq_reset``), ``cursor - seq > restart_window`` (``window``), it is the first live batch
@@ -380,6 +380,9 @@ class Sequencer:
             # The request in flight may have gone to the process that just went away.
             out.append(CancelReplay(rec.token))
             rec.purpose = purpose
+            # A silence before the reconnect was the old connection's: this verification gets its own
+            # retry (otherwise one silence of the new process ended it and a restart went unseen).
+            rec.silent = 0
             self._attempt(start, out)
         return out
 

@@ -137,7 +137,7 @@ def test_holes_in_a_replay_reply_are_asked_again_until_every_batch_arrives(
     total = 6031
     gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "2")
     with WsCollector(gw.ws_url) as ws:
-        start_sim(
+        sim = start_sim(
             procs,
             *engine_args(pub, rep, "--rate", "1500", "--batches", str(total), "--hwm", "10"),
             *("--buffer-steps", "10000", "--start-delay", "1.5", "--replay-drop", "5950-6000"),
@@ -147,7 +147,7 @@ def test_holes_in_a_replay_reply_are_asked_again_until_every_batch_arrives(
         try:
             wait_until(lambda: ws.last_seq("a") == total - 1, timeout=120, what="the last batch on the WebSocket")
         except AssertionError:
-            print(gw.proc.output()[-6000:], stream_metrics(gw.base, "a"), ws.seqs("a")[-20:])
+            print(gw.proc.output()[-6000:], sim.output()[-3000:], stream_metrics(gw.base, "a"), ws.seqs("a")[-20:])
             raise
         assert ws.seqs("a") == list(range(total))
         assert ws.notices("a", 0) == []
@@ -155,6 +155,39 @@ def test_holes_in_a_replay_reply_are_asked_again_until_every_batch_arrives(
         assert (m["unrecovered"], m["gaps"] >= 1, m["replayed"] > 0) == (0, True, True)
         assert gap_attempts(gw.base)["gap"] >= 2  # the forced hole was asked for again
         assert source_status(gw.base, "a")["state"] == "up"
+
+
+def test_a_reply_cut_short_without_its_end_marker_is_asked_again(procs: Start) -> None:
+    """SGLang's reply can stop partway (2,500 of 3,001 items) with no end marker. After the replay
+    timeout the gateway asks again from the first missing seq: nothing is lost."""
+    http, pub, rep = free_ports(3)
+    total = 3001
+    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "1")
+    with WsCollector(gw.ws_url) as ws:
+        start_sim(
+            procs,
+            *engine_args(pub, rep, "--engine", "sglang", "--rate", "1500", "--batches", str(total), "--hwm", "10"),
+            *("--start-delay", "1.5", "--replay-cut", "2500", "--replay-hwm", "0"),
+        )
+        history = wait_until(
+            lambda: (h := fetch_history(f"tcp://127.0.0.1:{rep}", layout="plain")) and len(h) >= 20 and h,
+            timeout=30,
+            what="the first batches",
+        )
+        assert history[0][0] == 0
+        wait_until(lambda: len(ws.seqs("a")) >= 20, timeout=30, what="the first batches on the WebSocket")
+        pause(gw.proc, 3.0)
+        time.sleep(1.0)  # the engine has published everything
+        seqs = [seq for seq, _ in fetch_history(f"tcp://127.0.0.1:{rep}", layout="plain")]
+        assert seqs == list(range(len(seqs))) and len(seqs) >= total
+        try:
+            wait_until(lambda: ws.seqs("a") == seqs, timeout=60, what="every batch on the WebSocket")
+        except AssertionError:
+            print(gw.proc.output()[-4000:], ws.seqs("a")[-5:], len(ws.seqs("a")))
+            raise
+        m = stream_metrics(gw.base, "a")
+        assert (m["unrecovered"], m["replay"].get("failed", 0)) == (0, 0)
+        assert gap_attempts(gw.base).get("gap", 0) >= 2
 
 
 # --- 2. a reply ahead of a lagging live stream is kept -------------------------------------------

@@ -1085,3 +1085,18 @@ def test_restart_after_an_epoch_delivered_by_replay_alone_is_seen_by_the_heurist
     assert s.on_connected() == [rr(2, 0, "verify")]
     assert s.on_replay_failed(2, "failed") == [ReplayFinished(2, "failed", 0)]
     assert feed(s, 0, proc=1) == [Restart(0, 0, "reconnect"), Deliver(0, b(0), False)]
+
+
+def test_a_silence_before_a_reconnect_does_not_count_against_the_new_verification() -> None:
+    """The old process missed one verification and then restarted: the new one gets its own retry."""
+    s = reconnected(0, 1, 2, 3, 4)
+    assert s.on_replay_failed(2, "timeout") == [rr(3, 4, "verify", 2)]
+    s.on_disconnected()
+    assert s.on_connected() == [CancelReplay(3), rr(4, 4, "verify", 3)]
+    assert s.on_replay_failed(4, "timeout") == [rr(5, 4, "verify", 4)]
+    assert replay(s, 5, 4, proc=1) == [
+        CancelReplay(5),
+        ReplayFinished(5, "recovered", 0, 4),
+        Restart(4, 4, "identity"),
+        rr(6, 0, "catch_up"),
+    ]
