@@ -452,6 +452,12 @@ class Sequencer:
             if rec.purpose == "verify":
                 if not self._check_identity(rec, seq, raw, out):
                     return out
+            elif self.cursor is not None and seq - self.cursor > self._jump_limit:
+                # A gap's reply far above the cursor: a clock-seeded engine restarted behind the
+                # replay socket (its live stream has not shown it yet). Rule 4's jump, seen here;
+                # with no reconnect in between, every batch pending came from the old process.
+                self._restart(seq, "jump", False, out)
+                return out
             elif seq > rec.start:
                 rec.floor = seq
             if self.cursor is None:

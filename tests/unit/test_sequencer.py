@@ -1100,3 +1100,24 @@ def test_a_silence_before_a_reconnect_does_not_count_against_the_new_verificatio
         Restart(4, 4, "identity"),
         rr(6, 0, "catch_up"),
     ]
+
+
+def test_a_gap_reply_far_above_the_cursor_is_a_clock_seeded_restart() -> None:
+    """TensorRT-LLM restarted behind the replay socket before its live stream showed it: the gap's
+    reply begins a jump above the cursor, which is the same restart rule 4 finds on live seqs."""
+    s = Sequencer(has_replay=True, jump_limit=1000)
+    s.on_connected()
+    s.on_replay_end(1)
+    feed(s, CLOCK)  # the first live batch: a catch-up (token 2) that finds just it
+    replay(s, 2, CLOCK)
+    s.on_replay_end(2)
+    assert feed(s, CLOCK + 1, CLOCK + 3)[-1] == rr(3, CLOCK + 2)  # a gap: token 3
+    new = CLOCK + 50_000
+    assert s.on_replay_item(3, new, b(new), raw(new, 1)) == [
+        CancelReplay(3),
+        Unrecovered(CLOCK + 2, CLOCK + 2, "restart"),  # the old process's hole, lost with it
+        d(CLOCK + 3),  # what the old process sent is delivered
+        ReplayFinished(3, "failed", 0, 1),
+        Restart(new, CLOCK + 3, "jump"),
+        rr(4, 0, "catch_up"),
+    ]
