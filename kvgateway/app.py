@@ -3,7 +3,6 @@ gateway on ``app.state``; the lifespan starts and stops it; guard.py's middlewar
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -18,16 +17,17 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from kvgateway.gateway import Gateway
 from kvgateway.guard import PROTECTED_PREFIX, Authentication, HostCheck, SecurityHeaders, json_error
-from kvgateway.hub import WS_CLOSE, BadRequest, ClientRequest, Subscription, TooManyClients
-from kvgateway.messages import SSE_PING, schema_bytes, sse_bytes, sse_preamble, ws_text
+from kvgateway.hub import TooManyClients
+from kvgateway.messages import schema_bytes
+from kvgateway.pump import WS_CLOSE, sse_stream, ws_session
+from kvgateway.query import BadRequest, ClientRequest
 
 log = logging.getLogger("kvgateway.web")
 
-SSE_RETRY_MS = 2000
 SCHEMA: Final = schema_bytes()
 
 
@@ -108,13 +108,13 @@ async def events(request: Request) -> Response:
         metrics.client_rejections.labels("sse", "bad_request").inc()
         return json_error(400, str(exc))
     try:
-        subscription = gateway.hub.subscribe(client, "sse")
+        subscription = gateway.subscribe(client, "sse")
     except TooManyClients:
         metrics.client_rejections.labels("sse", "too_many_clients").inc()
         return json_error(503, "too many clients", **{"Retry-After": "5"})
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
     return StreamingResponse(
-        _sse_stream(subscription, gateway.settings.keepalive_seconds),
+        sse_stream(subscription, gateway.settings.keepalive_seconds),
         media_type="text/event-stream; charset=utf-8",
         headers=headers,
     )
@@ -130,14 +130,14 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
         await websocket.send_denial_response(json_error(400, str(exc)))
         return
     try:
-        subscription = gateway.hub.subscribe(client, "ws")
+        subscription = gateway.subscribe(client, "ws")
     except TooManyClients:
         metrics.client_rejections.labels("ws", "too_many_clients").inc()
         code, reason = WS_CLOSE["too_many_clients"]
         await websocket.accept()
         await websocket.close(code, reason)
         return
-    await _ws_session(websocket, subscription)
+    await ws_session(websocket, subscription)
 
 
 ROUTES: Final[list[Route | WebSocketRoute]] = [
@@ -176,69 +176,3 @@ def create_app(gateway: Gateway) -> Starlette:
     app.add_middleware(HostCheck, settings=gateway.settings, metrics=gateway.metrics)
     app.add_middleware(SecurityHeaders)
     return app
-
-
-async def _ws_session(websocket: WebSocket, subscription: Subscription) -> None:
-    await websocket.accept()
-    # The reader closes the subscription when the client leaves, which wakes the pump: the pump
-    # awaits next_chunk() itself, with no task and no asyncio.wait() per chunk (they cost more
-    # than the write).
-    reader = asyncio.ensure_future(_drain_inbound(websocket, subscription))
-    try:
-        await websocket.send_text(subscription.hello_message.text)
-        while True:
-            chunk = await subscription.next_chunk()
-            if chunk is None:
-                if not reader.done():  # cut by the gateway (slow, shutdown), not gone by itself
-                    code, reason = WS_CLOSE.get(subscription.closed_reason or "", (1000, ""))
-                    await websocket.close(code, reason)
-                return
-            # Several messages in one frame, newline-delimited: one frame per message would
-            # collapse throughput under load.
-            subscription.writing = True
-            try:
-                await websocket.send_text(ws_text(chunk))
-            finally:
-                subscription.writing = False
-    except (WebSocketDisconnect, RuntimeError, OSError):
-        pass
-    finally:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await reader
-        subscription.close("closed")
-
-
-async def _drain_inbound(websocket: WebSocket, subscription: Subscription) -> None:
-    """Clients have nothing to say: what they send (at most 64 KiB a frame) is read and dropped,
-    which is also how a departure is noticed: the subscription is closed, waking the pump."""
-    try:
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                return
-    finally:
-        subscription.close("closed")
-
-
-async def _sse_stream(subscription: Subscription, keepalive: float) -> AsyncIterator[bytes]:
-    try:
-        yield sse_preamble(SSE_RETRY_MS) + subscription.hello_message.sse
-        while True:
-            # One timer per wait for the keepalive, none when messages are already queued.
-            chunk = await subscription.next_chunk(idle=keepalive)
-            if chunk == []:
-                yield SSE_PING  # nothing for `keepalive` seconds: keeps proxies from closing the stream
-                continue
-            if chunk is None:
-                farewell = subscription.farewell()
-                if farewell is not None:
-                    yield farewell.sse
-                return
-            subscription.writing = True
-            try:
-                yield sse_bytes(chunk)
-            finally:
-                subscription.writing = False
-    finally:
-        subscription.close("closed")

@@ -14,14 +14,17 @@ from typing import Any
 
 import zmq
 
-from kvgateway import wire
+from kvgateway import messages, wire
 from kvgateway.config import Settings, StreamConfig, summary
 from kvgateway.endpoints import is_ipv6, split_tcp
 from kvgateway.hub import Hub
 from kvgateway.ingest import StreamReader
+from kvgateway.log import MemoryLog, NoticeRecord, batch_record
 from kvgateway.metrics import Metrics, StreamMetrics
 from kvgateway.occupancy import OccupancyIndex
+from kvgateway.query import ClientRequest
 from kvgateway.status import QUIET_LOSSES, StreamStatus
+from kvgateway.subscription import Subscription, Transport
 
 log = logging.getLogger("kvgateway")
 
@@ -51,15 +54,17 @@ class Gateway:
             self.index.stream(stream.source, stream.dp_rank)
             for medium, blocks in stream.capacity_blocks.items():
                 self.metrics.cache_capacity_blocks.labels(stream.source, str(stream.dp_rank), medium).set(blocks)
+        hub_metrics = self.metrics.hub()
+        self.log = MemoryLog(settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained)
+        hub_metrics.retained(0, 0)
+        # The index follows the log before the hub: a hello's snapshot is exact at its offset.
+        self.log.follow(self.index.follow)
         self.hub = Hub(
-            metrics=self.metrics,
+            self.log,
+            metrics=hub_metrics,
             sources=[s.key for s in streams],
-            ring_messages=settings.ring_messages,
-            ring_bytes=settings.ring_bytes,
             client_queue_bytes=settings.client_queue_bytes,
             max_clients=settings.max_clients,
-            snapshot=self.snapshot,
-            statuses=self.statuses,
         )
         self._own_context = context is None
         self.context: zmq.Context[zmq.Socket[bytes]] = context if context is not None else zmq.Context()
@@ -120,7 +125,20 @@ class Gateway:
     # --- views ------------------------------------------------------------------------------
 
     def snapshot(self, offset: int | None = None) -> dict[str, Any]:
-        return self.index.snapshot(self.hub.offset if offset is None else offset, self.clock())
+        return self.index.snapshot(self.log.last_offset if offset is None else offset, self.clock())
+
+    def subscribe(self, request: ClientRequest, transport: Transport) -> Subscription:
+        """A new client: its hello (statuses, and the snapshot unless it resumes) and its
+        subscription, in one synchronous step. Raises :class:`~kvgateway.hub.TooManyClients`."""
+        point = self.hub.resume_point(request, transport)
+        hello = messages.encode_hello(
+            epoch=self.log.epoch,
+            offset=point.offset,
+            recovered=point.recovered,
+            sources=self.statuses(),
+            occupancy=None if point.recovered else self.snapshot(point.offset),
+        )
+        return self.hub.subscribe(request, transport, hello, point)
 
     def statuses(self) -> list[dict[str, Any]]:
         now = self.clock()
@@ -150,6 +168,9 @@ class Gateway:
                 tokens.set(stats.tokens)
 
     # --- Sink: decisions from the readers ---------------------------------------------------
+
+    def _notice(self, key: tuple[str, int], kind: str, **fields: Any) -> None:
+        self.log.append(NoticeRecord(key, kind, fields))
 
     def _log_stream(self, stream: StreamReader) -> str:
         return f"{stream.config.source}[{stream.config.dp_rank}]"
@@ -188,11 +209,10 @@ class Gateway:
                 children.events_received(event_type).inc(count)
         index = self.index.stream(config.source, config.dp_rank)
         unknown_before = index.unknown_removes
-        index.apply(batch, received, replayed)  # replayed history stays out of the rates
+        # The index and the hub follow the log: both have applied the batch when append returns.
+        self.log.append(batch_record(stream.key, seq, batch, received=received, replayed=replayed))
         if index.unknown_removes != unknown_before:
             children.unknown_removes.inc(index.unknown_removes - unknown_before)
-        # No await between the index and the hub: a hello's snapshot is exact at its offset.
-        self.hub.publish_batch(config.source, config.dp_rank, seq, batch)
 
     def delivered_skip(self, stream: StreamReader, seq: int) -> None:
         """An undecodable batch took its place in the order: the index now misses its events."""
@@ -213,8 +233,7 @@ class Gateway:
         index = self.index.stream(*stream.key)
         if index.stale and index.stale_reason == reason:
             return  # already said; a second loss of the same kind changes nothing for a client
-        index.mark_stale(reason)
-        self.hub.publish_notice("stale", *stream.key, reason=reason, seq=seq, detail=detail)
+        self._notice(stream.key, "stale", reason=reason, seq=seq, detail=detail)  # the index follows: now stale
 
     def duplicate(self, stream: StreamReader, seq: int) -> None:
         self.stream_metrics[stream.key].duplicate_batches.inc()
@@ -243,13 +262,12 @@ class Gateway:
         log.warning(
             "stream %s: %d batches lost for good (seq %d..%d, %s)", self._log_stream(stream), count, first, last, reason
         )
-        source, rank = stream.key
-        self.hub.publish_notice("unrecovered_gap", source, rank, first=first, last=last, count=count, reason=reason)
+        self._notice(stream.key, "unrecovered_gap", first=first, last=last, count=count, reason=reason)
         if reason != "not_sent":
             # not_sent: the engine fenced the hole with an AllBlocksCleared, which resets the index.
             self._mark_stale(stream, "unrecovered", seq=first, detail=f"{count} batches lost ({reason})")
         if reason not in QUIET_LOSSES and not was_degraded:
-            self.hub.publish_notice("degraded", source, rank, reason=f"{count} batches unrecovered ({reason})")
+            self._notice(stream.key, "degraded", reason=f"{count} batches unrecovered ({reason})")
 
     def history_truncated(self, stream: StreamReader, first: int) -> None:
         self.stream_metrics[stream.key].history_truncations.inc()
@@ -282,7 +300,6 @@ class Gateway:
     def restart(self, stream: StreamReader, seq: int, previous: int, reason: str) -> None:
         self.stream_metrics[stream.key].publisher_restarts.inc()
         self.status[stream.key].counters["restarts"] += 1
-        self.index.stream(*stream.key).reset()
         log.warning(
             "stream %s: publisher restart (%s): seq %d after %d; its cache state was reset",
             self._log_stream(stream),
@@ -290,7 +307,7 @@ class Gateway:
             seq,
             previous,
         )
-        self.hub.publish_notice("restart", *stream.key, seq=seq, previous=previous, reason=reason)
+        self._notice(stream.key, "restart", seq=seq, previous=previous, reason=reason)  # resets the index
 
     def connection(self, stream: StreamReader, connected: bool, reason: str) -> None:
         status = self.status[stream.key]
@@ -300,7 +317,7 @@ class Gateway:
             status.down_reason = reason
         self.stream_metrics[stream.key].source_up.set(1 if connected else 0)
         if changed:
-            self.hub.publish_notice("up" if connected else "down", *stream.key, reason=reason)
+            self._notice(stream.key, "up" if connected else "down", reason=reason)
         if connected or stream.config.bind or not stream.config.endpoint.startswith("tcp://"):
             self._log_connection(stream, connected, reason)
             return
