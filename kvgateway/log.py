@@ -151,6 +151,9 @@ class MemoryLog:
         ring.append(entry)
         for follower in self._followers:
             follower(entry)
+        # Followers have applied the record; the ring keeps the messages only (the decoded batch
+        # would hold memory and give the garbage collector thousands of lists to walk).
+        entry.record = None
         ring.trim()  # after the followers: a message larger than the bound is still delivered live
         if self._retained is not None:
             self._retained(len(ring), ring.bytes)

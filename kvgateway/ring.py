@@ -31,7 +31,7 @@ class Entry:
         record: Any = None,
     ) -> None:
         self.offset = offset
-        self.record = record  # what was appended to the log (kvgateway.log.Record)
+        self.record = record  # what was appended (kvgateway.log.Record), while its followers apply it
         self.stream = stream
         self.message = message
         self.batch = batch  # None for a notice: event filters do not apply to notices
