@@ -150,7 +150,7 @@ def breakdown(ctx: Context) -> dict[str, float]:
 
 def _stages(stream: list[bytes], out: dict[str, float]) -> dict[str, float]:
     from kvgateway import messages, wire
-    from kvgateway.hub import event_key
+    from kvgateway.filters import event_key
     from kvgateway.occupancy import OccupancyIndex
     from kvgateway.sequencer import Sequencer
 
@@ -174,7 +174,7 @@ def _stages(stream: list[bytes], out: dict[str, float]) -> dict[str, float]:
     out["index"] = (time.perf_counter() - started) / n * 1e6
 
     started = time.perf_counter()
-    rendered = [wire.render_events(batch.events) for batch in batches]
+    rendered = [messages.encode_events(wire.render_events(batch.events)) for batch in batches]
     out["render"] = (time.perf_counter() - started) / n * 1e6
 
     started = time.perf_counter()

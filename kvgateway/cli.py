@@ -10,10 +10,6 @@ from typing import NoReturn
 from kvgateway import __version__
 
 
-class UsageError(Exception):
-    """Bad arguments or configuration: printed as one line, exit code 2."""
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
@@ -47,12 +43,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "simulate":
             return simulator.run(args)
         if args.command == "serve":
-            from kvgateway import gateway
+            from kvgateway import server
 
-            return gateway.run(config.settings_from_args(args))
+            return server.run(config.settings_from_args(args))
         if args.command == "demo":
             return demo.run(args)
-    except (UsageError, config.ConfigError) as exc:
+    except (simulator.UsageError, config.ConfigError) as exc:
         sys.stderr.write(f"kvgateway {args.command}: error: {exc}\n")
         return 2
     except KeyboardInterrupt:

@@ -99,7 +99,7 @@ def build_engines(args: argparse.Namespace, sources: tuple[SourceConfig, ...]) -
 
 
 async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
-    from kvgateway.gateway import serve
+    from kvgateway.server import serve
 
     with tempfile.TemporaryDirectory(prefix="kvgateway-demo-") as directory:
         sources = demo_sources(Path(directory))
@@ -130,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     settings = config.settings_from_args(args)
     logs.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
-    from kvgateway.gateway import StartupError, loop_factory
+    from kvgateway.gateway import StartupError
+    from kvgateway.server import loop_factory
 
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:

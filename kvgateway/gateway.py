@@ -1,30 +1,30 @@
-"""The gateway: builds ingest, index, hub and web app from Settings, and applies ingest decisions."""
+"""The gateway: builds ingest, index and hub from Settings, and applies ingest decisions."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import os
-import signal
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import uvicorn
 import zmq
 
-from kvgateway import logs, wire
-from kvgateway.config import Settings, StreamConfig, summary, unresolved_hosts
+from kvgateway import messages, wire
+from kvgateway.config import Settings, StreamConfig, summary
 from kvgateway.endpoints import is_ipv6, split_tcp
 from kvgateway.hub import Hub
 from kvgateway.ingest import StreamReader
+from kvgateway.log import MemoryLog, NoticeRecord, batch_record
 from kvgateway.metrics import Metrics, StreamMetrics
 from kvgateway.occupancy import OccupancyIndex
+from kvgateway.query import ClientRequest
 from kvgateway.status import QUIET_LOSSES, StreamStatus
+from kvgateway.subscription import Subscription, Transport
 
 log = logging.getLogger("kvgateway")
 
@@ -54,15 +54,17 @@ class Gateway:
             self.index.stream(stream.source, stream.dp_rank)
             for medium, blocks in stream.capacity_blocks.items():
                 self.metrics.cache_capacity_blocks.labels(stream.source, str(stream.dp_rank), medium).set(blocks)
+        hub_metrics = self.metrics.hub()
+        self.log = MemoryLog(settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained)
+        hub_metrics.retained(0, 0)
+        # The index follows the log before the hub: a hello's snapshot is exact at its offset.
+        self.log.follow(self.index.follow)
         self.hub = Hub(
-            metrics=self.metrics,
+            self.log,
+            metrics=hub_metrics,
             sources=[s.key for s in streams],
-            ring_messages=settings.ring_messages,
-            ring_bytes=settings.ring_bytes,
             client_queue_bytes=settings.client_queue_bytes,
             max_clients=settings.max_clients,
-            snapshot=self.snapshot,
-            statuses=self.statuses,
         )
         self._own_context = context is None
         self.context: zmq.Context[zmq.Socket[bytes]] = context if context is not None else zmq.Context()
@@ -71,10 +73,21 @@ class Gateway:
         self._logged: dict[tuple[str, int], tuple[bool, str]] = {}  # last connection state logged
         self._diagnoses: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._diagnosed_at: dict[tuple[str, int], float] = {}  # time.monotonic() of the last diagnosis
+        self.startup_error: StartupError | None = None
+        self._stopped = False
 
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Open every stream's sockets; raises :class:`StartupError` (kept in ``startup_error``)."""
+        try:
+            self._start_readers()
+        except StartupError as exc:
+            self.startup_error = exc
+            raise
+        log.info("gateway started: %s", summary(self.settings))
+
+    def _start_readers(self) -> None:
         slots = asyncio.Semaphore(self.settings.max_concurrent_replays)
         for stream in self._streams:
             reader = StreamReader(
@@ -92,9 +105,12 @@ class Gateway:
             except zmq.ZMQError as exc:
                 raise StartupError(_zmq_failure(stream, exc)) from None
             self.readers.append(reader)
-        log.info("gateway started: %s", summary(self.settings))
 
     async def stop(self) -> None:
+        """Close clients and sockets (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.hub.close()
         for task in list(self._diagnoses.values()):
             task.cancel()
@@ -109,7 +125,20 @@ class Gateway:
     # --- views ------------------------------------------------------------------------------
 
     def snapshot(self, offset: int | None = None) -> dict[str, Any]:
-        return self.index.snapshot(self.hub.offset if offset is None else offset, self.clock())
+        return self.index.snapshot(self.log.last_offset if offset is None else offset, self.clock())
+
+    def subscribe(self, request: ClientRequest, transport: Transport) -> Subscription:
+        """A new client: its hello (statuses, and the snapshot unless it resumes) and its
+        subscription, in one synchronous step. Raises :class:`~kvgateway.hub.TooManyClients`."""
+        point = self.hub.resume_point(request, transport)
+        hello = messages.encode_hello(
+            epoch=self.log.epoch,
+            offset=point.offset,
+            recovered=point.recovered,
+            sources=self.statuses(),
+            occupancy=None if point.recovered else self.snapshot(point.offset),
+        )
+        return self.hub.subscribe(request, transport, hello, point)
 
     def statuses(self) -> list[dict[str, Any]]:
         now = self.clock()
@@ -139,6 +168,9 @@ class Gateway:
                 tokens.set(stats.tokens)
 
     # --- Sink: decisions from the readers ---------------------------------------------------
+
+    def _notice(self, key: tuple[str, int], kind: str, **fields: Any) -> None:
+        self.log.append(NoticeRecord(key, kind, fields))
 
     def _log_stream(self, stream: StreamReader) -> str:
         return f"{stream.config.source}[{stream.config.dp_rank}]"
@@ -177,11 +209,10 @@ class Gateway:
                 children.events_received(event_type).inc(count)
         index = self.index.stream(config.source, config.dp_rank)
         unknown_before = index.unknown_removes
-        index.apply(batch, received, replayed)  # replayed history stays out of the rates
+        # The index and the hub follow the log: both have applied the batch when append returns.
+        self.log.append(batch_record(stream.key, seq, batch, received=received, replayed=replayed))
         if index.unknown_removes != unknown_before:
             children.unknown_removes.inc(index.unknown_removes - unknown_before)
-        # No await between the index and the hub: a hello's snapshot is exact at its offset.
-        self.hub.publish_batch(config.source, config.dp_rank, seq, batch)
 
     def delivered_skip(self, stream: StreamReader, seq: int) -> None:
         """An undecodable batch took its place in the order: the index now misses its events."""
@@ -202,8 +233,7 @@ class Gateway:
         index = self.index.stream(*stream.key)
         if index.stale and index.stale_reason == reason:
             return  # already said; a second loss of the same kind changes nothing for a client
-        index.mark_stale(reason)
-        self.hub.publish_notice("stale", *stream.key, reason=reason, seq=seq, detail=detail)
+        self._notice(stream.key, "stale", reason=reason, seq=seq, detail=detail)  # the index follows: now stale
 
     def duplicate(self, stream: StreamReader, seq: int) -> None:
         self.stream_metrics[stream.key].duplicate_batches.inc()
@@ -232,13 +262,12 @@ class Gateway:
         log.warning(
             "stream %s: %d batches lost for good (seq %d..%d, %s)", self._log_stream(stream), count, first, last, reason
         )
-        source, rank = stream.key
-        self.hub.publish_notice("unrecovered_gap", source, rank, first=first, last=last, count=count, reason=reason)
+        self._notice(stream.key, "unrecovered_gap", first=first, last=last, count=count, reason=reason)
         if reason != "not_sent":
             # not_sent: the engine fenced the hole with an AllBlocksCleared, which resets the index.
             self._mark_stale(stream, "unrecovered", seq=first, detail=f"{count} batches lost ({reason})")
         if reason not in QUIET_LOSSES and not was_degraded:
-            self.hub.publish_notice("degraded", source, rank, reason=f"{count} batches unrecovered ({reason})")
+            self._notice(stream.key, "degraded", reason=f"{count} batches unrecovered ({reason})")
 
     def history_truncated(self, stream: StreamReader, first: int) -> None:
         self.stream_metrics[stream.key].history_truncations.inc()
@@ -271,7 +300,6 @@ class Gateway:
     def restart(self, stream: StreamReader, seq: int, previous: int, reason: str) -> None:
         self.stream_metrics[stream.key].publisher_restarts.inc()
         self.status[stream.key].counters["restarts"] += 1
-        self.index.stream(*stream.key).reset()
         log.warning(
             "stream %s: publisher restart (%s): seq %d after %d; its cache state was reset",
             self._log_stream(stream),
@@ -279,7 +307,7 @@ class Gateway:
             seq,
             previous,
         )
-        self.hub.publish_notice("restart", *stream.key, seq=seq, previous=previous, reason=reason)
+        self._notice(stream.key, "restart", seq=seq, previous=previous, reason=reason)  # resets the index
 
     def connection(self, stream: StreamReader, connected: bool, reason: str) -> None:
         status = self.status[stream.key]
@@ -289,7 +317,7 @@ class Gateway:
             status.down_reason = reason
         self.stream_metrics[stream.key].source_up.set(1 if connected else 0)
         if changed:
-            self.hub.publish_notice("up" if connected else "down", *stream.key, reason=reason)
+            self._notice(stream.key, "up" if connected else "down", reason=reason)
         if connected or stream.config.bind or not stream.config.endpoint.startswith("tcp://"):
             self._log_connection(stream, connected, reason)
             return
@@ -384,137 +412,5 @@ async def diagnose_connect(endpoint: str, within: float = 3.0) -> str | None:
     return None
 
 
-def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
-    return uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        ws="websockets-sansio",
-        ws_max_size=64 * 1024,
-        ws_per_message_deflate=False,
-        ws_ping_interval=settings.keepalive_seconds,
-        # One line per request only at debug: at info a busy dashboard would drown the stream logs.
-        access_log=settings.log_level == "debug",
-        log_config=None,  # uvicorn's records go to the gateway's handler (logs.setup)
-        lifespan="on",
-        timeout_graceful_shutdown=3,
-    )
-
-
 class StartupError(Exception):
     """The gateway could not start (one line, exit code 1)."""
-
-
-class _Server(uvicorn.Server):
-    """Signals are the gateway's to handle: stop cleanly and exit 0, not re-raise them."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-SEND_TIMEOUT_SECONDS = 15
-"""A client whose TCP peer acknowledges nothing for this long is dropped by the kernel.
-
-A cut slow consumer that never reads again would otherwise hold its connection forever: closing
-it waits for its send buffer to drain, which never happens."""
-
-
-def _listen(settings: Settings) -> socket.socket:
-    """The HTTP listening socket, bound before anything starts: a taken port is one clear line."""
-    host = settings.host.strip("[]")
-    where = f"{settings.host}:{settings.port}"
-    try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-    except OSError as exc:
-        raise StartupError(f"cannot listen on {where}: {str(exc.strerror or exc).lower()}") from None
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restart during TIME_WAIT
-        listener.bind((host, settings.port))
-    except OSError as exc:
-        listener.close()
-        reason = str(exc.strerror or exc).lower()
-        if exc.errno == errno.EADDRINUSE:
-            hint = "another process uses that port: stop it, or choose another with --port"
-        elif exc.errno == errno.EACCES:
-            hint = "ports below 1024 need privileges: choose another with --port"
-        else:
-            hint = "check --host"
-        raise StartupError(f"cannot listen on {where}: {reason}; {hint}") from None
-    listener.set_inheritable(True)
-    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux; accepted connections inherit it
-        listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, SEND_TIMEOUT_SECONDS * 1000)
-    return listener
-
-
-async def serve(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:
-    """Run the gateway and its HTTP server until SIGINT/SIGTERM.
-
-    The HTTP port is bound first and the engines' sockets next: nothing says "started" before
-    both are known to work. Raises :class:`StartupError` (one line) when either fails.
-    """
-    from kvgateway.app import create_app
-
-    listener = _listen(settings)
-    try:
-        gateway = Gateway(settings)
-        app = create_app(gateway)
-        server = _Server(uvicorn_config(app, settings))
-        loop = asyncio.get_running_loop()
-
-        def shut_down() -> None:
-            # Clients first, with our own close code (1012) and nothing half-sent; then uvicorn.
-            gateway.hub.close()
-            server.should_exit = True
-
-        for host in unresolved_hosts(settings):
-            log.warning("host %r does not resolve (yet): its streams stay down until it does", host)
-        try:
-            await gateway.start()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, shut_down)
-            task = asyncio.create_task(server.serve(sockets=[listener]))
-            while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn offers no start event
-                await asyncio.sleep(0.02)
-            if not server.started:
-                with contextlib.suppress(SystemExit, Exception):
-                    await task
-                raise StartupError(f"cannot serve HTTP on {settings.host}:{settings.port}")
-            if ready is not None:
-                host = f"[{settings.host}]" if ":" in settings.host else settings.host
-                ready(f"http://{host}:{listener.getsockname()[1]}/")
-            await task
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-            await gateway.stop()
-    finally:
-        listener.close()
-
-
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop when installed (uvicorn[standard] brings it), as ``uvicorn.run`` would choose: in the
-    benchmark it cut p99 latency at 1,000 batches/s from about 15 ms to about 1 ms."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
-def run(settings: Settings) -> int:
-    logs.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
-    if settings.allow_unauthenticated and settings.token is None:
-        log.warning("authentication is OFF on %s:%d (--allow-unauthenticated)", settings.host, settings.port)
-
-    def ready(url: str) -> None:
-        log.info("serving on %s", url)
-
-    try:
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            runner.run(serve(settings, ready=ready))
-    except StartupError as exc:
-        log.error("%s", exc)
-        return 1
-    return 0

@@ -156,6 +156,37 @@ _EVENTS_OPEN: Final = b',"events":['
 _EVENTS_CLOSE: Final = b"]}"
 
 
+class EncodedEvents:
+    """A batch's events as JSON, each encoded once, joined by commas, with where each ends.
+
+    Made once per batch on the ingest side (it needs no offset), it is what the ordered log
+    carries; :func:`encode_batch` puts the message's head in front of it at its offset.
+    """
+
+    __slots__ = ("body", "ends")
+
+    def __init__(self, body: bytes, ends: array[int]) -> None:
+        self.body = body
+        self.ends = ends  # end of event i in body; event i+1 starts one comma later
+
+
+def encode_events(events: Iterable[dict[str, Any]]) -> EncodedEvents:
+    """Rendered events (``wire.render_events``) as JSON, one by one into one buffer."""
+    parts: list[bytes] = []
+    ends = array("q")
+    position = 0
+    encode = _encoder.encode
+    for event in events:
+        if ends:
+            parts.append(b",")
+            position += 1
+        fragment = encode(event)
+        parts.append(fragment)
+        position += len(fragment)
+        ends.append(position)
+    return EncodedEvents(b"".join(parts), ends)
+
+
 class EncodedBatch:
     """A batch message encoded once, with the position of each event in it.
 
@@ -168,7 +199,7 @@ class EncodedBatch:
     def __init__(self, message: OutMessage, prefix: int, ends: array[int]) -> None:
         self.message = message
         self._prefix = prefix  # bytes up to and including '"events":['
-        self._ends = ends  # end of event i; event i+1 starts one comma later
+        self._ends = ends  # end of event i after the prefix; event i+1 starts one comma later
 
     @property
     def event_count(self) -> int:
@@ -181,31 +212,18 @@ class EncodedBatch:
         view = memoryview(self.message.data)
         ends = self._ends
         prefix = self._prefix
-        events = b",".join(view[(prefix if i == 0 else ends[i - 1] + 1) : ends[i]] for i in indices)
+        events = b",".join(view[prefix + (0 if i == 0 else ends[i - 1] + 1) : prefix + ends[i]] for i in indices)
         return OutMessage(b"".join((view[:prefix], events, _EVENTS_CLOSE)), BATCH, self.message.id)
 
 
 def encode_batch(
-    *, epoch: str, offset: int, source: str, dp_rank: int, seq: int, ts: float, events: Iterable[dict[str, Any]]
+    *, epoch: str, offset: int, source: str, dp_rank: int, seq: int, ts: float, events: EncodedEvents
 ) -> EncodedBatch:
-    """A batch message; ``events`` are rendered events (``wire.render_events``)."""
+    """A batch message at ``offset``: the head, then the events encoded once (:func:`encode_events`)."""
     msg_id = message_id(epoch, offset)
     head = _encoder.encode(_BatchHead(BATCH, msg_id, offset, source, dp_rank, seq, ts))
-    parts = [head[:-1], _EVENTS_OPEN]
-    position = len(head) - 1 + len(_EVENTS_OPEN)
-    prefix = position
-    ends = array("q")
-    encode = _encoder.encode
-    for event in events:
-        if ends:
-            parts.append(b",")
-            position += 1
-        fragment = encode(event)
-        parts.append(fragment)
-        position += len(fragment)
-        ends.append(position)
-    parts.append(_EVENTS_CLOSE)
-    return EncodedBatch(OutMessage(b"".join(parts), BATCH, msg_id), prefix, ends)
+    data = b"".join((head[:-1], _EVENTS_OPEN, events.body, _EVENTS_CLOSE))
+    return EncodedBatch(OutMessage(data, BATCH, msg_id), len(head) - 1 + len(_EVENTS_OPEN), events.ends)
 
 
 # --- notices ------------------------------------------------------------------------------

@@ -247,9 +247,61 @@ class Metrics:
             for reason in REJECTION_REASONS:
                 self.client_rejections.labels(transport, reason)
 
+    def hub(self) -> HubMetrics:
+        """The narrow view the hub, the log and the client subscriptions report through."""
+        return HubMetrics(self)
+
     def init_stream(self, source: str, dp_rank: int) -> StreamMetrics:
         """Every per-stream series, created at zero so rates and alerts work from the first scrape."""
         return StreamMetrics(self, source, dp_rank)
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class HubMetrics:
+    """What the hub, the log and the subscriptions report: their children, resolved once."""
+
+    __slots__ = (
+        "_broadcast",
+        "_clients",
+        "_disconnects",
+        "_queue_bytes",
+        "_resumes",
+        "_ring_bytes",
+        "_ring_messages",
+        "sent",
+    )
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._clients = {t: metrics.clients.labels(t) for t in TRANSPORTS}
+        self._disconnects = metrics.client_disconnects
+        self._resumes = metrics.resumes
+        self._queue_bytes = metrics.client_queue_bytes
+        self._broadcast = metrics.broadcast_seconds
+        self._ring_messages = metrics.ring_messages
+        self._ring_bytes = metrics.ring_bytes
+        self.sent = {t: metrics.messages_sent.labels(t) for t in TRANSPORTS}
+        """Messages handed to a client's writer, by transport (a subscription keeps its own child)."""
+
+    def queued(self, nbytes: int) -> None:
+        """Bytes queued for a client when its writer takes a chunk."""
+        self._queue_bytes.observe(nbytes)
+
+    def broadcast(self, seconds: float) -> None:
+        self._broadcast.observe(seconds)
+
+    def retained(self, messages: int, nbytes: int) -> None:
+        """What the resume ring holds now."""
+        self._ring_messages.set(messages)
+        self._ring_bytes.set(nbytes)
+
+    def resumed(self, transport: str, recovered: bool) -> None:
+        self._resumes.labels(transport, "true" if recovered else "false").inc()
+
+    def joined(self, transport: str) -> None:
+        self._clients[transport].inc()
+
+    def left(self, transport: str, reason: str) -> None:
+        self._clients[transport].dec()
+        self._disconnects.labels(transport, reason).inc()

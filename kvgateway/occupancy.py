@@ -25,7 +25,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kvgateway.log import BatchRecord, NoticeRecord
 from kvgateway.mediums import DEFAULT_MEDIUM, medium_tier, normalise_medium, tier_rank
+from kvgateway.ring import Entry
 from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Hash
 
 __all__ = ["DEFAULT_MEDIUM", "MediumStats", "OccupancyIndex", "StreamIndex", "normalise_medium"]
@@ -421,6 +423,18 @@ class OccupancyIndex:
 
     def apply(self, source: str, dp_rank: int, batch: Batch, now: float, replayed: bool = False) -> None:
         self.stream(source, dp_rank).apply(batch, now, replayed)
+
+    def follow(self, entry: Entry) -> None:
+        """Apply what the ordered log says (a batch, a restart, a stale mark): the index follows the log."""
+        record = entry.record
+        if type(record) is BatchRecord:
+            # replayed history stays out of the rates
+            self.stream(*record.stream).apply(record.batch, record.received, record.replayed)
+        elif type(record) is NoticeRecord:
+            if record.kind == "restart":
+                self.stream(*record.stream).reset()
+            elif record.kind == "stale":
+                self.stream(*record.stream).mark_stale(record.fields["reason"])
 
     def snapshot(self, offset: int, now: float) -> dict[str, Any]:
         """The /v1/occupancy document. ``offset`` is the hub offset the index reflects.

@@ -18,7 +18,7 @@ Three layers:
 from __future__ import annotations
 
 from kvgateway.endpoints import binds, offset_endpoint
-from kvgateway.simulator.cli import add_arguments, run
+from kvgateway.simulator.cli import UsageError, add_arguments, run
 from kvgateway.simulator.engine import (
     ENGINE_FLAVOURS,
     EVENT_FORMS,
@@ -59,6 +59,7 @@ __all__ = [
     "Medium",
     "ReplayLayout",
     "SimulatedEngine",
+    "UsageError",
     "Workload",
     "add_arguments",
     "binds",

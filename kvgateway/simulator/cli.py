@@ -31,6 +31,10 @@ from kvgateway.simulator.workload import _OFFLOAD_CHUNK_BLOCKS, HASH_KINDS
 _ENDPOINT_RE: Final = re.compile(r"^(tcp://.+:(\d+|\*)|ipc://.+|inproc://.+)$")
 
 
+class UsageError(Exception):
+    """Arguments that do not go together: printed as one line, exit code 2."""
+
+
 def _endpoint_arg(value: str) -> str:
     if not _ENDPOINT_RE.match(value):
         raise argparse.ArgumentTypeError(
@@ -352,7 +356,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _engines_from_args(args: argparse.Namespace, context: zmq.asyncio.Context) -> list[SimulatedEngine]:
-    from kvgateway.cli import UsageError
 
     if args.replay_endpoint is None:
         needs = [

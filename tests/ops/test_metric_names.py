@@ -13,8 +13,8 @@ from typing import get_args
 
 import pytest
 
-from kvgateway.hub import CloseReason
 from kvgateway.metrics import REPLAY_OUTCOMES, TRANSPORTS
+from kvgateway.subscription import CloseReason
 from tests.ops.support import (
     DASHBOARD,
     METRICS_DOC,

@@ -27,8 +27,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from kvgateway.app import create_app, static_dir
 from kvgateway.config import Settings, SourceConfig
-from kvgateway.gateway import SEND_TIMEOUT_SECONDS
 from kvgateway.gateway import Gateway as GatewayCore
+from kvgateway.server import SEND_TIMEOUT_SECONDS
 from tests.conftest import REPO, Proc, free_ports, wait_until
 
 from ._support import Gateway, ResumingClient, Start, run_async, source_spec, start_gateway, start_sim, wait_for

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import msgspec
@@ -14,21 +14,16 @@ from hypothesis import strategies as st
 from starlette.datastructures import QueryParams
 
 from kvgateway import messages, wire
-from kvgateway.hub import (
-    MAX_VALUES,
-    PARAMETERS,
-    BadRequest,
-    ClientFilter,
-    ClientRequest,
-    Hub,
-    Ring,
-    Subscription,
-    TooManyClients,
-    parse_query,
-    resume_after,
-)
+from kvgateway.filters import ClientFilter
+from kvgateway.hub import Hub, TooManyClients
+from kvgateway.log import MemoryLog, NoticeRecord, batch_record
 from kvgateway.messages import OutMessage
 from kvgateway.metrics import Metrics
+from kvgateway.pump import Pump
+from kvgateway.query import MAX_VALUES, PARAMETERS, BadRequest, ClientRequest, parse_query
+from kvgateway.resume import resume_after
+from kvgateway.ring import Ring
+from kvgateway.subscription import Subscription
 
 T = TypeVar("T")
 STREAMS = [("a", 0), ("a", 1), ("b", 0)]
@@ -56,12 +51,45 @@ def statuses() -> list[dict[str, Any]]:
     return [{"source": s, "dp_rank": r, "state": "up"} for s, r in STREAMS]
 
 
-def make_hub(**kwargs: Any) -> Hub:
-    return Hub(metrics=Metrics(), sources=STREAMS, snapshot=snapshot, statuses=statuses, **kwargs)
+_METRICS: dict[Hub, Metrics] = {}
+_SNAPSHOTS: dict[Hub, Callable[[int], dict[str, Any]]] = {}
+_PUMPS: dict[Subscription, Pump] = {}
+
+
+def make_hub(
+    *,
+    ring_messages: int = 10_000,
+    ring_bytes: int = 64 * 2**20,
+    snapshot: Callable[[int], dict[str, Any]] = snapshot,
+    **kwargs: Any,
+) -> Hub:
+    """A hub following its own in-memory log, as the gateway wires them."""
+    metrics = Metrics()
+    hub_metrics = metrics.hub()
+    hub_metrics.retained(0, 0)
+    log = MemoryLog(ring_messages, ring_bytes, retained=hub_metrics.retained)
+    hub = Hub(log, metrics=hub_metrics, sources=STREAMS, **kwargs)
+    _METRICS[hub] = metrics
+    _SNAPSHOTS[hub] = snapshot
+    return hub
+
+
+def ring(hub: Hub) -> Ring:
+    assert isinstance(hub.log, MemoryLog)
+    return hub.log.ring
+
+
+def publish_batch(hub: Hub, source: str, dp_rank: int, seq: int, batch: wire.Batch) -> int:
+    """What a stream's outlet appends for a delivered batch; its offset."""
+    return hub.log.append(batch_record((source, dp_rank), seq, batch, received=batch.ts, replayed=False))
+
+
+def publish_notice(hub: Hub, kind: str, source: str, dp_rank: int, **fields: Any) -> int:
+    return hub.log.append(NoticeRecord((source, dp_rank), kind, fields))
 
 
 def sample(hub: Hub, name: str, **labels: str) -> float:
-    value = hub.metrics.registry.get_sample_value(name, labels)
+    value = _METRICS[hub].registry.get_sample_value(name, labels)
     return 0.0 if value is None else value
 
 
@@ -80,7 +108,35 @@ def batch(*events: wire.Event, ts: float = 1.5) -> wire.Batch:
 
 
 def subscribe(hub: Hub, query: str = "", transport: Any = "ws", last_event_id: str | None = None) -> Subscription:
-    return hub.subscribe(hub.parse_query(QueryParams(query), last_event_id=last_event_id), transport)
+    return subscribe_request(hub, hub.parse_query(QueryParams(query), last_event_id=last_event_id), transport)
+
+
+def subscribe_request(hub: Hub, request: ClientRequest, transport: Any) -> Subscription:
+    """As the gateway subscribes a client: resume point, hello for it, subscription."""
+    point = hub.resume_point(request, transport)
+    hello = messages.encode_hello(
+        epoch=hub.epoch,
+        offset=point.offset,
+        recovered=point.recovered,
+        sources=statuses(),
+        occupancy=None if point.recovered else _SNAPSHOTS[hub](point.offset),
+    )
+    return hub.subscribe(request, transport, hello, point)
+
+
+async def next_chunk(sub: Subscription, **kwargs: Any) -> list[OutMessage] | None:
+    """The web layer's wait for a chunk; the chunk counts as written at once (a client that reads)."""
+    pump = _PUMPS.get(sub)
+    if pump is None:
+        pump = _PUMPS[sub] = Pump(sub)
+    chunk = await pump.next_chunk(**kwargs)
+    sub.written()
+    return chunk
+
+
+def stuck_writing(sub: Subscription) -> None:
+    """As if its writer took a chunk and is stuck writing it to a client that does not read."""
+    sub._in_flight = True
 
 
 def drain(sub: Subscription) -> list[OutMessage]:
@@ -89,7 +145,7 @@ def drain(sub: Subscription) -> list[OutMessage]:
     async def collect() -> list[OutMessage]:
         out: list[OutMessage] = []
         while sub.queued_bytes:
-            chunk = await sub.next_chunk()
+            chunk = await next_chunk(sub)
             assert chunk is not None
             out.extend(chunk)
         return out
@@ -112,8 +168,8 @@ def offsets(items: list[OutMessage]) -> list[int]:
 
 def test_hello_of_a_fresh_client_carries_the_snapshot_at_its_offset() -> None:
     hub = make_hub()
-    hub.publish_batch("a", 0, 7, batch(stored(1)))
-    hub.publish_batch("b", 0, 3, batch(stored(2)))
+    publish_batch(hub, "a", 0, 7, batch(stored(1)))
+    publish_batch(hub, "b", 0, 3, batch(stored(2)))
     sub = subscribe(hub)
     assert not sub.recovered
     assert drain(sub) == []
@@ -140,9 +196,9 @@ def test_epoch_is_random_hex_per_hub_and_offsets_count_every_ring_message() -> N
     int(one.epoch, 16)
     assert one.epoch != two.epoch
     assert one.offset == 0
-    assert one.publish_batch("a", 0, 0, batch()) == 1
-    assert one.publish_notice("up", "a", 1, reason="connected") == 2
-    assert one.publish_batch("b", 0, 0, batch(stored(1))) == 3
+    assert publish_batch(one, "a", 0, 0, batch()) == 1
+    assert publish_notice(one, "up", "a", 1, reason="connected") == 2
+    assert publish_batch(one, "b", 0, 0, batch(stored(1))) == 3
     assert one.offset == 3
 
 
@@ -166,7 +222,7 @@ def test_batch_message_has_the_documented_fields_and_rendered_events() -> None:
         wire.AllBlocksCleared(),
         wire.UnknownEvent(type="Fancy", body=["Fancy", 1, b"\x02"]),
     ]
-    hub.publish_batch("a", 1, 42, batch(*events, ts=1789095808.8378847))
+    publish_batch(hub, "a", 1, 42, batch(*events, ts=1789095808.8378847))
     [message] = drain(sub)
     assert message.type == "batch"
     assert message.id == f"{hub.epoch}:1"
@@ -182,14 +238,18 @@ def test_batch_message_has_the_documented_fields_and_rendered_events() -> None:
 
 def test_encoded_batch_select_gives_exactly_the_chosen_events() -> None:
     events = [{"type": "X", "n": i, "s": "a,b]}"} for i in range(5)]
-    encoded = messages.encode_batch(epoch="e", offset=9, source="s", dp_rank=0, seq=1, ts=0.5, events=events)
+    encoded = messages.encode_batch(
+        epoch="e", offset=9, source="s", dp_rank=0, seq=1, ts=0.5, events=messages.encode_events(events)
+    )
     assert encoded.event_count == 5
     for chosen in ([0], [4], [1, 3], [0, 2, 4], [0, 1, 2, 3]):
         body = msgspec.json.decode(encoded.select(chosen).data)
         assert body["events"] == [events[i] for i in chosen]
         assert body["id"] == "e:9"
     assert encoded.select(range(5)) is encoded.message
-    empty = messages.encode_batch(epoch="e", offset=1, source="s", dp_rank=0, seq=1, ts=0.5, events=[])
+    empty = messages.encode_batch(
+        epoch="e", offset=1, source="s", dp_rank=0, seq=1, ts=0.5, events=messages.encode_events([])
+    )
     assert msgspec.json.decode(empty.message.data)["events"] == []
 
 
@@ -198,7 +258,7 @@ def test_encode_once_same_bytes_object_for_clients_with_the_same_filter() -> Non
     plain = [subscribe(hub), subscribe(hub, transport="sse"), subscribe(hub, "source=a")]
     gpu = [subscribe(hub, "medium=gpu"), subscribe(hub, "medium=GPU&dp_rank=0")]
     stored_only = [subscribe(hub, "type=BlockStored"), subscribe(hub, "type=BlockStored&medium=cpu&medium=gpu")]
-    hub.publish_batch("a", 0, 1, batch(stored(1), removed(2, medium="CPU")))
+    publish_batch(hub, "a", 0, 1, batch(stored(1), removed(2, medium="CPU")))
     got = {id(sub): drain(sub)[0] for sub in plain + gpu + stored_only}
     first = got[id(plain[0])]
     assert all(got[id(sub)] is first for sub in plain)
@@ -210,7 +270,7 @@ def test_encode_once_same_bytes_object_for_clients_with_the_same_filter() -> Non
     assert decode(got[id(stored_only[0])]) == decode(got[id(stored_only[1])])
     # a filter that keeps every event shares the unfiltered bytes
     everything = subscribe(hub, "type=BlockStored&type=BlockRemoved")
-    hub.publish_batch("a", 0, 2, batch(stored(3), removed(4)))
+    publish_batch(hub, "a", 0, 2, batch(stored(3), removed(4)))
     live = drain(plain[0])[-1]
     assert drain(everything)[-1] is live
 
@@ -250,7 +310,7 @@ MIXED: list[wire.Event] = [
 def test_event_filters(query: str, expected: list[int] | None) -> None:
     hub = make_hub()
     sub = subscribe(hub, query)
-    hub.publish_batch("a", 0, 1, batch(*MIXED))
+    publish_batch(hub, "a", 0, 1, batch(*MIXED))
     got = drain(sub)
     rendered = wire.render_events(MIXED)
     if expected is None:
@@ -297,7 +357,7 @@ TIERED: list[wire.Event] = [
 def test_medium_filter_takes_a_medium_name_or_a_tier_name(query: str, expected: list[int]) -> None:
     hub = make_hub()
     sub = subscribe(hub, query)
-    hub.publish_batch("a", 0, 1, batch(*TIERED))
+    publish_batch(hub, "a", 0, 1, batch(*TIERED))
     (message,) = drain(sub)
     rendered = wire.render_events(TIERED)
     assert decode(message)["events"] == json.loads(json.dumps([rendered[i] for i in expected]))
@@ -328,9 +388,9 @@ def test_medium_filter_and_occupancy_index_agree_on_every_event() -> None:
 def test_a_batch_without_matching_events_is_skipped_and_offsets_jump() -> None:
     hub = make_hub()
     sub = subscribe(hub, "type=BlockRemoved")
-    hub.publish_batch("a", 0, 1, batch(removed(1)))
-    hub.publish_batch("a", 0, 2, batch(stored(2)))
-    hub.publish_batch("a", 0, 3, batch(stored(3), removed(3)))
+    publish_batch(hub, "a", 0, 1, batch(removed(1)))
+    publish_batch(hub, "a", 0, 2, batch(stored(2)))
+    publish_batch(hub, "a", 0, 3, batch(stored(3), removed(3)))
     assert offsets(drain(sub)) == [1, 3]
 
 
@@ -339,11 +399,11 @@ def test_stream_filters_and_notices_pass_event_filters() -> None:
     a = subscribe(hub, "source=a")
     rank1 = subscribe(hub, "dp_rank=1")
     b_stored = subscribe(hub, "source=b&type=BlockStored")
-    hub.publish_batch("a", 0, 1, batch(stored(1)))  # 1
-    hub.publish_batch("a", 1, 1, batch(stored(1)))  # 2
-    hub.publish_batch("b", 0, 1, batch(removed(1)))  # 3
-    hub.publish_notice("down", "b", 0, reason="socket closed")  # 4
-    hub.publish_notice("up", "a", 1, reason="connected")  # 5
+    publish_batch(hub, "a", 0, 1, batch(stored(1)))  # 1
+    publish_batch(hub, "a", 1, 1, batch(stored(1)))  # 2
+    publish_batch(hub, "b", 0, 1, batch(removed(1)))  # 3
+    publish_notice(hub, "down", "b", 0, reason="socket closed")  # 4
+    publish_notice(hub, "up", "a", 1, reason="connected")  # 5
     assert offsets(drain(a)) == [1, 2, 5]
     assert offsets(drain(rank1)) == [2, 5]
     assert offsets(drain(b_stored)) == [4]
@@ -357,11 +417,11 @@ def test_stream_filters_and_notices_pass_event_filters() -> None:
 def test_a_stream_outside_the_configuration_is_served_too() -> None:
     hub = make_hub()
     everyone, only_a = subscribe(hub), subscribe(hub, "source=a")
-    hub.publish_batch("z", 3, 1, batch(stored(1)))
+    publish_batch(hub, "z", 3, 1, batch(stored(1)))
     assert offsets(drain(everyone)) == [1]
     assert offsets(drain(only_a)) == []
     late = subscribe(hub)
-    hub.publish_batch("z", 3, 2, batch(stored(1)))
+    publish_batch(hub, "z", 3, 2, batch(stored(1)))
     assert offsets(drain(late)) == [2]
 
 
@@ -371,11 +431,11 @@ def test_a_stream_outside_the_configuration_is_served_too() -> None:
 def test_stream_notices_have_offsets_ids_and_their_kind_fields() -> None:
     hub = make_hub()
     sub = subscribe(hub)
-    hub.publish_notice("restart", "a", 0, seq=0, previous=1234, reason="sequence went back")
-    hub.publish_notice("restart", "a", 1, seq=5, previous=None, reason="first seen")
-    hub.publish_notice("unrecovered_gap", "b", 0, first=10, last=19, count=10, reason="replay unavailable")
-    hub.publish_notice("degraded", "b", 0, reason="ingest queue full")
-    hub.publish_notice("down", "b", 0, reason="disconnected")
+    publish_notice(hub, "restart", "a", 0, seq=0, previous=1234, reason="sequence went back")
+    publish_notice(hub, "restart", "a", 1, seq=5, previous=None, reason="first seen")
+    publish_notice(hub, "unrecovered_gap", "b", 0, first=10, last=19, count=10, reason="replay unavailable")
+    publish_notice(hub, "degraded", "b", 0, reason="ingest queue full")
+    publish_notice(hub, "down", "b", 0, reason="disconnected")
     bodies = [decode(m) for m in drain(sub)]
     assert bodies[0] == {
         "type": "notice",
@@ -416,9 +476,9 @@ def test_stream_notices_have_offsets_ids_and_their_kind_fields() -> None:
 def test_bad_stream_notices_are_refused_without_using_an_offset(kind: str, fields: dict[str, Any]) -> None:
     hub = make_hub()
     with pytest.raises(messages.NoticeError):
-        hub.publish_notice(kind, "a", 0, **fields)
+        publish_notice(hub, kind, "a", 0, **fields)
     assert hub.offset == 0
-    assert len(hub.ring) == 0
+    assert len(ring(hub)) == 0
 
 
 # --- resume -------------------------------------------------------------------------------
@@ -428,8 +488,8 @@ def test_resume_inside_the_ring_replays_exactly_the_missed_messages_then_live() 
     hub = make_hub()
     watcher = subscribe(hub)
     for seq in range(5):
-        hub.publish_batch("a", 0, seq, batch(stored(seq)))
-    hub.publish_notice("down", "a", 0, reason="gone")
+        publish_batch(hub, "a", 0, seq, batch(stored(seq)))
+    publish_notice(hub, "down", "a", 0, reason="gone")
     seen = drain(watcher)
     last = seen[1]  # the client had read offsets 1 and 2 when it dropped
     assert last.id is not None
@@ -449,7 +509,7 @@ def test_resume_inside_the_ring_replays_exactly_the_missed_messages_then_live() 
     assert hello.id == last.id
     assert [m.data for m in backlog] == [m.data for m in seen[2:]]
     assert offsets(backlog) == [3, 4, 5, 6]
-    hub.publish_batch("a", 0, 9, batch(stored(9)))
+    publish_batch(hub, "a", 0, 9, batch(stored(9)))
     assert offsets(drain(sub)) == [7]
     assert sample(hub, "kvgateway_resumes_total", transport="ws", recovered="true") == 1
 
@@ -461,7 +521,7 @@ def test_resume_hand_over_has_no_gap_and_no_duplicate_at_any_point() -> None:
     for n in range(1, total + 1):
         for start in range(max(0, n - 3), n):  # resume from a few points behind the head
             clients.append(subscribe(hub, f"last_event_id={hub.epoch}:{start}"))
-        hub.publish_batch("a", n % 2, n, batch(stored(n)))
+        publish_batch(hub, "a", n % 2, n, batch(stored(n)))
     for sub in clients:
         start = sub.offset
         assert sub.recovered
@@ -474,7 +534,7 @@ def test_a_client_that_reconnects_mid_stream_sees_every_message_once() -> None:
 
     async def publisher() -> None:
         for n in range(1, total + 1):
-            hub.publish_batch("a", 0, n, batch(stored(n)))
+            publish_batch(hub, "a", 0, n, batch(stored(n)))
             if n % 7 == 0:
                 await asyncio.sleep(0)
 
@@ -486,7 +546,7 @@ def test_a_client_that_reconnects_mid_stream_sees_every_message_once() -> None:
             assert sub.recovered == (last_id is not None)
             last_id = sub.hello_message.id  # what EventSource remembers after the hello
             for _ in range(3):  # a few frames, then the connection drops
-                chunk = await sub.next_chunk()
+                chunk = await next_chunk(sub)
                 assert chunk is not None
                 for message in chunk:
                     last_id = message.id
@@ -506,11 +566,11 @@ def test_a_client_that_reconnects_mid_stream_sees_every_message_once() -> None:
 
 def test_resume_applies_the_filters_to_the_backlog() -> None:
     hub = make_hub()
-    hub.publish_batch("a", 0, 1, batch(stored(1), removed(1)))  # 1
-    hub.publish_batch("b", 0, 1, batch(removed(2)))  # 2
-    hub.publish_batch("a", 0, 2, batch(stored(3)))  # 3
-    hub.publish_notice("degraded", "a", 0, reason="x")  # 4
-    hub.publish_batch("a", 1, 2, batch(removed(4)))  # 5
+    publish_batch(hub, "a", 0, 1, batch(stored(1), removed(1)))  # 1
+    publish_batch(hub, "b", 0, 1, batch(removed(2)))  # 2
+    publish_batch(hub, "a", 0, 2, batch(stored(3)))  # 3
+    publish_notice(hub, "degraded", "a", 0, reason="x")  # 4
+    publish_batch(hub, "a", 1, 2, batch(removed(4)))  # 5
     sub = subscribe(hub, f"last_event_id={hub.epoch}:0&type=BlockRemoved&source=a")
     backlog = drain(sub)
     assert offsets(backlog) == [1, 4, 5]
@@ -520,8 +580,8 @@ def test_resume_applies_the_filters_to_the_backlog() -> None:
 def test_resume_boundaries_of_the_ring() -> None:
     hub = make_hub(ring_messages=5)
     for seq in range(10):
-        hub.publish_batch("a", 0, seq, batch(stored(seq)))
-    assert (hub.ring.first_offset, hub.ring.last_offset) == (6, 10)
+        publish_batch(hub, "a", 0, seq, batch(stored(seq)))
+    assert (ring(hub).first_offset, ring(hub).last_offset) == (6, 10)
     at_edge = subscribe(hub, last_event_id=f"{hub.epoch}:5")
     assert at_edge.recovered
     assert offsets(drain(at_edge)) == [6, 7, 8, 9, 10]
@@ -554,20 +614,20 @@ def test_resume_boundaries_of_the_ring() -> None:
 def test_unrecoverable_ids_get_a_snapshot_and_no_replay(make_id: Any) -> None:
     hub = make_hub(ring_messages=5)
     for seq in range(10):
-        hub.publish_batch("a", 0, seq, batch(stored(seq)))
+        publish_batch(hub, "a", 0, seq, batch(stored(seq)))
     sub = subscribe(hub, last_event_id=make_id(hub))
     assert not sub.recovered
     assert drain(sub) == []
     assert decode(sub.hello_message)["occupancy"] == snapshot(10)
     assert decode(sub.hello_message)["offset"] == sub.offset == 10
     assert sample(hub, "kvgateway_resumes_total", transport="ws", recovered="false") == 1
-    hub.publish_batch("a", 0, 10, batch(stored(10)))
+    publish_batch(hub, "a", 0, 10, batch(stored(10)))
     assert offsets(drain(sub)) == [11]
 
 
 def test_no_or_empty_last_event_id_is_a_fresh_client_not_a_resume() -> None:
     hub = make_hub()
-    hub.publish_batch("a", 0, 0, batch())
+    publish_batch(hub, "a", 0, 0, batch())
     for sub in (subscribe(hub), subscribe(hub, "last_event_id=")):
         assert not sub.recovered
         assert drain(sub) == []
@@ -591,29 +651,29 @@ def test_resume_after_is_all_or_nothing() -> None:
 def test_ring_bound_by_count() -> None:
     hub = make_hub(ring_messages=3)
     for seq in range(7):
-        hub.publish_batch("a", 0, seq, batch(stored(seq)))
-    assert len(hub.ring) == 3
-    assert (hub.ring.first_offset, hub.ring.last_offset) == (5, 7)
-    assert [e.offset for e in hub.ring.since(4)] == [5, 6, 7]
+        publish_batch(hub, "a", 0, seq, batch(stored(seq)))
+    assert len(ring(hub)) == 3
+    assert (ring(hub).first_offset, ring(hub).last_offset) == (5, 7)
+    assert [e.offset for e in ring(hub).since(4)] == [5, 6, 7]
     with pytest.raises(ValueError, match="no longer"):
-        hub.ring.since(3)
+        ring(hub).since(3)
     assert sample(hub, "kvgateway_ring_messages") == 3
-    assert sample(hub, "kvgateway_ring_bytes") == hub.ring.bytes
+    assert sample(hub, "kvgateway_ring_bytes") == ring(hub).bytes
 
 
 def test_ring_bound_by_bytes_and_an_oversized_message_is_live_only() -> None:
     hub = make_hub(ring_bytes=1000)
     sizes = []
     for seq in range(20):
-        hub.publish_batch("a", 0, seq, batch(stored(seq)))
-        sizes.append(len(hub.ring.since(hub.offset - 1).__next__().message.data))
-    assert hub.ring.bytes <= 1000
-    assert hub.ring.bytes + sizes[0] > 1000  # as many as fit, no fewer
-    assert hub.ring.bytes == sum(sizes[-len(hub.ring) :])
+        publish_batch(hub, "a", 0, seq, batch(stored(seq)))
+        sizes.append(len(ring(hub).since(hub.offset - 1).__next__().message.data))
+    assert ring(hub).bytes <= 1000
+    assert ring(hub).bytes + sizes[0] > 1000  # as many as fit, no fewer
+    assert ring(hub).bytes == sum(sizes[-len(ring(hub)) :])
     sub = subscribe(hub)
-    hub.publish_batch("a", 0, 99, batch(stored(*range(500))))
-    assert len(hub.ring) == 0
-    assert hub.ring.first_offset == hub.offset + 1
+    publish_batch(hub, "a", 0, 99, batch(stored(*range(500))))
+    assert len(ring(hub)) == 0
+    assert ring(hub).first_offset == hub.offset + 1
     assert offsets(drain(sub)) == [21]
     assert subscribe(hub, last_event_id=f"{hub.epoch}:21").recovered
     assert not subscribe(hub, last_event_id=f"{hub.epoch}:20").recovered
@@ -621,19 +681,19 @@ def test_ring_bound_by_bytes_and_an_oversized_message_is_live_only() -> None:
 
 def test_filtered_variants_count_towards_the_ring_bytes() -> None:
     hub = make_hub()
-    hub.publish_batch("a", 0, 1, batch(stored(1), removed(2)))
-    before = hub.ring.bytes
+    publish_batch(hub, "a", 0, 1, batch(stored(1), removed(2)))
+    before = ring(hub).bytes
     sub = subscribe(hub, f"last_event_id={hub.epoch}:0&type=BlockRemoved")
     variant = drain(sub)[0]
-    assert hub.ring.bytes == before + len(variant.data)
-    assert sample(hub, "kvgateway_ring_bytes") == hub.ring.bytes
+    assert ring(hub).bytes == before + len(variant.data)
+    assert sample(hub, "kvgateway_ring_bytes") == ring(hub).bytes
 
 
 def test_ring_refuses_out_of_order_offsets_and_negative_bounds() -> None:
     hub = make_hub()
-    hub.publish_batch("a", 0, 1, batch())
-    hub.publish_batch("a", 0, 2, batch())
-    _, second = hub.ring.since(0)
+    publish_batch(hub, "a", 0, 1, batch())
+    publish_batch(hub, "a", 0, 2, batch())
+    _, second = ring(hub).since(0)
     with pytest.raises(ValueError, match="expected offset 1"):
         Ring(10, 10).append(second)
     with pytest.raises(ValueError):
@@ -648,17 +708,17 @@ def test_slow_consumer_is_cut_while_the_others_continue() -> None:
     slow = subscribe(hub, transport="sse")
     fast = subscribe(hub)
     drain(slow)
-    slow.writing = True  # its route is stuck writing to a client that does not read
+    stuck_writing(slow)  # its route is stuck writing to a client that does not read
     received: list[OutMessage] = drain(fast)
     n = 0
     while slow.closed_reason is None:
         n += 1
-        hub.publish_batch("a", 0, n, batch(stored(n, n + 1, n + 2)))
+        publish_batch(hub, "a", 0, n, batch(stored(n, n + 1, n + 2)))
         received += drain(fast)
         assert n < 1000
     assert slow.closed_reason == "slow_consumer"
     assert slow.queued_bytes == 0
-    assert run(slow.next_chunk()) is None
+    assert run(next_chunk(slow)) is None
     farewell = slow.farewell()
     assert farewell is not None
     assert farewell.id is None
@@ -667,7 +727,7 @@ def test_slow_consumer_is_cut_while_the_others_continue() -> None:
     assert farewell.sse.startswith(b"event: notice\ndata: ")
     assert fast.farewell() is None
     for more in range(3):
-        hub.publish_batch("a", 0, n + 1 + more, batch(stored(0)))
+        publish_batch(hub, "a", 0, n + 1 + more, batch(stored(0)))
     received += drain(fast)
     assert offsets(received) == list(range(1, n + 4))
     assert hub.client_count == 1
@@ -682,26 +742,26 @@ def test_one_message_larger_than_the_bound_still_reaches_an_idle_client() -> Non
     hub = make_hub(client_queue_bytes=100)
     sub = subscribe(hub)
     drain(sub)
-    sub.writing = True
-    hub.publish_batch("a", 0, 1, batch(stored(*range(100))))
+    stuck_writing(sub)
+    publish_batch(hub, "a", 0, 1, batch(stored(*range(100))))
     assert sub.closed_reason is None
-    hub.publish_batch("a", 0, 2, batch(stored(1)))
+    publish_batch(hub, "a", 0, 2, batch(stored(1)))
     assert sub.closed_reason == "slow_consumer"
 
 
 def test_hello_and_resume_backlog_do_not_count_against_the_queue_bound() -> None:
     hub = make_hub(client_queue_bytes=2000)
     for seq in range(100):
-        hub.publish_batch("a", 0, seq, batch(stored(seq)))
+        publish_batch(hub, "a", 0, seq, batch(stored(seq)))
     sub = subscribe(hub, last_event_id=f"{hub.epoch}:0")
     assert sub.queued_bytes > 10_000
     for seq in range(5):  # live messages behind the backlog: a few hundred bytes
-        hub.publish_batch("a", 0, 100 + seq, batch(stored(seq)))
+        publish_batch(hub, "a", 0, 100 + seq, batch(stored(seq)))
     assert sub.closed_reason is None
     assert offsets(drain(sub)) == list(range(1, 106))
-    sub.writing = True
+    stuck_writing(sub)
     for seq in range(100):
-        hub.publish_batch("a", 0, 200 + seq, batch(stored(seq)))
+        publish_batch(hub, "a", 0, 200 + seq, batch(stored(seq)))
         if sub.closed_reason:
             break
     assert sub.closed_reason == "slow_consumer"  # the bound applies to live messages
@@ -714,7 +774,7 @@ def test_a_client_waiting_for_its_turn_is_not_cut() -> None:
     sub = subscribe(hub)
     drain(sub)
     for seq in range(50):
-        hub.publish_batch("a", 0, seq, batch(stored(seq)))
+        publish_batch(hub, "a", 0, seq, batch(stored(seq)))
     assert sub.closed_reason is None
     assert offsets(drain(sub)) == list(range(1, 51))
 
@@ -723,14 +783,14 @@ def test_next_chunk_returns_everything_pending_up_to_the_byte_cap() -> None:
     hub = make_hub()
     sub = subscribe(hub)
     for seq in range(10):
-        hub.publish_batch("a", 0, seq, batch(stored(seq)))
+        publish_batch(hub, "a", 0, seq, batch(stored(seq)))
 
     async def chunks() -> tuple[list[OutMessage], list[OutMessage], list[OutMessage]]:
-        first = await sub.next_chunk(max_bytes=1)  # never less than one message
+        first = await next_chunk(sub, max_bytes=1)  # never less than one message
         assert first is not None
         size = len(sub._queue[0].data) * 3
-        second = await sub.next_chunk(max_bytes=size)
-        rest = await sub.next_chunk()
+        second = await next_chunk(sub, max_bytes=size)
+        rest = await next_chunk(sub)
         assert second is not None
         assert rest is not None
         return first, second, rest
@@ -756,27 +816,27 @@ def test_next_chunk_waits_for_a_publish_and_close_wakes_it() -> None:
 
     async def scenario() -> None:
         sub = subscribe(hub)
-        waiting = asyncio.ensure_future(sub.next_chunk())
+        waiting = asyncio.ensure_future(next_chunk(sub))
         await asyncio.sleep(0)
         assert not waiting.done()
         with pytest.raises(RuntimeError, match="already"):
-            await sub.next_chunk()
-        hub.publish_batch("a", 0, 1, batch(stored(1)))
+            await next_chunk(sub)
+        publish_batch(hub, "a", 0, 1, batch(stored(1)))
         chunk = await asyncio.wait_for(waiting, 1)
         assert chunk is not None
         assert offsets(chunk) == [1]
-        waiting = asyncio.ensure_future(sub.next_chunk())
+        waiting = asyncio.ensure_future(next_chunk(sub))
         await asyncio.sleep(0)
         hub.close()
         assert await asyncio.wait_for(waiting, 1) is None
         assert sub.closed_reason == "shutdown"
         # a cancelled wait leaves the subscription usable
-        other = Hub(metrics=Metrics(), sources=STREAMS, snapshot=snapshot, statuses=statuses)
-        sub2 = other.subscribe(ClientRequest(ClientFilter()), "sse")
+        other = make_hub()
+        sub2 = subscribe_request(other, ClientRequest(ClientFilter()), "sse")
         with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(sub2.next_chunk(), 0.01)
-        other.publish_batch("a", 0, 1, batch())
-        assert await asyncio.wait_for(sub2.next_chunk(), 1) is not None
+            await asyncio.wait_for(next_chunk(sub2), 0.01)
+        publish_batch(other, "a", 0, 1, batch())
+        assert await asyncio.wait_for(next_chunk(sub2), 1) is not None
 
     run(scenario())
     assert sample(hub, "kvgateway_client_disconnects_total", transport="ws", reason="shutdown") == 1
@@ -799,8 +859,8 @@ def test_max_clients_and_close_accounting() -> None:
     assert sample(hub, "kvgateway_client_disconnects_total", transport="ws", reason="closed") == 0
     assert hub.client_count == 1
     assert hub.can_accept()
-    assert run(one.next_chunk()) is None
-    hub.publish_batch("a", 0, 1, batch())  # a closed client gets nothing
+    assert run(next_chunk(one)) is None
+    publish_batch(hub, "a", 0, 1, batch())  # a closed client gets nothing
     assert one.queued_bytes == 0
     assert sample(hub, "kvgateway_clients", transport="ws") == 0
     assert sample(hub, "kvgateway_broadcast_seconds_count") == 1
@@ -904,13 +964,13 @@ def test_every_message_validates_against_the_schema() -> None:
     validator = jsonschema.Draft202012Validator(schema)
     hub = make_hub(client_queue_bytes=1)
     sub = subscribe(hub)
-    hub.publish_batch("a", 0, 1, batch(*MIXED, stored(2**64 - 1, b"\xab", -3, medium="CPU")))
-    hub.publish_batch("a", 0, 2, batch())
-    hub.publish_notice("restart", "a", 0, seq=0, previous=None, reason="r")
-    hub.publish_notice("restart", "a", 1, seq=0, previous=-1, reason="seq_reset")
-    hub.publish_notice("unrecovered_gap", "a", 0, first=1, last=2, count=2, reason="r")
+    publish_batch(hub, "a", 0, 1, batch(*MIXED, stored(2**64 - 1, b"\xab", -3, medium="CPU")))
+    publish_batch(hub, "a", 0, 2, batch())
+    publish_notice(hub, "restart", "a", 0, seq=0, previous=None, reason="r")
+    publish_notice(hub, "restart", "a", 1, seq=0, previous=-1, reason="seq_reset")
+    publish_notice(hub, "unrecovered_gap", "a", 0, first=1, last=2, count=2, reason="r")
     for kind in ("degraded", "up", "down"):
-        hub.publish_notice(kind, "b", 0, reason="r")
+        publish_notice(hub, kind, "b", 0, reason="r")
     resumed = subscribe(hub, f"last_event_id={hub.epoch}:0")
     sent = [resumed.hello_message, *drain(resumed), sub.hello_message, hub.slow_consumer_notice]
     assert len(sent) == 11
@@ -953,11 +1013,9 @@ def test_tiers_lenient_fields_and_a_real_snapshot_validate_against_the_schema() 
         ]
     )
     decoded = wire.decode_batch(payload)
-    hub = Hub(
-        metrics=Metrics(), sources=STREAMS, snapshot=lambda offset: index.snapshot(offset, 0.0), statuses=statuses
-    )
+    hub = make_hub(snapshot=lambda offset: index.snapshot(offset, 0.0))
     index.apply("a", 0, decoded, 0.0)
-    hub.publish_batch("a", 0, 1, decoded)
+    publish_batch(hub, "a", 0, 1, decoded)
     sub = subscribe(hub)
     hello = decode(sub.hello_message)
     validator.validate(hello)

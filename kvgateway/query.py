@@ -1,0 +1,121 @@
+"""The query parameters of a stream request (``/v1/ws``, ``/v1/events``): parsed and checked into
+a :class:`ClientRequest` (its filter and resume point), or :class:`BadRequest` naming the parameter."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, TypeAlias, runtime_checkable
+
+from kvgateway.filters import ClientFilter
+
+
+class BadRequest(ValueError):
+    """Invalid query parameters; ``message`` is one line naming the parameter (HTTP 400)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRequest:
+    filter: ClientFilter
+    last_event_id: str | None = None
+
+
+@runtime_checkable
+class MultiItems(Protocol):
+    """Starlette's ``QueryParams`` (every value of a repeated parameter, in order)."""
+
+    def multi_items(self) -> list[tuple[str, str]]: ...
+
+
+QueryInput: TypeAlias = Mapping[str, Sequence[str]] | MultiItems
+
+PARAMETERS: Final = ("source", "dp_rank", "type", "medium", "last_event_id", "token")
+"""Every query parameter a stream endpoint accepts; any other name is a 400 (catches typos).
+``token`` is the auth layer's and ignored here."""
+MAX_VALUES: Final = 64
+"""Distinct values per repeatable parameter."""
+
+_RANK_RE: Final = re.compile(r"[0-9]{1,9}")
+_TYPE_RE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+_MEDIUM_RE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def _show(value: str) -> str:
+    """A client-supplied value for an error message: quoted, escaped to one line, shortened."""
+    return repr(value[:64]) + ("..." if len(value) > 64 else "")
+
+
+def _query_items(params: QueryInput) -> Iterator[tuple[str, str]]:
+    # QueryParams is a Mapping too, but its items() keeps only the last value of each name
+    if isinstance(params, MultiItems):
+        yield from params.multi_items()
+        return
+    for name, values in params.items():
+        if isinstance(values, str):
+            yield name, values
+        else:
+            for value in values:
+                yield name, value
+
+
+def parse_query(
+    params: QueryInput, *, sources: Iterable[str] | None = None, last_event_id: str | None = None
+) -> ClientRequest:
+    """The filter and resume point of a stream request; raises :class:`BadRequest`.
+
+    ``sources``: the configured source names (None: any name). ``last_event_id``: the SSE
+    ``Last-Event-ID`` header, which wins over the query parameter (EventSource sends it on
+    reconnect, the query parameter serves the first connection). A malformed id is not an error:
+    it just cannot be recovered.
+    """
+    known = None if sources is None else frozenset(sources)
+    chosen_sources: set[str] = set()
+    ranks: set[int] = set()
+    types: set[str] = set()
+    mediums: set[str] = set()
+    resume_ids: list[str] = []
+    for name, value in _query_items(params):
+        if name == "source":
+            if known is not None and value not in known:
+                raise BadRequest(f"source: unknown source {_show(value)}")
+            chosen_sources.add(value)
+            _check_count(name, chosen_sources)
+        elif name == "dp_rank":
+            if _RANK_RE.fullmatch(value) is None:
+                raise BadRequest(f"dp_rank: expected a non-negative integer, got {_show(value)}")
+            ranks.add(int(value))
+            _check_count(name, ranks)
+        elif name == "type":
+            if _TYPE_RE.fullmatch(value) is None:
+                raise BadRequest(f"type: expected an event type name (letters, digits, _.:-), got {_show(value)}")
+            types.add(value)
+            _check_count(name, types)
+        elif name == "medium":
+            if _MEDIUM_RE.fullmatch(value) is None:
+                raise BadRequest(f"medium: expected a medium name (letters, digits, _.:-), got {_show(value)}")
+            mediums.add(value.upper())
+            _check_count(name, mediums)
+        elif name == "last_event_id":
+            resume_ids.append(value)
+            if len(resume_ids) > 1:
+                raise BadRequest("last_event_id: given more than once")
+        elif name != "token":
+            raise BadRequest(f"unknown query parameter {_show(name)} (accepted: {', '.join(PARAMETERS)})")
+    resume = last_event_id or (resume_ids[0] if resume_ids else None)
+    client_filter = ClientFilter(
+        sources=frozenset(chosen_sources) or None,
+        dp_ranks=frozenset(ranks) or None,
+        types=frozenset(types) or None,
+        mediums=frozenset(mediums) or None,
+    )
+    return ClientRequest(filter=client_filter, last_event_id=resume or None)
+
+
+def _check_count(name: str, values: set[Any]) -> None:
+    if len(values) > MAX_VALUES:
+        raise BadRequest(f"{name}: more than {MAX_VALUES} distinct values")
