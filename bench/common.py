@@ -26,7 +26,8 @@ REPO: Final = Path(__file__).resolve().parent.parent
 RESULTS_DIR: Final = REPO / "bench" / "results"
 CACHE_DIR: Final = RESULTS_DIR / "cache"
 TOPIC: Final = "kv-events"
-NAIVE_LOOP_ENV: Final = "KVGATEWAY_BENCH_NAIVE_LOOP"
+"""The topic vLLM's docs use; every bench stream carries it."""
+NAIVE_LOOP_ENV: Final = "KVGW_BENCH_NAIVE_LOOP"
 """``asyncio`` or ``uvloop`` (``python -m bench --naive-loop``): the naive bridge's event loop.
 Unset, it runs on the gateway's loop, so the comparison is about the design and not the loop."""
 
@@ -43,10 +44,10 @@ def naive_loop() -> str:
     return os.environ.get(NAIVE_LOOP_ENV) or gateway_loop()
 
 
-SOURCE_ENV: Final = "KVGATEWAY_BENCH_SOURCE"
+SOURCE_ENV: Final = "KVGW_BENCH_SOURCE"
 """A checkout whose ``kvgateway`` package the gateway processes run instead of this one's
-(``python -m bench --gateway-source DIR``): how a patch is measured against the baseline."""
-"""The topic vLLM's docs use; every bench stream carries it."""
+(``python -m bench --gateway-source DIR``): how a patch is measured against the baseline. Not
+in the gateway's own ``KVGATEWAY_*`` namespace, whose unknown names the gateway refuses."""
 
 Mode: TypeAlias = Literal["smoke", "quick", "full"]
 """How big a run is: ``full`` (the documented figures), ``quick`` (a minute or two), ``smoke``
