@@ -285,7 +285,11 @@ class Gateway:
         if attempt > 1:
             log.info("stream %s: replay again from seq %d (attempt %d)", self._log_stream(stream), start, attempt)
 
-    def replay_finished(self, stream: StreamReader, outcome: str, replayed: int, attempts: int) -> None:
+    def replay_finished(self, stream: StreamReader, outcome: str, replayed: int, attempts: int, purpose: str) -> None:
+        if purpose == "tail" and outcome == "recovered" and replayed == 0:
+            # A quiet stream's tail probe that found nothing dropped: no recovery took place.
+            log.debug("stream %s: tail probe found nothing missing", self._log_stream(stream))
+            return
         self.stream_metrics[stream.key].replay_requests(outcome).inc()
         level = logging.INFO if outcome == "recovered" else logging.WARNING
         log.log(

@@ -62,7 +62,9 @@ class Sink(Protocol):
     def unrecovered(self, stream: StreamReader, first: int, last: int, reason: str) -> None: ...
     def history_truncated(self, stream: StreamReader, first: int) -> None: ...
     def replay_requested(self, stream: StreamReader, start: int, purpose: str, attempt: int) -> None: ...
-    def replay_finished(self, stream: StreamReader, outcome: str, replayed: int, attempts: int) -> None: ...
+    def replay_finished(
+        self, stream: StreamReader, outcome: str, replayed: int, attempts: int, purpose: str
+    ) -> None: ...
     def restart(self, stream: StreamReader, seq: int, previous: int, reason: str) -> None: ...
     def connection(self, stream: StreamReader, connected: bool, reason: str) -> None: ...
     def queue_depth(self, stream: StreamReader, depth: int) -> None: ...
@@ -121,6 +123,8 @@ class StreamReader:
         self._quiet_seconds = quiet_seconds
         self._quiet: asyncio.TimerHandle | None = None
         self._live_count = 0  # live messages so far, to tell a quiet stream from a busy one
+        self._quiet_seen = 0  # the live count at the last quiet check that found the stream quiet
+        self._purpose = "gap"  # the purpose of the latest replay request
         self.sequencer = Sequencer(
             has_replay=config.replay is not None, restart_window=restart_window, hold_limit=hold_limit
         )
@@ -248,6 +252,7 @@ class StreamReader:
             elif type(action) is GapDetected:
                 sink.gap(self, action.first, action.last)
             elif type(action) is RequestReplay:
+                self._purpose = action.purpose  # one recovery at a time: its purpose until it finishes
                 sink.replay_requested(self, action.start, action.purpose, action.attempt)
                 self._start_replay(action.token, action.start)
             elif type(action) is CancelReplay:
@@ -255,7 +260,7 @@ class StreamReader:
                 if task is not None:
                     task.cancel()
             elif type(action) is ReplayFinished:
-                sink.replay_finished(self, action.outcome, action.replayed, action.attempts)
+                sink.replay_finished(self, action.outcome, action.replayed, action.attempts, self._purpose)
             elif type(action) is Unrecovered:
                 sink.unrecovered(self, action.first, action.last, action.reason)
             elif type(action) is HistoryTruncated:
@@ -263,22 +268,23 @@ class StreamReader:
             elif type(action) is Restart:
                 sink.restart(self, action.seq, action.previous, action.reason)
         sink.queue_depth(self, self.sequencer.held)
-        if self.sequencer.waiting_for_live and self._quiet is None:
+        if self._quiet is None and (self.sequencer.waiting_for_live or self._live_count != self._quiet_seen):
+            # One timer per quiet period, not per message: it re-arms itself while batches flow.
             self._quiet = asyncio.get_running_loop().call_later(
                 self._quiet_seconds, self._quiet_check, self._live_count
             )
 
     def _quiet_check(self, live_count: int) -> None:
-        """Batches wait above a hole for the live stream: settle the hole once the stream is quiet."""
+        """The live stream was quiet for ``quiet_seconds``: let the sequencer settle holes below
+        waiting batches, or probe the engine for a burst's dropped tail (sequencer rule 10)."""
         self._quiet = None
-        if not self.sequencer.waiting_for_live:
-            return
-        if self._live_count == live_count:
-            self._apply(self.sequencer.on_quiet(), self._clock())
-        else:  # still flowing: it may yet bring the hole
+        if self._live_count != live_count:  # still flowing: look again later
             self._quiet = asyncio.get_running_loop().call_later(
                 self._quiet_seconds, self._quiet_check, self._live_count
             )
+            return
+        self._quiet_seen = live_count
+        self._apply(self.sequencer.on_quiet(), self._clock())
 
     # --- replay -----------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 STREAM = ("source", "dp_rank")
 
 REPLAY_OUTCOMES = ("recovered", "partial", "failed", "unavailable")
-REPLAY_PURPOSES = ("catch_up", "gap", "verify")
+REPLAY_PURPOSES = ("catch_up", "gap", "verify", "tail")
 LOSS_REASONS = ("not_sent", "evicted", "transit", "no_answer", "no_replay", "restart", "overflow")
 TRANSPORTS = ("ws", "sse")
 DISCONNECT_REASONS = ("closed", "slow_consumer", "error", "shutdown")

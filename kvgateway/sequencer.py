@@ -76,6 +76,11 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
 9. **Hold overflow**: more than ``hold_limit`` pending batches cancel the replay; holes are
    counted ``overflow`` and everything pending is delivered.
 
+10. **Quiet live stream** (:meth:`Sequencer.on_quiet`, after a couple of seconds without a live
+    batch): pending batches above a hole settle it as in rule 6; otherwise, once after each burst
+    of live batches, a *tail* replay from ``cursor + 1`` fetches what the PUB socket may have
+    dropped at the end of the burst (an idle engine publishes nothing that would reveal it).
+
 Replay tokens start at 1 and increase by one per attempt. Items, ends and failures carrying any
 other token than the in-flight one are ignored.
 """
@@ -113,7 +118,7 @@ Outcome: TypeAlias = Literal["recovered", "partial", "failed", "unavailable"]
 FailureOutcome: TypeAlias = Literal["timeout", "failed"]
 LossReason: TypeAlias = Literal["not_sent", "evicted", "transit", "no_answer", "no_replay", "restart", "overflow"]
 RestartReason: TypeAlias = Literal["seq_reset", "window", "reconnect", "cleared", "jump", "identity"]
-Purpose: TypeAlias = Literal["catch_up", "gap", "verify"]
+Purpose: TypeAlias = Literal["catch_up", "gap", "verify", "tail"]
 
 CLOCK_SEEDED_FLOOR: Final = 10**15
 """Seqs from here on are taken for clock-seeded (TensorRT-LLM starts at ``time.time_ns()``, about
@@ -290,6 +295,7 @@ class Sequencer:
         "_max_attempts",
         "_origin_zero",
         "_pending",
+        "_probe_due",
         "_rec",
         "_reconnected",
         "_restart_window",
@@ -320,6 +326,7 @@ class Sequencer:
         self._max_attempts = max_attempts
         self.cursor: int | None = None
         self._origin_zero = False  # this epoch's process counted from 0 (known after a restart)
+        self._probe_due = False  # live batches came since the last tail probe (see on_quiet)
         self._live_top = -1
         self._pending: dict[int, _Item] = {}
         self._heap: list[int] = []  # orders the pending seqs (stale entries skipped lazily)
@@ -522,13 +529,20 @@ class Sequencer:
         return out
 
     def on_quiet(self) -> list[Action]:
-        """The live stream has been quiet for a while with batches pending above a hole: it will
-        not bring the hole any more, so the hole is treated as passed (rule 6)."""
+        """The live stream has been quiet for a while (rule 10). With batches pending above a hole,
+        it will not bring the hole any more: the hole is treated as passed (rule 6). Otherwise,
+        once after each burst, the replay socket is asked for anything after the cursor: the PUB
+        socket drops at its high-water mark, and a burst's dropped tail shows in no later live
+        batch when the engine goes idle."""
         out: list[Action] = []
-        if self._rec is not None or not self._pending:
+        if self._rec is not None:
             return out
-        self._live_top = max([self._live_top, *self._pending])
-        self._settle(out)
+        if self._pending:
+            self._live_top = max([self._live_top, *self._pending])
+            self._settle(out)
+        elif self._probe_due and self._has_replay and self.cursor is not None:
+            self._probe_due = False
+            self._begin("tail", self.cursor + 1, out)
         return out
 
     # --- the rules ----------------------------------------------------------------------
@@ -805,6 +819,7 @@ class Sequencer:
     def _deliver(self, seq: int, item: _Item, out: list[Action]) -> None:
         batch, raw, _, replayed = item
         out.append(Deliver(seq, batch, replayed))
+        self._probe_due |= not replayed
         self.cursor = seq
         self._anchor = (seq, raw)
 

@@ -190,6 +190,26 @@ def test_a_reply_cut_short_without_its_end_marker_is_asked_again(procs: Start) -
         assert gap_attempts(gw.base).get("gap", 0) >= 2
 
 
+def test_a_burst_whose_tail_never_came_live_is_fetched_once_the_engine_is_quiet(procs: Start) -> None:
+    """The PUB socket drops the end of a burst (here: the last 150 batches never go out live) and the
+    engine goes idle: no later live batch shows the gap. Once the stream is quiet the gateway asks
+    the replay socket for anything after its cursor and gets the tail."""
+    http, pub, rep = free_ports(3)
+    total = 1000
+    gw = start_gateway(procs, http, [source(pub, rep)])
+    with WsCollector(gw.ws_url) as ws:
+        start_sim(
+            procs,
+            *engine_args(pub, rep, "--rate", "1000", "--batches", str(total), "--start-delay", "1"),
+            *("--skip", f"{total - 150}-{total - 1}"),
+        )
+        wait_until(lambda: ws.last_seq("a") == total - 1, timeout=30, what="the tail, by the quiet stream's probe")
+        assert ws.seqs("a") == list(range(total))
+        m = stream_metrics(gw.base, "a")
+        assert (m["unrecovered"], m["replayed"], m["gaps"]) == (0, 150, 0)
+        assert gap_attempts(gw.base)["tail"] >= 1
+
+
 # --- 2. a reply ahead of a lagging live stream is kept -------------------------------------------
 
 

@@ -633,12 +633,30 @@ def test_quiet_live_stream_settles_a_deferred_hole() -> None:
     assert s.on_replay_end(3) == [Unrecovered(4, 5, "evicted"), *dr(6, 7), ReplayFinished(3, "failed", 0)]
 
 
-def test_quiet_does_nothing_when_nothing_waits() -> None:
+def test_quiet_after_a_burst_probes_the_tail_once() -> None:
+    """Rule 10: the PUB socket may have dropped the end of a burst, and an idle engine publishes
+    nothing that would show it: after the burst, one tail replay from the cursor."""
     s = running(0, 1)
+    assert s.on_quiet() == [rr(2, 2, "tail")]
+    assert replay(s, 2, 2, 3) == dr(2, 3)  # the burst's dropped tail
+    assert s.on_replay_end(2) == [ReplayFinished(2, "recovered", 2)]
+    assert s.on_quiet() == []  # nothing live since: no second probe
+    assert feed(s, 4) == [d(4)]
+    assert s.on_quiet() == [rr(3, 5, "tail")]
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 0)]  # nothing was dropped
     assert s.on_quiet() == []
+
+
+def test_quiet_does_nothing_while_a_replay_is_in_flight() -> None:
+    s = running(0, 1)
     feed(s, 4)
     assert s.on_quiet() == []  # a replay is in flight
     assert s.replay_token == 2
+
+
+def test_quiet_without_a_replay_endpoint_probes_nothing() -> None:
+    s = running(0, 1, has_replay=False)
+    assert s.on_quiet() == []
 
 
 def test_quiet_without_replay() -> None:
