@@ -70,6 +70,12 @@ class StreamBlocks:
     groups: tuple[BlockGroup, ...]
 
     @property
+    def block_sizes(self) -> dict[str, int]:
+        """Every medium's last announced block size (mediums with none known left out), also of
+        mediums with no block now: a router needs them to count tokens as the gateway does."""
+        return {medium: size for medium, _, size, _, _ in self.groups if size > 0}
+
+    @property
     def count(self) -> int:
         """Resident blocks (every medium and group)."""
         return sum(len(blocks) for _, _, _, blocks, _ in self.groups)
@@ -141,12 +147,13 @@ def state_messages(
     """The ``state`` messages of a ``snapshot=blocks`` connection, stream after stream.
 
     ``{"type": "state", "offset": N, "source": ..., "dp_rank": ..., "blocks": [...], "last": bool}``
-    with at most ``chunk_blocks`` blocks each; a stream's last chunk has ``"last": true``, and a
-    stream with no block still sends one (empty) chunk. Lazy: each step renders one chunk.
+    with at most ``chunk_blocks`` blocks each; a stream's last chunk has ``"last": true`` and
+    ``"block_sizes"`` (:attr:`StreamBlocks.block_sizes`), and a stream with no block still sends
+    one (empty) chunk. Lazy: each step renders one chunk.
     """
     for stream in streams:
         for blocks, last in _marked(stream, chunk_blocks):
-            yield {
+            message = {
                 "type": "state",
                 "offset": offset,
                 "source": stream.source,
@@ -154,6 +161,9 @@ def state_messages(
                 "blocks": blocks,
                 "last": last,
             }
+            if last:
+                message["block_sizes"] = stream.block_sizes
+            yield message
 
 
 def blocks_document(epoch: str, offset: int, streams: Iterable[StreamBlocks]) -> dict[str, Any]:
@@ -166,6 +176,7 @@ def blocks_document(epoch: str, offset: int, streams: Iterable[StreamBlocks]) ->
                 "source": stream.source,
                 "dp_rank": stream.dp_rank,
                 "stale": stream.stale,
+                "block_sizes": stream.block_sizes,
                 "blocks": [block for chunk in _chunks(stream, DEFAULT_CHUNK_BLOCKS) for block in chunk],
             }
             for stream in streams
@@ -183,7 +194,12 @@ def iter_document(
     """
     yield b'{"epoch":' + _json.encode(epoch) + b',"offset":' + _json.encode(offset) + b',"streams":['
     for n, stream in enumerate(streams):
-        head = {"source": stream.source, "dp_rank": stream.dp_rank, "stale": stream.stale}
+        head = {
+            "source": stream.source,
+            "dp_rank": stream.dp_rank,
+            "stale": stream.stale,
+            "block_sizes": stream.block_sizes,
+        }
         yield (b"," if n else b"") + _json.encode(head)[:-1] + b',"blocks":['
         for i, chunk in enumerate(_chunks(stream, chunk_blocks)):
             yield (b"," if i else b"") + _json.encode(chunk)[1:-1]
@@ -212,4 +228,6 @@ def iter_ndjson(
                 "blocks": blocks,
                 "last": last,
             }
+            if last:
+                line["block_sizes"] = stream.block_sizes
             yield _json.encode(line) + b"\n"

@@ -155,8 +155,9 @@ def test_state_messages_chunks_and_marks_the_last() -> None:
     messages = list(state_messages(capture([index]), 42, chunk_blocks=4))
     assert [len(m["blocks"]) for m in messages] == [4, 4, 2]
     assert [m["last"] for m in messages] == [False, False, True]
+    assert [m.get("block_sizes") for m in messages] == [None, None, {"GPU": 16}]
     for m in messages:
-        assert list(m) == ["type", "offset", "source", "dp_rank", "blocks", "last"]
+        assert list(m)[:6] == ["type", "offset", "source", "dp_rank", "blocks", "last"]
         assert (m["type"], m["offset"], m["source"], m["dp_rank"]) == ("state", 42, "a", 0)
     assert sorted(int(b["hash"]) for m in messages for b in m["blocks"]) == list(range(10))
 
@@ -170,9 +171,9 @@ def test_a_stream_with_no_block_sends_one_empty_last_chunk() -> None:
     empty = StreamIndex("b", 3)
     cleared = index_with(stored(1), AllBlocksCleared(), source="c")
     messages = list(state_messages(capture([empty, cleared]), 7))
-    assert [(m["source"], m["dp_rank"], m["blocks"], m["last"]) for m in messages] == [
-        ("b", 3, [], True),
-        ("c", 0, [], True),
+    assert [(m["source"], m["dp_rank"], m["blocks"], m["last"], m["block_sizes"]) for m in messages] == [
+        ("b", 3, [], True, {}),
+        ("c", 0, [], True, {"GPU": 16}),  # sizes outlive the blocks
     ]
 
 
