@@ -23,14 +23,14 @@ import math
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 from kvgateway.log import BatchRecord, NoticeRecord
 from kvgateway.mediums import DEFAULT_MEDIUM, medium_tier, normalise_medium, tier_rank
 from kvgateway.ring import Entry
 from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Hash
 
-__all__ = ["DEFAULT_MEDIUM", "MediumStats", "OccupancyIndex", "StreamIndex", "normalise_medium"]
+__all__ = ["DEFAULT_MEDIUM", "BlockGroup", "MediumStats", "OccupancyIndex", "StreamIndex", "normalise_medium"]
 
 RATE_WINDOW_SECONDS: Final = 60
 """``stores_per_s``/``removes_per_s`` average the 60 one-second buckets ending with the current one,
@@ -39,6 +39,11 @@ or the time since the index started when that is shorter (no ramp-up after a sta
 _NEVER: Final = -(2**62)
 _ROUTE_CACHE_MAX: Final = 256
 """Bound on cached (raw medium, group_idx) routes: the wire's medium strings are not trusted."""
+
+BlockGroup: TypeAlias = tuple[str, int, int, "set[Hash]", "dict[Hash, int]"]
+"""One (medium, group_idx) of a stream, from :meth:`StreamIndex.block_groups`: ``(medium name,
+group_idx, the medium's last announced block size (0: unknown), resident hashes, extra references)``;
+a hash's reference count is ``1 + extra.get(hash, 0)``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,16 +77,27 @@ class MediumStats:
 
 
 class _Group:
-    """Resident hashes of one (medium, group_idx): refcount = 1 + ``extra.get(hash, 0)``."""
+    """Resident hashes of one (medium, group_idx): refcount = 1 + ``extra.get(hash, 0)``.
 
-    __slots__ = ("blocks", "extra", "medium")
+    ``shared``: ``blocks`` and ``extra`` were handed out by :meth:`StreamIndex.block_groups` with
+    ``freeze=True``; the group copies them before its next change (copy on write)."""
+
+    __slots__ = ("blocks", "extra", "medium", "shared")
 
     def __init__(self, medium: _Medium) -> None:
         self.blocks: set[Hash] = set()
         self.extra: dict[Hash, int] = {}
         self.medium = medium
+        self.shared = False
+
+    def _own(self) -> None:
+        self.blocks = set(self.blocks)
+        self.extra = dict(self.extra)
+        self.shared = False
 
     def store(self, hashes: list[Hash]) -> None:
+        if self.shared:
+            self._own()
         blocks = self.blocks
         if blocks.isdisjoint(hashes):
             # Fast path (the common case): all new. A length mismatch means repeats inside the list.
@@ -102,6 +118,8 @@ class _Group:
 
     def remove(self, hashes: list[Hash]) -> int:
         """Take one reference per hash; returns how many hashes were not resident."""
+        if self.shared:
+            self._own()
         blocks = self.blocks
         extra = self.extra
         if not extra or extra.keys().isdisjoint(hashes):
@@ -131,6 +149,7 @@ class _Group:
         # New objects rather than .clear(): frees the tables, and the dict would otherwise keep its size.
         self.blocks = set()
         self.extra = {}
+        self.shared = False
 
 
 class _Medium:
@@ -322,6 +341,36 @@ class StreamIndex:
         """Resident blocks per group_idx of one medium (groups seen stay listed)."""
         med = self._mediums.get(normalise_medium(medium))
         return {} if med is None else {g: len(grp.blocks) for g, grp in sorted(med.groups.items())}
+
+    def block_groups(self, *, freeze: bool = False) -> list[BlockGroup]:
+        """Every (medium, group_idx) the stream has seen, sorted, with its resident hashes.
+
+        O(groups), nothing is copied. ``freeze=False``: the live set and dict, valid until the
+        next :meth:`apply` (a synchronous reader such as a lookup); never change them.
+        ``freeze=True``: a snapshot that stays as it is for good: the index copies a group before
+        its next change (copy on write), so the copy costs only a group that changes while a
+        snapshot holds it, once, on the ingest path (about 30 ms per million blocks).
+        """
+        out: list[BlockGroup] = []
+        for name in sorted(self._mediums):
+            med = self._mediums[name]
+            for group_idx in sorted(med.groups):
+                grp = med.groups[group_idx]
+                if freeze:
+                    grp.shared = True
+                out.append((name, group_idx, med.block_size, grp.blocks, grp.extra))
+        return out
+
+    def iter_blocks(self) -> Iterator[tuple[Hash, int, str, int, int]]:
+        """Every resident block as ``(hash, refs, medium, group_idx, block_size)`` (block size 0:
+        unknown), as they are when it is called (a frozen snapshot, :meth:`block_groups`): safe
+        to interleave with applies."""
+        groups = self.block_groups(freeze=True)
+        return (
+            (block_hash, 1 + extra.get(block_hash, 0), medium, group_idx, block_size)
+            for medium, group_idx, block_size, blocks, extra in groups
+            for block_hash in blocks
+        )
 
     def medium_stats(self, now: float) -> dict[str, MediumStats]:
         out: dict[str, MediumStats] = {}
