@@ -3,7 +3,7 @@
 Sans-I/O. A router that keeps its own index starts from the gateway's: after the ``hello`` of a
 ``snapshot=blocks`` connection it receives every resident block of every matching stream as it was
 at the hello's offset, then the live stream from offset + 1. This module renders that state; the
-web layer decides when to send it (see docs/routers-draft.md).
+web layer decides when to send it (see docs/design/routers-wiring.md).
 
 Two steps, so that the event loop never waits for a big snapshot:
 

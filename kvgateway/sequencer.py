@@ -525,7 +525,7 @@ class Sequencer:
             self._unverifiable(out)
             if self._rec is not rec:
                 return out
-        self._attempt_over(out, silent=outcome == "timeout" and rec.items == 0)
+        self._attempt_over(out, silent=outcome == "timeout" and rec.items == 0, ended=False)
         return out
 
     def on_quiet(self) -> list[Action]:
@@ -656,34 +656,40 @@ class Sequencer:
         assert reason is not None  # reconnected=True always gives one
         self._restart(seq, reason, True, out)
 
-    def _attempt_over(self, out: list[Action], *, silent: bool = False) -> None:
-        """Rule 6. ``silent``: the attempt timed out with no answer at all."""
+    def _attempt_over(self, out: list[Action], *, silent: bool = False, ended: bool = True) -> None:
+        """Rule 6. ``silent``: the attempt timed out with no answer at all; ``ended``: its end
+        marker came (without it, the reply may have lost its tail as well)."""
         rec = self._rec
         assert rec is not None
         # An engine busy publishing, or a request sent while its ROUTER was reconnecting, can leave
         # one attempt unanswered: that one is asked again; a second silence ends the recovery.
         retry_silence = silent and rec.silent == 0
         rec.silent += silent
+        if retry_silence and rec.attempt < self._max_attempts:
+            self._attempt(rec.start, out)  # nothing changed for this request: the same one again
+            return
         if self.cursor is None:
             low = self._first_pending()
-            if low is None:  # nothing known at all: ask again after a silence, else wait for live
-                if retry_silence and rec.attempt < self._max_attempts:
-                    self._attempt(rec.start, out)
-                else:
-                    self._finish(out)
+            if low is None:  # nothing known at all: wait for the live stream
+                self._finish(out)
                 return
             self._establish(low, self._pending[low][0], out)
         self._drain(out)
         assert self.cursor is not None
         # Progress: something new came, or the first missing seq moved up (the reply brought what
         # live had brought too): the next attempt starts higher, so the retries end.
-        progress = rec.progress or self.cursor + 1 > rec.mark or retry_silence
+        progress = rec.progress or self.cursor + 1 > rec.mark
         while True:
             self._drain(out)
             assert self.cursor is not None
             low = self._first_pending()
             if low is None:
-                self._finish(out)
+                # Nothing known above the cursor. A reply that lost its end marker after bringing
+                # something may have lost its tail too (SGLang's reply stops partway): ask again.
+                if not ended and progress and rec.items and rec.attempt < self._max_attempts:
+                    self._attempt(self.cursor + 1, out)
+                else:
+                    self._finish(out)
                 return
             nxt = self.cursor + 1
             passed = nxt <= self._live_top

@@ -2,7 +2,7 @@
 messages the gateway would send (state messages from kvgateway.blocks, batches rendered by
 kvgateway.wire, notices) its index equals the /v1/blocks document and its answers equal
 kvgateway.lookup's, at several offsets. No network: the routes are not wired yet (see
-docs/routers-draft.md); the end-to-end run against ``kvgateway simulate`` comes with them.
+docs/design/routers-wiring.md); the end-to-end run against ``kvgateway simulate`` comes with them.
 
 Skipped, with the reason, where ``go`` or Debian's gorilla/websocket package is missing
 (``apt-get install golang-go golang-github-gorilla-websocket-dev``).

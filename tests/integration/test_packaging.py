@@ -27,6 +27,8 @@ def test_wheel_ships_dashboard_and_schema(tmp_path: Path) -> None:
     assert any(name.startswith("kvgateway/static/vendor/uplot/") and name.endswith(".js") for name in names)
     assert any(name.startswith("kvgateway/static/vendor/uplot/LICENSE") for name in names)
     assert not any(name.startswith("tests/") for name in names)
+    # Every subpackage ships (a missing one breaks `kvgateway simulate` and `demo` only when installed).
+    assert {"kvgateway/simulator/engine.py", "kvgateway/simulator/cli.py"} <= set(names)
 
     # Installed (not editable) into a plain directory, the package finds its files there.
     target = tmp_path / "site"
@@ -37,7 +39,7 @@ def test_wheel_ships_dashboard_and_schema(tmp_path: Path) -> None:
         timeout=240,
     )
     probe = (
-        "import kvgateway.app as a, kvgateway.messages as m, pathlib;"
+        "import kvgateway.app as a, kvgateway.messages as m, kvgateway.simulator.cli, pathlib;"
         "d = a.static_dir(); print(d); assert (d / 'index.html').is_file(); assert m.schema_bytes().startswith(b'{')"
     )
     env = {**os.environ, "PYTHONPATH": str(target)}

@@ -197,7 +197,8 @@ def test_catch_up_no_answer() -> None:
     s = Sequencer(has_replay=True)
     s.on_connected()
     feed(s, 5)
-    assert s.on_replay_failed(1, "timeout") == [HistoryTruncated(5), d(5), ReplayFinished(1, "failed", 0)]
+    assert s.on_replay_failed(1, "timeout") == [rr(2, 0, "catch_up", 2)]  # one silence is asked again
+    assert s.on_replay_failed(2, "timeout") == [HistoryTruncated(5), d(5), ReplayFinished(2, "failed", 0, 2)]
     assert feed(s, 6) == [d(6)]
 
 
@@ -615,7 +616,22 @@ def test_end_with_everything_is_recovered() -> None:
     s = running(0)
     feed(s, 2)
     replay(s, 2, 1)
-    assert s.on_replay_failed(2, "timeout") == [ReplayFinished(2, "recovered", 1)]
+    # No end marker: the reply may have lost its tail too, so the rest is asked for once more.
+    assert s.on_replay_failed(2, "timeout") == [rr(3, 3, "gap", 2)]
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 1, 2)]
+
+
+def test_a_reply_cut_after_its_last_item_is_asked_again_from_the_cursor() -> None:
+    """SGLang's reply can stop partway with no end marker, and nothing above it is known yet (an
+    idle engine): the tail is asked for again, until an attempt ends or brings nothing."""
+    s2 = Sequencer(has_replay=True)
+    assert s2.on_connected() == [rr(1, 0, "catch_up")]
+    assert replay(s2, 1, 0, 1, 2) == dr(0, 1, 2)
+    assert s2.on_replay_failed(1, "timeout") == [rr(2, 3, "catch_up", 2)]
+    assert replay(s2, 2, 3, 4) == dr(3, 4)
+    assert s2.on_replay_failed(2, "timeout") == [rr(3, 5, "catch_up", 3)]
+    assert s2.on_replay_failed(3, "timeout") == [rr(4, 5, "catch_up", 4)]  # one silence is asked again
+    assert s2.on_replay_failed(4, "timeout") == [ReplayFinished(4, "recovered", 5, 4)]  # nothing more there
 
 
 # --- on_quiet ----------------------------------------------------------------------------------
@@ -1082,13 +1098,14 @@ def test_fence_after_a_hole_the_engine_may_still_hold_is_not_not_sent() -> None:
     s = Sequencer(has_replay=True)
     s.on_connected()
     assert replay(s, 1, CLOCK) == [d(CLOCK, True)]
-    assert s.on_replay_failed(1, "timeout") == [ReplayFinished(1, "recovered", 1)]
+    assert s.on_replay_failed(1, "timeout") == [rr(2, CLOCK + 1, "catch_up", 2)]  # its tail may be cut
+    assert s.on_replay_end(2) == [ReplayFinished(2, "recovered", 1, 2)]
     fence = cleared(CLOCK + 3)
-    assert s.on_live(CLOCK + 3, fence, raw(CLOCK + 3)) == [rr(2, CLOCK + 1)]
-    assert s.on_replay_failed(2, "failed") == [
+    assert s.on_live(CLOCK + 3, fence, raw(CLOCK + 3)) == [rr(3, CLOCK + 1)]
+    assert s.on_replay_failed(3, "failed") == [
         Unrecovered(CLOCK + 1, CLOCK + 2, "no_answer"),
         Deliver(CLOCK + 3, fence, False),
-        ReplayFinished(2, "failed", 0),
+        ReplayFinished(3, "failed", 0),
     ]
 
 
