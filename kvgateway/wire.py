@@ -720,6 +720,19 @@ SGLANG_STORED_ARRAY_FIELDS: Final = 6
 """SGLang's positional BlockStored: hashes, parent, tokens, block_size, lora_id, medium."""
 
 
+_STORED_HEAD: Final = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")
+"""The BlockStored fields every dialect sends first, in this order (vLLM then adds lora_name)."""
+
+
+def _stored_head(event: BlockStored) -> list[Any]:
+    """``[tag, *_STORED_HEAD values]``: the start of a positional BlockStored in every dialect."""
+    return [STORED, *(getattr(event, name) for name in _STORED_HEAD)]
+
+
+def _stored_head_map(event: BlockStored) -> dict[str, Any]:
+    return {"type": STORED, **{name: getattr(event, name) for name in _STORED_HEAD}}
+
+
 def event_to_wire(
     event: Event, form: EventForm = "map", *, fields: int | None = None, dialect: Dialect = "vllm"
 ) -> Any:
@@ -734,16 +747,8 @@ def event_to_wire(
         return _sglang_event_to_wire(event, form)
     if form == "map":
         if type(event) is BlockStored:
-            out: dict[str, Any] = {
-                "type": STORED,
-                "block_hashes": event.block_hashes,
-                "parent_block_hash": event.parent_block_hash,
-                "token_ids": event.token_ids,
-                "block_size": event.block_size,
-                "lora_id": event.lora_id,
-                "medium": event.medium,
-                "lora_name": event.lora_name,
-            }
+            out: dict[str, Any] = _stored_head_map(event)
+            out["lora_name"] = event.lora_name
         elif type(event) is BlockRemoved:
             out = {"type": REMOVED, "block_hashes": event.block_hashes, "medium": event.medium}
         else:
@@ -752,13 +757,7 @@ def event_to_wire(
         return out
     if type(event) is BlockStored:
         values: list[Any] = [
-            STORED,
-            event.block_hashes,
-            event.parent_block_hash,
-            event.token_ids,
-            event.block_size,
-            event.lora_id,
-            event.medium,
+            *_stored_head(event),
             event.lora_name,
             *(event.extra.get(name) for name in _STORED_FURTHER),
         ]
@@ -781,26 +780,10 @@ def _sglang_event_to_wire(event: BlockStored | BlockRemoved | AllBlocksCleared, 
     """
     if type(event) is BlockStored:
         if form == "map":
-            stored: dict[str, Any] = {
-                "type": STORED,
-                "block_hashes": event.block_hashes,
-                "parent_block_hash": event.parent_block_hash,
-                "token_ids": event.token_ids,
-                "block_size": event.block_size,
-                "lora_id": event.lora_id,
-                "medium": event.medium,
-            }
+            stored = _stored_head_map(event)
             stored.update(event.extra)
             return stored
-        values: list[Any] = [
-            STORED,
-            event.block_hashes,
-            event.parent_block_hash,
-            event.token_ids,
-            event.block_size,
-            event.lora_id,
-            event.medium,
-        ]
+        values = _stored_head(event)
         if event.extra:
             values.append(dict(event.extra))
         return values
