@@ -35,6 +35,7 @@ from ._gateway_helpers import (
     start_sim,
     stream_metrics,
 )
+from ._sim_helpers import Layout
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -103,6 +104,17 @@ def pause(proc: Proc, seconds: float) -> None:
         time.sleep(seconds)
     finally:
         proc.popen.send_signal(signal.SIGCONT)
+
+
+def wait_history(rep: int, at_least: int, layout: Layout = "topic", what: str = "the engine's batches") -> list[Any]:
+    """The engine's replay buffer once it holds ``at_least`` batches."""
+    return list(
+        wait_until(
+            lambda: (h := fetch_history(f"tcp://127.0.0.1:{rep}", layout=layout)) and len(h) >= at_least and h,
+            timeout=30,
+            what=what,
+        )
+    )
 
 
 def model_of(history: list[tuple[int, bytes]]) -> RefModel:
@@ -277,11 +289,7 @@ def test_a_young_engine_restart_is_recognised_and_the_new_process_caught_up(
                 time.sleep(3.0)  # the new process publishes all it has while the gateway sleeps
         finally:
             gw.proc.popen.send_signal(signal.SIGCONT)
-        history = wait_until(
-            lambda: (h := fetch_history(f"tcp://127.0.0.1:{rep}", layout=layout)) and len(h) >= 600 and h,
-            timeout=30,
-            what="the new process's whole history",
-        )
+        history = wait_history(rep, 600, layout, "the new process's whole history")
         new_seqs = [seq for seq, _ in history]
         wait_until(lambda: batches_after_last_restart(ws) == new_seqs, timeout=60, what="the new process's batches")
         restarts = ws.notices("a", 0, "restart")
@@ -301,11 +309,8 @@ def test_an_idle_engine_is_caught_up_as_soon_as_the_gateway_connects(procs: Star
     http, pub, rep = free_ports(3)
     total = 1500
     start_sim(procs, *engine_args(pub, rep, "--rate", "0", "--batches", str(total), "--cpu-offload"))
-    history = wait_until(
-        lambda: (h := fetch_history(f"tcp://127.0.0.1:{rep}")) and len(h) == total and h,
-        timeout=30,
-        what="the engine's 1,500 batches",
-    )
+    history = wait_history(rep, total, what="the engine's 1,500 batches")
+    assert len(history) == total
     started = time.monotonic()
     gw = start_gateway(procs, http, [source(pub, rep)])
     wait_until(lambda: source_status(gw.base, "a")["last_seq"] == total - 1, timeout=10, what="the catch-up")
@@ -372,11 +377,7 @@ def test_sglang_metadata_field_is_kept_and_no_batch_is_lost(procs: Start) -> Non
             *engine_args(pub, rep, "--engine", "sglang", "--sglang-metadata", "--rate", "500"),
             *("--batches", str(total), "--start-delay", "1", "--cpu-offload"),
         )
-        history = wait_until(
-            lambda: (h := fetch_history(f"tcp://127.0.0.1:{rep}", layout="plain")) and len(h) >= total and h,
-            timeout=30,
-            what="the engine's batches",
-        )
+        history = wait_history(rep, total, "plain")
         seqs = [seq for seq, _ in history]
         wait_until(lambda: ws.seqs("a") == seqs, timeout=30, what="every batch on the WebSocket")
         stored = [e for m in ws.of("a", 0) if m["type"] == "batch" for e in m["events"] if e["type"] == "BlockStored"]
