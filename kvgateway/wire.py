@@ -415,7 +415,13 @@ def _unknown_keys(raw: msgspec.Raw, core: frozenset[str]) -> dict[str, Any]:
         body = _any_decoder.decode(raw)
     except _MALFORMED as exc:
         raise DecodeError(_one_line(exc)) from None
-    return {k: v for k, v in body.items() if k not in core}
+    return {_field_name(k): v for k, v in body.items() if k not in core}
+
+
+def _field_name(key: Any) -> str:
+    """A map event's key as the name ``extra`` keeps it under: msgpack allows nil, numbers, bools
+    and arrays as keys, but ``extra`` promises names (and JSON objects need them)."""
+    return key if type(key) is str else str(_key(key))
 
 
 def _map_fallback(raw: msgspec.Raw, exc: msgspec.ValidationError) -> Event:
@@ -429,6 +435,8 @@ def _map_fallback(raw: msgspec.Raw, exc: msgspec.ValidationError) -> Event:
         raise DecodeError("map event has no string 'type'")
     if tag in _LENIENT_TYPES:
         return _lenient_map(tag, body)
+    if tag == CLEARED:  # it has no fields of its own to be wrong, only keys that are not names
+        return AllBlocksCleared(extra={_field_name(k): v for k, v in body.items() if k != "type"})
     if tag in KNOWN_TYPES:
         raise DecodeError(f"{tag}: {_one_line(exc)}")
     return UnknownEvent(type=tag, body=body)
@@ -580,7 +588,7 @@ def _lenient_map(tag: str, body: dict[Any, Any]) -> Event:
             continue
         spec = by_name.get(key) if type(key) is str else None
         if spec is None:
-            extra[key] = value
+            extra[_field_name(key)] = value
         else:
             _place(tag, spec, value, unnamed=f"field_{key}", where=key, attrs=attrs, named=named, extra=extra)
     return _lenient_event(stored, named, extra)

@@ -570,6 +570,20 @@ def test_random_bytes_behind_a_valid_prefix_raise_only_decode_error(payload: byt
     decodes_or_refuses(b"\x93\xcb" + bytes(8) + b"\x92" + payload)
 
 
+def test_map_event_keys_that_are_not_strings_are_kept_under_names() -> None:
+    # CI's fuzzing found it: an inserted byte turned two keys into 1 and nil, which then failed to render
+    payload = enc([1.0, [{"type": "BlockStored", "block_hashes": [U64], 1: "a", None: "b", (2, 3): "c"}], 0])
+    event = wire.decode_batch(payload).events[0]
+    assert isinstance(event, BlockStored) and event.block_hashes == [U64]
+    assert event.extra == {"1": "a", "null": "b", "[2,3]": "c"}
+    assert all(type(key) is str for key in event.extra)
+    out = wire.render_event(event)
+    assert (out["1"], out["null"], out["[2,3]"]) == ("a", "b", "c")
+    decodes_or_refuses(payload)
+    cleared = enc([1.0, [{"type": "AllBlocksCleared", 7: True}], 0])
+    assert wire.decode_batch(cleared).events[0].extra == {"7": True}
+
+
 mutation = st.tuples(
     st.sampled_from(["flip", "insert", "delete", "truncate"]), st.integers(0, 2**16), st.integers(1, 255)
 )
