@@ -25,6 +25,7 @@ from kvgateway.hub import TooManyClients
 from kvgateway.messages import schema_bytes
 from kvgateway.pump import WS_CLOSE, sse_stream, ws_session
 from kvgateway.query import BadRequest, ClientRequest
+from kvgateway.router_routes import ROUTER_ROUTES
 
 log = logging.getLogger("kvgateway.web")
 
@@ -86,7 +87,10 @@ async def sources(request: Request) -> Response:
 
 
 async def occupancy(request: Request) -> Response:
-    return Response(msgspec.json.encode(_gateway(request).snapshot()), media_type="application/json")
+    gateway = _gateway(request)
+    body = gateway.snapshot()
+    body["fleet"] = gateway.routers.fleet  # counted every 15 s in the background (kvgateway/routers.py)
+    return Response(msgspec.json.encode(body), media_type="application/json")
 
 
 async def schema(request: Request) -> Response:
@@ -149,6 +153,7 @@ ROUTES: Final[list[Route | WebSocketRoute]] = [
     Route("/v1/schema", schema),
     Route("/v1/events", events),
     WebSocketRoute("/v1/ws", websocket_endpoint),
+    *ROUTER_ROUTES,
 ]
 _KNOWN_V1: Final = frozenset(route.path for route in ROUTES if route.path.startswith(PROTECTED_PREFIX))
 

@@ -102,6 +102,11 @@ class Settings:
     hold_limit: int = 10_000
     max_concurrent_replays: int = 4
     keepalive_seconds: float = 15.0
+    max_learned_blocks: int = 2_000_000
+    lookup_rate: float = 1000.0
+    lookup_burst: int = 200
+    max_snapshots: int = 4
+    snapshot_queue_bytes: int = 8 * 1024 * 1024
     log_format: str = "text"
     log_level: str = "info"
 
@@ -422,6 +427,7 @@ GROUPS = {
     "http": "HTTP",
     "security": "security",
     "limits": "limits",
+    "routers": "routers (GET /v1/blocks, POST /v1/lookup, snapshot=blocks)",
     "logging": "logging",
 }
 
@@ -469,6 +475,24 @@ OPTIONS: tuple[Option, ...] = (
     Option("restart_window", int, "limits", "seq drop that means a publisher restart (default 1024)", (1, 2**62)),
     Option("hold_limit", int, "limits", "live batches held per stream in a replay (default 10000)", (1, 10_000_000)),
     Option("max_concurrent_replays", int, "limits", "replays in flight across all streams (default 4)", (1, 1024)),
+    Option(
+        "max_learned_blocks",
+        int,
+        "routers",
+        "learned token chains for lookups by token_ids, oldest dropped first; 0 = off (default 2000000)",
+        (0, 2**32),
+    ),
+    Option("lookup_rate", float, "routers", "POST /v1/lookup per second, all clients (default 1000)", (0.01, 1e7)),
+    Option("lookup_burst", int, "routers", "lookups allowed at once above the rate (default 200)", (1, 10_000_000)),
+    Option("max_snapshots", int, "routers", "block snapshots served at once (default 4)", (1, 1024)),
+    Option(
+        "snapshot_queue_bytes",
+        int,
+        "routers",
+        "a client's live queue while its block snapshot is sent (default 8 MiB)",
+        (1024, 2**34),
+        metavar="BYTES",
+    ),
     Option("log_format", str, "logging", "text or json (default text)", choices=LOG_FORMATS),
     Option("log_level", str, "logging", "debug shows every HTTP request (default info)", choices=LOG_LEVELS),
 )

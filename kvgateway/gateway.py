@@ -23,6 +23,7 @@ from kvgateway.log import MemoryLog, NoticeRecord, batch_record
 from kvgateway.metrics import Metrics, StreamMetrics
 from kvgateway.occupancy import OccupancyIndex
 from kvgateway.query import ClientRequest
+from kvgateway.routers import Routers
 from kvgateway.status import QUIET_LOSSES, StreamStatus
 from kvgateway.subscription import Subscription, Transport
 
@@ -59,6 +60,8 @@ class Gateway:
         hub_metrics.retained(0, 0)
         # The index follows the log before the hub: a hello's snapshot is exact at its offset.
         self.log.follow(self.index.follow)
+        self.routers = Routers(settings, self.index, self.metrics)
+        self.log.follow(self.routers.follow)  # the learned token chains
         self.hub = Hub(
             self.log,
             metrics=hub_metrics,
@@ -85,6 +88,7 @@ class Gateway:
         except StartupError as exc:
             self.startup_error = exc
             raise
+        self.routers.start(lambda: self.log.last_offset)
         log.info("gateway started: %s", summary(self.settings))
 
     def _start_readers(self) -> None:
@@ -112,6 +116,7 @@ class Gateway:
             return
         self._stopped = True
         self.hub.close()
+        await self.routers.stop()
         for task in list(self._diagnoses.values()):
             task.cancel()
         for reader in self.readers:
@@ -131,6 +136,9 @@ class Gateway:
         """A new client: its hello (statuses, and the snapshot unless it resumes) and its
         subscription, in one synchronous step. Raises :class:`~kvgateway.hub.TooManyClients`."""
         point = self.hub.resume_point(request, transport)
+        with_state = request.snapshot is not None and not point.recovered
+        if with_state:
+            self.routers.reserve()  # raises TooManySnapshots, a TooManyClients
         hello = messages.encode_hello(
             epoch=self.log.epoch,
             offset=point.offset,
@@ -138,7 +146,10 @@ class Gateway:
             sources=self.statuses(),
             occupancy=None if point.recovered else self.snapshot(point.offset),
         )
-        return self.hub.subscribe(request, transport, hello, point)
+        sub = self.hub.subscribe(request, transport, hello, point)
+        if with_state:  # nothing was appended since point.offset: the state is the hello's
+            self.routers.attach(sub, self.routers.matching(list(self.status), request.filter))
+        return sub
 
     def statuses(self) -> list[dict[str, Any]]:
         now = self.clock()
@@ -160,6 +171,7 @@ class Gateway:
         """Cache gauges are read from the index at scrape time, not on every batch."""
         now = self.clock()
         self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
+        self.routers.refresh_gauges()
         for key, children in self.stream_metrics.items():
             children.index_stale.set(1 if self.index.stream(*key).stale else 0)
             for medium, stats in self.index.stream(*key).medium_stats(now).items():

@@ -20,7 +20,15 @@ REPLAY_PURPOSES = ("catch_up", "gap", "verify", "tail")
 LOSS_REASONS = ("not_sent", "evicted", "transit", "no_answer", "no_replay", "restart", "overflow")
 TRANSPORTS = ("ws", "sse")
 DISCONNECT_REASONS = ("closed", "slow_consumer", "error", "shutdown")
-REJECTION_REASONS = ("unauthorized", "forbidden_origin", "forbidden_host", "too_many_clients", "bad_request")
+REJECTION_REASONS = (
+    "unauthorized",
+    "forbidden_origin",
+    "forbidden_host",
+    "too_many_clients",
+    "bad_request",
+    "too_many_snapshots",
+    "rate_limited",
+)
 REJECTION_TRANSPORTS = ("ws", "sse", "http")
 
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -235,6 +243,38 @@ class Metrics:
             (*STREAM, "medium"),
             registry=r,
         )
+        # routers (kvgateway/routers.py)
+        self.learned_blocks = Gauge(
+            "kvgateway_learned_blocks", "Learned token-chain entries held for lookups by token_ids.", registry=r
+        )
+        self.learned_evictions = Counter(
+            "kvgateway_learned_evictions", "Learned token-chain entries dropped at max_learned_blocks.", registry=r
+        )
+        self.fleet_distinct_blocks = Gauge(
+            "kvgateway_fleet_distinct_blocks",
+            "Distinct resident blocks across every stream, by medium (all: any medium); refreshed every 15 s.",
+            ("medium",),
+            registry=r,
+        )
+        self.fleet_shared_blocks = Gauge(
+            "kvgateway_fleet_shared_blocks",
+            "Resident blocks held by more than one stream, by medium (all: any medium); refreshed every 15 s.",
+            ("medium",),
+            registry=r,
+        )
+        self.lookups = Counter(
+            "kvgateway_lookups", "POST /v1/lookup answers, by kind (hashes, tokens).", ("kind",), registry=r
+        )
+        self.block_snapshots = Counter(
+            "kvgateway_block_snapshots",
+            "Block snapshots served, by route (ws, sse, blocks: GET /v1/blocks).",
+            ("route",),
+            registry=r,
+        )
+        for kind in ("hashes", "tokens"):
+            self.lookups.labels(kind)
+        for route in ("ws", "sse", "blocks"):
+            self.block_snapshots.labels(route)
         # Every client series exists from the start, so increase() sees the first event too.
         for transport in TRANSPORTS:
             self.clients.labels(transport).set(0)

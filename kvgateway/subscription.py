@@ -20,6 +20,7 @@ from kvgateway.metrics import HubMetrics
 
 if TYPE_CHECKING:
     from kvgateway.hub import Hub
+    from kvgateway.routers import BlockSnapshot
 
 Transport: TypeAlias = Literal["ws", "sse"]
 CloseReason: TypeAlias = Literal["closed", "slow_consumer", "error", "shutdown"]
@@ -53,6 +54,7 @@ class Subscription:
         "hello_message",
         "offset",
         "recovered",
+        "snapshot",
         "transport",
         "wakeup",
     )
@@ -77,6 +79,8 @@ class Subscription:
         self.hello = hello.data
         self.offset = offset  # the hello's offset: where the client stands before its first chunk
         self.recovered = recovered
+        self.snapshot: BlockSnapshot | None = None
+        """``snapshot=blocks``: the state the writer sends after the hello, before any queued message."""
         self.closed_reason: CloseReason | None = None
         self.wakeup: Callable[[], None] | None = None
         """Called when a message arrives in an empty queue, and when the subscription closes."""
@@ -141,6 +145,16 @@ class Subscription:
     def written(self) -> None:
         """The chunk taken last is written to the client's socket."""
         self._in_flight = False
+
+    def hold(self, limit: int) -> None:
+        """The writer is busy with something else (the block snapshot): live messages queue
+        behind it, bounded by ``limit`` (at least the usual bound) until :meth:`unhold`."""
+        self._in_flight = True
+        self._limit = max(limit, self._limit)
+
+    def unhold(self) -> None:
+        self._in_flight = False
+        self._limit = self._hub.client_queue_bytes
 
     def farewell(self) -> OutMessage | None:
         """The slow_consumer notice an SSE writer writes last; None unless cut for slowness."""

@@ -1529,15 +1529,15 @@ def test_max_clients(guarded: Gateway) -> None:
     assert after[("ws", "too_many_clients")] - before[("ws", "too_many_clients")] == 1
 
 
-_ACCEPTED = "(accepted: source, dp_rank, type, medium, last_event_id, token)"
+_ACCEPTED = "(accepted: source, dp_rank, type, medium, last_event_id, snapshot, token)"
 BAD_QUERIES = [
     (
         "sources=llama",
-        "unknown query parameter 'sources' (accepted: source, dp_rank, type, medium, last_event_id, token)",
+        "unknown query parameter 'sources' (accepted: source, dp_rank, type, medium, last_event_id, snapshot, token)",
     ),
     (
         "Source=llama",
-        "unknown query parameter 'Source' (accepted: source, dp_rank, type, medium, last_event_id, token)",
+        "unknown query parameter 'Source' (accepted: source, dp_rank, type, medium, last_event_id, snapshot, token)",
     ),
     ("dp_rank=-1", "dp_rank: expected a non-negative integer, got '-1'"),
     ("dp_rank=0&dp_rank=one", "dp_rank: expected a non-negative integer, got 'one'"),
