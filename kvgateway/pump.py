@@ -86,6 +86,13 @@ def _hello(subscription: Subscription) -> OutMessage:
     return hello
 
 
+def _drop_state(subscription: Subscription) -> None:
+    """A client that left before its state was sent frees its snapshot slot now."""
+    snapshot, subscription.snapshot = subscription.snapshot, None
+    if snapshot is not None:
+        snapshot.release()
+
+
 def _state(subscription: Subscription) -> Iterator[OutMessage]:
     """The ``state`` messages of a ``snapshot=blocks`` client, one chunk per step (the writer
     yields to the event loop between steps); stops early when the subscription is closed. Live
@@ -136,6 +143,7 @@ async def ws_session(websocket: WebSocket, subscription: Subscription) -> None:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await reader
         subscription.close("closed")
+        _drop_state(subscription)
 
 
 async def _drain_inbound(websocket: WebSocket, subscription: Subscription) -> None:
@@ -174,3 +182,4 @@ async def sse_stream(subscription: Subscription, keepalive: float) -> AsyncItera
                 subscription.written()
     finally:
         subscription.close("closed")
+        _drop_state(subscription)
