@@ -1,9 +1,8 @@
 """Lookup, snapshot and learned-chain memory, in process: ``python -m bench.lookup [--smoke]``.
 
-Not (yet) a scenario of ``python -m bench``: the routes do not exist yet, so everything here runs
-in this process against the sans-I/O modules (kvgateway.occupancy, kvgateway.blocks,
-kvgateway.lookup). The end-to-end figures (live clients' p99 during a snapshot served by the real
-gateway) come when the routes are wired.
+Not (yet) a scenario of ``python -m bench``: everything here runs in this process against the
+sans-I/O modules (kvgateway.occupancy, kvgateway.blocks, kvgateway.lookup). The end-to-end
+figures (live clients' p99 while the real web stack serves a snapshot) are bench/snapshot.py's.
 
 Workload: ``--streams`` engines (8) hold ``--blocks`` resident blocks in all (1,000,000) as
 chains of ``--chain`` blocks (64) of 16 random tokens each. Every engine hashes with its own seed,
