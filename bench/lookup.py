@@ -44,6 +44,7 @@ from typing import Any, Final
 
 import msgspec
 
+from bench.common import write_run
 from kvgateway.blocks import DEFAULT_CHUNK_BLOCKS, capture, state_messages
 from kvgateway.lookup import (
     ChainLearner,
@@ -340,11 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0],
         **result,
     }
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    path = args.results_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{out['mode']}.json"
-    path.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-    sys.stdout.write(json.dumps(out, indent=1) + "\n")
-    _say(f"wrote {path}")
+    _say(f"wrote {write_run(out, args.results_dir)}")
     return 0
 
 

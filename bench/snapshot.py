@@ -30,6 +30,7 @@ from typing import Any, Final
 
 import uvicorn
 
+from bench.common import write_run
 from kvgateway.app import create_app
 from kvgateway.config import Settings, SourceConfig
 from kvgateway.gateway import Gateway
@@ -218,11 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         result = runner.run(_serve(args))
     out = {"mode": "smoke" if args.smoke else "full", "started": time.strftime("%Y-%m-%d %H:%M:%S"), **result}
     out["workload"] = {"streams": args.streams, "blocks": args.blocks, "rate": args.rate, "live": args.live}
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    path = args.results_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{out['mode']}.json"
-    path.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-    sys.stdout.write(json.dumps(out, indent=1) + "\n")
-    _say(f"wrote {path}")
+    _say(f"wrote {write_run(out, args.results_dir)}")
     return 0
 
 

@@ -3,27 +3,13 @@ and reports every figure (never a speed: smoke sizes mean nothing)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.bench._smoke import smoke_result
 
 
 def test_snapshot_bench_smoke(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.snapshot", "--smoke", "--results-dir", str(tmp_path)],
-        cwd=REPO,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (path,) = tmp_path.glob("*-smoke.json")
-    result = json.loads(path.read_text(encoding="utf-8"))
-    assert result == json.loads(proc.stdout)
+    result = smoke_result("bench.snapshot", tmp_path)
     snap = result["snapshot"]
     assert snap["blocks"] >= 8192 and snap["first_live_offset"] == snap["hello_offset"] + 1
     assert result["learned_blocks"] >= 8192
