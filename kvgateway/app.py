@@ -155,7 +155,11 @@ ROUTES: Final[list[Route | WebSocketRoute]] = [
     WebSocketRoute("/v1/ws", websocket_endpoint),
     *ROUTER_ROUTES,
 ]
-_KNOWN_V1: Final = frozenset(route.path for route in ROUTES if route.path.startswith(PROTECTED_PREFIX))
+_KNOWN_V1: Final = {
+    route.path: ", ".join(sorted(getattr(route, "methods", None) or {"GET", "HEAD"}))
+    for route in ROUTES
+    if route.path.startswith(PROTECTED_PREFIX)
+}
 
 
 async def not_found(request: Request, exc: Exception) -> Response:
@@ -167,7 +171,7 @@ async def not_found(request: Request, exc: Exception) -> Response:
     if path == "/v1/ws":
         return json_error(426, "/v1/ws is a WebSocket endpoint: use a WebSocket client", Upgrade="websocket")
     if path in _KNOWN_V1:
-        return json_error(405, f"method {request.method} not allowed on {path}", Allow="GET, HEAD")
+        return json_error(405, f"method {request.method} not allowed on {path}", Allow=_KNOWN_V1[path])
     return json_error(404, f"no such endpoint: {path[:200]} (see docs/protocol.md)")
 
 

@@ -482,7 +482,14 @@ OPTIONS: tuple[Option, ...] = (
         "learned token chains for lookups by token_ids, oldest dropped first; 0 = off (default 2000000)",
         (0, 2**32),
     ),
-    Option("lookup_rate", float, "routers", "POST /v1/lookup per second, all clients (default 1000)", (0.01, 1e7)),
+    Option(
+        "lookup_rate",
+        float,
+        "routers",
+        "POST /v1/lookup per second, all clients (default 1000)",
+        (0.01, 1e7),
+        metavar="PER_SECOND",
+    ),
     Option("lookup_burst", int, "routers", "lookups allowed at once above the rate (default 200)", (1, 10_000_000)),
     Option("max_snapshots", int, "routers", "block snapshots served at once (default 4)", (1, 1024)),
     Option(

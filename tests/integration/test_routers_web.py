@@ -188,6 +188,8 @@ def test_sse_snapshot_limits_and_token(fleet: str) -> None:
     assert httpx.post(f"{base}/v1/lookup?type=x", json={"block_hashes": []}, headers=AUTH).status_code == 400
     assert httpx.get(f"{base}/v1/blocks?format=xml", headers=AUTH).status_code == 400
     assert httpx.get(f"{base}/v1/blocks?medium=GPU", headers=AUTH).status_code == 400
+    wrong = httpx.get(f"{base}/v1/lookup", headers=AUTH, timeout=10)
+    assert (wrong.status_code, wrong.headers["allow"]) == (405, "POST")
     huge = httpx.post(f"{base}/v1/lookup", content=b" " * (2 << 20), headers=AUTH, timeout=10)
     assert huge.status_code == 413
     codes = [httpx.post(f"{base}/v1/lookup", json={"block_hashes": []}, headers=AUTH).status_code for _ in range(40)]

@@ -224,7 +224,8 @@ def test_every_route_but_probes_metrics_and_dashboard_needs_the_token(guarded: t
                 if path not in open_paths:
                     for headers, query in [(gateway.headers(), ""), ({}, f"token={TOKEN}")]:
                         url = path + (f"?{query}" if query else "")
-                        with http.stream(method, url, headers=headers) as response:
+                        body = b'{"block_hashes": []}' if method == "POST" else None  # POST /v1/lookup
+                        with http.stream(method, url, headers=headers, content=body) as response:
                             assert response.status_code == 200, (method, path)
     for path in ws_routes:
         url = f"ws://127.0.0.1:{gateway.port}{path}"
