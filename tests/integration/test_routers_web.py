@@ -123,7 +123,13 @@ def test_snapshot_then_stream_equals_the_blocks_document_and_lookups_answer(flee
     }
     assert index == expected and len(expected) > 100
 
-    # lookups: a stored chain by hashes and by its tokens give the same prefix for that stream
+    _check_lookups(base, live, index, offset)
+    occupancy = httpx.get(f"{base}/v1/occupancy", headers=AUTH, timeout=10).json()
+    assert set(occupancy["fleet"]) >= {"distinct_blocks", "shared_blocks", "mediums", "offset"}
+
+
+def _check_lookups(base: str, live: list[dict[str, Any]], index: dict[tuple[Any, ...], int], offset: int) -> None:
+    """A stored chain by hashes and by its tokens give the same prefix for the stream that stored it."""
     stored = [
         (m, e)
         for m in live
@@ -144,8 +150,6 @@ def test_snapshot_then_stream_equals_the_blocks_document_and_lookups_answer(flee
         checked += mine["blocks"] > 0
         assert mine["mediums"].get("GPU", {"blocks": 0})["blocks"] <= resident
     assert checked > 0
-    occupancy = httpx.get(f"{base}/v1/occupancy", headers=AUTH, timeout=10).json()
-    assert set(occupancy["fleet"]) >= {"distinct_blocks", "shared_blocks", "mediums", "offset"}
 
 
 def _post(base: str, body: Any, **kw: Any) -> Any:
