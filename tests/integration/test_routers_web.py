@@ -26,6 +26,13 @@ TOKEN = "tk-routers-9f2Q"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SCHEMA = json.loads((REPO / "kvgateway" / "protocol.schema.json").read_text(encoding="utf-8"))
 VALIDATOR = Draft202012Validator(SCHEMA)
+
+
+def shape(name: str) -> Draft202012Validator:
+    """A validator of one of the schema's ``$defs`` (the routes' documents are no stream message)."""
+    return Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": f"#/$defs/{name}"})
+
+
 BATCHES = 400
 
 
@@ -118,6 +125,7 @@ def test_snapshot_then_stream_equals_the_blocks_document_and_lookups_answer(flee
     for line in lines[:3]:
         VALIDATOR.validate({k: v for k, v in line.items() if k != "stale"})
     assert _comparable(doc["streams"]) == _comparable(lines)
+    shape("blocks_document").validate(doc)
     expected = {
         (s["source"], s["dp_rank"], b["hash"], b["medium"]): b["refs"] for s in doc["streams"] for b in s["blocks"]
     }
@@ -126,6 +134,7 @@ def test_snapshot_then_stream_equals_the_blocks_document_and_lookups_answer(flee
     _check_lookups(base, live, index, offset)
     occupancy = httpx.get(f"{base}/v1/occupancy", headers=AUTH, timeout=10).json()
     assert set(occupancy["fleet"]) >= {"distinct_blocks", "shared_blocks", "mediums", "offset"}
+    shape("occupancy").validate(occupancy)
 
 
 def _check_lookups(base: str, live: list[dict[str, Any]], index: dict[tuple[Any, ...], int], offset: int) -> None:
@@ -153,8 +162,10 @@ def _check_lookups(base: str, live: list[dict[str, Any]], index: dict[tuple[Any,
 
 
 def _post(base: str, body: Any, **kw: Any) -> Any:
+    shape("lookup_request").validate(body)
     response = httpx.post(f"{base}/v1/lookup", json=body, headers=AUTH, timeout=10, **kw)
     assert response.status_code == 200, response.text
+    shape("lookup_answer").validate(response.json())
     return response.json()
 
 
