@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import subprocess
@@ -79,6 +80,36 @@ async def _feed(gateway: Gateway, streams: int, rate: float, rng: random.Random)
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
 
+class _Pauses:
+    """The longest garbage-collector pause per generation, and the event loop's longest lag (a
+    5 ms timer's overshoot), while the clients run: where a live message's wait comes from."""
+
+    def __init__(self) -> None:
+        self.gc_ms: dict[int, float] = {}
+        self.lag_ms = 0.0
+        self._gc_started = 0.0
+
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            took = (time.perf_counter() - self._gc_started) * 1e3
+            generation = info["generation"]
+            self.gc_ms[generation] = max(self.gc_ms.get(generation, 0.0), took)
+
+    async def watch_loop(self) -> None:
+        while True:
+            asked = time.perf_counter()
+            await asyncio.sleep(0.005)
+            self.lag_ms = max(self.lag_ms, (time.perf_counter() - asked - 0.005) * 1e3)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "loop_lag_max_ms": round(self.lag_ms, 1),
+            "gc_pause_max_ms": {f"gen{g}": round(ms, 1) for g, ms in sorted(self.gc_ms.items())},
+        }
+
+
 async def _serve(args: argparse.Namespace) -> dict[str, Any]:
     sources = tuple(SourceConfig(name=f"e{i}", endpoint=f"tcp://127.0.0.1:{9 + i}") for i in range(args.streams))
     settings = Settings(sources=sources, port=0, client_queue_bytes=1 << 20, log_level="warning")
@@ -87,6 +118,7 @@ async def _serve(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     _fill(gateway, args.streams, args.blocks, rng)
     fill_seconds = time.perf_counter() - started
+    gc.collect()  # the fill's garbage, collected before the clients come (not in their baseline)
     _say(f"{args.blocks} blocks in {fill_seconds:.1f} s; serving")
     config = uvicorn_config(create_app(gateway), settings)
     config.port = 0
@@ -96,14 +128,20 @@ async def _serve(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     feeder = asyncio.create_task(_feed(gateway, args.streams, args.rate, rng))
+    pauses = _Pauses()
+    gc.callbacks.append(pauses.on_gc)
+    watcher = asyncio.create_task(pauses.watch_loop())
     command = [sys.executable, "-m", "bench.snapshot", "--client", f"ws://127.0.0.1:{port}/v1/ws"]
     command += ["--live", str(args.live), "--baseline", str(args.baseline), "--streams", str(args.streams)]
     proc = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE, cwd=REPO)
     out, _ = await proc.communicate()
+    gc.callbacks.remove(pauses.on_gc)
+    watcher.cancel()
     feeder.cancel()
     server.should_exit = True
     await serving
     result: dict[str, Any] = json.loads(out)
+    result["server"] = pauses.report()  # over the whole run, baseline included
     result["fill_seconds"] = round(fill_seconds, 2)
     result["resident_blocks"] = sum(len(b) for s in gateway.index.streams() for *_, b, _ in s.block_groups())
     result["learned_blocks"] = len(gateway.routers.learner)

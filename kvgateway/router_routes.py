@@ -19,7 +19,7 @@ from kvgateway.guard import json_error
 from kvgateway.lookup import DEFAULT_LIMITS, BadLookup, parse_request
 from kvgateway.occupancy import StreamIndex
 from kvgateway.query import BadRequest, ClientRequest
-from kvgateway.routers import BlockSnapshot, TooManySnapshots
+from kvgateway.routers import BlockSnapshot, TooManySnapshots, without_gc
 
 if TYPE_CHECKING:
     from kvgateway.gateway import Gateway
@@ -71,7 +71,7 @@ async def _paced(pieces: Iterator[bytes], snapshot: BlockSnapshot) -> AsyncItera
     """One rendered piece per event-loop turn: a million blocks never hold the loop for long (a
     sync iterator would run in a thread and still take the GIL from the loop)."""
     try:
-        for piece in pieces:
+        for piece in without_gc(pieces):
             yield piece
             await asyncio.sleep(0)
     finally:
