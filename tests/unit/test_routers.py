@@ -8,13 +8,14 @@ its metrics, the fleet facts and their gauges, and the ``snapshot`` query parame
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import random
 from typing import Any
 
 import pytest
 
-from kvgateway.blocks import blocks_document, capture
+from kvgateway.blocks import blocks_document, capture, encoded_state_messages, state_messages
 from kvgateway.config import Settings, SourceConfig
 from kvgateway.filters import ClientFilter
 from kvgateway.gateway import Gateway
@@ -22,7 +23,7 @@ from kvgateway.log import batch_record
 from kvgateway.lookup import TokenQuery, block_digests
 from kvgateway.pump import _hello, _state
 from kvgateway.query import BadRequest, ClientRequest, parse_query
-from kvgateway.routers import TooManySnapshots
+from kvgateway.routers import TooManySnapshots, without_gc
 from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event
 
 SIZE = 4
@@ -211,3 +212,19 @@ def test_snapshot_query_parameter() -> None:
     for bad, fragment in (({"snapshot": ["all"]}, "snapshot: expected blocks"), ({"snapshot": ["blocks"] * 2}, "more")):
         with pytest.raises(BadRequest, match=fragment):
             parse_query(bad)
+
+
+def test_encoded_state_messages_equal_the_state_messages_and_gc_is_restored() -> None:
+    gateway = make_gateway()
+    churn(gateway, random.Random(5), 60)
+    streams = capture(gateway.index.streams())
+    expected = [json.loads(json.dumps(m)) for m in state_messages(streams, 9, 3)]
+    assert gc.isenabled()
+    got = [json.loads(data) for data in without_gc(encoded_state_messages(streams, 9, 3))]
+    assert got == expected and gc.isenabled()
+    gc.disable()
+    try:
+        assert len(list(without_gc(encoded_state_messages(streams, 9, 3)))) == len(expected)
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.enable()
