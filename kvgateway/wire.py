@@ -421,7 +421,14 @@ def _unknown_keys(raw: msgspec.Raw, core: frozenset[str]) -> dict[str, Any]:
 def _field_name(key: Any) -> str:
     """A map event's key as the name ``extra`` keeps it under: msgpack allows nil, numbers, bools
     and arrays as keys, but ``extra`` promises names (and JSON objects need them)."""
-    return key if type(key) is str else str(_key(key))
+    if type(key) is str:
+        return key
+    if type(key) is bytes:
+        return key.hex()
+    try:
+        return msgspec.json.encode(key).decode()
+    except (TypeError, ValueError):  # a msgpack extension, or one inside an array key
+        return repr(key)
 
 
 def _map_fallback(raw: msgspec.Raw, exc: msgspec.ValidationError) -> Event:
