@@ -33,6 +33,7 @@ import zmq.asyncio
 
 from kvgateway import wire
 from kvgateway.endpoints import binds, offset_endpoint
+from kvgateway.simulator import encode
 from kvgateway.simulator.workload import HASH_KINDS, HashKind, Workload
 
 # One logger for the whole simulator package (tests filter on it).
@@ -57,13 +58,13 @@ TRTLLM_HEARTBEAT: Final = 5.0
 class Flavour:
     """What one engine does by default; :class:`SimulatedEngine` arguments override each field."""
 
-    form: wire.EventForm
+    form: encode.EventForm
     hash_kind: HashKind
     replay_layout: ReplayLayout
     heartbeat: float  # seconds of silence before an empty batch; 0: never
     clear_on_start: bool  # the first batch of every process is AllBlocksCleared
     seq_from_time: bool  # a process's first seq is its time.time_ns()
-    dialect: wire.Dialect
+    dialect: encode.Dialect
 
 
 FLAVOURS: Final[dict[str, Flavour]] = {
@@ -214,7 +215,7 @@ class SimulatedEngine:
         dp_rank: int = 0,
         rate: float = 100.0,
         batches: int | None = None,
-        form: wire.EventForm | None = None,
+        form: encode.EventForm | None = None,
         hash_kind: HashKind | None = None,
         replay_layout: ReplayLayout | None = None,
         buffer_steps: int = 10_000,
@@ -260,13 +261,13 @@ class SimulatedEngine:
         self.dp_rank = dp_rank
         self.rate = rate
         self.batches = batches
-        self.form: wire.EventForm = form
+        self.form: encode.EventForm = form
         self.replay_layout: ReplayLayout = replay_layout
         self.replay_hwm = replay_hwm
         self.replay_pace = replay_pace
         self.heartbeat = heartbeat
         self.clear_on_start = flavour.clear_on_start if clear_on_start is None else clear_on_start
-        self.dialect: wire.Dialect = flavour.dialect
+        self.dialect: encode.Dialect = flavour.dialect
         self._seq_from_time = flavour.seq_from_time
         self._hwm = hwm
         self.faults = faults if faults is not None else Faults()
@@ -496,7 +497,7 @@ class SimulatedEngine:
         if seq in self._garbage:
             payload = garbage_payload(seq)
         else:
-            payload = wire.encode_batch(batch, self.form, dialect=self.dialect)
+            payload = encode.encode_batch(batch, self.form, dialect=self.dialect)
         self._buffer.append((seq, payload))
         self._last_sent = asyncio.get_running_loop().time()
         if not self.faults.skips(seq):
@@ -707,7 +708,7 @@ def build_engines(
     topic: str = "kv-events",
     rate: float = 100.0,
     batches: int | None = None,
-    form: wire.EventForm | None = None,
+    form: encode.EventForm | None = None,
     hash_kind: HashKind | None = None,
     replay_layout: ReplayLayout | None = None,
     buffer_steps: int = 10_000,

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from kvgateway import wire
+from kvgateway import render, wire
 from tests.conftest import Proc
 
 from ._sim_helpers import Layout, parse_replay_reply
@@ -295,7 +295,7 @@ class RefModel:
     def feed_any(self, payload: bytes) -> None:
         """Any layout: events decoded by the gateway's own wire decoder, counted by this model."""
         decoded = wire.decode_batch(payload)
-        events = [wire.render_event(event) for event in decoded.events]
+        events = [render.render_event(event) for event in decoded.events]
         self.feed(msgspec.msgpack.encode([decoded.ts, events]))
 
     def feed(self, payload: bytes) -> None:

@@ -24,7 +24,8 @@ import pytest
 from kvgateway.blocks import blocks_document, capture, state_messages
 from kvgateway.lookup import lookup_hashes, parse_hash
 from kvgateway.occupancy import OccupancyIndex
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, hash_text, render_events
+from kvgateway.render import hash_text, render_events
+from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
 from tests.conftest import REPO
 
 ROUTER = REPO / "examples" / "go" / "router"

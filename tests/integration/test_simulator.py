@@ -18,7 +18,7 @@ import zmq
 import zmq.asyncio
 
 from kvgateway import cli, wire
-from kvgateway.simulator import Faults, SimulatedEngine, Workload, add_arguments, build_engines
+from kvgateway.simulator import Faults, SimulatedEngine, Workload, add_arguments, build_engines, encode
 
 from ._sim_helpers import (
     Layout,
@@ -541,7 +541,7 @@ def test_build_engines_offsets_and_shares_system_prompts() -> None:
         assert [e.endpoint for e in engines] == ["tcp://*:6000", "tcp://*:6001", "tcp://*:6002"]
         assert [e.replay_endpoint for e in engines] == ["inproc://replay", "inproc://replay_dp1", "inproc://replay_dp2"]
         assert [e.dp_rank for e in engines] == [0, 1, 2]
-        first = [wire.encode_batch(e.workload.next_batch(0.0, e.dp_rank)) for e in engines]
+        first = [encode.encode_batch(e.workload.next_batch(0.0, e.dp_rank)) for e in engines]
         assert len(set(first)) == 3, "each rank has its own requests"
     finally:
         for engine in engines:
