@@ -31,6 +31,7 @@ class Owner(Protocol):
 
     def forget(self, sub: Subscription, reason: CloseReason) -> None: ...
 
+
 CHUNK_BYTES: Final = 256 * 1024
 """At most this much per :meth:`Subscription.take` (one frame / one write), unless a single message is larger."""
 
