@@ -2,7 +2,7 @@
 
 The payloads come from :class:`kvgateway.simulator.Workload` (a prefix-caching engine: shared
 system prompts, growing conversations, 16-token blocks, chained u64 hashes, LRU eviction,
-duplicates) encoded by :func:`kvgateway.encode.encode_batch` in vLLM's current map layout, with
+duplicates) encoded by :func:`kvgateway.simulator.encode.encode_batch` in vLLM's current map layout, with
 ``ts`` left as a placeholder that :mod:`bench.publisher` overwrites with ``time.time()`` at send.
 
 A set is cyclic: its first batch starts with ``AllBlocksCleared`` (a cache reset on an empty

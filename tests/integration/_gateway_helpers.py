@@ -12,10 +12,10 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import pairwise
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import msgspec
@@ -25,7 +25,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from kvgateway import render, wire
-from tests.conftest import Proc
+from tests.support import start_gateway as support_start_gateway
 
 from ._sim_helpers import Layout, parse_replay_reply
 
@@ -39,43 +39,9 @@ WARMUP_BASE = 1_000_000
 # --- processes --------------------------------------------------------------------------------
 
 
-@dataclass
-class Gateway:
-    proc: Proc
-    port: int
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/ws"
-
-
-def start_gateway(
-    start: Callable[..., Proc], port: int, sources: Iterable[str], *extra: str, timeout: float = 30.0
-) -> Gateway:
-    """``kvgateway serve`` on 127.0.0.1:``port``; returns once it logged that it serves."""
-    args = ["serve", "--host", "127.0.0.1", "--port", str(port), "--client-queue-bytes", str(BIG_QUEUE)]
-    for spec in sources:
-        args += ["--source", spec]
-    proc = start(*args, *extra)
-    proc.wait_for(r"serving on http://", timeout=timeout)
-    return Gateway(proc, port)
-
-
-def start_sim(start: Callable[..., Proc], *args: str, ranks: int = 1, timeout: float = 30.0, wait: bool = True) -> Proc:
-    """``kvgateway simulate ARGS``; returns once every rank printed its readiness line (or at once)."""
-    proc = start("simulate", *args)
-    if wait:
-        sim_ready(proc, ranks, timeout)
-    return proc
-
-
-def sim_ready(proc: Proc, ranks: int = 1, timeout: float = 30.0) -> None:
-    for rank in range(ranks):
-        proc.wait_for(rf"^simulate: rank {rank} publishing ", timeout=timeout)
+start_gateway: Final = partial(support_start_gateway, client_queue_bytes=BIG_QUEUE)
+"""The gateway of the integration tests: :func:`tests.support.start_gateway` with a queue no test
+client outgrows."""
 
 
 def warmup(seconds: float) -> list[str]:

@@ -26,7 +26,7 @@ from kvgateway.lookup import lookup_hashes, parse_hash
 from kvgateway.occupancy import OccupancyIndex
 from kvgateway.render import hash_text, render_events
 from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
-from tests.conftest import REPO
+from tests.support import REPO
 
 ROUTER = REPO / "examples" / "go" / "router"
 GOPATH = Path("/usr/share/gocode")
