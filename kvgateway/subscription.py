@@ -11,18 +11,26 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Final, Literal, TypeAlias
+from typing import Final, Literal, Protocol, TypeAlias
 
 from kvgateway import messages
 from kvgateway.filters import ClientFilter
 from kvgateway.messages import OutMessage
 from kvgateway.metrics import HubMetrics
 
-if TYPE_CHECKING:
-    from kvgateway.hub import Hub
-
 Transport: TypeAlias = Literal["ws", "sse"]
 CloseReason: TypeAlias = Literal["closed", "slow_consumer", "error", "shutdown"]
+
+
+class Owner(Protocol):
+    """What a subscription needs of the hub that holds it (the hub imports this module, not the
+    other way round)."""
+
+    @property
+    def slow_consumer_notice(self) -> OutMessage: ...
+
+    def forget(self, sub: Subscription, reason: CloseReason) -> None: ...
+
 
 CHUNK_BYTES: Final = 256 * 1024
 """At most this much per :meth:`Subscription.take` (one frame / one write), unless a single message is larger."""
@@ -59,7 +67,7 @@ class Subscription:
 
     def __init__(
         self,
-        hub: Hub,
+        hub: Owner,
         *,
         client_filter: ClientFilter,
         transport: Transport,

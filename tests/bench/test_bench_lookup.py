@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 
 def number(value: Any) -> bool:
