@@ -1,13 +1,16 @@
 """Engine events rendered for clients: the JSON-ready form a ``batch`` message carries
-(:mod:`kvgateway.messages` encodes it), with the engine's own field names."""
+(:mod:`kvgateway.messages` encodes it), with the engine's own field names, and any msgpack value an
+engine may send (bytes, extension types, maps keyed by nil or arrays, deep nesting) as JSON can
+carry it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final
+
+import msgspec
 
 from kvgateway.mediums import medium_tier
-from kvgateway.plain import SCALARS, plain
 from kvgateway.wire import (
     CLEARED,
     REMOVED,
@@ -19,6 +22,48 @@ from kvgateway.wire import (
     Hash,
     UnknownEvent,
 )
+
+# --- msgpack values made JSON-ready ---------------------------------------------------------
+
+_SCALARS: Final = frozenset({int, str, float, bool, type(None)})
+
+MAX_RENDER_DEPTH: Final = 32
+"""Opaque values nested deeper render as :data:`TOO_DEEP` (real ones nest 3-4 levels)."""
+TOO_DEEP: Final = "(nested too deeply)"
+
+
+def plain(value: Any, depth: int = 0) -> Any:
+    """Any value made JSON-ready: bytes as lowercase hex (msgspec would write base64), msgpack
+    extensions as ``{"ext_type", "data"}``, every map key a string or number, depth bounded."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is bytes:
+        return value.hex()
+    if kind is list or kind is tuple:
+        # The common case (extra_keys of Nones, ints, strings) needs no copy.
+        if all(type(item) in _SCALARS for item in value):
+            return value
+        return TOO_DEEP if depth >= MAX_RENDER_DEPTH else [plain(item, depth + 1) for item in value]
+    if kind is dict:
+        if depth >= MAX_RENDER_DEPTH:
+            return TOO_DEEP
+        return {plain_key(k): plain(v, depth + 1) for k, v in value.items()}
+    if kind is msgspec.msgpack.Ext:
+        return {"ext_type": value.code, "data": bytes(value.data).hex()}
+    return value
+
+
+def plain_key(key: Any) -> str | int | float:
+    """A msgpack map key as a JSON object key (msgpack also allows nil, bools, arrays, bytes)."""
+    if isinstance(key, str) or (isinstance(key, int | float) and not isinstance(key, bool)):
+        return key
+    if isinstance(key, bytes):
+        return key.hex()
+    return msgspec.json.encode(plain(key, MAX_RENDER_DEPTH - 1)).decode()
+
+
+# --- events ---------------------------------------------------------------------------------
 
 
 def hash_text(value: Hash) -> str:
@@ -32,7 +77,7 @@ def _hashes_text(values: list[Hash]) -> list[str]:
 
 def _further(extra: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     for key, value in extra.items():
-        out[key] = value if type(value) in SCALARS else plain(value)
+        out[key] = value if type(value) in _SCALARS else plain(value)
     return out
 
 

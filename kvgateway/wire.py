@@ -17,8 +17,6 @@ from typing import Any, Final, Literal, TypeAlias
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from kvgateway.plain import plain_key
-
 Hash: TypeAlias = int | bytes
 
 MAX_PAYLOAD_BYTES: Final = 64 * 1024 * 1024
@@ -449,7 +447,14 @@ def _unknown_keys(raw: msgspec.Raw, core: frozenset[str]) -> dict[str, Any]:
 def _field_name(key: Any) -> str:
     """A map event's key as the name ``extra`` keeps it under: msgpack allows nil, numbers, bools
     and arrays as keys, but ``extra`` promises names (and JSON objects need them)."""
-    return key if type(key) is str else str(plain_key(key))
+    if type(key) is str:
+        return key
+    if type(key) is bytes:
+        return key.hex()
+    try:
+        return msgspec.json.encode(key).decode()
+    except (TypeError, ValueError):  # a msgpack extension, or one inside an array key
+        return repr(key)
 
 
 def _map_fallback(raw: msgspec.Raw, exc: msgspec.ValidationError) -> Event:
