@@ -70,7 +70,7 @@ async def readyz(request: Request) -> Response:
     gateway = _gateway(request)
     ready, not_ready = gateway.readiness()
     return JSONResponse(
-        {"ready": ready, "streams": len(gateway.status), "not_ready": not_ready}, status_code=200 if ready else 503
+        {"ready": ready, "streams": len(gateway.outlets), "not_ready": not_ready}, status_code=200 if ready else 503
     )
 
 

@@ -18,7 +18,7 @@ A block renders as::
 
     {"hash": "15760518052499183552", "refs": 2, "medium": "GPU", "tier": "GPU", "group_idx": 0, "block_size": 16}
 
-- ``hash`` exactly as the stream renders it (:func:`kvgateway.wire.hash_text`: decimal with its
+- ``hash`` exactly as the stream renders it (:func:`kvgateway.render.hash_text`: decimal with its
   sign for integer hashes, lowercase hex for bytes);
 - ``refs`` the reference count (physical copies announced and not yet removed, at least 1);
 - ``medium`` the upper-cased medium name as in ``/v1/occupancy`` (no medium: ``GPU``), ``tier`` its tier;
@@ -41,7 +41,8 @@ import msgspec
 
 from kvgateway.mediums import medium_tier
 from kvgateway.occupancy import BlockGroup, StreamIndex
-from kvgateway.wire import Hash, hash_text
+from kvgateway.render import hash_text
+from kvgateway.wire import Hash
 
 __all__ = [
     "DEFAULT_CHUNK_BLOCKS",

@@ -24,7 +24,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvgateway.endpoints import WILDCARD_HOSTS, is_wildcard, offset_endpoint, split_tcp, tcp_endpoint, vllm_binds
+from kvgateway.endpoints import (
+    WILDCARD_HOSTS,
+    endpoint_problem,
+    is_wildcard,
+    rank_endpoints,
+    split_tcp,
+    tcp_endpoint,
+    vllm_binds,
+)
 
 CONFIG_ENV = "KVGATEWAY_CONFIG"
 TOKEN_ENV = "KVGATEWAY_TOKEN"
@@ -32,7 +40,6 @@ SOURCES_ENV = "KVGATEWAY_SOURCES"
 ENV_PREFIX = "KVGATEWAY_"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_TCP = re.compile(r"^tcp://(?P<host>\[[^\]]+\]|[^:/\[\]]+):(?P<port>\d{1,5})$")
 _MEDIUM = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
 SOURCE_KEYS = ("name", "endpoint", "replay", "topic", "dp_size", "bind", "capacity_blocks", "host", "kv_events_config")
 MAX_DP_SIZE = 1024
@@ -120,14 +127,12 @@ class Settings:
 def _check_endpoint(source: str, key: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"source {source!r}: key {key!r}: expected an endpoint string")
-    if value.startswith("tcp://"):
-        match = _TCP.match(value)
-        if not match or not 0 < int(match["port"]) < 65536:
-            raise ConfigError(f"source {source!r}: key {key!r}: {value!r} is not tcp://HOST:PORT")
-        return value
-    if value.startswith(("ipc://", "inproc://")) and len(value) > len("ipc://"):
-        return value
-    raise ConfigError(f"source {source!r}: key {key!r}: {value!r} must start with tcp://, ipc:// or inproc://")
+    problem = endpoint_problem(value)
+    if problem is not None:
+        if value.startswith("tcp://"):
+            problem = "is not tcp://HOST:PORT"  # with the port's range in the message of old
+        raise ConfigError(f"source {source!r}: key {key!r}: {value!r} {problem}")
+    return value
 
 
 def expand_source(source: SourceConfig) -> list[StreamConfig]:
@@ -135,13 +140,13 @@ def expand_source(source: SourceConfig) -> list[StreamConfig]:
         StreamConfig(
             source=source.name,
             dp_rank=rank,
-            endpoint=offset_endpoint(source.endpoint, rank),
-            replay=None if source.replay is None else offset_endpoint(source.replay, rank),
+            endpoint=endpoint,
+            replay=replay,
             topic=source.topic,
             bind=source.bind,
             capacity_blocks=source.capacity_blocks,
         )
-        for rank in range(source.dp_size)
+        for rank, endpoint, replay in rank_endpoints(source.endpoint, source.replay, source.dp_size)
     ]
 
 

@@ -3,7 +3,7 @@
 Four shapes, one JSON object each (docs/protocol.md, kvgateway/protocol.schema.json):
 
 - ``hello``: first on every connection (epoch, offset, recovered, sources, occupancy);
-- ``batch``: one engine batch, events as :func:`kvgateway.wire.render_events` renders them;
+- ``batch``: one engine batch, events as :func:`kvgateway.render.render_events` renders them;
 - ``notice``: something happened to a stream (restart, unrecovered_gap, stale, degraded, up, down) or
   to this client (slow_consumer);
 - ``state``: after the hello of a ``snapshot=blocks`` connection, the resident blocks
@@ -174,7 +174,7 @@ class EncodedEvents:
 
 
 def encode_events(events: Iterable[dict[str, Any]]) -> EncodedEvents:
-    """Rendered events (``wire.render_events``) as JSON, one by one into one buffer."""
+    """Rendered events (``render.render_events``) as JSON, one by one into one buffer."""
     parts: list[bytes] = []
     ends = array("q")
     position = 0

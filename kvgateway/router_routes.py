@@ -54,7 +54,7 @@ def _streams(request: Request, gateway: Gateway, *extra: str) -> tuple[list[Stre
     ):
         if given is not None:
             raise BadRequest(f"{name}: not accepted on {request.url.path} (source and dp_rank select the streams)")
-    return gateway.routers.matching(list(gateway.status), client.filter), found
+    return gateway.routers.matching(list(gateway.outlets), client.filter), found
 
 
 class _Multi:

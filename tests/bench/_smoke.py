@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 
 def smoke_result(module: str, tmp_path: Path) -> dict[str, Any]:

@@ -30,10 +30,11 @@ import pytest
 from kvgateway.blocks import blocks_document, capture, state_messages
 from kvgateway.lookup import lookup_hashes, parse_hash
 from kvgateway.occupancy import OccupancyIndex
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, hash_text, render_events
-from tests.conftest import REPO, Proc, free_ports, wait_until
+from kvgateway.render import hash_text, render_events
+from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
+from tests.support import REPO, Proc, free_ports, start_sim, wait_until
 
-from ._gateway_helpers import start_gateway, start_sim, warmup
+from ._gateway_helpers import start_gateway, warmup
 
 ROUTER = REPO / "examples" / "go" / "router"
 GOPATH = Path("/usr/share/gocode")

@@ -16,9 +16,9 @@ import httpx
 import pytest
 from jsonschema import Draft202012Validator
 
-from tests.conftest import REPO, free_ports, wait_until
+from tests.support import REPO, free_ports, start_sim, wait_until
 
-from ._gateway_helpers import WsCollector, start_gateway, start_sim, warmup
+from ._gateway_helpers import WsCollector, start_gateway, warmup
 
 pytestmark = pytest.mark.timeout(120)
 
