@@ -344,6 +344,46 @@ def _catchup(r: dict[str, Any]) -> list[str]:
     return out
 
 
+def _streams(r: dict[str, Any]) -> list[str]:
+    out = [
+        "N streams against closed loopback ports (no engine running: every stream connecting and "
+        "retrying), against one stream in the same run; per stream = (N - one) / (N - 1).",
+        "",
+    ]
+    rows = []
+    for row in r["sizes"]:
+        one, per = row["one_stream"], row["per_stream"]
+        rows.append(
+            [
+                _num(row["streams"]),
+                _num(row["start_seconds"], 2),
+                _num(row["idle_cpu_cores"] * 100, 2) + "%",
+                _mib(row["rss_bytes"]),
+                _num(row["descriptors"]),
+                _num(row["metrics_seconds"] * 1000, 0) + " ms",
+                _num(row["metrics_bytes"] / 1024, 0) + " KiB",
+                f"{_num(per['rss_bytes'] / 1024, 1)} KiB, {_num(per['descriptors'], 2)} fds, "
+                f"{_num(per['metrics_bytes'], 0)} B of /metrics",
+                f"{_num(one['idle_cpu_cores'] * 100, 2)}%, {_mib(one['rss_bytes'])}, {_num(one['descriptors'])} fds",
+            ]
+        )
+    out += _table(
+        [
+            "streams",
+            "spawn to listed, s",
+            "idle CPU",
+            "RSS",
+            "descriptors",
+            "/metrics scrape",
+            "/metrics size",
+            "per stream",
+            "one stream",
+        ],
+        rows,
+    )
+    return out
+
+
 # --- the whole section --------------------------------------------------------------------
 
 
@@ -442,6 +482,19 @@ def _targets(s: dict[str, Any]) -> list[str]:
                 _yes(r["rebuilt_exactly"]),
             ]
         )
+    if (r := result("streams")) is not None and r["sizes"]:
+        big = r["sizes"][-1]
+        rows.append(
+            [
+                f"7 {big['streams']:,} streams, engines down",
+                f"start {_num(big['start_seconds'], 2)} s, idle {_num(big['idle_cpu_cores'] * 100, 1)}% of a core, "
+                f"/metrics {_num(big['metrics_seconds'], 2)} s",
+                "",
+                "",
+                "start in seconds, idle < 5%, /metrics < 1 s",
+                _yes(big["idle_cpu_cores"] < 0.05 and big["metrics_seconds"] < 1.0),
+            ]
+        )
     return _table(["scenario", "kvgateway", "baseline", "ratio", "target", "met"], rows)
 
 
@@ -450,6 +503,7 @@ SECTIONS: Final[list[tuple[str, str, Callable[[dict[str, Any]], list[str]]]]] = 
     ("latency", "4. Latency at 1,000 batches/s", _latency),
     ("memory", "5. Index memory and churn", _memory),
     ("catchup", "6. Catch-up from a replay", _catchup),
+    ("streams", "7. Many streams", _streams),
 ]
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO
 
-SCENARIOS = ("ingest", "fanout", "naive", "latency", "memory", "catchup")
+SCENARIOS = ("ingest", "fanout", "naive", "latency", "memory", "catchup", "streams")
 
 
 def run_bench(tmp_path: Path, *args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess[str], Path]:
@@ -82,6 +82,15 @@ def check_catchup(r: dict[str, Any]) -> None:
         assert number(r[key]), key
 
 
+def check_streams(r: dict[str, Any]) -> None:
+    (row,) = r["sizes"]
+    assert row["streams"] == 40 and row["one_stream"]["streams"] == 1
+    for key in ("start_seconds", "idle_cpu_cores", "rss_bytes", "descriptors", "metrics_seconds", "metrics_bytes"):
+        assert number(row[key]), key
+    assert row["descriptors"] > row["one_stream"]["descriptors"]  # every stream holds its sockets
+    assert set(row["per_stream"]) >= {"rss_bytes", "descriptors", "metrics_bytes"}
+
+
 CHECKS = {
     "ingest": check_ingest,
     "fanout": lambda r: check_fanout(r, "kvgateway", {"ws", "sse"}),
@@ -89,6 +98,7 @@ CHECKS = {
     "latency": check_latency,
     "memory": check_memory,
     "catchup": check_catchup,
+    "streams": check_streams,
 }
 
 
