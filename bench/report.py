@@ -67,7 +67,8 @@ def _meta(entry: dict[str, Any]) -> str:
 def _ingest(r: dict[str, Any]) -> list[str]:
     out = [
         f"{r['batches']:,} batches of {r['events_per_batch']} events ({r['payload_bytes']:,} bytes of msgpack "
-        "on average) pre-loaded, then consumed flat out with no web client.",
+        "on average) pre-loaded, then consumed flat out"
+        + (" with one WebSocket client receiving every batch." if r.get("web_clients") else " with no web client."),
         "",
     ]
     rows = [
@@ -90,6 +91,26 @@ def _ingest(r: dict[str, Any]) -> list[str]:
         ]
     )
     out += _table(["run", "raw SUB batches/s", "gateway batches/s", "ratio", "gateway CPU us/batch"], rows)
+    if r.get("variants"):
+        out += [
+            "",
+            "Gateway CPU per batch (every thread, until the client has the last batch) against the floor: "
+            "msgspec's decode plus JSON encode of the same payloads, in the bench process, same run:",
+            "",
+        ]
+        out += _table(
+            ["payloads", "gateway CPU us/batch", "floor us/batch", "ratio to floor", "gateway batches/s"],
+            [
+                [
+                    name,
+                    _num(v["gateway_cpu_us_per_batch"], 1),
+                    _num(v["floor_us"], 1),
+                    f"**{_num(v['floor_ratio'], 2)}**",
+                    _num(v["gateway_rate"]),
+                ]
+                for name, v in r["variants"].items()
+            ],
+        )
     b = r.get("breakdown_us")
     if b:
         out += ["", "Where a batch's time goes (in-process, same payloads, microseconds per batch):", ""]
@@ -394,6 +415,17 @@ def _targets(s: dict[str, Any]) -> list[str]:
         entry = s.get(name)
         return None if entry is None or "error" in entry else entry["result"]
 
+    if (r := result("ingest")) is not None and r.get("floor_ratio") is not None:
+        rows.append(
+            [
+                "1 ingest CPU per batch, 1 WS client",
+                f"{_num(r['gateway_cpu_us_per_batch'], 1)} us",
+                f"floor {_num(r['floor_us'], 1)} us",
+                _num(r["floor_ratio"], 2),
+                "<= 2.0 x the floor",
+                _yes(r["floor_ratio"] <= 2.0),
+            ]
+        )
     if (r := result("ingest")) is not None:
         rows.append(
             [

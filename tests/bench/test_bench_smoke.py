@@ -44,6 +44,10 @@ def check_ingest(r: dict[str, Any]) -> None:
     assert number(r["ratio"]) and r["ratio"] > 0
     assert len(r["runs"]) == 1
     assert {"decode", "index", "render", "json_encode", "sum"} <= set(r["breakdown_us"])
+    assert set(r["variants"]) == {"map", "array", "bytes"}  # map events, positional events, byte hashes
+    for variant in r["variants"].values():
+        for key in ("gateway_cpu_us_per_batch", "floor_us", "floor_ratio"):
+            assert number(variant[key]) and variant[key] > 0, key
 
 
 def check_fanout(r: dict[str, Any], target: str, transports: set[str]) -> None:
