@@ -167,20 +167,26 @@ class StreamReader:
 
     async def _read_live(self, sub: zmq.Socket[bytes], readiness: Readiness) -> None:
         clock = asyncio.get_running_loop().time
+        receive = receiver(sub)
         while True:
-            await readiness.wait()
+            await readiness.wait()  # one wait per burst: it returns at once while messages are queued
             # Connection changes first: a batch of a new connection must not be read before the
             # sequencer has heard of that connection (see _on_monitor_event).
             self._poll_monitor()
             deadline = clock() + TURN_SECONDS
-            for _ in range(BUDGET):
-                try:
-                    frames = sub.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self._on_live(frames)
-                if clock() >= deadline:
-                    break
+            count = 0
+            try:
+                for _ in range(BUDGET):
+                    frames = receive()
+                    if frames is None:
+                        break
+                    count += 1
+                    self._on_live(frames)
+                    if clock() >= deadline:
+                        break
+            finally:
+                if count:  # counted once a burst: the same figures, one metric update instead of 64
+                    self._sink.received(self, count)
             # Yield even when more is waiting, so other streams and the web side get their turn.
             await asyncio.sleep(0)
 
@@ -189,17 +195,15 @@ class StreamReader:
         sub = self._sub
         if sub is None:
             return
-        while True:
-            try:
-                frames = sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        receive = receiver(sub)
+        while (frames := receive()) is not None:
+            self._sink.received(self, 1)
             self._on_live(frames)
 
     def _on_live(self, frames: list[bytes]) -> None:
+        """One live message (its receipt is counted by the caller)."""
         received = self._clock()
         self._live_count += 1
-        self._sink.received(self, 1)
         if len(frames) != 3:
             self._sink.decode_error(self, None, f"message has {len(frames)} frames, expected 3")
             return
@@ -303,6 +307,7 @@ class StreamReader:
     async def _read_replay(self, dealer: zmq.Socket[bytes], readiness: Readiness, token: int) -> str | None:
         """Feed replayed batches to the sequencer; None when the end marker came, else the failure."""
         loop = asyncio.get_running_loop()
+        receive = receiver(dealer)
         hard_deadline = loop.time() + self._replay_timeout * MAX_REPLAY_SECONDS_FACTOR
         while True:
             idle = min(self._replay_timeout, hard_deadline - loop.time())
@@ -313,9 +318,8 @@ class StreamReader:
             for _ in range(BUDGET):
                 if loop.time() >= deadline:
                     break
-                try:
-                    frames = dealer.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
+                frames = receive()
+                if frames is None:
                     break
                 received = self._clock()
                 parsed = _parse_replay_reply(frames)
@@ -377,6 +381,29 @@ class StreamReader:
             self._sink.connection(self, False, "connection refused, retrying")
         elif event == zmq.EVENT_BIND_FAILED:
             self._sink.connection(self, False, "bind failed")
+
+
+RCVMORE = int(zmq.RCVMORE)
+
+
+def receiver(sock: zmq.Socket[bytes]) -> Callable[[], list[bytes] | None]:
+    """A function that receives one whole message from ``sock`` without blocking, None when none
+    is queued. Same frames as ``recv_multipart(NOBLOCK)`` at about 2/3 of its cost: pyzmq's
+    version looks ``zmq.RCVMORE`` up and converts the enum for every frame."""
+    recv = sock.recv
+    more = sock.getsockopt
+    flags = zmq.NOBLOCK
+
+    def receive() -> list[bytes] | None:
+        try:
+            frames = [recv(flags)]
+        except zmq.Again:
+            return None
+        while more(RCVMORE):
+            frames.append(recv(flags))
+        return frames
+
+    return receive
 
 
 def _monitor_event(frames: list[bytes]) -> int | None:
