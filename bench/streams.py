@@ -48,21 +48,14 @@ def _scrape(base: str) -> tuple[float, int]:
 
 
 def _sources(count: int) -> tuple[str, list[str]]:
-    """The first source's endpoint, and ``--source`` flags for the rest (closed ports)."""
+    """The first source's endpoint, and ``--source`` flags for the rest: consecutive closed ports."""
+    base = free_port_block(count)
     specs: list[str] = []
-    first = ""
-    left, index = count, 0
-    while left > 0:
-        size = min(PORTS_PER_SOURCE, left)
-        base = free_port_block(size)
-        endpoint = f"tcp://127.0.0.1:{base}"
-        if index == 0:
-            first = endpoint
-        else:
-            specs += ["--source", f"name=fleet{index},endpoint={endpoint},dp_size={size}"]
-        left -= size
-        index += 1
-    return first, specs
+    for index, first in enumerate(range(0, count, PORTS_PER_SOURCE)):
+        size = min(PORTS_PER_SOURCE, count - first)
+        if index:
+            specs += ["--source", f"name=fleet{index},endpoint=tcp://127.0.0.1:{base + first},dp_size={size}"]
+    return f"tcp://127.0.0.1:{base}", specs
 
 
 def trial(ctx: Context, streams: int, run: int) -> dict[str, Any]:
