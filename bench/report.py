@@ -408,6 +408,29 @@ def _streams(r: dict[str, Any]) -> list[str]:
 # --- the whole section --------------------------------------------------------------------
 
 
+def _floor_row(r: dict[str, Any]) -> list[str]:
+    return [
+        "1 ingest CPU per batch, 1 WS client",
+        f"{_num(r['gateway_cpu_us_per_batch'], 1)} us",
+        f"floor {_num(r['floor_us'], 1)} us",
+        _num(r["floor_ratio"], 2),
+        "<= 2.0 x the floor",
+        _yes(r["floor_ratio"] <= 2.0),
+    ]
+
+
+def _streams_row(big: dict[str, Any]) -> list[str]:
+    return [
+        f"7 {int(big['streams']):,} streams, engines down",
+        f"start {_num(big['start_seconds'], 2)} s, idle {_num(big['idle_cpu_cores'] * 100, 1)}% of a core, "
+        f"/metrics {_num(big['metrics_seconds'], 2)} s",
+        "",
+        "",
+        "start in seconds, idle < 5%, /metrics < 1 s",
+        _yes(big["idle_cpu_cores"] < 0.05 and big["metrics_seconds"] < 1.0),
+    ]
+
+
 def _targets(s: dict[str, Any]) -> list[str]:
     rows: list[list[str]] = []
 
@@ -416,16 +439,7 @@ def _targets(s: dict[str, Any]) -> list[str]:
         return None if entry is None or "error" in entry else entry["result"]
 
     if (r := result("ingest")) is not None and r.get("floor_ratio") is not None:
-        rows.append(
-            [
-                "1 ingest CPU per batch, 1 WS client",
-                f"{_num(r['gateway_cpu_us_per_batch'], 1)} us",
-                f"floor {_num(r['floor_us'], 1)} us",
-                _num(r["floor_ratio"], 2),
-                "<= 2.0 x the floor",
-                _yes(r["floor_ratio"] <= 2.0),
-            ]
-        )
+        rows.append(_floor_row(r))
     if (r := result("ingest")) is not None:
         rows.append(
             [
@@ -515,18 +529,7 @@ def _targets(s: dict[str, Any]) -> list[str]:
             ]
         )
     if (r := result("streams")) is not None and r["sizes"]:
-        big = r["sizes"][-1]
-        rows.append(
-            [
-                f"7 {big['streams']:,} streams, engines down",
-                f"start {_num(big['start_seconds'], 2)} s, idle {_num(big['idle_cpu_cores'] * 100, 1)}% of a core, "
-                f"/metrics {_num(big['metrics_seconds'], 2)} s",
-                "",
-                "",
-                "start in seconds, idle < 5%, /metrics < 1 s",
-                _yes(big["idle_cpu_cores"] < 0.05 and big["metrics_seconds"] < 1.0),
-            ]
-        )
+        rows.append(_streams_row(r["sizes"][-1]))
     return _table(["scenario", "kvgateway", "baseline", "ratio", "target", "met"], rows)
 
 

@@ -19,7 +19,6 @@ import zmq
 from kvgateway import wire
 from kvgateway.config import StreamConfig
 from kvgateway.endpoints import is_ipv6
-from kvgateway.readiness import Readiness, has_message
 from kvgateway.sequencer import (
     Action,
     CancelReplay,
@@ -33,6 +32,7 @@ from kvgateway.sequencer import (
     Sequencer,
     Unrecovered,
 )
+from kvgateway.zsocket import Readiness, has_message, monitor_event, receiver
 
 log = logging.getLogger("kvgateway.ingest")
 
@@ -358,7 +358,7 @@ class StreamReader:
                 frames = monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            event = _monitor_event(frames)
+            event = monitor_event(frames)
             if event is not None:
                 self._on_monitor_event(event)
 
@@ -381,37 +381,6 @@ class StreamReader:
             self._sink.connection(self, False, "connection refused, retrying")
         elif event == zmq.EVENT_BIND_FAILED:
             self._sink.connection(self, False, "bind failed")
-
-
-RCVMORE = int(zmq.RCVMORE)
-
-
-def receiver(sock: zmq.Socket[bytes]) -> Callable[[], list[bytes] | None]:
-    """A function that receives one whole message from ``sock`` without blocking, None when none
-    is queued. Same frames as ``recv_multipart(NOBLOCK)`` at about 2/3 of its cost: pyzmq's
-    version looks ``zmq.RCVMORE`` up and converts the enum for every frame."""
-    recv = sock.recv
-    more = sock.getsockopt
-    flags = zmq.NOBLOCK
-
-    def receive() -> list[bytes] | None:
-        try:
-            frames = [recv(flags)]
-        except zmq.Again:
-            return None
-        while more(RCVMORE):
-            frames.append(recv(flags))
-        return frames
-
-    return receive
-
-
-def _monitor_event(frames: list[bytes]) -> int | None:
-    """The event number of a monitor message: its first frame is a 16-bit event and a 32-bit
-    value, little-endian (``zmq_socket_monitor``); what else it carries (the address) is unused."""
-    if len(frames) != 2 or len(frames[0]) != 6:
-        return None
-    return int.from_bytes(frames[0][:2], "little")
 
 
 def _parse_replay_reply(frames: list[bytes]) -> tuple[int, bytes] | None:
