@@ -16,6 +16,7 @@ import uvicorn
 
 from kvgateway import logs
 from kvgateway.app import create_app
+from kvgateway.budget import Budget, BudgetError, open_context, raise_open_files
 from kvgateway.config import Settings, unresolved_hosts
 from kvgateway.gateway import Gateway, StartupError
 
@@ -97,7 +98,14 @@ async def serve(settings: Settings, *, ready: Callable[[str], None] | None = Non
     """
     listener = _listen(settings)
     try:
-        gateway = Gateway(settings)
+        budget = Budget.of(settings)
+        raise_open_files(budget)
+        context = open_context(budget)
+    except BudgetError as exc:
+        listener.close()
+        raise StartupError(str(exc)) from None
+    try:
+        gateway = Gateway(settings, context=context)
         app = create_app(gateway)
         server = _Server(uvicorn_config(app, settings))
         loop = asyncio.get_running_loop()
@@ -136,6 +144,7 @@ async def serve(settings: Settings, *, ready: Callable[[str], None] | None = Non
             await gateway.stop()  # idempotent: the lifespan has stopped it unless start-up failed
     finally:
         listener.close()
+        context.destroy(linger=0)  # destroy, not term: see Gateway.stop
 
 
 class _QuietStartupFailure(logging.Filter):
