@@ -229,6 +229,9 @@ class Metrics:
         )
         self.ring_messages = Gauge("kvgateway_ring_messages", "Messages held in the resume ring.", registry=r)
         self.ring_bytes = Gauge("kvgateway_ring_bytes", "Encoded bytes held in the resume ring.", registry=r)
+        self.history_bytes = Gauge(
+            "kvgateway_history_bytes", "Bytes held by the /v1/history series (preallocated rings).", registry=r
+        )
         self.cache_capacity_blocks = Gauge(
             "kvgateway_cache_capacity_blocks",
             "Configured capacity per stream and medium (only where capacity_blocks is set).",
