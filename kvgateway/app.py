@@ -19,7 +19,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
-from kvgateway.dashboard_api import DashboardData, history_endpoint
+from kvgateway.dashboard_api import DashboardData, analytics_endpoint, history_endpoint
 from kvgateway.gateway import Gateway
 from kvgateway.guard import PROTECTED_PREFIX, Authentication, HostCheck, SecurityHeaders, json_error
 from kvgateway.hub import TooManyClients
@@ -151,6 +151,7 @@ ROUTES: Final[list[Route | WebSocketRoute]] = [
     Route("/v1/sources", sources),
     Route("/v1/occupancy", occupancy),
     Route("/v1/history", history_endpoint),
+    Route("/v1/analytics", analytics_endpoint),
     Route("/v1/schema", schema),
     Route("/v1/events", events),
     WebSocketRoute("/v1/ws", websocket_endpoint),

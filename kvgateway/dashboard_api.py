@@ -1,9 +1,11 @@
-"""What the dashboard reads beyond the stream: ``GET /v1/history``, fed by a sampler task.
+"""What the dashboard reads beyond the stream: ``GET /v1/history`` (fed by a sampler task) and
+``GET /v1/analytics``.
 
-Thin: the series live in :mod:`kvgateway.history` (sans-I/O). This module follows the ordered log
-for the time of each stream's last batch, reads the index and statuses every interval, and
-serves the document. The app creates one :class:`DashboardData` per gateway; its lifespan
-starts and stops the sampler.
+Thin: the series live in :mod:`kvgateway.history` and the analytics in
+:mod:`kvgateway.cache_analytics` (both sans-I/O). This module follows the ordered log (the time of
+each stream's last batch, the analytics), reads the index and statuses every interval, and serves
+the documents. The app creates one :class:`DashboardData` per gateway; its lifespan starts and
+stops the sampler.
 """
 
 from __future__ import annotations
@@ -12,15 +14,17 @@ import asyncio
 import contextlib
 import logging
 import math
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kvgateway.cache_analytics import CacheAnalytics, Stream
 from kvgateway.guard import json_error
 from kvgateway.history import History, MediumReading, StreamReading
 from kvgateway.log import BatchRecord
+from kvgateway.metrics import Metrics
 from kvgateway.query import BadRequest, ClientRequest, MultiItems, parse_query
 from kvgateway.ring import Entry
 
@@ -30,6 +34,36 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvgateway.web")
 
 HISTORY_PARAMETERS: Final = ("source", "dp_rank", "medium", "since", "step", "token")
+PREFIX_EVERY: Final = 6
+"""The prefix-spread gauge is refreshed every this many samples (30 s): it looks blocks up in every stream."""
+
+
+class MetricsSink:
+    """The analytics' observations into the Prometheus catalogue (children resolved once)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._children: dict[tuple[Stream, str], tuple[Any, Any, Any]] = {}
+
+    def _of(self, stream: Stream, tier: str) -> tuple[Any, Any, Any]:
+        children = self._children.get((stream, tier))
+        if children is None:
+            labels = (stream[0], str(stream[1]), tier)
+            m = self._metrics
+            children = (
+                m.block_lifetime.labels(*labels),
+                m.sampled_evictions.labels(*labels),
+                m.block_refetches.labels(*labels),
+            )
+            self._children[(stream, tier)] = children
+        return children
+
+    def lifetime(self, stream: Stream, tier: str, seconds: float) -> None:
+        self._of(stream, tier)[0].observe(seconds)
+
+    def eviction(self, stream: Stream, tier: str, refetched: bool) -> None:
+        children = self._of(stream, tier)
+        (children[2] if refetched else children[1]).inc()
 
 
 class Activity:
@@ -56,8 +90,11 @@ class DashboardData:
         self.gateway = gateway
         self.history = history if history is not None else History()
         self.activity = Activity()
+        self.analytics = CacheAnalytics(MetricsSink(gateway.metrics))
         gateway.log.follow(self.activity.follow)
+        gateway.log.follow(self.analytics.follow)
         self._task: asyncio.Task[None] | None = None
+        self._samples = 0
 
     def readings(self, now: float) -> list[StreamReading]:
         gateway = self.gateway
@@ -89,6 +126,11 @@ class DashboardData:
         now = self.gateway.clock()
         self.history.sample(now, self.readings(now))
         self.gateway.metrics.history_bytes.set(self.history.nbytes())
+        if self._samples % PREFIX_EVERY == 0:
+            spread = self.analytics.prefix_spread(self.gateway.index.streams())
+            if spread["mean_engines"] is not None:
+                self.gateway.metrics.prefix_engines_mean.set(spread["mean_engines"])
+        self._samples += 1
 
     def start(self) -> None:
         if self._task is None:
@@ -151,4 +193,15 @@ async def history_endpoint(request: Request) -> Response:
         gateway.metrics.client_rejections.labels("http", "bad_request").inc()
         return json_error(400, str(exc))
     body = data.history.to_json(gateway.log.epoch, client.filter, since, step)
+    return Response(msgspec.json.encode(body), media_type="application/json")
+
+
+async def analytics_endpoint(request: Request) -> Response:
+    data: DashboardData = request.app.state.dashboard_data
+    gateway = data.gateway
+    unknown = [name for name in request.query_params if name != "token"]
+    if unknown:
+        gateway.metrics.client_rejections.labels("http", "bad_request").inc()
+        return json_error(400, f"unknown query parameter {unknown[0][:64]!r} (/v1/analytics takes none)")
+    body = {"epoch": gateway.log.epoch, **data.analytics.to_json(gateway.index.streams())}
     return Response(msgspec.json.encode(body), media_type="application/json")

@@ -39,6 +39,7 @@ const SOURCES_POLL_MS = 2000;
 const FETCH_TIMEOUT_MS = 4000;
 const CHART_WINDOW_S = 1800;
 const HISTORY_POLL_MS = 5000;
+const ANALYTICS_POLL_MS = 10000;
 const HISTORY_POINTS_MAX = 12000; // a whole-history fetch asks for a coarser step beyond this
 const CARDS_MAX = 6; // more streams than this: the fleet table, cards on demand
 const CARD_MIN_PX = 330;
@@ -140,6 +141,8 @@ const state = {
   historyWantFull: true,
   historyRequestFull: false,
   lastBatch: new Map(), // streamKey -> Date.now() of the last batch seen on the stream
+  analytics: null, // last GET v1/analytics
+  analyticsBy: new Map(), // streamKey -> its entry
   noticeList: [], // newest last, at most NOTICES_KEPT
   tailBuckets: new Map(), // event type -> {tokens, at}: the tail's per-type rate limit
   tailSkipped: 0,
@@ -248,6 +251,20 @@ const occPoller = poller(
   (err) => {
     state.occError = `occupancy: ${err.message || err}`;
     invalidate("occ");
+  },
+);
+
+const analyticsPoller = poller(
+  "v1/analytics",
+  ANALYTICS_POLL_MS,
+  (data) => {
+    if (!data || !Array.isArray(data.streams)) return;
+    state.analytics = data;
+    state.analyticsBy = new Map(data.streams.map((a) => [streamKey(a.source, a.dp_rank), a]));
+    invalidate("occ");
+  },
+  () => {
+    /* optional: the cards just keep the last figures */
   },
 );
 
@@ -963,7 +980,7 @@ function renderTitle(facts) {
 function renderTotals(facts) {
   const counts = troubleCounts(facts.map((f) => f.health.state));
   for (const k of ["up", "down", "degraded", "stale", "silent", "restarting"]) setVal(tid(`streams-${k}`), counts[k]);
-  renderFleetFacts(state.occupancy && state.occupancy.fleet);
+  renderFleetFacts(state.occupancy && state.occupancy.fleet, state.analytics && state.analytics.prefixes);
 
   const occ = state.occupancy;
   const totalsEl = tid("totals");
@@ -1048,17 +1065,37 @@ const fleetTable = new FleetTable(tid("fleet-rows"), (key) => {
  * Blocks held by more than one engine (the gateway's fleet facts in v1/occupancy, when it has
  * them): how much the fleet caches twice, i.e. whether routing spreads the same prefixes.
  */
-function renderFleetFacts(fleet) {
+function renderFleetFacts(fleet, prefixes) {
   const box = tid("fleet-facts");
-  const ok = fleet && typeof fleet.distinct_blocks === "number" && typeof fleet.shared_blocks === "number";
-  box.hidden = !ok;
-  if (!ok) return;
-  const frac = fleet.distinct_blocks > 0 ? fleet.shared_blocks / fleet.distinct_blocks : null;
-  setVal(
-    box,
-    fleet.shared_blocks,
-    `${fmtInt(fleet.shared_blocks)} of ${fmtInt(fleet.distinct_blocks)} distinct blocks held by more than one engine (${fmtPct(frac) || "0%"})`,
-  );
+  const parts = [];
+  if (fleet && typeof fleet.distinct_blocks === "number" && typeof fleet.shared_blocks === "number") {
+    const frac = fleet.distinct_blocks > 0 ? fleet.shared_blocks / fleet.distinct_blocks : null;
+    parts.push(`${fmtInt(fleet.shared_blocks)} of ${fmtInt(fleet.distinct_blocks)} distinct blocks held by more than one engine (${fmtPct(frac) || "0%"})`);
+  }
+  if (prefixes && typeof prefixes.mean_engines === "number" && prefixes.engines > 1) {
+    parts.push(
+      `prefix spread: each prompt's first block is on ${prefixes.mean_engines.toFixed(2)} of ${prefixes.engines} engines on average (1 = perfect affinity)`,
+    );
+  }
+  box.hidden = parts.length === 0;
+  setVal(box, prefixes && prefixes.mean_engines !== undefined ? prefixes.mean_engines : "", parts.join(" · "));
+}
+
+/** One line of the gateway's cache analytics for a card: is this engine thrashing? */
+function analyticsLine(key) {
+  const a = state.analyticsBy.get(key);
+  if (!a) return "";
+  const parts = [];
+  const gpu = a.tiers && a.tiers.GPU;
+  if (gpu && gpu.sampled_lifetimes) {
+    const p50 = gpu.lifetime_p50_le_seconds;
+    parts.push(`GPU block lifetime ${p50 === null ? "> 1 h" : `p50 ≤ ${fmtDur(p50)}`}`);
+  }
+  if (gpu && gpu.refetch_ratio !== null && gpu.refetch_ratio !== undefined) {
+    parts.push(`refetched within 60 s: ${fmtPct(gpu.refetch_ratio) || "0%"}`);
+  }
+  if (typeof a.offloaded_share === "number" && a.offloaded_share > 0) parts.push(`offloaded ${fmtPct(a.offloaded_share)}`);
+  return parts.join(" · ");
 }
 
 function renderCards(facts, table) {
@@ -1131,6 +1168,9 @@ function updateCard(key, card, row, f) {
   setVal(refs.health, f.health.reason);
   refs.health.hidden = !f.health.reason;
   renderHeadline(refs, f.cache);
+  const line = analyticsLine(key);
+  setText(refs.analytics, line);
+  refs.analytics.hidden = !line;
   setVal(refs["batch-age"], f.age === null ? "" : f.age.toFixed(1), f.age === null ? "–" : `${fmtDur(f.age)} ago`);
   const src = row.src;
   const occ = row.occ;
@@ -1759,6 +1799,7 @@ setInterval(() => {
 occPoller.start();
 sourcesPoller.start();
 historyPoller.start();
+analyticsPoller.start();
 connect();
 invalidate("tail");
 

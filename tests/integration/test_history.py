@@ -63,3 +63,24 @@ def test_history_route(procs: Callable[..., Proc]) -> None:
         res = httpx.get(f"{base}/v1/history{query}", timeout=5)
         assert res.status_code == 400 and word in res.json()["error"], (query, res.text)
     assert metric(base, "kvgateway_history_bytes") > 0
+
+    # the analytics of the same gateway: every stream listed, evictions seen once caches fill
+    def analytics() -> Any:
+        res = httpx.get(f"{base}/v1/analytics", timeout=5)
+        assert res.status_code == 200, res.text
+        return res.json()
+
+    doc = wait_until(
+        lambda: (
+            (a := analytics()) and any(t["sampled_evictions"] for s in a["streams"] for t in s["tiers"].values()) and a
+        ),
+        timeout=30,
+        what="sampled evictions",
+    )
+    assert doc["epoch"] == sources["epoch"] and doc["sample"] == 16
+    assert [(s["source"], s["dp_rank"]) for s in doc["streams"]] == [
+        (s["source"], s["dp_rank"]) for s in sources["sources"]
+    ]
+    assert doc["prefixes"]["first_blocks"] > 0 and doc["prefixes"]["mean_engines"] >= 1
+    assert metric(base, "kvgateway_sampled_evictions_total") > 0
+    assert httpx.get(f"{base}/v1/analytics?x=1", timeout=5).status_code == 400
