@@ -85,7 +85,8 @@ export function troubleCounts(states) {
 /**
  * A stream's cache at a glance, from its occupancy entry: GPU-tier `fill` (null unless every GPU
  * medium has a capacity), `turnover` (resident GPU blocks / GPU removes per second: about how long
- * a block lives; null without evictions), rates summed over every medium.
+ * a block lives; null while the cache is still filling, i.e. it removes less than a quarter of
+ * what it stores), rates summed over every medium.
  */
 export function cacheFacts(occ, tierOf) {
   const out = { fill: null, gpuBlocks: null, gpuCap: null, turnover: null, stores: null, removes: null };
@@ -95,6 +96,7 @@ export function cacheFacts(occ, tierOf) {
   let capKnown = true;
   let any = false;
   let removesGpu = 0;
+  let storesGpu = 0;
   for (const v of Object.values(occ.mediums || {})) {
     if (typeof v.stores_per_s === "number") out.stores = (out.stores ?? 0) + v.stores_per_s;
     if (typeof v.removes_per_s === "number") out.removes = (out.removes ?? 0) + v.removes_per_s;
@@ -102,6 +104,7 @@ export function cacheFacts(occ, tierOf) {
     any = true;
     blocks += Number(v.blocks) || 0;
     removesGpu += Number(v.removes_per_s) || 0;
+    storesGpu += Number(v.stores_per_s) || 0;
     if (typeof v.capacity_blocks === "number" && v.capacity_blocks > 0) cap += v.capacity_blocks;
     else capKnown = false;
   }
@@ -109,6 +112,6 @@ export function cacheFacts(occ, tierOf) {
   out.gpuBlocks = blocks;
   out.gpuCap = capKnown ? cap : null;
   out.fill = capKnown && cap > 0 ? blocks / cap : null;
-  out.turnover = removesGpu > 0 ? blocks / removesGpu : null;
+  out.turnover = removesGpu > 0 && removesGpu >= 0.25 * storesGpu ? blocks / removesGpu : null;
   return out;
 }
