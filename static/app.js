@@ -163,6 +163,7 @@ const state = {
   mediumTiers: new Map(), // medium name -> its tier, as the gateway said
 
   msgCount: 0,
+  msgTotal: 0, // messages received since the page loaded
   lastMessageAt: 0,
   slowCuts: [], // Date.now() of recent slow-consumer disconnects
   msgRate: 0,
@@ -620,6 +621,7 @@ function connectSSE() {
 
 function handleMessage(msg) {
   state.msgCount++;
+  state.msgTotal++;
   state.lastMessageAt = Date.now();
   switch (msg.type) {
     case "batch":
@@ -803,7 +805,10 @@ function noticeDetail(kind, msg) {
 }
 
 function addSeparator(text) {
-  pushTail({ kind: "sep", type: "sep", text, ts: Date.now() / 1000, source: "", medium: "" });
+  const entry = { kind: "sep", type: "sep", text, ts: Date.now() / 1000, source: "", medium: "" };
+  pushTail(entry);
+  state.noticeList.push(entry); // kept with the notices: what happened to the connection
+  invalidate("notices");
   invalidate("tail");
 }
 
@@ -1784,6 +1789,8 @@ setInterval(() => {
   state.msgRateAt = now;
   invalidate("conn");
   invalidate("occ");
+  // A background tab runs no animation frames: its title and icon are kept up to date from here.
+  if (document.hidden) renderTitle(streamRows().map(([key, row]) => streamFacts(key, row)));
   // Watchdog: a stream that says nothing while plain HTTP to the gateway fails too is probably a
   // dead TCP connection the browser has not noticed (no protocol pings reach page scripts).
   const quietMs = Date.now() - Math.max(state.lastMessageAt, state.occAt);
