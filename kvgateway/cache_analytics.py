@@ -1,8 +1,9 @@
 """Cache analytics that answer an operator's two questions. Sans-I/O; follows the ordered log.
 
-*Is this engine thrashing?* For a deterministic sample of blocks (1 in :data:`SAMPLE`, chosen by
-hash, so every stream samples the same blocks) the analytics remember when each was stored and
-evicted, by the engine's own batch timestamps (a replayed batch keeps its time):
+*Is this engine thrashing?* For a deterministic sample of blocks (the blocks of 1 store event in
+:data:`SAMPLE`, chosen by the hash of its first block, so every stream samples alike) the
+analytics remember when each was stored and evicted, by the engine's own batch timestamps (a
+replayed batch keeps its time):
 
 - **block lifetime**: stored to removed, as a histogram per stream and tier. Short lifetimes on a
   full cache mean the working set does not fit.
@@ -18,7 +19,8 @@ everywhere. (Blocks held by more than one engine overall are the lookup module's
 
 Memory: at most :data:`MAX_TRACKED` stored and as many evicted sampled blocks per stream and tier
 (a float and a hash each, about 100 bytes), and :data:`MAX_ROOTS` first blocks per stream.
-Cost on the ingest path: one ``hash() % 16`` per block announced.
+Cost on the ingest path: per event, a ``hash() % 16`` of its first block and a set-disjointness
+test in C; Python loops only over the blocks followed.
 """
 
 from __future__ import annotations
@@ -99,10 +101,6 @@ class _NullSink:
         pass
 
 
-def _sampled(h: Hash) -> bool:
-    return hash(h) % SAMPLE == 0
-
-
 def _bounded_put(table: OrderedDict[Hash, float], h: Hash, t: float) -> None:
     table[h] = t
     table.move_to_end(h)
@@ -117,6 +115,7 @@ class CacheAnalytics:
         self._sink: Sink = sink if sink is not None else _NullSink()
         self._tiers: dict[tuple[Stream, str], TierStats] = {}
         self._roots: dict[Stream, OrderedDict[tuple[str, Hash], None]] = {}
+        self._routes: dict[tuple[Stream, str | None], tuple[str, str, TierStats]] = {}
 
     def tier(self, stream: Stream, tier: str) -> TierStats:
         stats = self._tiers.get((stream, tier))
@@ -131,41 +130,56 @@ class CacheAnalytics:
         elif type(record) is NoticeRecord and record.kind == "restart":
             self._forget(record.stream)
 
+    def _route(self, stream: Stream, medium: str | None) -> tuple[str, str, TierStats]:
+        """(normalised medium, tier, stats) of a raw medium name, cached (bounded: names are not trusted)."""
+        route = self._routes.get((stream, medium))
+        if route is None:
+            tier = medium_tier(medium)
+            route = (normalise_medium(medium), tier, self.tier(stream, tier))
+            if len(self._routes) < 4096:
+                self._routes[(stream, medium)] = route
+        return route
+
     def apply(self, stream: Stream, events: Iterable[object], ts: float) -> None:
+        # On the ingest path: per event a cached route, a hash of its first block and C-level
+        # disjointness tests; Python loops only over the blocks followed.
         for event in events:
             if type(event) is BlockStored:
-                tier = medium_tier(event.medium)
-                sampled = [h for h in event.block_hashes if _sampled(h)]
-                if sampled:
-                    self._stored(stream, tier, sampled, ts)
-                if event.parent_block_hash is None and event.block_hashes:
-                    self._root(stream, normalise_medium(event.medium), event.block_hashes[0])
+                hashes = event.block_hashes
+                if not hashes:
+                    continue
+                medium, tier, stats = self._route(stream, event.medium)
+                if stats.evicted_at and not stats.evicted_at.keys().isdisjoint(hashes):
+                    self._refetched(stream, tier, stats, hashes, ts)
+                if hash(hashes[0]) % SAMPLE == 0:
+                    stored_at = stats.stored_at
+                    for h in hashes:
+                        if h not in stored_at:  # a second copy keeps the first one's time
+                            _bounded_put(stored_at, h, ts)
+                if event.parent_block_hash is None:
+                    self._root(stream, medium, hashes[0])
             elif type(event) is BlockRemoved:
-                sampled = [h for h in event.block_hashes if _sampled(h)]
-                if sampled:
-                    self._removed(stream, medium_tier(event.medium), sampled, ts)
+                _medium, tier, stats = self._route(stream, event.medium)
+                if stats.stored_at and not stats.stored_at.keys().isdisjoint(event.block_hashes):
+                    self._removed(stream, tier, stats, event.block_hashes, ts)
             elif type(event) is AllBlocksCleared:
                 self._forget(stream)
 
-    def _stored(self, stream: Stream, tier: str, hashes: list[Hash], ts: float) -> None:
-        stats = self.tier(stream, tier)
+    def _refetched(self, stream: Stream, tier: str, stats: TierStats, hashes: list[Hash], ts: float) -> None:
         for h in hashes:
             evicted = stats.evicted_at.pop(h, None)
             if evicted is not None and ts - evicted <= REFETCH_WINDOW_SECONDS:
                 stats.refetches += 1
                 self._sink.eviction(stream, tier, True)
-            if h not in stats.stored_at:  # a second copy keeps the first one's time
-                _bounded_put(stats.stored_at, h, ts)
 
-    def _removed(self, stream: Stream, tier: str, hashes: list[Hash], ts: float) -> None:
-        stats = self.tier(stream, tier)
+    def _removed(self, stream: Stream, tier: str, stats: TierStats, hashes: list[Hash], ts: float) -> None:
         for h in hashes:
             stored = stats.stored_at.pop(h, None)
+            if stored is None:
+                continue  # not followed (or stored before the gateway watched)
             stats.evictions += 1
             self._sink.eviction(stream, tier, False)
             _bounded_put(stats.evicted_at, h, ts)
-            if stored is None:
-                continue  # stored before the gateway watched: no lifetime
             seconds = max(0.0, ts - stored)
             stats.lifetimes += 1
             stats.lifetime_sum += seconds

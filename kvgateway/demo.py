@@ -178,6 +178,8 @@ async def run_engine(engine: SimulatedEngine, role: Role, silence: tuple[float, 
     while True:
         engine.batches = engine.batches_done + max(1, round(engine.rate * talk))
         await engine.run()
+        if engine.batches_done < engine.batches:
+            return  # stopped before its batches were done: the demo is ending
         await engine.serve_replays(quiet)
 
 

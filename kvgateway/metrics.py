@@ -230,7 +230,7 @@ class Metrics:
         )
         self.ring_messages = Gauge("kvgateway_ring_messages", "Messages held in the resume ring.", registry=r)
         self.ring_bytes = Gauge("kvgateway_ring_bytes", "Encoded bytes held in the resume ring.", registry=r)
-        # cache analytics (kvgateway/cache_analytics.py: a sample of 1 block in 16, by hash)
+        # cache analytics (kvgateway/cache_analytics.py: the blocks of 1 store event in 16)
         self.block_lifetime = Histogram(
             "kvgateway_block_lifetime_seconds",
             "Sampled blocks' lifetime in the cache, stored to removed, by the engine's timestamps.",

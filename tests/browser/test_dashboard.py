@@ -409,6 +409,10 @@ def test_tail_filters_and_hash_copy(shared_demo: Demo, new_page: Callable[..., A
     page.select_option(tid("filter-medium"), "CPU")
     rows = page.locator(f'{tid("tail")} [data-testid="tail-row"]:not(.sep):not([data-type="AllBlocksCleared"])')
     wait_until(page, lambda: only("medium", "CPU"), timeout=30, what="CPU rows only")
+    # offloaded blocks announced without their tokens (placeholders) still count block_size tokens each
+    stored_cpu = page.locator(f'{tid("tail")} [data-testid="tail-row"][data-type="BlockStored"][data-medium="CPU"]')
+    wait_until(page, lambda: stored_cpu.count() > 0, timeout=30, what="a CPU store")
+    assert not [t for t in stored_cpu.all_inner_texts() if re.search(r"\b0 tok", t)]
     page.select_option(tid("filter-medium"), "")
 
     # Hashes: 8 characters + an ellipsis on screen, the exact string on the clipboard.

@@ -11,7 +11,7 @@ from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
 
 A: Stream = ("a", 0)
 B: Stream = ("b", 0)
-SAMPLED = [SAMPLE * i for i in range(1, 50)]  # hash(int) == int: these are all followed
+SAMPLED = [SAMPLE * i for i in range(1, 50)]  # hash(int) == int: a store starting with one is followed
 UNSAMPLED = [SAMPLE * i + 1 for i in range(1, 50)]
 
 
@@ -34,14 +34,16 @@ class Recorder:
 def test_lifetime_by_the_engines_timestamps_per_tier() -> None:
     sink = Recorder()
     analytics = CacheAnalytics(sink)
-    analytics.apply(A, [stored(SAMPLED[:3] + UNSAMPLED[:3]), stored(SAMPLED[3:4], medium="cpu_pinned")], ts=100.0)
-    analytics.apply(A, [BlockRemoved(block_hashes=SAMPLED[:2] + UNSAMPLED[:3])], ts=104.0)
+    # a store event is followed whole when its first block is sampled
+    events = [stored(SAMPLED[:1] + UNSAMPLED[:2]), stored(UNSAMPLED[2:4] + SAMPLED[1:2])]
+    analytics.apply(A, [*events, stored(SAMPLED[3:4], medium="cpu_pinned")], ts=100.0)
+    analytics.apply(A, [BlockRemoved(block_hashes=SAMPLED[:2] + UNSAMPLED[:4])], ts=104.0)
     analytics.apply(A, [BlockRemoved(block_hashes=SAMPLED[3:4], medium="CPU_PINNED")], ts=200.0)
-    assert sink.lifetimes == [(A, "GPU", 4.0), (A, "GPU", 4.0), (A, "CPU", 100.0)]
+    assert sink.lifetimes == [(A, "GPU", 4.0)] * 3 + [(A, "CPU", 100.0)]
     gpu = analytics.tier(A, "GPU").to_json()
-    assert gpu["sampled_lifetimes"] == 2 and gpu["lifetime_mean_seconds"] == 4.0
-    assert gpu["lifetime_p50_le_seconds"] == 5.0 and gpu["lifetime_buckets"]["5.0"] == 2
-    assert gpu["sampled_evictions"] == 2  # the unsampled blocks are not followed
+    assert gpu["sampled_lifetimes"] == 3 and gpu["lifetime_mean_seconds"] == 4.0
+    assert gpu["lifetime_p50_le_seconds"] == 5.0 and gpu["lifetime_buckets"]["5.0"] == 3
+    assert gpu["sampled_evictions"] == 3  # the second event's blocks are not followed
     assert analytics.tier(A, "CPU").to_json()["lifetime_buckets"]["120.0"] == 1
 
 
@@ -55,9 +57,9 @@ def test_a_block_stored_again_soon_after_eviction_is_a_refetch() -> None:
     stats = analytics.tier(A, "GPU").to_json()
     assert (stats["sampled_evictions"], stats["refetches"], stats["refetch_ratio"]) == (4, 1, 0.25)
     assert sink.evictions.count((A, "GPU", True)) == 1 and sink.evictions.count((A, "GPU", False)) == 4
-    # a removal of a block stored before the gateway watched is an eviction without a lifetime
+    # a removal of a block stored before the gateway watched is not followed
     analytics.apply(B, [BlockRemoved(block_hashes=SAMPLED[:1])], ts=5.0)
-    assert analytics.tier(B, "GPU").to_json()["sampled_lifetimes"] == 0
+    assert analytics.tier(B, "GPU").to_json()["sampled_evictions"] == 0
 
 
 def test_a_restart_or_clear_forgets_the_stored_blocks() -> None:

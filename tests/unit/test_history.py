@@ -123,3 +123,17 @@ def test_bad_bounds_are_refused() -> None:
     with pytest.raises(ValueError, match="interval"):
         History(interval=10, horizon=5)
     assert math.isclose(History(interval=5, horizon=3600).slot_time(1234.5), 1230)
+
+
+def test_a_big_answer_takes_a_coarser_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvgateway import history as module
+
+    monkeypatch.setattr(module, "MAX_POINTS", 10)
+    history = History(interval=5, horizon=600)
+    for i in range(12):
+        history.sample(5 * i, [reading("a"), reading("b")])  # 24 points: more than 10
+    doc = history.to_json("e")
+    assert doc["interval_seconds"] == 15  # the smallest step that keeps to 10 points
+    assert sum(len(s["points"]) for s in doc["streams"]) <= 10
+    assert [p["t"] for p in doc["streams"][0]["points"]][-1] == 55  # the newest point is kept
+    assert history.to_json("e", step=2)["interval_seconds"] == 20  # a multiple of the step asked for
