@@ -1197,7 +1197,24 @@ function updateCard(key, card, row, f) {
   }
   card.root.classList.toggle("is-stale", Boolean(occ && occ.stale));
 
-  // mediums
+  updateMediums(card, occ);
+
+  // last notice
+  const n = state.notices.get(key);
+  const ln = refs["last-notice"];
+  if (n) {
+    ln.hidden = false;
+    setVal(ln, n.kind, `${n.kind} at ${fmtTime(n.at / 1000).slice(0, 8)}${n.detail ? " · " + n.detail : ""}`);
+    ln.dataset.kind = n.kind;
+    card.root.classList.toggle("flash", Date.now() - n.at < NOTICE_FLASH_MS);
+  } else if (!ln.hidden) {
+    ln.hidden = true;
+  }
+}
+
+/** The card's rows per medium (the engine's own names, grouped by tier) and its rate legend. */
+function updateMediums(card, occ) {
+  const { refs } = card;
   // the engine's own medium names, grouped by tier (GPU, CPU, DISK, EXTERNAL)
   const mediumTier = (m) => tierOf(occ.mediums[m]);
   const mediums = occ
@@ -1234,18 +1251,6 @@ function updateCard(key, card, row, f) {
   }
   setVal(refs["stores-rate"], stores, fmtRate(stores));
   setVal(refs["removes-rate"], removes, fmtRate(removes));
-
-  // last notice
-  const n = state.notices.get(key);
-  const ln = refs["last-notice"];
-  if (n) {
-    ln.hidden = false;
-    setVal(ln, n.kind, `${n.kind} at ${fmtTime(n.at / 1000).slice(0, 8)}${n.detail ? " · " + n.detail : ""}`);
-    ln.dataset.kind = n.kind;
-    card.root.classList.toggle("flash", Date.now() - n.at < NOTICE_FLASH_MS);
-  } else if (!ln.hidden) {
-    ln.hidden = true;
-  }
 }
 
 /**
