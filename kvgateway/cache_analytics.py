@@ -34,6 +34,7 @@ from kvgateway.log import BatchRecord, NoticeRecord
 from kvgateway.mediums import medium_tier, normalise_medium
 from kvgateway.metrics import LIFETIME_BUCKETS
 from kvgateway.occupancy import StreamIndex
+from kvgateway.render import hash_text
 from kvgateway.ring import Entry
 from kvgateway.wire import AllBlocksCleared, BlockRemoved, BlockStored, Hash
 
@@ -226,12 +227,12 @@ class CacheAnalytics:
             medium, h = key
             holders[key] = sum(1 for index in indexes if index.refcount(h, medium) > 0)
         held = {key: n for key, n in holders.items() if n > 0}
-        ranked = sorted(held.items(), key=lambda item: (-item[1], str(item[0][1])))[:top]
+        ranked = sorted(held.items(), key=lambda item: (-item[1], hash_text(item[0][1])))[:top]
         return {
             "engines": len(indexes),
             "first_blocks": len(held),
             "mean_engines": round(sum(held.values()) / len(held), 3) if held else None,
-            "top": [{"medium": m, "hash": str(h), "engines": n} for (m, h), n in ranked],
+            "top": [{"medium": m, "hash": hash_text(h), "engines": n} for (m, h), n in ranked],
         }
 
     def to_json(self, indexes: Iterable[StreamIndex]) -> dict[str, Any]:

@@ -78,6 +78,9 @@ def test_history_route(procs: Callable[..., Proc]) -> None:
         what="sampled evictions",
     )
     assert doc["epoch"] == sources["epoch"] and doc["sample"] == 16
+    Draft202012Validator({**{k: v for k, v in schema.items() if k != "oneOf"}, "$ref": "#/$defs/analytics"}).validate(
+        doc
+    )
     assert [(s["source"], s["dp_rank"]) for s in doc["streams"]] == [
         (s["source"], s["dp_rank"]) for s in sources["sources"]
     ]

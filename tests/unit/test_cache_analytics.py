@@ -112,3 +112,16 @@ def test_follows_the_log_and_reports_offload_share_and_prefix_spread() -> None:
     index.apply("a", 0, Batch(ts=9.0, events=[BlockRemoved(block_hashes=[11])]), 9.0)
     index.apply("b", 0, Batch(ts=9.0, events=[BlockRemoved(block_hashes=[11])]), 9.0)
     assert analytics.prefix_spread(index.streams())["first_blocks"] == 3
+
+
+def test_prefix_hashes_are_written_as_in_the_stream() -> None:
+    """A bytes hash (an engine that hashes to bytes) is lowercase hex, as the stream writes it."""
+    index = OccupancyIndex()
+    analytics = CacheAnalytics()
+    log = MemoryLog()
+    log.follow(index.follow)
+    log.follow(analytics.follow)
+    block = BlockStored(block_hashes=[b"\xab\x01"], parent_block_hash=None, token_ids=[], block_size=16)
+    for n, stream in enumerate((A, B), start=1):
+        log.append(batch_record(stream, n, Batch(ts=1.0, events=[block]), received=1.0, replayed=False))
+    assert analytics.prefix_spread(index.streams())["top"] == [{"medium": "GPU", "hash": "ab01", "engines": 2}]
