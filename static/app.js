@@ -688,10 +688,10 @@ function onBatch(msg) {
   for (const ev of events) {
     if (!ev || typeof ev !== "object") continue;
     const type = String(ev.type ?? "unknown");
-    if (!tailAdmits(type, now)) continue;
     const hasMedium = type === "BlockStored" || type === "BlockRemoved";
-    const medium = hasMedium ? normMedium(ev.medium) : "";
     const tier = hasMedium ? tierOf(ev) : "";
+    if (!tailAdmits(`${type}/${tier}`, now)) continue;
+    const medium = hasMedium ? normMedium(ev.medium) : "";
     if (medium && !state.knownMediums.has(medium)) {
       state.knownMediums.add(medium);
       state.mediumTiers.set(medium, tier);
@@ -723,12 +723,13 @@ function onBatch(msg) {
 }
 
 /**
- * The tail keeps at most TAIL_TYPE_RATE events per second of each type (a token bucket per type),
- * so at hundreds of events per second its buffer still spans minutes and every filter finds rows.
+ * The tail keeps at most TAIL_TYPE_RATE events per second of each type and tier (a token bucket
+ * per kind), so at hundreds of events per second its buffer still spans minutes and every filter
+ * finds rows: CPU stores are not crowded out by the far more frequent GPU ones.
  */
-function tailAdmits(type, now) {
-  let b = state.tailBuckets.get(type);
-  if (!b) state.tailBuckets.set(type, (b = { tokens: TAIL_TYPE_RATE, at: now }));
+function tailAdmits(kind, now) {
+  let b = state.tailBuckets.get(kind);
+  if (!b) state.tailBuckets.set(kind, (b = { tokens: TAIL_TYPE_RATE, at: now }));
   b.tokens = Math.min(TAIL_TYPE_RATE, b.tokens + ((now - b.at) / 1000) * TAIL_TYPE_RATE);
   b.at = now;
   if (b.tokens < 1) {

@@ -85,7 +85,7 @@ def test_restart_storm_and_silent_engine_show(shared_demo: Demo, new_page: Calla
     wait_until(page, lambda: quiet.get_attribute("data-value") == "silent", timeout=40, what="a silent engine")
     assert "no batch for" in page.locator(f"{card('vllm-c', 0)} {tid('health')}").inner_text()
     age = float(page.locator(f"{card('vllm-c', 0)} {tid('batch-age')}").get_attribute("data-value") or 0)
-    assert age > 10
+    assert age >= 10  # shown to a tenth of a second: 10.04 s reads 10.0
     # the gateway agrees: connected, and its history's batch age grows
     status = next(s for s in get_json(shared_demo, "v1/sources")["sources"] if s["source"] == "vllm-c")
     assert status["connected"] and status["state"] == "up"
