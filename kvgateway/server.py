@@ -60,7 +60,7 @@ A cut slow consumer that never reads again would otherwise hold its connection f
 it waits for its send buffer to drain, which never happens."""
 
 
-def _listen(settings: Settings) -> socket.socket:
+def _listen(settings: Settings, reuse_port: bool = False) -> socket.socket:
     """The HTTP listening socket, bound before anything starts: a taken port is one clear line."""
     host = settings.host.strip("[]")
     where = f"{settings.host}:{settings.port}"
@@ -71,6 +71,8 @@ def _listen(settings: Settings) -> socket.socket:
         raise StartupError(f"cannot listen on {where}: {str(exc.strerror or exc).lower()}") from None
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restart during TIME_WAIT
+        if reuse_port:  # cluster edges on one machine: the kernel spreads connections over them
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         listener.bind((host, settings.port))
     except OSError as exc:
         listener.close()
@@ -88,16 +90,22 @@ def _listen(settings: Settings) -> socket.socket:
     return listener
 
 
-async def serve(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:
+async def serve(
+    settings: Settings,
+    *,
+    ready: Callable[[str], None] | None = None,
+    make_gateway: Callable[[Settings], Gateway] = Gateway,
+    reuse_port: bool = False,
+) -> None:
     """Run the gateway and its HTTP server until SIGINT/SIGTERM.
 
     The HTTP port is bound first; the app's lifespan then starts the gateway (the engines'
     sockets): nothing says "started" before both are known to work. Raises
     :class:`StartupError` (one line) when either fails.
     """
-    listener = _listen(settings)
+    listener = _listen(settings, reuse_port)
     try:
-        gateway = Gateway(settings)
+        gateway = make_gateway(settings)
         app = create_app(gateway)
         server = _Server(uvicorn_config(app, settings))
         loop = asyncio.get_running_loop()

@@ -1,0 +1,200 @@
+"""``kvgateway edge``: follows the JetStream stream and serves the whole web protocol.
+
+The index and the hub follow an :class:`~kvgateway.cluster.edge_log.EdgeLog` exactly as they
+follow the single process's log, so a snapshot at an offset is the same on every edge, and a
+message id names the same message on every edge: a client resumes on any of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+
+from kvgateway import messages
+from kvgateway.cluster import nats_link, records
+from kvgateway.cluster.edge_log import EdgeLog, OffsetGap
+from kvgateway.cluster.options import NatsOptions
+from kvgateway.config import Settings
+from kvgateway.gateway import Gateway, StartupError
+from kvgateway.hub import Hub
+from kvgateway.log import BatchRecord, NoticeRecord, make_entry
+from kvgateway.query import ClientRequest
+from kvgateway.ring import Entry
+from kvgateway.subscription import Subscription, Transport
+
+log = logging.getLogger("kvgateway.cluster.edge")
+
+AHEAD_WAIT_SECONDS = 5.0
+"""A client whose id is ahead of this edge (it read a faster edge) waits this long for it."""
+
+EPOCH_CHECK_SECONDS = 2.0
+"""How often the edge checks that the stream is still the one it follows."""
+
+FETCH_BATCH = 512
+
+
+class EdgeGateway(Gateway):
+    """The single process's web side, fed by the stream instead of engines."""
+
+    def __init__(self, settings: Settings, options: NatsOptions) -> None:
+        super().__init__(settings)
+        self.options = options
+        hub_metrics = self.metrics.hub()
+        self.log = EdgeLog(settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained)
+        self.log.follow(self.index.follow)  # the index first: a hello's snapshot is exact at its offset
+        self.log.follow(self._follow_status)
+        self.hub = Hub(
+            self.log,
+            metrics=hub_metrics,
+            sources=[s.key for s in settings.streams()],
+            client_queue_bytes=settings.client_queue_bytes,
+            max_clients=settings.max_clients,
+        )
+        self.edge_log = self.log
+        self.caught_up_to = 0  # the stream's last sequence when this edge started: ready past it
+        self.fatal: str | None = None
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        try:
+            await self._follow()
+        except Exception as exc:
+            self.startup_error = StartupError(f"cannot follow stream {self.options.stream}: {exc}")
+            raise self.startup_error from None
+
+    async def _follow(self) -> None:
+        self._nc = await asyncio.wait_for(nats_link.connect(self.options), 15)
+        self._js = self._nc.jetstream()
+        state = await nats_link.wait_stream(self._js, self.options, 30)
+        first = max(state.first_seq, 1)  # an empty stream says 0
+        self.edge_log.start_at(state.epoch, first)
+        self.caught_up_to = state.last_seq
+        await self._js.subscribe(
+            f"{self.options.subject_prefix}.>",
+            stream=self.options.stream,
+            cb=self._on_message,
+            ordered_consumer=True,
+            idle_heartbeat=1.0,
+            deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
+            config=js_api.ConsumerConfig(opt_start_seq=first),
+        )
+        self._watch = asyncio.ensure_future(self._watch_epoch())
+        log.info("edge following %s from seq %d (epoch %s)", self.options.stream, first, state.epoch)
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        await super().stop()
+        if self._nc is not None and not self._nc.is_closed:
+            await self._nc.close()
+
+    def _die(self, reason: str) -> None:
+        """The stream this edge followed is gone or broken: exit, a fresh edge starts over."""
+        if self.fatal is None:
+            self.fatal = reason
+            log.error("edge stops: %s", reason)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    async def _watch_epoch(self) -> None:
+        assert self._js is not None
+        while True:
+            await asyncio.sleep(EPOCH_CHECK_SECONDS)
+            try:
+                state = await nats_link.stream_state(self._js, self.options)
+            except Exception:
+                continue  # NATS unreachable: a pause, not a new stream
+            if state is None or state.epoch != self.log.epoch:
+                self._die(f"stream {self.options.stream} was recreated (new epoch)")
+                return
+
+    # --- following ------------------------------------------------------------------------
+
+    async def _on_message(self, msg: Msg) -> None:
+        try:
+            seq = msg.metadata.sequence.stream
+            self.edge_log.append_at(seq, records.decode_record(msg.data))
+        except (OffsetGap, records.RecordError, messages.NoticeError) as exc:
+            self._die(str(exc))
+
+    def _follow_status(self, entry: Entry) -> None:
+        """What the single process's sink knows about a stream, as far as the log tells it."""
+        record = entry.record
+        status = self.status.get(entry.stream)
+        if status is None:
+            return
+        if type(record) is BatchRecord:
+            status.last_seq = record.seq
+            status.counters["batches"] += 1
+            if record.replayed:
+                status.counters["replayed"] += 1
+        elif type(record) is NoticeRecord:
+            if record.kind in ("up", "down"):
+                status.connected = record.kind == "up"
+                if not status.connected:
+                    status.down_reason = str(record.fields.get("reason"))
+            elif record.kind == "restart":
+                status.counters["restarts"] += 1
+            elif record.kind == "unrecovered_gap":
+                status.counters["unrecovered"] += int(record.fields["count"])
+                reason = str(record.fields["reason"])
+                status.losses[reason] = status.losses.get(reason, 0) + int(record.fields["count"])
+
+    # --- views ----------------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, list[dict[str, Any]]]:
+        """Ready once the edge has applied the stream as it stood at start (and NATS is up)."""
+        behind = self.log.last_offset < self.caught_up_to
+        connected = self._nc is not None and self._nc.is_connected
+        if behind or not connected:
+            reason = "catching up with the stream" if behind else "NATS disconnected"
+            return False, [{"source": None, "dp_rank": None, "reason": reason}]
+        return True, []
+
+    async def subscribe_async(self, request: ClientRequest, transport: Transport) -> Subscription:
+        """:meth:`subscribe`, after what it needs is here: an id ahead of this edge waits for the
+        edge to reach it; an id older than the ring has its range fetched from JetStream."""
+        parsed = None if request.last_event_id is None else messages.parse_message_id(request.last_event_id)
+        if parsed is None or parsed[0] != self.log.epoch:
+            return self.subscribe(request, transport)
+        offset = parsed[1]
+        if offset > self.log.last_offset:
+            await self.edge_log.reached(offset, AHEAD_WAIT_SECONDS)
+            return self.subscribe(request, transport)
+        lent: list[Entry] = []
+        while offset + len(lent) < self.edge_log.ring.first_offset - 1:
+            more = await self._fetch(offset + len(lent) + 1, self.edge_log.ring.first_offset - 1)
+            if not more:
+                return self.subscribe(request, transport)  # expired from the stream: not recovered
+            lent.extend(more)
+        # No await from here: nothing is appended between the check above and the subscribe.
+        with self.edge_log.extended(lent):
+            return self.subscribe(request, transport)
+
+    async def _fetch(self, first: int, last: int) -> list[Entry]:
+        """Entries ``first..last`` read back from JetStream (at most :data:`FETCH_BATCH`); an empty
+        list when ``first`` is no longer in the stream."""
+        assert self._js is not None
+        epoch = self.log.epoch
+        seqs = range(first, min(last, first + FETCH_BATCH - 1) + 1)
+        # Pipelined: one round trip per chunk, not per message.
+        replies = await asyncio.gather(
+            *(self._js.get_msg(self.options.stream, seq, direct=True) for seq in seqs), return_exceptions=True
+        )
+        out: list[Entry] = []
+        for seq, raw in zip(seqs, replies, strict=True):
+            if isinstance(raw, BaseException) or raw.data is None or raw.seq != seq:
+                break  # expired (or deleted): what came before it is still of use
+            out.append(make_entry(epoch, seq, records.decode_record(raw.data)))
+        return out

@@ -1,0 +1,114 @@
+"""``kvgateway ingest``: the engines' streams in, records out to JetStream; HTTP for probes only.
+
+The gateway's reader, sequencer and sink run exactly as in one process; only the log differs
+(:class:`~kvgateway.cluster.publisher.PublishingLog`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+from kvgateway.cluster import nats_link
+from kvgateway.cluster.options import NatsOptions
+from kvgateway.cluster.publisher import PublishingLog
+from kvgateway.config import Settings
+from kvgateway.gateway import Gateway, StartupError
+
+log = logging.getLogger("kvgateway.cluster")
+
+
+class IngestGateway(Gateway):
+    """The single process's gateway whose log is the JetStream stream."""
+
+    def attach(self, publishing: PublishingLog, epoch: str) -> None:
+        publishing.epoch = epoch
+        self.log = publishing
+        self.publishing = publishing
+
+    def ingest_readiness(self, nats_connected: bool) -> tuple[bool, dict[str, Any]]:
+        ready, not_ready = self.readiness()
+        body = {"streams": len(self.status), "not_ready": not_ready, "nats_connected": nats_connected}
+        return ready and nats_connected, body
+
+
+async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bool = True) -> None:
+    """Until SIGINT/SIGTERM. Raises :class:`StartupError` (one line)."""
+    try:
+        nc = await asyncio.wait_for(nats_link.connect(options), 15)
+    except Exception as exc:
+        raise StartupError(f"cannot connect to NATS {','.join(options.servers)}: {exc}") from None
+    js = nc.jetstream(publish_async_max_pending=4096)
+    try:
+        state = await nats_link.ensure_stream(js, options)
+        gateway = IngestGateway(settings)
+        publishing = PublishingLog(js, options.subject_prefix, options.stream, gateway.index)
+        await publishing.load_positions([s.key for s in settings.streams()])
+        gateway.attach(publishing, state.epoch)
+        publishing.start()
+        await gateway.start()
+        try:
+            await _serve_probes(gateway, settings, nc, ready_line=ready_line)
+        finally:
+            await gateway.stop()
+            await publishing.stop()
+            log.info(
+                "ingest stopped: %d published, %d duplicates dropped by the server, %d retries",
+                publishing.stats.published,
+                publishing.stats.duplicates,
+                publishing.stats.retries,
+            )
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.drain()
+
+
+class _ProbeServer(uvicorn.Server):
+    """The role handles the signals (stop publishing cleanly), not uvicorn."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _serve_probes(gateway: IngestGateway, settings: Settings, nc: Any, *, ready_line: bool) -> None:
+    from kvgateway.cluster.probes import probe_app
+    from kvgateway.server import uvicorn_config
+
+    publishing = gateway.publishing
+    app = probe_app(
+        health=lambda: {"epoch": publishing.epoch, "role": "ingest", "pending_publishes": publishing.pending},
+        readiness=lambda: gateway.ingest_readiness(bool(nc.is_connected)),
+        metrics=gateway.metrics,
+        refresh=gateway.refresh_gauges,
+    )
+    config = uvicorn_config(app, settings)
+    config.lifespan = "off"
+    server = _ProbeServer(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    listener = socket.create_server((settings.host, settings.port), reuse_port=False)
+    try:
+        task = asyncio.create_task(server.serve(sockets=[listener]))
+        while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn offers no start event
+            await asyncio.sleep(0.02)
+        if ready_line and server.started:
+            port = listener.getsockname()[1]
+            log.info("ingest publishing to %s; probes on http://%s:%d/", options_text(nc), settings.host, port)
+        await task
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        listener.close()
+
+
+def options_text(nc: Any) -> str:
+    url = nc.connected_url
+    return "nats" if url is None else f"{url.scheme}://{url.hostname}:{url.port}"
