@@ -51,6 +51,15 @@ async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bo
         publishing = PublishingLog(js, options.subject_prefix, options.stream, gateway.index)
         await publishing.load_positions([s.key for s in settings.streams()])
         gateway.attach(publishing, state.epoch)
+
+        async def recreate() -> None:
+            # A lost store (or a deleted stream) is a new stream: a new epoch for every edge.
+            again = await nats_link.ensure_stream(js, options)
+            if again.epoch != publishing.epoch:
+                log.warning("stream %s is new (epoch %s): publishing to it", options.stream, again.epoch)
+                publishing.epoch = again.epoch
+
+        publishing.on_failure = recreate
         publishing.start()
         await gateway.start()
         try:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from nats.js import JetStreamContext
@@ -72,6 +72,7 @@ class PublishingLog(MemoryLog):
         self.stats = PublishStats()
         self._task: asyncio.Task[None] | None = None
         self.on_published: Callable[[PublishStats], None] | None = None
+        self.on_failure: Callable[[], Awaitable[None]] | None = None  # e.g. re-create a lost stream
 
     async def load_positions(self, streams: list[Stream]) -> None:
         """Continue each stream's generation from its last record in the log, so the same batch
@@ -166,6 +167,9 @@ class PublishingLog(MemoryLog):
                 queue.extendleft(reversed(failed))
                 self.stats.retries += len(failed)
                 await asyncio.sleep(RETRY_SECONDS)
+                if self.on_failure is not None:
+                    with contextlib.suppress(Exception):
+                        await self.on_failure()
 
     async def _settle(self, sent: list[tuple[_Outgoing, asyncio.Future[js_api.PubAck]]]) -> list[_Outgoing]:
         """Wait for the acknowledgements; what must be sent again (from the first failure on)."""

@@ -1,0 +1,218 @@
+"""kvgateway on NATS JetStream with real processes: a real nats-server on loopback, simulated
+engines, ingest and edge processes; clients are real WebSocket clients."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.cluster._nats import NatsServer
+from tests.conftest import Proc, free_port, wait_until
+from tests.integration._gateway_helpers import BIG_QUEUE, WsCollector, start_sim
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def source(pub: int, rep: int) -> str:
+    return f"name=sim,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep}"
+
+
+def sim(start: Callable[..., Proc], pub: int, rep: int, *more: str) -> Proc:
+    return start_sim(start, "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", *more)
+
+
+def ingest(start: Callable[..., Proc], nats: NatsServer, spec: str) -> Proc:
+    proc = start("ingest", "--source", spec, "--nats", nats.url, "--port", "0")
+    proc.wait_for("ingest publishing to", timeout=30)
+    return proc
+
+
+def edge(start: Callable[..., Proc], nats: NatsServer, spec: str, port: int, *more: str) -> Proc:
+    proc = start(
+        "edge", "--source", spec, "--nats", nats.url, "--port", str(port),
+        "--client-queue-bytes", str(BIG_QUEUE), *more,
+    )  # fmt: skip
+    proc.wait_for("edge serving on", timeout=30)
+    return proc
+
+
+def get(port: int, path: str) -> Any:
+    return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10).json()
+
+
+def ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def ws(port: int, query: str = "") -> WsCollector:
+    return WsCollector(f"ws://127.0.0.1:{port}/v1/ws", query=query)
+
+
+def batches(collector: WsCollector) -> list[dict[str, Any]]:
+    return [m for _, m in list(collector.messages) if m["type"] == "batch"]
+
+
+def with_offsets(collector: WsCollector) -> list[dict[str, Any]]:
+    return [m for _, m in list(collector.messages) if "offset" in m]
+
+
+def occupancy_blocks(port: int) -> tuple[int, list[Any]]:
+    """The offset and each stream's blocks and tokens per medium (rates depend on the process's start)."""
+    doc = get(port, "/v1/occupancy")
+    streams = [
+        (s["source"], s["dp_rank"], {name: (m["blocks"], m["tokens"]) for name, m in s["mediums"].items()})
+        for s in doc["streams"]
+    ]
+    return doc["offset"], streams
+
+
+def test_resume_across_edges_every_batch_once_and_same_index(
+    procs: Callable[..., Proc], nats_server: NatsServer
+) -> None:
+    """Two ingest processes read the same engine (every batch once in the stream); a client reads
+    edge A, A is SIGKILLed, the client resumes on edge B whose ring no longer holds its position
+    (served from JetStream): no gap, no duplicate. A late edge and the single process reach the
+    same index."""
+    total = 1500
+    pub, rep, port_a, port_b, port_c, port_single = (free_port() for _ in range(6))
+    spec = source(pub, rep)
+    sim(procs, pub, rep, "--rate", "300", "--batches", str(total), "--start-delay", "3")
+    ingest(procs, nats_server, spec)
+    ingest(procs, nats_server, spec)
+    single = procs("serve", "--source", spec, "--port", str(port_single))
+    edge_a = edge(procs, nats_server, spec, port_a)
+    edge(procs, nats_server, spec, port_b, "--ring-messages", "50")
+    single.wait_for("serving on", timeout=30)
+
+    reader = ws(port_a)
+    wait_until(lambda: len(batches(reader)) >= 300, timeout=30, what="300 batches on edge A")
+    edge_a.popen.send_signal(signal.SIGKILL)
+    edge_a.popen.wait(5)
+    reader.close()
+    seen = with_offsets(reader)
+    time.sleep(1.0)  # more than B's ring of 50 messages goes by meanwhile
+    resumed = ws(port_b, f"last_event_id={seen[-1]['id']}")
+    assert resumed.hello["recovered"] is True
+    wait_until(lambda: batches(resumed) and batches(resumed)[-1]["seq"] == total - 1, timeout=40, what="the end")
+    resumed.close()
+    joined = seen + with_offsets(resumed)
+    offsets = [m["offset"] for m in joined]
+    assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), "a gap or a duplicate across edges"
+    seqs = [m["seq"] for m in joined if m["type"] == "batch"]
+    assert seqs == list(range(seqs[0], total))
+
+    # The whole stream, read back from JetStream through B: every batch of the engine once.
+    epoch = reader.hello["epoch"]
+    everything = ws(port_b, f"last_event_id={epoch}:0")
+    assert everything.hello["recovered"] is True
+    wait_until(lambda: len(batches(everything)) >= total, timeout=30, what="the whole stream")
+    time.sleep(0.3)
+    everything.close()
+    assert [m["seq"] for m in batches(everything)] == list(range(total))
+
+    # A new edge, started after the traffic, reaches the same index at the same offset.
+    edge(procs, nats_server, spec, port_c)
+    wait_until(lambda: ready(port_c), timeout=30, what="the late edge ready")
+    late, early = occupancy_blocks(port_c), occupancy_blocks(port_b)
+    assert late == early
+    _, single_streams = occupancy_blocks(port_single)
+    assert single_streams == early[1]
+    assert get(port_c, "/healthz")["epoch"] == get(port_b, "/healthz")["epoch"] == epoch
+
+
+def test_nats_restart_keeps_the_epoch_and_a_lost_store_is_a_new_one(
+    procs: Callable[..., Proc], nats_server: NatsServer
+) -> None:
+    pub, rep, port_a, port_b = (free_port() for _ in range(4))
+    spec = source(pub, rep)
+    sim(procs, pub, rep, "--rate", "200", "--batches", "100000", "--start-delay", "1")
+    ingest(procs, nats_server, spec)
+    edge_a = edge(procs, nats_server, spec, port_a)
+    epoch = get(port_a, "/healthz")["epoch"]
+    reader = ws(port_a)
+    wait_until(lambda: len(batches(reader)) >= 100, timeout=30, what="100 batches")
+
+    nats_server.stop()
+    time.sleep(1.0)
+    nats_server.start()
+    before = len(batches(reader))
+    wait_until(lambda: len(batches(reader)) >= before + 300, timeout=40, what="batches after the restart")
+    assert get(port_a, "/healthz")["epoch"] == epoch
+    seen = with_offsets(reader)
+    offsets = [m["offset"] for m in seen]
+    assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+    seqs = [m["seq"] for m in seen if m["type"] == "batch"]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "batches lost or doubled across the restart"
+    again = ws(port_a, f"last_event_id={seen[-1]['id']}")
+    assert again.hello["recovered"] is True
+    again.close()
+    reader.close()
+
+    # A lost store: the stream is created anew, a new epoch; the edge of the old one exits.
+    nats_server.stop()
+    nats_server.wipe()
+    nats_server.start()
+    assert edge_a.popen.wait(30) == 1
+    edge(procs, nats_server, spec, port_b)
+    fresh = ws(port_b, f"last_event_id={seen[-1]['id']}")
+    assert fresh.hello["recovered"] is False
+    assert fresh.hello["epoch"] != epoch
+    assert fresh.hello["occupancy"] is not None
+    fresh.close()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    return False
+        except OSError:
+            continue
+    return True
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Callable[..., Proc], tmp_path: Any, how: str) -> None:
+    from tests.cluster._nats import nats_binary
+
+    nats_binary()
+    pub, rep, port = free_port(), free_port(), free_port()
+    spec = source(pub, rep)
+    sim(procs, pub, rep, "--rate", "100", "--batches", "100000")
+    parent = procs("serve", "--source", spec, "--port", str(port), "--workers", "2", "--state-dir", str(tmp_path))
+    parent.wait_for("with 2 edge processes", timeout=30)
+    wait_until(lambda: ready(port), timeout=40, what="an edge ready")
+    kids = _children(parent.popen.pid)
+    assert len(kids) == 4  # nats-server, ingest, 2 edges
+    epochs = {ws(port).hello["epoch"] for _ in range(6)}
+    assert len(epochs) == 1
+    if how == "sigterm":
+        assert parent.stop(20) == 0
+    else:
+        parent.popen.send_signal(signal.SIGKILL)
+        parent.popen.wait(5)
+    wait_until(lambda: _gone(kids), timeout=20, what="every child gone")
