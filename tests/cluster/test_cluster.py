@@ -216,3 +216,40 @@ def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Callable[..., P
         parent.popen.send_signal(signal.SIGKILL)
         parent.popen.wait(5)
     wait_until(lambda: _gone(kids), timeout=20, what="every child gone")
+
+
+def test_an_ingest_taken_over_after_sigkill_and_a_resume_ahead_of_a_new_edge(
+    procs: Callable[..., Proc], nats_server: NatsServer
+) -> None:
+    """SIGKILL the ingest process mid-stream, start another: it catches up from the engine's
+    buffer, and what the first one stored already is dropped by id: every batch once. A client
+    whose id is ahead of a just-started edge waits for it and resumes exactly."""
+    total = 2400
+    pub, rep, port_a, port_b = (free_port() for _ in range(4))
+    spec = source(pub, rep)
+    sim(procs, pub, rep, "--rate", "400", "--batches", str(total), "--start-delay", "2")
+    first = ingest(procs, nats_server, spec)
+    edge(procs, nats_server, spec, port_a)
+    reader = ws(port_a)
+    wait_until(lambda: len(batches(reader)) >= 300, timeout=30, what="300 batches")
+    first.popen.send_signal(signal.SIGKILL)
+    first.popen.wait(5)
+    time.sleep(0.5)
+    ingest(procs, nats_server, spec)
+    wait_until(lambda: batches(reader) and batches(reader)[-1]["seq"] == total - 1, timeout=40, what="the end")
+    time.sleep(0.5)
+    seqs = [m["seq"] for m in batches(reader)]
+    assert seqs == list(range(seqs[0], total)), "a gap or a duplicate across the takeover"
+    whole = ws(port_a, f"last_event_id={reader.hello['epoch']}:0")
+    wait_until(lambda: len(batches(whole)) >= total, timeout=30, what="the whole stream")
+    time.sleep(0.3)
+    whole.close()
+    assert [m["seq"] for m in batches(whole)] == list(range(total))
+
+    last = with_offsets(reader)[-1]
+    reader.close()
+    edge(procs, nats_server, spec, port_b)  # serves at once, catching up with the stream meanwhile
+    ahead = ws(port_b, f"last_event_id={last['id']}")
+    assert ahead.hello["recovered"] is True
+    assert ahead.hello["offset"] == last["offset"]
+    ahead.close()
