@@ -44,11 +44,11 @@ async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bo
         nc = await asyncio.wait_for(nats_link.connect(options), 15)
     except Exception as exc:
         raise StartupError(f"cannot connect to NATS {','.join(options.servers)}: {exc}") from None
-    js = nc.jetstream(publish_async_max_pending=4096)
+    js = nc.jetstream()
     try:
         state = await nats_link.ensure_stream(js, options)
         gateway = IngestGateway(settings)
-        publishing = PublishingLog(js, options.subject_prefix, options.stream, gateway.index)
+        publishing = PublishingLog(nc, js, options.subject_prefix, options.stream, gateway.index)
         await publishing.load_positions([s.key for s in settings.streams()])
         gateway.attach(publishing, state.epoch)
 

@@ -16,8 +16,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
 from kvgateway import wire
@@ -28,6 +29,12 @@ from kvgateway.occupancy import OccupancyIndex
 log = logging.getLogger("kvgateway.cluster.ingest")
 
 RETRY_SECONDS = 0.5
+MAX_IN_FLIGHT = 4096
+"""Publishes sent and not yet acknowledged (pipelining: one at a time manages only hundreds a second)."""
+ACK_SECONDS = 5.0
+LINGER_SECONDS = 0.002
+"""A publish waits at most this long for company (the latency it adds, against one write each)."""
+LINGER_BATCH = 32
 
 
 @dataclass(slots=True)
@@ -35,7 +42,6 @@ class PublishStats:
     published: int = 0  # stored by the server
     duplicates: int = 0  # dropped by the server: already stored under the same id
     retries: int = 0
-    last_seq: int = 0  # the stream sequence of the last publish acknowledged
 
 
 @dataclass(slots=True)
@@ -59,8 +65,9 @@ class PublishingLog(MemoryLog):
     It keeps no ring (nothing is read back here); the index is told only what decides the
     gateway's own notices (stale marks, resets), not every block."""
 
-    def __init__(self, js: JetStreamContext, prefix: str, stream_name: str, index: OccupancyIndex) -> None:
+    def __init__(self, nc: Client, js: JetStreamContext, prefix: str, stream_name: str, index: OccupancyIndex) -> None:
         super().__init__(0, 0)
+        self._nc = nc
         self._js = js
         self._prefix = prefix
         self._stream_name = stream_name
@@ -71,7 +78,10 @@ class PublishingLog(MemoryLog):
         self._count = 0
         self.stats = PublishStats()
         self._task: asyncio.Task[None] | None = None
-        self.on_published: Callable[[PublishStats], None] | None = None
+        self._in_flight: dict[int, _Outgoing] = {}
+        self._next_id = 0
+        self._reply_prefix = ""
+        self._failed: str | None = None
         self.on_failure: Callable[[], Awaitable[None]] | None = None  # e.g. re-create a lost stream
 
     async def load_positions(self, streams: list[Stream]) -> None:
@@ -112,7 +122,7 @@ class PublishingLog(MemoryLog):
 
     @property
     def pending(self) -> int:
-        return len(self._queue) + self._js.publish_async_pending()
+        return len(self._queue) + len(self._in_flight)
 
     def append(self, record: Record) -> int:
         position = self._positions.get(record.stream)
@@ -146,50 +156,66 @@ class PublishingLog(MemoryLog):
             index.stale_reason = None
 
     async def _pump(self) -> None:
+        """Send in order with at most :data:`MAX_IN_FLIGHT` unacknowledged; after a failure (an
+        error reply, or no reply within :data:`ACK_SECONDS`) send again, in order, everything
+        from the oldest unacknowledged on (what the server did store comes back as a duplicate)."""
+        nc = self._nc
+        inbox = nc.new_inbox()
+        self._reply_prefix = inbox + "."
+        await nc.subscribe(inbox + ".*", cb=self._on_ack)
         queue = self._queue
         while True:
-            if not queue:
+            if self._failed:
+                await self._recover()
+                continue
+            if not queue or len(self._in_flight) >= MAX_IN_FLIGHT:
                 self._wake.clear()
-                await self._wake.wait()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), ACK_SECONDS)
+                except TimeoutError:
+                    if self._in_flight:
+                        self._failed = "no acknowledgement"
                 continue
-            sent: list[tuple[_Outgoing, asyncio.Future[js_api.PubAck]]] = []
-            try:
-                while queue and len(sent) < 4096:
-                    item = queue[0]
-                    future = await self._js.publish_async(item.subject, item.payload, headers=item.headers)
-                    queue.popleft()
-                    sent.append((item, future))
-            except Exception as exc:  # the connection is down: retry what was not sent
-                log.warning("publish failed: %s; retrying", str(exc) or type(exc).__name__)
-            failed = await self._settle(sent)
-            if failed:
-                # In their order, before anything later: duplicates among them are dropped by id.
-                queue.extendleft(reversed(failed))
-                self.stats.retries += len(failed)
-                await asyncio.sleep(RETRY_SECONDS)
-                if self.on_failure is not None:
-                    with contextlib.suppress(Exception):
-                        await self.on_failure()
+            if len(queue) < LINGER_BATCH:
+                # Let a few more records come: their publishes then leave in one write (a write per
+                # publish cost more CPU than everything else the ingest does).
+                await asyncio.sleep(LINGER_SECONDS)
+            while queue and len(self._in_flight) < MAX_IN_FLIGHT and not self._failed:
+                item = queue.popleft()
+                self._next_id += 1
+                self._in_flight[self._next_id] = item
+                try:
+                    await nc.publish(
+                        item.subject, item.payload, reply=f"{self._reply_prefix}{self._next_id}", headers=item.headers
+                    )
+                except Exception as exc:  # the connection is closed or its buffer is full
+                    self._failed = str(exc) or type(exc).__name__
 
-    async def _settle(self, sent: list[tuple[_Outgoing, asyncio.Future[js_api.PubAck]]]) -> list[_Outgoing]:
-        """Wait for the acknowledgements; what must be sent again (from the first failure on)."""
-        failed_at: int | None = None
+    async def _on_ack(self, msg: Msg) -> None:
+        ident = int(msg.subject[len(self._reply_prefix) :])
+        if self._in_flight.pop(ident, None) is None:
+            return  # sent again since: the fresh copy has its own id
+        data = msg.data
         stats = self.stats
-        for i, (_, future) in enumerate(sent):
-            try:
-                ack = await asyncio.wait_for(future, 10.0)
-            except Exception as exc:
-                if failed_at is None:
-                    failed_at = i
-                    log.warning("publish not acknowledged: %s", str(exc) or type(exc).__name__)
-                continue
-            if failed_at is not None:
-                continue
-            if ack.duplicate:
-                stats.duplicates += 1
-            else:
-                stats.published += 1
-            stats.last_seq = max(stats.last_seq, ack.seq)
-        if self.on_published is not None:
-            self.on_published(stats)
-        return [] if failed_at is None else [item for item, _ in sent[failed_at:]]
+        if not data or b'"error"' in data:
+            if not self._failed:
+                self._failed = data.decode(errors="replace")[:200] if data else f"no stream ({msg.headers})"
+            return
+        if b'"duplicate":true' in data:
+            stats.duplicates += 1
+        else:
+            stats.published += 1
+        self._wake.set()
+
+    async def _recover(self) -> None:
+        """Everything unacknowledged goes back in front of the queue, in its order."""
+        log.warning("publish failed (%s): sending %d again", self._failed, len(self._in_flight))
+        await asyncio.sleep(RETRY_SECONDS)
+        again = [self._in_flight[key] for key in sorted(self._in_flight)]
+        self._in_flight.clear()
+        self._queue.extendleft(reversed(again))
+        self.stats.retries += len(again)
+        self._failed = None
+        if self.on_failure is not None:
+            with contextlib.suppress(Exception):
+                await self.on_failure()

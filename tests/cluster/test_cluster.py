@@ -239,12 +239,21 @@ def test_an_ingest_taken_over_after_sigkill_and_a_resume_ahead_of_a_new_edge(
     wait_until(lambda: batches(reader) and batches(reader)[-1]["seq"] == total - 1, timeout=40, what="the end")
     time.sleep(0.5)
     seqs = [m["seq"] for m in batches(reader)]
-    assert seqs == list(range(seqs[0], total)), "a gap or a duplicate across the takeover"
+    # The new process catches up ~1,000 batches from the engine's ROUTER, which may drop some of
+    # them under load (as vLLM's does): those are accounted for, exactly, never silently missing.
+    lost = {
+        seq
+        for _, m in list(reader.messages)
+        if m["type"] == "notice" and m["kind"] == "unrecovered_gap"
+        for seq in range(m["first"], m["last"] + 1)
+    }
+    assert seqs == sorted(set(seqs)), "a duplicate or a batch out of order across the takeover"
+    assert set(range(seqs[0], total)) - set(seqs) == lost, "a gap no notice accounts for"
     whole = ws(port_a, f"last_event_id={reader.hello['epoch']}:0")
     wait_until(lambda: len(batches(whole)) >= total, timeout=30, what="the whole stream")
     time.sleep(0.3)
     whole.close()
-    assert [m["seq"] for m in batches(whole)] == list(range(total))
+    assert [m["seq"] for m in batches(whole)] == sorted(set(range(total)) - lost)
 
     last = with_offsets(reader)[-1]
     reader.close()
