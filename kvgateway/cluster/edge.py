@@ -75,7 +75,7 @@ class EdgeGateway(Gateway):
             raise self.startup_error from None
 
     async def _follow(self) -> None:
-        self._nc = await asyncio.wait_for(nats_link.connect(self.options), 15)
+        self._nc = await nats_link.connect(self.options)
         self._js = self._nc.jetstream()
         state = await nats_link.wait_stream(self._js, self.options, 30)
         first = max(state.first_seq, 1)  # an empty stream says 0

@@ -41,7 +41,7 @@ class IngestGateway(Gateway):
 async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bool = True) -> None:
     """Until SIGINT/SIGTERM. Raises :class:`StartupError` (one line)."""
     try:
-        nc = await asyncio.wait_for(nats_link.connect(options), 15)
+        nc = await nats_link.connect(options)
     except Exception as exc:
         raise StartupError(f"cannot connect to NATS {','.join(options.servers)}: {exc}") from None
     js = nc.jetstream()

@@ -31,7 +31,7 @@ def _tls(options: NatsOptions) -> ssl.SSLContext | None:
     return context
 
 
-async def connect(options: NatsOptions) -> Client:
+async def connect(options: NatsOptions, within: float = 15.0) -> Client:
     """Connected, reconnecting forever (a nats-server restart is a pause, not an exit)."""
     kwargs: dict[str, Any] = {
         "servers": list(options.servers),
@@ -48,17 +48,31 @@ async def connect(options: NatsOptions) -> Client:
     if options.token_file:
         kwargs["token"] = Path(options.token_file).read_text(encoding="utf-8").strip()  # noqa: ASYNC240 - once, at start
 
+    last_error: list[str] = []  # a failure is logged once, not at every retry
+
     async def error_cb(exc: Exception) -> None:
-        log.warning("nats: %s", str(exc) or type(exc).__name__)
+        text = str(exc) or type(exc).__name__
+        if not last_error or last_error[-1] != text:
+            log.warning("nats: %s", text)
+        last_error[:] = [text]
 
     async def disconnected_cb() -> None:
-        log.warning("nats: disconnected, reconnecting")
+        if not client or not (client[0].is_closed or client[0].is_draining):  # closing is no warning
+            log.warning("nats: disconnected, reconnecting")
 
     async def reconnected_cb() -> None:
+        last_error.clear()
         log.info("nats: reconnected")
 
     kwargs.update(error_cb=error_cb, disconnected_cb=disconnected_cb, reconnected_cb=reconnected_cb)
-    return await nats.connect(**kwargs)
+    client: list[Client] = []
+    try:
+        nc = await asyncio.wait_for(nats.connect(**kwargs), within)
+    except TimeoutError:
+        reason = last_error[-1] if last_error else "no answer"
+        raise ConnectionError(f"no NATS server reachable within {within:g} s ({reason})") from None
+    client.append(nc)
+    return nc
 
 
 @dataclass(frozen=True, slots=True)
