@@ -235,6 +235,22 @@ class Metrics:
             (*STREAM, "medium"),
             registry=r,
         )
+        # cluster roles (kvgateway ingest / edge, docs/scaling.md); 0 in a single process
+        self.jetstream_published = Counter(
+            "kvgateway_jetstream_published", "Records the JetStream stream stored (ingest).", registry=r
+        )
+        self.jetstream_duplicates = Counter(
+            "kvgateway_jetstream_duplicates", "Records the stream dropped as already stored (ingest).", registry=r
+        )
+        self.jetstream_retries = Counter(
+            "kvgateway_jetstream_retries", "Records sent to the stream again after a failure (ingest).", registry=r
+        )
+        self.jetstream_pending = Gauge(
+            "kvgateway_jetstream_pending", "Records queued or unacknowledged by the stream (ingest).", registry=r
+        )
+        self.jetstream_applied_offset = Gauge(
+            "kvgateway_jetstream_applied_offset", "The last stream sequence applied (edge).", registry=r
+        )
         # Every client series exists from the start, so increase() sees the first event too.
         for transport in TRANSPORTS:
             self.clients.labels(transport).set(0)

@@ -153,6 +153,10 @@ class EdgeGateway(Gateway):
 
     # --- views ----------------------------------------------------------------------------
 
+    def refresh_gauges(self) -> None:
+        super().refresh_gauges()
+        self.metrics.jetstream_applied_offset.set(self.log.last_offset)
+
     def readiness(self) -> tuple[bool, list[dict[str, Any]]]:
         """Ready once the edge has applied the stream as it stood at start (and NATS is up)."""
         behind = self.log.last_offset < self.caught_up_to

@@ -32,6 +32,10 @@ class IngestGateway(Gateway):
         self.log = publishing
         self.publishing = publishing
 
+    def refresh_gauges(self) -> None:
+        super().refresh_gauges()
+        self.metrics.jetstream_pending.set(self.publishing.pending)
+
     def ingest_readiness(self, nats_connected: bool) -> tuple[bool, dict[str, Any]]:
         ready, not_ready = self.readiness()
         body = {"streams": len(self.status), "not_ready": not_ready, "nats_connected": nats_connected}
@@ -48,7 +52,9 @@ async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bo
     try:
         state = await nats_link.ensure_stream(js, options)
         gateway = IngestGateway(settings)
-        publishing = PublishingLog(nc, js, options.subject_prefix, options.stream, gateway.index)
+        publishing = PublishingLog(
+            nc, js, options.subject_prefix, options.stream, index=gateway.index, metrics=gateway.metrics
+        )
         await publishing.load_positions([s.key for s in settings.streams()])
         gateway.attach(publishing, state.epoch)
 

@@ -24,6 +24,7 @@ from nats.js.errors import NotFoundError
 from kvgateway import wire
 from kvgateway.cluster import records
 from kvgateway.log import BatchRecord, MemoryLog, NoticeRecord, Record, Stream
+from kvgateway.metrics import Metrics
 from kvgateway.occupancy import OccupancyIndex
 
 log = logging.getLogger("kvgateway.cluster.ingest")
@@ -65,8 +66,18 @@ class PublishingLog(MemoryLog):
     It keeps no ring (nothing is read back here); the index is told only what decides the
     gateway's own notices (stale marks, resets), not every block."""
 
-    def __init__(self, nc: Client, js: JetStreamContext, prefix: str, stream_name: str, index: OccupancyIndex) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        prefix: str,
+        stream_name: str,
+        *,
+        index: OccupancyIndex,
+        metrics: Metrics,
+    ) -> None:
         super().__init__(0, 0)
+        self._metrics = metrics
         self._nc = nc
         self._js = js
         self._prefix = prefix
@@ -201,10 +212,12 @@ class PublishingLog(MemoryLog):
             if not self._failed:
                 self._failed = data.decode(errors="replace")[:200] if data else f"no stream ({msg.headers})"
             return
-        if b'"duplicate":true' in data:
+        if b'"duplicate"' in data:  # the server adds it only when true
             stats.duplicates += 1
+            self._metrics.jetstream_duplicates.inc()
         else:
             stats.published += 1
+            self._metrics.jetstream_published.inc()
         self._wake.set()
 
     async def _recover(self) -> None:
@@ -215,6 +228,7 @@ class PublishingLog(MemoryLog):
         self._in_flight.clear()
         self._queue.extendleft(reversed(again))
         self.stats.retries += len(again)
+        self._metrics.jetstream_retries.inc(len(again))
         self._failed = None
         if self.on_failure is not None:
             with contextlib.suppress(Exception):

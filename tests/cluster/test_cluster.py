@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.cluster._nats import NatsServer
-from tests.conftest import Proc, free_port, wait_until
+from tests.conftest import Proc, free_port, metric, wait_until
 from tests.integration._gateway_helpers import BIG_QUEUE, WsCollector, start_sim
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,6 +31,10 @@ def ingest(start: Callable[..., Proc], nats: NatsServer, spec: str) -> Proc:
     proc = start("ingest", "--source", spec, "--nats", nats.url, "--port", "0")
     proc.wait_for("ingest publishing to", timeout=30)
     return proc
+
+
+def probe_port(proc: Proc) -> int:
+    return int(proc.wait_for(r"probes on http://127\.0\.0\.1:(\d+)/").group(1))
 
 
 def edge(start: Callable[..., Proc], nats: NatsServer, spec: str, port: int, *more: str) -> Proc:
@@ -86,8 +90,7 @@ def test_resume_across_edges_every_batch_once_and_same_index(
     pub, rep, port_a, port_b, port_c, port_single = (free_port() for _ in range(6))
     spec = source(pub, rep)
     sim(procs, pub, rep, "--rate", "300", "--batches", str(total), "--start-delay", "3")
-    ingest(procs, nats_server, spec)
-    ingest(procs, nats_server, spec)
+    ingests = [ingest(procs, nats_server, spec), ingest(procs, nats_server, spec)]
     single = procs("serve", "--source", spec, "--port", str(port_single))
     edge_a = edge(procs, nats_server, spec, port_a)
     edge(procs, nats_server, spec, port_b, "--ring-messages", "50")
@@ -118,6 +121,11 @@ def test_resume_across_edges_every_batch_once_and_same_index(
     time.sleep(0.3)
     everything.close()
     assert [m["seq"] for m in batches(everything)] == list(range(total))
+    # Both processes sent every batch: the stream stored one copy and dropped the other by id.
+    stored = sum(metric(f"http://127.0.0.1:{probe_port(p)}", "kvgateway_jetstream_published_total") for p in ingests)
+    dropped = sum(metric(f"http://127.0.0.1:{probe_port(p)}", "kvgateway_jetstream_duplicates_total") for p in ingests)
+    assert stored >= total and dropped >= total - 10
+    assert metric(f"http://127.0.0.1:{port_b}", "kvgateway_jetstream_applied_offset") >= everything.hello["offset"]
 
     # A new edge, started after the traffic, reaches the same index at the same offset.
     edge(procs, nats_server, spec, port_c)
