@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve" and args.workers is not None:
             from kvgateway.cluster import supervisor
 
-            return supervisor.run(args)
+            return supervisor.run(args, argv)
         if args.command == "simulate":
             return simulator.run(args)
         if args.command == "serve":

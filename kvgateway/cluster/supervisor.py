@@ -51,31 +51,28 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _server_argv(args: argparse.Namespace) -> list[str]:
-    """The serve flags every child shares: sources, HTTP settings, limits, logging."""
-    argv: list[str] = []
-    skip_values = {"--workers", "--state-dir", "--port"}
-    raw = sys.argv[1:] if getattr(args, "raw_argv", None) is None else args.raw_argv
+def _server_argv(argv: list[str]) -> list[str]:
+    """The serve flags every child shares (sources, HTTP settings, limits, logging): ``argv``
+    without ``serve`` and the flags that are the supervisor's own."""
+    own = {"--workers", "--state-dir", "--port"}
+    out: list[str] = []
+    items = argv[1:] if argv[:1] == ["serve"] else list(argv)
     i = 0
-    raw = list(raw)
-    if raw and raw[0] == "serve":
-        raw = raw[1:]
-    while i < len(raw):
-        item = raw[i]
-        name = item.split("=", 1)[0]
-        if name in skip_values:
-            i += 1 if "=" in item else 2
+    while i < len(items):
+        name, has_value, _ = items[i].partition("=")
+        if name in own:
+            i += 1 if has_value else 2
             continue
-        argv.append(item)
+        out.append(items[i])
         i += 1
-    return argv
+    return out
 
 
-def children(args: argparse.Namespace, nats_url: str, store: Path, port: int) -> list[Child]:
+def children(args: argparse.Namespace, argv: list[str], nats_url: str, store: Path, port: int) -> list[Child]:
     binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
     nats_port = int(nats_url.rsplit(":", 1)[1])
     me = [sys.executable, "-m", "kvgateway"]
-    shared = _server_argv(args)
+    shared = _server_argv(argv)
     nats = options_to_argv(NatsOptions(servers=(nats_url,)))
     out = [
         Child("nats-server", [binary, "-js", "-a", "127.0.0.1", "-p", str(nats_port), "-sd", str(store)]),
@@ -87,7 +84,7 @@ def children(args: argparse.Namespace, nats_url: str, store: Path, port: int) ->
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, argv: list[str]) -> int:
     settings = config.settings_from_args(args)
     logs.setup(settings.log_level, settings.log_format)
     if args.workers < 1:
@@ -99,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     store.mkdir(parents=True, exist_ok=True)
     nats_url = f"nats://127.0.0.1:{_free_port()}"
     port = settings.port if settings.port else _free_port()
-    procs = children(args, nats_url, store, port)
+    procs = children(args, argv, nats_url, store, port)
     stopping: list[int] = []
 
     def stop(signum: int, frame: object) -> None:

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -219,6 +220,13 @@ def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Callable[..., P
     epochs = {ws(port).hello["epoch"] for _ in range(6)}
     assert len(epochs) == 1
     if how == "sigterm":
+        # A crashed edge is started again.
+        edge_pid = next(pid for pid in kids if b"\0edge\0" in Path(f"/proc/{pid}/cmdline").read_bytes())
+        os.kill(edge_pid, signal.SIGKILL)
+        wait_until(lambda: len(set(_children(parent.popen.pid)) - set(kids)) == 1, timeout=20, what="a new edge")
+        kids = _children(parent.popen.pid)
+        assert len(kids) == 4 and edge_pid not in kids
+        wait_until(lambda: ready(port), timeout=30, what="ready again")
         assert parent.stop(20) == 0
     else:
         parent.popen.send_signal(signal.SIGKILL)

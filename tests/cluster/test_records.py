@@ -75,3 +75,10 @@ def test_the_edge_log_refuses_a_hole_ignores_a_repeat_and_lends_older_entries() 
         assert log.first_offset == 10
         assert [e.offset for e in log.read(9)] == [10, 11, 12]
     assert log.first_offset == 11
+
+
+def test_the_supervisor_gives_children_the_shared_flags_only() -> None:
+    from kvgateway.cluster.supervisor import _server_argv
+
+    argv = ["serve", "--source", "name=a,endpoint=tcp://h:1", "--workers=2", "--port", "8080", "--state-dir", "/s"]
+    assert _server_argv([*argv, "--token-file", "t"]) == ["--source", "name=a,endpoint=tcp://h:1", "--token-file", "t"]
