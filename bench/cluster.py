@@ -13,13 +13,17 @@ object; needs nats-server on PATH (or /usr/sbin).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from websockets.sync.client import connect
 
 from bench import payloads
 from bench.common import (
@@ -51,17 +55,49 @@ def _last_seq(base: str) -> int:
     return -1 if value is None else int(value)
 
 
+class _Latency:
+    """One WebSocket client of the target: publish-to-client latency of every batch (the payload's
+    ``ts`` is the publisher's clock at send; same machine)."""
+
+    def __init__(self, base: str) -> None:
+        self.lags: list[float] = []
+        self._ws = connect(base.replace("http://", "ws://") + "/v1/ws", max_size=None)
+        self._ws.recv(timeout=10)  # the hello
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with contextlib.suppress(Exception):
+            for frame in self._ws:
+                now = time.time()
+                for line in str(frame).split("\n"):
+                    message = json.loads(line)
+                    if message.get("type") == "batch":
+                        self.lags.append(now - message["ts"])
+
+    def close(self) -> dict[str, float]:
+        self._ws.close()
+        self._thread.join(5)
+        lags = sorted(self.lags)
+        if not lags:
+            return {}
+        return {"p50_ms": lags[len(lags) // 2] * 1e3, "p99_ms": lags[int(len(lags) * 0.99)] * 1e3}
+
+
 def _measure(pids: list[int], publisher: Any, base: str, count: int, rate: float) -> dict[str, Any]:
     """Send, and meter the target's processes until its index holds the last batch."""
     publisher.request({"cmd": "wait_subscribers", "timeout": 30}, timeout=40)
     time.sleep(0.5)
+    client = _Latency(base)
     before = [cpu_seconds(pid) for pid in pids]
     started = time.monotonic()
     publisher.request({"cmd": "send", "count": count, "rate": rate}, timeout=count / max(rate, 1) + 120)
     wait_until(lambda: _last_seq(base) >= count - 1, 120, "the last batch in the index")
     seconds = time.monotonic() - started
     cpu = [cpu_seconds(pid) - b for pid, b in zip(pids, before, strict=True)]
-    return {"cpu_seconds": cpu, "cpu_us_per_batch": sum(cpu) / count * 1e6, "seconds": seconds}
+    time.sleep(0.2)
+    latency = client.close()
+    return {"cpu_seconds": cpu, "cpu_us_per_batch": sum(cpu) / count * 1e6, "seconds": seconds, **latency}
 
 
 def single_trial(data: Path, logs: Path, count: int, rate: float) -> dict[str, Any]:
@@ -126,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         "single_cpu_us_per_batch": median(p["single"]["cpu_us_per_batch"] for p in pairs),
         "cluster_cpu_us_per_batch": median(p["cluster"]["cpu_us_per_batch"] for p in pairs),
         "ratio": median(p["ratio"] for p in pairs),
+        "single_p99_ms": median(p["single"].get("p99_ms") for p in pairs),
+        "cluster_p99_ms": median(p["cluster"].get("p99_ms") for p in pairs),
         "runs": pairs,
     }
     print(json.dumps(out, indent=2))
