@@ -32,6 +32,29 @@ class IngestGateway(Gateway):
         self.log = publishing
         self.publishing = publishing
 
+    last_seqs: dict[tuple[str, int], int] = {}
+
+    def _start_readers(self) -> None:
+        """A takeover: each stream goes on after the last batch the stream holds, as after a
+        reconnect (a gap replay from there, losses counted exactly), not from seq 0. The
+        sequencers are told before their readers handle any event."""
+        super()._start_readers()
+        for reader in self.readers:
+            seq = self.last_seqs.get(reader.key)
+            if seq is not None:
+                reader.sequencer.resume_after(seq)
+                log.info("stream %s[%d]: continuing after seq %d (the stream's last)", *reader.key, seq)
+
+    def publishes_lost(self, lost: dict[tuple[str, int], list[int]]) -> None:
+        """Batches the stream will never hold in order: counted and noticed as any loss."""
+        readers = {reader.key: reader for reader in self.readers}
+        for key, seqs in lost.items():
+            reader = readers.get(key)
+            if reader is None:
+                continue
+            for first, last in seq_ranges(seqs):
+                self.unrecovered(reader, first, last, "transit")
+
     def refresh_gauges(self) -> None:
         super().refresh_gauges()
         self.metrics.jetstream_pending.set(self.publishing.pending)
@@ -66,7 +89,9 @@ async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bo
                 publishing.epoch = again.epoch
 
         publishing.on_failure = recreate
+        publishing.on_lost = gateway.publishes_lost
         publishing.start()
+        gateway.last_seqs = publishing.last_seqs()
         await gateway.start()
         try:
             await _serve_probes(gateway, settings, nc, ready_line=ready_line)
@@ -81,7 +106,7 @@ async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bo
             )
     finally:
         with contextlib.suppress(Exception):
-            await nc.drain()
+            await asyncio.wait_for(nc.close(), 5)  # the publishes were waited for: no drain
 
 
 class _ProbeServer(uvicorn.Server):
@@ -127,3 +152,14 @@ async def _serve_probes(gateway: IngestGateway, settings: Settings, nc: Any, *, 
 def options_text(nc: Any) -> str:
     url = nc.connected_url
     return "nats" if url is None else f"{url.scheme}://{url.hostname}:{url.port}"
+
+
+def seq_ranges(seqs: list[int]) -> list[tuple[int, int]]:
+    """Sorted, de-duplicated ``seqs`` as contiguous (first, last) ranges."""
+    out: list[tuple[int, int]] = []
+    for seq in sorted(set(seqs)):
+        if out and out[-1][1] == seq - 1:
+            out[-1] = (out[-1][0], seq)
+        else:
+            out.append((seq, seq))
+    return out

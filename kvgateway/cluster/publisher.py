@@ -14,7 +14,8 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Final
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -58,6 +59,16 @@ class _Outgoing:
     subject: str
     payload: bytes
     headers: dict[str, str] = field(hash=False)
+    stream: Stream = ("", 0)
+    generation: int = 0
+    seq: int | None = None  # a batch's seq (None: a notice)
+    probe: bool = False  # sent again only to learn whether the stream holds it (see _recover)
+
+
+PROBE_HEADERS: Final = {"Nats-Expected-Last-Subject-Sequence": "0"}
+"""On a resend: the server answers a stored id as a duplicate before it checks this expectation,
+which fails on any subject with messages: a probe is never stored out of order."""
+WRONG_LAST_SEQUENCE: Final = b"10071"
 
 
 class PublishingLog(MemoryLog):
@@ -93,7 +104,10 @@ class PublishingLog(MemoryLog):
         self._next_id = 0
         self._reply_prefix = ""
         self._failed: str | None = None
+        self._lost: dict[Stream, list[int]] = {}
+        self._reconnects = 0
         self.on_failure: Callable[[], Awaitable[None]] | None = None  # e.g. re-create a lost stream
+        self.on_lost: Callable[[dict[Stream, list[int]]], None] | None = None
 
     async def load_positions(self, streams: list[Stream]) -> None:
         """Continue each stream's generation from its last record in the log, so the same batch
@@ -111,10 +125,13 @@ class PublishingLog(MemoryLog):
                 continue
             position = self._positions.setdefault(stream, _Position())
             position.generation = last.generation
-            if type(last) is records.WireBatch:
-                position.after_seq = last.seq
+            position.after_seq = last.seq if isinstance(last, records.WireBatch) else last.after_seq
         known = {f"{s}[{r}]": (p.generation, p.after_seq) for (s, r), p in self._positions.items()}
         log.info("ingest continues (generation, last seq) from the stream: %s", known)
+
+    def last_seqs(self) -> dict[Stream, int]:
+        """Each stream's last batch seq in the stream (of its current generation), where known."""
+        return {stream: p.after_seq for stream, p in self._positions.items() if p.after_seq >= 0}
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._pump())
@@ -142,13 +159,16 @@ class PublishingLog(MemoryLog):
         if type(record) is NoticeRecord:
             if record.kind == "restart":
                 position.generation += 1  # the engine's seqs start again: new ids
+                position.after_seq = -1
             self._track_notice(record)
         ident = records.msg_id(record, position.generation, position.after_seq)
         if type(record) is BatchRecord:
             position.after_seq = record.seq
             self._track_batch(record.stream, record.batch)
-        payload = records.encode_record(record, position.generation)
-        self._queue.append(_Outgoing(records.subject(self._prefix, record.stream), payload, {"Nats-Msg-Id": ident}))
+        payload = records.encode_record(record, position.generation, position.after_seq)
+        subject = records.subject(self._prefix, record.stream)
+        seq = record.seq if type(record) is BatchRecord else None
+        self._queue.append(_Outgoing(subject, payload, {"Nats-Msg-Id": ident}, record.stream, position.generation, seq))
         self._wake.set()
         self._count += 1
         return self._count
@@ -176,8 +196,18 @@ class PublishingLog(MemoryLog):
         await nc.subscribe(inbox + ".*", cb=self._on_ack)
         queue = self._queue
         while True:
+            if self._lost and self.on_lost is not None:
+                self.on_lost(self.take_lost())
+            reconnects = int(nc.stats["reconnects"])
+            if reconnects != self._reconnects:
+                self._reconnects = reconnects
+                if self._in_flight and not self._failed:
+                    self._failed = "reconnected"
             if self._failed:
                 await self._recover()
+                continue
+            if not nc.is_connected:  # nothing into a dead connection's buffer: it may lose it
+                await asyncio.sleep(0.05)
                 continue
             if not queue or len(self._in_flight) >= MAX_IN_FLIGHT:
                 self._wake.clear()
@@ -204,11 +234,19 @@ class PublishingLog(MemoryLog):
 
     async def _on_ack(self, msg: Msg) -> None:
         ident = int(msg.subject[len(self._reply_prefix) :])
-        if self._in_flight.pop(ident, None) is None:
+        item = self._in_flight.pop(ident, None)
+        if item is None:
             return  # sent again since: the fresh copy has its own id
         data = msg.data
         stats = self.stats
+        if item.probe and WRONG_LAST_SEQUENCE in data and item.seq is not None:
+            # Not stored, and a later batch of its stream is: lost for good (storing it now would
+            # put it out of order). The gateway reports it as any loss.
+            self._lost.setdefault(item.stream, []).append(item.seq)
+            self._wake.set()
+            return
         if not data or b'"error"' in data:
+            self._in_flight[ident] = item  # kept for the resend, in its place (by id)
             if not self._failed:
                 self._failed = data.decode(errors="replace")[:200] if data else f"no stream ({msg.headers})"
             return
@@ -221,15 +259,38 @@ class PublishingLog(MemoryLog):
         self._wake.set()
 
     async def _recover(self) -> None:
-        """Everything unacknowledged goes back in front of the queue, in its order."""
+        """Everything unacknowledged goes back in front of the queue, in its order. A batch older
+        than what the stream already holds of its stream (a later publish got through while this
+        one was lost with a broken connection) is sent as a probe: stored already, or lost."""
         log.warning("publish failed (%s): sending %d again", self._failed, len(self._in_flight))
         await asyncio.sleep(RETRY_SECONDS)
-        again = [self._in_flight[key] for key in sorted(self._in_flight)]
-        self._in_flight.clear()
-        self._queue.extendleft(reversed(again))
-        self.stats.retries += len(again)
-        self._metrics.jetstream_retries.inc(len(again))
-        self._failed = None
         if self.on_failure is not None:
             with contextlib.suppress(Exception):
                 await self.on_failure()
+        again = [self._in_flight[key] for key in sorted(self._in_flight)]
+        self._in_flight.clear()
+        held: dict[str, tuple[int, int]] = {}
+        for subject in {item.subject for item in again if item.seq is not None}:
+            with contextlib.suppress(Exception):
+                raw = await self._js.get_last_msg(self._stream_name, subject)
+                last = records.decode(raw.data or b"")
+                held[subject] = (last.generation, last.seq if isinstance(last, records.WireBatch) else last.after_seq)
+        resend = [_probe(item) if _behind(item, held.get(item.subject)) else item for item in again]
+        self._queue.extendleft(reversed(resend))
+        self.stats.retries += len(resend)
+        self._metrics.jetstream_retries.inc(len(resend))
+        self._failed = None
+
+    def take_lost(self) -> dict[Stream, list[int]]:
+        """Batches found lost by probes since the last call, by stream."""
+        lost, self._lost = self._lost, {}
+        return lost
+
+
+def _behind(item: _Outgoing, held: tuple[int, int] | None) -> bool:
+    """Whether the stream holds a later batch of ``item``'s engine generation than ``item``."""
+    return item.seq is not None and held is not None and held[0] == item.generation and item.seq < held[1]
+
+
+def _probe(item: _Outgoing) -> _Outgoing:
+    return replace(item, headers={**item.headers, **PROBE_HEADERS}, probe=True)

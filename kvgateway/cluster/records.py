@@ -60,6 +60,7 @@ class WireNotice(msgspec.Struct, array_like=True, tag=1, gc=False):
     generation: int
     kind: str
     fields: dict[str, Any]
+    after_seq: int = -1  # the stream's last batch seq before it (where a takeover continues)
 
 
 WireRecord: TypeAlias = WireBatch | WireNotice
@@ -88,8 +89,9 @@ def _op(event: wire.Event) -> _Op | None:
     return None
 
 
-def encode_record(record: Record, generation: int) -> bytes:
-    """The bytes stored in the stream for ``record`` of the engine's ``generation``."""
+def encode_record(record: Record, generation: int, after_seq: int = -1) -> bytes:
+    """The bytes stored in the stream for ``record`` of the engine's ``generation`` (a notice
+    also carries ``after_seq``, the last batch seq before it)."""
     source, dp_rank = record.stream
     if type(record) is BatchRecord:
         ops = [op for op in map(_op, record.batch.events) if op is not None]
@@ -109,7 +111,7 @@ def encode_record(record: Record, generation: int) -> bytes:
             )
         )
     assert type(record) is NoticeRecord
-    return _encoder.encode(WireNotice(source, dp_rank, generation, record.kind, record.fields))
+    return _encoder.encode(WireNotice(source, dp_rank, generation, record.kind, record.fields, after_seq))
 
 
 def _event(op: _Op) -> wire.Event:

@@ -82,3 +82,24 @@ def test_the_supervisor_gives_children_the_shared_flags_only() -> None:
 
     argv = ["serve", "--source", "name=a,endpoint=tcp://h:1", "--workers=2", "--port", "8080", "--state-dir", "/s"]
     assert _server_argv([*argv, "--token-file", "t"]) == ["--source", "name=a,endpoint=tcp://h:1", "--token-file", "t"]
+
+
+def test_a_sequencer_continued_after_a_seq_replays_the_gap_or_sees_a_restart() -> None:
+    from kvgateway.sequencer import Deliver, GapDetected, RequestReplay, Restart, Sequencer
+
+    seq = Sequencer(has_replay=True)
+    seq.resume_after(10)
+    assert seq.on_connected() == []  # no catch-up from 0: the stream has everything up to 10
+    actions = seq.on_live(14, batch(14))
+    assert GapDetected(11, 13) in actions
+    assert any(type(a) is RequestReplay and a.start == 11 for a in actions)
+    assert seq.on_live(11, batch(11)) and seq.cursor == 11
+
+    restarted = Sequencer(has_replay=False)
+    restarted.resume_after(10)
+    restarted.on_connected()
+    actions = restarted.on_live(0, batch(0))
+    assert any(type(a) is Restart for a in actions)
+    assert any(type(a) is Deliver and a.seq == 0 for a in actions)
+    with pytest.raises(ValueError, match="before the first connection"):
+        restarted.resume_after(3)
