@@ -51,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cluster.run_ingest(args)
         if args.command == "edge":
             return cluster.run_edge(args)
+        if args.command == "serve" and args.workers is None and args.nats:
+            raise config.ConfigError("--nats needs --workers (or run kvgateway ingest and kvgateway edge)")
         if args.command == "serve" and args.workers is not None:
             from kvgateway.cluster import supervisor
 

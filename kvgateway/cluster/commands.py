@@ -53,6 +53,11 @@ def add_workers_arguments(parser: argparse.ArgumentParser) -> None:
         help="run a private nats-server, one ingest and N edge processes sharing --port (default: one process)",
     )
     group.add_argument(
+        "--nats",
+        metavar="URL",
+        help="with --workers: use this NATS server instead of starting a private one",
+    )
+    group.add_argument(
         "--state-dir",
         metavar="DIR",
         help="where --workers keeps the nats-server store (default: ./kvgateway-state)",

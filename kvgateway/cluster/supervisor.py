@@ -54,7 +54,7 @@ def _free_port() -> int:
 def _server_argv(argv: list[str]) -> list[str]:
     """The serve flags every child shares (sources, HTTP settings, limits, logging): ``argv``
     without ``serve`` and the flags that are the supervisor's own."""
-    own = {"--workers", "--state-dir", "--port"}
+    own = {"--workers", "--state-dir", "--port", "--nats"}
     out: list[str] = []
     items = argv[1:] if argv[:1] == ["serve"] else list(argv)
     i = 0
@@ -68,16 +68,17 @@ def _server_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def children(args: argparse.Namespace, argv: list[str], nats_url: str, store: Path, port: int) -> list[Child]:
-    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
-    nats_port = int(nats_url.rsplit(":", 1)[1])
+def children(args: argparse.Namespace, argv: list[str], nats_url: str, store: Path | None, port: int) -> list[Child]:
+    """nats-server (unless ``store`` is None: an existing one at ``nats_url``), ingest, edges."""
     me = [sys.executable, "-m", "kvgateway"]
     shared = _server_argv(argv)
     nats = options_to_argv(NatsOptions(servers=(nats_url,)))
-    out = [
-        Child("nats-server", [binary, "-js", "-a", "127.0.0.1", "-p", str(nats_port), "-sd", str(store)]),
-        Child("ingest", [*me, "ingest", *shared, *nats, "--port", "0", "--exit-with-parent"]),
-    ]
+    out = []
+    if store is not None:
+        binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+        nats_port = nats_url.rsplit(":", 1)[1]
+        out.append(Child("nats-server", [binary, "-js", "-a", "127.0.0.1", "-p", nats_port, "-sd", str(store)]))
+    out.append(Child("ingest", [*me, "ingest", *shared, *nats, "--port", "0", "--exit-with-parent"]))
     for n in range(args.workers):
         edge = [*me, "edge", *shared, *nats, "--port", str(port), "--reuse-port", "--exit-with-parent"]
         out.append(Child(f"edge {n + 1}", edge))
@@ -89,12 +90,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     logs.setup(settings.log_level, settings.log_format)
     if args.workers < 1:
         raise config.ConfigError("--workers must be >= 1")
-    if shutil.which("nats-server") is None and not Path("/usr/sbin/nats-server").exists():
-        log.error("--workers needs nats-server on PATH (Debian: apt-get install nats-server)")
+    store: Path | None = None
+    if args.nats:
+        nats_url = args.nats
+    elif shutil.which("nats-server") is None and not Path("/usr/sbin/nats-server").exists():
+        log.error("--workers needs nats-server on PATH (Debian: apt-get install nats-server), or --nats URL")
         return 1
-    store = Path(args.state_dir or "kvgateway-state") / "nats"
-    store.mkdir(parents=True, exist_ok=True)
-    nats_url = f"nats://127.0.0.1:{_free_port()}"
+    else:
+        store = Path(args.state_dir or "kvgateway-state") / "nats"
+        store.mkdir(parents=True, exist_ok=True)
+        nats_url = f"nats://127.0.0.1:{_free_port()}"
     port = settings.port if settings.port else _free_port()
     procs = children(args, argv, nats_url, store, port)
     stopping: list[int] = []
@@ -104,10 +109,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    procs[0].start()
-    time.sleep(0.5)  # nats-server listens within milliseconds; the roles retry anyway
-    for child in procs[1:]:
+    for child in procs:
         child.start()
+        if child.name == "nats-server":
+            time.sleep(0.5)  # it listens within milliseconds; the roles retry anyway
     log.info("serving on http://%s:%d/ with %d edge processes", settings.host, port, args.workers)
     while not stopping:
         for child in procs:
@@ -119,12 +124,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                 time.sleep(RESTART_DELAY_SECONDS)
                 child.start()
         time.sleep(0.2)
-    return _stop_all(procs)
+    return _stop_all([c for c in procs if c.name != "nats-server"], [c for c in procs if c.name == "nats-server"])
 
 
-def _stop_all(procs: list[Child]) -> int:
+def _stop_all(roles: list[Child], servers: list[Child]) -> int:
     """Edges and ingest first, nats-server last (they flush to it)."""
-    for group in (procs[1:], procs[:1]):
+    for group in (roles, servers):
         for child in group:
             if child.proc is not None and child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)

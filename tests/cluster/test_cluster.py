@@ -217,7 +217,7 @@ def _gone(pids: list[int]) -> bool:
 
 
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
-def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Callable[..., Proc], tmp_path: Any, how: str) -> None:
+def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Callable[..., Proc], tmp_path: Path, how: str) -> None:
     from tests.cluster._nats import nats_binary
 
     nats_binary()
@@ -321,3 +321,17 @@ def test_an_ingest_outage_longer_than_the_engine_buffer_is_one_exact_loss(
     assert (loss["first"], loss["last"], loss["count"]) == (missing[0], missing[-1], len(missing)), loss
     assert loss["reason"] == "evicted"
     second.wait_for("continuing after seq")
+
+
+def test_serve_workers_on_an_existing_nats_server(procs: Callable[..., Proc], nats_server: NatsServer) -> None:
+    pub, rep, port = free_port(), free_port(), free_port()
+    spec = source(pub, rep)
+    sim(procs, pub, rep, "--rate", "100", "--batches", "100000")
+    parent = procs("serve", "--source", spec, "--port", str(port), "--workers", "1", "--nats", nats_server.url)
+    wait_until(lambda: ready(port), timeout=40, what="the edge ready")
+    kids = _children(parent.popen.pid)
+    assert len(kids) == 2  # ingest and one edge: no private nats-server
+    assert all(b"nats-server" not in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in kids)
+    assert get(port, "/v1/sources")["sources"][0]["connected"] is True
+    assert parent.stop(20) == 0
+    wait_until(lambda: _gone(kids), timeout=20, what="every child gone")
