@@ -22,6 +22,7 @@ from kvgateway import messages
 from kvgateway.cluster import nats_link, records
 from kvgateway.cluster.edge_log import EdgeLog, OffsetGap
 from kvgateway.cluster.options import NatsOptions
+from kvgateway.cluster.order import OrderGuard
 from kvgateway.config import Settings
 from kvgateway.gateway import Gateway, StartupError
 from kvgateway.hub import Hub
@@ -61,6 +62,7 @@ class EdgeGateway(Gateway):
         self.edge_log = self.log
         self.caught_up_to = 0  # the stream's last sequence when this edge started: ready past it
         self.fatal: str | None = None
+        self._order = OrderGuard()
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._watch: asyncio.Task[None] | None = None
@@ -124,7 +126,8 @@ class EdgeGateway(Gateway):
     async def _on_message(self, msg: Msg) -> None:
         try:
             seq = msg.metadata.sequence.stream
-            self.edge_log.append_at(seq, records.decode_record(msg.data))
+            if seq > self.log.last_offset:  # (a repeat after a consumer reset is ignored)
+                self.edge_log.append_at(seq, self._order.admit(seq, records.decode(msg.data)))
         except (OffsetGap, records.RecordError, messages.NoticeError) as exc:
             self._die(str(exc))
 
@@ -200,5 +203,5 @@ class EdgeGateway(Gateway):
         for seq, raw in zip(seqs, replies, strict=True):
             if isinstance(raw, BaseException) or raw.data is None or raw.seq != seq:
                 break  # expired (or deleted): what came before it is still of use
-            out.append(make_entry(epoch, seq, records.decode_record(raw.data)))
+            out.append(make_entry(epoch, seq, self._order.at(seq, records.decode(raw.data))))
         return out

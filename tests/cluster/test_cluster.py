@@ -127,7 +127,7 @@ def test_resume_across_edges_every_batch_once_and_same_index(
     epoch = reader.hello["epoch"]
     everything = ws(port_b, f"last_event_id={epoch}:0")
     assert everything.hello["recovered"] is True
-    wait_until(lambda: len(batches(everything)) >= total, timeout=30, what="the whole stream")
+    wait_until(lambda: len(batches(everything)) >= total, timeout=60, what="the whole stream")
     time.sleep(0.3)
     everything.close()
     assert [m["seq"] for m in batches(everything)] == list(range(total))
@@ -278,7 +278,7 @@ def test_an_ingest_taken_over_after_sigkill_and_a_resume_ahead_of_a_new_edge(
     assert seqs == sorted(set(seqs)), "a duplicate or a batch out of order across the takeover"
     assert set(range(seqs[0], total)) - set(seqs) == lost, "a gap no notice accounts for"
     whole = ws(port_a, f"last_event_id={reader.hello['epoch']}:0")
-    wait_until(lambda: len(batches(whole)) >= total, timeout=30, what="the whole stream")
+    wait_until(lambda: len(batches(whole)) >= total, timeout=60, what="the whole stream")
     time.sleep(0.3)
     whole.close()
     assert [m["seq"] for m in batches(whole)] == sorted(set(range(total)) - lost)
