@@ -246,35 +246,38 @@ def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Callable[..., P
     wait_until(lambda: _gone(kids), timeout=20, what="every child gone")
 
 
+def take_over(
+    procs: Callable[..., Proc], nats: NatsServer, spec: str, port: int, *, after: int, pause: float
+) -> tuple[WsCollector, Proc]:
+    """An ingest and an edge with a reader; once the reader has ``after`` batches the ingest is
+    SIGKILLed and, ``pause`` seconds later, another one starts (returned with the reader)."""
+    first = ingest(procs, nats, spec)
+    edge(procs, nats, spec, port)
+    reader = ws(port)
+    wait_until(lambda: len(batches(reader)) >= after, timeout=30, what=f"{after} batches")
+    first.popen.send_signal(signal.SIGKILL)
+    first.popen.wait(5)
+    time.sleep(pause)
+    return reader, ingest(procs, nats, spec)
+
+
 def test_an_ingest_taken_over_after_sigkill_and_a_resume_ahead_of_a_new_edge(
     procs: Callable[..., Proc], nats_server: NatsServer
 ) -> None:
-    """SIGKILL the ingest process mid-stream, start another: it catches up from the engine's
-    buffer, and what the first one stored already is dropped by id: every batch once. A client
-    whose id is ahead of a just-started edge waits for it and resumes exactly."""
+    """SIGKILL the ingest process mid-stream, start another: it continues after the last batch
+    the stream holds (a gap replay from the engine): every batch once, in order. A client whose id
+    is ahead of a just-started edge waits for it and resumes exactly."""
     total = 2400
     pub, rep, port_a, port_b = (free_port() for _ in range(4))
     spec = source(pub, rep)
     sim(procs, pub, rep, "--rate", "400", "--batches", str(total), "--start-delay", "2")
-    first = ingest(procs, nats_server, spec)
-    edge(procs, nats_server, spec, port_a)
-    reader = ws(port_a)
-    wait_until(lambda: len(batches(reader)) >= 300, timeout=30, what="300 batches")
-    first.popen.send_signal(signal.SIGKILL)
-    first.popen.wait(5)
-    time.sleep(0.5)
-    ingest(procs, nats_server, spec)
+    reader, _ = take_over(procs, nats_server, spec, port_a, after=300, pause=0.5)
     wait_until(lambda: batches(reader) and batches(reader)[-1]["seq"] == total - 1, timeout=40, what="the end")
     time.sleep(0.5)
     seqs = [m["seq"] for m in batches(reader)]
-    # The new process catches up ~1,000 batches from the engine's ROUTER, which may drop some of
-    # them under load (as vLLM's does): those are accounted for, exactly, never silently missing.
-    lost = {
-        seq
-        for _, m in list(reader.messages)
-        if m["type"] == "notice" and m["kind"] == "unrecovered_gap"
-        for seq in range(m["first"], m["last"] + 1)
-    }
+    # The new process replays what it missed from the engine's ROUTER, which may drop some of it
+    # under load (as vLLM's does): that is accounted for, exactly, never silently missing.
+    lost = lost_seqs(reader)
     assert seqs == sorted(set(seqs)), "a duplicate or a batch out of order across the takeover"
     assert set(range(seqs[0], total)) - set(seqs) == lost, "a gap no notice accounts for"
     whole = ws(port_a, f"last_event_id={reader.hello['epoch']}:0")
@@ -301,14 +304,8 @@ def test_an_ingest_outage_longer_than_the_engine_buffer_is_one_exact_loss(
     pub, rep, port = free_port(), free_port(), free_port()
     spec = source(pub, rep)
     sim(procs, pub, rep, "--rate", "400", "--batches", str(total), "--buffer-steps", "200", "--start-delay", "2")
-    first = ingest(procs, nats_server, spec)
-    edge(procs, nats_server, spec, port)
-    reader = ws(port)
-    wait_until(lambda: len(batches(reader)) >= 200, timeout=30, what="200 batches")
-    first.popen.send_signal(signal.SIGKILL)
-    first.popen.wait(5)
-    time.sleep(1.5)  # about 600 batches: more than the engine's buffer of 200
-    second = ingest(procs, nats_server, spec)
+    # 1.5 s: about 600 batches, more than the engine's buffer of 200
+    reader, second = take_over(procs, nats_server, spec, port, after=200, pause=1.5)
     wait_until(lambda: batches(reader) and batches(reader)[-1]["seq"] == total - 1, timeout=40, what="the end")
     time.sleep(0.3)
     reader.close()
