@@ -21,8 +21,8 @@ processes to serve. HTTP serves only /healthz, /readyz and /metrics (--host, --p
 
 EDGE_DESCRIPTION = """Follow the NATS JetStream stream written by `kvgateway ingest` and serve the whole web
 protocol (WebSocket, SSE, /v1/occupancy, the dashboard) exactly as `kvgateway serve` does. A client
-resumes on any edge of the same stream. Give the same sources (--source or --config) as ingest:
-the edge connects to no engine, but lists their streams."""
+resumes on any edge of the same stream. The edge connects to no engine: it lists the sources it is
+given (--source or --config), or else those the ingest processes announced."""
 
 
 def add_ingest_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +115,8 @@ def run_edge(args: argparse.Namespace) -> int:
 
     try:
         with asyncio.Runner(loop_factory=server.loop_factory()) as runner:
+            if not settings.sources:
+                settings = runner.run(_discover_sources(settings, options))
             runner.run(server.serve(settings, ready=ready, make_gateway=make, reuse_port=args.reuse_port))
     except StartupError as exc:
         log.error("%s", exc)
@@ -127,3 +129,22 @@ def _options(args: argparse.Namespace, name: str) -> nats_options.NatsOptions:
         return nats_options.options_from_args(args, name)
     except ValueError as exc:
         raise config.ConfigError(str(exc)) from None
+
+
+async def _discover_sources(settings: config.Settings, options: nats_options.NatsOptions) -> config.Settings:
+    """An edge given no sources lists those the ingest processes announced."""
+    from dataclasses import replace
+
+    from kvgateway.cluster import nats_link
+    from kvgateway.cluster.sources import read_sources
+
+    try:
+        nc = await nats_link.connect(options)
+    except Exception as exc:
+        raise StartupError(f"cannot follow stream {options.stream}: {exc}") from None
+    try:
+        sources = await read_sources(nc.jetstream(), options)
+    finally:
+        await nc.close()
+    log.info("sources announced by ingest: %s", ", ".join(s.name for s in sources) or "none yet")
+    return replace(settings, sources=sources)

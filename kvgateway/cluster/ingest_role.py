@@ -18,6 +18,7 @@ import uvicorn
 from kvgateway.cluster import nats_link
 from kvgateway.cluster.options import NatsOptions
 from kvgateway.cluster.publisher import PublishingLog
+from kvgateway.cluster.sources import publish_sources
 from kvgateway.config import Settings
 from kvgateway.gateway import Gateway, StartupError
 
@@ -74,6 +75,7 @@ async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bo
     js = nc.jetstream()
     try:
         state = await nats_link.ensure_stream(js, options)
+        await publish_sources(js, options, settings.sources)  # for edges started without --source
         gateway = IngestGateway(settings)
         publishing = PublishingLog(
             nc, js, options.subject_prefix, options.stream, index=gateway.index, metrics=gateway.metrics

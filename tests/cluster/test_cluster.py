@@ -38,9 +38,11 @@ def probe_port(proc: Proc) -> int:
     return int(proc.wait_for(r"probes on http://127\.0\.0\.1:(\d+)/").group(1))
 
 
-def edge(start: Callable[..., Proc], nats: NatsServer, spec: str, port: int, *more: str) -> Proc:
+def edge(start: Callable[..., Proc], nats: NatsServer, spec: str | None, port: int, *more: str) -> Proc:
+    """An edge; without ``spec`` it lists the sources the ingest processes announced."""
+    sources = [] if spec is None else ["--source", spec]
     proc = start(
-        "edge", "--source", spec, "--nats", nats.url, "--port", str(port),
+        "edge", *sources, "--nats", nats.url, "--port", str(port),
         "--client-queue-bytes", str(BIG_QUEUE), *more,
     )  # fmt: skip
     proc.wait_for("edge serving on", timeout=30)
@@ -137,14 +139,16 @@ def test_resume_across_edges_every_batch_once_and_same_index(
     assert stored >= total and dropped >= total - 10
     assert metric(f"http://127.0.0.1:{port_b}", "kvgateway_jetstream_applied_offset") >= everything.hello["offset"]
 
-    # A new edge, started after the traffic, reaches the same index at the same offset.
-    edge(procs, nats_server, spec, port_c)
+    # A new edge, started after the traffic (and given no sources: the ingest announced them),
+    # reaches the same index at the same offset.
+    edge(procs, nats_server, None, port_c)
     wait_until(lambda: ready(port_c), timeout=30, what="the late edge ready")
     late, early = occupancy_blocks(port_c), occupancy_blocks(port_b)
     assert late == early
     _, single_streams = occupancy_blocks(port_single)
     assert single_streams == early[1]
     assert get(port_c, "/healthz")["epoch"] == get(port_b, "/healthz")["epoch"] == epoch
+    assert [s["source"] for s in get(port_c, "/v1/sources")["sources"]] == ["sim"]
 
 
 def test_nats_restart_keeps_the_epoch_and_a_lost_store_is_a_new_one(
