@@ -143,7 +143,16 @@ async def _discover_sources(settings: config.Settings, options: nats_options.Nat
     except Exception as exc:
         raise StartupError(f"cannot follow stream {options.stream}: {exc}") from None
     try:
-        sources = await read_sources(nc.jetstream(), options)
+        js = nc.jetstream()
+        await nats_link.wait_stream(js, options, 30)  # the ingest announces its sources right after
+        sources = await read_sources(js, options)
+        for _ in range(20):  # ... creating the stream: a moment's wait for it
+            if sources:
+                break
+            await asyncio.sleep(0.25)
+            sources = await read_sources(js, options)
+    except Exception as exc:
+        raise StartupError(f"cannot follow stream {options.stream}: {exc}") from None
     finally:
         await nc.close()
     log.info("sources announced by ingest: %s", ", ".join(s.name for s in sources) or "none yet")

@@ -89,6 +89,7 @@ async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bo
             if again.epoch != publishing.epoch:
                 log.warning("stream %s is new (epoch %s): publishing to it", options.stream, again.epoch)
                 publishing.epoch = again.epoch
+                await publish_sources(js, options, settings.sources)  # the bucket went with the store
 
         publishing.on_failure = recreate
         publishing.on_lost = gateway.publishes_lost

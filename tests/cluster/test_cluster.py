@@ -187,11 +187,12 @@ def test_nats_restart_keeps_the_epoch_and_a_lost_store_is_a_new_one(
     nats_server.wipe()
     nats_server.start()
     assert edge_a.popen.wait(30) == 1
-    edge(procs, nats_server, spec, port_b)
+    edge(procs, nats_server, None, port_b)  # the sources announced again with the new stream
     fresh = ws(port_b, f"last_event_id={seen[-1]['id']}")
     assert fresh.hello["recovered"] is False
     assert fresh.hello["epoch"] != epoch
     assert fresh.hello["occupancy"] is not None
+    assert [s["source"] for s in fresh.hello["sources"]] == ["sim"]
     fresh.close()
 
 
