@@ -15,6 +15,7 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
@@ -40,6 +41,12 @@ EPOCH_CHECK_SECONDS = 2.0
 """How often the edge checks that the stream is still the one it follows."""
 
 FETCH_BATCH = 512
+"""A resume range up to this long is read with direct gets, a longer one with an ordered consumer."""
+FETCH_IDLE_SECONDS = 5.0
+
+MAX_STREAM_RESUME = 200_000
+"""A resume further back than this many messages before the ring is not recovered: the backlog is
+held in memory for the client (exempt from its queue bound, as a ring backlog is)."""
 
 
 class EdgeGateway(Gateway):
@@ -179,6 +186,8 @@ class EdgeGateway(Gateway):
         if offset > self.log.last_offset:
             await self.edge_log.reached(offset, AHEAD_WAIT_SECONDS)
             return self.subscribe(request, transport)
+        if self.edge_log.ring.first_offset - 1 - offset > MAX_STREAM_RESUME:
+            return self.subscribe(request, transport)  # too far back to hold for one client
         lent: list[Entry] = []
         while offset + len(lent) < self.edge_log.ring.first_offset - 1:
             more = await self._fetch(offset + len(lent) + 1, self.edge_log.ring.first_offset - 1)
@@ -190,12 +199,13 @@ class EdgeGateway(Gateway):
             return self.subscribe(request, transport)
 
     async def _fetch(self, first: int, last: int) -> list[Entry]:
-        """Entries ``first..last`` read back from JetStream (at most :data:`FETCH_BATCH`); an empty
-        list when ``first`` is no longer in the stream."""
+        """Entries ``first..last`` (or fewer) read back from JetStream; an empty list when
+        ``first`` is no longer in the stream. A short range by direct gets, 512 in flight; a long
+        one by an ordered consumer from ``first``."""
+        if last - first >= FETCH_BATCH:
+            return await self._fetch_consumed(first, last)
         assert self._js is not None
-        epoch = self.log.epoch
-        seqs = range(first, min(last, first + FETCH_BATCH - 1) + 1)
-        # Pipelined: one round trip per chunk, not per message.
+        seqs = range(first, last + 1)
         replies = await asyncio.gather(
             *(self._js.get_msg(self.options.stream, seq, direct=True) for seq in seqs), return_exceptions=True
         )
@@ -203,5 +213,32 @@ class EdgeGateway(Gateway):
         for seq, raw in zip(seqs, replies, strict=True):
             if isinstance(raw, BaseException) or raw.data is None or raw.seq != seq:
                 break  # expired (or deleted): what came before it is still of use
-            out.append(make_entry(epoch, seq, self._order.at(seq, records.decode(raw.data))))
+            out.append(self._entry_at(seq, raw.data))
         return out
+
+    async def _fetch_consumed(self, first: int, last: int) -> list[Entry]:
+        assert self._js is not None
+        sub = await self._js.subscribe(
+            f"{self.options.subject_prefix}.>",
+            stream=self.options.stream,
+            ordered_consumer=True,
+            deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
+            config=js_api.ConsumerConfig(opt_start_seq=first),
+        )
+        out: list[Entry] = []
+        try:
+            while first + len(out) <= last:
+                msg = await sub.next_msg(timeout=FETCH_IDLE_SECONDS)
+                seq = msg.metadata.sequence.stream
+                if seq != first + len(out):
+                    break  # the start has expired meanwhile: only what is contiguous counts
+                out.append(self._entry_at(seq, msg.data))
+        except NatsTimeoutError:
+            pass
+        finally:
+            await sub.unsubscribe()
+        return out
+
+    def _entry_at(self, seq: int, data: bytes) -> Entry:
+        """The entry this edge applied at ``seq``, rendered again from the stream."""
+        return make_entry(self.log.epoch, seq, self._order.at(seq, records.decode(data)))
