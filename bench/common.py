@@ -598,3 +598,13 @@ def machine_cpu() -> tuple[int, int]:
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
     total = sum(fields[:8])
     return total - idle, total
+
+
+def write_run(out: Mapping[str, Any], results_dir: Path) -> Path:
+    """A stand-alone bench script's result: ``<results_dir>/<time>-<mode>.json``, and on stdout."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{out['mode']}.json"
+    text = json.dumps(out, indent=1) + "\n"
+    path.write_text(text, encoding="utf-8")
+    sys.stdout.write(text)
+    return path

@@ -37,6 +37,7 @@ from bench.common import (
 )
 from bench.context import Context
 from bench.harness import endpoint_of, start_publisher
+from kvgateway import render
 
 
 def _batches(ctx: Context) -> int:
@@ -174,7 +175,7 @@ def _stages(stream: list[bytes], out: dict[str, float]) -> dict[str, float]:
     out["index"] = (time.perf_counter() - started) / n * 1e6
 
     started = time.perf_counter()
-    rendered = [messages.encode_events(wire.render_events(batch.events)) for batch in batches]
+    rendered = [messages.encode_events(render.render_events(batch.events)) for batch in batches]
     out["render"] = (time.perf_counter() - started) / n * 1e6
 
     started = time.perf_counter()

@@ -1,9 +1,8 @@
 """Lookup, snapshot and learned-chain memory, in process: ``python -m bench.lookup [--smoke]``.
 
-Not (yet) a scenario of ``python -m bench``: the routes do not exist yet, so everything here runs
-in this process against the sans-I/O modules (kvgateway.occupancy, kvgateway.blocks,
-kvgateway.lookup). The end-to-end figures (live clients' p99 during a snapshot served by the real
-gateway) come when the routes are wired.
+Not (yet) a scenario of ``python -m bench``: everything here runs in this process against the
+sans-I/O modules (kvgateway.occupancy, kvgateway.blocks, kvgateway.lookup). The end-to-end
+figures (live clients' p99 while the real web stack serves a snapshot) are bench/snapshot.py's.
 
 Workload: ``--streams`` engines (8) hold ``--blocks`` resident blocks in all (1,000,000) as
 chains of ``--chain`` blocks (64) of 16 random tokens each. Every engine hashes with its own seed,
@@ -45,6 +44,7 @@ from typing import Any, Final
 
 import msgspec
 
+from bench.common import write_run
 from kvgateway.blocks import DEFAULT_CHUNK_BLOCKS, capture, state_messages
 from kvgateway.lookup import (
     ChainLearner,
@@ -341,11 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0],
         **result,
     }
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    path = args.results_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{out['mode']}.json"
-    path.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-    sys.stdout.write(json.dumps(out, indent=1) + "\n")
-    _say(f"wrote {path}")
+    _say(f"wrote {write_run(out, args.results_dir)}")
     return 0
 
 

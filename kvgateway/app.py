@@ -25,6 +25,7 @@ from kvgateway.hub import TooManyClients
 from kvgateway.messages import schema_bytes
 from kvgateway.pump import WS_CLOSE, sse_stream, ws_session
 from kvgateway.query import BadRequest, ClientRequest
+from kvgateway.router_routes import ROUTER_ROUTES
 from kvgateway.subscription import Subscription, Transport
 
 log = logging.getLogger("kvgateway.web")
@@ -70,7 +71,7 @@ async def readyz(request: Request) -> Response:
     gateway = _gateway(request)
     ready, not_ready = gateway.readiness()
     return JSONResponse(
-        {"ready": ready, "streams": len(gateway.status), "not_ready": not_ready}, status_code=200 if ready else 503
+        {"ready": ready, "streams": len(gateway.outlets), "not_ready": not_ready}, status_code=200 if ready else 503
     )
 
 
@@ -87,7 +88,10 @@ async def sources(request: Request) -> Response:
 
 
 async def occupancy(request: Request) -> Response:
-    return Response(msgspec.json.encode(_gateway(request).snapshot()), media_type="application/json")
+    gateway = _gateway(request)
+    body = gateway.snapshot()
+    body["fleet"] = gateway.routers.fleet  # counted every 15 s in the background (kvgateway/routers.py)
+    return Response(msgspec.json.encode(body), media_type="application/json")
 
 
 async def schema(request: Request) -> Response:
@@ -160,8 +164,13 @@ ROUTES: Final[list[Route | WebSocketRoute]] = [
     Route("/v1/schema", schema),
     Route("/v1/events", events),
     WebSocketRoute("/v1/ws", websocket_endpoint),
+    *ROUTER_ROUTES,
 ]
-_KNOWN_V1: Final = frozenset(route.path for route in ROUTES if route.path.startswith(PROTECTED_PREFIX))
+_KNOWN_V1: Final = {
+    route.path: ", ".join(sorted(getattr(route, "methods", None) or {"GET", "HEAD"}))
+    for route in ROUTES
+    if route.path.startswith(PROTECTED_PREFIX)
+}
 
 
 async def not_found(request: Request, exc: Exception) -> Response:
@@ -173,7 +182,7 @@ async def not_found(request: Request, exc: Exception) -> Response:
     if path == "/v1/ws":
         return json_error(426, "/v1/ws is a WebSocket endpoint: use a WebSocket client", Upgrade="websocket")
     if path in _KNOWN_V1:
-        return json_error(405, f"method {request.method} not allowed on {path}", Allow="GET, HEAD")
+        return json_error(405, f"method {request.method} not allowed on {path}", Allow=_KNOWN_V1[path])
     return json_error(404, f"no such endpoint: {path[:200]} (see docs/protocol.md)")
 
 

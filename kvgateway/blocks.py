@@ -18,7 +18,7 @@ A block renders as::
 
     {"hash": "15760518052499183552", "refs": 2, "medium": "GPU", "tier": "GPU", "group_idx": 0, "block_size": 16}
 
-- ``hash`` exactly as the stream renders it (:func:`kvgateway.wire.hash_text`: decimal with its
+- ``hash`` exactly as the stream renders it (:func:`kvgateway.render.hash_text`: decimal with its
   sign for integer hashes, lowercase hex for bytes);
 - ``refs`` the reference count (physical copies announced and not yet removed, at least 1);
 - ``medium`` the upper-cased medium name as in ``/v1/occupancy`` (no medium: ``GPU``), ``tier`` its tier;
@@ -41,7 +41,8 @@ import msgspec
 
 from kvgateway.mediums import medium_tier
 from kvgateway.occupancy import BlockGroup, StreamIndex
-from kvgateway.wire import Hash, hash_text
+from kvgateway.render import hash_text
+from kvgateway.wire import Hash
 
 __all__ = [
     "DEFAULT_CHUNK_BLOCKS",
@@ -49,6 +50,7 @@ __all__ = [
     "block_json",
     "blocks_document",
     "capture",
+    "encoded_state_messages",
     "iter_document",
     "iter_ndjson",
     "state_messages",
@@ -132,13 +134,17 @@ def _chunks(stream: StreamBlocks, chunk_blocks: int) -> Iterator[list[dict[str, 
 
 
 def _marked(stream: StreamBlocks, chunk_blocks: int) -> Iterator[tuple[list[dict[str, Any]], bool]]:
-    """``(blocks, last)`` pairs: every block once, the last pair marked; one empty pair for no block."""
-    pending: list[dict[str, Any]] | None = None
-    for chunk in _chunks(stream, chunk_blocks):
-        if pending is not None:
-            yield pending, False
-        pending = chunk
-    yield ([] if pending is None else pending), True
+    """``(blocks, last)`` pairs: every block once, the last pair marked; one empty pair for no block.
+
+    No chunk is rendered ahead (the frozen stream's count says which one is last), so a caller
+    that encodes a chunk and clears its list leaves nothing of it alive between steps.
+    """
+    if chunk_blocks < 1:
+        raise ValueError(f"chunk_blocks must be at least 1, got {chunk_blocks}")
+    count = max(1, -(-stream.count // chunk_blocks))
+    chunks = _chunks(stream, chunk_blocks)
+    for n in range(count):
+        yield next(chunks, []), n == count - 1
 
 
 def state_messages(
@@ -164,6 +170,17 @@ def state_messages(
             if last:
                 message["block_sizes"] = stream.block_sizes
             yield message
+
+
+def encoded_state_messages(
+    streams: Iterable[StreamBlocks], offset: int, chunk_blocks: int = DEFAULT_CHUNK_BLOCKS
+) -> Iterator[bytes]:
+    """:func:`state_messages`, each encoded to JSON; a chunk's block dicts are freed before the
+    next step (nothing of a million rendered blocks lingers for the garbage collector)."""
+    for message in state_messages(streams, offset, chunk_blocks):
+        data = _json.encode(message)
+        message["blocks"].clear()  # the list the generators still refer to until resumed
+        yield data
 
 
 def blocks_document(epoch: str, offset: int, streams: Iterable[StreamBlocks]) -> dict[str, Any]:
@@ -202,7 +219,9 @@ def iter_document(
         }
         yield (b"," if n else b"") + _json.encode(head)[:-1] + b',"blocks":['
         for i, chunk in enumerate(_chunks(stream, chunk_blocks)):
-            yield (b"," if i else b"") + _json.encode(chunk)[1:-1]
+            piece = (b"," if i else b"") + _json.encode(chunk)[1:-1]
+            chunk.clear()  # freed now, not when the generator is resumed
+            yield piece
         yield b"]}"
     yield b"]}"
 
@@ -230,4 +249,6 @@ def iter_ndjson(
             }
             if last:
                 line["block_sizes"] = stream.block_sizes
-            yield _json.encode(line) + b"\n"
+            data = _json.encode(line) + b"\n"
+            blocks.clear()
+            yield data

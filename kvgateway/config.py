@@ -24,7 +24,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvgateway.endpoints import WILDCARD_HOSTS, is_wildcard, offset_endpoint, split_tcp, tcp_endpoint, vllm_binds
+from kvgateway.endpoints import (
+    WILDCARD_HOSTS,
+    endpoint_problem,
+    is_wildcard,
+    rank_endpoints,
+    split_tcp,
+    tcp_endpoint,
+    vllm_binds,
+)
 
 CONFIG_ENV = "KVGATEWAY_CONFIG"
 TOKEN_ENV = "KVGATEWAY_TOKEN"
@@ -32,7 +40,6 @@ SOURCES_ENV = "KVGATEWAY_SOURCES"
 ENV_PREFIX = "KVGATEWAY_"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_TCP = re.compile(r"^tcp://(?P<host>\[[^\]]+\]|[^:/\[\]]+):(?P<port>\d{1,5})$")
 _MEDIUM = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
 SOURCE_KEYS = ("name", "endpoint", "replay", "topic", "dp_size", "bind", "capacity_blocks", "host", "kv_events_config")
 MAX_DP_SIZE = 1024
@@ -102,6 +109,11 @@ class Settings:
     hold_limit: int = 10_000
     max_concurrent_replays: int = 4
     keepalive_seconds: float = 15.0
+    max_learned_blocks: int = 2_000_000
+    lookup_rate: float = 1000.0
+    lookup_burst: int = 200
+    max_snapshots: int = 4
+    snapshot_queue_bytes: int = 8 * 1024 * 1024
     log_format: str = "text"
     log_level: str = "info"
 
@@ -115,14 +127,12 @@ class Settings:
 def _check_endpoint(source: str, key: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"source {source!r}: key {key!r}: expected an endpoint string")
-    if value.startswith("tcp://"):
-        match = _TCP.match(value)
-        if not match or not 0 < int(match["port"]) < 65536:
-            raise ConfigError(f"source {source!r}: key {key!r}: {value!r} is not tcp://HOST:PORT")
-        return value
-    if value.startswith(("ipc://", "inproc://")) and len(value) > len("ipc://"):
-        return value
-    raise ConfigError(f"source {source!r}: key {key!r}: {value!r} must start with tcp://, ipc:// or inproc://")
+    problem = endpoint_problem(value)
+    if problem is not None:
+        if value.startswith("tcp://"):
+            problem = "is not tcp://HOST:PORT"  # with the port's range in the message of old
+        raise ConfigError(f"source {source!r}: key {key!r}: {value!r} {problem}")
+    return value
 
 
 def expand_source(source: SourceConfig) -> list[StreamConfig]:
@@ -130,13 +140,13 @@ def expand_source(source: SourceConfig) -> list[StreamConfig]:
         StreamConfig(
             source=source.name,
             dp_rank=rank,
-            endpoint=offset_endpoint(source.endpoint, rank),
-            replay=None if source.replay is None else offset_endpoint(source.replay, rank),
+            endpoint=endpoint,
+            replay=replay,
             topic=source.topic,
             bind=source.bind,
             capacity_blocks=source.capacity_blocks,
         )
-        for rank in range(source.dp_size)
+        for rank, endpoint, replay in rank_endpoints(source.endpoint, source.replay, source.dp_size)
     ]
 
 
@@ -422,6 +432,7 @@ GROUPS = {
     "http": "HTTP",
     "security": "security",
     "limits": "limits",
+    "routers": "routers (GET /v1/blocks, POST /v1/lookup, snapshot=blocks)",
     "logging": "logging",
 }
 
@@ -469,6 +480,31 @@ OPTIONS: tuple[Option, ...] = (
     Option("restart_window", int, "limits", "seq drop that means a publisher restart (default 1024)", (1, 2**62)),
     Option("hold_limit", int, "limits", "live batches held per stream in a replay (default 10000)", (1, 10_000_000)),
     Option("max_concurrent_replays", int, "limits", "replays in flight across all streams (default 4)", (1, 1024)),
+    Option(
+        "max_learned_blocks",
+        int,
+        "routers",
+        "learned token chains for lookups by token_ids, oldest dropped first; 0 = off (default 2000000)",
+        (0, 2**32),
+    ),
+    Option(
+        "lookup_rate",
+        float,
+        "routers",
+        "POST /v1/lookup per second, all clients (default 1000)",
+        (0.01, 1e7),
+        metavar="PER_SECOND",
+    ),
+    Option("lookup_burst", int, "routers", "lookups allowed at once above the rate (default 200)", (1, 10_000_000)),
+    Option("max_snapshots", int, "routers", "block snapshots served at once (default 4)", (1, 1024)),
+    Option(
+        "snapshot_queue_bytes",
+        int,
+        "routers",
+        "a client's live queue while its block snapshot is sent (default 8 MiB)",
+        (1024, 2**34),
+        metavar="BYTES",
+    ),
     Option("log_format", str, "logging", "text or json (default text)", choices=LOG_FORMATS),
     Option("log_level", str, "logging", "debug shows every HTTP request (default info)", choices=LOG_LEVELS),
 )

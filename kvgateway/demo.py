@@ -13,8 +13,8 @@ from pathlib import Path
 
 from kvgateway import config, logs
 from kvgateway.config import SourceConfig
-from kvgateway.endpoints import offset_endpoint
-from kvgateway.simulator import Faults, HashKind, SimulatedEngine, Workload
+from kvgateway.simulator import Faults, HashKind, SimulatedEngine
+from kvgateway.simulator import build_engines as simulator_engines
 
 log = logging.getLogger("kvgateway.demo")
 
@@ -71,30 +71,23 @@ def build_engines(args: argparse.Namespace, sources: tuple[SourceConfig, ...]) -
         hash_kind: HashKind = "signed" if offload else "int"
         # Each restart_at entry fires once and the seq starts again at 0: (N,) * k restarts k times.
         restart_at = (args.restart_every,) * 10_000 if offload and args.restart_every else ()
-        for rank in range(source.dp_size):
-            seed = args.seed * 1000 + index  # one seed per engine: its ranks share system prompts
-            engines.append(
-                SimulatedEngine(
-                    offset_endpoint(source.endpoint, rank),
-                    replay_endpoint=None if source.replay is None else offset_endpoint(source.replay, rank),
-                    topic=source.topic,
-                    dp_rank=rank,
-                    rate=args.rate,
-                    form="array" if offload else "map",
-                    replay_layout="plain" if offload else "topic",
-                    hash_kind=hash_kind,
-                    seed=seed,
-                    faults=Faults(restart_at=restart_at) if restart_at else None,
-                    workload=Workload(
-                        seed,
-                        hash_kind=hash_kind,
-                        gpu_capacity_blocks=source.capacity_blocks.get("GPU", 2048),
-                        cpu_offload=offload,
-                        cpu_capacity_blocks=source.capacity_blocks.get("CPU", 8192),
-                        stream=rank,
-                    ),
-                )
-            )
+        engines += simulator_engines(
+            source.dp_size,
+            source.endpoint,
+            replay_endpoint=source.replay,
+            seed=args.seed * 1000 + index,  # one seed per engine: its ranks share system prompts
+            workload_options={
+                "gpu_capacity_blocks": source.capacity_blocks.get("GPU", 2048),
+                "cpu_offload": offload,
+                "cpu_capacity_blocks": source.capacity_blocks.get("CPU", 8192),
+            },
+            topic=source.topic,
+            rate=args.rate,
+            form="array" if offload else "map",
+            replay_layout="plain" if offload else "topic",
+            hash_kind=hash_kind,
+            faults=Faults(restart_at=restart_at) if restart_at else None,
+        )
     return engines
 
 

@@ -37,6 +37,38 @@ def offset_endpoint(endpoint: str, rank: int) -> str:
     return f"{base}:{new_port}"
 
 
+def rank_endpoints(endpoint: str, replay: str | None, dp_size: int) -> list[tuple[int, str, str | None]]:
+    """``(rank, endpoint, replay endpoint)`` of each of ``dp_size`` DP ranks (:func:`offset_endpoint`):
+    the one per-rank expansion, for the gateway's streams and the simulator's engines alike."""
+    return [
+        (rank, offset_endpoint(endpoint, rank), None if replay is None else offset_endpoint(replay, rank))
+        for rank in range(dp_size)
+    ]
+
+
+def endpoint_problem(value: str, *, wildcard_port: bool = False) -> str | None:
+    """Why ``value`` is not an endpoint kvgateway accepts, in a few words; None when it is one.
+
+    The one rule for the gateway's sources and the simulator's sockets: ``tcp://HOST:PORT``
+    (an IPv6 host in brackets; PORT 1-65535, or ``*`` or ``0`` where ``wildcard_port``),
+    ``ipc://PATH`` or ``inproc://NAME``."""
+    if value.startswith("tcp://"):
+        parts = split_tcp(value)
+        if parts is None:
+            return "is not tcp://HOST:PORT"
+        port = parts[1]
+        if wildcard_port and port in ("*", "0"):
+            return None
+        if not port.isdigit():
+            return "is not tcp://HOST:PORT"
+        if not 0 < int(port) < 65536:
+            return f"port {port} is not in 1-65535"
+        return None
+    if value.startswith(("ipc://", "inproc://")) and value.partition("://")[2]:
+        return None
+    return "must start with tcp://, ipc:// or inproc://"
+
+
 def split_tcp(endpoint: str) -> tuple[str, str] | None:
     """``(host, port)`` of a ``tcp://HOST:PORT`` endpoint, the host without IPv6 brackets; else None."""
     match = _TCP.match(endpoint)

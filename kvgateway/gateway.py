@@ -1,4 +1,4 @@
-"""The gateway: builds ingest, index and hub from Settings, and applies ingest decisions."""
+"""The gateway: builds readers, outlets, the log, the index and the hub from Settings, and wires them."""
 
 from __future__ import annotations
 
@@ -8,29 +8,29 @@ import logging
 import os
 import socket
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-from kvgateway import messages, wire
+from kvgateway import messages
 from kvgateway.config import Settings, StreamConfig, summary
 from kvgateway.endpoints import is_ipv6, split_tcp
 from kvgateway.hub import Hub
 from kvgateway.ingest import StreamReader
-from kvgateway.log import MemoryLog, NoticeRecord, batch_record
-from kvgateway.metrics import Metrics, StreamMetrics
+from kvgateway.log import MemoryLog
+from kvgateway.metrics import Metrics
 from kvgateway.occupancy import OccupancyIndex
+from kvgateway.outlet import StreamOutlet
 from kvgateway.query import ClientRequest
-from kvgateway.status import QUIET_LOSSES, StreamStatus
+from kvgateway.routers import Routers
 from kvgateway.subscription import Subscription, Transport
 
 log = logging.getLogger("kvgateway")
 
 
 class Gateway:
-    """Everything but the HTTP server: readers -> sequencer decisions -> index, hub, metrics."""
+    """Everything but the HTTP server: readers -> outlets -> ordered log -> index and hub."""
 
     def __init__(
         self,
@@ -38,7 +38,9 @@ class Gateway:
         *,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         clock: Callable[[], float] = time.time,
+        log: MemoryLog | None = None,
     ) -> None:
+        """``log``: another log than the process's own (the cluster's: kvgateway/cluster/)."""
         self.settings = settings
         self.clock = clock
         self.metrics = Metrics()
@@ -47,18 +49,31 @@ class Gateway:
         self.index = OccupancyIndex(
             capacity={s.key: s.capacity_blocks for s in streams if s.capacity_blocks}, started=self.started_at
         )
-        self.status: dict[tuple[str, int], StreamStatus] = {s.key: StreamStatus(s) for s in streams}
-        self.stream_metrics: dict[tuple[str, int], StreamMetrics] = {}
-        for stream in streams:
-            self.stream_metrics[stream.key] = self.metrics.init_stream(stream.source, stream.dp_rank)
-            self.index.stream(stream.source, stream.dp_rank)
+        hub_metrics = self.metrics.hub()
+        self.log = (
+            log
+            if log is not None
+            else MemoryLog(settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained)
+        )
+        hub_metrics.retained(0, 0)
+        self.outlets: dict[tuple[str, int], StreamOutlet] = {}
+        """Each stream's downstream, in (source, dp_rank) order."""
+        for stream in sorted(streams, key=lambda s: s.key):
+            outlet = StreamOutlet(
+                stream,
+                self.log,
+                self.index.stream(*stream.key),
+                clock=clock,
+                on_connection=self._connection,
+            )
+            self.outlets[stream.key] = outlet
+            self.metrics.streams.add(outlet)
             for medium, blocks in stream.capacity_blocks.items():
                 self.metrics.cache_capacity_blocks.labels(stream.source, str(stream.dp_rank), medium).set(blocks)
-        hub_metrics = self.metrics.hub()
-        self.log = MemoryLog(settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained)
-        hub_metrics.retained(0, 0)
         # The index follows the log before the hub: a hello's snapshot is exact at its offset.
         self.log.follow(self.index.follow)
+        self.routers = Routers(settings, self.index, self.metrics)
+        self.log.follow(self.routers.follow)  # the learned token chains
         self.hub = Hub(
             self.log,
             metrics=hub_metrics,
@@ -85,6 +100,7 @@ class Gateway:
         except StartupError as exc:
             self.startup_error = exc
             raise
+        self.routers.start(lambda: self.log.last_offset)
         log.info("gateway started: %s", summary(self.settings))
 
     def _start_readers(self) -> None:
@@ -93,7 +109,7 @@ class Gateway:
             reader = StreamReader(
                 stream,
                 self.context,
-                self,
+                self.outlets[stream.key],
                 replay_slots=slots,
                 replay_timeout=self.settings.replay_timeout,
                 restart_window=self.settings.restart_window,
@@ -112,6 +128,7 @@ class Gateway:
             return
         self._stopped = True
         self.hub.close()
+        await self.routers.stop()
         for task in list(self._diagnoses.values()):
             task.cancel()
         for reader in self.readers:
@@ -131,6 +148,9 @@ class Gateway:
         """A new client: its hello (statuses, and the snapshot unless it resumes) and its
         subscription, in one synchronous step. Raises :class:`~kvgateway.hub.TooManyClients`."""
         point = self.hub.resume_point(request, transport)
+        with_state = request.snapshot is not None and not point.recovered
+        if with_state:
+            self.routers.reserve()  # raises TooManySnapshots, a TooManyClients
         hello = messages.encode_hello(
             epoch=self.log.epoch,
             offset=point.offset,
@@ -138,225 +158,64 @@ class Gateway:
             sources=self.statuses(),
             occupancy=None if point.recovered else self.snapshot(point.offset),
         )
-        return self.hub.subscribe(request, transport, hello, point)
+        sub = self.hub.subscribe(request, transport, hello, point)
+        if with_state:  # nothing was appended since point.offset: the state is the hello's
+            self.routers.attach(sub, self.routers.matching(list(self.outlets), request.filter))
+        return sub
 
     def statuses(self) -> list[dict[str, Any]]:
         now = self.clock()
-        out = []
-        for key, status in sorted(self.status.items()):
-            index = self.index.stream(*key)
-            out.append(status.to_json(now, index.stale, index.stale_reason))
-        return out
+        return [outlet.to_json(now) for outlet in self.outlets.values()]
 
     def readiness(self) -> tuple[bool, list[dict[str, Any]]]:
         not_ready = [
-            {"source": key[0], "dp_rank": key[1], "reason": status.down_reason}
-            for key, status in sorted(self.status.items())
-            if not status.connected
+            {"source": key[0], "dp_rank": key[1], "reason": outlet.status.down_reason}
+            for key, outlet in self.outlets.items()
+            if not outlet.status.connected
         ]
         return not not_ready, not_ready
 
     def refresh_gauges(self) -> None:
-        """Cache gauges are read from the index at scrape time, not on every batch."""
-        now = self.clock()
+        """Gauges read at scrape time (each stream's figures are collected then by its outlet)."""
         self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
-        for key, children in self.stream_metrics.items():
-            children.index_stale.set(1 if self.index.stream(*key).stale else 0)
-            for medium, stats in self.index.stream(*key).medium_stats(now).items():
-                blocks, tokens = children.cache(medium)
-                blocks.set(stats.blocks)
-                tokens.set(stats.tokens)
+        self.routers.refresh_gauges()
 
-    # --- Sink: decisions from the readers ---------------------------------------------------
+    # --- a stream that stays down -------------------------------------------------------------
 
-    def _notice(self, key: tuple[str, int], kind: str, **fields: Any) -> None:
-        self.log.append(NoticeRecord(key, kind, fields))
-
-    def _log_stream(self, stream: StreamReader) -> str:
-        return f"{stream.config.source}[{stream.config.dp_rank}]"
-
-    def received(self, stream: StreamReader, count: int) -> None:
-        self.stream_metrics[stream.key].batches_received.inc(count)
-        self.status[stream.key].counters["batches"] += count
-
-    def deliver(self, stream: StreamReader, seq: int, batch: wire.Batch, replayed: bool, received: float) -> None:
-        config: StreamConfig = stream.config
-        status = self.status[stream.key]
-        children = self.stream_metrics[stream.key]
-        status.last_seq = seq
-        children.source_last_seq.set(seq)
-        if batch.dp_rank is not None and batch.dp_rank != config.dp_rank:
-            children.rank_mismatches.inc()
-            log.warning(
-                "stream %s: seq %d carries data_parallel_rank %d, expected %d",
-                self._log_stream(stream),
-                seq,
-                batch.dp_rank,
-                config.dp_rank,
-            )
-        if replayed:
-            children.replayed_batches.inc()
-            status.counters["replayed"] += 1
-        else:
-            lag = received - batch.ts
-            status.lag_seconds = lag
-            children.event_lag.observe(max(lag, 0.0))
-        events = batch.events
-        if len(events) == 1:
-            children.events_received(events[0].type).inc()
-        elif events:
-            for event_type, count in Counter(event.type for event in events).items():
-                children.events_received(event_type).inc(count)
-        index = self.index.stream(config.source, config.dp_rank)
-        unknown_before = index.unknown_removes
-        # The index and the hub follow the log: both have applied the batch when append returns.
-        self.log.append(batch_record(stream.key, seq, batch, received=received, replayed=replayed))
-        if index.unknown_removes != unknown_before:
-            children.unknown_removes.inc(index.unknown_removes - unknown_before)
-
-    def delivered_skip(self, stream: StreamReader, seq: int) -> None:
-        """An undecodable batch took its place in the order: the index now misses its events."""
-        self.status[stream.key].last_seq = seq
-        self.stream_metrics[stream.key].source_last_seq.set(seq)
-        self._mark_stale(stream, "undecodable", seq=seq, detail="the batch could not be decoded; see the log")
-
-    def decode_error(self, stream: StreamReader, seq: int | None, reason: str) -> None:
-        self.stream_metrics[stream.key].decode_errors.inc()
-        self.status[stream.key].counters["decode_errors"] += 1
-        where = "" if seq is None else f" seq {seq}"
-        log.warning("stream %s:%s skipped undecodable message: %s", self._log_stream(stream), where, reason[:300])
-
-    def _mark_stale(
-        self, stream: StreamReader, reason: str, *, seq: int | None = None, detail: str | None = None
-    ) -> None:
-        """The index of ``stream`` is incomplete: say so once per cause (a notice to every client)."""
-        index = self.index.stream(*stream.key)
-        if index.stale and index.stale_reason == reason:
-            return  # already said; a second loss of the same kind changes nothing for a client
-        self._notice(stream.key, "stale", reason=reason, seq=seq, detail=detail)  # the index follows: now stale
-
-    def duplicate(self, stream: StreamReader, seq: int) -> None:
-        self.stream_metrics[stream.key].duplicate_batches.inc()
-        self.status[stream.key].counters["duplicates"] += 1
-
-    def gap(self, stream: StreamReader, first: int, last: int) -> None:
-        count = last - first + 1
-        children = self.stream_metrics[stream.key]
-        children.sequence_gaps.inc()
-        children.missed_batches.inc(count)
-        counters = self.status[stream.key].counters
-        counters["gaps"] += 1
-        counters["missed"] += count
-        log.warning("stream %s: gap, seq %d..%d missing (%d batches)", self._log_stream(stream), first, last, count)
-
-    def unrecovered(self, stream: StreamReader, first: int, last: int, reason: str) -> None:
-        count = last - first + 1
-        now = self.clock()
-        status = self.status[stream.key]
-        was_degraded = status.degraded(now)
-        if reason not in QUIET_LOSSES:
-            status.last_loss_at = now
-        status.counters["unrecovered"] += count
-        status.losses[reason] = status.losses.get(reason, 0) + count
-        self.stream_metrics[stream.key].unrecovered_batches(reason).inc(count)
-        log.warning(
-            "stream %s: %d batches lost for good (seq %d..%d, %s)", self._log_stream(stream), count, first, last, reason
-        )
-        self._notice(stream.key, "unrecovered_gap", first=first, last=last, count=count, reason=reason)
-        if reason != "not_sent":
-            # not_sent: the engine fenced the hole with an AllBlocksCleared, which resets the index.
-            self._mark_stale(stream, "unrecovered", seq=first, detail=f"{count} batches lost ({reason})")
-        if reason not in QUIET_LOSSES and not was_degraded:
-            self._notice(stream.key, "degraded", reason=f"{count} batches unrecovered ({reason})")
-
-    def history_truncated(self, stream: StreamReader, first: int) -> None:
-        self.stream_metrics[stream.key].history_truncations.inc()
-        self.status[stream.key].counters["history_truncations"] += 1
-        log.warning(
-            "stream %s: the engine no longer holds its history before seq %d; the index lacks it until the "
-            "next AllBlocksCleared or restart",
-            self._log_stream(stream),
-            first,
-        )
-        self._mark_stale(stream, "history_truncated", seq=first, detail=f"seqs 0..{first - 1} no longer buffered")
-
-    def replay_requested(self, stream: StreamReader, start: int, purpose: str, attempt: int) -> None:
-        self.stream_metrics[stream.key].replay_attempts(purpose).inc()
-        if attempt > 1:
-            log.info("stream %s: replay again from seq %d (attempt %d)", self._log_stream(stream), start, attempt)
-
-    def replay_finished(self, stream: StreamReader, outcome: str, replayed: int, attempts: int, purpose: str) -> None:
-        if purpose == "tail" and outcome == "recovered" and replayed == 0:
-            # A quiet stream's tail probe that found nothing dropped: no recovery took place.
-            log.debug("stream %s: tail probe found nothing missing", self._log_stream(stream))
+    def _connection(self, outlet: StreamOutlet, connected: bool, changed: bool, reason: str) -> None:
+        """Log connection changes; find out why a TCP engine stays unreachable (off the loop's path)."""
+        config = outlet.config
+        if connected or config.bind or not config.endpoint.startswith("tcp://"):
+            self._log_connection(outlet, connected, reason)
             return
-        self.stream_metrics[stream.key].replay_requests(outcome).inc()
-        level = logging.INFO if outcome == "recovered" else logging.WARNING
-        log.log(
-            level,
-            "stream %s: replay %s, %d batches replayed in %d attempt(s)",
-            self._log_stream(stream),
-            outcome,
-            replayed,
-            attempts,
-        )
-
-    def restart(self, stream: StreamReader, seq: int, previous: int, reason: str) -> None:
-        self.stream_metrics[stream.key].publisher_restarts.inc()
-        self.status[stream.key].counters["restarts"] += 1
-        log.warning(
-            "stream %s: publisher restart (%s): seq %d after %d; its cache state was reset",
-            self._log_stream(stream),
-            reason,
-            seq,
-            previous,
-        )
-        self._notice(stream.key, "restart", seq=seq, previous=previous, reason=reason)  # resets the index
-
-    def connection(self, stream: StreamReader, connected: bool, reason: str) -> None:
-        status = self.status[stream.key]
-        changed = status.connected != connected
-        status.connected = connected
-        if not connected:
-            status.down_reason = reason
-        self.stream_metrics[stream.key].source_up.set(1 if connected else 0)
-        if changed:
-            self._notice(stream.key, "up" if connected else "down", reason=reason)
-        if connected or stream.config.bind or not stream.config.endpoint.startswith("tcp://"):
-            self._log_connection(stream, connected, reason)
-            return
+        key = outlet.key
         now = time.monotonic()
         if changed:  # the engine went away: say so at once, find out more on the next retries
-            self._diagnosed_at[stream.key] = now
-            self._log_connection(stream, connected, reason)
-        elif stream.key not in self._diagnoses and now - self._diagnosed_at.get(stream.key, -1e9) >= (
-            DIAGNOSE_INTERVAL_SECONDS
-        ):
-            # ZeroMQ only says "retrying": find out why (DNS, refused, no answer) off the loop's path.
-            self._diagnosed_at[stream.key] = now
-            task = asyncio.ensure_future(self._diagnose(stream, reason))
-            self._diagnoses[stream.key] = task
-            task.add_done_callback(lambda _: self._diagnoses.pop(stream.key, None))
+            self._diagnosed_at[key] = now
+            self._log_connection(outlet, connected, reason)
+        elif key not in self._diagnoses and now - self._diagnosed_at.get(key, -1e9) >= DIAGNOSE_INTERVAL_SECONDS:
+            # ZeroMQ only says "retrying": find out why (DNS, refused, no answer).
+            self._diagnosed_at[key] = now
+            task = asyncio.ensure_future(self._diagnose(outlet, reason))
+            self._diagnoses[key] = task
+            task.add_done_callback(lambda _: self._diagnoses.pop(key, None))
 
-    async def _diagnose(self, stream: StreamReader, reason: str) -> None:
-        why = await diagnose_connect(stream.config.endpoint)
-        status = self.status[stream.key]
+    async def _diagnose(self, outlet: StreamOutlet, reason: str) -> None:
+        why = await diagnose_connect(outlet.config.endpoint)
+        status = outlet.status
         if status.connected:
             return  # it came up meanwhile
         status.down_reason = why or reason
-        self._log_connection(stream, False, status.down_reason)
+        self._log_connection(outlet, False, status.down_reason)
 
-    def _log_connection(self, stream: StreamReader, connected: bool, reason: str) -> None:
+    def _log_connection(self, outlet: StreamOutlet, connected: bool, reason: str) -> None:
         """The first failure and every later change at WARNING; a first connection at INFO."""
-        previous = self._logged.get(stream.key)
+        previous = self._logged.get(outlet.key)
         if previous == (connected, reason) or (previous is not None and previous[0] == connected and connected):
             return
-        self._logged[stream.key] = (connected, reason)
+        self._logged[outlet.key] = (connected, reason)
         level = logging.INFO if connected and previous is None else logging.WARNING
-        log.log(level, "stream %s %s (%s)", self._log_stream(stream), "up" if connected else "down", reason)
-
-    def queue_depth(self, stream: StreamReader, depth: int) -> None:
-        self.stream_metrics[stream.key].ingest_queue_depth.set(depth)
+        log.log(level, "stream %s %s (%s)", outlet.name, "up" if connected else "down", reason)
 
 
 DIAGNOSE_INTERVAL_SECONDS = 30.0

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -20,19 +20,8 @@ from zmq.utils.monitor import parse_monitor_message
 from kvgateway import wire
 from kvgateway.config import StreamConfig
 from kvgateway.endpoints import is_ipv6
-from kvgateway.sequencer import (
-    Action,
-    CancelReplay,
-    Deliver,
-    Duplicate,
-    GapDetected,
-    HistoryTruncated,
-    ReplayFinished,
-    RequestReplay,
-    Restart,
-    Sequencer,
-    Unrecovered,
-)
+from kvgateway.outlet import StreamOutlet
+from kvgateway.sequencer import Action, CancelReplay, RequestReplay, Sequencer
 
 log = logging.getLogger("kvgateway.ingest")
 
@@ -48,26 +37,6 @@ MAX_REPLAY_SECONDS_FACTOR = 20
 QUIET_SECONDS = 2.0
 """Batches wait this long for a live stream that is behind a replay before the hole below them is
 settled by another replay (the live stream cannot be relied on to bring it: it may be idle)."""
-
-
-class Sink(Protocol):
-    """Where a stream's decisions go (the gateway: index, hub, metrics, status)."""
-
-    def deliver(self, stream: StreamReader, seq: int, batch: wire.Batch, replayed: bool, received: float) -> None: ...
-    def received(self, stream: StreamReader, count: int) -> None: ...
-    def decode_error(self, stream: StreamReader, seq: int | None, reason: str) -> None: ...
-    def delivered_skip(self, stream: StreamReader, seq: int) -> None: ...
-    def duplicate(self, stream: StreamReader, seq: int) -> None: ...
-    def gap(self, stream: StreamReader, first: int, last: int) -> None: ...
-    def unrecovered(self, stream: StreamReader, first: int, last: int, reason: str) -> None: ...
-    def history_truncated(self, stream: StreamReader, first: int) -> None: ...
-    def replay_requested(self, stream: StreamReader, start: int, purpose: str, attempt: int) -> None: ...
-    def replay_finished(
-        self, stream: StreamReader, outcome: str, replayed: int, attempts: int, purpose: str
-    ) -> None: ...
-    def restart(self, stream: StreamReader, seq: int, previous: int, reason: str) -> None: ...
-    def connection(self, stream: StreamReader, connected: bool, reason: str) -> None: ...
-    def queue_depth(self, stream: StreamReader, depth: int) -> None: ...
 
 
 async def wait_readable(sock: zmq.Socket[bytes], within: float | None = None) -> bool:
@@ -103,7 +72,7 @@ class StreamReader:
         self,
         config: StreamConfig,
         context: zmq.Context[zmq.Socket[bytes]],
-        sink: Sink,
+        outlet: StreamOutlet,
         *,
         replay_slots: asyncio.Semaphore,
         replay_timeout: float = 5.0,
@@ -116,7 +85,7 @@ class StreamReader:
         self.key = config.key
         self.labels = (config.source, str(config.dp_rank))
         self._context = context
-        self._sink = sink
+        self._outlet = outlet
         self._clock = clock
         self._replay_slots = replay_slots
         self._replay_timeout = replay_timeout
@@ -124,7 +93,6 @@ class StreamReader:
         self._quiet: asyncio.TimerHandle | None = None
         self._live_count = 0  # live messages so far, to tell a quiet stream from a busy one
         self._quiet_seen = 0  # the live count at the last quiet check that found the stream quiet
-        self._purpose = "gap"  # the purpose of the latest replay request
         self.sequencer = Sequencer(
             has_replay=config.replay is not None, restart_window=restart_window, hold_limit=hold_limit
         )
@@ -218,16 +186,12 @@ class StreamReader:
     def _on_live(self, frames: list[bytes]) -> None:
         received = self._clock()
         self._live_count += 1
-        self._sink.received(self, 1)
-        if len(frames) != 3:
-            self._sink.decode_error(self, None, f"message has {len(frames)} frames, expected 3")
-            return
+        self._outlet.received()
         try:
-            seq = wire.parse_seq(frames[1])
+            seq, payload = wire.split_message(frames)
         except wire.DecodeError as exc:
-            self._sink.decode_error(self, None, str(exc))
+            self._outlet.decode_error(None, str(exc))
             return
-        payload = frames[2]
         batch = self._decode(seq, payload)
         self._apply(self.sequencer.on_live(seq, batch, payload), received)
 
@@ -236,38 +200,19 @@ class StreamReader:
             return wire.decode_batch(payload)
         except wire.DecodeError as exc:
             # Counted and skipped; the seq still counts as received, so it is no gap.
-            self._sink.decode_error(self, seq, str(exc))
+            self._outlet.decode_error(seq, str(exc))
             return None
 
     def _apply(self, actions: list[Action], received: float) -> None:
-        sink = self._sink
+        """The outlet takes every action; the reader acts on those that are I/O (replays)."""
+        self._outlet.apply(actions, received, self.sequencer.held)
         for action in actions:
-            if type(action) is Deliver:
-                if action.batch is None:
-                    sink.delivered_skip(self, action.seq)
-                else:
-                    sink.deliver(self, action.seq, action.batch, action.replayed, received)
-            elif type(action) is Duplicate:
-                sink.duplicate(self, action.seq)
-            elif type(action) is GapDetected:
-                sink.gap(self, action.first, action.last)
-            elif type(action) is RequestReplay:
-                self._purpose = action.purpose  # one recovery at a time: its purpose until it finishes
-                sink.replay_requested(self, action.start, action.purpose, action.attempt)
+            if type(action) is RequestReplay:
                 self._start_replay(action.token, action.start)
             elif type(action) is CancelReplay:
                 task = self._replays.pop(action.token, None)
                 if task is not None:
                     task.cancel()
-            elif type(action) is ReplayFinished:
-                sink.replay_finished(self, action.outcome, action.replayed, action.attempts, self._purpose)
-            elif type(action) is Unrecovered:
-                sink.unrecovered(self, action.first, action.last, action.reason)
-            elif type(action) is HistoryTruncated:
-                sink.history_truncated(self, action.first)
-            elif type(action) is Restart:
-                sink.restart(self, action.seq, action.previous, action.reason)
-        sink.queue_depth(self, self.sequencer.held)
         if self._quiet is None and (self.sequencer.waiting_for_live or self._live_count != self._quiet_seen):
             # One timer per quiet period, not per message: it re-arms itself while batches flow.
             self._quiet = asyncio.get_running_loop().call_later(
@@ -335,16 +280,16 @@ class StreamReader:
                 except zmq.Again:
                     break
                 received = self._clock()
-                parsed = _parse_replay_reply(frames)
+                parsed = wire.parse_replay_reply(frames)
                 if parsed is None:
                     log.warning("stream %s[%d]: malformed replay reply of %d frames", *self.key, len(frames))
-                    self._sink.decode_error(self, None, "malformed replay reply")
+                    self._outlet.decode_error(None, "malformed replay reply")
                     return "failed"
                 seq, payload = parsed
                 if seq == wire.END_SEQ:
                     self._apply(self.sequencer.on_replay_end(token), received)
                     return None
-                self._sink.received(self, 1)
+                self._outlet.received()
                 batch = self._decode(seq, payload)
                 self._apply(self.sequencer.on_replay_item(token, seq, batch, payload), received)
                 if self.sequencer.replay_token != token:
@@ -378,7 +323,7 @@ class StreamReader:
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._peers += 1
             if self._peers == 1:
-                self._sink.connection(self, True, "connected")
+                self._outlet.connection(True, "connected")
                 # Catch up, or check that the engine behind the socket is the one we were reading.
                 self._apply(self.sequencer.on_connected(), self._clock())
         elif event == zmq.EVENT_DISCONNECTED:
@@ -388,24 +333,8 @@ class StreamReader:
                 # old connection's, so a restarted engine's batches are never mistaken for it.
                 self._drain_live()
                 self.sequencer.on_disconnected()
-                self._sink.connection(self, False, "disconnected")
+                self._outlet.connection(False, "disconnected")
         elif event == zmq.EVENT_CONNECT_RETRIED and self._peers == 0:
-            self._sink.connection(self, False, "connection refused, retrying")
+            self._outlet.connection(False, "connection refused, retrying")
         elif event == zmq.EVENT_BIND_FAILED:
-            self._sink.connection(self, False, "bind failed")
-
-
-def _parse_replay_reply(frames: list[bytes]) -> tuple[int, bytes] | None:
-    """Both reply layouts, after the DEALER's empty delimiter: [topic, seq, payload] (vLLM >= 0.26)
-    or [seq, payload] (older vLLM, SGLang); the end marker is seq -1 with an empty payload."""
-    if len(frames) == 4 and frames[0] == b"":
-        seq_frame, payload = frames[2], frames[3]
-    elif len(frames) == 3 and frames[0] == b"":
-        seq_frame, payload = frames[1], frames[2]
-    else:
-        return None
-    if len(seq_frame) != wire.SEQ_BYTES:
-        return None
-    if seq_frame == wire.END_SEQ_BYTES:
-        return wire.END_SEQ, b""
-    return int.from_bytes(seq_frame, "big"), payload
+            self._outlet.connection(False, "bind failed")

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
-from kvgateway import messages, wire
+from kvgateway import messages, render, wire
 from kvgateway.filters import EventFilterKey, EventKey, event_key
 from kvgateway.messages import EncodedEvents, OutMessage
 from kvgateway.ring import Entry, Ring
@@ -64,7 +64,7 @@ def batch_record(stream: Stream, seq: int, batch: wire.Batch, *, received: float
         batch,
         received,
         replayed,
-        messages.encode_events(wire.render_events(events)),
+        messages.encode_events(render.render_events(events)),
         tuple(event_key(event) for event in events),
     )
 

@@ -5,7 +5,7 @@
 
 By hashes
     ``{"block_hashes": ["...", ...], "group_idx": null}``: the chain as the stream renders hashes
-    (:func:`parse_hash` inverts :func:`kvgateway.wire.hash_text`). :func:`lookup_hashes`.
+    (:func:`parse_hash` inverts :func:`kvgateway.render.hash_text`). :func:`lookup_hashes`.
 
 By tokens
     ``{"token_ids": [...], "lora_name": null, "extra_keys": null, "group_idx": null}``: no engine's
@@ -41,7 +41,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -98,7 +98,7 @@ _HEX: Final = re.compile(r"(?:[0-9a-f]{2})+")
 
 
 def parse_hash(text: str, max_chars: int = DEFAULT_LIMITS.max_hash_chars) -> tuple[Hash, ...]:
-    """Every hash the stream renders as ``text`` (the inverse of :func:`kvgateway.wire.hash_text`).
+    """Every hash the stream renders as ``text`` (the inverse of :func:`kvgateway.render.hash_text`).
 
     Decimal digits (``-`` for negative, no leading zero) are an integer hash, an even number of
     lowercase hex digits a bytes hash. A string that is both (``"1234"``: the int 1234 and the
@@ -544,22 +544,30 @@ class FleetCount:
     Cost: O(resident blocks), in C set operations (about 0.1 s per million blocks on one core);
     transient memory: sets of the distinct hashes (about 40 bytes each). Built on frozen snapshots
     (:meth:`kvgateway.occupancy.StreamIndex.block_groups`), so :meth:`step` can be interleaved with
-    the event loop (one stream and group per step) and the result is the fleet at construction.
-    Meant to be refreshed every scrape interval or so, not per request.
+    the event loop (at most ``step_blocks`` blocks of one stream's group and medium per step,
+    however large the group) and the result is the fleet at construction. Meant to be refreshed
+    every scrape interval or so, not per request.
     """
 
-    __slots__ = ("_all", "_medium", "_todo")
+    __slots__ = ("_all", "_left", "_medium", "_steps")
 
-    def __init__(self, indexes: Iterable[StreamIndex]) -> None:
+    def __init__(self, indexes: Iterable[StreamIndex], step_blocks: int = 16384) -> None:
+        if step_blocks < 1:
+            raise ValueError(f"step_blocks must be at least 1, got {step_blocks}")
         todo: list[tuple[int, list[tuple[str, set[Hash]]]]] = []
         for index in indexes:
             by_group: dict[int, list[tuple[str, set[Hash]]]] = {}
             for medium, group, _size, blocks, _extra in index.block_groups(freeze=True):
                 by_group.setdefault(group, []).append((medium, blocks))
             todo.extend(by_group.items())
-        self._todo = todo[::-1]
         self._medium: dict[str, dict[int, tuple[set[Hash], set[Hash]]]] = {}
         self._all: dict[int, tuple[set[Hash], set[Hash]]] = {}
+        for group, parts in todo:  # listed even when empty, as the index lists them
+            self._all.setdefault(group, (set(), set()))
+            for medium, _blocks in parts:
+                self._medium.setdefault(medium, {}).setdefault(group, (set(), set()))
+        self._left = sum(len(blocks) for _, parts in todo for _, blocks in parts)
+        self._steps = self._count(todo, step_blocks)
 
     @staticmethod
     def _add(seen_multi: tuple[set[Hash], set[Hash]], blocks: set[Hash]) -> None:
@@ -567,17 +575,29 @@ class FleetCount:
         multi |= seen & blocks
         seen |= blocks
 
+    def _count(self, todo: list[tuple[int, list[tuple[str, set[Hash]]]]], step_blocks: int) -> Iterator[None]:
+        for group, parts in todo:
+            every = self._all[group]
+            mine: set[Hash] = set()  # this stream's hashes of the group so far, any medium
+            for medium, blocks in parts:
+                per = self._medium[medium][group]
+                hashes = iter(blocks)
+                while chunk := set(itertools.islice(hashes, step_blocks)):
+                    self._add(per, chunk)
+                    if len(parts) == 1:
+                        self._add(every, chunk)
+                    else:  # a hash on this stream's GPU and on its CPU is one block of the stream
+                        new = chunk - mine
+                        mine |= new
+                        self._add(every, new)
+                    self._left -= len(chunk)
+                    yield
+
     def step(self) -> bool:
-        """Count one stream's group; True when everything is counted."""
-        if not self._todo:
-            return True
-        group, parts = self._todo.pop()
-        union: set[Hash] = set()
-        for medium, blocks in parts:
-            self._add(self._medium.setdefault(medium, {}).setdefault(group, (set(), set())), blocks)
-            union = blocks if len(parts) == 1 else union | blocks
-        self._add(self._all.setdefault(group, (set(), set())), union)
-        return not self._todo
+        """Count at most ``step_blocks`` blocks; True when everything is counted."""
+        if self._left:
+            next(self._steps, None)
+        return not self._left
 
     def result(self) -> dict[str, Any]:
         """``{"distinct_blocks", "shared_blocks", "mediums": {name: {"distinct_blocks", "shared_blocks"}}}``."""

@@ -1,11 +1,13 @@
 """The JSON messages the gateway sends to web clients, and their encoding.
 
-Three shapes, one JSON object each (docs/protocol.md, kvgateway/protocol.schema.json):
+Four shapes, one JSON object each (docs/protocol.md, kvgateway/protocol.schema.json):
 
 - ``hello``: first on every connection (epoch, offset, recovered, sources, occupancy);
-- ``batch``: one engine batch, events as :func:`kvgateway.wire.render_events` renders them;
+- ``batch``: one engine batch, events as :func:`kvgateway.render.render_events` renders them;
 - ``notice``: something happened to a stream (restart, unrecovered_gap, stale, degraded, up, down) or
-  to this client (slow_consumer).
+  to this client (slow_consumer);
+- ``state``: after the hello of a ``snapshot=blocks`` connection, the resident blocks
+  (:mod:`kvgateway.blocks`, sent by :mod:`kvgateway.pump`).
 
 Everything here is plain encoding without I/O. A batch is encoded once; its events are encoded
 one by one into the same buffer, so a filtered variant is a join of slices of the full message
@@ -22,12 +24,13 @@ from typing import Annotated, Any, Final, Literal, TypeAlias
 
 import msgspec
 
-MessageType: TypeAlias = Literal["hello", "batch", "notice"]
+MessageType: TypeAlias = Literal["hello", "batch", "notice", "state"]
 StreamNoticeKind: TypeAlias = Literal["restart", "unrecovered_gap", "degraded", "up", "down"]
 
 HELLO: Final = "hello"
 BATCH: Final = "batch"
 NOTICE: Final = "notice"
+STATE: Final = "state"  # a snapshot=blocks connection's resident blocks (kvgateway/blocks.py)
 SLOW_CONSUMER: Final = "slow_consumer"
 STREAM_NOTICE_KINDS: Final[frozenset[str]] = frozenset(
     {"restart", "unrecovered_gap", "stale", "degraded", "up", "down"}
@@ -171,7 +174,7 @@ class EncodedEvents:
 
 
 def encode_events(events: Iterable[dict[str, Any]]) -> EncodedEvents:
-    """Rendered events (``wire.render_events``) as JSON, one by one into one buffer."""
+    """Rendered events (``render.render_events``) as JSON, one by one into one buffer."""
     parts: list[bytes] = []
     ends = array("q")
     position = 0

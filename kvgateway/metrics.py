@@ -7,20 +7,39 @@ from clients or payloads, so cardinality is bounded by the config.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal, Protocol, get_args
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from kvgateway.sequencer import LossReason, Outcome, Purpose
 
 # The *_created series double the exposition and no dashboard or alert here reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 STREAM = ("source", "dp_rank")
 
-REPLAY_OUTCOMES = ("recovered", "partial", "failed", "unavailable")
-REPLAY_PURPOSES = ("catch_up", "gap", "verify", "tail")
-LOSS_REASONS = ("not_sent", "evicted", "transit", "no_answer", "no_replay", "restart", "overflow")
+# The sequencer's own vocabulary, label values as they are.
+REPLAY_OUTCOMES: Final[tuple[Outcome, ...]] = get_args(Outcome)
+REPLAY_PURPOSES: Final[tuple[Purpose, ...]] = get_args(Purpose)
+LOSS_REASONS: Final[tuple[LossReason, ...]] = get_args(LossReason)
 TRANSPORTS = ("ws", "sse")
 DISCONNECT_REASONS = ("closed", "slow_consumer", "error", "shutdown")
-REJECTION_REASONS = ("unauthorized", "forbidden_origin", "forbidden_host", "too_many_clients", "bad_request")
+REJECTION_REASONS = (
+    "unauthorized",
+    "forbidden_origin",
+    "forbidden_host",
+    "too_many_clients",
+    "bad_request",
+    "too_many_snapshots",
+    "rate_limited",
+)
 REJECTION_TRANSPORTS = ("ws", "sse", "http")
 
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -28,59 +47,186 @@ BROADCAST_BUCKETS = (0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0
 QUEUE_BYTES_BUCKETS = (0, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
 
 
-class StreamMetrics:
-    """One stream's labelled children, looked up once: ``labels()`` costs microseconds per call,
-    which adds up on the ingest hot path."""
+@dataclass(frozen=True, slots=True)
+class StreamMetric:
+    """One per-stream family: its kind, name, help and labels after (source, dp_rank)."""
 
-    def __init__(self, metrics: Metrics, source: str, dp_rank: int) -> None:
-        labels = (source, str(dp_rank))
-        self._metrics = metrics
-        self._labels = labels
-        self.batches_received = metrics.batches_received.labels(*labels)
-        self.sequence_gaps = metrics.sequence_gaps.labels(*labels)
-        self.missed_batches = metrics.missed_batches.labels(*labels)
-        self.replayed_batches = metrics.replayed_batches.labels(*labels)
-        self._unrecovered = {reason: metrics.unrecovered_batches.labels(*labels, reason) for reason in LOSS_REASONS}
-        self._attempts = {purpose: metrics.replay_attempts.labels(*labels, purpose) for purpose in REPLAY_PURPOSES}
-        self.history_truncations = metrics.history_truncations.labels(*labels)
-        self.index_stale = metrics.index_stale.labels(*labels)
-        self.publisher_restarts = metrics.publisher_restarts.labels(*labels)
-        self.duplicate_batches = metrics.duplicate_batches.labels(*labels)
-        self.decode_errors = metrics.decode_errors.labels(*labels)
-        self.rank_mismatches = metrics.rank_mismatches.labels(*labels)
-        self.unknown_removes = metrics.unknown_removes.labels(*labels)
-        self.ingest_queue_depth = metrics.ingest_queue_depth.labels(*labels)
-        self.source_up = metrics.source_up.labels(*labels)
-        self.source_last_seq = metrics.source_last_seq.labels(*labels)
-        self.event_lag = metrics.event_lag.labels(*labels)
-        self._events: dict[str, Counter] = {}
-        for outcome in REPLAY_OUTCOMES:
-            metrics.replay_requests.labels(*labels, outcome)
-        self.ingest_queue_depth.set(0)
-        self.index_stale.set(0)
-        self.source_up.set(0)
-        self.source_last_seq.set(-1)
+    kind: Literal["counter", "gauge", "histogram"]
+    name: str
+    documentation: str
+    labels: tuple[str, ...] = ()
 
-    def events_received(self, event_type: str) -> Counter:
-        child = self._events.get(event_type)
-        if child is None:
-            child = self._events[event_type] = self._metrics.events_received.labels(*self._labels, event_type)
-        return child
 
-    def replay_requests(self, outcome: str) -> Counter:
-        return self._metrics.replay_requests.labels(*self._labels, outcome)
+STREAM_METRICS: Final[dict[str, StreamMetric]] = {
+    # ingest
+    "batches_received": StreamMetric(
+        "counter", "kvgateway_batches_received", "Batches received from engines, live and replayed."
+    ),
+    "events_received": StreamMetric(
+        "counter", "kvgateway_events_received", "Events in delivered batches, by event type.", ("type",)
+    ),
+    "sequence_gaps": StreamMetric(
+        "counter", "kvgateway_sequence_gaps", "Jumps in a stream's sequence numbers (each a missing range)."
+    ),
+    "missed_batches": StreamMetric(
+        "counter", "kvgateway_missed_batches", "Batches missing from the live stream when a gap was seen."
+    ),
+    "replay_requests": StreamMetric(
+        "counter",
+        "kvgateway_replay_requests",
+        "Recoveries from a replay socket (each one or more attempts), by outcome (recovered, partial, "
+        "failed: nothing came back, unavailable: no replay endpoint).",
+        ("outcome",),
+    ),
+    "replay_attempts": StreamMetric(
+        "counter",
+        "kvgateway_replay_attempts",
+        "Requests sent to replay sockets, by purpose (catch_up, gap, verify); a recovery asks again "
+        "while its attempts make progress.",
+        ("purpose",),
+    ),
+    "history_truncations": StreamMetric(
+        "counter",
+        "kvgateway_history_truncations",
+        "Catch-ups that found the start of the engine's history gone (the index lacks it: stale).",
+    ),
+    "index_stale": StreamMetric(
+        "gauge",
+        "kvgateway_index_stale",
+        "1 while the stream's index is known to be incomplete (until an AllBlocksCleared or restart).",
+    ),
+    "replayed_batches": StreamMetric(
+        "counter", "kvgateway_replayed_batches", "Batches delivered from an engine's replay socket."
+    ),
+    "unrecovered_batches": StreamMetric(
+        "counter",
+        "kvgateway_unrecovered_batches",
+        "Batches lost for good: neither live nor replayed, by reason (not_sent, evicted, transit, no_answer, "
+        "no_replay, restart, overflow).",
+        ("reason",),
+    ),
+    "publisher_restarts": StreamMetric(
+        "counter", "kvgateway_publisher_restarts", "Engine publisher restarts detected."
+    ),
+    "duplicate_batches": StreamMetric(
+        "counter", "kvgateway_duplicate_batches", "Batches dropped as already delivered."
+    ),
+    "decode_errors": StreamMetric(
+        "counter", "kvgateway_decode_errors", "Messages that could not be decoded (counted and skipped)."
+    ),
+    "rank_mismatches": StreamMetric(
+        "counter",
+        "kvgateway_rank_mismatches",
+        "Batches whose data_parallel_rank differs from the stream's configured rank.",
+    ),
+    "ingest_queue_depth": StreamMetric(
+        "gauge",
+        "kvgateway_ingest_queue_depth",
+        "Batches received but not yet delivered (held while a replay fills a gap).",
+    ),
+    "source_up": StreamMetric("gauge", "kvgateway_source_up", "1 while the stream's subscription socket is connected."),
+    "source_last_seq": StreamMetric(
+        "gauge", "kvgateway_source_last_seq", "The last sequence number delivered on the stream."
+    ),
+    "event_lag": StreamMetric(
+        "histogram",
+        "kvgateway_event_lag_seconds",
+        "Receive time minus the batch's own timestamp (clock skew included).",
+    ),
+    # occupancy
+    "cache_blocks": StreamMetric(
+        "gauge", "kvgateway_cache_blocks", "Resident blocks per stream and medium.", ("medium",)
+    ),
+    "cache_tokens": StreamMetric(
+        "gauge", "kvgateway_cache_tokens", "Resident tokens per stream and medium.", ("medium",)
+    ),
+    "unknown_removes": StreamMetric(
+        "counter",
+        "kvgateway_unknown_removes",
+        "BlockRemoved of a hash the index does not hold (expected for copies).",
+    ),
+}
+"""Every per-stream family. Each stream keeps these as plain numbers (no lock, no label lookup on
+the ingest hot path); :class:`StreamCollector` turns them into families when Prometheus scrapes."""
 
-    def unrecovered_batches(self, reason: str) -> Counter:
-        return self._unrecovered[reason]
+# The bucket bounds as prometheus_client's own Histogram writes them.
+_LAG_BOUNDS: Final = (*(floatToGoString(bound) for bound in LAG_BUCKETS), "+Inf")  # type: ignore[no-untyped-call]
 
-    def replay_attempts(self, purpose: str) -> Counter:
-        return self._attempts[purpose]
 
-    def cache(self, medium: str) -> tuple[Gauge, Gauge]:
-        return (
-            self._metrics.cache_blocks.labels(*self._labels, medium),
-            self._metrics.cache_tokens.labels(*self._labels, medium),
-        )
+class LagHistogram:
+    """A histogram of event lag as plain numbers: one list index and one addition per batch."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LAG_BUCKETS) + 1)  # per bucket, not cumulative; the last is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(LAG_BUCKETS, value)] += 1  # bucket i holds value <= LAG_BUCKETS[i]
+        self.total += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, running = [], 0
+        for bound, count in zip(_LAG_BOUNDS, self.counts, strict=True):
+            running += count
+            out.append((bound, float(running)))
+        return out
+
+
+class StreamFamilies:
+    """The per-stream families of one scrape, which each stream fills with its own samples."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {key: _family(spec) for key, spec in STREAM_METRICS.items()}
+
+    def add(self, key: str, labels: Sequence[str], value: float) -> None:
+        """A counter or gauge sample (``labels``: source, dp_rank and the family's own)."""
+        family = self._families[key]
+        assert isinstance(family, CounterMetricFamily | GaugeMetricFamily)
+        family.add_metric(labels, value)
+
+    def add_histogram(self, key: str, labels: Sequence[str], histogram: LagHistogram) -> None:
+        family = self._families[key]
+        assert isinstance(family, HistogramMetricFamily)
+        family.add_metric(labels, histogram.cumulative(), histogram.total)
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._families.values())
+
+
+def _family(spec: StreamMetric) -> Metric:
+    labels = [*STREAM, *spec.labels]
+    if spec.kind == "counter":
+        return CounterMetricFamily(spec.name, spec.documentation, labels=labels)
+    if spec.kind == "gauge":
+        return GaugeMetricFamily(spec.name, spec.documentation, labels=labels)
+    return HistogramMetricFamily(spec.name, spec.documentation, labels=labels)
+
+
+class StreamExporter(Protocol):
+    """A stream's downstream, which holds its figures (:class:`kvgateway.outlet.StreamOutlet`)."""
+
+    def export(self, families: StreamFamilies) -> None: ...
+
+
+class StreamCollector(Collector):
+    """Collects every registered stream's figures at scrape time."""
+
+    def __init__(self) -> None:
+        self._streams: list[StreamExporter] = []
+
+    def add(self, stream: StreamExporter) -> None:
+        self._streams.append(stream)
+
+    def describe(self) -> Iterable[Metric]:
+        return list(StreamFamilies())
+
+    def collect(self) -> Iterable[Metric]:
+        families = StreamFamilies()
+        for stream in self._streams:
+            stream.export(families)
+        return list(families)
 
 
 class Metrics:
@@ -89,105 +235,9 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
-        # ingest
-        self.batches_received = Counter(
-            "kvgateway_batches_received", "Batches received from engines, live and replayed.", STREAM, registry=r
-        )
-        self.events_received = Counter(
-            "kvgateway_events_received", "Events in delivered batches, by event type.", (*STREAM, "type"), registry=r
-        )
-        self.sequence_gaps = Counter(
-            "kvgateway_sequence_gaps",
-            "Jumps in a stream's sequence numbers (each a missing range).",
-            STREAM,
-            registry=r,
-        )
-        self.missed_batches = Counter(
-            "kvgateway_missed_batches", "Batches missing from the live stream when a gap was seen.", STREAM, registry=r
-        )
-        self.replay_requests = Counter(
-            "kvgateway_replay_requests",
-            "Recoveries from a replay socket (each one or more attempts), by outcome (recovered, partial, "
-            "failed: nothing came back, unavailable: no replay endpoint).",
-            (*STREAM, "outcome"),
-            registry=r,
-        )
-        self.replay_attempts = Counter(
-            "kvgateway_replay_attempts",
-            "Requests sent to replay sockets, by purpose (catch_up, gap, verify); a recovery asks again "
-            "while its attempts make progress.",
-            (*STREAM, "purpose"),
-            registry=r,
-        )
-        self.history_truncations = Counter(
-            "kvgateway_history_truncations",
-            "Catch-ups that found the start of the engine's history gone (the index lacks it: stale).",
-            STREAM,
-            registry=r,
-        )
-        self.index_stale = Gauge(
-            "kvgateway_index_stale",
-            "1 while the stream's index is known to be incomplete (until an AllBlocksCleared or restart).",
-            STREAM,
-            registry=r,
-        )
-        self.replayed_batches = Counter(
-            "kvgateway_replayed_batches", "Batches delivered from an engine's replay socket.", STREAM, registry=r
-        )
-        self.unrecovered_batches = Counter(
-            "kvgateway_unrecovered_batches",
-            "Batches lost for good: neither live nor replayed, by reason (not_sent, evicted, transit, no_answer, "
-            "no_replay, restart, overflow).",
-            (*STREAM, "reason"),
-            registry=r,
-        )
-        self.publisher_restarts = Counter(
-            "kvgateway_publisher_restarts", "Engine publisher restarts detected.", STREAM, registry=r
-        )
-        self.duplicate_batches = Counter(
-            "kvgateway_duplicate_batches", "Batches dropped as already delivered.", STREAM, registry=r
-        )
-        self.decode_errors = Counter(
-            "kvgateway_decode_errors", "Messages that could not be decoded (counted and skipped).", STREAM, registry=r
-        )
-        self.rank_mismatches = Counter(
-            "kvgateway_rank_mismatches",
-            "Batches whose data_parallel_rank differs from the stream's configured rank.",
-            STREAM,
-            registry=r,
-        )
-        self.ingest_queue_depth = Gauge(
-            "kvgateway_ingest_queue_depth",
-            "Batches received but not yet delivered (held while a replay fills a gap).",
-            STREAM,
-            registry=r,
-        )
-        self.source_up = Gauge(
-            "kvgateway_source_up", "1 while the stream's subscription socket is connected.", STREAM, registry=r
-        )
-        self.source_last_seq = Gauge(
-            "kvgateway_source_last_seq", "The last sequence number delivered on the stream.", STREAM, registry=r
-        )
-        self.event_lag = Histogram(
-            "kvgateway_event_lag_seconds",
-            "Receive time minus the batch's own timestamp (clock skew included).",
-            STREAM,
-            buckets=LAG_BUCKETS,
-            registry=r,
-        )
-        # occupancy
-        self.cache_blocks = Gauge(
-            "kvgateway_cache_blocks", "Resident blocks per stream and medium.", (*STREAM, "medium"), registry=r
-        )
-        self.cache_tokens = Gauge(
-            "kvgateway_cache_tokens", "Resident tokens per stream and medium.", (*STREAM, "medium"), registry=r
-        )
-        self.unknown_removes = Counter(
-            "kvgateway_unknown_removes",
-            "BlockRemoved of a hash the index does not hold (expected for copies).",
-            STREAM,
-            registry=r,
-        )
+        # ingest and occupancy: plain numbers on each stream's outlet, exported at scrape time
+        self.streams = StreamCollector()
+        r.register(self.streams)
         # web clients
         self.clients = Gauge("kvgateway_clients", "Connected web clients.", ("transport",), registry=r)
         self.messages_sent = Counter(
@@ -251,6 +301,38 @@ class Metrics:
         self.jetstream_applied_offset = Gauge(
             "kvgateway_jetstream_applied_offset", "The last stream sequence applied (edge).", registry=r
         )
+        # routers (kvgateway/routers.py)
+        self.learned_blocks = Gauge(
+            "kvgateway_learned_blocks", "Learned token-chain entries held for lookups by token_ids.", registry=r
+        )
+        self.learned_evictions = Counter(
+            "kvgateway_learned_evictions", "Learned token-chain entries dropped at max_learned_blocks.", registry=r
+        )
+        self.fleet_distinct_blocks = Gauge(
+            "kvgateway_fleet_distinct_blocks",
+            "Distinct resident blocks across every stream, by medium (all: any medium); refreshed every 15 s.",
+            ("medium",),
+            registry=r,
+        )
+        self.fleet_shared_blocks = Gauge(
+            "kvgateway_fleet_shared_blocks",
+            "Resident blocks held by more than one stream, by medium (all: any medium); refreshed every 15 s.",
+            ("medium",),
+            registry=r,
+        )
+        self.lookups = Counter(
+            "kvgateway_lookups", "POST /v1/lookup answers, by kind (hashes, tokens).", ("kind",), registry=r
+        )
+        self.block_snapshots = Counter(
+            "kvgateway_block_snapshots",
+            "Block snapshots served, by route (ws, sse, blocks: GET /v1/blocks).",
+            ("route",),
+            registry=r,
+        )
+        for kind in ("hashes", "tokens"):
+            self.lookups.labels(kind)
+        for route in ("ws", "sse", "blocks"):
+            self.block_snapshots.labels(route)
         # Every client series exists from the start, so increase() sees the first event too.
         for transport in TRANSPORTS:
             self.clients.labels(transport).set(0)
@@ -266,10 +348,6 @@ class Metrics:
     def hub(self) -> HubMetrics:
         """The narrow view the hub, the log and the client subscriptions report through."""
         return HubMetrics(self)
-
-    def init_stream(self, source: str, dp_rank: int) -> StreamMetrics:
-        """Every per-stream series, created at zero so rates and alerts work from the first scrape."""
-        return StreamMetrics(self, source, dp_rank)
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Final
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -77,6 +77,40 @@ def _wake_idle(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
+def _hello(subscription: Subscription) -> OutMessage:
+    """The hello to send. Over SSE with a block snapshot it has no ``id:`` line (the last state
+    message has it): an EventSource that drops mid-snapshot must not resume a partial state."""
+    hello = subscription.hello_message
+    if subscription.snapshot is not None and subscription.transport == "sse":
+        return OutMessage(hello.data, hello.type)
+    return hello
+
+
+def _drop_state(subscription: Subscription) -> None:
+    """A client that left before its state was sent frees its snapshot slot now."""
+    snapshot, subscription.snapshot = subscription.snapshot, None
+    if snapshot is not None:
+        snapshot.release()
+
+
+def _state(subscription: Subscription) -> Iterator[OutMessage]:
+    """The ``state`` messages of a ``snapshot=blocks`` client, one chunk per step (the writer
+    yields to the event loop between steps); stops early when the subscription is closed. Live
+    messages wait in the queue meanwhile, which the hold bounds (:meth:`Subscription.hold`)."""
+    snapshot = subscription.snapshot
+    if snapshot is None:
+        return
+    try:
+        for message in snapshot.messages():
+            if subscription.closed_reason is not None:
+                return
+            yield message
+    finally:
+        snapshot.release()
+        subscription.snapshot = None
+        subscription.unhold()
+
+
 async def ws_session(websocket: WebSocket, subscription: Subscription) -> None:
     await websocket.accept()
     pump = Pump(subscription)
@@ -86,6 +120,9 @@ async def ws_session(websocket: WebSocket, subscription: Subscription) -> None:
     reader = asyncio.ensure_future(_drain_inbound(websocket, subscription))
     try:
         await websocket.send_text(subscription.hello_message.text)
+        for state in _state(subscription):
+            await websocket.send_text(state.text)
+            await asyncio.sleep(0)  # one chunk per turn: other clients keep their latency
         while True:
             chunk = await pump.next_chunk()
             if chunk is None:
@@ -106,6 +143,7 @@ async def ws_session(websocket: WebSocket, subscription: Subscription) -> None:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await reader
         subscription.close("closed")
+        _drop_state(subscription)
 
 
 async def _drain_inbound(websocket: WebSocket, subscription: Subscription) -> None:
@@ -123,7 +161,10 @@ async def _drain_inbound(websocket: WebSocket, subscription: Subscription) -> No
 async def sse_stream(subscription: Subscription, keepalive: float) -> AsyncIterator[bytes]:
     pump = Pump(subscription)
     try:
-        yield sse_preamble(SSE_RETRY_MS) + subscription.hello_message.sse
+        yield sse_preamble(SSE_RETRY_MS) + _hello(subscription).sse
+        for state in _state(subscription):
+            yield state.sse
+            await asyncio.sleep(0)
         while True:
             # One timer per wait for the keepalive, none when messages are already queued.
             chunk = await pump.next_chunk(idle=keepalive)
@@ -141,3 +182,4 @@ async def sse_stream(subscription: Subscription, keepalive: float) -> AsyncItera
                 subscription.written()
     finally:
         subscription.close("closed")
+        _drop_state(subscription)

@@ -23,6 +23,8 @@ class BadRequest(ValueError):
 class ClientRequest:
     filter: ClientFilter
     last_event_id: str | None = None
+    snapshot: str | None = None
+    """``"blocks"``: the resident blocks (``state`` messages) follow a hello that is not recovered."""
 
 
 @runtime_checkable
@@ -34,9 +36,11 @@ class MultiItems(Protocol):
 
 QueryInput: TypeAlias = Mapping[str, Sequence[str]] | MultiItems
 
-PARAMETERS: Final = ("source", "dp_rank", "type", "medium", "last_event_id", "token")
+PARAMETERS: Final = ("source", "dp_rank", "type", "medium", "last_event_id", "snapshot", "token")
 """Every query parameter a stream endpoint accepts; any other name is a 400 (catches typos).
 ``token`` is the auth layer's and ignored here."""
+SNAPSHOTS: Final = ("blocks",)
+"""Values of ``snapshot``: what a client that is not recovered receives after the hello."""
 MAX_VALUES: Final = 64
 """Distinct values per repeatable parameter."""
 
@@ -79,6 +83,7 @@ def parse_query(
     types: set[str] = set()
     mediums: set[str] = set()
     resume_ids: list[str] = []
+    snapshots: list[str] = []
     for name, value in _query_items(params):
         if name == "source":
             if known is not None and value not in known:
@@ -104,6 +109,12 @@ def parse_query(
             resume_ids.append(value)
             if len(resume_ids) > 1:
                 raise BadRequest("last_event_id: given more than once")
+        elif name == "snapshot":
+            if value not in SNAPSHOTS:
+                raise BadRequest(f"snapshot: expected {' or '.join(SNAPSHOTS)}, got {_show(value)}")
+            snapshots.append(value)
+            if len(snapshots) > 1:
+                raise BadRequest("snapshot: given more than once")
         elif name != "token":
             raise BadRequest(f"unknown query parameter {_show(name)} (accepted: {', '.join(PARAMETERS)})")
     resume = last_event_id or (resume_ids[0] if resume_ids else None)
@@ -113,7 +124,9 @@ def parse_query(
         types=frozenset(types) or None,
         mediums=frozenset(mediums) or None,
     )
-    return ClientRequest(filter=client_filter, last_event_id=resume or None)
+    return ClientRequest(
+        filter=client_filter, last_event_id=resume or None, snapshot=snapshots[0] if snapshots else None
+    )
 
 
 def _check_count(name: str, values: set[Any]) -> None:

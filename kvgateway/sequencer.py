@@ -32,9 +32,11 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
    *anchor*) and compares that batch's payload with the one delivered; while it verifies, live
    batches are pending, none delivered. Same payload: the reply goes on as a gap replay. Another
    payload, or an end marker with nothing (the engine holds nothing that old), is a restart
-   (``identity``). No answer, or the anchor no longer in the buffer, cannot tell: the reconnect
-   heuristic of rule 7 applies to the live batches. A reconnection counts the cursor as passed by
-   the live stream (``live_top``): the new connection brings only later batches.
+   (``identity``); so is any batch the new connection brings, live or replayed, under a seq still
+   pending from the old one with other bytes. No answer, or the anchor no longer in the buffer,
+   cannot tell: the reconnect heuristic of rule 7 applies to the live batches. A reconnection
+   counts the cursor as passed by the live stream (``live_top``): the new connection brings only
+   later batches.
 2. **Catch-up.** The epoch starts at the lowest seq the catch-up brings, live or replayed. Before
    it: nothing, if the epoch began at 0 and that seq is 0; after a restart of a counting
    publisher, :class:`Unrecovered` ``restart``; on a fresh start above 0, :class:`HistoryTruncated`
@@ -72,7 +74,10 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
    (``cleared``); otherwise a :class:`Duplicate`.
 8. **Restart.** An in-flight replay is cancelled; what the old process already sent is delivered,
    holes counted ``restart``; then :class:`Restart`, and the new process is caught up as at start
-   (rule 2), its seqs from 0 unless they are clock-seeded.
+   (rule 2), its seqs from 0 unless they are clock-seeded. What the new process already sent,
+   including the batch that gave the restart away, stays pending for its epoch. During the
+   catch-up, only a live batch below a *live* pending one can reveal another restart: replies run
+   ahead of a lagging live stream.
 9. **Hold overflow**: more than ``hold_limit`` pending batches cancel the replay; holes are
    counted ``overflow`` and everything pending is delivered.
 
@@ -416,10 +421,14 @@ class Sequencer:
         # process's and stays pending for the new epoch instead of being flushed into the old one.
         reconnected, self._reconnected = self._reconnected, False
         out: list[Action] = []
-        if seq in self._pending:
-            out.append(Duplicate(seq))
-            return out
         item: _Item = (batch, raw, self._gen, False)
+        if seq in self._pending:
+            if self._other_process(seq, raw):
+                self._restart(seq, "identity", True, out, first_live=seq)
+                self._start_epoch_live(seq, item, out)
+            else:
+                out.append(Duplicate(seq))
+            return out
         cursor = self.cursor
         rec = self._rec
         verifying = rec is not None and rec.purpose == "verify"
@@ -445,7 +454,11 @@ class Sequencer:
             self._start_epoch_live(seq, item, out)
             return out
         if cursor is None:
+            # Only a live batch below a live one says the engine went back: a reply runs ahead of a
+            # lagging live stream, so live seqs below a replayed batch are the same process's.
             low = self._first_pending()
+            if low is not None and self._pending[low][3]:
+                low = None
             if low is not None and seq < low and (reason := self._restart_reason(seq, low, batch, reconnected)):
                 self._restart(seq, reason, reconnected, out, first_live=seq)
                 self._start_epoch_live(seq, item, out)
@@ -470,12 +483,14 @@ class Sequencer:
             rec.first = seq
             if rec.purpose == "verify":
                 if not self._check_identity(rec, seq, raw, out):
+                    self._keep_revealing(seq, batch, raw)
                     return out
             elif self.cursor is not None and seq - self.cursor > self._jump_limit:
                 # A gap's reply far above the cursor: a clock-seeded engine restarted behind the
                 # replay socket (its live stream has not shown it yet). Rule 4's jump, seen here;
                 # with no reconnect in between, every batch pending came from the old process.
                 self._restart(seq, "jump", False, out)
+                self._keep_revealing(seq, batch, raw)
                 return out
             elif seq > rec.start:
                 rec.floor = seq
@@ -490,6 +505,10 @@ class Sequencer:
                 self._drain(out)
         cursor = self.cursor
         assert cursor is not None
+        if seq in self._pending and self._other_process(seq, raw):
+            self._restart(seq, "identity", True, out)
+            self._keep_revealing(seq, batch, raw)
+            return out
         if seq <= cursor or seq in self._pending:
             return out
         if seq == cursor + 1:
@@ -653,6 +672,21 @@ class Sequencer:
         rec.floor = seq
         self._unverifiable(out)
         return self._rec is rec
+
+    def _keep_revealing(self, seq: int, batch: Batch | None, raw: bytes) -> None:
+        """A replay item that gave a restart away is the new process's: kept for its epoch, and
+        counted as brought by the catch-up the restart began (the engine may evict it before then)."""
+        self._put(seq, (batch, raw, self._gen, True))
+        if self._rec is not None:
+            self._rec.brought += 1
+            self._rec.progress = True
+
+    def _other_process(self, seq: int, raw: bytes) -> bool:
+        """Rule 1's comparison, made by any batch: ``seq`` is pending from the connection before the
+        last disconnect, and the new connection brings it with other bytes. A publisher sends the
+        same payload for a seq live and replayed, so only another process does that."""
+        held = self._pending[seq]
+        return held[2] != self._gen and bool(raw) and bool(held[1]) and held[1] != raw
 
     def _unverifiable(self, out: list[Action]) -> None:
         """Rule 1's fallback: a live batch at or below the cursor after the reconnect is a restart."""

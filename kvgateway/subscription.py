@@ -10,19 +10,35 @@ that turn, one that is stuck in a write does not.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Final, Literal, TypeAlias
+from collections.abc import Callable, Iterable, Iterator
+from typing import Final, Literal, Protocol, TypeAlias
 
 from kvgateway import messages
 from kvgateway.filters import ClientFilter
 from kvgateway.messages import OutMessage
 from kvgateway.metrics import HubMetrics
 
-if TYPE_CHECKING:
-    from kvgateway.hub import Hub
-
 Transport: TypeAlias = Literal["ws", "sse"]
 CloseReason: TypeAlias = Literal["closed", "slow_consumer", "error", "shutdown"]
+
+
+class Owner(Protocol):
+    """What a subscription needs of the hub that holds it (the hub imports this module, not the
+    other way round)."""
+
+    @property
+    def slow_consumer_notice(self) -> OutMessage: ...
+
+    def forget(self, sub: Subscription, reason: CloseReason) -> None: ...
+
+
+class PendingState(Protocol):
+    """A ``snapshot=blocks`` client's state, sent after its hello (kvgateway.routers.BlockSnapshot)."""
+
+    def messages(self) -> Iterator[OutMessage]: ...
+
+    def release(self) -> None: ...
+
 
 CHUNK_BYTES: Final = 256 * 1024
 """At most this much per :meth:`Subscription.take` (one frame / one write), unless a single message is larger."""
@@ -38,6 +54,7 @@ class Subscription:
     """
 
     __slots__ = (
+        "_base_limit",
         "_credit",
         "_hub",
         "_in_flight",
@@ -53,13 +70,14 @@ class Subscription:
         "hello_message",
         "offset",
         "recovered",
+        "snapshot",
         "transport",
         "wakeup",
     )
 
     def __init__(
         self,
-        hub: Hub,
+        hub: Owner,
         *,
         client_filter: ClientFilter,
         transport: Transport,
@@ -77,6 +95,8 @@ class Subscription:
         self.hello = hello.data
         self.offset = offset  # the hello's offset: where the client stands before its first chunk
         self.recovered = recovered
+        self.snapshot: PendingState | None = None
+        """``snapshot=blocks``: the state the writer sends after the hello, before any queued message."""
         self.closed_reason: CloseReason | None = None
         self.wakeup: Callable[[], None] | None = None
         """Called when a message arrives in an empty queue, and when the subscription closes."""
@@ -84,6 +104,7 @@ class Subscription:
         self._queued = 0
         self._credit = 0  # resume backlog bytes still queued: not held against the bound
         self._limit = limit
+        self._base_limit = limit  # the bound again once a hold (the block snapshot) ends
         self._in_flight = False  # a chunk was taken and is not written yet
         self._metrics = metrics
         self._sent = metrics.sent[transport]
@@ -141,6 +162,16 @@ class Subscription:
     def written(self) -> None:
         """The chunk taken last is written to the client's socket."""
         self._in_flight = False
+
+    def hold(self, limit: int) -> None:
+        """The writer is busy with something else (the block snapshot): live messages queue
+        behind it, bounded by ``limit`` (at least the usual bound) until :meth:`unhold`."""
+        self._in_flight = True
+        self._limit = max(limit, self._limit)
+
+    def unhold(self) -> None:
+        self._in_flight = False
+        self._limit = self._base_limit
 
     def farewell(self) -> OutMessage | None:
         """The slow_consumer notice an SSE writer writes last; None unless cut for slowness."""

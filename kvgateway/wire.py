@@ -1,4 +1,4 @@
-"""The engines' KV-event wire format: decode every layout, encode (for the simulator), render JSON.
+"""The engines' KV-event wire format: the frames, every payload layout, and their decoding.
 
 A PUB message is ``[topic, seq (8 bytes, big-endian, unsigned), payload (msgpack)]``.
 The payload is ``[ts, events]`` or ``[ts, events, data_parallel_rank, ...]``; each event is
@@ -11,13 +11,11 @@ elements and each is dispatched on its first msgpack byte.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
 from msgspec import UNSET, UnsetType
-
-from kvgateway.mediums import medium_tier
 
 Hash: TypeAlias = int | bytes
 
@@ -139,12 +137,21 @@ class _ArrCleared(msgspec.Struct, array_like=True, tag=CLEARED, gc=False):
     pass
 
 
-_STORED_FURTHER: Final = (
-    "extra_keys",
-    "group_idx",
-    "kv_cache_spec_kind",
-    "kv_cache_spec_sliding_window",
-)
+# --- the field lists, derived from the definitions above ----------------------------------
+
+STORED_FIELDS: Final = tuple(field.name for field in msgspec.structs.fields(_ArrStored))
+"""BlockStored's fields in the engines' positional order (current vLLM sends all 11; older engines
+send the first 5 to 8; SGLang the first 6). The map layout uses the same names."""
+REMOVED_FIELDS: Final = tuple(field.name for field in msgspec.structs.fields(_ArrRemoved))
+"""BlockRemoved's fields in positional order."""
+
+_STORED_ATTRS: Final = frozenset(field.name for field in msgspec.structs.fields(BlockStored)) - {"extra", "type"}
+"""Fields of :class:`BlockStored` itself; the other named fields go to ``extra`` under their name."""
+_REMOVED_ATTRS: Final = frozenset(field.name for field in msgspec.structs.fields(BlockRemoved)) - {"extra", "type"}
+_STORED_FURTHER: Final = tuple(name for name in STORED_FIELDS if name not in _STORED_ATTRS)
+_REMOVED_FURTHER: Final = tuple(name for name in REMOVED_FIELDS if name not in _REMOVED_ATTRS)
+_STORED_OPTIONAL: Final = tuple(name for name in STORED_FIELDS[1:] if name in _STORED_ATTRS)
+"""A map BlockStored's own fields beside block_hashes, which it may leave out."""
 
 # --- map layouts: decoded by struct; unknown keys kept via a slower generic pass ---------
 
@@ -173,11 +180,8 @@ class _MapCleared(msgspec.Struct, tag_field="type", tag=CLEARED, gc=False):
     pass
 
 
-_STORED_CORE: Final = frozenset(
-    {"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"}
-)
-_REMOVED_CORE: Final = frozenset({"type", "block_hashes", "medium"})
-_REMOVED_FURTHER: Final = ("group_idx",)
+_STORED_CORE: Final = _STORED_ATTRS | {"type"}
+_REMOVED_CORE: Final = _REMOVED_ATTRS | {"type"}
 
 
 class _WireBatch(msgspec.Struct, array_like=True, gc=False):
@@ -251,7 +255,6 @@ _batch_decoder: Final = msgspec.msgpack.Decoder(_WireBatch)
 _array_event_decoder: Final = msgspec.msgpack.Decoder(_ArrStored | _ArrRemoved | _ArrCleared)
 _map_event_decoder: Final = msgspec.msgpack.Decoder(_MapStored | _MapRemoved | _MapCleared)
 _any_decoder: Final = msgspec.msgpack.Decoder()
-_encoder: Final = msgspec.msgpack.Encoder()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -263,6 +266,32 @@ def parse_seq(frame: bytes) -> int:
     if len(frame) != SEQ_BYTES:
         raise DecodeError(f"sequence frame is {len(frame)} bytes, expected 8")
     return int.from_bytes(frame, "big")
+
+
+def split_message(frames: Sequence[bytes]) -> tuple[int, bytes]:
+    """A PUB message's seq and (still encoded) payload: ``[topic, seq, payload]``."""
+    if len(frames) != 3:
+        raise DecodeError(f"message has {len(frames)} frames, expected 3")
+    return parse_seq(frames[1]), frames[2]
+
+
+def parse_replay_reply(frames: Sequence[bytes]) -> tuple[int, bytes] | None:
+    """One replay reply as a DEALER receives it: ``(seq, payload)``, :data:`END_SEQ` with an empty
+    payload for the end marker, None for a malformed reply.
+
+    Both layouts, after the DEALER's empty delimiter: ``[topic, seq, payload]`` (vLLM >= 0.26)
+    or ``[seq, payload]`` (older vLLM, SGLang)."""
+    if len(frames) == 4 and frames[0] == b"":
+        seq_frame, payload = frames[2], frames[3]
+    elif len(frames) == 3 and frames[0] == b"":
+        seq_frame, payload = frames[1], frames[2]
+    else:
+        return None
+    if len(seq_frame) != SEQ_BYTES:
+        return None
+    if seq_frame == END_SEQ_BYTES:
+        return END_SEQ, b""
+    return int.from_bytes(seq_frame, "big"), payload
 
 
 def decode_message(frames: Sequence[bytes], *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Message:
@@ -407,9 +436,6 @@ def _decode_map_event(raw: msgspec.Raw) -> Event:
     return AllBlocksCleared()
 
 
-_STORED_OPTIONAL: Final = ("parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name")
-
-
 def _unknown_keys(raw: msgspec.Raw, core: frozenset[str]) -> dict[str, Any]:
     try:
         body = _any_decoder.decode(raw)
@@ -421,7 +447,14 @@ def _unknown_keys(raw: msgspec.Raw, core: frozenset[str]) -> dict[str, Any]:
 def _field_name(key: Any) -> str:
     """A map event's key as the name ``extra`` keeps it under: msgpack allows nil, numbers, bools
     and arrays as keys, but ``extra`` promises names (and JSON objects need them)."""
-    return key if type(key) is str else str(_key(key))
+    if type(key) is str:
+        return key
+    if type(key) is bytes:
+        return key.hex()
+    try:
+        return msgspec.json.encode(key).decode()
+    except (TypeError, ValueError):  # a msgpack extension, or one inside an array key
+        return repr(key)
 
 
 def _map_fallback(raw: msgspec.Raw, exc: msgspec.ValidationError) -> Event:
@@ -490,35 +523,31 @@ _Check: TypeAlias = Callable[[Any], bool]
 _CORE: Final = True
 _LENIENT: Final = False
 
-# (name, check, core, what the check wants: for the error text), in positional order
-_STORED_FIELDS: Final[tuple[tuple[str, _Check, bool, str], ...]] = (
-    ("block_hashes", _is_hashes, _CORE, "a list of int or bytes hashes"),
-    ("parent_block_hash", _is_hash_or_none, _LENIENT, "a hash or null"),
-    ("token_ids", _is_ints_or_none, _CORE, "a list of ints or null"),
-    ("block_size", _is_int_or_none, _CORE, "an int or null"),
-    ("lora_id", _is_int_or_none, _LENIENT, "an int or null"),
-    ("medium", _is_str_or_none, _LENIENT, "a str or null"),
-    ("lora_name", _is_str_or_none, _LENIENT, "a str or null"),
-    ("extra_keys", _is_list_or_none, _LENIENT, "a list or null"),
-    ("group_idx", _is_int_or_none, _LENIENT, "an int or null"),
-    ("kv_cache_spec_kind", _is_str_or_none, _LENIENT, "a str or null"),
-    ("kv_cache_spec_sliding_window", _is_int_or_none, _LENIENT, "an int or null"),
-)
-_REMOVED_FIELDS: Final[tuple[tuple[str, _Check, bool, str], ...]] = (
-    ("block_hashes", _is_hashes, _CORE, "a list of int or bytes hashes"),
-    ("medium", _is_str_or_none, _LENIENT, "a str or null"),
-    ("group_idx", _is_int_or_none, _LENIENT, "an int or null"),
-)
+_FieldCheck: TypeAlias = tuple[str, _Check, bool, str]
+
+# name -> (check, core, what the check wants: for the error text); BlockRemoved's fields are
+# BlockStored's by the same names.
+_CHECKS: Final[dict[str, tuple[_Check, bool, str]]] = {
+    "block_hashes": (_is_hashes, _CORE, "a list of int or bytes hashes"),
+    "parent_block_hash": (_is_hash_or_none, _LENIENT, "a hash or null"),
+    "token_ids": (_is_ints_or_none, _CORE, "a list of ints or null"),
+    "block_size": (_is_int_or_none, _CORE, "an int or null"),
+    "lora_id": (_is_int_or_none, _LENIENT, "an int or null"),
+    "medium": (_is_str_or_none, _LENIENT, "a str or null"),
+    "lora_name": (_is_str_or_none, _LENIENT, "a str or null"),
+    "extra_keys": (_is_list_or_none, _LENIENT, "a list or null"),
+    "group_idx": (_is_int_or_none, _LENIENT, "an int or null"),
+    "kv_cache_spec_kind": (_is_str_or_none, _LENIENT, "a str or null"),
+    "kv_cache_spec_sliding_window": (_is_int_or_none, _LENIENT, "an int or null"),
+}
+# (name, check, core, wanted), in positional order
+_STORED_SPECS: Final[tuple[_FieldCheck, ...]] = tuple((name, *_CHECKS[name]) for name in STORED_FIELDS)
+_REMOVED_SPECS: Final[tuple[_FieldCheck, ...]] = tuple((name, *_CHECKS[name]) for name in REMOVED_FIELDS)
 _LENIENT_TYPES: Final = frozenset({STORED, REMOVED})
 _STORED_REQUIRED: Final = 5
 """Positional BlockStored fields every engine sends (vLLM 0.9.0: hashes .. lora_id)."""
-_STORED_BY_NAME: Final = {spec[0]: spec for spec in _STORED_FIELDS}
-_REMOVED_BY_NAME: Final = {spec[0]: spec for spec in _REMOVED_FIELDS}
-_STORED_ATTRS: Final = frozenset(
-    {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"}
-)
-"""Fields of :class:`BlockStored` itself; the other named fields go to ``extra`` under their name."""
-_REMOVED_ATTRS: Final = frozenset({"block_hashes", "medium"})
+_STORED_BY_NAME: Final = {spec[0]: spec for spec in _STORED_SPECS}
+_REMOVED_BY_NAME: Final = {spec[0]: spec for spec in _REMOVED_SPECS}
 
 _TYPE_NAMES: Final[dict[type, str]] = {
     type(None): "null",
@@ -535,7 +564,7 @@ _TYPE_NAMES: Final[dict[type, str]] = {
 
 def _place(
     tag: str,
-    spec: tuple[str, _Check, bool, str],
+    spec: _FieldCheck,
     value: Any,
     *,
     unnamed: str,
@@ -560,7 +589,7 @@ def _place(
 def _lenient_array(tag: str, body: list[Any]) -> Event:
     """A positional BlockStored or BlockRemoved, field by field (fields past the known ones are ignored)."""
     stored = tag == STORED
-    specs = _STORED_FIELDS if stored else _REMOVED_FIELDS
+    specs = _STORED_SPECS if stored else _REMOVED_SPECS
     attrs = _STORED_ATTRS if stored else _REMOVED_ATTRS
     required = _STORED_REQUIRED if stored else 1
     values = body[1:]
@@ -609,215 +638,6 @@ def _lenient_event(stored: bool, named: dict[str, Any], extra: dict[Any, Any]) -
             extra=extra,
         )
     return BlockRemoved(block_hashes=named["block_hashes"], medium=named.get("medium"), extra=extra)
-
-
-# --- JSON rendering -----------------------------------------------------------------------
-
-
-def hash_text(value: Hash) -> str:
-    """A block hash as text: decimal digits (sign kept) for ints, lowercase hex for bytes."""
-    return str(value) if type(value) is int else value.hex()  # type: ignore[union-attr]
-
-
-def _hashes_text(values: list[Hash]) -> list[str]:
-    return [str(h) if type(h) is int else h.hex() for h in values]  # type: ignore[union-attr]
-
-
-_SCALARS: Final = frozenset({int, str, float, bool, type(None)})
-
-
-MAX_RENDER_DEPTH: Final = 32
-"""Opaque values nested deeper render as :data:`TOO_DEEP` (real ones nest 3-4 levels)."""
-TOO_DEEP: Final = "(nested too deeply)"
-
-
-def _plain(value: Any, depth: int = 0) -> Any:
-    """Any value made JSON-ready: bytes as lowercase hex (msgspec would write base64), msgpack
-    extensions as ``{"ext_type", "data"}``, every map key a string or number, depth bounded."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return value
-    if kind is bytes:
-        return value.hex()
-    if kind is list or kind is tuple:
-        # The common case (extra_keys of Nones, ints, strings) needs no copy.
-        if all(type(item) in _SCALARS for item in value):
-            return value
-        return TOO_DEEP if depth >= MAX_RENDER_DEPTH else [_plain(item, depth + 1) for item in value]
-    if kind is dict:
-        if depth >= MAX_RENDER_DEPTH:
-            return TOO_DEEP
-        return {_key(k): _plain(v, depth + 1) for k, v in value.items()}
-    if kind is msgspec.msgpack.Ext:
-        return {"ext_type": value.code, "data": bytes(value.data).hex()}
-    return value
-
-
-def _key(key: Any) -> str | int | float:
-    """A msgpack map key as a JSON object key (msgpack also allows nil, bools, arrays, bytes)."""
-    if isinstance(key, str) or (isinstance(key, int | float) and not isinstance(key, bool)):
-        return key
-    if isinstance(key, bytes):
-        return key.hex()
-    return msgspec.json.encode(_plain(key, MAX_RENDER_DEPTH - 1)).decode()
-
-
-def _further(extra: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
-    for key, value in extra.items():
-        out[key] = value if type(value) in _SCALARS else _plain(value)
-    return out
-
-
-def render_event(event: Event) -> dict[str, Any]:
-    """One event as a JSON-ready dict with the engine's own field names.
-
-    Block events also carry ``tier`` (GPU, CPU, DISK, EXTERNAL: :mod:`kvgateway.mediums`) right
-    after ``medium``, which stays as the engine sent it.
-    """
-    if type(event) is BlockStored:
-        parent = event.parent_block_hash
-        return _further(
-            event.extra,
-            {
-                "type": STORED,
-                "block_hashes": _hashes_text(event.block_hashes),
-                "parent_block_hash": None if parent is None else hash_text(parent),
-                "token_ids": event.token_ids,
-                "block_size": event.block_size,
-                "lora_id": event.lora_id,
-                "medium": event.medium,
-                "tier": medium_tier(event.medium),
-                "lora_name": event.lora_name,
-            },
-        )
-    if type(event) is BlockRemoved:
-        return _further(
-            event.extra,
-            {
-                "type": REMOVED,
-                "block_hashes": _hashes_text(event.block_hashes),
-                "medium": event.medium,
-                "tier": medium_tier(event.medium),
-            },
-        )
-    if type(event) is AllBlocksCleared:
-        return _further(event.extra, {"type": CLEARED})
-    assert type(event) is UnknownEvent
-    if isinstance(event.body, dict):
-        return {str(k): v for k, v in _plain(event.body).items()}
-    return {"type": event.type, "fields": _plain(event.body[1:])}
-
-
-def render_events(events: Iterable[Event]) -> list[dict[str, Any]]:
-    return [render_event(event) for event in events]
-
-
-# --- encoding (the simulator, tests, and anyone writing a publisher) ----------------------
-
-EventForm = Literal["map", "array"]
-
-STORED_ARRAY_FIELDS: Final = 11
-"""Positional BlockStored field count of current vLLM; older engines send 5, 6, 7, 8."""
-REMOVED_ARRAY_FIELDS: Final = 3
-
-
-Dialect = Literal["vllm", "sglang"]
-DIALECTS: Final = ("vllm", "sglang")
-
-SGLANG_STORED_ARRAY_FIELDS: Final = 6
-"""SGLang's positional BlockStored: hashes, parent, tokens, block_size, lora_id, medium."""
-
-
-_STORED_HEAD: Final = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")
-"""The BlockStored fields every dialect sends first, in this order (vLLM then adds lora_name)."""
-
-
-def _stored_head(event: BlockStored) -> list[Any]:
-    """``[tag, *_STORED_HEAD values]``: the start of a positional BlockStored in every dialect."""
-    return [STORED, *(getattr(event, name) for name in _STORED_HEAD)]
-
-
-def _stored_head_map(event: BlockStored) -> dict[str, Any]:
-    return {"type": STORED, **{name: getattr(event, name) for name in _STORED_HEAD}}
-
-
-def event_to_wire(
-    event: Event, form: EventForm = "map", *, fields: int | None = None, dialect: Dialect = "vllm"
-) -> Any:
-    """The msgpack-ready value of one event, as an engine of the given form sends it.
-
-    ``fields`` truncates the positional form to an older engine's field count.
-    ``dialect="sglang"``: SGLang's own layout (see :func:`_sglang_event_to_wire`).
-    """
-    if isinstance(event, UnknownEvent):
-        return event.body
-    if dialect == "sglang":
-        return _sglang_event_to_wire(event, form)
-    if form == "map":
-        if type(event) is BlockStored:
-            out: dict[str, Any] = _stored_head_map(event)
-            out["lora_name"] = event.lora_name
-        elif type(event) is BlockRemoved:
-            out = {"type": REMOVED, "block_hashes": event.block_hashes, "medium": event.medium}
-        else:
-            out = {"type": CLEARED}
-        out.update(event.extra)
-        return out
-    if type(event) is BlockStored:
-        values: list[Any] = [
-            *_stored_head(event),
-            event.lora_name,
-            *(event.extra.get(name) for name in _STORED_FURTHER),
-        ]
-        count = STORED_ARRAY_FIELDS if fields is None else fields
-    elif type(event) is BlockRemoved:
-        values = [REMOVED, event.block_hashes, event.medium, event.extra.get("group_idx")]
-        count = REMOVED_ARRAY_FIELDS if fields is None else fields
-    else:
-        return [CLEARED]
-    return values[: count + 1]
-
-
-def _sglang_event_to_wire(event: BlockStored | BlockRemoved | AllBlocksCleared, form: EventForm) -> Any:
-    """SGLang's layout: no lora_name, extra_keys or group_idx.
-
-    A BlockStored's ``extra`` (e.g. ``{"cache_salt": ...}``) becomes, in the positional form, one
-    further element holding a map, at the position where vLLM has lora_name (index 7 of the array,
-    the tag being index 0); in the map form its keys sit beside the others. A BlockRemoved's
-    ``extra`` goes only into the map form.
-    """
-    if type(event) is BlockStored:
-        if form == "map":
-            stored = _stored_head_map(event)
-            stored.update(event.extra)
-            return stored
-        values = _stored_head(event)
-        if event.extra:
-            values.append(dict(event.extra))
-        return values
-    if type(event) is BlockRemoved:
-        if form == "map":
-            removed: dict[str, Any] = {"type": REMOVED, "block_hashes": event.block_hashes, "medium": event.medium}
-            removed.update(event.extra)
-            return removed
-        return [REMOVED, event.block_hashes, event.medium]
-    return {"type": CLEARED} if form == "map" else [CLEARED]
-
-
-def encode_batch(
-    batch: Batch,
-    form: EventForm = "map",
-    *,
-    fields: int | None = None,
-    with_rank: bool = True,
-    dialect: Dialect = "vllm",
-) -> bytes:
-    """A msgpack payload as an engine sends it (``with_rank=False``: the vLLM 0.9.0 layout)."""
-    events = [event_to_wire(event, form, fields=fields, dialect=dialect) for event in batch.events]
-    body: list[Any] = [batch.ts, events]
-    if with_rank:
-        body.append(batch.dp_rank)
-    return _encoder.encode(body)
 
 
 def seq_bytes(seq: int) -> bytes:

@@ -26,7 +26,6 @@ from kvgateway.cluster.options import NatsOptions
 from kvgateway.cluster.order import OrderGuard
 from kvgateway.config import Settings
 from kvgateway.gateway import Gateway, StartupError
-from kvgateway.hub import Hub
 from kvgateway.log import BatchRecord, NoticeRecord, make_entry
 from kvgateway.query import ClientRequest
 from kvgateway.ring import Entry
@@ -53,20 +52,14 @@ class EdgeGateway(Gateway):
     """The single process's web side, fed by the stream instead of engines."""
 
     def __init__(self, settings: Settings, options: NatsOptions) -> None:
-        super().__init__(settings)
+        # A log is made before the gateway, and the gateway's metrics after: the ring's gauges are
+        # wired once both exist.
+        edge_log = EdgeLog(settings.ring_messages, settings.ring_bytes)
+        super().__init__(settings, log=edge_log)  # the index, routers and hub follow it
+        edge_log.report_to(self.metrics.hub().retained)
         self.options = options
-        hub_metrics = self.metrics.hub()
-        self.log = EdgeLog(settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained)
-        self.log.follow(self.index.follow)  # the index first: a hello's snapshot is exact at its offset
         self.log.follow(self._follow_status)
-        self.hub = Hub(
-            self.log,
-            metrics=hub_metrics,
-            sources=[s.key for s in settings.streams()],
-            client_queue_bytes=settings.client_queue_bytes,
-            max_clients=settings.max_clients,
-        )
-        self.edge_log = self.log
+        self.edge_log = edge_log
         self.caught_up_to = 0  # the stream's last sequence when this edge started: ready past it
         self.fatal: str | None = None
         self._order = OrderGuard()
@@ -141,9 +134,10 @@ class EdgeGateway(Gateway):
     def _follow_status(self, entry: Entry) -> None:
         """What the single process's sink knows about a stream, as far as the log tells it."""
         record = entry.record
-        status = self.status.get(entry.stream)
-        if status is None:
+        outlet = self.outlets.get(entry.stream)
+        if outlet is None:
             return
+        status = outlet.status
         if type(record) is BatchRecord:
             status.last_seq = record.seq
             status.counters["batches"] += 1

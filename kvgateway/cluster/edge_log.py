@@ -30,6 +30,10 @@ class EdgeLog(MemoryLog):
         self._scratch = Ring(0, 0)  # filtered variants of lent entries: cached on them, not counted
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
+    def report_to(self, retained: Callable[[int, int], None]) -> None:
+        """Where the ring's size goes after each append (the hub's gauges, made after this log)."""
+        self._retained = retained
+
     def start_at(self, epoch: str, first_offset: int) -> None:
         """Before any record: the stream's epoch and the offset of the first record to come."""
         self.epoch = epoch

@@ -21,6 +21,7 @@ from kvgateway.cluster.publisher import PublishingLog
 from kvgateway.cluster.sources import publish_sources
 from kvgateway.config import Settings
 from kvgateway.gateway import Gateway, StartupError
+from kvgateway.sequencer import Unrecovered
 
 log = logging.getLogger("kvgateway.cluster")
 
@@ -28,10 +29,10 @@ log = logging.getLogger("kvgateway.cluster")
 class IngestGateway(Gateway):
     """The single process's gateway whose log is the JetStream stream."""
 
-    def attach(self, publishing: PublishingLog, epoch: str) -> None:
-        publishing.epoch = epoch
-        self.log = publishing
+    def __init__(self, settings: Settings, publishing: PublishingLog) -> None:
+        super().__init__(settings, log=publishing)
         self.publishing = publishing
+        publishing.index = self.index  # its stale marks decide the gateway's own notices
 
     last_seqs: dict[tuple[str, int], int] = {}
 
@@ -48,13 +49,12 @@ class IngestGateway(Gateway):
 
     def publishes_lost(self, lost: dict[tuple[str, int], list[int]]) -> None:
         """Batches the stream will never hold in order: counted and noticed as any loss."""
-        readers = {reader.key: reader for reader in self.readers}
         for key, seqs in lost.items():
-            reader = readers.get(key)
-            if reader is None:
+            outlet = self.outlets.get(key)
+            if outlet is None:
                 continue
-            for first, last in seq_ranges(seqs):
-                self.unrecovered(reader, first, last, "transit")
+            losses = [Unrecovered(first, last, "transit") for first, last in seq_ranges(seqs)]
+            outlet.apply(losses, self.clock(), outlet.held)
 
     def refresh_gauges(self) -> None:
         super().refresh_gauges()
@@ -62,7 +62,7 @@ class IngestGateway(Gateway):
 
     def ingest_readiness(self, nats_connected: bool) -> tuple[bool, dict[str, Any]]:
         ready, not_ready = self.readiness()
-        body = {"streams": len(self.status), "not_ready": not_ready, "nats_connected": nats_connected}
+        body = {"streams": len(self.outlets), "not_ready": not_ready, "nats_connected": nats_connected}
         return ready and nats_connected, body
 
 
@@ -76,12 +76,11 @@ async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bo
     try:
         state = await nats_link.ensure_stream(js, options)
         await publish_sources(js, options, settings.sources)  # for edges started without --source
-        gateway = IngestGateway(settings)
-        publishing = PublishingLog(
-            nc, js, options.subject_prefix, options.stream, index=gateway.index, metrics=gateway.metrics
-        )
+        publishing = PublishingLog(nc, js, options.subject_prefix, options.stream)
+        gateway = IngestGateway(settings, publishing)
+        publishing.metrics = gateway.metrics
+        publishing.epoch = state.epoch
         await publishing.load_positions([s.key for s in settings.streams()])
-        gateway.attach(publishing, state.epoch)
 
         async def recreate() -> None:
             # A lost store (or a deleted stream) is a new stream: a new epoch for every edge.

@@ -83,17 +83,14 @@ class PublishingLog(MemoryLog):
         js: JetStreamContext,
         prefix: str,
         stream_name: str,
-        *,
-        index: OccupancyIndex,
-        metrics: Metrics,
     ) -> None:
         super().__init__(0, 0)
-        self._metrics = metrics
+        self.metrics = Metrics()  # the gateway's, once it exists
+        self.index = OccupancyIndex()  # the gateway's, once it exists
         self._nc = nc
         self._js = js
         self._prefix = prefix
         self._stream_name = stream_name
-        self._index = index
         self._positions: dict[Stream, _Position] = {}
         self._queue: deque[_Outgoing] = deque()
         self._wake = asyncio.Event()
@@ -176,12 +173,12 @@ class PublishingLog(MemoryLog):
     # The gateway's own notices depend on the index's stale flag: keep it as the edges will.
     def _track_notice(self, record: NoticeRecord) -> None:
         if record.kind == "restart":
-            self._index.stream(*record.stream).reset()
+            self.index.stream(*record.stream).reset()
         elif record.kind == "stale":
-            self._index.stream(*record.stream).mark_stale(record.fields["reason"])
+            self.index.stream(*record.stream).mark_stale(record.fields["reason"])
 
     def _track_batch(self, stream: Stream, batch: wire.Batch) -> None:
-        index = self._index.stream(*stream)
+        index = self.index.stream(*stream)
         if index.stale and any(type(event) is wire.AllBlocksCleared for event in batch.events):
             index.stale = False
             index.stale_reason = None
@@ -252,10 +249,10 @@ class PublishingLog(MemoryLog):
             return
         if b'"duplicate"' in data:  # the server adds it only when true
             stats.duplicates += 1
-            self._metrics.jetstream_duplicates.inc()
+            self.metrics.jetstream_duplicates.inc()
         else:
             stats.published += 1
-            self._metrics.jetstream_published.inc()
+            self.metrics.jetstream_published.inc()
         self._wake.set()
 
     async def _recover(self) -> None:
@@ -278,7 +275,7 @@ class PublishingLog(MemoryLog):
         resend = [_probe(item) if _behind(item, held.get(item.subject)) else item for item in again]
         self._queue.extendleft(reversed(resend))
         self.stats.retries += len(resend)
-        self._metrics.jetstream_retries.inc(len(resend))
+        self.metrics.jetstream_retries.inc(len(resend))
         self._failed = None
 
     def take_lost(self) -> dict[Stream, list[int]]:

@@ -6,15 +6,14 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import re
 import signal
 import sys
 from collections.abc import Callable
-from typing import Final
 
 import zmq
 import zmq.asyncio
 
+from kvgateway.endpoints import endpoint_problem
 from kvgateway.simulator.engine import (
     ENGINE_FLAVOURS,
     EVENT_FORMS,
@@ -28,21 +27,18 @@ from kvgateway.simulator.engine import (
 )
 from kvgateway.simulator.workload import _OFFLOAD_CHUNK_BLOCKS, HASH_KINDS
 
-_ENDPOINT_RE: Final = re.compile(r"^(tcp://.+:(\d+|\*)|ipc://.+|inproc://.+)$")
-
 
 class UsageError(Exception):
     """Arguments that do not go together: printed as one line, exit code 2."""
 
 
 def _endpoint_arg(value: str) -> str:
-    if not _ENDPOINT_RE.match(value):
+    problem = endpoint_problem(value, wildcard_port=True)
+    if problem is not None:
         raise argparse.ArgumentTypeError(
-            f"{value!r} is not a ZeroMQ endpoint (tcp://HOST:PORT, tcp://*:PORT, ipc://PATH or inproc://NAME)"
+            f"{value!r} is not a ZeroMQ endpoint (tcp://HOST:PORT, tcp://*:PORT, ipc://PATH or inproc://NAME): "
+            + problem
         )
-    port = value.rpartition(":")[2]
-    if value.startswith("tcp://") and port.isdigit() and int(port) > 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is above 65535")
     return value
 
 
@@ -356,7 +352,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _engines_from_args(args: argparse.Namespace, context: zmq.asyncio.Context) -> list[SimulatedEngine]:
+    _check_args(args)
+    try:
+        engines = _build(args, context)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    _refuse_collisions(engines)
+    return engines
 
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Flags that need another flag (one line naming both)."""
     if args.replay_endpoint is None:
         needs = [
             flag
@@ -377,52 +383,56 @@ def _engines_from_args(args: argparse.Namespace, context: zmq.asyncio.Context) -
         raise UsageError("--sglang-metadata needs --engine sglang")
     if args.cpu_offload and args.cpu_blocks < _OFFLOAD_CHUNK_BLOCKS:
         raise UsageError(f"--cpu-blocks must be at least {_OFFLOAD_CHUNK_BLOCKS} with --cpu-offload")
-    try:
-        faults = Faults(
-            skip=tuple(args.skip),
-            restart_at=tuple(args.restart_at),
-            garbage_at=tuple(args.garbage_at),
-            replay_delay=args.replay_delay,
-            replay_dead=args.replay_dead,
-            start_seq=args.start_seq,
-            restart_down=args.restart_down,
-            lose_tail=args.lose_tail,
-            replay_drop=tuple(args.replay_drop),
-            replay_cut=args.replay_cut,
-            drop_queue=tuple(args.drop_queue),
-        )
-        engines = build_engines(
-            args.dp_size,
-            args.endpoint,
-            replay_endpoint=args.replay_endpoint,
-            topic=args.topic,
-            rate=args.rate,
-            batches=args.batches,
-            form=args.format,
-            hash_kind=args.hash,
-            replay_layout=args.replay_layout,
-            buffer_steps=args.buffer_steps,
-            hwm=args.hwm,
-            seed=args.seed,
-            faults=faults,
-            workload_options={
-                "block_size": args.block_size,
-                "gpu_capacity_blocks": args.gpu_blocks,
-                "cpu_offload": args.cpu_offload,
-                "cpu_capacity_blocks": args.cpu_blocks,
-                "clear_every": args.clear_every,
-                "events_per_batch": args.events_per_batch,
-            },
-            context=context,
-            engine=args.engine,
-            replay_hwm=args.replay_hwm,
-            replay_pace=args.replay_pace,
-            heartbeat=args.heartbeat,
-            sglang_metadata=args.sglang_metadata,
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    # vLLM does not notice overlapping port ranges (5557/5558 with 2 ranks); we refuse them.
+
+
+def _build(args: argparse.Namespace, context: zmq.asyncio.Context) -> list[SimulatedEngine]:
+    """The engines the flags describe; ValueError for a value the engine refuses."""
+    faults = Faults(
+        skip=tuple(args.skip),
+        restart_at=tuple(args.restart_at),
+        garbage_at=tuple(args.garbage_at),
+        replay_delay=args.replay_delay,
+        replay_dead=args.replay_dead,
+        start_seq=args.start_seq,
+        restart_down=args.restart_down,
+        lose_tail=args.lose_tail,
+        replay_drop=tuple(args.replay_drop),
+        replay_cut=args.replay_cut,
+        drop_queue=tuple(args.drop_queue),
+    )
+    return build_engines(
+        args.dp_size,
+        args.endpoint,
+        replay_endpoint=args.replay_endpoint,
+        topic=args.topic,
+        rate=args.rate,
+        batches=args.batches,
+        form=args.format,
+        hash_kind=args.hash,
+        replay_layout=args.replay_layout,
+        buffer_steps=args.buffer_steps,
+        hwm=args.hwm,
+        seed=args.seed,
+        faults=faults,
+        workload_options={
+            "block_size": args.block_size,
+            "gpu_capacity_blocks": args.gpu_blocks,
+            "cpu_offload": args.cpu_offload,
+            "cpu_capacity_blocks": args.cpu_blocks,
+            "clear_every": args.clear_every,
+            "events_per_batch": args.events_per_batch,
+        },
+        context=context,
+        engine=args.engine,
+        replay_hwm=args.replay_hwm,
+        replay_pace=args.replay_pace,
+        heartbeat=args.heartbeat,
+        sglang_metadata=args.sglang_metadata,
+    )
+
+
+def _refuse_collisions(engines: list[SimulatedEngine]) -> None:
+    """vLLM does not notice overlapping port ranges (5557/5558 with 2 ranks); we refuse them."""
     seen: dict[str, str] = {}
     for engine in engines:
         for role, ep in (("publish", engine.endpoint), ("replay", engine.replay_endpoint)):
@@ -432,7 +442,6 @@ def _engines_from_args(args: argparse.Namespace, context: zmq.asyncio.Context) -
             if ep in seen:
                 raise UsageError(f"{what} {ep} collides with {seen[ep]}")
             seen[ep] = what
-    return engines
 
 
 async def _simulate(args: argparse.Namespace) -> int:

@@ -26,13 +26,14 @@ import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias, TypedDict, Unpack
 
 import zmq
 import zmq.asyncio
 
 from kvgateway import wire
-from kvgateway.endpoints import binds, offset_endpoint
+from kvgateway.endpoints import binds, is_ipv6, rank_endpoints
+from kvgateway.simulator import encode
 from kvgateway.simulator.workload import HASH_KINDS, HashKind, Workload
 
 # One logger for the whole simulator package (tests filter on it).
@@ -57,13 +58,13 @@ TRTLLM_HEARTBEAT: Final = 5.0
 class Flavour:
     """What one engine does by default; :class:`SimulatedEngine` arguments override each field."""
 
-    form: wire.EventForm
+    form: encode.EventForm
     hash_kind: HashKind
     replay_layout: ReplayLayout
     heartbeat: float  # seconds of silence before an empty batch; 0: never
     clear_on_start: bool  # the first batch of every process is AllBlocksCleared
     seq_from_time: bool  # a process's first seq is its time.time_ns()
-    dialect: wire.Dialect
+    dialect: encode.Dialect
 
 
 FLAVOURS: Final[dict[str, Flavour]] = {
@@ -172,13 +173,6 @@ class Reply:
     end_marker: bool = False  # the ROUTER accepted the end marker
 
 
-# --- endpoints ------------------------------------------------------------------------------
-
-
-def _is_ipv6(endpoint: str) -> bool:
-    return endpoint.startswith("tcp://") and ("[" in endpoint or "::" in endpoint)
-
-
 # --- the engine -----------------------------------------------------------------------------
 
 _IDLE_SLICE: Final = 0.05  # longest sleep between checks of stop() and replay requests
@@ -186,6 +180,36 @@ _YIELD_EVERY: Final = 32  # rate 0: batches between yields to the event loop
 _PUBLISHED_KEPT: Final = 100_000
 _REBIND_TIMEOUT: Final = 5.0  # a closed socket's address is released by libzmq's threads, not at once
 _PACE_POLL_MS: Final = 50
+
+
+def _flavour(engine: str) -> Flavour:
+    if engine not in FLAVOURS:
+        raise ValueError(f"engine must be one of {', '.join(ENGINE_FLAVOURS)}, not {engine!r}")
+    return FLAVOURS[engine]
+
+
+def _check_options(
+    *, rate: float, batches: int | None, buffer_steps: int, hwm: int, replay_hwm: int, heartbeat: float
+) -> None:
+    if rate < 0:
+        raise ValueError("rate must not be negative")
+    if batches is not None and batches < 0:
+        raise ValueError("batches must not be negative")
+    if buffer_steps < 0:
+        raise ValueError("buffer_steps must not be negative")
+    if hwm < 0 or replay_hwm < 0:
+        raise ValueError("hwm and replay_hwm must not be negative")
+    if not 0 <= heartbeat < float("inf"):
+        raise ValueError("heartbeat must be a finite number >= 0")
+
+
+def _check_choices(form: str, replay_layout: str, hash_kind: str) -> None:
+    if form not in EVENT_FORMS:
+        raise ValueError(f"form must be one of {', '.join(EVENT_FORMS)}")
+    if replay_layout not in REPLAY_LAYOUTS:
+        raise ValueError(f"replay_layout must be one of {', '.join(REPLAY_LAYOUTS)}")
+    if hash_kind not in HASH_KINDS:
+        raise ValueError(f"hash_kind must be one of {', '.join(HASH_KINDS)}")
 
 
 class SimulatedEngine:
@@ -214,7 +238,7 @@ class SimulatedEngine:
         dp_rank: int = 0,
         rate: float = 100.0,
         batches: int | None = None,
-        form: wire.EventForm | None = None,
+        form: encode.EventForm | None = None,
         hash_kind: HashKind | None = None,
         replay_layout: ReplayLayout | None = None,
         buffer_steps: int = 10_000,
@@ -230,29 +254,15 @@ class SimulatedEngine:
         clear_on_start: bool | None = None,
         sglang_metadata: bool = False,
     ) -> None:
-        if engine not in FLAVOURS:
-            raise ValueError(f"engine must be one of {', '.join(ENGINE_FLAVOURS)}, not {engine!r}")
-        flavour = FLAVOURS[engine]
+        flavour = _flavour(engine)
         form = flavour.form if form is None else form
         hash_kind = flavour.hash_kind if hash_kind is None else hash_kind
         replay_layout = flavour.replay_layout if replay_layout is None else replay_layout
         heartbeat = flavour.heartbeat if heartbeat is None else heartbeat
-        if rate < 0:
-            raise ValueError("rate must not be negative")
-        if batches is not None and batches < 0:
-            raise ValueError("batches must not be negative")
-        if buffer_steps < 0:
-            raise ValueError("buffer_steps must not be negative")
-        if hwm < 0 or replay_hwm < 0:
-            raise ValueError("hwm and replay_hwm must not be negative")
-        if not 0 <= heartbeat < float("inf"):
-            raise ValueError("heartbeat must be a finite number >= 0")
-        if form not in EVENT_FORMS:
-            raise ValueError(f"form must be one of {', '.join(EVENT_FORMS)}")
-        if replay_layout not in REPLAY_LAYOUTS:
-            raise ValueError(f"replay_layout must be one of {', '.join(REPLAY_LAYOUTS)}")
-        if hash_kind not in HASH_KINDS:
-            raise ValueError(f"hash_kind must be one of {', '.join(HASH_KINDS)}")
+        _check_options(
+            rate=rate, batches=batches, buffer_steps=buffer_steps, hwm=hwm, replay_hwm=replay_hwm, heartbeat=heartbeat
+        )
+        _check_choices(form, replay_layout, hash_kind)
         self.engine: EngineFlavour = engine
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
@@ -260,13 +270,13 @@ class SimulatedEngine:
         self.dp_rank = dp_rank
         self.rate = rate
         self.batches = batches
-        self.form: wire.EventForm = form
+        self.form: encode.EventForm = form
         self.replay_layout: ReplayLayout = replay_layout
         self.replay_hwm = replay_hwm
         self.replay_pace = replay_pace
         self.heartbeat = heartbeat
         self.clear_on_start = flavour.clear_on_start if clear_on_start is None else clear_on_start
-        self.dialect: wire.Dialect = flavour.dialect
+        self.dialect: encode.Dialect = flavour.dialect
         self._seq_from_time = flavour.seq_from_time
         self._hwm = hwm
         self.faults = faults if faults is not None else Faults()
@@ -275,8 +285,14 @@ class SimulatedEngine:
                 seed, hash_kind=hash_kind, stream=dp_rank, dialect=self.dialect, metadata=sglang_metadata
             )
         self.workload = workload
-        self._topic_bytes = topic.encode()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._own_context = context is None
+        self._context = context if context is not None else zmq.asyncio.Context()
+        self._init_run_state()
+
+    def _init_run_state(self) -> None:
+        """What changes as the engine runs: seqs, faults still to inject, records, its sockets."""
+        self._topic_bytes = self.topic.encode()
         self._next_seq = self.faults.start_seq if self.faults.start_seq is not None else self._process_first_seq()
         self._restarts_left = Counter(self.faults.restart_at)
         self._garbage = frozenset(self.faults.garbage_at)
@@ -294,14 +310,12 @@ class SimulatedEngine:
         self.replies: deque[Reply] = deque(maxlen=1000)
         self.restarts = 0
         self._pending: deque[tuple[float, bytes, int]] = deque()  # delayed replays: due, identity, start
-        self._own_context = context is None
-        self._context = context if context is not None else zmq.asyncio.Context()
         self._pub: zmq.asyncio.Socket | None = None
         self._replay: zmq.asyncio.Socket | None = None
         # Synchronous shadows of the two sockets: sends never wait, and a replay is one tight loop.
         self._pub_sync: zmq.Socket[bytes] | None = None
         self._replay_sync: zmq.Socket[bytes] | None = None
-        self._bound_endpoint = endpoint
+        self._bound_endpoint = self.endpoint
         self._replay_bound: str | None = None
         self._stopping = False
         self._closed = False
@@ -354,7 +368,7 @@ class SimulatedEngine:
         pub = self._context.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, self._hwm)
-        if _is_ipv6(endpoint):
+        if is_ipv6(endpoint):
             pub.setsockopt(zmq.IPV6, 1)
         try:
             if self.pub_binds:
@@ -372,7 +386,7 @@ class SimulatedEngine:
             # Mandatory routing changes nothing on the wire (a full pipe drops the whole message
             # either way) but reports each drop, so the engine can count it or, paced, wait.
             replay.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            if _is_ipv6(replay_endpoint):
+            if is_ipv6(replay_endpoint):
                 replay.setsockopt(zmq.IPV6, 1)
             try:
                 replay.bind(replay_endpoint)
@@ -496,7 +510,7 @@ class SimulatedEngine:
         if seq in self._garbage:
             payload = garbage_payload(seq)
         else:
-            payload = wire.encode_batch(batch, self.form, dialect=self.dialect)
+            payload = encode.encode_batch(batch, self.form, dialect=self.dialect)
         self._buffer.append((seq, payload))
         self._last_sent = asyncio.get_running_loop().time()
         if not self.faults.skips(seq):
@@ -699,67 +713,53 @@ def _last_endpoint(sock: zmq.asyncio.Socket, fallback: str) -> str:
     return text or fallback
 
 
+class EngineOptions(TypedDict, total=False):
+    """The keywords of :class:`SimulatedEngine` that every rank of an engine shares (see there)."""
+
+    topic: str
+    rate: float
+    batches: int | None
+    form: encode.EventForm | None
+    hash_kind: HashKind | None
+    replay_layout: ReplayLayout | None
+    buffer_steps: int
+    faults: Faults | None
+    context: zmq.asyncio.Context | None
+    hwm: int
+    engine: EngineFlavour
+    replay_hwm: int
+    replay_pace: bool
+    heartbeat: float | None
+    clear_on_start: bool | None
+
+
 def build_engines(
     dp_size: int,
     endpoint: str,
     *,
     replay_endpoint: str | None = None,
-    topic: str = "kv-events",
-    rate: float = 100.0,
-    batches: int | None = None,
-    form: wire.EventForm | None = None,
-    hash_kind: HashKind | None = None,
-    replay_layout: ReplayLayout | None = None,
-    buffer_steps: int = 10_000,
     seed: int = 0,
-    faults: Faults | None = None,
     workload_options: dict[str, Any] | None = None,
-    context: zmq.asyncio.Context | None = None,
-    hwm: int = PUB_HWM,
-    engine: EngineFlavour = "vllm",
-    replay_hwm: int = REPLAY_HWM,
-    replay_pace: bool = False,
-    heartbeat: float | None = None,
-    clear_on_start: bool | None = None,
     sglang_metadata: bool = False,
+    **options: Unpack[EngineOptions],
 ) -> list[SimulatedEngine]:
     """One engine per DP rank with vLLM's endpoint offsets; ranks share the seed's system prompts.
 
     ``workload_options`` are passed to every rank's :class:`Workload` (``stream`` is the rank);
-    ``hash_kind``, the dialect and ``sglang_metadata`` fill in what they leave out.
+    ``hash_kind``, the dialect and ``sglang_metadata`` fill in what they leave out. ``options``
+    go to every :class:`SimulatedEngine` as they are.
     """
     if dp_size < 1:
         raise ValueError("dp_size must be at least 1")
-    if engine not in FLAVOURS:
-        raise ValueError(f"engine must be one of {', '.join(ENGINE_FLAVOURS)}, not {engine!r}")
-    flavour = FLAVOURS[engine]
-    options = dict(workload_options or {})
-    options.setdefault("hash_kind", flavour.hash_kind if hash_kind is None else hash_kind)
-    options.setdefault("dialect", flavour.dialect)
-    options.setdefault("metadata", sglang_metadata)
-    engines: list[SimulatedEngine] = []
-    for rank in range(dp_size):
-        engines.append(
-            SimulatedEngine(
-                offset_endpoint(endpoint, rank),
-                replay_endpoint=None if replay_endpoint is None else offset_endpoint(replay_endpoint, rank),
-                topic=topic,
-                dp_rank=rank,
-                rate=rate,
-                batches=batches,
-                form=form,
-                hash_kind=hash_kind,
-                replay_layout=replay_layout,
-                buffer_steps=buffer_steps,
-                hwm=hwm,
-                faults=faults,
-                workload=Workload(seed, stream=rank, **options),
-                context=context,
-                engine=engine,
-                replay_hwm=replay_hwm,
-                replay_pace=replay_pace,
-                heartbeat=heartbeat,
-                clear_on_start=clear_on_start,
-            )
+    flavour = _flavour(options.get("engine", "vllm"))
+    hash_kind = options.get("hash_kind")
+    workload = dict(workload_options or {})
+    workload.setdefault("hash_kind", flavour.hash_kind if hash_kind is None else hash_kind)
+    workload.setdefault("dialect", flavour.dialect)
+    workload.setdefault("metadata", sglang_metadata)
+    return [
+        SimulatedEngine(
+            pub, replay_endpoint=replay, dp_rank=rank, workload=Workload(seed, stream=rank, **workload), **options
         )
-    return engines
+        for rank, pub, replay in rank_endpoints(endpoint, replay_endpoint, dp_size)
+    ]

@@ -23,6 +23,7 @@ from itertools import count, islice
 from typing import Any, Final, Literal, TypeAlias
 
 from kvgateway import wire
+from kvgateway.simulator import encode
 
 HashKind: TypeAlias = Literal["int", "bytes", "signed"]
 Medium: TypeAlias = Literal["GPU", "CPU"]
@@ -171,7 +172,7 @@ class Workload:
     ``dialect="sglang"``: events as SGLang fills them: no extra_keys/group_idx, the offload tier's
     medium is ``CPU_PINNED`` (its placeholder stores included), unknown removes also name ``DISK``
     and ``EXTERNAL``; with ``metadata`` every BlockStored carries ``{"cache_salt": ...}`` in
-    ``extra`` (encoded by ``wire.encode_batch(..., dialect="sglang")`` as SGLang's metadata map).
+    ``extra`` (encoded by ``encode.encode_batch(..., dialect="sglang")`` as SGLang's metadata map).
     The pools are still addressed as ``"GPU"``/``"CPU"`` in :meth:`resident_counts`.
     ``events_per_batch``: the minimum event count per batch, fixed or drawn from an inclusive
     ``(low, high)`` range; a request's events are never split, so a batch may hold more.
@@ -189,11 +190,11 @@ class Workload:
         clear_every: int = 0,
         events_per_batch: int | tuple[int, int] = (2, 6),
         stream: int = 0,
-        dialect: wire.Dialect = "vllm",
+        dialect: encode.Dialect = "vllm",
         metadata: bool = False,
     ) -> None:
-        if dialect not in wire.DIALECTS:
-            raise ValueError(f"dialect must be one of {', '.join(wire.DIALECTS)}, not {dialect!r}")
+        if dialect not in encode.DIALECTS:
+            raise ValueError(f"dialect must be one of {', '.join(encode.DIALECTS)}, not {dialect!r}")
         if metadata and dialect != "sglang":
             raise ValueError("metadata is SGLang's BlockStored field: it needs dialect='sglang'")
         if hash_kind not in HASH_KINDS:
@@ -208,7 +209,7 @@ class Workload:
         if not 1 <= low <= high:
             raise ValueError("events_per_batch must be a positive count or a (low, high) range with low <= high")
         self.hash_kind: HashKind = hash_kind
-        self.dialect: wire.Dialect = dialect
+        self.dialect: encode.Dialect = dialect
         self.metadata = metadata
         self._sglang = dialect == "sglang"
         self._cpu_name = "CPU_PINNED" if self._sglang else CPU

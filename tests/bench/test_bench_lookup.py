@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO
+from tests.bench._smoke import smoke_result
 
 
 def number(value: Any) -> bool:
@@ -16,19 +13,7 @@ def number(value: Any) -> bool:
 
 
 def test_lookup_bench_smoke(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.lookup", "--smoke", "--results-dir", str(tmp_path)],
-        cwd=REPO,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (path,) = tmp_path.glob("*-smoke.json")
-    result = json.loads(path.read_text(encoding="utf-8"))
-    assert result == json.loads(proc.stdout)
-    assert result["mode"] == "smoke"
+    result = smoke_result("bench.lookup", tmp_path)
     assert result["workload"]["resident_blocks"] > 0
     lookup = result["lookup"]
     for kind in ("by_hashes", "by_hashes_with_parsing", "by_tokens", "baseline_by_hashes", "baseline_by_tokens"):

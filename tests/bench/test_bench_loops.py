@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from bench.common import gateway_loop, naive_loop
-from tests.conftest import REPO, free_port
+from tests.support import REPO, free_port
 
 
 def test_the_naive_bridge_runs_on_the_gateways_loop() -> None:

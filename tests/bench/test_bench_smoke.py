@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 SCENARIOS = ("ingest", "fanout", "naive", "latency", "memory", "catchup")
 

@@ -6,7 +6,7 @@ import re
 import shutil
 from pathlib import Path
 
-from tests.conftest import ARTIFACTS, Proc, free_port
+from tests.support import ARTIFACTS, Proc, free_port
 
 __all__ = ["ARTIFACTS", "CHROMIUM", "CHROMIUM_ARGS", "Demo", "free_port"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.support import free_port
 
 
 def nats_binary() -> str:

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from tests.cluster._nats import NatsServer
-from tests.conftest import Proc, free_port, metric, wait_until
-from tests.integration._gateway_helpers import BIG_QUEUE, WsCollector, start_sim
+from tests.integration._gateway_helpers import BIG_QUEUE, WsCollector
+from tests.support import Proc, free_port, metric, start_sim, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

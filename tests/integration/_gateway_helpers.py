@@ -12,10 +12,10 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import pairwise
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import msgspec
@@ -24,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from kvgateway import wire
-from tests.conftest import Proc
+from kvgateway import render, wire
+from tests.support import start_gateway as support_start_gateway
 
 from ._sim_helpers import Layout, parse_replay_reply
 
@@ -39,43 +39,9 @@ WARMUP_BASE = 1_000_000
 # --- processes --------------------------------------------------------------------------------
 
 
-@dataclass
-class Gateway:
-    proc: Proc
-    port: int
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/ws"
-
-
-def start_gateway(
-    start: Callable[..., Proc], port: int, sources: Iterable[str], *extra: str, timeout: float = 30.0
-) -> Gateway:
-    """``kvgateway serve`` on 127.0.0.1:``port``; returns once it logged that it serves."""
-    args = ["serve", "--host", "127.0.0.1", "--port", str(port), "--client-queue-bytes", str(BIG_QUEUE)]
-    for spec in sources:
-        args += ["--source", spec]
-    proc = start(*args, *extra)
-    proc.wait_for(r"serving on http://", timeout=timeout)
-    return Gateway(proc, port)
-
-
-def start_sim(start: Callable[..., Proc], *args: str, ranks: int = 1, timeout: float = 30.0, wait: bool = True) -> Proc:
-    """``kvgateway simulate ARGS``; returns once every rank printed its readiness line (or at once)."""
-    proc = start("simulate", *args)
-    if wait:
-        sim_ready(proc, ranks, timeout)
-    return proc
-
-
-def sim_ready(proc: Proc, ranks: int = 1, timeout: float = 30.0) -> None:
-    for rank in range(ranks):
-        proc.wait_for(rf"^simulate: rank {rank} publishing ", timeout=timeout)
+start_gateway: Final = partial(support_start_gateway, client_queue_bytes=BIG_QUEUE)
+"""The gateway of the integration tests: :func:`tests.support.start_gateway` with a queue no test
+client outgrows."""
 
 
 def warmup(seconds: float) -> list[str]:
@@ -295,7 +261,7 @@ class RefModel:
     def feed_any(self, payload: bytes) -> None:
         """Any layout: events decoded by the gateway's own wire decoder, counted by this model."""
         decoded = wire.decode_batch(payload)
-        events = [wire.render_event(event) for event in decoded.events]
+        events = [render.render_event(event) for event in decoded.events]
         self.feed(msgspec.msgpack.encode([decoded.ts, events]))
 
     def feed(self, payload: bytes) -> None:

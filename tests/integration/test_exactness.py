@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Proc, free_ports, wait_until
+from tests.support import Proc, free_ports, start_sim, wait_until
 
 from ._gateway_helpers import (
     RefModel,
@@ -32,7 +32,6 @@ from ._gateway_helpers import (
     occupancy_stream,
     source_status,
     start_gateway,
-    start_sim,
     stream_metrics,
 )
 from ._sim_helpers import Layout

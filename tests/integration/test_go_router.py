@@ -1,8 +1,10 @@
 """The Go example router (examples/go/router): builds offline, its own tests pass, and fed the
 messages the gateway would send (state messages from kvgateway.blocks, batches rendered by
 kvgateway.wire, notices) its index equals the /v1/blocks document and its answers equal
-kvgateway.lookup's, at several offsets. No network: the routes are not wired yet (see
-docs/design/routers-wiring.md); the end-to-end run against ``kvgateway simulate`` comes with them.
+kvgateway.lookup's, at several offsets (offline, in-process). End to end: the router follows a real
+``kvgateway serve`` fed by ``kvgateway simulate`` engines with churn, an engine restart, a forced
+gap and a gateway restart, and at several offsets its index equals ``GET /v1/blocks`` and its
+answers equal ``POST /v1/lookup``.
 
 Skipped, with the reason, where ``go`` or Debian's gorilla/websocket package is missing
 (``apt-get install golang-go golang-github-gorilla-websocket-dev``).
@@ -14,18 +16,25 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 
 from kvgateway.blocks import blocks_document, capture, state_messages
 from kvgateway.lookup import lookup_hashes, parse_hash
 from kvgateway.occupancy import OccupancyIndex
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, hash_text, render_events
-from tests.conftest import REPO
+from kvgateway.render import hash_text, render_events
+from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
+from tests.support import REPO, Proc, free_ports, start_sim, wait_until
+
+from ._gateway_helpers import start_gateway, warmup
 
 ROUTER = REPO / "examples" / "go" / "router"
 GOPATH = Path("/usr/share/gocode")
@@ -229,3 +238,133 @@ def test_router_index_and_answers_equal_the_gateways(router_bin: Path, seed: int
             assert _comparable_document(got) == want
         else:
             assert _normalise_answer(got) == _normalise_answer(want)
+
+
+# --- end to end: the router against a live gateway ------------------------------------------
+
+TOKEN = "tk-go-router-4Fz8"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def router_proc(router_bin: Path) -> Iterator[Callable[[str, int], subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+
+    def start(gateway: str, port: int) -> subprocess.Popen[str]:
+        args = [str(router_bin), "-gateway", gateway, "-listen", f"127.0.0.1:{port}"]
+        env = {**os.environ, "KVGATEWAY_TOKEN": TOKEN}
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        proc.wait(5)
+
+
+class Checks:
+    """Comparisons of the router with the gateway at the same offset (retried until they line up:
+    both move on while they are asked)."""
+
+    def __init__(self, gateway: str, router: str, rng: random.Random) -> None:
+        self.gateway = gateway
+        self.router = router
+        self.rng = rng
+        self.offsets: list[int] = []
+
+    def _router_at_least(self, offset: int) -> dict[str, Any]:
+        def ahead() -> dict[str, Any] | None:
+            doc: dict[str, Any] = httpx.get(f"{self.router}/blocks", timeout=10).json()
+            return doc if doc["ready"] and doc["offset"] >= offset else None
+
+        found: dict[str, Any] = wait_until(ahead, timeout=10, interval=0.005, what=f"the router at offset {offset}")
+        return found
+
+    def index_once(self) -> dict[str, Any] | None:
+        """The gateway's document when the router's index was seen at its offset (and equal)."""
+        doc = httpx.get(f"{self.gateway}/v1/blocks", headers=AUTH, timeout=30).json()
+        mine = self._router_at_least(doc["offset"])
+        if mine["offset"] != doc["offset"]:
+            return None
+        assert _comparable_document(mine) == _comparable_document(doc), f"index differs at {doc['offset']}"
+        return doc
+
+    def answers_once(self, doc: dict[str, Any]) -> bool:
+        """Lookups of chains of resident hashes (and one of none): each asked of both until both
+        answer at the same offset, then equal."""
+        resident = [b["hash"] for s in doc["streams"] for b in s["blocks"]]
+        chains = [self.rng.sample(resident, min(len(resident), self.rng.randint(1, 6))) for _ in range(4)]
+        for chain in [*chains, ["1", "2"]]:
+            for _ in range(50):
+                mine = httpx.post(f"{self.router}/lookup", json={"block_hashes": chain}, timeout=10).json()
+                theirs = httpx.post(f"{self.gateway}/v1/lookup", json={"block_hashes": chain}, headers=AUTH).json()
+                if mine["offset"] == theirs["offset"]:
+                    assert _normalise_answer(mine) == _normalise_answer(theirs), chain
+                    break
+            else:
+                return False
+        return True
+
+    def at_some_offset(self, within: float = 10.0) -> int:
+        """An index comparison at a common offset, then a round of answers; that offset."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            doc = self.index_once()
+            if doc is not None and self.answers_once(doc):
+                self.offsets.append(doc["offset"])
+                return int(doc["offset"])
+        mine = httpx.get(f"{self.router}/blocks", timeout=10).json()
+        theirs = httpx.get(f"{self.gateway}/v1/sources", headers=AUTH, timeout=10).json()["offset"]
+        state = (mine["ready"], mine["epoch"], mine["offset"], mine["last_event_id"], theirs)
+        raise AssertionError(f"the router and the gateway never lined up: router (ready, epoch, offset, id) {state}")
+
+
+def _counters(base: str) -> dict[str, int]:
+    sources = httpx.get(f"{base}/v1/sources", headers=AUTH, timeout=10).json()["sources"]
+    total: dict[str, int] = {}
+    for status in sources:
+        for name, value in status["counters"].items():
+            total[name] = total.get(name, 0) + value
+    return total
+
+
+@pytest.mark.timeout(90)
+def test_router_follows_a_live_gateway_through_churn_restart_gap_and_gateway_restart(
+    procs: Callable[..., Proc], router_proc: Callable[[str, int], subprocess.Popen[str]]
+) -> None:
+    http, router_port = free_ports(2)
+    pub, rep = free_ports(2, spacing=2)
+    spec = f"name=a,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep},dp_size=2"
+    gw = start_gateway(procs, http, [spec], "--token", TOKEN, "--replay-timeout", "0.5")
+    engine = ["--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", "--dp-size", "2"]
+    churn = ["--rate", "40", "--cpu-offload", "--gpu-blocks", "256", "--cpu-blocks", "512", "--clear-every", "97"]
+    faults = ["--restart-at", "120", "--skip", "160-163", "--replay-drop", "160-163x1000"]
+    sim = start_sim(procs, *engine, *churn, *faults, *warmup(1.0), ranks=2)
+    router_proc(gw.base, router_port)
+    checks = Checks(gw.base, f"http://127.0.0.1:{router_port}", random.Random(7))
+
+    def paused_check() -> None:
+        # The engines hold still (SIGSTOP) while both sides are asked: a document of thousands of
+        # blocks takes longer to fetch than the engines take to move the offset on.
+        os.kill(sim.popen.pid, signal.SIGSTOP)
+        try:
+            checks.at_some_offset()
+        finally:
+            os.kill(sim.popen.pid, signal.SIGCONT)
+
+    paused_check()  # churn (and clears every 97 batches)
+    wait_until(lambda: _counters(gw.base)["restarts"] >= 2, timeout=20, what="both ranks' restarts")
+    paused_check()
+    wait_until(lambda: _counters(gw.base)["unrecovered"] >= 2, timeout=20, what="the forced gap on both ranks")
+    paused_check()
+    time.sleep(1.0)
+    paused_check()
+
+    # A new gateway process: another epoch, so the router's last id is not recovered: a new snapshot.
+    gw.proc.stop()
+    gw = start_gateway(procs, http, [spec], "--token", TOKEN, "--replay-timeout", "0.5")
+    epoch = httpx.get(f"{gw.base}/healthz", timeout=10).json()["epoch"]
+    wait_until(lambda: httpx.get(f"{checks.router}/blocks", timeout=10).json()["epoch"] == epoch, timeout=15)
+    paused_check()
+    assert len(checks.offsets) == 5 and checks.offsets[:4] == sorted(checks.offsets[:4])

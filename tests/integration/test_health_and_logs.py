@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import Proc, free_port, free_ports, wait_until
+from tests.support import Proc, free_port, free_ports, wait_until
 
 TOKEN = "tok-3f9a1c77e2"
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Proc, free_ports, wait_until
+from tests.support import Proc, free_ports, sim_ready, start_sim, wait_until
 
 from ._gateway_helpers import (
     RefModel,
@@ -35,10 +35,8 @@ from ._gateway_helpers import (
     fetch_history,
     occupancy_counts,
     occupancy_stream,
-    sim_ready,
     source_status,
     start_gateway,
-    start_sim,
     stream_metrics,
     warmup,
 )
@@ -142,6 +140,7 @@ def loss_notices(first: int, last: int, reason: str) -> list[tuple[Any, ...]]:
 # --- (a) a gap recovered by replay --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_skipped_range_is_replayed_and_every_batch_delivered_once_in_order(procs: Start) -> None:
     """10,000 batches with seqs 8000-8499 missing live: the replay brings them back in place.
 
@@ -194,6 +193,7 @@ def test_skipped_range_is_replayed_and_every_batch_delivered_once_in_order(procs
 # --- (b) history evicted before the replay ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_history_evicted_before_the_replay_is_reported_unrecovered(procs: Start) -> None:
     """Seqs 100-399 skipped; the engine keeps 150 batches and answers after its last one (499):
     the reply starts at 350, so 100-349 are lost for good, 350-399 come back, 400-499 follow."""
@@ -237,6 +237,7 @@ def test_history_evicted_before_the_replay_is_reported_unrecovered(procs: Start)
 # --- (c) a publisher restart --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_publisher_restart_resets_the_stream_and_loses_nothing_after_it(procs: Start) -> None:
     """The engine restarts after seq 299 and publishes 0-199 again: one restart, nothing lost,
     and the stream's index holds exactly what the new process announced."""
@@ -303,6 +304,7 @@ def test_publisher_restart_resets_the_stream_and_loses_nothing_after_it(procs: S
 # --- (d) replay absent, dead or too slow --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_failed_replays_lose_only_the_gap_and_do_not_hold_up_other_streams(procs: Start) -> None:
     """Four engines, one gateway (replay timeout 1 s). Each of the first three skips seqs 100-199:
     ``none`` has no replay endpoint, ``dead`` never answers, ``slow`` answers after 3 s. ``ok``
@@ -376,6 +378,7 @@ def test_failed_replays_lose_only_the_gap_and_do_not_hold_up_other_streams(procs
 # --- (e) undecodable payloads -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_undecodable_payloads_are_counted_and_skipped_without_a_gap(procs: Start) -> None:
     http, pub, rep = free_ports(3)
     rate, total = 1000, 300
@@ -415,6 +418,7 @@ class LateDelivery(AssertionError):
     subscription too late (the only expected failure of (f))."""
 
 
+@pytest.mark.slow
 def test_flooding_engine_does_not_delay_a_modest_one(procs: Start) -> None:
     """Engine ``flood`` (2 DP ranks, flat out, 400-700 events a batch) and engine ``modest``
     (2 ranks, 100 batches/s): modest's batches reach the web client in order, complete, and on
@@ -478,6 +482,7 @@ def test_flooding_engine_does_not_delay_a_modest_one(procs: Start) -> None:
 # --- (g) a gateway started after the engine -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gateway_started_late_catches_up_the_history_by_replay(procs: Start) -> None:
     """The engine (PUB bound, the usual topology) has published for a while before the gateway
     starts. Its first 3000 batches went to nobody (``--skip``: in its replay buffer, never live);

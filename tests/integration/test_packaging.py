@@ -8,7 +8,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 
 def test_wheel_ships_dashboard_and_schema(tmp_path: Path) -> None:

@@ -14,9 +14,9 @@ import httpx
 import msgspec
 import pytest
 
-from tests.conftest import Proc, free_ports, wait_until
+from tests.support import Proc, free_ports, start_sim, wait_until
 
-from ._gateway_helpers import fetch_history, start_gateway, start_sim, stream_metrics
+from ._gateway_helpers import fetch_history, start_gateway, stream_metrics
 
 
 def loopback(port: int) -> str:
@@ -26,6 +26,7 @@ def loopback(port: int) -> str:
 Start = Callable[..., Proc]
 
 
+@pytest.mark.slow
 def test_rates_count_live_batches_over_the_uptime(procs: Start) -> None:
     http, pub, rep = free_ports(3)
     rate, history, total = 1000, 3000, 3500

@@ -18,17 +18,10 @@ import zmq
 import zmq.asyncio
 
 from kvgateway import cli, wire
-from kvgateway.simulator import Faults, SimulatedEngine, Workload, add_arguments, build_engines
+from kvgateway.simulator import Faults, SimulatedEngine, Workload, add_arguments, build_engines, encode
+from tests.support import Proc, free_ports, sim_endpoints
 
-from ._sim_helpers import (
-    Layout,
-    SimulatorProcess,
-    connectable,
-    free_port_block,
-    parse_replay_reply,
-    replay_async,
-    replay_sync,
-)
+from ._sim_helpers import Layout, connectable, parse_replay_reply, replay_async, replay_sync
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,20 +84,22 @@ def test_cli_two_ranks_live_and_replay(
     batches = 120
     if numeric_ports:
         # vLLM's rule: rank r publishes on port + r and replays on replay port + r.
-        pub_base, replay_base = free_port_block(2), free_port_block(2)
+        pub_base, replay_base = free_ports(1, spacing=2, host="")[0], free_ports(1, spacing=2, host="")[0]
         endpoint, replay_endpoint = f"tcp://*:{pub_base}", f"tcp://*:{replay_base}"
     else:
         endpoint = replay_endpoint = "tcp://127.0.0.1:*"  # every rank on its own ephemeral loopback port
-    sim = SimulatorProcess(
-        [
+    sim = Proc(
+        "simulate",
+        *[
             *f"--dp-size 2 --rate 100 --batches {batches} --replay-layout {layout} --format {form}".split(),
             *f"--hash {hash_kind} --buffer-steps 1000 --cpu-offload --linger -1 --seed 5".split(),
             *["--endpoint", endpoint, "--replay-endpoint", replay_endpoint],
-        ]
+        ],
+        stderr_apart=True,
     )
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
-        ready = sim.wait_ready(2)
+        ready = sim_endpoints(sim, 2)
         assert [rank for rank, _, _ in ready] == [0, 1]
         if numeric_ports:
             assert ready[0][1].endswith(f":{pub_base}") and ready[1][1].endswith(f":{pub_base + 1}")
@@ -135,8 +130,8 @@ def test_cli_two_ranks_live_and_replay(
                     assert payload == live_payloads[seq], "replay returns the same bytes as live"
             assert replay_sync(context, replay, batches + 100, layout) == [], "nothing newer: only the end marker"
 
-        assert sim.stop(stop_signal) == 0
-        out = [line for line in iter(sim.lines.get, None)]
+        assert sim.stop(sig=stop_signal) == 0
+        out = sim.finished_output()
         assert any(f"rank 1 stopped after {batches} batches" in line for line in out)
     finally:
         context.destroy(linger=0)
@@ -144,25 +139,23 @@ def test_cli_two_ranks_live_and_replay(
 
 
 def test_cli_bad_argument_exits_2_with_one_line() -> None:
-    sim = SimulatorProcess(["--rate", "-1"])
+    sim = Proc("simulate", "--rate", "-1", stderr_apart=True)
     try:
-        assert sim.proc.wait(30) == 2
-        assert sim.proc.stderr is not None
-        err = sim.proc.stderr.read()
+        assert sim.popen.wait(30) == 2
+        err = sim.errors()
         assert err.count("\n") == 1 and "--rate" in err, err
     finally:
         sim.kill()
 
 
 def test_cli_bind_failure_is_one_line() -> None:
-    port = free_port_block(1)
+    port = free_ports(1, host="")[0]
     with zmq.Context() as context, context.socket(zmq.PUB) as holder:
         holder.bind(f"tcp://*:{port}")
-        sim = SimulatorProcess(["--endpoint", f"tcp://*:{port}", "--batches", "1"])
+        sim = Proc("simulate", "--endpoint", f"tcp://*:{port}", "--batches", "1", stderr_apart=True)
         try:
-            assert sim.proc.wait(30) == 1
-            assert sim.proc.stderr is not None
-            err = sim.proc.stderr.read()
+            assert sim.popen.wait(30) == 1
+            err = sim.errors()
             assert err.count("\n") == 1 and "cannot open" in err, err
         finally:
             sim.kill()
@@ -541,7 +534,7 @@ def test_build_engines_offsets_and_shares_system_prompts() -> None:
         assert [e.endpoint for e in engines] == ["tcp://*:6000", "tcp://*:6001", "tcp://*:6002"]
         assert [e.replay_endpoint for e in engines] == ["inproc://replay", "inproc://replay_dp1", "inproc://replay_dp2"]
         assert [e.dp_rank for e in engines] == [0, 1, 2]
-        first = [wire.encode_batch(e.workload.next_batch(0.0, e.dp_rank)) for e in engines]
+        first = [encode.encode_batch(e.workload.next_batch(0.0, e.dp_rank)) for e in engines]
         assert len(set(first)) == 3, "each rank has its own requests"
     finally:
         for engine in engines:
@@ -894,16 +887,18 @@ def test_flavours_only_change_defaults() -> None:
 
 
 def test_cli_sglang_replay_plain_and_wrong_shapes_get_no_answer() -> None:
-    sim = SimulatorProcess(
-        [
+    sim = Proc(
+        "simulate",
+        *[
             *["--engine", "sglang", "--sglang-metadata", "--rate", "0", "--batches", "30", "--linger", "-1"],
             *["--endpoint", "tcp://127.0.0.1:*", "--replay-endpoint", "tcp://127.0.0.1:*"],
             *["--replay-drop", "5-6", "--replay-cut", "20x1"],
-        ]
+        ],
+        stderr_apart=True,
     )
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
-        ((_, _, replay),) = sim.wait_ready(1)
+        ((_, _, replay),) = sim_endpoints(sim, 1)
         time.sleep(0.5)  # 30 batches flat out
         dealer = context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
@@ -929,15 +924,17 @@ def test_cli_sglang_replay_plain_and_wrong_shapes_get_no_answer() -> None:
 
 
 def test_cli_lose_tail_and_real_restart() -> None:
-    sim = SimulatorProcess(
-        [
+    sim = Proc(
+        "simulate",
+        *[
             *["--rate", "100", "--restart-at", "49", "--restart-down", "0.2", "--lose-tail", "4"],
             *["--endpoint", "tcp://127.0.0.1:*", "--replay-endpoint", "tcp://127.0.0.1:*"],
-        ]
+        ],
+        stderr_apart=True,
     )
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
-        ((_, pub, _),) = sim.wait_ready(1)
+        ((_, pub, _),) = sim_endpoints(sim, 1)
         sub = context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -953,7 +950,7 @@ def test_cli_lose_tail_and_real_restart() -> None:
         restart = seqs.index(49) + 1
         assert seqs[restart] < 49, "the seq went back after the restart"
         assert seqs[restart:] == list(range(seqs[restart], seqs[-1] + 1))
-        out = [line for line in iter(sim.lines.get, None)]
+        out = sim.finished_output()
         stopped = [line for line in out if "stopped after" in line]
         assert len(stopped) == 1 and stopped[0].endswith(f"(next seq {seqs[-1] + 1 + 4})"), (stopped, seqs[-5:])
         sub.close(linger=0)

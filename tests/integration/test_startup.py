@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 import pytest
 import zmq
 
-from tests.conftest import REPO, Proc, free_port, free_ports, wait_until
+from tests.support import REPO, Proc, free_port, free_ports, start_sim, wait_until
 
-from ._gateway_helpers import start_gateway, start_sim, stream_metrics
+from ._gateway_helpers import start_gateway, stream_metrics
 
 Start = Callable[..., Proc]
 

@@ -35,7 +35,7 @@ from jsonschema import Draft202012Validator, validators
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.conftest import REPO, Proc, free_ports, metric, metric_values, wait_until
+from tests.support import REPO, Gateway, Proc, free_ports, metric_values, start_gateway, start_sim, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -194,69 +194,6 @@ def test_the_schema_check_rejects_what_the_schema_forbids() -> None:
 # --- processes --------------------------------------------------------------------------------
 
 
-@dataclass
-class Gateway:
-    proc: Proc
-    port: int
-    token: str | None = None
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/ws"
-
-    @property
-    def origin(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
-
-    def sources(self) -> dict[str, Any]:
-        response = httpx.get(f"{self.base}/v1/sources", headers=self.auth(), timeout=10, trust_env=False)
-        response.raise_for_status()
-        body: dict[str, Any] = response.json()
-        return body
-
-    @property
-    def epoch(self) -> str:
-        return str(self.sources()["epoch"])
-
-    def offset(self) -> int:
-        return int(self.sources()["offset"])
-
-    def metric(self, name: str, **labels: str) -> float:
-        return metric(self.base, name, **labels)
-
-    async def offset_async(self) -> int:
-        return await asyncio.to_thread(self.offset)
-
-    async def metric_async(self, name: str, **labels: str) -> float:
-        return await asyncio.to_thread(self.metric, name, **labels)
-
-    async def wait_metric(self, name: str, value: float, within: float = 20.0, **labels: str) -> None:
-        deadline = time.monotonic() + within
-        while (current := await self.metric_async(name, **labels)) != value:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{name}{labels} is {current}, expected {value}")
-            await asyncio.sleep(0.05)
-
-    async def wait_metric_reaches(self, name: str, value: float, within: float = 20.0, **labels: str) -> float:
-        """Until the metric is at least ``value``; its value then."""
-        deadline = time.monotonic() + within
-        while (current := await self.metric_async(name, **labels)) < value:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{name}{labels} is {current}, expected {value} or more")
-            await asyncio.sleep(0.05)
-        return current
-
-    async def wait_clients(self, count: int, within: float = 20.0) -> None:
-        await self.wait_metric("kvgateway_clients", count, within)
-
-
 Starter = Callable[..., Proc]
 
 
@@ -265,8 +202,8 @@ def module_procs() -> Iterator[Starter]:
     """Like conftest's ``procs``, for the gateways this module's tests share."""
     started: list[Proc] = []
 
-    def start(*args: str) -> Proc:
-        proc = Proc(*args)
+    def start(*args: str, env: dict[str, str] | None = None) -> Proc:
+        proc = Proc(*args, env=env)
         started.append(proc)
         return proc
 
@@ -275,22 +212,10 @@ def module_procs() -> Iterator[Starter]:
         proc.stop()
 
 
-def start_gateway(start: Starter, port: int, sources: list[str], *extra: str, token: str | None = None) -> Gateway:
-    args = ["serve", "--host", "127.0.0.1", "--port", str(port)]
-    for spec in sources:
-        args += ["--source", spec]
-    if token:
-        args += ["--token", token]
-    proc = start(*args, *extra)
-    proc.wait_for(r"serving on http://", timeout=30)
-    return Gateway(proc, port, token)
-
-
 def start_simulator(start: Starter, pub: int, replay: int, *extra: str, ranks: int = 1) -> Proc:
-    proc = start("simulate", "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{replay}", *extra)
-    for rank in range(ranks):
-        proc.wait_for(rf"^simulate: rank {rank} publishing ", timeout=30)
-    return proc
+    return start_sim(
+        start, "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{replay}", *extra, ranks=ranks
+    )
 
 
 def source_spec(name: str, pub: int, replay: int, dp_size: int = 1) -> str:
@@ -538,7 +463,7 @@ class Clients:
         parse: bool = True,
         **kwargs: Any,
     ) -> tuple[Conn, ClientConnection]:
-        headers = self.gateway.auth() if token else {}
+        headers = self.gateway.headers() if token else {}
         url = self.gateway.ws_url + (f"?{query}" if query else "")
         ws = await connect(
             url,
@@ -580,7 +505,7 @@ class Clients:
         label: str = "",
         wait_hello: bool = True,
     ) -> Conn:
-        all_headers = {**(self.gateway.auth() if token else {}), **(headers or {})}
+        all_headers = {**(self.gateway.headers() if token else {}), **(headers or {})}
         http = httpx.AsyncClient(timeout=httpx.Timeout(15, read=None), trust_env=False)
         self._closers.append(http.aclose)
         url = f"{self.gateway.base}/v1/events" + (f"?{query}" if query else "")
@@ -820,7 +745,7 @@ def test_every_batch_reaches_every_matching_client_in_order(live: Gateway) -> No
     filtered client receives exactly what the test's own filter makes of the unfiltered stream."""
 
     async def body() -> None:
-        epoch = live.epoch
+        epoch = live.epoch()
         start = f"last_event_id={epoch}:0"
         async with Clients(live) as clients:
             reference, _ = await clients.ws(start, label="reference")
@@ -967,7 +892,7 @@ def check_recovered_hello(conn: Conn, epoch: str, offset: int) -> None:
 
 def test_websocket_resume_inside_the_ring_replays_exactly_the_missed_messages(live: Gateway) -> None:
     async def body() -> None:
-        epoch = live.epoch
+        epoch = live.epoch()
         before = await resumes(live)
         flt = Filter.parse("dp_rank=1&type=BlockStored&type=AllBlocksCleared")
         async with Clients(live) as clients:
@@ -1013,7 +938,7 @@ def test_websocket_resume_inside_the_ring_replays_exactly_the_missed_messages(li
 
 def test_sse_resume_with_last_event_id_header_or_query_and_the_header_wins(live: Gateway) -> None:
     async def body() -> None:
-        epoch = live.epoch
+        epoch = live.epoch()
         before = await resumes(live)
         async with Clients(live) as clients:
             reference, _ = await clients.ws(label="reference")
@@ -1066,7 +991,7 @@ def test_resume_is_refused_for_another_epoch_an_id_outside_the_ring_or_a_malform
     """All or nothing: recovered false, a fresh snapshot and no replay (the ring holds 20 messages)."""
 
     async def body() -> None:
-        epoch = guarded.epoch
+        epoch = guarded.epoch()
         before = await resumes(guarded)
         now = await guarded.offset_async()
         bad_ids = [
@@ -1163,6 +1088,7 @@ def sse_conn_from_text(text: str, label: str) -> Conn:
     return conn
 
 
+@pytest.mark.slow
 def test_slow_clients_are_cut_off_while_50_others_keep_receiving_every_batch(procs: Starter) -> None:
     """A WebSocket client and an SSE client that never read are cut (1013 "slow consumer"; the
     slow_consumer notice, then the end of the response) and resume from the ring; 50 WebSocket
@@ -1272,6 +1198,7 @@ async def wait_digest_offset(conn: Conn, offset: int, within: float = 30.0) -> N
         raise AssertionError(f"{conn.label} was cut off: {conn.close_code} {conn.close_reason}")
 
 
+@pytest.mark.slow
 def test_clients_that_keep_reading_survive_a_stall_of_the_gateway(procs: Starter) -> None:
     """A reading client is not a slow consumer just because the gateway itself was descheduled.
 
@@ -1333,6 +1260,7 @@ CUT_CLIENT_RELEASE_SECONDS = 20.0
 timeout, Centrifugo: a 1 s write timeout; docs/protocol.md: such a client "is disconnected")."""
 
 
+@pytest.mark.slow
 def test_a_cut_client_that_never_reads_again_is_disconnected(procs: Starter) -> None:
     """A client that stops reading for good is not only dropped from the hub: its connection is
     closed, so it stops holding a socket, a task and the gateway's send buffer (it no longer counts
@@ -1423,7 +1351,7 @@ def test_a_token_is_required_on_every_v1_endpoint_and_never_logged(guarded: Gate
             for headers, query in [({"Authorization": f"Bearer {TOKEN}"}, ""), ({}, f"token={TOKEN}")]:
                 suffix = f"?{query}" if query else ""
                 sources = await http.get("/v1/sources" + suffix, headers=headers)
-                assert (sources.status_code, sources.json()["epoch"]) == (200, guarded.epoch)
+                assert (sources.status_code, sources.json()["epoch"]) == (200, guarded.epoch())
                 occupancy = await http.get("/v1/occupancy" + suffix, headers=headers)
                 assert occupancy.status_code == 200
                 assert [(s["source"], s["dp_rank"]) for s in occupancy.json()["streams"]] == [("llama", 0)]
@@ -1433,7 +1361,7 @@ def test_a_token_is_required_on_every_v1_endpoint_and_never_logged(guarded: Gate
             by_header, _ = await clients.ws()
             by_query, _ = await clients.ws(f"token={TOKEN}", token=False)
             for conn in (by_header, by_query):
-                check_fresh_hello(conn, guarded.epoch, 0)
+                check_fresh_hello(conn, guarded.epoch(), 0)
                 await conn.wait_messages(2)
                 assert conn.close is not None
                 await conn.close()
@@ -1441,7 +1369,7 @@ def test_a_token_is_required_on_every_v1_endpoint_and_never_logged(guarded: Gate
             sse_by_header = await clients.sse()
             sse_by_query = await clients.sse(f"token={TOKEN}", token=False)
             for conn in (sse_by_header, sse_by_query):
-                check_fresh_hello(conn, guarded.epoch, 0)
+                check_fresh_hello(conn, guarded.epoch(), 0)
                 await conn.wait_messages(2)
                 check_sse_framing(conn)
                 assert conn.close is not None
@@ -1480,9 +1408,9 @@ def test_origin_allow_list(guarded: Gateway, live: Gateway) -> None:
             async with Clients(gateway) as clients:
                 if allowed:
                     conn, _ = await clients.ws(origin=origin)
-                    check_fresh_hello(conn, gateway.epoch, 0)
+                    check_fresh_hello(conn, gateway.epoch(), 0)
                 else:
-                    headers = gateway.auth()
+                    headers = gateway.headers()
                     response = await refused_ws(gateway, origin=origin, additional_headers=headers)
                     assert (response.status_code, json.loads(response.body)) == (403, forbidden), origin
             await gateway.wait_clients(0)
@@ -1507,7 +1435,7 @@ def test_max_clients(guarded: Gateway) -> None:
             first_sse = await clients.sse()
             first_ws, _ = await clients.ws()
             async with httpx.AsyncClient(timeout=10, trust_env=False) as http:
-                response = await http.get(f"{guarded.base}/v1/events", headers=guarded.auth())
+                response = await http.get(f"{guarded.base}/v1/events", headers=guarded.headers())
             assert (response.status_code, response.json()) == (503, {"error": "too many clients"})
             assert response.headers["retry-after"] == "5"
             third, _ = await clients.ws(wait_hello=False)
@@ -1518,7 +1446,7 @@ def test_max_clients(guarded: Gateway) -> None:
             await first_ws.close()
             await guarded.wait_clients(1)
             again, _ = await clients.ws()
-            check_fresh_hello(again, guarded.epoch, first_ws.last_offset)
+            check_fresh_hello(again, guarded.epoch(), first_ws.last_offset)
             await first_sse.wait_messages(2)
             check_sse_framing(first_sse)
         await guarded.wait_clients(0)
@@ -1529,15 +1457,15 @@ def test_max_clients(guarded: Gateway) -> None:
     assert after[("ws", "too_many_clients")] - before[("ws", "too_many_clients")] == 1
 
 
-_ACCEPTED = "(accepted: source, dp_rank, type, medium, last_event_id, token)"
+_ACCEPTED = "(accepted: source, dp_rank, type, medium, last_event_id, snapshot, token)"
 BAD_QUERIES = [
     (
         "sources=llama",
-        "unknown query parameter 'sources' (accepted: source, dp_rank, type, medium, last_event_id, token)",
+        "unknown query parameter 'sources' (accepted: source, dp_rank, type, medium, last_event_id, snapshot, token)",
     ),
     (
         "Source=llama",
-        "unknown query parameter 'Source' (accepted: source, dp_rank, type, medium, last_event_id, token)",
+        "unknown query parameter 'Source' (accepted: source, dp_rank, type, medium, last_event_id, snapshot, token)",
     ),
     ("dp_rank=-1", "dp_rank: expected a non-negative integer, got '-1'"),
     ("dp_rank=0&dp_rank=one", "dp_rank: expected a non-negative integer, got 'one'"),

@@ -14,7 +14,11 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
-from kvgateway.metrics import Metrics
+from kvgateway.config import StreamConfig
+from kvgateway.log import MemoryLog
+from kvgateway.metrics import STREAM, STREAM_METRICS, Metrics
+from kvgateway.occupancy import StreamIndex
+from kvgateway.outlet import StreamOutlet
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -103,7 +107,7 @@ class Family:
 @dataclass(frozen=True)
 class Catalogue:
     families: dict[str, Family]
-    exposed: set[str]  # sample names actually in the exposition after init_stream
+    exposed: set[str]  # sample names actually in the exposition with one stream
 
     @property
     def sample_names(self) -> set[str]:
@@ -123,18 +127,20 @@ class Catalogue:
 
 def build_catalogue() -> Catalogue:
     metrics = Metrics()
-    metrics.init_stream("a", 0)
+    stream = StreamConfig("a", 0, "tcp://127.0.0.1:5557", None, "", False, {})
+    metrics.streams.add(StreamOutlet(stream, MemoryLog(), StreamIndex("a", 0), clock=lambda: 0.0))
     exposition = generate_latest(metrics.registry).decode()
     exposed = {
         re.split(r"[{ ]", line, maxsplit=1)[0] for line in exposition.splitlines() if line and not line.startswith("#")
     }
     # Label names are not in the exposition for families without series yet: read them from the
-    # metric objects the catalogue holds.
+    # metric objects the catalogue holds, and from the table of per-stream families.
     labels = {
         wrapper._name: tuple(wrapper._labelnames)
         for wrapper in vars(metrics).values()
         if isinstance(wrapper, MetricWrapperBase)
     }
+    labels.update({spec.name: (*STREAM, *spec.labels) for spec in STREAM_METRICS.values()})
     created = any(name.endswith("_created") for name in exposed)
     families = {
         family.name: Family(family.name, family.type, labels[family.name], family.documentation, created)

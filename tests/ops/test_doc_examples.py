@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from kvgateway import cli, config
-from tests.conftest import REPO, free_port, free_ports
 from tests.ops.support import Catalogue, metric_names_in
+from tests.support import REPO, free_port, free_ports
 
 DOCUMENTS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
 VENV_BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"

@@ -1,7 +1,7 @@
 """Every metric the rules, the dashboard and the docs use exists, and every metric is documented.
 
-The catalogue is kvgateway/metrics.py's ``Metrics``, read back from its registry after
-``init_stream("a", 0)``; families without series yet are named from their type (counter:
+The catalogue is kvgateway/metrics.py's ``Metrics``, read back from its registry with one
+stream's outlet registered; families without series yet are named from their type (counter:
 ``_total``; histogram: ``_bucket``/``_sum``/``_count``).
 """
 
@@ -58,7 +58,7 @@ def test_catalogue_names_match_the_exposition(catalogue: Catalogue) -> None:
     for family in catalogue.families.values():
         assert family.name.startswith("kvgateway_"), family.name
         assert family.type in {"counter", "gauge", "histogram"}, family.name
-    # init_stream creates every per-stream series
+    # a stream has every per-stream series from the start
     for name in ("kvgateway_source_up", "kvgateway_sequence_gaps_total", "kvgateway_event_lag_seconds_bucket"):
         assert name in catalogue.exposed
 

@@ -11,154 +11,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import msgspec
 import websockets
 import zmq
-from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from kvgateway.simulator import Workload
-from tests.conftest import Proc, wait_until
-
-Start = Callable[..., Proc]
 
 END_SEQ = (2**64 - 1).to_bytes(8, "big")
 
-STREAM_SERIES = frozenset(
-    {
-        "batches_received",
-        "sequence_gaps",
-        "missed_batches",
-        "replayed_batches",
-        "unrecovered_batches",
-        "publisher_restarts",
-        "duplicate_batches",
-        "decode_errors",
-        "rank_mismatches",
-        "unknown_removes",
-        "source_up",
-        "source_last_seq",
-        "ingest_queue_depth",
-    }
-)
-"""The per-stream metrics :meth:`Gateway.counters` reads (histograms and per-type counters aside)."""
-
-
 # --- processes ------------------------------------------------------------------------------
-
-
-@dataclass
-class Gateway:
-    """A ``kvgateway serve`` subprocess on 127.0.0.1:``port``."""
-
-    proc: Proc
-    port: int
-    token: str | None = None
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/ws"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.popen.pid
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
-
-    def get(self, path: str, **kwargs: Any) -> httpx.Response:
-        headers = {**self.headers(), **kwargs.pop("headers", {})}
-        return httpx.get(self.base + path, headers=headers, timeout=10, trust_env=False, **kwargs)
-
-    def epoch(self) -> str:
-        return str(self.get("/healthz").json()["epoch"])
-
-    def offset(self) -> int:
-        return int(self.get("/v1/sources").json()["offset"])
-
-    def samples(self) -> dict[str, list[tuple[dict[str, str], float]]]:
-        text = httpx.get(self.base + "/metrics", timeout=10, trust_env=False).text
-        out: dict[str, list[tuple[dict[str, str], float]]] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-        return out
-
-    def metric(self, name: str, **labels: str) -> int:
-        """The sum of the samples of ``name`` whose labels include ``labels`` (as an int)."""
-        total = 0.0
-        for sample_labels, value in self.samples().get(name, []):
-            if all(sample_labels.get(k) == v for k, v in labels.items()):
-                total += value
-        return int(total)
-
-    def counters(self, source: str, dp_rank: int = 0) -> dict[str, int]:
-        """The per-stream ingest metrics of one scrape (without the ``kvgateway_`` prefix and the
-        ``_total`` suffix), plus ``replay_<outcome>`` for the replay requests."""
-        want = {"source": source, "dp_rank": str(dp_rank)}
-        out: dict[str, int] = {}
-        for name, samples in self.samples().items():
-            key = name.removeprefix("kvgateway_").removesuffix("_total")
-            if key not in STREAM_SERIES and key != "replay_requests":
-                continue
-            for labels, value in samples:
-                if {k: labels.get(k) for k in want} == want:
-                    if key == "unrecovered_batches":  # one series per reason: their sum
-                        out[key] = out.get(key, 0) + int(value)
-                    else:
-                        out[f"replay_{labels['outcome']}" if key == "replay_requests" else key] = int(value)
-        return out
-
-    def wait_metric(self, name: str, value: int, timeout: float = 30.0, **labels: str) -> None:
-        wait_until(lambda: self.metric(name, **labels) >= value, timeout, 0.1, f"{name}{labels} >= {value}")
-
-    def wait_up(self, source: str, up: bool = True, timeout: float = 30.0) -> None:
-        wait_until(
-            lambda: self.metric("kvgateway_source_up", source=source) == (1 if up else 0),
-            timeout,
-            0.05,
-            f"stream {source} {'up' if up else 'down'}",
-        )
-
-    def wait_last_seq(self, source: str, seq: int, timeout: float = 30.0) -> None:
-        wait_until(
-            lambda: self.metric("kvgateway_source_last_seq", source=source) >= seq,
-            timeout,
-            0.05,
-            f"stream {source} delivered seq {seq}",
-        )
-
-    # the process, as the kernel sees it
-
-    def rss_kib(self) -> int:
-        return proc_status(self.pid)["VmRSS"]
-
-    def fds(self) -> int:
-        return len(os.listdir(f"/proc/{self.pid}/fd"))
-
-
-def proc_status(pid: int) -> dict[str, int]:
-    """The numeric fields of /proc/PID/status (VmRSS in KiB, Threads, ...)."""
-    out: dict[str, int] = {}
-    with open(f"/proc/{pid}/status", encoding="ascii") as handle:
-        for line in handle:
-            name, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts and parts[0].isdigit():
-                out[name] = int(parts[0])
-    return out
 
 
 def source_spec(name: str, pub: int, replay: int | None = None) -> str:
@@ -166,32 +34,13 @@ def source_spec(name: str, pub: int, replay: int | None = None) -> str:
     return spec + (f",replay=tcp://127.0.0.1:{replay}" if replay is not None else "")
 
 
-def start_gateway(
-    start: Start,
-    port: int,
-    sources: Iterable[str],
-    *extra: str,
-    token: str | None = None,
-    timeout: float = 30.0,
-) -> Gateway:
-    """``kvgateway serve`` on 127.0.0.1:``port`` (the token through the environment, never argv)."""
-    args = ["serve", "--host", "127.0.0.1", "--port", str(port)]
-    for spec in sources:
-        args += ["--source", spec]
-    proc = start(*args, *extra, env={"KVGATEWAY_TOKEN": token} if token else None)
-    proc.wait_for(r"serving on http://", timeout=timeout)
-    return Gateway(proc, port, token)
-
-
-def start_sim(start: Start, pub: int, replay: int | None, *args: str, timeout: float = 30.0) -> Proc:
-    """``kvgateway simulate`` on fixed loopback ports; returns once it is publishing."""
+def sim_ports(pub: int, replay: int | None) -> list[str]:
+    """``kvgateway simulate`` flags for fixed loopback ports."""
     # like vLLM, the simulator binds only a wildcard endpoint (a host name means "connect out")
     ports = ["--endpoint", f"tcp://*:{pub}"]
     if replay is not None:
         ports += ["--replay-endpoint", f"tcp://*:{replay}"]
-    proc = start("simulate", *ports, *args)
-    proc.wait_for(r"^simulate: rank 0 publishing ", timeout=timeout)
-    return proc
+    return ports
 
 
 # --- the engine's truth -----------------------------------------------------------------------

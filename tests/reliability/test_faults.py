@@ -20,26 +20,23 @@ from typing import Any
 import pytest
 import zmq
 
-from tests.conftest import free_ports, wait_until
+from tests.support import Gateway, Start, free_ports, start_gateway, start_sim, wait_until
 
 from ._support import (
     END_SEQ,
     FakeEngine,
-    Gateway,
     ResumingClient,
-    Start,
     WorkloadOracle,
     event_hashes,
     good_replies,
     payload,
     run_async,
+    sim_ports,
     source_spec,
-    start_gateway,
-    start_sim,
     wait_for,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 BIG_QUEUE = 256 * 1024 * 1024
 """``--client-queue-bytes`` where the test's own client must never be cut off."""
@@ -94,7 +91,7 @@ def test_engine_killed_and_restarted_on_the_same_ports(procs: Start) -> None:
     the events the engine generated) delivered in order."""
     http, pub, rep = free_ports(3)
     new_batches = 120
-    first = start_sim(procs, pub, rep, "--rate", "200", "--seed", "1")
+    first = start_sim(procs, *sim_ports(pub, rep), "--rate", "200", "--seed", "1")
     gateway = start_gateway(procs, http, [source_spec("e", pub, rep)])
 
     async def body() -> None:
@@ -104,7 +101,9 @@ def test_engine_killed_and_restarted_on_the_same_ports(procs: Start) -> None:
         before = gateway.counters("e")
         first.kill()
         await asyncio.to_thread(gateway.wait_up, "e", False)
-        start_sim(procs, pub, rep, "--rate", "100", "--seed", "2", "--batches", str(new_batches), "--linger", "-1")
+        start_sim(
+            procs, *sim_ports(pub, rep), "--rate", "100", "--seed", "2", "--batches", str(new_batches), "--linger", "-1"
+        )
         await wait_for(
             lambda: client.messages and client.messages[-1].get("seq") == new_batches - 1,
             30,
@@ -370,7 +369,9 @@ def test_engine_that_starts_after_the_gateway(procs: Start) -> None:
         assert ready.json()["ready"] is False
         (why,) = ready.json()["not_ready"]
         assert why["source"] == "e" and why["reason"] in ("never connected", "connection refused, retrying")
-        start_sim(procs, pub, rep, "--rate", "100", "--seed", "4", "--batches", str(total), "--linger", "-1")
+        start_sim(
+            procs, *sim_ports(pub, rep), "--rate", "100", "--seed", "4", "--batches", str(total), "--linger", "-1"
+        )
         await wait_for(lambda: client.messages and client.messages[-1].get("seq") == total - 1, 30, "the last batch")
         await asyncio.to_thread(gateway.wait_last_seq, "e", total - 1)
         counters = gateway.counters("e")
@@ -397,7 +398,7 @@ def test_a_long_silence_is_neither_a_restart_nor_a_gap(procs: Start) -> None:
     """An idle engine publishes nothing: silence does not mean dead. The engine is frozen with
     SIGSTOP for 5 s; the stream stays up and ready, and when it resumes the seqs simply go on."""
     http, pub, rep = free_ports(3)
-    sim = start_sim(procs, pub, rep, "--rate", "100", "--seed", "5")
+    sim = start_sim(procs, *sim_ports(pub, rep), "--rate", "100", "--seed", "5")
     gateway = start_gateway(procs, http, [source_spec("e", pub, rep)])
 
     async def body() -> None:
@@ -444,7 +445,7 @@ def test_gateway_killed_and_restarted_under_20_websocket_clients(procs: Start) -
     client reconnects by itself with its last id and gets ``recovered: false`` (a new epoch: the
     old ring is gone) with a fresh snapshot in its hello, exactly the engine's cache at that point."""
     http, pub, rep = free_ports(3)
-    start_sim(procs, pub, rep, "--rate", "50", "--seed", "3")
+    start_sim(procs, *sim_ports(pub, rep), "--rate", "50", "--seed", "3")
     first = start_gateway(procs, http, [source_spec("e", pub, rep)])
     old_epoch = first.epoch()
     oracle = WorkloadOracle(3)
@@ -520,7 +521,7 @@ def test_clients_that_lose_their_connection_resume_inside_the_ring_and_lose_noth
     its last id: recovered every time, and what all its connections got together is exactly what a
     client that never dropped got over the same span (through the same filter)."""
     http, pub, rep = free_ports(3)
-    start_sim(procs, pub, rep, "--rate", "100", "--seed", "6", "--restart-at", "250", "--skip", "100-109")
+    start_sim(procs, *sim_ports(pub, rep), "--rate", "100", "--seed", "6", "--restart-at", "250", "--skip", "100-109")
     gateway = start_gateway(procs, http, [source_spec("e", pub, rep)])
     epoch = gateway.epoch()
     queries = ["", "", "type=BlockStored", "type=BlockRemoved"]

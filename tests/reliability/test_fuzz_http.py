@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.conftest import Proc, free_ports, wait_until
+from tests.support import Gateway, Proc, free_ports, wait_until
 
-from ._support import Gateway, ResumingClient, run_async, source_spec, wait_for
+from ._support import ResumingClient, run_async, source_spec, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 

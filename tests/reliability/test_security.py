@@ -29,9 +29,9 @@ from kvgateway.app import create_app, static_dir
 from kvgateway.config import Settings, SourceConfig
 from kvgateway.gateway import Gateway as GatewayCore
 from kvgateway.server import SEND_TIMEOUT_SECONDS
-from tests.conftest import REPO, Proc, free_ports, wait_until
+from tests.support import REPO, Gateway, Proc, Start, free_ports, start_gateway, start_sim, wait_until
 
-from ._support import Gateway, ResumingClient, Start, run_async, source_spec, start_gateway, start_sim, wait_for
+from ._support import ResumingClient, run_async, sim_ports, source_spec, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -224,7 +224,8 @@ def test_every_route_but_probes_metrics_and_dashboard_needs_the_token(guarded: t
                 if path not in open_paths:
                     for headers, query in [(gateway.headers(), ""), ({}, f"token={TOKEN}")]:
                         url = path + (f"?{query}" if query else "")
-                        with http.stream(method, url, headers=headers) as response:
+                        body = b'{"block_hashes": []}' if method == "POST" else None  # POST /v1/lookup
+                        with http.stream(method, url, headers=headers, content=body) as response:
                             assert response.status_code == 200, (method, path)
     for path in ws_routes:
         url = f"ws://127.0.0.1:{gateway.port}{path}"
@@ -432,7 +433,7 @@ def test_clients_that_never_read_are_cut_closed_and_cost_bounded_memory(procs: S
     queues, the second, where a leak would show, almost nothing more), and the gateway drops the
     connections themselves (the kernel's send timeout) though the clients still hold them open."""
     http, pub, rep = free_ports(3)
-    start_sim(procs, pub, rep, *SLOW_ENGINE)
+    start_sim(procs, *sim_ports(pub, rep), *SLOW_ENGINE)
     gateway = start_gateway(procs, http, [source_spec("e", pub, rep)], "--ring-bytes", str(8 << 20))
     gateway.wait_last_seq("e", 600)  # the ring has reached its 8 MiB bound: it grows no more
     queue = 1 << 20

@@ -21,7 +21,8 @@ from kvgateway.blocks import (
     state_messages,
 )
 from kvgateway.occupancy import OccupancyIndex, StreamIndex
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, hash_text
+from kvgateway.render import hash_text
+from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
 
 BIG = 2**64 - 12345
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvgateway import config
-from kvgateway.config import ConfigError, Settings, offset_endpoint, parse_source_flag
-from kvgateway.endpoints import binds, is_ipv6
+from kvgateway.config import ConfigError, Settings, parse_source_flag
+from kvgateway.endpoints import binds, endpoint_problem, is_ipv6, offset_endpoint, rank_endpoints
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -400,3 +400,34 @@ def test_toml_errors_name_the_key_and_unknown_keys_list_the_known(tmp_path: Path
     with pytest.raises(ConfigError) as info:
         config.settings_from_args(_args("--config", str(path)), environ={})
     assert "unknown key 'ring_byts' (known: host, port," in str(info.value) and "ring_bytes" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "wildcard_port", "problem"),
+    [
+        ("tcp://127.0.0.1:5557", False, None),
+        ("tcp://[fd00::5]:5557", False, None),
+        ("tcp://*:5557", False, None),
+        ("tcp://*:*", True, None),
+        ("tcp://*:0", True, None),
+        ("tcp://*:*", False, "is not tcp://HOST:PORT"),
+        ("tcp://*:0", False, "port 0 is not in 1-65535"),
+        ("tcp://x:65536", True, "port 65536 is not in 1-65535"),
+        ("tcp://x", False, "is not tcp://HOST:PORT"),
+        ("tcp://::1:5557", False, "is not tcp://HOST:PORT"),
+        ("ipc:///tmp/kv", False, None),
+        ("inproc://kv", False, None),
+        ("ipc://", False, "must start with tcp://, ipc:// or inproc://"),
+        ("http://x:1", True, "must start with tcp://, ipc:// or inproc://"),
+    ],
+)
+def test_one_endpoint_rule(value: str, wildcard_port: bool, problem: str | None) -> None:
+    assert endpoint_problem(value, wildcard_port=wildcard_port) == problem
+
+
+def test_rank_endpoints_expand_each_rank_once() -> None:
+    assert rank_endpoints("tcp://h:5557", "tcp://h:5657", 2) == [
+        (0, "tcp://h:5557", "tcp://h:5657"),
+        (1, "tcp://h:5558", "tcp://h:5658"),
+    ]
+    assert rank_endpoints("ipc:///tmp/kv", None, 2) == [(0, "ipc:///tmp/kv", None), (1, "ipc:///tmp/kv_dp1", None)]

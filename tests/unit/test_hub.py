@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.datastructures import QueryParams
 
-from kvgateway import messages, wire
+from kvgateway import messages, render, wire
 from kvgateway.filters import ClientFilter
 from kvgateway.hub import Hub, TooManyClients
 from kvgateway.log import MemoryLog, NoticeRecord, batch_record
@@ -231,7 +231,7 @@ def test_batch_message_has_the_documented_fields_and_rendered_events() -> None:
     assert body["id"] == message.id
     assert (body["offset"], body["source"], body["dp_rank"], body["seq"]) == (1, "a", 1, 42)
     assert body["ts"] == 1789095808.8378847
-    assert body["events"] == json.loads(json.dumps(wire.render_events(events)))
+    assert body["events"] == json.loads(json.dumps(render.render_events(events)))
     assert body["events"][0]["block_hashes"] == [str(big), "-5", "00ff"]
     assert b"\n" not in message.data
 
@@ -312,7 +312,7 @@ def test_event_filters(query: str, expected: list[int] | None) -> None:
     sub = subscribe(hub, query)
     publish_batch(hub, "a", 0, 1, batch(*MIXED))
     got = drain(sub)
-    rendered = wire.render_events(MIXED)
+    rendered = render.render_events(MIXED)
     if expected is None:
         assert got == []
     else:
@@ -359,7 +359,7 @@ def test_medium_filter_takes_a_medium_name_or_a_tier_name(query: str, expected: 
     sub = subscribe(hub, query)
     publish_batch(hub, "a", 0, 1, batch(*TIERED))
     (message,) = drain(sub)
-    rendered = wire.render_events(TIERED)
+    rendered = render.render_events(TIERED)
     assert decode(message)["events"] == json.loads(json.dumps([rendered[i] for i in expected]))
     request = hub.parse_query(QueryParams(query))
     assert request.filter.select_events(TIERED) == [TIERED[i] for i in expected]

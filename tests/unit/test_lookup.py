@@ -26,7 +26,8 @@ from kvgateway.lookup import (
     parse_request,
 )
 from kvgateway.occupancy import OccupancyIndex, StreamIndex
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, hash_text
+from kvgateway.render import hash_text
+from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
 
 BIG = 2**64 - 12345
 
@@ -589,6 +590,7 @@ def test_fleet_facts_match_a_plain_count(blocks: list[tuple[int, str, int, int]]
         holders.setdefault((medium, group, h), set()).add(stream)
         holders_any.setdefault((group, h), set()).add(stream)
     facts = fleet_facts(fleet.streams())
+    assert FleetCount(fleet.streams(), step_blocks=1).result() == facts  # one block per step: the same
     assert facts["distinct_blocks"] == len(holders_any)
     assert facts["shared_blocks"] == sum(len(s) > 1 for s in holders_any.values())
     for medium in ("GPU", "CPU"):

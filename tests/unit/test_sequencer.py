@@ -729,6 +729,51 @@ def test_verify_reply_below_the_anchor_is_an_identity_restart() -> None:
     assert replay(s, 2, 2, proc=1)[2] == Restart(2, 4, "identity")
 
 
+def test_the_item_that_reveals_a_restart_is_kept_for_the_new_epoch() -> None:
+    """Found by the adversarial model: the item was dropped, and if the engine evicted it before
+    the catch-up asked again, the new process's batch was counted lost though it had arrived."""
+    s = reconnected(0, 1, 2, 3, 4)
+    assert replay(s, 2, 2, proc=1)[2:] == [Restart(2, 4, "identity"), rr(3, 0, "catch_up")]
+    assert s.held == 1
+    assert replay(s, 3, 0, 1, 3, proc=1) == dr(0, 1, 2, 3)  # 2 from the verify reply
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 4)]  # counted by the catch-up
+
+
+def test_a_live_seq_pending_from_the_old_connection_with_other_bytes_is_a_restart() -> None:
+    """Found by the adversarial model: the new process's live 2 was taken for a copy of the old
+    process's 2 (pending above a hole when the connection dropped) and lost."""
+    s = running(0)
+    assert feed(s, 2) == [GapDetected(1, 1), rr(2, 1)]
+    s.on_disconnected()
+    assert s.on_connected() == [CancelReplay(2), rr(3, 0, "verify", 2)]
+    assert feed(s, 2, proc=1) == [
+        CancelReplay(3),
+        Unrecovered(1, 1, "restart"),
+        d(2),  # the old process's 2
+        ReplayFinished(3, "failed", 0, 2),
+        Restart(2, 2, "identity"),
+        rr(4, 0, "catch_up"),
+    ]
+    assert replay(s, 4, 0, 1, proc=1) == [*dr(0, 1), d(2)]  # the new process's 2, live
+    s2 = running(0)
+    feed(s2, 2)
+    s2.on_disconnected()
+    s2.on_connected()
+    assert feed(s2, 2) == [Duplicate(2)]  # the same bytes: the same process
+
+
+def test_a_live_batch_below_a_replayed_one_is_no_restart_during_a_catch_up() -> None:
+    """A reply runs ahead of a lagging live stream: a live clear fence just below the catch-up's
+    pending item (here the item that revealed a clock-seeded restart) is the same process's."""
+    s = running(CLOCK, jump_limit=1000)
+    s.on_disconnected()
+    assert s.on_connected() == [rr(2, CLOCK, "verify")]
+    assert replay(s, 2, CLOCK + 2000, proc=1)[2:] == [Restart(CLOCK + 2000, CLOCK, "jump"), rr(3, 0, "catch_up")]
+    fence = cleared(CLOCK + 1999)
+    assert s.on_live(CLOCK + 1999, fence, raw(CLOCK + 1999, 1)) == []
+    assert replay(s, 3, CLOCK + 2000, proc=1) == [Deliver(CLOCK + 1999, fence, False), d(CLOCK + 2000, True)]
+
+
 def test_verify_empty_reply_is_an_identity_restart() -> None:
     s = reconnected(0, 1, 2, 3, 4)
     assert feed(s, 1, 2, proc=1) == []

@@ -1,5 +1,5 @@
 """wire.py: every layout an engine sends, built by hand with msgspec.msgpack.encode of plain
-lists and dicts (never with wire.encode_batch, so the decoder is not checked against itself)."""
+lists and dicts (never with encode.encode_batch, so the decoder is not checked against itself)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvgateway import wire
+from kvgateway import render, wire
 from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, DecodeError, Event, UnknownEvent
 
 enc = msgspec.msgpack.encode
@@ -270,7 +270,7 @@ def test_medium_is_kept_as_sent(medium: str | None) -> None:
         {"type": "BlockRemoved", "block_hashes": [1], "medium": medium},
     ).events
     assert [e.medium for e in got if isinstance(e, BlockStored | BlockRemoved)] == [medium] * 4
-    rendered = wire.render_events(got)
+    rendered = render.render_events(got)
     assert [r["medium"] for r in rendered] == [medium] * 4
 
 
@@ -291,7 +291,7 @@ def test_placeholder_offload_events(event: Any) -> None:
     (got,) = decode(event).events
     assert isinstance(got, BlockStored)
     assert (got.block_hashes, got.parent_block_hash, got.token_ids, got.block_size) == ([ABOVE_I64], None, [], 0)
-    assert wire.render_event(got)["block_size"] == 0
+    assert render.render_event(got)["block_size"] == 0
 
 
 # --- unknown event types -----------------------------------------------------------------------
@@ -312,7 +312,7 @@ def test_unknown_event_types_are_kept_in_order_and_rendered() -> None:
         type="KVTransfer",
         body={"type": "KVTransfer", "block_hashes": [U64], "blob": b"\xff", "nested": {"x": [b"\x0a"]}},
     )
-    rendered = json.loads(msgspec.json.encode(wire.render_events(got)))
+    rendered = json.loads(msgspec.json.encode(render.render_events(got)))
     assert rendered[1] == {"type": "BlockMoved", "fields": [[ABOVE_I64], "CPU", "abcd", {"k": "01"}]}
     assert rendered[2] == {"type": "KVTransfer", "block_hashes": [U64], "blob": "ff", "nested": {"x": ["0a"]}}
 
@@ -328,7 +328,7 @@ def test_lowercase_or_unlisted_tag_is_unknown_not_an_error() -> None:
 
 def roundtrip(events: list[Event]) -> list[dict[str, Any]]:
     """What a web client sees: msgspec's JSON, read back by a plain JSON parser."""
-    out: list[dict[str, Any]] = json.loads(msgspec.json.encode(wire.render_events(events)))
+    out: list[dict[str, Any]] = json.loads(msgspec.json.encode(render.render_events(events)))
     return out
 
 
@@ -526,10 +526,10 @@ def test_rendering_carries_the_required_fields_and_is_json_ready(
         assert out["type"] == event.type
         if isinstance(event, BlockStored):
             assert out.keys() >= RENDERED_STORED
-            assert out["block_hashes"] == [wire.hash_text(h) for h in event.block_hashes]
+            assert out["block_hashes"] == [render.hash_text(h) for h in event.block_hashes]
             assert all(isinstance(h, str) for h in out["block_hashes"])
             parent = event.parent_block_hash
-            assert out["parent_block_hash"] == (None if parent is None else wire.hash_text(parent))
+            assert out["parent_block_hash"] == (None if parent is None else render.hash_text(parent))
             assert (out["token_ids"], out["block_size"], out["medium"]) == (
                 event.token_ids,
                 event.block_size,
@@ -538,7 +538,7 @@ def test_rendering_carries_the_required_fields_and_is_json_ready(
             assert event.extra.keys() <= out.keys()
         elif isinstance(event, BlockRemoved):
             assert out.keys() >= RENDERED_REMOVED
-            assert out["block_hashes"] == [wire.hash_text(h) for h in event.block_hashes]
+            assert out["block_hashes"] == [render.hash_text(h) for h in event.block_hashes]
             assert event.extra.keys() <= out.keys()
 
 
@@ -554,7 +554,7 @@ def decodes_or_refuses(payload: bytes) -> None:
         return
     assert isinstance(got, Batch)
     assert all(isinstance(e, BlockStored | BlockRemoved | AllBlocksCleared | UnknownEvent) for e in got.events)
-    msgspec.json.encode(wire.render_events(got.events))
+    msgspec.json.encode(render.render_events(got.events))
 
 
 @settings(max_examples=500)
@@ -577,7 +577,7 @@ def test_map_event_keys_that_are_not_strings_are_kept_under_names() -> None:
     assert isinstance(event, BlockStored) and event.block_hashes == [U64]
     assert event.extra == {"1": "a", "null": "b", "[2,3]": "c"}
     assert all(type(key) is str for key in event.extra)
-    out = wire.render_event(event)
+    out = render.render_event(event)
     assert (out["1"], out["null"], out["[2,3]"]) == ("a", "b", "c")
     decodes_or_refuses(payload)
     cleared = enc([1.0, [{"type": "AllBlocksCleared", 7: True}], 0])
@@ -726,7 +726,7 @@ def test_decodable_nesting_renders() -> None:
 )
 def test_any_decodable_event_renders_to_json(event: Any) -> None:
     batch = wire.decode_batch(enc([1.0, [event]]))
-    json.loads(msgspec.json.encode(wire.render_events(batch.events)))
+    json.loads(msgspec.json.encode(render.render_events(batch.events)))
 
 
 # --- one field of an unexpected type: kept as an unnamed further field, never the event's loss ----
@@ -825,7 +825,7 @@ def test_positional_block_stored_field_of_a_wrong_type_is_kept_unnamed(name: str
         rendered = roundtrip([event])[0]
         assert f"field_{position}" in rendered
         assert name not in rendered or rendered[name] is None
-        assert rendered["block_hashes"] == [wire.hash_text(h) for h in FULL_STORED["block_hashes"]]
+        assert rendered["block_hashes"] == [render.hash_text(h) for h in FULL_STORED["block_hashes"]]
         if name == "group_idx":
             assert event.group_idx is None
 
@@ -1031,7 +1031,7 @@ def test_any_value_in_one_optional_field_keeps_the_event_and_its_hashes(
         assert stored.extra[unnamed] == value
         assert getattr(stored, name, None) is None and name not in stored.extra
     rendered = roundtrip(got)[1]
-    assert rendered["block_hashes"] == [wire.hash_text(h) for h in fields["block_hashes"]]
+    assert rendered["block_hashes"] == [render.hash_text(h) for h in fields["block_hashes"]]
     assert rendered["tier"] in ("GPU", "CPU", "DISK", "EXTERNAL")
 
 
@@ -1055,7 +1055,7 @@ def test_any_value_in_one_optional_removed_field_keeps_the_event_and_its_hashes(
     removed = got[1]
     assert isinstance(removed, BlockRemoved)
     assert removed.block_hashes == hashes
-    assert roundtrip(got)[1]["block_hashes"] == [wire.hash_text(h) for h in hashes]
+    assert roundtrip(got)[1]["block_hashes"] == [render.hash_text(h) for h in hashes]
 
 
 @pytest.mark.parametrize(
@@ -1080,3 +1080,53 @@ def test_block_events_render_their_tier_after_the_medium_as_sent(medium: str | N
         assert rendered["tier"] == tier
         keys = list(rendered)
         assert keys[keys.index("medium") + 1] == "tier"
+
+
+# --- frames: live messages and replay replies -----------------------------------------------
+
+
+def test_split_message_gives_seq_and_payload_or_one_line_errors() -> None:
+    assert wire.split_message([b"kv", wire.seq_bytes(7), b"payload"]) == (7, b"payload")
+    with pytest.raises(DecodeError, match="message has 2 frames, expected 3"):
+        wire.split_message([b"kv", wire.seq_bytes(7)])
+    with pytest.raises(DecodeError, match="sequence frame is 3 bytes, expected 8"):
+        wire.split_message([b"kv", b"abc", b"payload"])
+
+
+@pytest.mark.parametrize(
+    ("frames", "parsed"),
+    [
+        ([b"", b"kv", wire.seq_bytes(5), b"p"], (5, b"p")),  # vLLM >= 0.26: with the topic
+        ([b"", wire.seq_bytes(5), b"p"], (5, b"p")),  # older vLLM, SGLang
+        ([b"", wire.END_SEQ_BYTES, b""], (wire.END_SEQ, b"")),
+        ([b"", b"kv", wire.END_SEQ_BYTES, b""], (wire.END_SEQ, b"")),
+        ([b"x", wire.seq_bytes(5), b"p"], None),  # no empty delimiter
+        ([b"", wire.seq_bytes(5)], None),
+        ([b"", b"kv", wire.seq_bytes(5), b"p", b"q"], None),
+        ([b"", b"short", b"p"], None),
+    ],
+)
+def test_parse_replay_reply_takes_both_layouts_and_refuses_others(
+    frames: list[bytes], parsed: tuple[int, bytes] | None
+) -> None:
+    assert wire.parse_replay_reply(frames) == parsed
+
+
+def test_field_lists_follow_the_struct_definitions() -> None:
+    """Every layout's struct names the same fields in the same order: the positional one is the
+    definition the field lists derive from."""
+    assert wire.STORED_FIELDS[:7] == (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+    )
+    assert len(wire.STORED_FIELDS) == 11
+    assert wire.REMOVED_FIELDS == ("block_hashes", "medium", "group_idx")
+    for stored in (wire._MapStored, wire._FastStored):
+        assert tuple(f.name for f in msgspec.structs.fields(stored)) == wire.STORED_FIELDS
+    for removed in (wire._MapRemoved, wire._FastRemoved):
+        assert tuple(f.name for f in msgspec.structs.fields(removed)) == wire.REMOVED_FIELDS

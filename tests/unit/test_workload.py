@@ -19,6 +19,7 @@ from kvgateway.simulator import (
     Workload,
     binds,
     block_hash,
+    encode,
     garbage_payload,
     offset_endpoint,
 )
@@ -112,9 +113,9 @@ class RefModel:
 
 
 def test_same_seed_same_batches_different_seed_different() -> None:
-    a = [wire.encode_batch(b) for b in batches(Workload(7, cpu_offload=True, clear_every=50), 150)]
-    b = [wire.encode_batch(b) for b in batches(Workload(7, cpu_offload=True, clear_every=50), 150)]
-    c = [wire.encode_batch(b) for b in batches(Workload(8, cpu_offload=True, clear_every=50), 150)]
+    a = [encode.encode_batch(b) for b in batches(Workload(7, cpu_offload=True, clear_every=50), 150)]
+    b = [encode.encode_batch(b) for b in batches(Workload(7, cpu_offload=True, clear_every=50), 150)]
+    c = [encode.encode_batch(b) for b in batches(Workload(8, cpu_offload=True, clear_every=50), 150)]
     assert a == b
     assert a != c
 
@@ -130,8 +131,8 @@ def test_streams_share_system_prompts_but_not_requests() -> None:
 
     rank0, rank1 = Workload(3, stream=0), Workload(3, stream=1)
     assert roots(rank0) & roots(rank1), "ranks of one model share system-prompt prefixes"
-    first0 = wire.encode_batch(Workload(3, stream=0).next_batch(0.0, 0))
-    first1 = wire.encode_batch(Workload(3, stream=1).next_batch(0.0, 0))
+    first0 = encode.encode_batch(Workload(3, stream=0).next_batch(0.0, 0))
+    first1 = encode.encode_batch(Workload(3, stream=1).next_batch(0.0, 0))
     assert first0 != first1
 
 
@@ -321,9 +322,9 @@ def test_tiny_gpu_pool_stays_consistent() -> None:
 
 
 @pytest.mark.parametrize("form", ["map", "array"])
-def test_round_trip_through_wire(form: wire.EventForm) -> None:
+def test_round_trip_through_wire(form: encode.EventForm) -> None:
     for batch in batches(Workload(19, cpu_offload=True, clear_every=7, hash_kind="bytes"), 30):
-        decoded = wire.decode_batch(wire.encode_batch(batch, form))
+        decoded = wire.decode_batch(encode.encode_batch(batch, form))
         assert decoded.ts == batch.ts and decoded.dp_rank == batch.dp_rank
         assert [type(e) for e in decoded.events] == [type(e) for e in batch.events]
         for got, sent in zip(decoded.events, batch.events, strict=True):
@@ -466,8 +467,8 @@ def test_sglang_workload_events_and_encoding() -> None:
             if isinstance(event, wire.BlockStored):
                 stored += 1
                 assert set(event.extra) == {"cache_salt"}
-        array = msgspec.msgpack.decode(wire.encode_batch(batch, "array", dialect="sglang"))
-        maps = msgspec.msgpack.decode(wire.encode_batch(batch, "map", dialect="sglang"))
+        array = msgspec.msgpack.decode(encode.encode_batch(batch, "array", dialect="sglang"))
+        maps = msgspec.msgpack.decode(encode.encode_batch(batch, "map", dialect="sglang"))
         for event, as_array, as_map in zip(batch.events, array[1], maps[1], strict=True):
             if isinstance(event, wire.BlockStored):
                 assert len(as_array) == 8 and as_array[7] == event.extra, "metadata map at index 7"
@@ -491,11 +492,11 @@ def test_sglang_without_metadata_sends_six_fields_and_vllm_is_unchanged() -> Non
     plain = Workload(22, dialect="sglang").next_batch(0.0, 0)
     stored = [e for e in plain.events if isinstance(e, wire.BlockStored)]
     assert stored and all(e.extra == {} for e in stored)
-    for event in msgspec.msgpack.decode(wire.encode_batch(plain, "array", dialect="sglang"))[1]:
+    for event in msgspec.msgpack.decode(encode.encode_batch(plain, "array", dialect="sglang"))[1]:
         if event[0] == "BlockStored":
             assert len(event) == 7
     vllm = Workload(22).next_batch(0.0, 0)
-    assert wire.encode_batch(vllm, "array") == wire.encode_batch(vllm, "array", dialect="vllm")
+    assert encode.encode_batch(vllm, "array") == encode.encode_batch(vllm, "array", dialect="vllm")
     with pytest.raises(ValueError):
         Workload(0, metadata=True)
     with pytest.raises(ValueError):

@@ -181,11 +181,14 @@ func (r *Router) wsURL(base, token string) (string, error) {
 func (r *Router) Run(base, token string, stop <-chan struct{}) {
 	backoff := 200 * time.Millisecond
 	for {
-		err := r.connectOnce(base, token, stop)
+		connected, err := r.connectOnce(base, token, stop)
 		select {
 		case <-stop:
 			return
 		default:
+		}
+		if connected {
+			backoff = 200 * time.Millisecond // a connection that worked starts the backoff over
 		}
 		log.Printf("router: connection ended (%v); reconnecting in %v", err, backoff)
 		time.Sleep(backoff)
@@ -195,17 +198,17 @@ func (r *Router) Run(base, token string, stop <-chan struct{}) {
 	}
 }
 
-func (r *Router) connectOnce(base, token string, stop <-chan struct{}) error {
+func (r *Router) connectOnce(base, token string, stop <-chan struct{}) (bool, error) {
 	target, err := r.wsURL(base, token)
 	if err != nil {
-		return err
+		return false, err
 	}
 	conn, resp, err := websocket.DefaultDialer.Dial(target, nil)
 	if err != nil {
 		if resp != nil {
-			return fmt.Errorf("%w (HTTP %d)", err, resp.StatusCode)
+			return false, fmt.Errorf("%w (HTTP %d)", err, resp.StatusCode)
 		}
-		return err
+		return false, err
 	}
 	defer conn.Close()
 	conn.SetReadLimit(64 << 20)
@@ -221,13 +224,13 @@ func (r *Router) connectOnce(base, token string, stop <-chan struct{}) error {
 	for {
 		kind, frame, err := conn.ReadMessage()
 		if err != nil {
-			return err
+			return true, err
 		}
 		if kind != websocket.TextMessage {
 			continue
 		}
 		if err := r.HandleFrame(frame); err != nil {
-			return err
+			return true, err
 		}
 	}
 }

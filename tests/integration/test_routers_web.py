@@ -1,0 +1,211 @@
+"""The routers' routes end to end (issue 15): ``GET /v1/blocks`` (JSON and NDJSON), ``POST /v1/lookup``
+(by hashes and by tokens, the limits, the token), and ``snapshot=blocks`` on ``/v1/ws`` and
+``/v1/events``. A real ``kvgateway serve`` fed by ``kvgateway simulate`` (two ranks, CPU offload
+with placeholder events); every state message and NDJSON line is checked against the JSON Schema.
+The Go router's end-to-end run is in test_go_router.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+from jsonschema import Draft202012Validator
+
+from tests.support import REPO, free_ports, start_sim, wait_until
+
+from ._gateway_helpers import WsCollector, start_gateway, warmup
+
+pytestmark = pytest.mark.timeout(120)
+
+TOKEN = "tk-routers-9f2Q"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SCHEMA = json.loads((REPO / "kvgateway" / "protocol.schema.json").read_text(encoding="utf-8"))
+VALIDATOR = Draft202012Validator(SCHEMA)
+
+
+def shape(name: str) -> Draft202012Validator:
+    """A validator of one of the schema's ``$defs`` (the routes' documents are no stream message)."""
+    return Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": f"#/$defs/{name}"})
+
+
+BATCHES = 400
+
+
+def _quiet_offset(base: str) -> int:
+    """The gateway's offset once the engines are done (it stopped moving)."""
+    last = [-1]
+
+    def still() -> bool:
+        now = httpx.get(f"{base}/v1/sources", headers=AUTH, timeout=10).json()["offset"]
+        done = now == last[0]
+        last[0] = now
+        return done
+
+    wait_until(still, timeout=30, interval=0.5, what="the engines to finish")
+    return last[0]
+
+
+def _comparable(streams: list[dict[str, Any]]) -> dict[tuple[str, int], Counter[tuple[Any, ...]]]:
+    out: dict[tuple[str, int], Counter[tuple[Any, ...]]] = {}
+    for stream in streams:
+        held = out.setdefault((stream["source"], stream["dp_rank"]), Counter())
+        for b in stream["blocks"]:
+            held[(b["hash"], b["medium"], b["group_idx"], b["refs"], b["block_size"])] += 1
+    return out
+
+
+def _apply(index: dict[tuple[Any, ...], int], message: dict[str, Any]) -> None:
+    """A router's index (the events the simulator sends: no group_idx, one medium per event)."""
+    key = (message["source"], message["dp_rank"])
+    if message["type"] == "notice" and message["kind"] == "restart":
+        for k in [k for k in index if k[:2] == key]:
+            del index[k]
+    if message["type"] != "batch":
+        return
+    for event in message["events"]:
+        if event["type"] == "AllBlocksCleared":
+            for k in [k for k in index if k[:2] == key]:
+                del index[k]
+            continue
+        medium = (event.get("medium") or "GPU").upper()
+        for h in event["block_hashes"]:
+            k = (*key, h, medium)
+            index[k] = index.get(k, 0) + (1 if event["type"] == "BlockStored" else -1)
+            if index[k] <= 0:
+                del index[k]
+
+
+@pytest.fixture
+def fleet(procs: Any) -> str:
+    http, pub, rep = free_ports(3, spacing=2)
+    args = ["--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", "--dp-size", "2"]
+    spec = f"name=a,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep},dp_size=2"
+    extra = ["--token", TOKEN, "--lookup-burst", "40", "--lookup-rate", "0.01", "--max-snapshots", "3"]
+    gw = start_gateway(procs, http, [spec], *extra)
+    sim_args = [*args, "--rate", "200", "--batches", str(BATCHES), "--cpu-offload", *warmup(1.0)]
+    start_sim(procs, *sim_args, ranks=2)
+    return gw.base
+
+
+def test_snapshot_then_stream_equals_the_blocks_document_and_lookups_answer(fleet: str, procs: Any) -> None:
+    base = fleet
+    time.sleep(1.6)  # some history before the client connects
+    ws_url = base.replace("http", "ws") + "/v1/ws"
+    with WsCollector(ws_url, query=f"snapshot=blocks&token={TOKEN}") as ws:
+        _quiet_offset(base)
+        doc = httpx.get(f"{base}/v1/blocks", headers=AUTH, timeout=30).json()
+        offset = doc["offset"]
+        wait_until(lambda: any(m.get("offset") == offset for _, m in ws.messages), what="the document's offset")
+    messages = [m for _, m in ws.messages]
+    states = [m for m in messages if m["type"] == "state"]
+    assert {m["offset"] for m in states} == {ws.hello["offset"]}
+    first_live = next(i for i, m in enumerate(messages) if m["type"] != "state")
+    assert all(m["type"] == "state" for m in messages[:first_live])  # state first, then live
+    live = messages[first_live:]
+    live = [m for m in live if m["offset"] <= offset]
+    assert [m["offset"] for m in live] == list(range(ws.hello["offset"] + 1, offset + 1))  # none lost or doubled
+    assert sum(m["last"] for m in states) == 2
+    for m in states[:5] + states[-2:]:
+        VALIDATOR.validate(m)
+    index: dict[tuple[Any, ...], int] = {}
+    for m in states:
+        for b in m["blocks"]:
+            index[(m["source"], m["dp_rank"], b["hash"], b["medium"])] = b["refs"]
+    for m in live:
+        _apply(index, m)
+
+    ndjson = httpx.get(f"{base}/v1/blocks?format=ndjson", headers=AUTH, timeout=30).text.splitlines()
+    head, lines = json.loads(ndjson[0]), [json.loads(line) for line in ndjson[1:]]
+    assert (head["epoch"], doc["epoch"]) == (ws.hello["epoch"], ws.hello["epoch"]) and head["offset"] >= offset
+    for line in lines[:3]:
+        VALIDATOR.validate({k: v for k, v in line.items() if k != "stale"})
+    assert _comparable(doc["streams"]) == _comparable(lines)
+    shape("blocks_document").validate(doc)
+    expected = {
+        (s["source"], s["dp_rank"], b["hash"], b["medium"]): b["refs"] for s in doc["streams"] for b in s["blocks"]
+    }
+    assert index == expected and len(expected) > 100
+
+    _check_lookups(base, live, index, offset)
+    occupancy = httpx.get(f"{base}/v1/occupancy", headers=AUTH, timeout=10).json()
+    assert set(occupancy["fleet"]) >= {"distinct_blocks", "shared_blocks", "mediums", "offset"}
+    shape("occupancy").validate(occupancy)
+
+
+def _check_lookups(base: str, live: list[dict[str, Any]], index: dict[tuple[Any, ...], int], offset: int) -> None:
+    """A stored chain by hashes and by its tokens give the same prefix for the stream that stored it."""
+    stored = [
+        (m, e)
+        for m in live
+        if m["type"] == "batch"
+        for e in m["events"]
+        if e["type"] == "BlockStored" and e["parent_block_hash"] is None and e.get("medium") in (None, "GPU")
+    ]
+    assert stored
+    checked = 0
+    for message, event in stored[-20:]:
+        key = (message["source"], message["dp_rank"])
+        by_hashes = _post(base, {"block_hashes": event["block_hashes"]})
+        by_tokens = _post(base, {"token_ids": event["token_ids"], "lora_name": event.get("lora_name")})
+        assert by_tokens["offset"] >= by_hashes["offset"] >= offset
+        mine = next(s for s in by_hashes["streams"] if (s["source"], s["dp_rank"]) == key)
+        assert mine == next(s for s in by_tokens["streams"] if (s["source"], s["dp_rank"]) == key)
+        resident = sum(1 for h in event["block_hashes"] if (*key, h, "GPU") in index)
+        checked += mine["blocks"] > 0
+        assert mine["mediums"].get("GPU", {"blocks": 0})["blocks"] <= resident
+    assert checked > 0
+
+
+def _post(base: str, body: Any, **kw: Any) -> Any:
+    shape("lookup_request").validate(body)
+    response = httpx.post(f"{base}/v1/lookup", json=body, headers=AUTH, timeout=10, **kw)
+    assert response.status_code == 200, response.text
+    shape("lookup_answer").validate(response.json())
+    return response.json()
+
+
+def test_sse_snapshot_limits_and_token(fleet: str) -> None:
+    base = fleet
+    # SSE: the hello has no id (the last state message has it)
+    with httpx.stream("GET", f"{base}/v1/events?snapshot=blocks&source=a&dp_rank=1", headers=AUTH, timeout=10) as r:
+        events: list[tuple[str | None, str]] = []
+        current_id: str | None = None
+        for line in r.iter_lines():
+            if line.startswith("id: "):
+                current_id = line[4:]
+            elif line.startswith("event: "):
+                events.append((current_id, line[7:]))
+                current_id = None
+            if len(events) >= 2 and events[-1][1] != "state":
+                break
+    assert events[0] == (None, "hello")
+    states = [e for e in events if e[1] == "state"]
+    assert states[-1][0] is not None and all(i is None for i, _ in states[:-1])
+
+    for path, method in (("/v1/blocks", "GET"), ("/v1/lookup", "POST")):
+        assert httpx.request(method, f"{base}{path}", timeout=10).status_code == 401
+    bad = {
+        b"{": "invalid JSON",
+        b'{"block_hashes": ["1"], "token_ids": [1]}': "exactly one of",
+        b'{"block_hashes": ["0x1"]}': "block_hashes[0]",
+        b'{"block_hashes": ["1"], "x": 1}': "unknown field",
+        b'{"token_ids": [-1]}': "token_ids[0]",
+    }
+    for body, fragment in bad.items():
+        response = httpx.post(f"{base}/v1/lookup", content=body, headers=AUTH, timeout=10)
+        assert response.status_code == 400 and fragment in response.json()["error"], (body, response.text)
+        assert "\n" not in response.json()["error"]
+    assert httpx.post(f"{base}/v1/lookup?type=x", json={"block_hashes": []}, headers=AUTH).status_code == 400
+    assert httpx.get(f"{base}/v1/blocks?format=xml", headers=AUTH).status_code == 400
+    assert httpx.get(f"{base}/v1/blocks?medium=GPU", headers=AUTH).status_code == 400
+    wrong = httpx.get(f"{base}/v1/lookup", headers=AUTH, timeout=10)
+    assert (wrong.status_code, wrong.headers["allow"]) == (405, "POST")
+    huge = httpx.post(f"{base}/v1/lookup", content=b" " * (2 << 20), headers=AUTH, timeout=10)
+    assert huge.status_code == 413
+    codes = [httpx.post(f"{base}/v1/lookup", json={"block_hashes": []}, headers=AUTH).status_code for _ in range(40)]
+    assert codes[0] == 200 and codes[-1] == 429  # a burst of 40 and almost no refill

@@ -1,0 +1,158 @@
+"""StreamReader with real ZeroMQ sockets and no HTTP: an engine's PUB and replay ROUTER in the test,
+the reader's outlet on a real log and index."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import zmq
+
+from kvgateway import wire
+from kvgateway.config import StreamConfig
+from kvgateway.ingest import StreamReader
+from kvgateway.log import BatchRecord, MemoryLog, NoticeRecord
+from kvgateway.occupancy import OccupancyIndex
+from kvgateway.outlet import StreamOutlet
+from kvgateway.ring import Entry
+from kvgateway.simulator import encode
+
+TOPIC = b"kv"
+
+
+def payload(seq: int) -> bytes:
+    stored = wire.BlockStored([seq + 1], None, [1, 2], 2)
+    return encode.encode_batch(wire.Batch(time.time(), [stored], 0))
+
+
+class Engine:
+    """A PUB socket and a replay ROUTER holding every batch 'published', as vLLM's buffer does."""
+
+    def __init__(self, context: zmq.Context[zmq.Socket[bytes]]) -> None:
+        self.pub = context.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind("tcp://127.0.0.1:*")
+        self.router = context.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind("tcp://127.0.0.1:*")
+        self.buffer: dict[int, bytes] = {}
+        self.requests: list[int] = []
+
+    def endpoints(self) -> tuple[str, str]:
+        return self.pub.getsockopt_string(zmq.LAST_ENDPOINT), self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def publish(self, seq: int, *, drop: bool = False) -> None:
+        """Buffer the batch; send it live unless ``drop`` (the PUB socket's high-water mark)."""
+        self.buffer[seq] = payload(seq)
+        if not drop:
+            self.pub.send_multipart([TOPIC, wire.seq_bytes(seq), self.buffer[seq]])
+
+    def answer(self) -> None:
+        """Answer every replay request queued now: the buffer from the seq asked, then the end marker."""
+        while True:
+            try:
+                identity, empty, start = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            first = int.from_bytes(start, "big")
+            self.requests.append(first)
+            for seq in sorted(s for s in self.buffer if s >= first):
+                self.router.send_multipart([identity, empty, wire.seq_bytes(seq), self.buffer[seq]])
+            self.router.send_multipart([identity, empty, wire.END_SEQ_BYTES, b""])
+
+    def close(self) -> None:
+        self.pub.close(linger=0)
+        self.router.close(linger=0)
+
+
+async def until(condition: Callable[[], bool], engine: Engine, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        engine.answer()
+        await asyncio.sleep(0.01)
+
+
+def run(scenario: Callable[[Engine, StreamReader, list[Any]], Coroutine[Any, Any, None]]) -> None:
+    async def main() -> None:
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        engine = Engine(context)
+        endpoint, replay = engine.endpoints()
+        config = StreamConfig("e", 0, endpoint, replay, TOPIC.decode(), False, {})
+        log = MemoryLog()
+        index = OccupancyIndex()
+        log.follow(index.follow)
+        records: list[Any] = []
+
+        def keep(entry: Entry) -> None:
+            records.append(entry.record)
+
+        log.follow(keep)
+        outlet = StreamOutlet(config, log, index.stream("e", 0), clock=time.time)
+        reader = StreamReader(config, context, outlet, replay_slots=asyncio.Semaphore(1), replay_timeout=2.0)
+        reader.start()
+        try:
+            await scenario(engine, reader, records)
+        finally:
+            await reader.stop()
+            engine.close()
+            context.destroy(linger=0)
+
+    asyncio.run(main())
+
+
+def delivered(records: list[Any]) -> list[int]:
+    return [r.seq for r in records if isinstance(r, BatchRecord)]
+
+
+def test_a_batch_the_live_stream_dropped_is_replayed_and_all_arrive_in_order() -> None:
+    async def scenario(engine: Engine, reader: StreamReader, records: list[Any]) -> None:
+        outlet = reader._outlet
+        # the catch-up at connect asks the engine's whole buffer (nothing yet)
+        await until(lambda: engine.requests == [0] and reader.sequencer.replay_token is None, engine)
+        assert outlet.status.connected
+        await until(_subscribed(engine, records), engine)
+        for seq in range(1, 4):
+            engine.publish(seq, drop=seq == 2)
+        await until(lambda: delivered(records) == [0, 1, 2, 3], engine)
+        assert engine.requests[-1] == 2
+        counters = outlet.status.counters
+        assert (counters["gaps"], counters["missed"], counters["replayed"]) == (1, 1, 1)
+        assert outlet.replay_requests["recovered"] >= 1
+        assert reader.sequencer.held == 0 and outlet.held == 0
+        assert reader._outlet.index.medium_stats(time.time())["GPU"].blocks == 4
+        assert [r.kind for r in records if isinstance(r, NoticeRecord)] == ["up"]
+
+    run(scenario)
+
+
+def test_an_undecodable_and_a_malformed_message_are_counted_and_skipped() -> None:
+    async def scenario(engine: Engine, reader: StreamReader, records: list[Any]) -> None:
+        outlet = reader._outlet
+        await until(lambda: engine.requests == [0] and reader.sequencer.replay_token is None, engine)
+        await until(_subscribed(engine, records), engine)
+        engine.pub.send_multipart([TOPIC, b"short"])  # two frames: no seq at all
+        engine.pub.send_multipart([TOPIC, wire.seq_bytes(1), b"\xc1"])  # 0xc1: never valid msgpack
+        engine.publish(2)
+        await until(lambda: delivered(records) == [0, 2], engine)
+        assert outlet.status.counters["decode_errors"] == 2
+        assert outlet.status.last_seq == 2
+        stale = [r.fields["reason"] for r in records if isinstance(r, NoticeRecord) and r.kind == "stale"]
+        assert stale == ["undecodable"]
+
+    run(scenario)
+
+
+def _subscribed(engine: Engine, records: list[Any]) -> Callable[[], bool]:
+    """Publish seq 0 until it arrives: a SUB's subscription reaches the PUB a moment after connecting."""
+
+    def check() -> bool:
+        if delivered(records):
+            return True
+        engine.pub.send_multipart([TOPIC, wire.seq_bytes(0), payload(0)])
+        engine.buffer[0] = payload(0)
+        return False
+
+    return check

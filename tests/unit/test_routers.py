@@ -1,0 +1,230 @@
+"""The routers' wiring without sockets: a Gateway built but not started, fed through its ordered log.
+
+The snapshot hand-over (state at the hello's offset, then exactly the live messages after it), the
+snapshot slots and the queue bound while the state is written, the learner following the log and
+its metrics, the fleet facts and their gauges, and the ``snapshot`` query parameter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import random
+from typing import Any
+
+import pytest
+
+from kvgateway.blocks import blocks_document, capture, encoded_state_messages, state_messages
+from kvgateway.config import Settings, SourceConfig
+from kvgateway.filters import ClientFilter
+from kvgateway.gateway import Gateway
+from kvgateway.log import batch_record
+from kvgateway.lookup import TokenQuery, block_digests
+from kvgateway.pump import _hello, _state
+from kvgateway.query import BadRequest, ClientRequest, parse_query
+from kvgateway.routers import TooManySnapshots, without_gc
+from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event
+
+SIZE = 4
+
+
+def make_gateway(**changes: Any) -> Gateway:
+    source = SourceConfig(name="a", endpoint="tcp://127.0.0.1:1", dp_size=2)
+    other = SourceConfig(name="b", endpoint="tcp://127.0.0.1:3")
+    return Gateway(Settings(sources=(source, other), **changes))
+
+
+def feed(gateway: Gateway, stream: tuple[str, int], *events: Event) -> int:
+    seq = gateway.log.last_offset
+    batch = Batch(0.0, list(events), stream[1])
+    return gateway.log.append(batch_record(stream, seq, batch, received=0.0, replayed=False))
+
+
+def stored(hashes: list[int], parent: int | None = None, tokens: list[int] | None = None, **kw: Any) -> BlockStored:
+    body = tokens if tokens is not None else [h % 1000 for h in hashes for _ in range(SIZE)]
+    return BlockStored(hashes, parent, body, SIZE, None, kw.pop("medium", None), None, kw)
+
+
+def churn(gateway: Gateway, rng: random.Random, steps: int) -> None:
+    pool = [rng.getrandbits(64) for _ in range(40)]
+    streams = [("a", 0), ("a", 1), ("b", 0)]
+    for _ in range(steps):
+        stream = rng.choice(streams)
+        roll = rng.random()
+        if roll < 0.6:
+            feed(gateway, stream, stored(rng.sample(pool, rng.randint(1, 5)), medium=rng.choice(["GPU", "cpu"])))
+        elif roll < 0.95:
+            feed(gateway, stream, BlockRemoved(rng.sample(pool, 3), rng.choice(["GPU", "cpu"])))
+        else:
+            feed(gateway, stream, AllBlocksCleared())
+
+
+def lines(messages: Any) -> list[dict[str, Any]]:
+    return [json.loads(m.data) for m in messages]
+
+
+def model_blocks(doc: dict[str, Any]) -> set[tuple[Any, ...]]:
+    return {
+        (s["source"], s["dp_rank"], b["medium"], b["group_idx"], b["hash"], b["refs"])
+        for s in doc["streams"]
+        for b in s["blocks"]
+    }
+
+
+def apply_live(blocks: set[tuple[Any, ...]], message: dict[str, Any]) -> None:
+    """A tiny router: reference counts from batches (only what churn() produces)."""
+    key = (message["source"], message["dp_rank"])
+    for event in message["events"]:
+        if event["type"] == "AllBlocksCleared":
+            blocks -= {b for b in blocks if b[:2] == key}
+            continue
+        medium = (event.get("medium") or "GPU").upper()
+        for h in event["block_hashes"]:
+            old = next((b for b in blocks if b[:5] == (*key, medium, 0, h)), None)
+            refs = 0 if old is None else old[5]
+            if old is not None:
+                blocks.discard(old)
+            refs += 1 if event["type"] == "BlockStored" else -1
+            if refs > 0:
+                blocks.add((*key, medium, 0, h, refs))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_state_then_live_equals_the_index_at_every_later_offset(seed: int) -> None:
+    rng = random.Random(seed)
+    gateway = make_gateway()
+    churn(gateway, rng, 80)
+    sub = gateway.subscribe(ClientRequest(ClientFilter(), snapshot="blocks"), "ws")
+    assert sub.snapshot is not None and sub.snapshot.offset == sub.offset == gateway.log.last_offset
+    churn(gateway, rng, 40)  # live, queued while the state is (not yet) written
+    states = lines(_state(sub))
+    assert states[-1]["last"] and sub.snapshot is None and gateway.routers.snapshots == 0
+    assert {m["offset"] for m in states} == {sub.offset}
+    assert sorted((m["source"], m["dp_rank"]) for m in states if m["last"]) == [("a", 0), ("a", 1), ("b", 0)]
+    blocks = model_blocks({"streams": [{**m, "blocks": m["blocks"]} for m in states]})
+    live = lines(sub.take(2**30))
+    assert [m["offset"] for m in live] == list(range(sub.offset + 1, gateway.log.last_offset + 1))
+    for message in live:
+        apply_live(blocks, message)
+    doc = blocks_document(gateway.log.epoch, gateway.log.last_offset, capture(gateway.index.streams()))
+    assert blocks == model_blocks(doc)
+    sub.close()
+
+
+def test_a_resumed_client_gets_no_state_and_sse_hello_hides_its_id() -> None:
+    gateway = make_gateway()
+    feed(gateway, ("a", 0), stored([1, 2]))
+    sse = gateway.subscribe(ClientRequest(ClientFilter(sources=frozenset({"a"})), snapshot="blocks"), "sse")
+    assert _hello(sse).id is None and b"id:" not in _hello(sse).sse
+    states = list(_state(sse))
+    assert [m.id for m in states] == [None, sse.hello_message.id]  # a[0] then a[1]; the last has the id
+    resumed = gateway.subscribe(
+        ClientRequest(ClientFilter(), last_event_id=sse.hello_message.id, snapshot="blocks"), "sse"
+    )
+    assert resumed.recovered and resumed.snapshot is None and _hello(resumed) is resumed.hello_message
+    sse.close()
+    resumed.close()
+
+
+def test_snapshot_slots_are_bounded_and_freed() -> None:
+    gateway = make_gateway(max_snapshots=2)
+    request = ClientRequest(ClientFilter(), snapshot="blocks")
+    first = gateway.subscribe(request, "ws")
+    second = gateway.subscribe(request, "ws")
+    with pytest.raises(TooManySnapshots):
+        gateway.subscribe(request, "ws")
+    assert gateway.hub.client_count == 2
+    list(_state(first))  # sent: its slot is free
+    third = gateway.subscribe(request, "sse")
+    assert gateway.routers.snapshots == 2
+    second.close()
+    for message in _state(second):  # a closed client's state stops at once and frees its slot
+        raise AssertionError(f"sent {message!r} to a closed client")
+    assert gateway.routers.snapshots == 1
+    first.close()
+    third.close()
+
+
+def test_live_messages_behind_the_state_are_bounded_by_snapshot_queue_bytes() -> None:
+    gateway = make_gateway(snapshot_queue_bytes=4096, client_queue_bytes=1024)
+    sub = gateway.subscribe(ClientRequest(ClientFilter(), snapshot="blocks"), "ws")
+    n = 0
+    while sub.closed_reason is None:
+        feed(gateway, ("a", 0), stored([n]))
+        n += 1
+        assert n < 1000
+    assert sub.closed_reason == "slow_consumer" and 2 < n < 60  # about 4096 bytes of batches
+    assert list(_state(sub)) == [] and gateway.routers.snapshots == 0
+
+
+def test_the_learner_follows_the_log_and_answers_by_tokens() -> None:
+    gateway = make_gateway(max_learned_blocks=8)
+    tokens = list(range(3 * SIZE))
+    feed(gateway, ("a", 1), stored([11, 12, 13], tokens=tokens))
+    feed(gateway, ("b", 0), stored([21, 22], tokens=tokens[: 2 * SIZE]))
+    routers = gateway.routers
+    assert len(routers.learner) == 5
+    answer = routers.lookup(list(gateway.index.streams()), TokenQuery(tokens), gateway.log.last_offset)
+    assert [(s["source"], s["dp_rank"], s["blocks"], s["tokens"]) for s in answer["streams"][:2]] == [
+        ("a", 1, 3, 3 * SIZE),
+        ("b", 0, 2, 2 * SIZE),
+    ]
+    assert block_digests(tokens, SIZE)  # the content is what the chain is keyed by
+    for n in range(10):  # past the cap: non-resident entries go first
+        feed(gateway, ("b", 0), stored([100 + n], tokens=[n] * SIZE))
+        feed(gateway, ("b", 0), BlockRemoved([100 + n]))
+    assert len(routers.learner) <= 8
+    gateway.routers.refresh_gauges()
+    assert gateway.metrics.learned_blocks._value.get() == len(routers.learner)
+    assert gateway.metrics.learned_evictions._value.get() == routers.learner.evicted > 0
+    kept = routers.lookup(list(gateway.index.streams()), TokenQuery(tokens), gateway.log.last_offset)
+    assert kept["streams"][0]["blocks"] == 3  # resident chains got their second chance
+
+
+def test_learning_off_with_zero() -> None:
+    gateway = make_gateway(max_learned_blocks=0)
+    feed(gateway, ("a", 0), stored([1, 2]))
+    assert len(gateway.routers.learner) == 0
+
+
+def test_fleet_facts_and_their_gauges() -> None:
+    gateway = make_gateway()
+    feed(gateway, ("a", 0), stored([1, 2, 3]))
+    feed(gateway, ("a", 1), stored([2, 3, 4]))
+    feed(gateway, ("b", 0), stored([3], medium="CPU"))
+    feed(gateway, ("a", 0), stored([3], medium="CPU"))  # same stream, other medium: shared once more
+    facts = asyncio.run(gateway.routers.count_fleet(gateway.log.last_offset))
+    assert facts["distinct_blocks"] == 4 and facts["shared_blocks"] == 2  # 2 and 3
+    assert facts["mediums"] == {
+        "GPU": {"distinct_blocks": 4, "shared_blocks": 2},
+        "CPU": {"distinct_blocks": 1, "shared_blocks": 1},
+    }
+    assert facts["offset"] == gateway.log.last_offset and gateway.routers.fleet is facts
+    metrics = gateway.metrics
+    assert metrics.fleet_shared_blocks.labels("all")._value.get() == 2
+    assert metrics.fleet_distinct_blocks.labels("CPU")._value.get() == 1
+
+
+def test_snapshot_query_parameter() -> None:
+    assert parse_query({"snapshot": ["blocks"]}).snapshot == "blocks"
+    assert parse_query({}).snapshot is None
+    for bad, fragment in (({"snapshot": ["all"]}, "snapshot: expected blocks"), ({"snapshot": ["blocks"] * 2}, "more")):
+        with pytest.raises(BadRequest, match=fragment):
+            parse_query(bad)
+
+
+def test_encoded_state_messages_equal_the_state_messages_and_gc_is_restored() -> None:
+    gateway = make_gateway()
+    churn(gateway, random.Random(5), 60)
+    streams = capture(gateway.index.streams())
+    expected = [json.loads(json.dumps(m)) for m in state_messages(streams, 9, 3)]
+    assert gc.isenabled()
+    got = [json.loads(data) for data in without_gc(encoded_state_messages(streams, 9, 3))]
+    assert got == expected and gc.isenabled()
+    gc.disable()
+    try:
+        assert len(list(without_gc(encoded_state_messages(streams, 9, 3)))) == len(expected)
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.enable()
