@@ -5,7 +5,7 @@
     python -m bench --scenario ingest --scenario catchup --runs 5
 
 Scenarios: ingest (1), fanout (2), naive (3, the naive bridge through fanout's harness), latency (4),
-memory (5), catchup (6). ``fanout`` and ``naive`` run interleaved when both are chosen.
+memory (5), catchup (6), streams (7). ``fanout`` and ``naive`` run interleaved when both are chosen.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import RESULTS_SCHEMA, catchup, fanout, ingest, latency, memory, report
+from bench import RESULTS_SCHEMA, catchup, fanout, ingest, latency, memory, report, streams
 from bench.common import (
     NAIVE_LOOP_ENV,
     REPO,
@@ -36,7 +36,7 @@ from bench.common import (
 )
 from bench.context import Context
 
-SCENARIOS = ("ingest", "fanout", "naive", "latency", "memory", "catchup")
+SCENARIOS = ("ingest", "fanout", "naive", "latency", "memory", "catchup", "streams")
 DOC = REPO / "docs" / "performance.md"
 
 
@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         record(("memory",), lambda c: {"memory": memory.run(c)}, ctx)
     if "catchup" in chosen:
         record(("catchup",), lambda c: {"catchup": catchup.run(c)}, ctx)
+    if "streams" in chosen:
+        record(("streams",), lambda c: {"streams": streams.run(c)}, ctx)
 
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     _write_json(run_dir / "results.json", results)

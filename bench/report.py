@@ -67,7 +67,8 @@ def _meta(entry: dict[str, Any]) -> str:
 def _ingest(r: dict[str, Any]) -> list[str]:
     out = [
         f"{r['batches']:,} batches of {r['events_per_batch']} events ({r['payload_bytes']:,} bytes of msgpack "
-        "on average) pre-loaded, then consumed flat out with no web client.",
+        "on average) pre-loaded, then consumed flat out"
+        + (" with one WebSocket client receiving every batch." if r.get("web_clients") else " with no web client."),
         "",
     ]
     rows = [
@@ -90,6 +91,26 @@ def _ingest(r: dict[str, Any]) -> list[str]:
         ]
     )
     out += _table(["run", "raw SUB batches/s", "gateway batches/s", "ratio", "gateway CPU us/batch"], rows)
+    if r.get("variants"):
+        out += [
+            "",
+            "Gateway CPU per batch (every thread, until the client has the last batch) against the floor: "
+            "msgspec's decode plus JSON encode of the same payloads, in the bench process, same run:",
+            "",
+        ]
+        out += _table(
+            ["payloads", "gateway CPU us/batch", "floor us/batch", "ratio to floor", "gateway batches/s"],
+            [
+                [
+                    name,
+                    _num(v["gateway_cpu_us_per_batch"], 1),
+                    _num(v["floor_us"], 1),
+                    f"**{_num(v['floor_ratio'], 2)}**",
+                    _num(v["gateway_rate"]),
+                ]
+                for name, v in r["variants"].items()
+            ],
+        )
     b = r.get("breakdown_us")
     if b:
         out += ["", "Where a batch's time goes (in-process, same payloads, microseconds per batch):", ""]
@@ -344,7 +365,70 @@ def _catchup(r: dict[str, Any]) -> list[str]:
     return out
 
 
+def _streams(r: dict[str, Any]) -> list[str]:
+    out = [
+        "N streams against closed loopback ports (no engine running: every stream connecting and "
+        "retrying), against one stream in the same run; per stream = (N - one) / (N - 1).",
+        "",
+    ]
+    rows = []
+    for row in r["sizes"]:
+        one, per = row["one_stream"], row["per_stream"]
+        rows.append(
+            [
+                _num(row["streams"]),
+                _num(row["start_seconds"], 2),
+                _num(row["idle_cpu_cores"] * 100, 2) + "%",
+                _mib(row["rss_bytes"]),
+                _num(row["descriptors"]),
+                _num(row["metrics_seconds"] * 1000, 0) + " ms",
+                _num(row["metrics_bytes"] / 1024, 0) + " KiB",
+                f"{_num(per['rss_bytes'] / 1024, 1)} KiB, {_num(per['descriptors'], 2)} fds, "
+                f"{_num(per['metrics_bytes'], 0)} B of /metrics",
+                f"{_num(one['idle_cpu_cores'] * 100, 2)}%, {_mib(one['rss_bytes'])}, {_num(one['descriptors'])} fds",
+            ]
+        )
+    out += _table(
+        [
+            "streams",
+            "spawn to listed, s",
+            "idle CPU",
+            "RSS",
+            "descriptors",
+            "/metrics scrape",
+            "/metrics size",
+            "per stream",
+            "one stream",
+        ],
+        rows,
+    )
+    return out
+
+
 # --- the whole section --------------------------------------------------------------------
+
+
+def _floor_row(r: dict[str, Any]) -> list[str]:
+    return [
+        "1 ingest CPU per batch, 1 WS client",
+        f"{_num(r['gateway_cpu_us_per_batch'], 1)} us",
+        f"floor {_num(r['floor_us'], 1)} us",
+        _num(r["floor_ratio"], 2),
+        "<= 2.0 x the floor",
+        _yes(r["floor_ratio"] <= 2.0),
+    ]
+
+
+def _streams_row(big: dict[str, Any]) -> list[str]:
+    return [
+        f"7 {int(big['streams']):,} streams, engines down",
+        f"start {_num(big['start_seconds'], 2)} s, idle {_num(big['idle_cpu_cores'] * 100, 1)}% of a core, "
+        f"/metrics {_num(big['metrics_seconds'], 2)} s",
+        "",
+        "",
+        "start in seconds, idle < 5%, /metrics < 1 s",
+        _yes(big["idle_cpu_cores"] < 0.05 and big["metrics_seconds"] < 1.0),
+    ]
 
 
 def _targets(s: dict[str, Any]) -> list[str]:
@@ -354,6 +438,8 @@ def _targets(s: dict[str, Any]) -> list[str]:
         entry = s.get(name)
         return None if entry is None or "error" in entry else entry["result"]
 
+    if (r := result("ingest")) is not None and r.get("floor_ratio") is not None:
+        rows.append(_floor_row(r))
     if (r := result("ingest")) is not None:
         rows.append(
             [
@@ -442,6 +528,8 @@ def _targets(s: dict[str, Any]) -> list[str]:
                 _yes(r["rebuilt_exactly"]),
             ]
         )
+    if (r := result("streams")) is not None and r["sizes"]:
+        rows.append(_streams_row(r["sizes"][-1]))
     return _table(["scenario", "kvgateway", "baseline", "ratio", "target", "met"], rows)
 
 
@@ -450,6 +538,7 @@ SECTIONS: Final[list[tuple[str, str, Callable[[dict[str, Any]], list[str]]]]] = 
     ("latency", "4. Latency at 1,000 batches/s", _latency),
     ("memory", "5. Index memory and churn", _memory),
     ("catchup", "6. Catch-up from a replay", _catchup),
+    ("streams", "7. Many streams", _streams),
 ]
 
 

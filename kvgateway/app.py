@@ -19,6 +19,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
+from kvgateway.dashboard_api import DashboardData, analytics_endpoint, history_endpoint
 from kvgateway.gateway import Gateway
 from kvgateway.guard import PROTECTED_PREFIX, Authentication, HostCheck, SecurityHeaders, json_error
 from kvgateway.hub import TooManyClients
@@ -45,10 +46,13 @@ def static_dir() -> Path:
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
     """The gateway (on ``app.state``) runs while the app does: started before the first request."""
     gateway: Gateway = app.state.gateway
+    dashboard_data: DashboardData = app.state.dashboard_data
     try:
         await gateway.start()
+        dashboard_data.start()
         yield
     finally:
+        await dashboard_data.stop()
         await gateway.stop()
 
 
@@ -161,6 +165,8 @@ ROUTES: Final[list[Route | WebSocketRoute]] = [
     Route("/metrics", metrics_endpoint),
     Route("/v1/sources", sources),
     Route("/v1/occupancy", occupancy),
+    Route("/v1/history", history_endpoint),
+    Route("/v1/analytics", analytics_endpoint),
     Route("/v1/schema", schema),
     Route("/v1/events", events),
     WebSocketRoute("/v1/ws", websocket_endpoint),
@@ -191,6 +197,7 @@ def create_app(gateway: Gateway) -> Starlette:
     routes = [*ROUTES, Mount("/", app=StaticFiles(directory=static_dir(), html=True), name="static")]
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
     app.state.gateway = gateway
+    app.state.dashboard_data = DashboardData(gateway)
     # The last added runs first: headers on every answer, then the Host, then Origin and token.
     app.add_middleware(Authentication, settings=gateway.settings, metrics=gateway.metrics)
     app.add_middleware(HostCheck, settings=gateway.settings, metrics=gateway.metrics)

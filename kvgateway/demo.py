@@ -8,15 +8,21 @@ import contextlib
 import logging
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvgateway import config, logs
 from kvgateway.config import SourceConfig
-from kvgateway.simulator import Faults, HashKind, SimulatedEngine
-from kvgateway.simulator import build_engines as simulator_engines
+from kvgateway.endpoints import rank_endpoints
+from kvgateway.simulator import Faults, HashKind, SimulatedEngine, Workload
 
 log = logging.getLogger("kvgateway.demo")
+
+
+SILENT_SOURCE = "vllm-c"
+"""The demo engine that goes quiet now and then (connected, publishing nothing)."""
+CLEAR_EVERY = 900
+"""vllm-a rank 1 clears its prefix cache every this many batches: its fill rises and falls."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,9 +32,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--restart-every",
         type=int,
+        default=2400,
+        metavar="N",
+        help="restart engine 'sglang-b' (with --streams: the first stream) after every N batches "
+        "(default 2400; 0: never)",
+    )
+    parser.add_argument(
+        "--silence",
+        type=float,
+        nargs=2,
+        default=(60.0, 30.0),
+        metavar=("TALK", "QUIET"),
+        help=f"engine '{SILENT_SOURCE}' (with --streams: the last stream) publishes for TALK seconds, then goes "
+        "quiet for QUIET seconds, over and over (default 60 30; QUIET 0: never quiet)",
+    )
+    parser.add_argument(
+        "--streams",
+        type=int,
         default=0,
         metavar="N",
-        help="restart engine 'sglang-b' after every N batches (default: never)",
+        help="a fleet of N streams (sources of 8 ranks each) instead of the four demo engines (default: off)",
     )
 
 
@@ -37,70 +60,147 @@ def _check(args: argparse.Namespace) -> None:
         raise config.ConfigError(f"--rate: expected a rate from 0 (exclusive) to 100000, got {args.rate}")
     if args.restart_every < 0:
         raise config.ConfigError(f"--restart-every: expected N >= 0, got {args.restart_every}")
+    talk, quiet = args.silence
+    if talk <= 0 or quiet < 0:
+        raise config.ConfigError(f"--silence: expected TALK > 0 and QUIET >= 0, got {talk:g} {quiet:g}")
+    if not 0 <= args.streams <= 1024:
+        raise config.ConfigError(f"--streams: expected 0 to 1024 streams, got {args.streams}")
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    """How one demo stream behaves: its share of --rate, cache clears, restarts and silences."""
+
+    rate_factor: float = 1.0
+    clear_every: int = 0
+    restarts: bool = False
+    silent: bool = False
+    cpu_offload: bool = False
 
 
 def demo_sources(sockets: Path) -> tuple[SourceConfig, ...]:
-    """Two engines: vLLM-style with two DP ranks, and an SGLang-style one with CPU offload.
+    """Three engines at different fill levels and rates: vLLM-style with two DP ranks (rank 1
+    clears its cache now and then), an SGLang-style one with CPU offload that restarts now and
+    then, and a vLLM-style one that goes silent now and then. Capacities are configured.
 
     They publish on ipc:// endpoints in a private directory: bound (as vLLM does for ipc),
     local to this machine, and free of port clashes.
     """
     return (
-        SourceConfig(
-            name="vllm-a",
-            endpoint=f"ipc://{sockets}/vllm-a-pub",
-            replay=f"ipc://{sockets}/vllm-a-replay",
-            topic="kv-events",
-            dp_size=2,
-            capacity_blocks={"GPU": 2048},
-        ),
-        SourceConfig(
-            name="sglang-b",
-            endpoint=f"ipc://{sockets}/sglang-b-pub",
-            replay=f"ipc://{sockets}/sglang-b-replay",
-            topic="kv-events",
-            capacity_blocks={"GPU": 1024, "CPU": 4096},
-        ),
+        _source(sockets, "vllm-a", dp_size=2, capacity={"GPU": 32768}),
+        _source(sockets, "sglang-b", capacity={"GPU": 4096, "CPU": 16384}),
+        _source(sockets, SILENT_SOURCE, capacity={"GPU": 8192}),
     )
 
 
-def build_engines(args: argparse.Namespace, sources: tuple[SourceConfig, ...]) -> list[SimulatedEngine]:
-    engines: list[SimulatedEngine] = []
+def _source(sockets: Path, name: str, *, dp_size: int = 1, capacity: dict[str, int]) -> SourceConfig:
+    return SourceConfig(
+        name=name,
+        endpoint=f"ipc://{sockets}/{name}-pub",
+        replay=f"ipc://{sockets}/{name}-replay",
+        topic="kv-events",
+        dp_size=dp_size,
+        capacity_blocks=capacity,
+    )
+
+
+def demo_roles(sources: tuple[SourceConfig, ...]) -> dict[tuple[str, int], Role]:
+    roles = {
+        ("vllm-a", 0): Role(),
+        ("vllm-a", 1): Role(rate_factor=0.5, clear_every=CLEAR_EVERY),
+        ("sglang-b", 0): Role(restarts=True, cpu_offload=True),
+        (SILENT_SOURCE, 0): Role(rate_factor=0.5, silent=True),
+    }
+    return {(s.name, r): roles.get((s.name, r), Role()) for s in sources for r in range(s.dp_size)}
+
+
+def fleet_sources(sockets: Path, streams: int) -> tuple[SourceConfig, ...]:
+    """``streams`` streams as sources of 8 ranks ("pool-00", "pool-01", ...), GPU capacities from
+    2,048 to 16,384 blocks so their caches fill at different speeds."""
+    out = []
+    for i, first in enumerate(range(0, streams, 8)):
+        size = min(8, streams - first)
+        out.append(_source(sockets, f"pool-{i:02d}", dp_size=size, capacity={"GPU": 2048 << (i % 4)}))
+    return tuple(out)
+
+
+def fleet_roles(sources: tuple[SourceConfig, ...]) -> dict[tuple[str, int], Role]:
+    keys = [(s.name, r) for s in sources for r in range(s.dp_size)]
+    roles = {key: Role(rate_factor=0.5 + (n % 4) / 4) for n, key in enumerate(keys)}
+    roles[keys[0]] = Role(restarts=True)
+    roles[keys[-1]] = Role(silent=len(keys) > 1)
+    return roles
+
+
+def build_engines(
+    args: argparse.Namespace, sources: tuple[SourceConfig, ...], roles: dict[tuple[str, int], Role]
+) -> list[tuple[SimulatedEngine, Role]]:
+    engines: list[tuple[SimulatedEngine, Role]] = []
     for index, source in enumerate(sources):
-        offload = source.name == "sglang-b"
-        hash_kind: HashKind = "signed" if offload else "int"
-        # Each restart_at entry fires once and the seq starts again at 0: (N,) * k restarts k times.
-        restart_at = (args.restart_every,) * 10_000 if offload and args.restart_every else ()
-        engines += simulator_engines(
-            source.dp_size,
-            source.endpoint,
-            replay_endpoint=source.replay,
-            seed=args.seed * 1000 + index,  # one seed per engine: its ranks share system prompts
-            workload_options={
-                "gpu_capacity_blocks": source.capacity_blocks.get("GPU", 2048),
-                "cpu_offload": offload,
-                "cpu_capacity_blocks": source.capacity_blocks.get("CPU", 8192),
-            },
-            topic=source.topic,
-            rate=args.rate,
-            form="array" if offload else "map",
-            replay_layout="plain" if offload else "topic",
-            hash_kind=hash_kind,
-            faults=Faults(restart_at=restart_at) if restart_at else None,
-        )
+        seed = args.seed * 1000 + index  # one seed per engine: its ranks share system prompts
+        for rank, pub, replay in rank_endpoints(source.endpoint, source.replay, source.dp_size):
+            role = roles[(source.name, rank)]
+            hash_kind: HashKind = "signed" if role.cpu_offload else "int"
+            # Each restart_at entry fires once and the seq starts again at 0: (N,) * k restarts k times.
+            restart_at = (args.restart_every,) * 10_000 if role.restarts and args.restart_every else ()
+            engine = SimulatedEngine(
+                pub,
+                replay_endpoint=replay,
+                topic=source.topic,
+                dp_rank=rank,
+                rate=args.rate * role.rate_factor,
+                form="array" if role.cpu_offload else "map",
+                replay_layout="plain" if role.cpu_offload else "topic",
+                hash_kind=hash_kind,
+                seed=seed,
+                faults=Faults(restart_at=restart_at) if restart_at else None,
+                workload=Workload(
+                    seed,
+                    hash_kind=hash_kind,
+                    gpu_capacity_blocks=source.capacity_blocks.get("GPU", 2048),
+                    cpu_offload=role.cpu_offload,
+                    cpu_capacity_blocks=source.capacity_blocks.get("CPU", 8192),
+                    clear_every=role.clear_every,
+                    stream=rank,
+                ),
+            )
+            engines.append((engine, role))
     return engines
+
+
+async def run_engine(engine: SimulatedEngine, role: Role, silence: tuple[float, float]) -> None:
+    """Publish; a silent role alternates TALK seconds of batches with QUIET seconds of nothing
+    (replay requests are still answered: the engine is alive, just idle)."""
+    talk, quiet = silence
+    if not role.silent or quiet <= 0:
+        await engine.run()
+        return
+    while True:
+        engine.batches = engine.batches_done + max(1, round(engine.rate * talk))
+        await engine.run()
+        if engine.batches_done < engine.batches:
+            return  # stopped before its batches were done: the demo is ending
+        await engine.serve_replays(quiet)
 
 
 async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
     from kvgateway.server import serve
 
     with tempfile.TemporaryDirectory(prefix="kvgateway-demo-") as directory:
-        sources = demo_sources(Path(directory))
+        sockets = Path(directory)
+        if args.streams:
+            sources = fleet_sources(sockets, args.streams)
+            roles = fleet_roles(sources)
+        else:
+            sources = demo_sources(sockets)
+            roles = demo_roles(sources)
         settings = config.validate(replace(settings, sources=sources))
-        engines = build_engines(args, sources)
+        pairs = build_engines(args, sources, roles)
+        engines = [engine for engine, _ in pairs]
         for engine in engines:
             await engine.start()
-        runners = [asyncio.ensure_future(engine.run()) for engine in engines]
+        silence = (args.silence[0], args.silence[1])
+        runners = [asyncio.ensure_future(run_engine(engine, role, silence)) for engine, role in pairs]
 
         def ready(url: str) -> None:
             print(f"kvgateway demo: dashboard at {url}", flush=True)

@@ -44,6 +44,7 @@ REJECTION_TRANSPORTS = ("ws", "sse", "http")
 
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BROADCAST_BUCKETS = (0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
+LIFETIME_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 QUEUE_BYTES_BUCKETS = (0, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
 
 
@@ -279,6 +280,31 @@ class Metrics:
         )
         self.ring_messages = Gauge("kvgateway_ring_messages", "Messages held in the resume ring.", registry=r)
         self.ring_bytes = Gauge("kvgateway_ring_bytes", "Encoded bytes held in the resume ring.", registry=r)
+        # cache analytics (kvgateway/cache_analytics.py: the blocks of 1 store event in 16)
+        self.block_lifetime = Histogram(
+            "kvgateway_block_lifetime_seconds",
+            "Sampled blocks' lifetime in the cache, stored to removed, by the engine's timestamps.",
+            (*STREAM, "tier"),
+            buckets=LIFETIME_BUCKETS,
+            registry=r,
+        )
+        self.sampled_evictions = Counter(
+            "kvgateway_sampled_evictions", "Removals of sampled blocks.", (*STREAM, "tier"), registry=r
+        )
+        self.block_refetches = Counter(
+            "kvgateway_block_refetches",
+            "Sampled blocks stored again within 60 s of their removal (the engine paid for them again).",
+            (*STREAM, "tier"),
+            registry=r,
+        )
+        self.prefix_engines_mean = Gauge(
+            "kvgateway_prefix_engines_mean",
+            "Engines holding a chain's first block, averaged over the first blocks resident somewhere.",
+            registry=r,
+        )
+        self.history_bytes = Gauge(
+            "kvgateway_history_bytes", "Bytes held by the /v1/history series (preallocated rings).", registry=r
+        )
         self.cache_capacity_blocks = Gauge(
             "kvgateway_cache_capacity_blocks",
             "Configured capacity per stream and medium (only where capacity_blocks is set).",

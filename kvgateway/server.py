@@ -16,6 +16,7 @@ import uvicorn
 
 from kvgateway import logs
 from kvgateway.app import create_app
+from kvgateway.budget import Budget, BudgetError, open_context, raise_open_files
 from kvgateway.config import Settings, unresolved_hosts
 from kvgateway.gateway import Gateway, StartupError
 
@@ -94,18 +95,21 @@ async def serve(
     settings: Settings,
     *,
     ready: Callable[[str], None] | None = None,
-    make_gateway: Callable[[Settings], Gateway] = Gateway,
+    make_gateway: Callable[..., Gateway] = Gateway,
     reuse_port: bool = False,
 ) -> None:
-    """Run the gateway and its HTTP server until SIGINT/SIGTERM.
-
-    The HTTP port is bound first; the app's lifespan then starts the gateway (the engines'
-    sockets): nothing says "started" before both are known to work. Raises
-    :class:`StartupError` (one line) when either fails.
-    """
+    """Run the gateway and its HTTP server until SIGINT/SIGTERM: the port is bound first, then the
+    app's lifespan starts the gateway; a failure of either is a :class:`StartupError` (one line)."""
     listener = _listen(settings, reuse_port)
     try:
-        gateway = make_gateway(settings)
+        budget = Budget.of(settings)
+        raise_open_files(budget)
+        context = open_context(budget)
+    except BudgetError as exc:
+        listener.close()
+        raise StartupError(str(exc)) from None
+    try:
+        gateway = make_gateway(settings, context=context)
         app = create_app(gateway)
         server = _Server(uvicorn_config(app, settings))
         loop = asyncio.get_running_loop()
@@ -144,6 +148,7 @@ async def serve(
             await gateway.stop()  # idempotent: the lifespan has stopped it unless start-up failed
     finally:
         listener.close()
+        context.destroy(linger=0)  # destroy, not term: see Gateway.stop
 
 
 class _QuietStartupFailure(logging.Filter):

@@ -5,11 +5,16 @@
 //   snapshot. hello.occupancy on a connection that was not recovered, then GET v1/occupancy every
 //   1 s. A browser cannot rebuild the snapshot from batches (it would need the reference-counted
 //   hash sets), so it never tries.
-// - Store/remove rate charts: the `stores_per_s` / `removes_per_s` fields of those same 1 s
-//   snapshots (summed over mediums), one point per poll, 5 minutes kept. Chosen over counting
-//   blocks in the stream because the gateway's rates agree with /metrics and with the snapshot,
-//   do not spike when a reconnect replays missed batches, and keep working on the SSE fallback
-//   or while the tab is throttled in the background. A failed poll adds a gap, not a zero.
+// - Charts and the health history (fill, rates, restarts, batch age): GET v1/history, the series
+//   the gateway samples every 5 s for the last hour. Fetched whole on every hello (so a new tab or
+//   a reconnect draws full charts at once), then every 5 s with since=<last t>. A new epoch (the
+//   gateway restarted) starts the series again. The gateway's rates agree with /metrics, do not
+//   spike when a reconnect replays missed batches, and keep coming while this tab sleeps.
+// - Health at a glance (down > degraded > restarting > silent > stale > up): the state from
+//   v1/sources, restarts within RESTART_WINDOW_S (the counter now minus the history's), and the
+//   time since the stream's last batch (batches seen on the stream, or the history's age).
+// - Past CARDS_MAX streams the page shows a sortable fleet table (grouped by source); a row's
+//   card opens on demand.
 // - State badges and counters (gaps, replays, unrecovered, restarts, decode errors): GET
 //   v1/sources every 2 s, and hello.sources. Notices from the stream update a badge at once
 //   (the next poll confirms) and flash the card.
@@ -32,9 +37,17 @@
 const OCC_POLL_MS = 1000;
 const SOURCES_POLL_MS = 2000;
 const FETCH_TIMEOUT_MS = 4000;
-const CHART_WINDOW_S = 300;
+const CHART_WINDOW_S = 1800;
+const HISTORY_POLL_MS = 5000;
+const ANALYTICS_POLL_MS = 10000;
+const HISTORY_POINTS_MAX = 10000; // as the gateway: a whole-history fetch asks for a coarser step beyond this
+const CARDS_MAX = 6; // more streams than this: the fleet table, cards on demand
+const CARD_MIN_PX = 330;
 const TAIL_ROWS = 200; // rows in the DOM
-const TAIL_BUFFER = 2000; // events kept in memory (for re-filtering)
+const TAIL_BUFFER = 3000; // events kept in memory (for re-filtering)
+const TAIL_TYPE_RATE = 6; // events per second and type kept for the tail: filters keep minutes
+const NOTICES_KEPT = 300; // notices have their own list: events never push them out
+const NOTICES_SHOWN = 6;
 const TAIL_MIN_INTERVAL_MS = 200; // the tail and the header counters repaint at most 5 times a second
 const HASHES_SHOWN = 3;
 const HELLO_TIMEOUT_MS = 10000;
@@ -53,35 +66,21 @@ const COUNTERS = ["gaps", "missed", "replayed", "unrecovered", "restarts", "deco
 // ---------------------------------------------------------------------------------------------
 // small helpers
 
+import { compactFmt, el, fmtDur, fmtInt, fmtPct, fmtRate, fmtTime, intFmt, setText, setVal } from "./format.js";
+import {
+  LAG_FRESH_S,
+  RESTART_WINDOW_S,
+  STATE_ORDER,
+  cacheFacts,
+  lastBatchAt,
+  restartsWithin,
+  streamHealth,
+  troubleCounts,
+} from "./health.js";
+import { FleetTable } from "./fleet-table.js";
+
 const $ = (sel, root = document) => root.querySelector(sel);
 const tid = (name, root = document) => root.querySelector(`[data-testid="${name}"]`);
-
-const intFmt = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
-const compactFmt = new Intl.NumberFormat("en-US", { notation: "compact", maximumFractionDigits: 2 });
-const rateFmt = new Intl.NumberFormat("en-US", { maximumFractionDigits: 1 });
-
-function fmtInt(n) {
-  if (n === null || n === undefined || !Number.isFinite(n)) return "–";
-  return Math.abs(n) >= 1e6 ? compactFmt.format(n) : intFmt.format(n);
-}
-
-function fmtRate(n) {
-  if (n === null || n === undefined || !Number.isFinite(n)) return "–";
-  return n >= 1000 ? compactFmt.format(n) : rateFmt.format(n);
-}
-
-function fmtPct(frac) {
-  if (frac === null || !Number.isFinite(frac)) return "";
-  const p = frac * 100;
-  return (p > 0 && p < 0.1 ? "<0.1" : p.toFixed(p < 10 ? 1 : 0)) + "%";
-}
-
-function fmtTime(tsSeconds) {
-  if (typeof tsSeconds !== "number" || !Number.isFinite(tsSeconds)) return "";
-  const d = new Date(tsSeconds * 1000);
-  const pad = (v, w = 2) => String(v).padStart(w, "0");
-  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
-}
 
 function shortHash(h) {
   const s = String(h);
@@ -108,26 +107,6 @@ function sortMediums(list) {
 }
 
 const streamKey = (source, rank) => `${source}\u0000${rank}`;
-
-/** Set text and data-value only when they changed (keeps layout work per frame small). */
-function setVal(el, value, text) {
-  if (!el) return;
-  const v = value === null || value === undefined ? "" : String(value);
-  if (el.dataset.value !== v) el.dataset.value = v;
-  const t = text === undefined ? v : text;
-  if (el.textContent !== t) el.textContent = t;
-}
-
-function setText(el, text) {
-  if (el && el.textContent !== text) el.textContent = text;
-}
-
-function el(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined) e.textContent = text;
-  return e;
-}
 
 // ---------------------------------------------------------------------------------------------
 // state
@@ -156,7 +135,21 @@ const state = {
 
   overrides: new Map(), // streamKey -> {state, until} from notices, until the next sources poll
   notices: new Map(), // streamKey -> {kind, at}
-  series: new Map(), // streamKey -> {xs, stores, removes}
+  history: new Map(), // streamKey -> series from v1/history (see applyHistory)
+  historyEpoch: "",
+  historyLastT: 0,
+  historyWantFull: true,
+  historyRequestFull: false,
+  lastBatch: new Map(), // streamKey -> Date.now() of the last batch seen on the stream
+  analytics: null, // last GET v1/analytics
+  analyticsBy: new Map(), // streamKey -> its entry
+  noticeList: [], // newest last, at most NOTICES_KEPT
+  tailBuckets: new Map(), // event type -> {tokens, at}: the tail's per-type rate limit
+  tailSkipped: 0,
+  view: "", // "" = automatic (cards up to CARDS_MAX streams), or "cards" / "table"
+  pinned: new Set(), // streamKeys whose card is open in table view
+  sort: { col: "stream", dir: 1 },
+  grouped: true,
 
   tail: new Array(TAIL_BUFFER), // ring of entries
   tailHead: 0, // number of entries ever pushed
@@ -170,12 +163,13 @@ const state = {
   mediumTiers: new Map(), // medium name -> its tier, as the gateway said
 
   msgCount: 0,
+  msgTotal: 0, // messages received since the page loaded
   lastMessageAt: 0,
   slowCuts: [], // Date.now() of recent slow-consumer disconnects
   msgRate: 0,
   msgRateAt: performance.now(),
 
-  dirty: { conn: true, counters: true, occ: true, sources: true, tail: true, charts: true, filters: true },
+  dirty: { conn: true, counters: true, occ: true, sources: true, tail: true, charts: true, filters: true, notices: true },
 };
 
 let frameRequested = false;
@@ -229,7 +223,7 @@ function poller(path, intervalMs, onData, onError) {
     timer = 0;
     if (!state.needAuth) {
       try {
-        onData(await getJSON(path));
+        onData(await getJSON(typeof path === "function" ? path() : path));
       } catch (err) {
         if (err instanceof AuthError) onAuthRequired();
         else onError(err);
@@ -257,8 +251,30 @@ const occPoller = poller(
   },
   (err) => {
     state.occError = `occupancy: ${err.message || err}`;
-    addChartGap();
     invalidate("occ");
+  },
+);
+
+const analyticsPoller = poller(
+  "v1/analytics",
+  ANALYTICS_POLL_MS,
+  (data) => {
+    if (!data || !Array.isArray(data.streams)) return;
+    state.analytics = data;
+    state.analyticsBy = new Map(data.streams.map((a) => [streamKey(a.source, a.dp_rank), a]));
+    invalidate("occ");
+  },
+  () => {
+    /* optional: the cards just keep the last figures */
+  },
+);
+
+const historyPoller = poller(
+  historyPath,
+  HISTORY_POLL_MS,
+  (data) => applyHistory(data, state.historyRequestFull),
+  () => {
+    /* the charts keep what they have; the next poll asks again */
   },
 );
 
@@ -287,7 +303,6 @@ function applyOccupancy(occ, fromHello = false) {
       state.mediumTiers.set(m, tierOf(v));
     }
   }
-  if (!fromHello) addChartPoint(occ);
   invalidate("occ");
   invalidate("filters");
 }
@@ -302,47 +317,78 @@ function applySources(list) {
   invalidate("filters");
 }
 
-function addChartPoint(occ) {
-  const t = Date.now() / 1000;
-  const seen = new Set();
-  for (const s of occ.streams) {
+function historyPath() {
+  state.historyRequestFull = state.historyWantFull || !state.historyLastT;
+  if (!state.historyRequestFull) return `v1/history?since=${state.historyLastT}`;
+  // a whole hour for a big fleet: fewer points per stream (the step is a multiple of 5 s)
+  const streams = Math.max(1, (state.sources || []).length);
+  const step = 5 * Math.max(1, Math.ceil((streams * 720) / HISTORY_POINTS_MAX));
+  return step > 5 ? `v1/history?step=${step}` : "v1/history";
+}
+
+function newSeries() {
+  return { t: [], occ: [], fill: [], stores: [], removes: [], restarts: [], lastBatch: [], lag: [], state: [] };
+}
+
+/** The chart's occupancy value of a point: the GPU fill in % where capacity is known, else GPU blocks. */
+function pointOcc(p) {
+  let blocks = 0;
+  let cap = 0;
+  let capKnown = true;
+  let any = false;
+  for (const [m, v] of Object.entries(p.mediums || {})) {
+    if ((state.mediumTiers.get(m) || (m === "GPU" ? "GPU" : "")) !== "GPU" || !v) continue;
+    any = true;
+    blocks += v.blocks;
+    if (typeof v.fill === "number" && v.fill > 0) cap += v.blocks / v.fill;
+    else if (v.blocks > 0 || v.fill === null) capKnown = false;
+  }
+  if (!any) return { occ: null, fill: null };
+  const fill = capKnown && cap > 0 ? (blocks / cap) * 100 : capKnown && blocks === 0 ? 0 : null;
+  return { occ: fill === null ? blocks : fill, fill };
+}
+
+function applyHistory(doc, full) {
+  if (!doc || !Array.isArray(doc.streams)) return;
+  state.historyWantFull = false;
+  if (full || doc.epoch !== state.historyEpoch) {
+    state.history.clear();
+    state.historyEpoch = String(doc.epoch || "");
+    state.historyLastT = 0;
+  }
+  let newest = state.historyLastT;
+  for (const s of doc.streams) {
     const key = streamKey(s.source, s.dp_rank);
-    seen.add(key);
-    let stores = 0;
-    let removes = 0;
-    for (const m of Object.values(s.mediums || {})) {
-      stores += Number(m.stores_per_s) || 0;
-      removes += Number(m.removes_per_s) || 0;
+    let h = state.history.get(key);
+    if (!h) state.history.set(key, (h = newSeries()));
+    for (const p of s.points || []) {
+      if (h.t.length && p.t <= h.t[h.t.length - 1]) continue;
+      let stores = null;
+      let removes = null;
+      for (const v of Object.values(p.mediums || {})) {
+        if (typeof v.stores_per_s === "number") stores = (stores ?? 0) + v.stores_per_s;
+        if (typeof v.removes_per_s === "number") removes = (removes ?? 0) + v.removes_per_s;
+      }
+      const o = pointOcc(p);
+      h.t.push(p.t);
+      h.occ.push(o.occ);
+      h.fill.push(o.fill);
+      h.stores.push(stores);
+      h.removes.push(removes);
+      h.restarts.push(typeof p.restarts === "number" ? p.restarts : null);
+      h.lastBatch.push(typeof p.batch_age_seconds === "number" ? p.t - p.batch_age_seconds : null);
+      h.lag.push(p.lag_seconds ?? null);
+      h.state.push(p.state || "unknown");
+      if (p.t > newest) newest = p.t;
     }
-    pushPoint(key, t, stores, removes);
+    const cutoff = newest - 3600;
+    let drop = 0;
+    while (drop < h.t.length && h.t[drop] < cutoff) drop++;
+    if (drop) for (const k of Object.keys(h)) h[k].splice(0, drop);
   }
-  for (const key of state.series.keys()) if (!seen.has(key)) pushPoint(key, t, null, null);
+  state.historyLastT = newest;
   invalidate("charts");
-}
-
-function addChartGap() {
-  const t = Date.now() / 1000;
-  for (const key of state.series.keys()) pushPoint(key, t, null, null);
-  invalidate("charts");
-}
-
-function pushPoint(key, t, stores, removes) {
-  let s = state.series.get(key);
-  if (!s) {
-    s = { xs: [], stores: [], removes: [] };
-    state.series.set(key, s);
-  }
-  s.xs.push(t);
-  s.stores.push(stores);
-  s.removes.push(removes);
-  const cutoff = t - CHART_WINDOW_S - 5;
-  let drop = 0;
-  while (drop < s.xs.length && s.xs[drop] < cutoff) drop++;
-  if (drop) {
-    s.xs.splice(0, drop);
-    s.stores.splice(0, drop);
-    s.removes.splice(0, drop);
-  }
+  invalidate("occ");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -575,6 +621,7 @@ function connectSSE() {
 
 function handleMessage(msg) {
   state.msgCount++;
+  state.msgTotal++;
   state.lastMessageAt = Date.now();
   switch (msg.type) {
     case "batch":
@@ -614,9 +661,13 @@ function onHello(msg) {
   } else if (hadHistory) {
     addSeparator("reconnected: missed messages recovered");
   }
-  // The snapshot in hello is complete; refresh the rest right away too.
+  // The snapshot in hello is complete; refresh the rest right away too, and the charts' history
+  // whole (what this page missed while disconnected, or everything for a new epoch).
+  if (newEpoch) state.lastBatch.clear();
+  state.historyWantFull = true;
   occPoller.now();
   sourcesPoller.now();
+  historyPoller.now();
   setConn("live");
 }
 
@@ -632,9 +683,12 @@ function onBatch(msg) {
   const source = String(msg.source ?? "");
   const rank = msg.dp_rank ?? 0;
   const ts = typeof msg.ts === "number" ? msg.ts : Date.now() / 1000;
+  const now = Date.now();
+  state.lastBatch.set(streamKey(source, rank), now);
   for (const ev of events) {
     if (!ev || typeof ev !== "object") continue;
     const type = String(ev.type ?? "unknown");
+    if (!tailAdmits(type, now)) continue;
     const hasMedium = type === "BlockStored" || type === "BlockRemoved";
     const medium = hasMedium ? normMedium(ev.medium) : "";
     const tier = hasMedium ? tierOf(ev) : "";
@@ -655,7 +709,7 @@ function onBatch(msg) {
       tier,
       hashes: Array.isArray(ev.block_hashes) ? ev.block_hashes : null,
       parent: ev.parent_block_hash ?? null,
-      tokens: Array.isArray(ev.token_ids) ? ev.token_ids.length : null,
+      tokens: tokenCount(ev),
       blockSize: typeof ev.block_size === "number" ? ev.block_size : null,
       lora: ev.lora_name ?? ev.lora_id ?? null,
     });
@@ -668,6 +722,35 @@ function onBatch(msg) {
   invalidate("counters");
 }
 
+/**
+ * The tail keeps at most TAIL_TYPE_RATE events per second of each type (a token bucket per type),
+ * so at hundreds of events per second its buffer still spans minutes and every filter finds rows.
+ */
+function tailAdmits(type, now) {
+  let b = state.tailBuckets.get(type);
+  if (!b) state.tailBuckets.set(type, (b = { tokens: TAIL_TYPE_RATE, at: now }));
+  b.tokens = Math.min(TAIL_TYPE_RATE, b.tokens + ((now - b.at) / 1000) * TAIL_TYPE_RATE);
+  b.at = now;
+  if (b.tokens < 1) {
+    state.tailSkipped++;
+    return false;
+  }
+  b.tokens -= 1;
+  return true;
+}
+
+/**
+ * Tokens of a BlockStored: its token_ids; a placeholder (offloaded blocks announced without their
+ * tokens: token_ids empty) holds block_hashes x block_size tokens all the same. null: unknown.
+ */
+function tokenCount(ev) {
+  const n = Array.isArray(ev.token_ids) ? ev.token_ids.length : null;
+  if (n) return n;
+  const blocks = Array.isArray(ev.block_hashes) ? ev.block_hashes.length : 0;
+  if (blocks && typeof ev.block_size === "number" && ev.block_size > 0) return blocks * ev.block_size;
+  return n === 0 && blocks === 0 ? 0 : null;
+}
+
 const NOTICE_STATE = { up: "up", down: "down", degraded: "degraded", stale: "stale" };
 
 function onNotice(msg) {
@@ -677,7 +760,7 @@ function onNotice(msg) {
   const source = hasStream ? String(msg.source) : "";
   const rank = msg.dp_rank ?? 0;
   const detail = noticeDetail(kind, msg);
-  pushTail({
+  const entry = {
     kind: "notice",
     type: "notice",
     notice: kind,
@@ -687,7 +770,11 @@ function onNotice(msg) {
     ts: typeof msg.ts === "number" ? msg.ts : Date.now() / 1000,
     medium: "",
     detail,
-  });
+  };
+  pushTail(entry);
+  state.noticeList.push(entry);
+  if (state.noticeList.length > NOTICES_KEPT) state.noticeList.splice(0, state.noticeList.length - NOTICES_KEPT);
+  invalidate("notices");
   if (hasStream) {
     const key = streamKey(source, rank);
     state.notices.set(key, { kind, at: Date.now(), detail });
@@ -718,7 +805,10 @@ function noticeDetail(kind, msg) {
 }
 
 function addSeparator(text) {
-  pushTail({ kind: "sep", type: "sep", text, ts: Date.now() / 1000, source: "", medium: "" });
+  const entry = { kind: "sep", type: "sep", text, ts: Date.now() / 1000, source: "", medium: "" };
+  pushTail(entry);
+  state.noticeList.push(entry); // kept with the notices: what happened to the connection
+  invalidate("notices");
   invalidate("tail");
 }
 
@@ -749,6 +839,10 @@ function renderFrame() {
   if (d.charts) {
     d.charts = false;
     renderCharts();
+  }
+  if (d.notices) {
+    d.notices = false;
+    renderNotices();
   }
   if (d.tail) {
     if (now - lastTailRender >= TAIL_MIN_INTERVAL_MS) {
@@ -813,20 +907,85 @@ function streamState(key, row) {
   return "unknown";
 }
 
+/** Everything the page shows about one stream, computed once per frame. */
+function streamFacts(key, row) {
+  const series = state.history.get(key) || null;
+  const nowS = Date.now() / 1000;
+  const src = row.src;
+  const at = lastBatchAt(state.lastBatch.get(key), series);
+  const age = at === null ? null : Math.max(0, nowS - at);
+  const restartsNow = src && src.counters ? src.counters.restarts : null;
+  const restarts = restartsWithin(series, nowS, RESTART_WINDOW_S, restartsNow);
+  const watchedS = series && series.t.length ? nowS - series.t[0] : 0;
+  const serverState = streamState(key, row);
+  const health = streamHealth({ serverState, src, occ: row.occ, restarts, ageS: age, watchedS });
+  // A lag kept from the last batch of a silent or down stream means nothing: shown only while fresh.
+  const lagFresh = src && src.connected && typeof src.lag_seconds === "number" && age !== null && age <= LAG_FRESH_S;
+  return {
+    key,
+    row,
+    source: row.source,
+    rank: row.rank,
+    health,
+    cache: cacheFacts(row.occ, tierOf),
+    age,
+    lag: lagFresh ? src.lag_seconds : null,
+    restarts,
+    lost: src && src.counters && typeof src.counters.unrecovered === "number" ? src.counters.unrecovered : null,
+  };
+}
+
+function tableMode(n) {
+  return state.view ? state.view === "table" : n > CARDS_MAX;
+}
+
 function renderFleet() {
   const rows = streamRows();
-  renderTotals(rows);
-  renderCards(rows);
+  const facts = rows.map(([key, row]) => streamFacts(key, row));
+  renderTotals(facts);
+  const table = tableMode(rows.length);
+  for (const b of document.querySelectorAll(".view-switch [data-view]")) {
+    b.setAttribute("aria-pressed", String((b.dataset.view === "table") === table));
+  }
+  tid("fleet-table-wrap").hidden = !table;
+  document.body.classList.toggle("table-view", table);
+  if (table) fleetTable.render(facts, state.sort, state.grouped, state.pinned);
+  renderCards(table ? facts.filter((f) => state.pinned.has(f.key)) : facts, table);
+  renderTitle(facts);
   renderUpdated();
 }
 
-function renderTotals(rows) {
-  const counts = { up: 0, down: 0, degraded: 0, stale: 0 };
-  for (const [key, row] of rows) {
-    const st = streamState(key, row);
-    if (st in counts) counts[st]++;
+const BASE_TITLE = document.title;
+const FAVICON_COLORS = { ok: "#3fb968", warn: "#e0a526", bad: "#f0524f", idle: "#8a97a8" };
+let faviconLevel = "";
+
+/** The tab's title and icon carry the trouble, so a background tab shows it. */
+function renderTitle(facts) {
+  const counts = troubleCounts(facts.map((f) => f.health.state));
+  const bad = ["down", "restarting", "silent", "degraded", "stale"].filter((k) => counts[k]).map((k) => `${counts[k]} ${k}`);
+  let title = BASE_TITLE;
+  let level = facts.length ? "ok" : "idle";
+  if (state.everLive && state.conn !== "live") {
+    title = `⚠ gateway ${state.conn} · kvgateway`;
+    level = "bad";
+  } else if (bad.length) {
+    title = `${counts.down ? "✖" : "⚠"} ${bad.join(", ")} · kvgateway`;
+    level = counts.down || counts.restarting ? "bad" : "warn";
   }
-  for (const k of Object.keys(counts)) setVal(tid(`streams-${k}`), counts[k]);
+  if (document.title !== title) document.title = title;
+  if (faviconLevel !== level) {
+    faviconLevel = level;
+    const svg = `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><circle cx="8" cy="8" r="7" fill="${FAVICON_COLORS[level]}"/></svg>`;
+    const link = tid("favicon");
+    link.href = `data:image/svg+xml,${encodeURIComponent(svg)}`;
+    link.dataset.value = level;
+  }
+}
+
+function renderTotals(facts) {
+  const counts = troubleCounts(facts.map((f) => f.health.state));
+  for (const k of ["up", "down", "degraded", "stale", "silent", "restarting"]) setVal(tid(`streams-${k}`), counts[k]);
+  renderFleetFacts(state.occupancy && state.occupancy.fleet, state.analytics && state.analytics.prefixes);
 
   const occ = state.occupancy;
   const totalsEl = tid("totals");
@@ -900,11 +1059,55 @@ function setBar(bar, frac) {
 
 const cards = new Map(); // streamKey -> {root, refs, chart, mediums}
 
-function renderCards(rows) {
+const fleetTable = new FleetTable(tid("fleet-rows"), (key) => {
+  if (state.pinned.has(key)) state.pinned.delete(key);
+  else state.pinned.add(key);
+  invalidate("occ");
+  invalidate("charts");
+});
+
+/**
+ * Blocks held by more than one engine (the gateway's fleet facts in v1/occupancy, when it has
+ * them): how much the fleet caches twice, i.e. whether routing spreads the same prefixes.
+ */
+function renderFleetFacts(fleet, prefixes) {
+  const box = tid("fleet-facts");
+  const parts = [];
+  if (fleet && typeof fleet.distinct_blocks === "number" && typeof fleet.shared_blocks === "number") {
+    const frac = fleet.distinct_blocks > 0 ? fleet.shared_blocks / fleet.distinct_blocks : null;
+    parts.push(`${fmtInt(fleet.shared_blocks)} of ${fmtInt(fleet.distinct_blocks)} distinct blocks held by more than one engine (${fmtPct(frac) || "0%"})`);
+  }
+  if (prefixes && typeof prefixes.mean_engines === "number" && prefixes.engines > 1) {
+    parts.push(
+      `prefix spread: each prompt's first block is on ${prefixes.mean_engines.toFixed(2)} of ${prefixes.engines} engines on average (1 = perfect affinity)`,
+    );
+  }
+  box.hidden = parts.length === 0;
+  setVal(box, prefixes && prefixes.mean_engines !== undefined ? prefixes.mean_engines : "", parts.join(" · "));
+}
+
+/** One line of the gateway's cache analytics for a card: is this engine thrashing? */
+function analyticsLine(key) {
+  const a = state.analyticsBy.get(key);
+  if (!a) return "";
+  const parts = [];
+  const gpu = a.tiers && a.tiers.GPU;
+  if (gpu && gpu.sampled_lifetimes) {
+    const p50 = gpu.lifetime_p50_le_seconds;
+    parts.push(`GPU block lifetime ${p50 === null ? "> 1 h" : `p50 ≤ ${fmtDur(p50)}`}`);
+  }
+  if (gpu && gpu.refetch_ratio !== null && gpu.refetch_ratio !== undefined) {
+    parts.push(`refetched within 60 s: ${fmtPct(gpu.refetch_ratio) || "0%"}`);
+  }
+  if (typeof a.offloaded_share === "number" && a.offloaded_share > 0) parts.push(`offloaded ${fmtPct(a.offloaded_share)}`);
+  return parts.join(" · ");
+}
+
+function renderCards(facts, table) {
   const grid = tid("cards");
   const keep = new Set();
   let prev = null;
-  for (const [key, row] of rows) {
+  for (const { key, row, ...f } of facts) {
     keep.add(key);
     let card = cards.get(key);
     if (!card) {
@@ -915,7 +1118,7 @@ function renderCards(rows) {
     const expectedNext = prev ? prev.nextElementSibling : grid.firstElementChild;
     if (expectedNext !== card.root) grid.insertBefore(card.root, expectedNext);
     prev = card.root;
-    updateCard(key, card, row);
+    updateCard(key, card, row, f);
   }
   for (const [key, card] of cards) {
     if (!keep.has(key)) {
@@ -924,8 +1127,28 @@ function renderCards(rows) {
       cards.delete(key);
     }
   }
-  tid("cards-empty").hidden = rows.length > 0;
-  if (rows.length === 0 && !tid("cards-empty").isConnected) grid.append(tid("cards-empty"));
+  const empty = tid("cards-empty");
+  empty.hidden = facts.length > 0 || table;
+  if (facts.length === 0 && !empty.isConnected) grid.append(empty);
+  layoutCards(grid, facts.length);
+}
+
+/**
+ * As many columns as fit (at least CARD_MIN_PX each), never more than there are cards, and the
+ * last card spans what its row leaves: no holes at any width.
+ */
+function layoutCards(grid, n) {
+  const width = grid.clientWidth;
+  const fit = Math.max(1, Math.floor((width + 12) / (CARD_MIN_PX + 12)));
+  const cols = Math.max(1, Math.min(n, fit));
+  const tmpl = `repeat(${cols}, minmax(0, 1fr))`;
+  if (grid.style.gridTemplateColumns !== tmpl) grid.style.gridTemplateColumns = tmpl;
+  const list = [...cards.values()].map((c) => c.root).filter((r) => r.parentElement === grid);
+  list.forEach((r, i) => {
+    const rest = n % cols;
+    const span = i === list.length - 1 && rest ? `span ${cols - rest + 1}` : "";
+    if (r.style.gridColumn !== span) r.style.gridColumn = span;
+  });
 }
 
 function buildCard(key, row) {
@@ -942,11 +1165,18 @@ function buildCard(key, row) {
   return card;
 }
 
-function updateCard(key, card, row) {
+function updateCard(key, card, row, f) {
   const { refs } = card;
-  const st = streamState(key, row);
+  const st = f.health.state;
   setVal(refs.state, st);
   if (card.root.dataset.state !== st) card.root.dataset.state = st;
+  setVal(refs.health, f.health.reason);
+  refs.health.hidden = !f.health.reason;
+  renderHeadline(refs, f.cache);
+  const line = analyticsLine(key);
+  setText(refs.analytics, line);
+  refs.analytics.hidden = !line;
+  setVal(refs["batch-age"], f.age === null ? "" : f.age.toFixed(1), f.age === null ? "–" : `${fmtDur(f.age)} ago`);
   const src = row.src;
   const occ = row.occ;
   setText(refs.endpoint, src ? String(src.endpoint ?? "") : "");
@@ -955,8 +1185,9 @@ function updateCard(key, card, row) {
   refs.reason.hidden = !reason;
   refs.endpoint.title = src && src.replay ? `replay: ${src.replay}` : "no replay endpoint";
   setVal(refs["last-seq"], src ? src.last_seq : null, src && src.last_seq !== null && src.last_seq !== undefined ? intFmt.format(src.last_seq) : "–");
-  const lag = src && typeof src.lag_seconds === "number" ? src.lag_seconds : null;
+  const lag = f.lag;
   setVal(refs.lag, lag, lag === null ? "–" : lag < 10 ? `${lag.toFixed(2)} s` : `${fmtInt(lag)} s`);
+  refs.lag.parentElement.classList.toggle("dim-item", lag === null);
   const counters = (src && src.counters) || {};
   for (const c of COUNTERS) {
     const v = typeof counters[c] === "number" ? counters[c] : null;
@@ -966,7 +1197,24 @@ function updateCard(key, card, row) {
   }
   card.root.classList.toggle("is-stale", Boolean(occ && occ.stale));
 
-  // mediums
+  updateMediums(card, occ);
+
+  // last notice
+  const n = state.notices.get(key);
+  const ln = refs["last-notice"];
+  if (n) {
+    ln.hidden = false;
+    setVal(ln, n.kind, `${n.kind} at ${fmtTime(n.at / 1000).slice(0, 8)}${n.detail ? " · " + n.detail : ""}`);
+    ln.dataset.kind = n.kind;
+    card.root.classList.toggle("flash", Date.now() - n.at < NOTICE_FLASH_MS);
+  } else if (!ln.hidden) {
+    ln.hidden = true;
+  }
+}
+
+/** The card's rows per medium (the engine's own names, grouped by tier) and its rate legend. */
+function updateMediums(card, occ) {
+  const { refs } = card;
   // the engine's own medium names, grouped by tier (GPU, CPU, DISK, EXTERNAL)
   const mediumTier = (m) => tierOf(occ.mediums[m]);
   const mediums = occ
@@ -1003,18 +1251,32 @@ function updateCard(key, card, row) {
   }
   setVal(refs["stores-rate"], stores, fmtRate(stores));
   setVal(refs["removes-rate"], removes, fmtRate(removes));
+}
 
-  // last notice
-  const n = state.notices.get(key);
-  const ln = refs["last-notice"];
-  if (n) {
-    ln.hidden = false;
-    setVal(ln, n.kind, `${n.kind} at ${fmtTime(n.at / 1000).slice(0, 8)}${n.detail ? " · " + n.detail : ""}`);
-    ln.dataset.kind = n.kind;
-    card.root.classList.toggle("flash", Date.now() - n.at < NOTICE_FLASH_MS);
-  } else if (!ln.hidden) {
-    ln.hidden = true;
+/**
+ * The card's headline: the GPU fill where its capacity is known (a full prefix cache is normal);
+ * otherwise the cache turnover, about how long a block lives (resident blocks / removes per
+ * second); otherwise the resident blocks.
+ */
+function renderHeadline(refs, c) {
+  let value = "";
+  let text = "–";
+  let label = "";
+  if (c.fill !== null) {
+    value = `fill:${c.fill.toFixed(6)}`;
+    text = fmtPct(c.fill) || "0%";
+    label = `GPU full · ${fmtInt(c.gpuBlocks)} of ${fmtInt(c.gpuCap)} blocks`;
+  } else if (c.turnover !== null) {
+    value = `turnover:${c.turnover.toFixed(1)}`;
+    text = fmtDur(c.turnover);
+    label = `a GPU block lives about this long · ${fmtInt(c.gpuBlocks)} blocks, capacity unknown`;
+  } else if (c.gpuBlocks !== null) {
+    value = `blocks:${c.gpuBlocks}`;
+    text = fmtInt(c.gpuBlocks);
+    label = "GPU blocks · capacity unknown, no evictions yet";
   }
+  setVal(refs.headline, value, text);
+  setText(refs["headline-label"], label);
 }
 
 function buildMediumRow(m, tier) {
@@ -1068,53 +1330,59 @@ function renderUpdated() {
 const css = getComputedStyle(document.documentElement);
 const cssVar = (name, fallback) => css.getPropertyValue(name).trim() || fallback;
 const COLORS = {
+  occ: cssVar("--accent", "#5aa9ff"),
   stores: cssVar("--stores", "#4cc38a"),
   removes: cssVar("--removes", "#f0883e"),
   axis: cssVar("--muted", "#8b949e"),
   grid: cssVar("--grid", "rgba(255,255,255,0.06)"),
 };
 
-function chartOptions(width) {
+const CHART_HEIGHT = 120;
+
+/** uPlot options of one card's chart: occupancy (fill % or blocks, left) and rates (right). */
+function chartOptions(width, card) {
+  const axis = {
+    stroke: COLORS.axis,
+    grid: { stroke: COLORS.grid, width: 1 },
+    ticks: { show: false },
+    font: "10px system-ui, sans-serif",
+  };
   return {
     width,
-    height: 110,
-    padding: [6, 16, 0, 0], // room for the last time label
+    height: CHART_HEIGHT,
+    padding: [6, 4, 0, 0],
     legend: { show: false },
     cursor: { points: { size: 5 }, drag: { x: false, y: false } },
     scales: {
       x: {
         time: true,
-        range: () => {
+        // as much history as the gateway has, up to the window (at least 2 minutes): full from the start
+        range: (u) => {
           const now = Date.now() / 1000;
-          return [now - CHART_WINDOW_S, now];
+          const first = u.data[0].length ? u.data[0][0] : now;
+          const span = Math.min(CHART_WINDOW_S, Math.max(120, now - first));
+          return [now - span, now];
         },
       },
-      y: { range: (u, min, max) => [0, max > 0 ? niceMax(max) : 1] },
+      occ: { range: (u, min, max) => (card.occIsFill ? [0, 100] : [0, max > 0 ? niceMax(max) : 1]) },
+      rate: { range: (u, min, max) => [0, max > 0 ? niceMax(max) : 1] },
     },
     axes: [
+      { ...axis, size: 22, space: 50, values: (u, splits) => splits.map((v) => fmtTime(v).slice(0, 5)) },
       {
-        stroke: COLORS.axis,
-        grid: { stroke: COLORS.grid, width: 1 },
-        ticks: { show: false },
-        size: 22,
-        space: 44, // px per tick label: keeps 1-minute ticks on a phone-wide card
-        font: "10px system-ui, sans-serif",
-        values: (u, splits) => splits.map((v) => fmtTime(v).slice(0, 5)),
-      },
-      {
-        stroke: COLORS.axis,
-        grid: { stroke: COLORS.grid, width: 1 },
-        ticks: { show: false },
-        size: 38,
+        ...axis,
+        scale: "occ",
+        size: 40,
         space: 24,
-        font: "10px system-ui, sans-serif",
-        values: (u, splits) => splits.map((v) => fmtRate(v)),
+        values: (u, splits) => splits.map((v) => (card.occIsFill ? `${v}%` : fmtRate(v))),
       },
+      { ...axis, scale: "rate", side: 1, size: 40, space: 24, grid: { show: false }, values: (u, splits) => splits.map((v) => fmtRate(v)) },
     ],
     series: [
       {},
-      { label: "stored/s", stroke: COLORS.stores, width: 1.5, fill: COLORS.stores + "22", points: { show: false } },
-      { label: "removed/s", stroke: COLORS.removes, width: 1.5, points: { show: false } },
+      { label: "occupancy", scale: "occ", stroke: COLORS.occ, width: 1.5, fill: COLORS.occ + "22", points: { show: false } },
+      { label: "stored/s", scale: "rate", stroke: COLORS.stores, width: 1.25, points: { show: false } },
+      { label: "removed/s", scale: "rate", stroke: COLORS.removes, width: 1.25, dash: [4, 3], points: { show: false } },
     ],
   };
 }
@@ -1128,14 +1396,21 @@ function niceMax(v) {
 function makeChart(key, card) {
   if (typeof window.uPlot !== "function") return;
   const width = Math.max(200, card.chartBox.clientWidth || 300);
-  const data = chartData(key);
-  card.chart = new window.uPlot(chartOptions(width), data, card.chartBox);
+  card.occIsFill = true;
+  card.chart = new window.uPlot(chartOptions(width, card), chartData(key, card), card.chartBox);
   card.chartWidth = width;
 }
 
-function chartData(key) {
-  const s = state.series.get(key);
-  return s ? [s.xs, s.stores, s.removes] : [[], [], []];
+/** The card's chart data from the gateway's history; occupancy is the fill (%) when every point has one. */
+function chartData(key, card) {
+  const h = state.history.get(key);
+  if (!h) return [[], [], [], []];
+  const isFill = h.fill.length > 0 && h.fill.every((v) => v !== null);
+  if (card.occIsFill !== isFill) {
+    card.occIsFill = isFill;
+    setText(card.refs["chart-occ-label"], isFill ? "GPU fill %" : "GPU blocks");
+  }
+  return [h.t, h.occ, h.stores, h.removes];
 }
 
 function renderCharts() {
@@ -1144,13 +1419,16 @@ function renderCharts() {
     const w = card.chartBox.clientWidth;
     if (w > 0 && Math.abs(w - card.chartWidth) > 1) {
       card.chartWidth = w;
-      card.chart.setSize({ width: w, height: 110 });
+      card.chart.setSize({ width: w, height: CHART_HEIGHT });
     }
-    card.chart.setData(chartData(key));
+    card.chart.setData(chartData(key, card));
   }
 }
 
-const resizeObserver = new ResizeObserver(() => invalidate("charts"));
+const resizeObserver = new ResizeObserver(() => {
+  invalidate("charts");
+  invalidate("occ"); // the cards' columns
+});
 resizeObserver.observe(tid("cards"));
 
 // --- live tail
@@ -1188,12 +1466,28 @@ function renderTail() {
   const oldest = Math.max(state.tailClearedAt, head - TAIL_BUFFER);
   const frozen = state.tailPaused || state.tailHover;
   const shown = Math.min(head - state.tailClearedAt, TAIL_BUFFER);
-  setText(tid("tail-count"), `${intFmt.format(shown)} events buffered`);
+  const oldestEntry = shown > 0 ? state.tail[oldest % TAIL_BUFFER] : null;
+  const span = oldestEntry ? fmtDur(Date.now() / 1000 - oldestEntry.ts) : "";
+  setText(tid("tail-count"), `${intFmt.format(shown)} events buffered${span ? ` · last ${span}` : ""}`);
+  const sampled = state.tailSkipped ? `at most ${TAIL_TYPE_RATE} events/s of each type kept (${fmtInt(state.tailSkipped)} skipped)` : "";
   setText(
     tid("tail-status"),
-    state.tailPaused ? "paused: new events are buffered, not shown" : state.tailHover ? "paused while the pointer is over the tail" : "",
+    state.tailPaused ? "paused: new events are buffered, not shown" : state.tailHover ? "paused while the pointer is over the tail" : sampled,
   );
+  tid("tail-status").classList.toggle("info", !state.tailPaused && !state.tailHover);
   if (frozen && fkey === state.tailFilterKey) return;
+  if (f.type === "notice") {
+    // notices have their own list: never pushed out by events
+    const rows = [];
+    for (let i = state.noticeList.length - 1; i >= 0 && rows.length < TAIL_ROWS; i--) {
+      const e = state.noticeList[i];
+      if (e.n >= state.tailClearedAt && passes(e, f)) rows.push(buildTailRow(e));
+    }
+    state.tailFilterKey = fkey;
+    state.tailRendered = head;
+    list.replaceChildren(...(rows.length ? rows : [el("li", "tail-empty", "No notices.")]));
+    return;
+  }
 
   const rebuild = fkey !== state.tailFilterKey || head - state.tailRendered >= TAIL_BUFFER;
   const from = rebuild ? oldest : Math.max(state.tailRendered, oldest);
@@ -1221,6 +1515,15 @@ function renderTail() {
   } else if (list.lastElementChild.classList.contains("tail-empty") && list.childElementCount > 1) {
     list.lastElementChild.remove();
   }
+}
+
+/** The newest notices, above the tail: they stay in view whatever the event rate. */
+function renderNotices() {
+  const list = tid("notices");
+  const items = state.noticeList.slice(-NOTICES_SHOWN).reverse();
+  setText(tid("notice-count"), state.noticeList.length ? `${intFmt.format(state.noticeList.length)} kept` : "none");
+  list.replaceChildren(...items.map((e) => buildTailRow(e)));
+  list.hidden = items.length === 0;
 }
 
 function hashChip(h, cls = "hash") {
@@ -1412,6 +1715,39 @@ for (const name of ["filter-source", "filter-type", "filter-medium"]) {
   });
 }
 
+for (const b of document.querySelectorAll(".view-switch [data-view]")) {
+  b.addEventListener("click", () => {
+    state.view = b.dataset.view;
+    invalidate("occ");
+    invalidate("charts");
+  });
+}
+
+for (const th of document.querySelectorAll(".fleet-table th[data-sort]")) {
+  th.tabIndex = 0;
+  const sortBy = () => {
+    const col = th.dataset.sort;
+    state.sort = { col, dir: state.sort.col === col ? -state.sort.dir : 1 };
+    for (const other of document.querySelectorAll(".fleet-table th[data-sort]")) {
+      const mine = other.dataset.sort === state.sort.col;
+      other.setAttribute("aria-sort", mine ? (state.sort.dir > 0 ? "ascending" : "descending") : "none");
+    }
+    invalidate("occ");
+  };
+  th.addEventListener("click", sortBy);
+  th.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" || ev.key === " ") {
+      ev.preventDefault();
+      sortBy();
+    }
+  });
+}
+
+tid("group-by-source").addEventListener("change", (ev) => {
+  state.grouped = ev.currentTarget.checked;
+  invalidate("occ");
+});
+
 tid("tail-pause").addEventListener("click", (ev) => {
   state.tailPaused = !state.tailPaused;
   ev.currentTarget.setAttribute("aria-pressed", String(state.tailPaused));
@@ -1458,6 +1794,8 @@ setInterval(() => {
   state.msgRateAt = now;
   invalidate("conn");
   invalidate("occ");
+  // A background tab runs no animation frames: its title and icon are kept up to date from here.
+  if (document.hidden) renderTitle(streamRows().map(([key, row]) => streamFacts(key, row)));
   // Watchdog: a stream that says nothing while plain HTTP to the gateway fails too is probably a
   // dead TCP connection the browser has not noticed (no protocol pings reach page scripts).
   const quietMs = Date.now() - Math.max(state.lastMessageAt, state.occAt);
@@ -1472,6 +1810,8 @@ setInterval(() => {
 
 occPoller.start();
 sourcesPoller.start();
+historyPoller.start();
+analyticsPoller.start();
 connect();
 invalidate("tail");
 

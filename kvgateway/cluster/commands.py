@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import logging
 import signal
+from typing import Any
 
 from kvgateway import config, logs
 from kvgateway.cluster import options as nats_options
@@ -106,8 +107,8 @@ def run_edge(args: argparse.Namespace) -> int:
         exit_with_parent()
     made: list[EdgeGateway] = []
 
-    def make(settings: config.Settings) -> EdgeGateway:
-        made.append(EdgeGateway(settings, options))
+    def make(settings: config.Settings, **kwargs: Any) -> EdgeGateway:
+        made.append(EdgeGateway(settings, options, **kwargs))
         return made[-1]
 
     def ready(url: str) -> None:

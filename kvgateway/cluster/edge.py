@@ -51,11 +51,11 @@ held in memory for the client (exempt from its queue bound, as a ring backlog is
 class EdgeGateway(Gateway):
     """The single process's web side, fed by the stream instead of engines."""
 
-    def __init__(self, settings: Settings, options: NatsOptions) -> None:
+    def __init__(self, settings: Settings, options: NatsOptions, **kwargs: Any) -> None:
         # A log is made before the gateway, and the gateway's metrics after: the ring's gauges are
         # wired once both exist.
         edge_log = EdgeLog(settings.ring_messages, settings.ring_bytes)
-        super().__init__(settings, log=edge_log)  # the index, routers and hub follow it
+        super().__init__(settings, log=edge_log, **kwargs)  # the index, routers and hub follow it
         edge_log.report_to(self.metrics.hub().retained)
         self.options = options
         self.log.follow(self._follow_status)

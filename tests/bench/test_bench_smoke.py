@@ -17,7 +17,7 @@ import pytest
 
 from tests.support import REPO
 
-SCENARIOS = ("ingest", "fanout", "naive", "latency", "memory", "catchup")
+SCENARIOS = ("ingest", "fanout", "naive", "latency", "memory", "catchup", "streams")
 
 
 def run_bench(tmp_path: Path, *args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess[str], Path]:
@@ -44,6 +44,10 @@ def check_ingest(r: dict[str, Any]) -> None:
     assert number(r["ratio"]) and r["ratio"] > 0
     assert len(r["runs"]) == 1
     assert {"decode", "index", "render", "json_encode", "sum"} <= set(r["breakdown_us"])
+    assert set(r["variants"]) == {"map", "array", "bytes"}  # map events, positional events, byte hashes
+    for variant in r["variants"].values():
+        for key in ("gateway_cpu_us_per_batch", "floor_us", "floor_ratio"):
+            assert number(variant[key]) and variant[key] > 0, key
 
 
 def check_fanout(r: dict[str, Any], target: str, transports: set[str]) -> None:
@@ -82,6 +86,15 @@ def check_catchup(r: dict[str, Any]) -> None:
         assert number(r[key]), key
 
 
+def check_streams(r: dict[str, Any]) -> None:
+    (row,) = r["sizes"]
+    assert row["streams"] == 40 and row["one_stream"]["streams"] == 1
+    for key in ("start_seconds", "idle_cpu_cores", "rss_bytes", "descriptors", "metrics_seconds", "metrics_bytes"):
+        assert number(row[key]), key
+    assert row["descriptors"] > row["one_stream"]["descriptors"]  # every stream holds its sockets
+    assert set(row["per_stream"]) >= {"rss_bytes", "descriptors", "metrics_bytes"}
+
+
 CHECKS = {
     "ingest": check_ingest,
     "fanout": lambda r: check_fanout(r, "kvgateway", {"ws", "sse"}),
@@ -89,6 +102,7 @@ CHECKS = {
     "latency": check_latency,
     "memory": check_memory,
     "catchup": check_catchup,
+    "streams": check_streams,
 }
 
 

@@ -42,10 +42,11 @@ def start_demo() -> Iterator[Callable[..., Demo]]:
 
 @pytest.fixture(scope="module")
 def shared_demo() -> Iterator[Demo]:
-    """One demo for the read-only tests: three streams, sglang-b restarting every 60 batches."""
+    """One demo for the read-only tests: four streams, sglang-b restarting every 60 batches (a
+    restart storm), vllm-c publishing for 8 s then quiet for 20 s (silent from 10 s on)."""
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing: the dashboard tests drive the system Chromium")
-    demo = Demo(free_port(), seed=11, rate=20, extra=("--restart-every", "60")).start()
+    demo = Demo(free_port(), seed=11, rate=20, extra=("--restart-every", "60", "--silence", "8", "20")).start()
     yield demo
     demo.stop()
 

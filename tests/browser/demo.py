@@ -27,10 +27,12 @@ START_TIMEOUT_S = 30.0
 
 
 class Demo:
-    """One `python -m kvgateway demo` on a loopback port: three simulated streams and the gateway.
+    """One `python -m kvgateway demo` on a loopback port: simulated streams and the gateway.
 
-    Streams: vllm-a ranks 0 and 1 (GPU, capacity 2048 blocks each) and sglang-b rank 0 (GPU 1024 +
-    CPU offload 4096); `--restart-every N` restarts sglang-b every N batches.
+    Streams: vllm-a ranks 0 and 1 (GPU, capacity 32768 blocks each; rank 1 at half the rate,
+    clearing its cache now and then), sglang-b rank 0 (GPU 4096 + CPU offload 16384;
+    `--restart-every N` restarts it every N batches) and vllm-c rank 0 (GPU 8192; `--silence TALK
+    QUIET`). `--streams N` replaces them with a fleet of N streams.
     """
 
     def __init__(

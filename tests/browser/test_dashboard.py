@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.demo import ARTIFACTS, Demo, free_port
+from tests.browser.demo import Demo, free_port
 
 pytestmark = pytest.mark.browser
 
@@ -82,7 +82,9 @@ class OccupancyRecorder:
 
 READ_DOM = """() => {
   const q = (root, id) => root.querySelector(`[data-testid="${id}"]`);
-  const out = { offset: document.querySelector('[data-testid="totals"]').dataset.offset, tiers: {}, streams: {} };
+  const out = {
+    offset: document.querySelector('[data-testid="totals"]').dataset.offset, tiers: {}, streams: {}, headlines: {},
+  };
   for (const tile of document.querySelectorAll('[data-testid="total-tiers"] [data-tier]')) {
     const t = tile.dataset.tier;
     out.tiers[t] = {
@@ -104,6 +106,7 @@ READ_DOM = """() => {
       };
     }
     out.streams[card.dataset.testid] = mediums;
+    out.headlines[card.dataset.testid] = q(card, "headline").dataset.value;
   }
   return out;
 }"""
@@ -135,7 +138,31 @@ def expected_from(body: dict[str, Any]) -> dict[str, Any]:
             }
             for m, v in s["mediums"].items()
         }
-    return {"offset": str(body["offset"]), "tiers": tiers, "streams": streams}
+    return {"offset": str(body["offset"]), "tiers": tiers, "streams": streams, "headlines": headlines_from(body)}
+
+
+def headlines_from(body: dict[str, Any]) -> dict[str, float | None]:
+    """Each card's headline: its GPU fill, where every GPU-tier medium has a capacity (else None)."""
+    out: dict[str, float | None] = {}
+    for s in body["streams"]:
+        gpu = [v for v in s["mediums"].values() if v["tier"] == "GPU"]
+        caps = [v.get("capacity_blocks") for v in gpu]
+        known = bool(gpu) and all(isinstance(c, int) and c > 0 for c in caps)
+        out[f"card-{s['source']}-{s['dp_rank']}"] = (
+            sum(v["blocks"] for v in gpu) / sum(caps) if known else None  # type: ignore[arg-type]
+        )
+    return out
+
+
+def same_numbers(shown: dict[str, Any], expected: dict[str, Any]) -> bool:
+    """Equal as shown, the fill headlines within rounding (the page prints 6 decimals)."""
+    if {k: v for k, v in shown.items() if k != "headlines"} != {k: v for k, v in expected.items() if k != "headlines"}:
+        return False
+    for card_id, fill in expected["headlines"].items():
+        value = shown["headlines"].get(card_id) or ""
+        if fill is not None and not (value.startswith("fill:") and abs(float(value[5:]) - fill) < 2e-6):
+            return False
+    return True
 
 
 def wait_until(page: Any, check: Callable[[], Any], timeout: float = SETTLE_TIMEOUT_S, what: str = "") -> Any:
@@ -162,7 +189,7 @@ def wait_page_matches_occupancy(
             body = recorder.bodies.get(int(shown["offset"]))
             if body is not None:
                 expected = expected_from(body)
-                if shown == expected and body["streams"]:
+                if same_numbers(shown, expected) and body["streams"]:
                     return shown
                 last = (shown, expected)
         page.wait_for_timeout(250)
@@ -208,12 +235,15 @@ def test_numbers_equal_occupancy(shared_demo: Demo, new_page: Callable[..., Any]
     # Every card row shows the engine's own medium name; the tiles name the mediums they sum.
     names = {m for card in shown["streams"].values() for m in card}
     assert names == {m for total in shown["tiers"].values() for m in total["mediums"].split()}
-    # Streams up: the demo's engines are all running.
-    wait_until(
-        page,
-        lambda: page.locator(tid("streams-up")).get_attribute("data-value") == str(len(sources)),
-        what="all streams up",
-    )
+    # Every stream is counted in exactly one state, and none is down: the demo's engines all run
+    # (sglang-b restarts every 3 s, vllm-c goes quiet now and then).
+    states = ("up", "down", "degraded", "stale", "silent", "restarting")
+
+    def counted() -> bool:
+        counts = {k: int(page.locator(tid(f"streams-{k}")).get_attribute("data-value") or 0) for k in states}
+        return sum(counts.values()) == len(sources) and counts["down"] == 0 and counts["up"] >= 1
+
+    wait_until(page, counted, what="every stream counted once, none down")
     assert page.locator(tid("transport")).get_attribute("data-value") == "ws"
 
 
@@ -379,6 +409,10 @@ def test_tail_filters_and_hash_copy(shared_demo: Demo, new_page: Callable[..., A
     page.select_option(tid("filter-medium"), "CPU")
     rows = page.locator(f'{tid("tail")} [data-testid="tail-row"]:not(.sep):not([data-type="AllBlocksCleared"])')
     wait_until(page, lambda: only("medium", "CPU"), timeout=30, what="CPU rows only")
+    # offloaded blocks announced without their tokens (placeholders) still count block_size tokens each
+    stored_cpu = page.locator(f'{tid("tail")} [data-testid="tail-row"][data-type="BlockStored"][data-medium="CPU"]')
+    wait_until(page, lambda: stored_cpu.count() > 0, timeout=30, what="a CPU store")
+    assert not [t for t in stored_cpu.all_inner_texts() if re.search(r"\b0 tok", t)]
     page.select_option(tid("filter-medium"), "")
 
     # Hashes: 8 characters + an ellipsis on screen, the exact string on the clipboard.
@@ -416,28 +450,16 @@ def test_keeps_up_with_a_fast_stream(start_demo: Callable[..., Demo], new_page: 
         sources = httpx.get(f"{demo.url}v1/sources", timeout=5).json()["sources"]
         return time.monotonic(), float(sum(s["counters"]["batches"] for s in sources))
 
+    received = "() => kvgatewayDashboard.state.msgTotal"
     t0, n0 = delivered()
+    m0 = page.evaluate(received)
     page.wait_for_timeout(3000)
     t1, n1 = delivered()
+    m1 = page.evaluate(received)
     gateway_rate = (n1 - n0) / (t1 - t0)
-    rate = float(page.locator(tid("msg-rate")).get_attribute("data-value") or 0)
+    # over the same 3 s as the gateway's count (the 1 s msg/s in the header is too noisy under load)
+    rate = (m1 - m0) / (t1 - t0)
     assert gateway_rate > 50, f"the demo delivered only {gateway_rate:.0f} batches/s"
     assert rate > 0.5 * gateway_rate, f"the page received {rate:.0f} messages/s of {gateway_rate:.0f}"
     assert page.locator(tid("conn-state")).get_attribute("data-value") == "live"
     wait_page_matches_occupancy(page, recorder)
-
-
-@pytest.mark.parametrize("width,height", [(1280, 900), (390, 844)])
-def test_screenshots(shared_demo: Demo, new_page: Callable[..., Any], width: int, height: int) -> None:
-    page = new_page(width=width, height=height, device_scale_factor=1)
-    recorder = OccupancyRecorder()
-    open_dashboard(page, shared_demo, recorder)
-    wait_page_matches_occupancy(page, recorder)
-    page.wait_for_timeout(5000)  # a few chart points
-    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
-    assert overflow <= 0, f"horizontal overflow of {overflow}px at {width}px"
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"dashboard-{width}.png"), full_page=width < 600)
-    # Every card fits in the viewport's width.
-    widths = page.locator('[data-testid^="card-"]').evaluate_all("els => els.map(e => e.getBoundingClientRect().right)")
-    assert widths and max(widths) <= width

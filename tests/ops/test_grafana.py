@@ -92,6 +92,11 @@ def test_dashboard_covers_the_operator_questions() -> None:
     panel_with("histogram_quantile(0.99", "kvgateway_event_lag_seconds_bucket")
     panel_with("kvgateway_clients", "by (transport)")
     panel_with("kvgateway_client_disconnects_total", 'reason="slow_consumer"')
+    # cache analytics (docs/operations.md, "Cache analytics")
+    panel_with("histogram_quantile(0.5", "kvgateway_block_lifetime_seconds_bucket")
+    panel_with("kvgateway_block_refetches_total", "/", "kvgateway_sampled_evictions_total")
+    panel_with('kvgateway_cache_blocks{medium=~"CPU.*"', "/")
+    panel_with("kvgateway_prefix_engines_mean")
     # occupancy counts each stream once even when several replicas report it
     assert "max by (source, dp_rank, medium) (kvgateway_cache_blocks" in text
 

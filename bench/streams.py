@@ -1,0 +1,118 @@
+"""Scenario 7, many streams: what N configured streams cost a gateway whose engines are down.
+
+A fleet of 64 engines with 8 data-parallel ranks is 512 streams. The gateway is started with N
+streams against closed loopback ports (every stream connecting and retrying, the worst idle
+case: no engine answers), and, as the baseline in the same run, with one stream. Measured: the
+time from spawn to every stream listed in ``/v1/sources``, the CPU while idle, RSS and open
+descriptors, and a ``/metrics`` scrape (time and size). Per-stream figures are the difference
+to the one-stream gateway divided by N - 1.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.request
+from typing import Any
+
+from bench.common import BenchError, CpuMeter, Gateway, free_port_block, median, rss_bytes, say
+from bench.context import Context
+
+PORTS_PER_SOURCE = 1000
+"""Streams per configured source (``dp_size``, which is at most 1024)."""
+
+
+def _sizes(ctx: Context) -> list[int]:
+    return list(ctx.pick([500, 2000], [2000], [40]))
+
+
+def _idle_seconds(ctx: Context) -> float:
+    return float(ctx.pick(20.0, 10.0, 1.0))
+
+
+def _settle_seconds(ctx: Context) -> float:
+    """Before the idle measurement: ZeroMQ's reconnection interval backs off from 0.1 s to 2 s
+    against a closed port, and every stream logs its first failure: a start-up burst, not idling."""
+    return float(ctx.pick(12.0, 10.0, 0.5))
+
+
+def _descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _scrape(base: str) -> tuple[float, int]:
+    started = time.perf_counter()
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:
+        size = len(response.read())
+    return time.perf_counter() - started, size
+
+
+def _sources(count: int) -> tuple[str, list[str]]:
+    """The first source's endpoint, and ``--source`` flags for the rest: consecutive closed ports."""
+    base = free_port_block(count)
+    specs: list[str] = []
+    for index, first in enumerate(range(0, count, PORTS_PER_SOURCE)):
+        size = min(PORTS_PER_SOURCE, count - first)
+        if index:
+            specs += ["--source", f"name=fleet{index},endpoint=tcp://127.0.0.1:{base + first},dp_size={size}"]
+    return f"tcp://127.0.0.1:{base}", specs
+
+
+def trial(ctx: Context, streams: int, run: int) -> dict[str, Any]:
+    first, extra = _sources(streams)
+    logs = ctx.logs / "streams" / f"n{streams}-run{run}"
+    spawned = time.monotonic()
+    gateway = Gateway(
+        logs / "gateway.log", endpoint=first, dp_size=min(streams, PORTS_PER_SOURCE), extra=extra, name="fleet0"
+    )
+    try:
+        gateway.wait_ready(timeout=120)
+        listed = len(gateway.sources())
+        start_seconds = time.monotonic() - spawned
+        if listed != streams:
+            raise BenchError(f"/v1/sources lists {listed} streams, expected {streams}")
+        time.sleep(_settle_seconds(ctx))
+        cpu = CpuMeter(gateway.pid)
+        cpu.start()
+        time.sleep(_idle_seconds(ctx))
+        idle = cpu.stop()
+        gateway.check_alive("the gateway")
+        scrapes = [_scrape(gateway.base) for _ in range(3)]
+        return {
+            "streams": streams,
+            "start_seconds": round(start_seconds, 3),
+            "idle_cpu_cores": round(idle, 4),
+            "rss_bytes": rss_bytes(gateway.pid),
+            "descriptors": _descriptors(gateway.pid),
+            "metrics_seconds": round(median(s for s, _ in scrapes) or 0.0, 4),
+            "metrics_bytes": scrapes[-1][1],
+        }
+    finally:
+        gateway.stop(timeout=30)
+
+
+def _per_stream(big: dict[str, Any], one: dict[str, Any]) -> dict[str, float]:
+    extra = big["streams"] - one["streams"]
+    return {
+        key: round((big[key] - one[key]) / extra, 3)
+        for key in ("rss_bytes", "descriptors", "metrics_bytes", "idle_cpu_cores", "metrics_seconds")
+    }
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    for size in _sizes(ctx):
+        trials: list[dict[str, Any]] = []
+        baselines: list[dict[str, Any]] = []
+        for run_index in range(ctx.runs):
+            say(f"streams run {run_index + 1}/{ctx.runs}: 1 stream, then {size:,} (closed ports)")
+            baselines.append(trial(ctx, 1, run_index))
+            trials.append(trial(ctx, size, run_index))
+        one = {k: median(t[k] for t in baselines) for k in baselines[0]}
+        big = {k: median(t[k] for t in trials) for k in trials[0]}
+        rows.append({**big, "one_stream": one, "per_stream": _per_stream(big, one), "runs": trials})
+        say(
+            f"  {size:,} streams: start {big['start_seconds']:.2f} s, idle {big['idle_cpu_cores'] * 100:.1f}% "
+            f"of a core, {big['descriptors']:,} fds, /metrics {big['metrics_seconds'] * 1000:.0f} ms"
+        )
+    return {"closed_ports": True, "sizes": rows}
