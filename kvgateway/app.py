@@ -27,6 +27,7 @@ from kvgateway.messages import schema_bytes
 from kvgateway.pump import WS_CLOSE, sse_stream, ws_session
 from kvgateway.query import BadRequest, ClientRequest
 from kvgateway.router_routes import ROUTER_ROUTES
+from kvgateway.subscription import Subscription, Transport
 
 log = logging.getLogger("kvgateway.web")
 
@@ -107,6 +108,16 @@ def _client_request(conn: HTTPConnection, transport: str) -> ClientRequest:
     return _gateway(conn).hub.parse_query(conn.query_params, last_event_id=header)
 
 
+async def _subscribe(gateway: Gateway, client: ClientRequest, transport: Transport) -> Subscription:
+    """A gateway that may need to fetch or wait before a client subscribes (a cluster edge) says so
+    with ``subscribe_async``."""
+    subscribe_async = getattr(gateway, "subscribe_async", None)
+    if subscribe_async is not None:
+        subscription: Subscription = await subscribe_async(client, transport)
+        return subscription
+    return gateway.subscribe(client, transport)
+
+
 async def events(request: Request) -> Response:
     gateway = _gateway(request)
     metrics = gateway.metrics
@@ -116,7 +127,7 @@ async def events(request: Request) -> Response:
         metrics.client_rejections.labels("sse", "bad_request").inc()
         return json_error(400, str(exc))
     try:
-        subscription = gateway.subscribe(client, "sse")
+        subscription = await _subscribe(gateway, client, "sse")
     except TooManyClients:
         metrics.client_rejections.labels("sse", "too_many_clients").inc()
         return json_error(503, "too many clients", **{"Retry-After": "5"})
@@ -138,7 +149,7 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
         await websocket.send_denial_response(json_error(400, str(exc)))
         return
     try:
-        subscription = gateway.subscribe(client, "ws")
+        subscription = await _subscribe(gateway, client, "ws")
     except TooManyClients:
         metrics.client_rejections.labels("ws", "too_many_clients").inc()
         code, reason = WS_CLOSE["too_many_clients"]

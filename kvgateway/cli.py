@@ -18,6 +18,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from kvgateway import config, demo, simulator
+    from kvgateway.cluster import commands as cluster
 
     parser = _Parser(prog="kvgateway", description="An observable gateway for LLM engines' KV-cache events.")
     parser.add_argument("--version", action="version", version=f"kvgateway {__version__}")
@@ -25,7 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     simulator.add_arguments(
         sub.add_parser("simulate", help="run a vLLM-compatible engine publisher (for demos and tests)")
     )
-    config.add_serve_arguments(sub.add_parser("serve", help="subscribe to engines and serve their events"))
+    serve = sub.add_parser("serve", help="subscribe to engines and serve their events")
+    config.add_serve_arguments(serve)
+    cluster.add_workers_arguments(serve)
+    cluster.add_ingest_arguments(sub.add_parser("ingest", help="read engines, publish to NATS JetStream"))
+    cluster.add_edge_arguments(sub.add_parser("edge", help="serve clients from NATS JetStream"))
     demo.add_arguments(sub.add_parser("demo", help="simulated engines and the gateway in one process"))
     return parser
 
@@ -39,7 +44,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     args = parser.parse_args(argv)
+    from kvgateway.cluster import commands as cluster
+
     try:
+        if args.command == "ingest":
+            return cluster.run_ingest(args)
+        if args.command == "edge":
+            return cluster.run_edge(args)
+        if args.command == "serve" and args.workers is None and args.nats:
+            raise config.ConfigError("--nats needs --workers (or run kvgateway ingest and kvgateway edge)")
+        if args.command == "serve" and args.workers is not None:
+            from kvgateway.cluster import supervisor
+
+            return supervisor.run(args, argv)
         if args.command == "simulate":
             return simulator.run(args)
         if args.command == "serve":

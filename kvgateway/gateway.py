@@ -38,7 +38,9 @@ class Gateway:
         *,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         clock: Callable[[], float] = time.time,
+        log: MemoryLog | None = None,
     ) -> None:
+        """``log``: another log than the process's own (the cluster's: kvgateway/cluster/)."""
         self.settings = settings
         self.clock = clock
         self.metrics = Metrics()
@@ -48,7 +50,11 @@ class Gateway:
             capacity={s.key: s.capacity_blocks for s in streams if s.capacity_blocks}, started=self.started_at
         )
         hub_metrics = self.metrics.hub()
-        self.log = MemoryLog(settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained)
+        self.log = (
+            log
+            if log is not None
+            else MemoryLog(settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained)
+        )
         hub_metrics.retained(0, 0)
         self.outlets: dict[tuple[str, int], StreamOutlet] = {}
         """Each stream's downstream, in (source, dp_rank) order."""

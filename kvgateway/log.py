@@ -69,6 +69,29 @@ def batch_record(stream: Stream, seq: int, batch: wire.Batch, *, received: float
     )
 
 
+def make_entry(epoch: str, offset: int, record: Record) -> Entry:
+    """``record``'s entry at ``offset`` of ``epoch``: its message rendered as every log renders it.
+
+    Raises :class:`kvgateway.messages.NoticeError` for a wrong notice."""
+    source, dp_rank = record.stream
+    if type(record) is BatchRecord:
+        encoded = messages.encode_batch(
+            epoch=epoch,
+            offset=offset,
+            source=source,
+            dp_rank=dp_rank,
+            seq=record.seq,
+            ts=record.batch.ts,
+            events=record.events,
+        )
+        return Entry(offset, record.stream, encoded.message, encoded, record.keys, record=record)
+    assert type(record) is NoticeRecord
+    message = messages.encode_stream_notice(
+        record.kind, epoch=epoch, offset=offset, source=source, dp_rank=dp_rank, fields=record.fields
+    )
+    return Entry(offset, record.stream, message, None, (), record=record)
+
+
 class Log(Protocol):
     """What ingest appends to and downstream reads from."""
 
@@ -128,24 +151,7 @@ class MemoryLog:
     def append(self, record: Record) -> int:
         """Raises :class:`kvgateway.messages.NoticeError` (and assigns nothing) for a wrong notice."""
         offset = self._offset + 1
-        source, dp_rank = record.stream
-        if type(record) is BatchRecord:
-            encoded = messages.encode_batch(
-                epoch=self.epoch,
-                offset=offset,
-                source=source,
-                dp_rank=dp_rank,
-                seq=record.seq,
-                ts=record.batch.ts,
-                events=record.events,
-            )
-            entry = Entry(offset, record.stream, encoded.message, encoded, record.keys, record=record)
-        else:
-            assert type(record) is NoticeRecord
-            message = messages.encode_stream_notice(
-                record.kind, epoch=self.epoch, offset=offset, source=source, dp_rank=dp_rank, fields=record.fields
-            )
-            entry = Entry(offset, record.stream, message, None, (), record=record)
+        entry = make_entry(self.epoch, offset, record)
         self._offset = offset
         ring = self.ring
         ring.append(entry)

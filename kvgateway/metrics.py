@@ -311,6 +311,22 @@ class Metrics:
             (*STREAM, "medium"),
             registry=r,
         )
+        # cluster roles (kvgateway ingest / edge, docs/scaling.md); 0 in a single process
+        self.jetstream_published = Counter(
+            "kvgateway_jetstream_published", "Records the JetStream stream stored (ingest).", registry=r
+        )
+        self.jetstream_duplicates = Counter(
+            "kvgateway_jetstream_duplicates", "Records the stream dropped as already stored (ingest).", registry=r
+        )
+        self.jetstream_retries = Counter(
+            "kvgateway_jetstream_retries", "Records sent to the stream again after a failure (ingest).", registry=r
+        )
+        self.jetstream_pending = Gauge(
+            "kvgateway_jetstream_pending", "Records queued or unacknowledged by the stream (ingest).", registry=r
+        )
+        self.jetstream_applied_offset = Gauge(
+            "kvgateway_jetstream_applied_offset", "The last stream sequence applied (edge).", registry=r
+        )
         # routers (kvgateway/routers.py)
         self.learned_blocks = Gauge(
             "kvgateway_learned_blocks", "Learned token-chain entries held for lookups by token_ids.", registry=r

@@ -48,13 +48,13 @@ class Ring:
     kept.
     """
 
-    def __init__(self, max_messages: int, max_bytes: int) -> None:
+    def __init__(self, max_messages: int, max_bytes: int, *, first_offset: int = 1) -> None:
         if max_messages < 0 or max_bytes < 0:
             raise ValueError("ring bounds must be >= 0")
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self._entries: deque[Entry] = deque()
-        self._next = 1  # offset 0 is "before any message"
+        self._next = first_offset  # offset 0 is "before any message"; a shared log may start later
         self.bytes = 0
 
     def __len__(self) -> int:

@@ -398,6 +398,18 @@ class Sequencer:
             self._attempt(start, out)
         return out
 
+    def resume_after(self, seq: int) -> None:
+        """Continue a stream that another process delivered up to ``seq`` (a takeover: the cluster's
+        ingest reads the last seq it stored). Call before the first connection; the connection is
+        then a reconnection that cannot be verified (no anchor payload: rule 1's fallback), so
+        the first live batch either continues the stream, its gap replayed from ``seq + 1``, or
+        shows a restart."""
+        if self._ever_connected or self.cursor is not None:
+            raise ValueError("resume_after: only before the first connection")
+        self.cursor = seq
+        self._live_top = seq
+        self._ever_connected = True
+
     def on_disconnected(self) -> None:
         """The SUB socket lost its publisher: batches from now on come from a new connection."""
         self._gen += 1

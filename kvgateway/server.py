@@ -61,7 +61,7 @@ A cut slow consumer that never reads again would otherwise hold its connection f
 it waits for its send buffer to drain, which never happens."""
 
 
-def _listen(settings: Settings) -> socket.socket:
+def _listen(settings: Settings, reuse_port: bool = False) -> socket.socket:
     """The HTTP listening socket, bound before anything starts: a taken port is one clear line."""
     host = settings.host.strip("[]")
     where = f"{settings.host}:{settings.port}"
@@ -72,6 +72,8 @@ def _listen(settings: Settings) -> socket.socket:
         raise StartupError(f"cannot listen on {where}: {str(exc.strerror or exc).lower()}") from None
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restart during TIME_WAIT
+        if reuse_port:  # cluster edges on one machine: the kernel spreads connections over them
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         listener.bind((host, settings.port))
     except OSError as exc:
         listener.close()
@@ -89,14 +91,16 @@ def _listen(settings: Settings) -> socket.socket:
     return listener
 
 
-async def serve(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:
-    """Run the gateway and its HTTP server until SIGINT/SIGTERM.
-
-    The HTTP port is bound first; the app's lifespan then starts the gateway (the engines'
-    sockets): nothing says "started" before both are known to work. Raises
-    :class:`StartupError` (one line) when either fails.
-    """
-    listener = _listen(settings)
+async def serve(
+    settings: Settings,
+    *,
+    ready: Callable[[str], None] | None = None,
+    make_gateway: Callable[..., Gateway] = Gateway,
+    reuse_port: bool = False,
+) -> None:
+    """Run the gateway and its HTTP server until SIGINT/SIGTERM: the port is bound first, then the
+    app's lifespan starts the gateway; a failure of either is a :class:`StartupError` (one line)."""
+    listener = _listen(settings, reuse_port)
     try:
         budget = Budget.of(settings)
         raise_open_files(budget)
@@ -105,7 +109,7 @@ async def serve(settings: Settings, *, ready: Callable[[str], None] | None = Non
         listener.close()
         raise StartupError(str(exc)) from None
     try:
-        gateway = Gateway(settings, context=context)
+        gateway = make_gateway(settings, context=context)
         app = create_app(gateway)
         server = _Server(uvicorn_config(app, settings))
         loop = asyncio.get_running_loop()

@@ -1,0 +1,160 @@
+"""The cluster's commands: ``kvgateway ingest``, ``kvgateway edge``, and ``serve --workers``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import logging
+import signal
+from typing import Any
+
+from kvgateway import config, logs
+from kvgateway.cluster import options as nats_options
+from kvgateway.gateway import StartupError
+
+log = logging.getLogger("kvgateway.cluster")
+
+INGEST_DESCRIPTION = """Read the engines' KV-event streams (as `kvgateway serve` does) and publish every
+batch and notice to a NATS JetStream stream, once (deduplicated by id), for `kvgateway edge`
+processes to serve. HTTP serves only /healthz, /readyz and /metrics (--host, --port)."""
+
+EDGE_DESCRIPTION = """Follow the NATS JetStream stream written by `kvgateway ingest` and serve the whole web
+protocol (WebSocket, SSE, /v1/occupancy, the dashboard) exactly as `kvgateway serve` does. A client
+resumes on any edge of the same stream. The edge connects to no engine: it lists the sources it is
+given (--source or --config), or else those the ingest processes announced."""
+
+
+def add_ingest_arguments(parser: argparse.ArgumentParser) -> None:
+    config.add_serve_arguments(parser)
+    parser.description = INGEST_DESCRIPTION
+    parser.epilog = None
+    nats_options.add_nats_arguments(parser)
+    _add_child_argument(parser)
+
+
+def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
+    config.add_serve_arguments(parser)
+    parser.description = EDGE_DESCRIPTION
+    parser.epilog = None
+    nats_options.add_nats_arguments(parser)
+    parser.add_argument(
+        "--reuse-port", action="store_true", help="share --port with other edges on this machine (SO_REUSEPORT)"
+    )
+    _add_child_argument(parser)
+
+
+def add_workers_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("many cores (NATS JetStream)")
+    group.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="run a private nats-server, one ingest and N edge processes sharing --port (default: one process)",
+    )
+    group.add_argument(
+        "--nats",
+        metavar="URL",
+        help="with --workers: use this NATS server instead of starting a private one",
+    )
+    group.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="where --workers keeps the nats-server store (default: ./kvgateway-state)",
+    )
+
+
+def _add_child_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)
+
+
+def exit_with_parent() -> None:
+    """Linux: this process gets SIGTERM when its parent dies (``serve --workers`` was killed)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def run_ingest(args: argparse.Namespace) -> int:
+    from kvgateway.cluster.ingest_role import run_ingest as run
+
+    settings = config.settings_from_args(args)
+    if not settings.sources:
+        raise config.ConfigError("no sources: give --source, or a config file with [[sources]]")
+    options = _options(args, "kvgateway-ingest")
+    logs.setup(settings.log_level, settings.log_format)
+    if args.exit_with_parent:
+        exit_with_parent()
+    from kvgateway.server import loop_factory
+
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(run(settings, options))
+    except StartupError as exc:
+        log.error("%s", exc)
+        return 1
+    return 0
+
+
+def run_edge(args: argparse.Namespace) -> int:
+    from kvgateway import server
+    from kvgateway.cluster.edge import EdgeGateway
+
+    settings = config.settings_from_args(args)
+    options = _options(args, "kvgateway-edge")
+    logs.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
+    if args.exit_with_parent:
+        exit_with_parent()
+    made: list[EdgeGateway] = []
+
+    def make(settings: config.Settings, **kwargs: Any) -> EdgeGateway:
+        made.append(EdgeGateway(settings, options, **kwargs))
+        return made[-1]
+
+    def ready(url: str) -> None:
+        log.info("edge serving on %s", url)
+
+    try:
+        with asyncio.Runner(loop_factory=server.loop_factory()) as runner:
+            if not settings.sources:
+                settings = runner.run(_discover_sources(settings, options))
+            runner.run(server.serve(settings, ready=ready, make_gateway=make, reuse_port=args.reuse_port))
+    except StartupError as exc:
+        log.error("%s", exc)
+        return 1
+    return 1 if made and made[0].fatal else 0
+
+
+def _options(args: argparse.Namespace, name: str) -> nats_options.NatsOptions:
+    try:
+        return nats_options.options_from_args(args, name)
+    except ValueError as exc:
+        raise config.ConfigError(str(exc)) from None
+
+
+async def _discover_sources(settings: config.Settings, options: nats_options.NatsOptions) -> config.Settings:
+    """An edge given no sources lists those the ingest processes announced."""
+    from dataclasses import replace
+
+    from kvgateway.cluster import nats_link
+    from kvgateway.cluster.sources import read_sources
+
+    try:
+        nc = await nats_link.connect(options)
+    except Exception as exc:
+        raise StartupError(f"cannot follow stream {options.stream}: {exc}") from None
+    try:
+        js = nc.jetstream()
+        await nats_link.wait_stream(js, options, 30)  # the ingest announces its sources right after
+        sources = await read_sources(js, options)
+        for _ in range(20):  # ... creating the stream: a moment's wait for it
+            if sources:
+                break
+            await asyncio.sleep(0.25)
+            sources = await read_sources(js, options)
+    except Exception as exc:
+        raise StartupError(f"cannot follow stream {options.stream}: {exc}") from None
+    finally:
+        await nc.close()
+    log.info("sources announced by ingest: %s", ", ".join(s.name for s in sources) or "none yet")
+    return replace(settings, sources=sources)

@@ -1,0 +1,96 @@
+"""The cluster's NATS options (flags, and what a child process is given); imports no NATS client,
+so the command line works without the ``nats`` extra installed."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class NatsOptions:
+    servers: tuple[str, ...]
+    stream: str = "KVGATEWAY"
+    subject_prefix: str = "kvgateway"
+    retention_seconds: float = 600.0
+    duplicate_window_seconds: float = 120.0
+    replicas: int = 1
+    creds: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    token_file: str | None = None
+    name: str = "kvgateway"
+
+
+def add_nats_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    group = parser.add_argument_group("NATS JetStream")
+    group.add_argument(
+        "--nats", action="append", required=required, metavar="URL", help="a NATS server URL (repeatable)"
+    )
+    group.add_argument("--nats-stream", default="KVGATEWAY", metavar="NAME", help="the stream (default KVGATEWAY)")
+    group.add_argument(
+        "--nats-subject-prefix", default="kvgateway", metavar="PREFIX", help="subjects PREFIX.SOURCE.RANK"
+    )
+    group.add_argument(
+        "--nats-retention",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="the stream's max_age, the recovery window (default 600)",
+    )
+    group.add_argument(
+        "--nats-duplicate-window",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long a batch id is remembered against duplicates (default 120)",
+    )
+    group.add_argument("--nats-replicas", type=int, default=1, metavar="N", help="stream replicas (1, 3 or 5)")
+    group.add_argument("--nats-creds", metavar="FILE", help="a NATS credentials file (JWT + nkey seed)")
+    group.add_argument("--nats-token-file", metavar="FILE", help="read a NATS token from FILE")
+    group.add_argument("--nats-tls-ca", metavar="FILE", help="CA bundle to verify the NATS servers")
+    group.add_argument("--nats-tls-cert", metavar="FILE", help="client certificate (mutual TLS)")
+    group.add_argument("--nats-tls-key", metavar="FILE", help="client certificate's key")
+
+
+def options_from_args(args: argparse.Namespace, name: str) -> NatsOptions:
+    if args.nats_retention <= 0 or args.nats_duplicate_window <= 0:
+        raise ValueError("--nats-retention and --nats-duplicate-window must be > 0")
+    if args.nats_duplicate_window > args.nats_retention:
+        raise ValueError("--nats-duplicate-window cannot exceed --nats-retention")
+    servers = tuple(url.strip() for value in args.nats for url in value.split(",") if url.strip())
+    return NatsOptions(
+        servers=servers,
+        stream=args.nats_stream,
+        subject_prefix=args.nats_subject_prefix,
+        retention_seconds=args.nats_retention,
+        duplicate_window_seconds=args.nats_duplicate_window,
+        replicas=args.nats_replicas,
+        creds=args.nats_creds,
+        tls_ca=args.nats_tls_ca,
+        tls_cert=args.nats_tls_cert,
+        tls_key=args.nats_tls_key,
+        token_file=args.nats_token_file,
+        name=name,
+    )
+
+
+def options_to_argv(options: NatsOptions) -> list[str]:
+    """The flags that give ``options`` to a child process."""
+    argv = [
+        *(arg for url in options.servers for arg in ("--nats", url)),
+        *("--nats-stream", options.stream, "--nats-subject-prefix", options.subject_prefix),
+        *("--nats-retention", str(options.retention_seconds)),
+        *("--nats-duplicate-window", str(options.duplicate_window_seconds), "--nats-replicas", str(options.replicas)),
+    ]
+    for flag, value in (
+        ("--nats-creds", options.creds),
+        ("--nats-tls-ca", options.tls_ca),
+        ("--nats-tls-cert", options.tls_cert),
+        ("--nats-tls-key", options.tls_key),
+        ("--nats-token-file", options.token_file),
+    ):
+        if value is not None:
+            argv += [flag, value]
+    return argv

@@ -1,0 +1,58 @@
+"""A real nats-server on loopback for the cluster tests (skipped when the binary is missing)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import free_port
+
+
+def nats_binary() -> str:
+    found = shutil.which("nats-server") or ("/usr/sbin/nats-server" if Path("/usr/sbin/nats-server").exists() else None)
+    if found is None:
+        pytest.skip("nats-server is not installed (Debian: apt-get install nats-server; .ci/run installs it)")
+    return found
+
+
+class NatsServer:
+    """nats-server -js on 127.0.0.1 with its store in ``store``; restartable on the same port."""
+
+    def __init__(self, store: Path) -> None:
+        self.binary = nats_binary()
+        self.store = store
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("nats-server did not start listening")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+    def wipe(self) -> None:
+        shutil.rmtree(self.store, ignore_errors=True)
