@@ -490,7 +490,9 @@ def test_gateway_started_late_catches_up_the_history_by_replay(procs: Start) -> 
     engine's last batch) fills 0-2999 in. The index then equals a reference-count model of all the
     engine's batches, fetched from its replay socket."""
     http, pub, rep = free_ports(3)
-    rate, history, total = 1000, 3000, 3500
+    # The catch-up must be answered (replay_delay after the gateway connects) before the first live
+    # batch, at history / rate: 5 s leaves the gateway 3.3 s to start, even on a loaded machine.
+    rate, history, total, replay_delay = 1000, 5000, 5500, 1.5
     sim = start_sim(
         procs,
         "--endpoint",
@@ -506,7 +508,7 @@ def test_gateway_started_late_catches_up_the_history_by_replay(procs: Start) -> 
         "--buffer-steps",
         "10000",
         "--replay-delay",
-        "1.5",
+        str(replay_delay),
         # An unlimited ROUTER queue: the reply comes whole, so the counts are exact (the default
         # high-water mark and the holes it cuts are test_exactness.py's subject).
         "--replay-hwm",
@@ -518,7 +520,9 @@ def test_gateway_started_late_catches_up_the_history_by_replay(procs: Start) -> 
     started = time.monotonic()
     time.sleep(0.5)  # let the engine publish about 500 batches first (no count depends on this)
     gw = start_gateway(procs, http, [f"name=a,endpoint={loopback(pub)},replay={loopback(rep)}"])
-    assert time.monotonic() - started < history / rate - 0.2, "the gateway started too late for this test"
+    assert time.monotonic() - started < history / rate - replay_delay - 0.2, (
+        "the gateway started too late for this test"
+    )
     with WsCollector(gw.ws_url) as ws:
         got = settled(gw.base, "a", last_seq=total - 1, replays=2)
         wait_until(lambda: ws.last_seq("a") == total - 1, timeout=30, what="the last batch on the WebSocket")
