@@ -423,7 +423,9 @@ class ChainLearner:
     def _mix(parent: Hash) -> int:
         if type(parent) is int:
             return (parent * _K128) & _M128
-        return _digest(bytes(parent), b"kvgw-parent")
+        # A byte hash through Python's (per-process) bytes hash, spread to 128 bits the same way:
+        # two parents mix alike only when their 64-bit hashes collide.
+        return ((hash(bytes(parent)) & _M64) * _K128) & _M128
 
     def block_sizes(self, source: str, dp_rank: int) -> list[int]:
         """The block sizes the stream taught with, most recent first (engines have one; at most 4 kept)."""
