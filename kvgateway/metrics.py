@@ -7,10 +7,13 @@ from clients or payloads, so cardinality is bounded by the config.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol, get_args
+from typing import Any, Final, Literal, Protocol, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -18,6 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from kvgateway.exposition import family_text, number_text
 from kvgateway.sequencer import LossReason, Outcome, Purpose
 
 # The *_created series double the exposition and no dashboard or alert here reads them.
@@ -176,24 +180,31 @@ class LagHistogram:
 
 
 class StreamFamilies:
-    """The per-stream families of one scrape, which each stream fills with its own samples."""
+    """The per-stream samples of one scrape, which each stream fills with its own; written as
+    Prometheus text by :func:`kvgateway.exposition.stream_text`, or as families (``iter``)."""
 
     def __init__(self) -> None:
-        self._families: dict[str, Metric] = {key: _family(spec) for key, spec in STREAM_METRICS.items()}
+        self.rows: dict[str, list[tuple[Sequence[str], Any]]] = {key: [] for key in STREAM_METRICS}
+        """Per family: (labels: source, dp_rank and the family's own; the value, or for a histogram
+        its cumulative buckets and sum)."""
 
     def add(self, key: str, labels: Sequence[str], value: float) -> None:
         """A counter or gauge sample (``labels``: source, dp_rank and the family's own)."""
-        family = self._families[key]
-        assert isinstance(family, CounterMetricFamily | GaugeMetricFamily)
-        family.add_metric(labels, value)
+        self.rows[key].append((labels, value))
 
     def add_histogram(self, key: str, labels: Sequence[str], histogram: LagHistogram) -> None:
-        family = self._families[key]
-        assert isinstance(family, HistogramMetricFamily)
-        family.add_metric(labels, histogram.cumulative(), histogram.total)
+        self.rows[key].append((labels, (histogram.cumulative(), histogram.total)))
 
     def __iter__(self) -> Iterator[Metric]:
-        return iter(self._families.values())
+        for key, spec in STREAM_METRICS.items():
+            family = _family(spec)
+            for labels, value in self.rows[key]:
+                if isinstance(family, HistogramMetricFamily):
+                    family.add_metric(labels, value[0], value[1])
+                else:
+                    assert isinstance(family, CounterMetricFamily | GaugeMetricFamily)
+                    family.add_metric(labels, value)
+            yield family
 
 
 def _family(spec: StreamMetric) -> Metric:
@@ -216,6 +227,7 @@ class StreamCollector(Collector):
 
     def __init__(self) -> None:
         self._streams: list[StreamExporter] = []
+        self._local = threading.local()
 
     def add(self, stream: StreamExporter) -> None:
         self._streams.append(stream)
@@ -223,11 +235,35 @@ class StreamCollector(Collector):
     def describe(self) -> Iterable[Metric]:
         return list(StreamFamilies())
 
-    def collect(self) -> Iterable[Metric]:
+    def families(self) -> StreamFamilies:
         families = StreamFamilies()
         for stream in self._streams:
             stream.export(families)
-        return list(families)
+        return families
+
+    def collect(self) -> Iterable[Metric]:
+        if getattr(self._local, "muted", False):
+            return []  # Metrics.exposition writes these itself
+        return list(self.families())
+
+    def text(self) -> bytes:
+        """Every stream's families in the text format (:mod:`kvgateway.exposition`)."""
+        rows = self.families().rows
+        number = number_text()
+        pieces = itertools.chain.from_iterable(
+            family_text(s.kind, s.name, s.documentation, (*STREAM, *s.labels), rows=rows[key], number=number)
+            for key, s in STREAM_METRICS.items()
+        )
+        return "".join(pieces).encode()
+
+    @contextlib.contextmanager
+    def muted(self) -> Iterator[None]:
+        """The registry without this collector's families, in this thread, for the block."""
+        self._local.muted = True
+        try:
+            yield
+        finally:
+            self._local.muted = False
 
 
 class Metrics:
@@ -360,7 +396,10 @@ class Metrics:
         return HubMetrics(self)
 
     def exposition(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        # The per-stream families (most of the samples) by the cheaper writer, the rest as usual.
+        streams = self.streams.text()
+        with self.streams.muted():
+            return streams + generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
 class HubMetrics:
