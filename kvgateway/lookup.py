@@ -470,7 +470,7 @@ class ChainLearner:
             key = digest ^ mix
             learned.pop(key, None)  # re-announced: to the back of the eviction order
             learned[key] = block_hash
-            mix = self._mix(block_hash)
+            mix = (block_hash * _K128) & _M128 if type(block_hash) is int else self._mix(block_hash)  # _mix, inline
         self.learned += len(hashes)
         if len(learned) > self.max_blocks:
             self._evict()

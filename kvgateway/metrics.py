@@ -409,10 +409,9 @@ class HubMetrics:
         "_broadcast",
         "_clients",
         "_disconnects",
+        "_held",
         "_queue_bytes",
         "_resumes",
-        "_ring_bytes",
-        "_ring_messages",
         "sent",
     )
 
@@ -422,8 +421,9 @@ class HubMetrics:
         self._resumes = metrics.resumes
         self._queue_bytes = metrics.client_queue_bytes
         self._broadcast = metrics.broadcast_seconds
-        self._ring_messages = metrics.ring_messages
-        self._ring_bytes = metrics.ring_bytes
+        self._held = (0, 0)
+        metrics.ring_messages.set_function(lambda: self._held[0])
+        metrics.ring_bytes.set_function(lambda: self._held[1])
         self.sent = {t: metrics.messages_sent.labels(t) for t in TRANSPORTS}
         """Messages handed to a client's writer, by transport (a subscription keeps its own child)."""
 
@@ -435,9 +435,8 @@ class HubMetrics:
         self._broadcast.observe(seconds)
 
     def retained(self, messages: int, nbytes: int) -> None:
-        """What the resume ring holds now."""
-        self._ring_messages.set(messages)
-        self._ring_bytes.set(nbytes)
+        """What the resume ring holds now (after every append: plain numbers, read at scrape time)."""
+        self._held = (messages, nbytes)
 
     def resumed(self, transport: str, recovered: bool) -> None:
         self._resumes.labels(transport, "true" if recovered else "false").inc()
