@@ -435,7 +435,11 @@ class ChainLearner:
         """Learn from every BlockStored of a delivered batch; returns the entries taught."""
         if not self.max_blocks:
             return 0
-        return sum(self.learn(source, dp_rank, e) for e in batch.events if type(e) is BlockStored)
+        taught = 0
+        for event in batch.events:
+            if type(event) is BlockStored:
+                taught += self.learn(source, dp_rank, event)
+        return taught
 
     def learn(self, source: str, dp_rank: int, event: BlockStored) -> int:
         """Learn one BlockStored's blocks; returns the entries taught (0 for a placeholder)."""
@@ -466,9 +470,10 @@ class ChainLearner:
         parent = event.parent_block_hash
         mix = self._root(stream) if parent is None else self._mix(parent)
         learned = self._map
-        for digest, block_hash in zip(digests, hashes, strict=True):
+        for digest, block_hash in zip(digests, hashes):  # noqa: B905 (one digest per hash: checked above)
             key = digest ^ mix
-            learned.pop(key, None)  # re-announced: to the back of the eviction order
+            if key in learned:
+                del learned[key]  # re-announced: to the back of the eviction order
             learned[key] = block_hash
             mix = (block_hash * _K128) & _M128 if type(block_hash) is int else self._mix(block_hash)  # _mix, inline
         self.learned += len(hashes)
