@@ -154,54 +154,29 @@ STREAM_METRICS: Final[dict[str, StreamMetric]] = {
 """Every per-stream family. Each stream keeps these as plain numbers (no lock, no label lookup on
 the ingest hot path); :class:`StreamCollector` turns them into families when Prometheus scrapes."""
 
-
 # The bucket bounds as prometheus_client's own Histogram writes them.
-def _bounds(buckets: tuple[float, ...]) -> tuple[str, ...]:
-    return (*(floatToGoString(bound) for bound in buckets), "+Inf")  # type: ignore[no-untyped-call]
-
-
-_LAG_BOUNDS: Final = _bounds(LAG_BUCKETS)
+_LAG_BOUNDS: Final = (*(floatToGoString(bound) for bound in LAG_BUCKETS), "+Inf")  # type: ignore[no-untyped-call]
 
 
 class LagHistogram:
-    """A histogram as plain numbers: one list index and one addition per observation (event lag
-    per stream by default; :class:`PlainHistogramCollector` exports others)."""
+    """A histogram of event lag as plain numbers: one list index and one addition per batch."""
 
-    __slots__ = ("_bounds", "_buckets", "counts", "total")
+    __slots__ = ("counts", "total")
 
-    def __init__(self, buckets: tuple[float, ...] = LAG_BUCKETS) -> None:
-        self._buckets = buckets
-        self._bounds = _LAG_BOUNDS if buckets is LAG_BUCKETS else _bounds(buckets)
-        self.counts = [0] * (len(buckets) + 1)  # per bucket, not cumulative; the last is +Inf
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LAG_BUCKETS) + 1)  # per bucket, not cumulative; the last is +Inf
         self.total = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect_left(self._buckets, value)] += 1  # bucket i holds value <= buckets[i]
+        self.counts[bisect_left(LAG_BUCKETS, value)] += 1  # bucket i holds value <= LAG_BUCKETS[i]
         self.total += value
 
     def cumulative(self) -> list[tuple[str, float]]:
         out, running = [], 0
-        for bound, count in zip(self._bounds, self.counts, strict=True):
+        for bound, count in zip(_LAG_BOUNDS, self.counts, strict=True):
             running += count
             out.append((bound, float(running)))
         return out
-
-
-class PlainHistogramCollector(Collector):
-    """One unlabelled histogram kept as plain numbers (no lock on the hot path), read at scrape time."""
-
-    def __init__(self, name: str, documentation: str, histogram: LagHistogram) -> None:
-        self._name = name
-        self._documentation = documentation
-        self.histogram = histogram
-
-    def describe(self) -> Iterable[Metric]:
-        return [HistogramMetricFamily(self._name, self._documentation, labels=[])]
-
-    def collect(self) -> Iterable[Metric]:
-        family = HistogramMetricFamily(self._name, self._documentation, labels=[])
-        family.add_metric([], self.histogram.cumulative(), self.histogram.total)
-        return [family]
 
 
 class StreamFamilies:
@@ -330,14 +305,11 @@ class Metrics:
             buckets=QUEUE_BYTES_BUCKETS,
             registry=r,
         )
-        # Observed for every message of the log: plain numbers, exported at scrape time.
-        self.broadcast_seconds = LagHistogram(BROADCAST_BUCKETS)
-        r.register(
-            PlainHistogramCollector(
-                "kvgateway_broadcast_seconds",
-                "Time to hand one message to every client's queue.",
-                self.broadcast_seconds,
-            )
+        self.broadcast_seconds = Histogram(
+            "kvgateway_broadcast_seconds",
+            "Time to hand one message to every client's queue.",
+            buckets=BROADCAST_BUCKETS,
+            registry=r,
         )
         self.asyncio_tasks = Gauge(
             "kvgateway_asyncio_tasks", "Asyncio tasks alive in the gateway process (a leak shows here).", registry=r
