@@ -316,6 +316,10 @@ class Metrics:
         )
         self.ring_messages = Gauge("kvgateway_ring_messages", "Messages held in the resume ring.", registry=r)
         self.ring_bytes = Gauge("kvgateway_ring_bytes", "Encoded bytes held in the resume ring.", registry=r)
+        # Reported after every append of the log (HubMetrics.retained): plain numbers, read when scraped.
+        self.ring_held = [0, 0]
+        self.ring_messages.set_function(lambda: self.ring_held[0])
+        self.ring_bytes.set_function(lambda: self.ring_held[1])
         # cache analytics (kvgateway/cache_analytics.py: the blocks of 1 store event in 16)
         self.block_lifetime = Histogram(
             "kvgateway_block_lifetime_seconds",
@@ -421,9 +425,7 @@ class HubMetrics:
         self._resumes = metrics.resumes
         self._queue_bytes = metrics.client_queue_bytes
         self._broadcast = metrics.broadcast_seconds
-        self._held = (0, 0)
-        metrics.ring_messages.set_function(lambda: self._held[0])
-        metrics.ring_bytes.set_function(lambda: self._held[1])
+        self._held = metrics.ring_held  # shared by every view of these metrics
         self.sent = {t: metrics.messages_sent.labels(t) for t in TRANSPORTS}
         """Messages handed to a client's writer, by transport (a subscription keeps its own child)."""
 
@@ -436,7 +438,9 @@ class HubMetrics:
 
     def retained(self, messages: int, nbytes: int) -> None:
         """What the resume ring holds now (after every append: plain numbers, read at scrape time)."""
-        self._held = (messages, nbytes)
+        held = self._held
+        held[0] = messages
+        held[1] = nbytes
 
     def resumed(self, transport: str, recovered: bool) -> None:
         self._resumes.labels(transport, "true" if recovered else "false").inc()
