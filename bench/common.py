@@ -8,6 +8,7 @@ import math
 import os
 import platform
 import queue
+import random
 import signal
 import socket
 import statistics
@@ -70,10 +71,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port_block(count: int) -> int:
-    """A base port with ``base .. base + count - 1`` all free now (a DP source's consecutive ports)."""
-    for _ in range(100):
-        base = free_port()
+    """A base port with ``base .. base + count - 1`` all free now (a DP source's consecutive ports).
+
+    Half the tries below the kernel's ephemeral range (where no outgoing connection lands in the
+    meantime; on a busy machine 2,000 consecutive free ephemeral ports are rare), half in it."""
+    for attempt in range(100):
+        base = random.randrange(10_000, max(10_001, _ephemeral_low() - count)) if attempt % 2 == 0 else free_port()
         if base + count > 65535:
             continue
         held: list[socket.socket] = []

@@ -237,6 +237,7 @@ def _stages(stream: list[bytes], out: dict[str, float]) -> dict[str, float]:
     for batch in batches:
         tuple(event_key(event) for event in batch.events)
     out["filter_keys"] = (time.perf_counter() - started) / n * 1e6
+    _followers(batches, out)
     out["sum"] = sum(out.values())
 
     decode, encode = msgspec.msgpack.decode, msgspec.json.encode
@@ -245,6 +246,26 @@ def _stages(stream: list[bytes], out: dict[str, float]) -> dict[str, float]:
         encode(decode(payload))
     out["floor"] = (time.perf_counter() - started) / n * 1e6
     return {k: round(v, 2) for k, v in out.items()}
+
+
+def _followers(batches: list[wire.Batch], out: dict[str, float]) -> None:
+    """The log's other followers, which every batch visits too: the routers' chain learner and
+    the cache analytics (both on by default)."""
+    from kvgateway.cache_analytics import CacheAnalytics
+    from kvgateway.lookup import ChainLearner
+
+    n = len(batches)
+    learner = ChainLearner()
+    started = time.perf_counter()
+    for batch in batches:
+        learner.learn_batch("bench", 0, batch)
+    out["learn"] = (time.perf_counter() - started) / n * 1e6
+
+    analytics = CacheAnalytics()
+    started = time.perf_counter()
+    for batch in batches:
+        analytics.apply(("bench", 0), batch.events, batch.ts)
+    out["analytics"] = (time.perf_counter() - started) / n * 1e6
 
 
 def floor_us(ctx: Context, variant: str) -> float:

@@ -25,13 +25,21 @@ and the tier is its :func:`kvgateway.mediums.medium_tier`; both are "*" for AllB
 None for an unknown event without a string ``medium`` (it passes no medium filter)."""
 
 _interned: dict[EventKey, EventKey] = {}
+_block_keys: dict[tuple[type, str | None], EventKey] = {}
 
 
 def event_key(event: wire.Event) -> EventKey:
-    if type(event) is wire.BlockStored or type(event) is wire.BlockRemoved:
-        raw: str | None = event.medium
+    kind = type(event)
+    if kind is wire.BlockStored or kind is wire.BlockRemoved:
+        # One dict lookup for the common case: a block event's key depends on its type and medium only.
+        known = _block_keys.get((kind, event.medium))  # type: ignore[union-attr]
+        if known is not None:
+            return known
+        raw: str | None = event.medium  # type: ignore[union-attr]
         key: EventKey = (event.type, normalise_medium(raw), medium_tier(raw))
-    elif type(event) is wire.AllBlocksCleared:
+        if len(_block_keys) < 256:  # medium names come from the wire: bounded
+            _block_keys[(kind, raw)] = _intern(key)
+    elif kind is wire.AllBlocksCleared:
         key = (wire.CLEARED, _ANY_MEDIUM, _ANY_MEDIUM)
     else:
         assert type(event) is wire.UnknownEvent
@@ -40,6 +48,10 @@ def event_key(event: wire.Event) -> EventKey:
             key = (event.type, normalise_medium(found), medium_tier(found))
         else:
             key = (event.type, None, None)
+    return _intern(key)
+
+
+def _intern(key: EventKey) -> EventKey:
     # a ring holds many events but few distinct keys: share the tuples
     if len(_interned) < 4096:
         return _interned.setdefault(key, key)

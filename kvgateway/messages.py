@@ -175,19 +175,16 @@ class EncodedEvents:
 
 def encode_events(events: Iterable[dict[str, Any]]) -> EncodedEvents:
     """Rendered events (``render.render_events``) as JSON, one by one into one buffer."""
-    parts: list[bytes] = []
+    # Encoded into one growing buffer: no bytes object per event, no join.
+    buffer = bytearray()
     ends = array("q")
-    position = 0
-    encode = _encoder.encode
+    encode_into = _encoder.encode_into
     for event in events:
         if ends:
-            parts.append(b",")
-            position += 1
-        fragment = encode(event)
-        parts.append(fragment)
-        position += len(fragment)
-        ends.append(position)
-    return EncodedEvents(b"".join(parts), ends)
+            buffer += b","
+        encode_into(event, buffer, -1)
+        ends.append(len(buffer))
+    return EncodedEvents(bytes(buffer), ends)
 
 
 class EncodedBatch:

@@ -7,10 +7,13 @@ from clients or payloads, so cardinality is bounded by the config.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol, get_args
+from typing import Any, Final, Literal, Protocol, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -18,6 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from kvgateway.exposition import family_text, number_text
 from kvgateway.sequencer import LossReason, Outcome, Purpose
 
 # The *_created series double the exposition and no dashboard or alert here reads them.
@@ -176,24 +180,31 @@ class LagHistogram:
 
 
 class StreamFamilies:
-    """The per-stream families of one scrape, which each stream fills with its own samples."""
+    """The per-stream samples of one scrape, which each stream fills with its own; written as
+    Prometheus text by :func:`kvgateway.exposition.stream_text`, or as families (``iter``)."""
 
     def __init__(self) -> None:
-        self._families: dict[str, Metric] = {key: _family(spec) for key, spec in STREAM_METRICS.items()}
+        self.rows: dict[str, list[tuple[Sequence[str], Any]]] = {key: [] for key in STREAM_METRICS}
+        """Per family: (labels: source, dp_rank and the family's own; the value, or for a histogram
+        its cumulative buckets and sum)."""
 
     def add(self, key: str, labels: Sequence[str], value: float) -> None:
         """A counter or gauge sample (``labels``: source, dp_rank and the family's own)."""
-        family = self._families[key]
-        assert isinstance(family, CounterMetricFamily | GaugeMetricFamily)
-        family.add_metric(labels, value)
+        self.rows[key].append((labels, value))
 
     def add_histogram(self, key: str, labels: Sequence[str], histogram: LagHistogram) -> None:
-        family = self._families[key]
-        assert isinstance(family, HistogramMetricFamily)
-        family.add_metric(labels, histogram.cumulative(), histogram.total)
+        self.rows[key].append((labels, (histogram.cumulative(), histogram.total)))
 
     def __iter__(self) -> Iterator[Metric]:
-        return iter(self._families.values())
+        for key, spec in STREAM_METRICS.items():
+            family = _family(spec)
+            for labels, value in self.rows[key]:
+                if isinstance(family, HistogramMetricFamily):
+                    family.add_metric(labels, value[0], value[1])
+                else:
+                    assert isinstance(family, CounterMetricFamily | GaugeMetricFamily)
+                    family.add_metric(labels, value)
+            yield family
 
 
 def _family(spec: StreamMetric) -> Metric:
@@ -216,6 +227,7 @@ class StreamCollector(Collector):
 
     def __init__(self) -> None:
         self._streams: list[StreamExporter] = []
+        self._local = threading.local()
 
     def add(self, stream: StreamExporter) -> None:
         self._streams.append(stream)
@@ -223,11 +235,35 @@ class StreamCollector(Collector):
     def describe(self) -> Iterable[Metric]:
         return list(StreamFamilies())
 
-    def collect(self) -> Iterable[Metric]:
+    def families(self) -> StreamFamilies:
         families = StreamFamilies()
         for stream in self._streams:
             stream.export(families)
-        return list(families)
+        return families
+
+    def collect(self) -> Iterable[Metric]:
+        if getattr(self._local, "muted", False):
+            return []  # Metrics.exposition writes these itself
+        return list(self.families())
+
+    def text(self) -> bytes:
+        """Every stream's families in the text format (:mod:`kvgateway.exposition`)."""
+        rows = self.families().rows
+        number = number_text()
+        pieces = itertools.chain.from_iterable(
+            family_text(s.kind, s.name, s.documentation, (*STREAM, *s.labels), rows=rows[key], number=number)
+            for key, s in STREAM_METRICS.items()
+        )
+        return "".join(pieces).encode()
+
+    @contextlib.contextmanager
+    def muted(self) -> Iterator[None]:
+        """The registry without this collector's families, in this thread, for the block."""
+        self._local.muted = True
+        try:
+            yield
+        finally:
+            self._local.muted = False
 
 
 class Metrics:
@@ -280,6 +316,10 @@ class Metrics:
         )
         self.ring_messages = Gauge("kvgateway_ring_messages", "Messages held in the resume ring.", registry=r)
         self.ring_bytes = Gauge("kvgateway_ring_bytes", "Encoded bytes held in the resume ring.", registry=r)
+        # Reported after every append of the log (HubMetrics.retained): plain numbers, read when scraped.
+        self.ring_held = [0, 0]
+        self.ring_messages.set_function(lambda: self.ring_held[0])
+        self.ring_bytes.set_function(lambda: self.ring_held[1])
         # cache analytics (kvgateway/cache_analytics.py: the blocks of 1 store event in 16)
         self.block_lifetime = Histogram(
             "kvgateway_block_lifetime_seconds",
@@ -376,7 +416,10 @@ class Metrics:
         return HubMetrics(self)
 
     def exposition(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        # The per-stream families (most of the samples) by the cheaper writer, the rest as usual.
+        streams = self.streams.text()
+        with self.streams.muted():
+            return streams + generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
 class HubMetrics:
@@ -386,10 +429,9 @@ class HubMetrics:
         "_broadcast",
         "_clients",
         "_disconnects",
+        "_held",
         "_queue_bytes",
         "_resumes",
-        "_ring_bytes",
-        "_ring_messages",
         "sent",
     )
 
@@ -399,8 +441,7 @@ class HubMetrics:
         self._resumes = metrics.resumes
         self._queue_bytes = metrics.client_queue_bytes
         self._broadcast = metrics.broadcast_seconds
-        self._ring_messages = metrics.ring_messages
-        self._ring_bytes = metrics.ring_bytes
+        self._held = metrics.ring_held  # shared by every view of these metrics
         self.sent = {t: metrics.messages_sent.labels(t) for t in TRANSPORTS}
         """Messages handed to a client's writer, by transport (a subscription keeps its own child)."""
 
@@ -412,9 +453,10 @@ class HubMetrics:
         self._broadcast.observe(seconds)
 
     def retained(self, messages: int, nbytes: int) -> None:
-        """What the resume ring holds now."""
-        self._ring_messages.set(messages)
-        self._ring_bytes.set(nbytes)
+        """What the resume ring holds now (after every append: plain numbers, read at scrape time)."""
+        held = self._held
+        held[0] = messages
+        held[1] = nbytes
 
     def resumed(self, transport: str, recovered: bool) -> None:
         self._resumes.labels(transport, "true" if recovered else "false").inc()

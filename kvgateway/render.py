@@ -41,8 +41,8 @@ def plain(value: Any, depth: int = 0) -> Any:
     if kind is bytes:
         return value.hex()
     if kind is list or kind is tuple:
-        # The common case (extra_keys of Nones, ints, strings) needs no copy.
-        if all(type(item) in _SCALARS for item in value):
+        # The common case (extra_keys of Nones, ints, strings) needs no copy; the test loops in C.
+        if all(map(_SCALARS.__contains__, map(type, value))):
             return value
         return TOO_DEEP if depth >= MAX_RENDER_DEPTH else [plain(item, depth + 1) for item in value]
     if kind is dict:

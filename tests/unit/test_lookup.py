@@ -600,3 +600,18 @@ def test_fleet_facts_match_a_plain_count(blocks: list[tuple[int, str, int, int]]
                 "distinct_blocks": len(mine),
                 "shared_blocks": sum(len(s) > 1 for s in mine.values()),
             }
+
+
+def test_block_digests_fast_path_and_odd_tokens() -> None:
+    from kvgateway.lookup import block_digests
+
+    tokens = [5, 6, 7, 8, 9, 10, 11, 12, 13]  # two full blocks of 4, a partial one dropped
+    plain = block_digests(tokens, 4)
+    assert len(plain) == 2 and plain[0] != plain[1]
+    assert block_digests(tokens, 4, None, [None, None]) == plain  # vLLM's list of Nones: no extra keys
+    assert block_digests(tokens, 4, None, [["salt"], None])[1:] == plain[1:]
+    assert block_digests(tokens, 4, None, [["salt"], None])[0] != plain[0]
+    assert block_digests(tokens, 4, "lora") != plain
+    assert block_digests([6, 5, 7, 8], 4) != plain[:1]  # order counts
+    odd = [-1, 2**64, 2**61 - 1, 0]  # negative and huge ids (no engine sends them) still digest
+    assert len(block_digests(odd, 4)) == 1 and 0 <= block_digests(odd, 4)[0] < 2**64
