@@ -1,13 +1,22 @@
 """Cluster mode against one process: CPU per batch end to end, same payloads, same run.
 
-``python -m bench.cluster [--batches N] [--rate R] [--runs K]``
+``python -m bench.cluster [--mode cpu|ingest|fanout] [--batches N] [--rate R] [--clients C] [--runs K]``
 
 One source (:mod:`bench.publisher`, the standard payload set) sends N batches at R batches/s to
 either ``kvgateway serve`` (one process) or the cluster (``kvgateway ingest`` -> a private
 nats-server -> one ``kvgateway edge``). The CPU time of every process of the target, from the first
 send until the last batch is in the (edge's) index, divided by N is the CPU per batch; trials
-alternate and the figure is the median of the per-pair ratios cluster / single. Prints one JSON
-object; needs nats-server on PATH (or /usr/sbin).
+alternate and the figure is the median of the per-pair ratios cluster / single.
+
+``--mode ingest``: one, then two ingest processes, each reading its own publisher (N batches at R
+batches/s, 0 flat out) into one nats-server, all at once: the rate the stream grows (from
+nats-server's ``/jsz``), and the CPU per stored batch of the ingests and of nats-server.
+
+``--mode fanout``: C WebSocket clients (:mod:`bench.clients`, as :mod:`bench.fanout`) on the single
+process, then on one edge, one step of 4 s at R batches/s each: deliveries per CPU-second of the
+process serving the clients, and their ratio edge / single.
+
+Prints one JSON object (with the load average at the end); needs nats-server on PATH (or /usr/sbin).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -37,7 +47,7 @@ from bench.common import (
     python_command,
     wait_until,
 )
-from bench.harness import endpoint_of, start_publisher
+from bench.harness import Fleet, Stream, Target, endpoint_of, start_publisher, start_target
 
 TOPIC_SPEC = "topic=kv-events"
 
@@ -111,43 +121,171 @@ def single_trial(data: Path, logs: Path, count: int, rate: float) -> dict[str, A
         publisher.stop()
 
 
+class _Cluster:
+    """A private nats-server (with its monitoring port), ``ingests`` ingest processes (one per
+    publisher, each owning its own source) and, if asked, one edge on all of those sources."""
+
+    def __init__(self, publishers: list[Any], logs: Path, *, edge: bool = True) -> None:
+        self.store = Path(tempfile.mkdtemp(prefix="bench-nats-"))
+        nats_port, self.monitor_port, edge_port = free_port(), free_port(), free_port()
+        url = f"nats://127.0.0.1:{nats_port}"
+        command = [_nats_binary(), "-js", "-a", "127.0.0.1", "-p", str(nats_port), "-m", str(self.monitor_port)]
+        self.nats = Process([*command, "-sd", str(self.store)], logs / "nats.log")
+        self.processes: list[Process] = [self.nats]
+        self.ingests: list[Process] = []
+        self.edge: Process | None = None
+        self.base = f"http://127.0.0.1:{edge_port}"
+        try:
+            time.sleep(0.3)
+            specs: list[str] = []
+            for i, publisher in enumerate(publishers):
+                spec = f"name=bench{i if i else ''},endpoint={endpoint_of(publisher)},{TOPIC_SPEC}"
+                specs += ["--source", spec]
+                command = python_command("kvgateway", "ingest", "--source", spec, "--nats", url, "--port", "0")
+                self.ingests.append(Process([*command, "--log-level", "warning"], logs / f"ingest{i}.log"))
+            self.processes += self.ingests
+            time.sleep(1.0)  # the ingest creates the stream
+            if edge:
+                command = python_command("kvgateway", "edge", *specs, "--nats", url, "--log-level", "warning")
+                self.edge = Process([*command, "--port", str(edge_port)], logs / "edge.log")
+                self.processes.append(self.edge)
+                wait_until(lambda: get_json(f"{self.base}/healthz")["status"] == "ok", 30, "the edge")
+        except BaseException:
+            self.stop()
+            raise
+
+    def stream_messages(self) -> int:
+        """The messages the stream holds, from nats-server's monitoring endpoint."""
+        return int(get_json(f"http://127.0.0.1:{self.monitor_port}/jsz")["messages"])
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        shutil.rmtree(self.store, ignore_errors=True)
+
+
 def cluster_trial(data: Path, logs: Path, count: int, rate: float) -> dict[str, Any]:
     publisher = start_publisher(data, logs, "publisher-cluster")
-    store = Path(tempfile.mkdtemp(prefix="bench-nats-"))
-    nats_port, edge_port = free_port(), free_port()
-    url = f"nats://127.0.0.1:{nats_port}"
-    spec = f"name=bench,endpoint={endpoint_of(publisher)},{TOPIC_SPEC}"
-    nats = Process(
-        [_nats_binary(), "-js", "-a", "127.0.0.1", "-p", str(nats_port), "-sd", str(store)], logs / "nats.log"
-    )
-    processes = [nats]
+    cluster = None
     try:
-        time.sleep(0.3)
-        common = ["--source", spec, "--nats", url, "--log-level", "warning"]
-        processes.append(Process(python_command("kvgateway", "ingest", *common, "--port", "0"), logs / "ingest.log"))
-        time.sleep(1.0)  # the ingest creates the stream
-        edge = Process(python_command("kvgateway", "edge", *common, "--port", str(edge_port)), logs / "edge.log")
-        processes.append(edge)
-        base = f"http://127.0.0.1:{edge_port}"
-        wait_until(lambda: get_json(f"{base}/healthz")["status"] == "ok", 30, "the edge")
-        result = _measure([p.pid for p in processes], publisher, base, count, rate)
+        cluster = _Cluster([publisher], logs)
+        result = _measure([p.pid for p in cluster.processes], publisher, cluster.base, count, rate)
         result["by_process"] = dict(zip(("nats-server", "ingest", "edge"), result["cpu_seconds"], strict=True))
         return result
     finally:
-        for process in reversed(processes):
-            process.stop()
+        if cluster is not None:
+            cluster.stop()
         publisher.stop()
-        shutil.rmtree(store, ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, default=20_000)
-    parser.add_argument("--rate", type=float, default=2_000.0, help="batches/s (0: flat out)")
-    parser.add_argument("--runs", type=int, default=2)
-    args = parser.parse_args(argv)
-    data = payloads.path_of(payloads.standard(min(args.batches, 30_000)))
-    logs = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+def _stream_growth(cluster: _Cluster, target: int, limit: float) -> tuple[int, float]:
+    """Poll the stream until it holds ``target`` messages or stops growing for a second: the
+    messages added and the seconds from now until the last growth seen."""
+    started = time.monotonic()
+    first = last = cluster.stream_messages()
+    grown_at = started
+    while time.monotonic() - started < limit:
+        time.sleep(0.1)
+        now = cluster.stream_messages()
+        if now != last:
+            last, grown_at = now, time.monotonic()
+        if last >= target or (last > first and time.monotonic() - grown_at > 1.0):
+            break
+    return last, grown_at - started
+
+
+def ingest_trial(data: Path, logs: Path, ingests: int, count: int, rate: float) -> dict[str, Any]:
+    """``ingests`` ingest processes, each with its own publisher (one engine), all sending at once:
+    the rate the stream grows, and the CPU per stored batch of the ingests and of nats-server."""
+    publishers = [start_publisher(data, logs, f"publisher{i}") for i in range(ingests)]
+    cluster = None
+    try:
+        cluster = _Cluster(publishers, logs, edge=False)
+        for publisher in publishers:
+            publisher.request({"cmd": "wait_subscribers", "timeout": 30}, timeout=40)
+        time.sleep(0.5)
+        before = cluster.stream_messages()
+        cpu0 = [cpu_seconds(p.pid) for p in cluster.processes]
+        for publisher in publishers:
+            publisher.send({"cmd": "send", "count": count, "rate": rate})
+        last, seconds = _stream_growth(cluster, before + ingests * count, count / max(rate, 1000) + 120)
+        cpu = [cpu_seconds(p.pid) - c for p, c in zip(cluster.processes, cpu0, strict=True)]
+        for publisher in publishers:
+            publisher.reply(timeout=120)
+        stored = last - before
+        return {
+            "ingests": ingests,
+            "sent": ingests * count,
+            "stored": stored,
+            "seconds": seconds,
+            "stream_rate": stored / seconds if seconds > 0 else None,
+            "nats_cpu_us_per_batch": cpu[0] / max(stored, 1) * 1e6,
+            "ingest_cpu_us_per_batch": sum(cpu[1:]) / max(stored, 1) * 1e6,
+            "cpu_cores": {"nats-server": cpu[0] / seconds, "ingests": sum(cpu[1:]) / seconds},
+        }
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        for publisher in publishers:
+            publisher.stop()
+
+
+def _fanout_step(publisher: Any, target: Target, logs: Path, clients: int, rate: float) -> dict[str, Any]:
+    """``clients`` WebSocket clients (:mod:`bench.clients`) on ``target``; one step at ``rate``."""
+    fleet = Fleet(target.ws_url, "ws", clients, logs, f"{target.kind}-ws{clients}")
+    try:
+        stream = Stream(publisher, target, fleet)
+        warm = stream.step(25, 1.0, drain=10, bound=1.0)
+        if not warm.report.all_complete:
+            raise BenchError(f"warm-up: {'; '.join(warm.reasons)}")
+        step = stream.step(rate, FANOUT_SECONDS, drain=10, bound=1.0)  # latency reported, not judged
+        deliveries = step.achieved_rate * step.report.received / max(step.batches, 1)
+        return {
+            "complete": step.report.all_complete,
+            "reasons": step.reasons,
+            "deliveries_per_s": round(deliveries),
+            "cpu_cores": round(step.target_cpu, 3),
+            "deliveries_per_cpu_second": round(deliveries / step.target_cpu) if step.target_cpu > 0 else None,
+            **step.report.hist.summary_ms(),
+        }
+    finally:
+        fleet.stop()
+
+
+FANOUT_SECONDS = 4.0
+
+
+def fanout_trial(data: Path, logs: Path, clients: int, rate: float) -> dict[str, Any]:
+    """Deliveries per CPU-second of the process serving the clients: the single process (which
+    also ingests) and one edge (which only applies the stream and serves)."""
+    out: dict[str, Any] = {}
+    publisher = start_publisher(data, logs, "publisher-single")
+    try:
+        target = start_target("kvgateway", publisher, logs)
+        try:
+            out["single"] = _fanout_step(publisher, target, logs, clients, rate)
+        finally:
+            target.stop()
+    finally:
+        publisher.stop()
+    publisher = start_publisher(data, logs, "publisher-cluster")
+    cluster = None
+    try:
+        cluster = _Cluster([publisher], logs)
+        assert cluster.edge is not None
+        publisher.request({"cmd": "wait_subscribers", "timeout": 30}, timeout=40)
+        edge = Target("kvgateway", cluster.edge, cluster.base.replace("http://", "ws://") + "/v1/ws", None)
+        out["edge"] = _fanout_step(publisher, edge, logs, clients, rate)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        publisher.stop()
+    single, edge_figure = out["single"]["deliveries_per_cpu_second"], out["edge"]["deliveries_per_cpu_second"]
+    out["ratio"] = edge_figure / single if single and edge_figure else None
+    return out
+
+
+def _cpu_runs(data: Path, logs: Path, args: argparse.Namespace) -> dict[str, Any]:
     pairs = []
     for run in range(args.runs):
         single = single_trial(data, logs / f"run{run}", args.batches, args.rate)
@@ -156,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             {"single": single, "cluster": cluster, "ratio": cluster["cpu_us_per_batch"] / single["cpu_us_per_batch"]}
         )
         print(json.dumps(pairs[-1]), file=sys.stderr)
-    out = {
+    return {
         "batches": args.batches,
         "rate": args.rate,
         "single_cpu_us_per_batch": median(p["single"]["cpu_us_per_batch"] for p in pairs),
@@ -166,6 +304,44 @@ def main(argv: list[str] | None = None) -> int:
         "cluster_p99_ms": median(p["cluster"].get("p99_ms") for p in pairs),
         "runs": pairs,
     }
+
+
+def _ingest_runs(data: Path, logs: Path, args: argparse.Namespace) -> dict[str, Any]:
+    runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+    for run in range(args.runs):
+        for ingests in (1, 2):  # alternated, so both see the same machine
+            runs[ingests].append(
+                ingest_trial(data, logs / f"run{run}-ingest{ingests}", ingests, args.batches, args.rate)
+            )
+            print(json.dumps(runs[ingests][-1]), file=sys.stderr)
+    return {
+        "batches_per_ingest": args.batches,
+        "offered_rate_per_ingest": args.rate,
+        **{f"stream_rate_{n}": median(r["stream_rate"] for r in runs[n]) for n in runs},
+        "runs": runs,
+    }
+
+
+def _fanout_runs(data: Path, logs: Path, args: argparse.Namespace) -> dict[str, Any]:
+    runs = []
+    for run in range(args.runs):
+        runs.append(fanout_trial(data, logs / f"run{run}", args.clients, args.rate))
+        print(json.dumps(runs[-1]), file=sys.stderr)
+    return {"clients": args.clients, "rate": args.rate, "ratio": median(r["ratio"] for r in runs), "runs": runs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=("cpu", "ingest", "fanout"), default="cpu")
+    parser.add_argument("--batches", type=int, default=20_000, help="batches per run (per ingest process)")
+    parser.add_argument("--rate", type=float, default=2_000.0, help="batches/s (0: flat out)")
+    parser.add_argument("--clients", type=int, default=100, help="WebSocket clients (--mode fanout)")
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args(argv)
+    data = payloads.path_of(payloads.standard(min(max(args.batches, 100), 30_000)))
+    logs = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+    modes = {"cpu": _cpu_runs, "ingest": _ingest_runs, "fanout": _fanout_runs}
+    out = {"mode": args.mode, **modes[args.mode](data, logs, args), "load_average": os.getloadavg()}
     print(json.dumps(out, indent=2))
     return 0
 

@@ -34,8 +34,10 @@ RETRY_SECONDS = 0.5
 MAX_IN_FLIGHT = 4096
 """Publishes sent and not yet acknowledged (pipelining: one at a time manages only hundreds a second)."""
 ACK_SECONDS = 5.0
-LINGER_SECONDS = 0.002
-"""A publish waits at most this long for company (the latency it adds, against one write each)."""
+LINGER_SECONDS = 0.005
+"""A publish waits at most this long for company (the latency it adds, against one write each).
+5 ms rather than 2: at 1,000 batches/s the cluster's CPU per batch fell 12-21% (ingest, nats-server
+and edge alike: fewer, fuller writes and deliveries) for about 2 ms more median latency."""
 LINGER_BATCH = 32
 
 
