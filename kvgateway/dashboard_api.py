@@ -11,7 +11,6 @@ stops the sampler.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from typing import TYPE_CHECKING, Any, Final
@@ -27,6 +26,7 @@ from kvgateway.log import BatchRecord
 from kvgateway.metrics import Metrics
 from kvgateway.query import BadRequest, ClientRequest, MultiItems, parse_query
 from kvgateway.ring import Entry
+from kvgateway.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from kvgateway.gateway import Gateway
@@ -138,10 +138,7 @@ class DashboardData:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         interval = self.history.interval

@@ -21,6 +21,7 @@ from kvgateway.config import StreamConfig
 from kvgateway.endpoints import is_ipv6
 from kvgateway.outlet import StreamOutlet
 from kvgateway.sequencer import Action, CancelReplay, RequestReplay, Sequencer
+from kvgateway.tasks import cancel_and_wait
 from kvgateway.zsocket import Readiness, has_message, monitor_event, receiver
 
 log = logging.getLogger("kvgateway.ingest")
@@ -102,12 +103,7 @@ class StreamReader:
     async def stop(self) -> None:
         if self._quiet is not None:
             self._quiet.cancel()
-        tasks = [*self._tasks, *self._replays.values()]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks, *self._replays.values())
         if self._sub is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._sub.disable_monitor()

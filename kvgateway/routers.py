@@ -9,7 +9,6 @@ rendering and the lookups themselves are the I/O-free kvgateway/blocks.py and kv
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import time
@@ -28,6 +27,7 @@ from kvgateway.metrics import Metrics
 from kvgateway.occupancy import OccupancyIndex, StreamIndex
 from kvgateway.ring import Entry
 from kvgateway.subscription import Subscription
+from kvgateway.tasks import cancel_and_wait
 from kvgateway.wire import Hash
 
 log = logging.getLogger("kvgateway.routers")
@@ -181,10 +181,7 @@ class Routers:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def count_fleet(self, offset: int) -> dict[str, Any]:
         """Fleet facts at ``offset`` (frozen now), counted one stream and group per event-loop turn."""

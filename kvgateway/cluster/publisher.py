@@ -27,6 +27,7 @@ from kvgateway.cluster import records
 from kvgateway.log import BatchRecord, MemoryLog, NoticeRecord, Record, Stream
 from kvgateway.metrics import Metrics
 from kvgateway.occupancy import OccupancyIndex
+from kvgateway.tasks import cancel_and_wait
 
 log = logging.getLogger("kvgateway.cluster.ingest")
 
@@ -142,9 +143,7 @@ class PublishingLog(MemoryLog):
         deadline = loop.time() + drain_within
         while self.pending and loop.time() < deadline:  # noqa: ASYNC110 - polls two queues, one not ours
             await asyncio.sleep(0.02)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         self._task = None
 
     @property
