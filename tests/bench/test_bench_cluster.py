@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Any
 
+from tests.bench._smoke import run_bench
 from tests.cluster._nats import nats_binary
-from tests.support import REPO
 
 
 def _run(*args: str) -> dict[str, Any]:
     nats_binary()  # skips without nats-server
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.cluster", *args, "--runs", "1"],
-        cwd=REPO,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout)
+    result: dict[str, Any] = run_bench("bench.cluster", *args, "--runs", "1")
     return result
 
 
