@@ -84,12 +84,13 @@ def make_entry(epoch: str, offset: int, record: Record) -> Entry:
             ts=record.batch.ts,
             events=record.events,
         )
-        return Entry(offset, record.stream, encoded.message, encoded, record.keys, record=record)
+        message = encoded.message
+        return Entry(offset, record.stream, message, encoded, record.keys, len(message.data), record)
     assert type(record) is NoticeRecord
     message = messages.encode_stream_notice(
         record.kind, epoch=epoch, offset=offset, source=source, dp_rank=dp_rank, fields=record.fields
     )
-    return Entry(offset, record.stream, message, None, (), record=record)
+    return Entry(offset, record.stream, message, None, (), len(message.data), record)
 
 
 class Log(Protocol):

@@ -62,22 +62,22 @@ def parse_message_id(text: str) -> tuple[str, int] | None:
 # --- what goes out ------------------------------------------------------------------------
 
 
-class OutMessage:
+class OutMessage(msgspec.Struct, gc=False, eq=False):
     """One encoded message, shared by every client that receives it.
 
     ``data`` is the compact JSON (one line, no newline inside); ``id`` is ``"<epoch>:<offset>"``
     or None (a per-client notice). ``text`` and ``sse`` are derived once and cached, so a
     thousand clients on one transport share one object.
+
+    Untracked by the garbage collector (``gc=False``): the resume ring holds ten thousand of them,
+    and it refers to nothing that could lead back to it (:mod:`kvgateway.heap`).
     """
 
-    __slots__ = ("_sse", "_text", "data", "id", "type")
-
-    def __init__(self, data: bytes, type: MessageType, id: str | None = None) -> None:
-        self.data = data
-        self.type = type
-        self.id = id
-        self._text: str | None = None
-        self._sse: bytes | None = None
+    data: bytes
+    type: MessageType
+    id: str | None = None
+    _text: str | None = None
+    _sse: bytes | None = None
 
     @property
     def text(self) -> str:
@@ -187,30 +187,29 @@ def encode_events(events: Iterable[dict[str, Any]]) -> EncodedEvents:
     return EncodedEvents(bytes(buffer), ends)
 
 
-class EncodedBatch:
+class EncodedBatch(msgspec.Struct, gc=False, eq=False):
     """A batch message encoded once, with the position of each event in it.
 
     ``message`` holds the whole batch. ``select(indices)`` builds the same message with only the
     chosen events by joining slices of those bytes: no event is rendered or encoded twice.
+    Untracked by the garbage collector, as :class:`OutMessage`; the event ends are kept as the
+    bytes of an ``array("q")`` because an array object is tracked.
     """
 
-    __slots__ = ("_ends", "_prefix", "message")
-
-    def __init__(self, message: OutMessage, prefix: int, ends: array[int]) -> None:
-        self.message = message
-        self._prefix = prefix  # bytes up to and including '"events":['
-        self._ends = ends  # end of event i after the prefix; event i+1 starts one comma later
+    message: OutMessage
+    _prefix: int  # bytes up to and including '"events":['
+    _ends: bytes  # int64 end of event i after the prefix; event i+1 starts one comma later
 
     @property
     def event_count(self) -> int:
-        return len(self._ends)
+        return len(self._ends) // 8
 
     def select(self, indices: Sequence[int]) -> OutMessage:
         """The batch with only the events at ``indices`` (increasing); the same id and type."""
-        if len(indices) == len(self._ends):
+        ends = memoryview(self._ends).cast("q")
+        if len(indices) == len(ends):
             return self.message
         view = memoryview(self.message.data)
-        ends = self._ends
         prefix = self._prefix
         events = b",".join(view[prefix + (0 if i == 0 else ends[i - 1] + 1) : prefix + ends[i]] for i in indices)
         return OutMessage(b"".join((view[:prefix], events, _EVENTS_CLOSE)), BATCH, self.message.id)
@@ -223,7 +222,7 @@ def encode_batch(
     msg_id = message_id(epoch, offset)
     head = _encoder.encode(_BatchHead(BATCH, msg_id, offset, source, dp_rank, seq, ts))
     data = b"".join((head[:-1], _EVENTS_OPEN, events.body, _EVENTS_CLOSE))
-    return EncodedBatch(OutMessage(data, BATCH, msg_id), len(head) - 1 + len(_EVENTS_OPEN), events.ends)
+    return EncodedBatch(OutMessage(data, BATCH, msg_id), len(head) - 1 + len(_EVENTS_OPEN), events.ends.tobytes())
 
 
 # --- notices ------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from kvgateway.app import create_app
 from kvgateway.budget import Budget, BudgetError, open_context, raise_open_files
 from kvgateway.config import Settings, unresolved_hosts
 from kvgateway.gateway import Gateway, StartupError
+from kvgateway.heap import freeze_startup_heap
 
 log = logging.getLogger("kvgateway")
 
@@ -176,6 +177,7 @@ def run(settings: Settings) -> int:
         log.warning("authentication is OFF on %s:%d (--allow-unauthenticated)", settings.host, settings.port)
 
     def ready(url: str) -> None:
+        freeze_startup_heap()  # the process's own heap: not for a serve() embedded in another program
         log.info("serving on %s", url)
 
     try:

@@ -13,6 +13,7 @@ from typing import Any
 from kvgateway import config, logs
 from kvgateway.cluster import options as nats_options
 from kvgateway.gateway import StartupError
+from kvgateway.heap import freeze_startup_heap
 
 log = logging.getLogger("kvgateway.cluster")
 
@@ -112,6 +113,7 @@ def run_edge(args: argparse.Namespace) -> int:
         return made[-1]
 
     def ready(url: str) -> None:
+        freeze_startup_heap()
         log.info("edge serving on %s", url)
 
     try:

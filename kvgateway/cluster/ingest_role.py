@@ -21,6 +21,7 @@ from kvgateway.cluster.publisher import PublishingLog
 from kvgateway.cluster.sources import publish_sources
 from kvgateway.config import Settings
 from kvgateway.gateway import Gateway, StartupError
+from kvgateway.heap import freeze_startup_heap
 from kvgateway.sequencer import Unrecovered
 
 log = logging.getLogger("kvgateway.cluster")
@@ -141,7 +142,8 @@ async def _serve_probes(gateway: IngestGateway, settings: Settings, nc: Any, *, 
         task = asyncio.create_task(server.serve(sockets=[listener]))
         while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn offers no start event
             await asyncio.sleep(0.02)
-        if ready_line and server.started:
+        if ready_line and server.started:  # the command's own process (ready_line=False embeds it)
+            freeze_startup_heap()
             port = listener.getsockname()[1]
             log.info("ingest publishing to %s; probes on http://%s:%d/", options_text(nc), settings.host, port)
         await task
