@@ -4,7 +4,10 @@
 evicting until 1,000,000 blocks are resident in all (the gateway's index holds exactly the
 engines' state: checked against the workload's own count), fed at 3,200 batches/s (below the
 ingest ceiling, so that no backlog's transient memory counts). The gateway process's RSS after
-that, minus its RSS when connected and idle, divided by the resident blocks, is the figure. The resume
+that, minus its RSS when connected and idle, divided by the resident blocks, is the figure: with
+the routers' chain learner off (``--max-learned-blocks 0``: the index alone, the figure the
+tracemalloc baseline compares with), then with the defaults (the learner keeps an entry per
+announced block: what an operator pays out of the box). The resume
 ring is cut to 100 messages for this run so that the ring's encoded JSON does not count as index
 memory (its bound is a setting: ``ring_bytes``). Beside it, the same batches applied in this
 process to an ``OccupancyIndex`` under tracemalloc, and the baseline: a plain Python ``set`` of
@@ -14,6 +17,9 @@ the same hashes (the least any Python index of these ints can take).
 of a workload that stores and evicts continually, for ``--churn-seconds`` (600 in the full run).
 RSS is sampled all along; the figure is RSS at the end against RSS after a tenth of the run
 (1 minute of 10, and never before the resume ring is full): flat means the ratio stays near 1.
+The routers' chain learner grows with every new block announced until ``max_learned_blocks``
+(2,000,000 by default), so its entries are sampled too: growth it explains is a bounded cache
+filling, not a leak.
 """
 
 from __future__ import annotations
@@ -40,17 +46,21 @@ def _resident_spec(ctx: Context) -> payloads.SetSpec:
     return payloads.resident(ctx.pick(1_000_000, 200_000, 20_000), streams=STREAMS)
 
 
-def fill_trial(ctx: Context, run: int) -> dict[str, Any]:
+def fill_trial(ctx: Context, run: int, *, learner: bool) -> dict[str, Any]:
+    """One fill; ``learner=False`` runs the gateway with ``--max-learned-blocks 0`` (the index alone)."""
     spec = _resident_spec(ctx)
     data = payloads.load_or_generate(spec)
     expected = data.final_resident()
     longest = max(len(s) for s in data.streams)
-    logs = ctx.logs / "memory" / f"fill-run{run}"
+    logs = ctx.logs / "memory" / f"fill-run{run}{'' if learner else '-index'}"
     publisher = start_publisher(payloads.path_of(spec), logs, "publisher", streams=STREAMS)
     gateway = None
     try:
         gateway = Gateway(
-            logs / "gateway.log", endpoint=endpoint_of(publisher), dp_size=STREAMS, extra=["--ring-messages", "100"]
+            logs / "gateway.log",
+            endpoint=endpoint_of(publisher),
+            dp_size=STREAMS,
+            extra=["--ring-messages", "100", *([] if learner else ["--max-learned-blocks", "0"])],
         )
         gateway.wait_ready()
         publisher.request({"cmd": "wait_subscribers", "timeout": 30}, timeout=40)
@@ -158,10 +168,12 @@ def churn(ctx: Context) -> dict[str, Any]:
         publisher.send({"cmd": "send", "count": count, "rate": rate})
         started = time.monotonic()
         samples: list[tuple[float, int]] = []
+        learned: list[float] = []  # the chain learner's entries at each sample: it fills to its cap
         while True:
             elapsed = time.monotonic() - started
             gateway.check_alive("the gateway")
             samples.append((round(elapsed, 2), rss_bytes(gateway.pid)))
+            learned.append(gateway.metric("kvgateway_learned_blocks"))
             if elapsed >= seconds:
                 break
             time.sleep(min(interval, max(0.01, seconds - elapsed)))
@@ -171,7 +183,8 @@ def churn(ctx: Context) -> dict[str, Any]:
         while not report.all_complete and time.monotonic() < deadline:
             time.sleep(0.2)
             report = fleet.report()
-        early = next(rss for at, rss in samples if at >= early_at)
+        early_index = next(i for i, (at, _) in enumerate(samples) if at >= early_at)
+        early = samples[early_index][1]
         end = samples[-1][1]
         return {
             "seconds": seconds,
@@ -183,6 +196,8 @@ def churn(ctx: Context) -> dict[str, Any]:
             "rss_end_bytes": end,
             "rss_max_bytes": max(rss for _, rss in samples),
             "growth_ratio": round(end / early, 4),
+            "learned_early": learned[early_index],
+            "learned_end": learned[-1],
             "ring_bytes": gateway.metric("kvgateway_ring_bytes"),
             "all_delivered": report.all_complete,
             "clients_report": report.to_json(),
@@ -199,18 +214,33 @@ def churn(ctx: Context) -> dict[str, Any]:
 def run(ctx: Context) -> dict[str, Any]:
     fills = []
     for run_index in range(ctx.runs):
-        say(f"memory run {run_index + 1}/{ctx.runs}: filling the index")
-        fill = fill_trial(ctx, run_index)
-        say(f"  {fill['resident_blocks']:,} blocks, {fill['bytes_per_block']} bytes/block of RSS")
+        say(f"memory run {run_index + 1}/{ctx.runs}: filling the index, learner off, then with defaults")
+        fill = fill_trial(ctx, run_index, learner=False)
+        defaults = fill_trial(ctx, run_index, learner=True)
+        fill["defaults_bytes_per_block"] = defaults["bytes_per_block"]
+        fill["defaults_rss_end_bytes"] = defaults["rss_end_bytes"]
+        say(
+            f"  {fill['resident_blocks']:,} blocks, {fill['bytes_per_block']} bytes/block of RSS "
+            f"({defaults['bytes_per_block']} with the chain learner on)"
+        )
         fills.append(fill)
     say("memory: the same index in this process under tracemalloc")
     in_process = traced(ctx)
     say(f"memory: {ctx.churn_seconds:g} s of churn")
     churned = churn(ctx)
     say(f"  RSS {churned['rss_early_bytes'] / 2**20:.1f} MiB -> {churned['rss_end_bytes'] / 2**20:.1f} MiB")
+    # The fill announces each block once, so the learner's cost per entry is the difference of the
+    # two fills per block; the churn's growth net of the entries it learned meanwhile is the leak test.
+    per_entry = median(f["defaults_bytes_per_block"] - f["bytes_per_block"] for f in fills) or 0.0
+    new_entries = churned["learned_end"] - churned["learned_early"]
+    churned["learner_bytes_per_entry"] = round(per_entry, 1)
+    churned["growth_ratio_net_of_learner"] = round(
+        (churned["rss_end_bytes"] - new_entries * per_entry) / churned["rss_early_bytes"], 4
+    )
     return {
         "resident_blocks": fills[0]["resident_blocks"],
         "bytes_per_block": median(f["bytes_per_block"] for f in fills),
+        "defaults_bytes_per_block": median(f["defaults_bytes_per_block"] for f in fills),
         "fills": fills,
         "tracemalloc": in_process,
         "ratio_to_plain_set": round(in_process["index_bytes_per_block"] / in_process["plain_set_bytes_per_block"], 3)

@@ -16,6 +16,7 @@ import zmq
 from kvgateway import messages
 from kvgateway.config import Settings, StreamConfig, summary
 from kvgateway.endpoints import is_ipv6, split_tcp
+from kvgateway.heap import CollectionTimer
 from kvgateway.hub import Hub
 from kvgateway.ingest import StreamReader
 from kvgateway.log import MemoryLog
@@ -44,6 +45,8 @@ class Gateway:
         self.settings = settings
         self.clock = clock
         self.metrics = Metrics()
+        self.collections = CollectionTimer(self.metrics.observe_gc_pause)
+        """Times the garbage collector's pauses while the gateway runs (kvgateway_gc_pause_seconds)."""
         self.started_at = clock()
         streams = settings.streams()
         self.index = OccupancyIndex(
@@ -101,6 +104,7 @@ class Gateway:
             self.startup_error = exc
             raise
         self.routers.start(lambda: self.log.last_offset)
+        self.collections.install()
         log.info("gateway started: %s", summary(self.settings))
 
     def _start_readers(self) -> None:
@@ -127,6 +131,7 @@ class Gateway:
         if self._stopped:
             return
         self._stopped = True
+        self.collections.uninstall()
         self.hub.close()
         await self.routers.stop()
         for task in list(self._diagnoses.values()):

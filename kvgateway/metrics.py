@@ -49,6 +49,7 @@ REJECTION_TRANSPORTS = ("ws", "sse", "http")
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BROADCAST_BUCKETS = (0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
 LIFETIME_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+GC_PAUSE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 QUEUE_BYTES_BUCKETS = (0, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
 
 
@@ -314,6 +315,14 @@ class Metrics:
         self.asyncio_tasks = Gauge(
             "kvgateway_asyncio_tasks", "Asyncio tasks alive in the gateway process (a leak shows here).", registry=r
         )
+        self.gc_pause = Histogram(
+            "kvgateway_gc_pause_seconds",
+            "Garbage collections by generation and how long each held the event loop.",
+            ("generation",),
+            buckets=GC_PAUSE_BUCKETS,
+            registry=r,
+        )
+        self._gc_pauses = tuple(self.gc_pause.labels(str(generation)) for generation in range(3))
         self.ring_messages = Gauge("kvgateway_ring_messages", "Messages held in the resume ring.", registry=r)
         self.ring_bytes = Gauge("kvgateway_ring_bytes", "Encoded bytes held in the resume ring.", registry=r)
         # Reported after every append of the log (HubMetrics.retained): plain numbers, read when scraped.
@@ -410,6 +419,10 @@ class Metrics:
         for transport in REJECTION_TRANSPORTS:
             for reason in REJECTION_REASONS:
                 self.client_rejections.labels(transport, reason)
+
+    def observe_gc_pause(self, generation: int, seconds: float) -> None:
+        """One garbage collection (kvgateway.heap.CollectionTimer): generation 0, 1 or 2."""
+        self._gc_pauses[generation].observe(seconds)
 
     def hub(self) -> HubMetrics:
         """The narrow view the hub, the log and the client subscriptions report through."""

@@ -94,6 +94,7 @@ class EdgeGateway(Gateway):
         )
         self._watch = asyncio.ensure_future(self._watch_epoch())
         self.routers.start(lambda: self.log.last_offset)  # the fleet gauges, as in one process
+        self.collections.install()
         log.info("edge following %s from seq %d (epoch %s)", self.options.stream, first, state.epoch)
 
     async def stop(self) -> None:

@@ -1644,3 +1644,18 @@ def test_the_protocol_doc_shows_the_node_client_as_it_is() -> None:
     blocks = re.findall(r"```js\n(.*?)```", section, re.DOTALL)
     assert blocks == [NODE_SCRIPT.read_text()]
     assert "tests/integration/js/kvgateway-client.mjs" in section
+
+
+def test_the_garbage_collectors_pauses_are_timed_from_the_start(live: Gateway) -> None:
+    """kvgateway_gc_pause_seconds: the full collection that freezes start-up's heap (when the server
+    is up) is the first generation-2 sample; a fed gateway's young collections follow."""
+
+    def counts() -> dict[str, float]:
+        samples = metric_values(live.base, "kvgateway_gc_pause_seconds_count")
+        return {dict(labels)["generation"]: value for labels, value in samples.items()}
+
+    assert set(counts()) == {"0", "1", "2"}
+    assert counts()["2"] >= 1
+    wait_until(lambda: counts()["0"] > 0, timeout=20, what="a young collection while batches flow")
+    total = sum(metric_values(live.base, "kvgateway_gc_pause_seconds_sum").values())
+    assert 0 < total < 5  # seconds: the whole module's collections, not one pause of that size

@@ -42,6 +42,7 @@ LABEL_VALUES = {
     ("kvgateway_clients", "transport"): set(TRANSPORTS),
     ("kvgateway_messages_sent_total", "transport"): set(TRANSPORTS),
     ("kvgateway_resumes_total", "recovered"): {"true", "false"},
+    ("kvgateway_gc_pause_seconds_bucket", "generation"): {"0", "1", "2"},
 }
 
 SELECTOR = re.compile(r"(?<![\w:])(kvgateway_[a-z0-9_]*[a-z0-9])\s*\{([^}]*)\}")

@@ -10,7 +10,9 @@ import gc
 import subprocess
 import sys
 
+from kvgateway.heap import CollectionTimer
 from kvgateway.log import MemoryLog, NoticeRecord, batch_record
+from kvgateway.metrics import Metrics
 from kvgateway.wire import Batch, BlockRemoved, BlockStored
 
 STREAM = ("engine", 0)
@@ -69,3 +71,37 @@ def test_freezing_start_up_leaves_the_collector_little_to_walk() -> None:
     frozen, count, tracked = map(int, out.stdout.split())
     assert frozen == count > 10_000  # the app's modules, classes and functions
     assert tracked < 1_000
+
+
+def test_the_collection_timer_reports_each_collection_while_installed() -> None:
+    seen: list[tuple[int, float]] = []
+    timer = CollectionTimer(lambda generation, seconds: seen.append((generation, seconds)))
+    timer.install()
+    timer.install()  # once only
+    gc.disable()  # only the collections asked for here
+    try:
+        gc.collect(1)
+        gc.collect(2)
+    finally:
+        gc.enable()
+        timer.uninstall()
+    assert [generation for generation, _ in seen] == [1, 2]
+    assert all(0 <= seconds < 1 for _, seconds in seen)
+    gc.collect()
+    assert len(seen) == 2  # uninstalled: nothing more
+    timer.uninstall()  # idempotent
+
+
+def test_the_metric_takes_the_timers_samples_by_generation() -> None:
+    metrics = Metrics()
+    timer = CollectionTimer(metrics.observe_gc_pause)
+    timer.install()
+    gc.disable()
+    try:
+        gc.collect(2)
+    finally:
+        gc.enable()
+        timer.uninstall()
+    count = metrics.registry.get_sample_value("kvgateway_gc_pause_seconds_count", {"generation": "2"})
+    young = metrics.registry.get_sample_value("kvgateway_gc_pause_seconds_count", {"generation": "0"})
+    assert (count, young) == (1.0, 0.0)
