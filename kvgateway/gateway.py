@@ -103,9 +103,14 @@ class Gateway:
         except StartupError as exc:
             self.startup_error = exc
             raise
+        self._begin_background()
+        log.info("gateway started: %s", summary(self.settings))
+
+    def _begin_background(self) -> None:
+        """What runs beside the log once it is fed (here, or by an edge): the routers' fleet
+        count and the garbage collector's pause timing; :meth:`stop` ends both."""
         self.routers.start(lambda: self.log.last_offset)
         self.collections.install()
-        log.info("gateway started: %s", summary(self.settings))
 
     def _start_readers(self) -> None:
         slots = asyncio.Semaphore(self.settings.max_concurrent_replays)

@@ -93,8 +93,7 @@ class EdgeGateway(Gateway):
             config=js_api.ConsumerConfig(opt_start_seq=first),
         )
         self._watch = asyncio.ensure_future(self._watch_epoch())
-        self.routers.start(lambda: self.log.last_offset)  # the fleet gauges, as in one process
-        self.collections.install()
+        self._begin_background()  # the fleet gauges and pause timing, as in one process
         log.info("edge following %s from seq %d (epoch %s)", self.options.stream, first, state.epoch)
 
     async def stop(self) -> None:
