@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import CHROMIUM
-from tests.browser.demo import Demo
+from tests.browser.demo import ARTIFACTS, Demo
 from tests.browser.test_dashboard import card, open_dashboard, tid, wait_until
 from tests.support import Gateway, Proc, free_ports, start_gateway, start_sim
 
@@ -143,6 +143,8 @@ def test_a_down_engine_says_why_once_without_an_empty_chart(half_fleet: Gateway,
     # the engine that is up keeps its chart
     up = page.locator(card("up", 0))
     wait_until(page, up.locator(f"{tid('chart')} canvas").first.is_visible, what="the live chart")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-down-1440x900.png"))
     # the prefix spread asks only the engine that is up: with one, there is no spread to show
     wait_until(page, lambda: page.evaluate("() => kvgatewayDashboard.state.analytics !== null"), timeout=20)
     page.wait_for_timeout(300)  # a frame or two to render it
