@@ -16,7 +16,7 @@ import pytest
 from tests.browser.conftest import CHROMIUM
 from tests.browser.demo import ARTIFACTS, Demo
 from tests.browser.test_dashboard import card, open_dashboard, tid, wait_until
-from tests.support import Gateway, Proc, free_ports, start_gateway, start_sim
+from tests.support import Gateway, Proc, start_half_fleet
 
 pytestmark = pytest.mark.browser
 
@@ -106,20 +106,10 @@ def test_a_tier_whose_medium_has_its_name_says_it_once(shared_demo: Demo, new_pa
 
 @pytest.fixture
 def half_fleet(procs: Callable[..., Proc]) -> Iterator[Gateway]:
-    """`kvgateway serve` with two engines configured and one running: `gone` is down from the start."""
+    """One engine up, one (`gone`) down from the start: :func:`tests.support.start_half_fleet`."""
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing: the dashboard tests drive the system Chromium")
-    http_port, pub, replay, dead_pub = free_ports(4, spacing=2)
-    gateway = start_gateway(
-        procs,
-        http_port,
-        [
-            f"name=up,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{replay}",
-            f"name=gone,endpoint=tcp://127.0.0.1:{dead_pub}",
-        ],
-    )
-    start_sim(procs, "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{replay}", "--rate=20")
-    yield gateway
+    yield start_half_fleet(procs)
 
 
 def test_a_down_engine_says_why_once_without_an_empty_chart(half_fleet: Gateway, new_page: Callable[..., Any]) -> None:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from jsonschema import Draft202012Validator
 
-from tests.support import REPO, Proc, free_port, free_ports, metric, start_gateway, start_sim, wait_until
+from tests.support import REPO, Proc, free_port, metric, start_half_fleet, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,16 +91,7 @@ def test_history_route(procs: Callable[..., Proc]) -> None:
 
 def test_prefix_spread_counts_only_the_engines_that_are_up(procs: Callable[..., Proc]) -> None:
     # two configured streams, one engine running: "of 2 engines" would count one that holds nothing
-    http_port, pub, replay, dead_pub = free_ports(4, spacing=2)
-    gateway = start_gateway(
-        procs,
-        http_port,
-        [
-            f"name=up,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{replay}",
-            f"name=gone,endpoint=tcp://127.0.0.1:{dead_pub}",
-        ],
-    )
-    start_sim(procs, "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{replay}", "--rate=20")
+    gateway = start_half_fleet(procs)
 
     def spread() -> Any:
         doc = httpx.get(f"{gateway.base}/v1/analytics", timeout=5).json()
