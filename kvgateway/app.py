@@ -22,6 +22,7 @@ from starlette.websockets import WebSocket
 from kvgateway.dashboard_api import DashboardData, analytics_endpoint, history_endpoint
 from kvgateway.gateway import Gateway
 from kvgateway.guard import PROTECTED_PREFIX, Authentication, HostCheck, SecurityHeaders, json_error
+from kvgateway.http_query import bad_request, route_query
 from kvgateway.hub import TooManyClients
 from kvgateway.messages import schema_bytes
 from kvgateway.pump import WS_CLOSE, sse_stream, ws_session
@@ -88,24 +89,39 @@ async def metrics_endpoint(request: Request) -> Response:
 
 async def sources(request: Request) -> Response:
     gateway = _gateway(request)
-    return JSONResponse({"offset": gateway.hub.offset, "epoch": gateway.hub.epoch, "sources": gateway.statuses()})
+    try:
+        client, _ = route_query(request, "/v1/sources")
+    except BadRequest as exc:
+        return bad_request(gateway, exc)
+    statuses = gateway.statuses(client.filter)
+    return JSONResponse({"offset": gateway.hub.offset, "epoch": gateway.hub.epoch, "sources": statuses})
 
 
 async def occupancy(request: Request) -> Response:
     gateway = _gateway(request)
-    body = gateway.snapshot()
-    body["fleet"] = gateway.routers.fleet  # counted every 15 s in the background (kvgateway/routers.py)
+    try:
+        client, _ = route_query(request, "/v1/occupancy")
+    except BadRequest as exc:
+        return bad_request(gateway, exc)
+    body = gateway.snapshot(client_filter=client.filter)
+    # the whole fleet whatever the filter: counted every 15 s in the background (kvgateway/routers.py)
+    body["fleet"] = gateway.routers.fleet
     return Response(msgspec.json.encode(body), media_type="application/json")
 
 
 async def schema(request: Request) -> Response:
+    try:
+        route_query(request, "/v1/schema")
+    except BadRequest as exc:
+        return bad_request(_gateway(request), exc)
     return Response(SCHEMA, media_type="application/schema+json")
 
 
 def _client_request(conn: HTTPConnection, transport: str) -> ClientRequest:
     # EventSource resends the page's original URL on reconnect: its Last-Event-ID header wins.
     header = conn.headers.get("last-event-id") if transport == "sse" else None
-    return _gateway(conn).hub.parse_query(conn.query_params, last_event_id=header)
+    route = "/v1/events" if transport == "sse" else "/v1/ws"
+    return _gateway(conn).hub.route_query(route, conn.query_params, last_event_id=header)[0]
 
 
 async def _subscribe(gateway: Gateway, client: ClientRequest, transport: Transport) -> Subscription:

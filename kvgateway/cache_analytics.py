@@ -211,7 +211,8 @@ class CacheAnalytics:
     def prefix_spread(self, indexes: Iterable[StreamIndex], top: int = 5) -> dict[str, Any]:
         """How many engines hold each remembered first block that is still resident somewhere.
 
-        ``mean_engines``: the average over those blocks (1.0: each prefix lives on one engine);
+        ``engines``: how many streams were asked (those given); ``mean_engines``: the average over
+        those blocks (1.0: each prefix lives on one engine);
         ``top``: the most widely held, as ``{"medium", "hash", "engines"}`` (hash as a string).
         At most :data:`MAX_ROOTS_COUNTED` x streams refcount lookups (a stream's newest first):
         call it per request or every few seconds, not per batch.
@@ -235,8 +236,9 @@ class CacheAnalytics:
             "top": [{"medium": m, "hash": hash_text(h), "engines": n} for (m, h), n in ranked],
         }
 
-    def to_json(self, indexes: Iterable[StreamIndex]) -> dict[str, Any]:
-        """The /v1/analytics document (without its epoch)."""
+    def to_json(self, indexes: Iterable[StreamIndex], up: Iterable[StreamIndex] | None = None) -> dict[str, Any]:
+        """The /v1/analytics document (without its epoch); ``prefixes`` over ``up``, the streams
+        whose engine is connected (None: every stream of ``indexes``)."""
         indexes = list(indexes)
         streams: dict[Stream, dict[str, Any]] = {}
         for index in indexes:
@@ -259,5 +261,5 @@ class CacheAnalytics:
             "sample": SAMPLE,
             "refetch_window_seconds": REFETCH_WINDOW_SECONDS,
             "streams": [streams[key] for key in sorted(streams)],
-            "prefixes": self.prefix_spread(indexes),
+            "prefixes": self.prefix_spread(indexes if up is None else up),
         }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -20,11 +21,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kvgateway.cache_analytics import CacheAnalytics, Stream
-from kvgateway.guard import json_error
 from kvgateway.history import History, MediumReading, StreamReading
+from kvgateway.http_query import bad_request, route_query
 from kvgateway.log import BatchRecord
 from kvgateway.metrics import Metrics
-from kvgateway.query import BadRequest, ClientRequest, MultiItems, parse_query
+from kvgateway.occupancy import StreamIndex
+from kvgateway.query import BadRequest
 from kvgateway.ring import Entry
 from kvgateway.tasks import cancel_and_wait
 
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvgateway.web")
 
-HISTORY_PARAMETERS: Final = ("source", "dp_rank", "medium", "since", "step", "token")
 PREFIX_EVERY: Final = 6
 """The prefix-spread gauge is refreshed every this many samples (30 s): it looks blocks up in every stream."""
 
@@ -122,12 +123,21 @@ class DashboardData:
             )
         return out
 
+    def up_streams(self, indexes: Iterable[StreamIndex]) -> list[StreamIndex]:
+        """The streams whose engine is connected: a down engine's blocks are not a prefix's home."""
+        outlets = self.gateway.outlets
+        return [
+            index
+            for index in indexes
+            if (outlet := outlets.get((index.source, index.dp_rank))) is not None and outlet.status.connected
+        ]
+
     def sample(self) -> None:
         now = self.gateway.clock()
         self.history.sample(now, self.readings(now))
         self.gateway.metrics.history_bytes.set(self.history.nbytes())
         if self._samples % PREFIX_EVERY == 0:
-            spread = self.analytics.prefix_spread(self.gateway.index.streams())
+            spread = self.analytics.prefix_spread(self.up_streams(self.gateway.index.streams()))
             if spread["mean_engines"] is not None:
                 self.gateway.metrics.prefix_engines_mean.set(spread["mean_engines"])
         self._samples += 1
@@ -151,44 +161,34 @@ class DashboardData:
             await asyncio.sleep(max(0.05, interval - math.fmod(now, interval)))
 
 
-def parse_history_query(
-    params: MultiItems, sources: list[str], interval: float
-) -> tuple[ClientRequest, float | None, int]:
-    """The stream filter (as on the stream: source, dp_rank, medium), ``since`` and ``step``
-    (in samples) of a /v1/history request; raises :class:`BadRequest`."""
-    rest: dict[str, list[str]] = {}
+def parse_history_query(own: dict[str, list[str]], interval: float) -> tuple[float | None, int]:
+    """``since`` and ``step`` (in samples) of a /v1/history request, from its own parameters
+    (:func:`kvgateway.query.route_query`); raises :class:`BadRequest`."""
     since: float | None = None
     step = 1
-    for name, value in params.multi_items():
-        if name == "since":
-            try:
-                since = float(value)
-            except ValueError:
-                since = math.nan
-            if not math.isfinite(since):
-                raise BadRequest(f"since: expected a time in seconds since the epoch, got {value[:64]!r}")
-        elif name == "step":
-            seconds = int(value) if value.isdigit() and len(value) < 7 else 0
-            if seconds <= 0 or seconds % interval:
-                raise BadRequest(f"step: expected a positive multiple of {interval:g} seconds, got {value[:64]!r}")
-            step = int(seconds // interval)
-        elif name in HISTORY_PARAMETERS:
-            rest.setdefault(name, []).append(value)
-        else:
-            raise BadRequest(f"unknown query parameter {name[:64]!r} (accepted: {', '.join(HISTORY_PARAMETERS)})")
-    return parse_query(rest, sources=sources), since, step
+    for value in own.get("since", []):
+        try:
+            since = float(value)
+        except ValueError:
+            since = math.nan
+        if not math.isfinite(since):
+            raise BadRequest(f"since: expected a time in seconds since the epoch, got {value[:64]!r}")
+    for value in own.get("step", []):
+        seconds = int(value) if value.isdigit() and len(value) < 7 else 0
+        if seconds <= 0 or seconds % interval:
+            raise BadRequest(f"step: expected a positive multiple of {interval:g} seconds, got {value[:64]!r}")
+        step = int(seconds // interval)
+    return since, step
 
 
 async def history_endpoint(request: Request) -> Response:
     data: DashboardData = request.app.state.dashboard_data
     gateway = data.gateway
     try:
-        client, since, step = parse_history_query(
-            request.query_params, sorted({key[0] for key in gateway.outlets}), data.history.interval
-        )
+        client, own = route_query(request, "/v1/history")
+        since, step = parse_history_query(own, data.history.interval)
     except BadRequest as exc:
-        gateway.metrics.client_rejections.labels("http", "bad_request").inc()
-        return json_error(400, str(exc))
+        return bad_request(gateway, exc)
     body = data.history.to_json(gateway.log.epoch, client.filter, since, step)
     return Response(msgspec.json.encode(body), media_type="application/json")
 
@@ -196,9 +196,10 @@ async def history_endpoint(request: Request) -> Response:
 async def analytics_endpoint(request: Request) -> Response:
     data: DashboardData = request.app.state.dashboard_data
     gateway = data.gateway
-    unknown = [name for name in request.query_params if name != "token"]
-    if unknown:
-        gateway.metrics.client_rejections.labels("http", "bad_request").inc()
-        return json_error(400, f"unknown query parameter {unknown[0][:64]!r} (/v1/analytics takes none)")
-    body = {"epoch": gateway.log.epoch, **data.analytics.to_json(gateway.index.streams())}
+    try:
+        client, _ = route_query(request, "/v1/analytics")
+    except BadRequest as exc:
+        return bad_request(gateway, exc)
+    streams = gateway.routers.matching(list(gateway.outlets), client.filter)
+    body = {"epoch": gateway.log.epoch, **data.analytics.to_json(streams, up=data.up_streams(streams))}
     return Response(msgspec.json.encode(body), media_type="application/json")

@@ -16,6 +16,7 @@ import zmq
 from kvgateway import messages
 from kvgateway.config import Settings, StreamConfig, summary
 from kvgateway.endpoints import is_ipv6, split_tcp
+from kvgateway.filters import ClientFilter
 from kvgateway.heap import CollectionTimer
 from kvgateway.hub import Hub
 from kvgateway.ingest import StreamReader
@@ -151,8 +152,10 @@ class Gateway:
 
     # --- views ------------------------------------------------------------------------------
 
-    def snapshot(self, offset: int | None = None) -> dict[str, Any]:
-        return self.index.snapshot(self.log.last_offset if offset is None else offset, self.clock())
+    def snapshot(self, offset: int | None = None, client_filter: ClientFilter | None = None) -> dict[str, Any]:
+        """The occupancy snapshot; ``client_filter``: only the streams its source/dp_rank select."""
+        select = None if client_filter is None else client_filter.matches_stream
+        return self.index.snapshot(self.log.last_offset if offset is None else offset, self.clock(), select)
 
     def subscribe(self, request: ClientRequest, transport: Transport) -> Subscription:
         """A new client: its hello (statuses, and the snapshot unless it resumes) and its
@@ -173,9 +176,14 @@ class Gateway:
             self.routers.attach(sub, self.routers.matching(list(self.outlets), request.filter))
         return sub
 
-    def statuses(self) -> list[dict[str, Any]]:
+    def statuses(self, client_filter: ClientFilter | None = None) -> list[dict[str, Any]]:
+        """Every stream's status; ``client_filter``: only the streams its source/dp_rank select."""
         now = self.clock()
-        return [outlet.to_json(now) for outlet in self.outlets.values()]
+        return [
+            outlet.to_json(now)
+            for (source, dp_rank), outlet in self.outlets.items()
+            if client_filter is None or client_filter.matches_stream(source, dp_rank)
+        ]
 
     def readiness(self) -> tuple[bool, list[dict[str, Any]]]:
         not_ready = [

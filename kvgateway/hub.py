@@ -23,7 +23,7 @@ from kvgateway import messages
 from kvgateway.log import Log
 from kvgateway.messages import OutMessage
 from kvgateway.metrics import HubMetrics
-from kvgateway.query import ClientRequest, QueryInput, parse_query
+from kvgateway.query import ClientRequest, QueryInput, parse_query, route_query
 from kvgateway.resume import resume_after
 from kvgateway.ring import Entry
 from kvgateway.subscription import CloseReason, Subscription, Transport
@@ -90,6 +90,12 @@ class Hub:
     def parse_query(self, params: QueryInput, *, last_event_id: str | None = None) -> ClientRequest:
         """:func:`kvgateway.query.parse_query` against this hub's configured source names."""
         return parse_query(params, sources=self.source_names, last_event_id=last_event_id)
+
+    def route_query(
+        self, route: str, params: QueryInput, *, last_event_id: str | None = None
+    ) -> tuple[ClientRequest, dict[str, list[str]]]:
+        """:func:`kvgateway.query.route_query` against this hub's configured source names."""
+        return route_query(route, params, sources=self.source_names, last_event_id=last_event_id)
 
     # following the log
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
@@ -35,6 +35,10 @@ __all__ = ["DEFAULT_MEDIUM", "BlockGroup", "MediumStats", "OccupancyIndex", "Str
 RATE_WINDOW_SECONDS: Final = 60
 """``stores_per_s``/``removes_per_s`` average the 60 one-second buckets ending with the current one,
 or the time since the index started when that is shorter (no ramp-up after a start)."""
+
+RATE_DECIMALS: Final = 3
+"""Rates are rounded to this many decimals where they are rendered into JSON (a thousandth of a
+block per second): a sum of floats is otherwise written as ``1185.1999999999998``."""
 
 _NEVER: Final = -(2**62)
 _ROUTE_CACHE_MAX: Final = 256
@@ -442,6 +446,13 @@ def tier_totals(mediums: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str,
     return tiers
 
 
+def _round_rates(entries: Mapping[str, dict[str, Any]]) -> None:
+    """Rates (and sums of them) rounded in place to :data:`RATE_DECIMALS`, once every sum is made."""
+    for entry in entries.values():
+        entry["stores_per_s"] = round(entry["stores_per_s"], RATE_DECIMALS)
+        entry["removes_per_s"] = round(entry["removes_per_s"], RATE_DECIMALS)
+
+
 class OccupancyIndex:
     """Every stream's index. ``capacity`` maps a stream key ``(source, dp_rank)`` to its
     configured ``capacity_blocks`` (medium -> blocks), as ``config.StreamConfig`` holds them."""
@@ -485,15 +496,18 @@ class OccupancyIndex:
             elif record.kind == "stale":
                 self.stream(*record.stream).mark_stale(record.fields["reason"])
 
-    def snapshot(self, offset: int, now: float) -> dict[str, Any]:
-        """The /v1/occupancy document. ``offset`` is the hub offset the index reflects.
+    def snapshot(self, offset: int, now: float, select: Callable[[str, int], bool] | None = None) -> dict[str, Any]:
+        """The /v1/occupancy document. ``offset`` is the hub offset the index reflects; ``select``
+        (source, dp_rank): the streams listed and summed (None: every stream).
 
         ``totals`` sums every stream per medium; its ``capacity_blocks`` is null unless every
         stream listing that medium has one configured (a partial sum would mislead). ``tiers``
         sums ``totals`` per tier (:func:`tier_totals`), with ``streams``: how many streams list
         a medium of that tier.
         """
-        streams = [index.snapshot(now) for index in self.streams()]
+        streams = [
+            index.snapshot(now) for index in self.streams() if select is None or select(index.source, index.dp_rank)
+        ]
         totals: dict[str, dict[str, Any]] = {}
         for entry in streams:
             for name, stats in entry["mediums"].items():
@@ -520,6 +534,12 @@ class OccupancyIndex:
         tiers = tier_totals(totals)
         for tier, total in tiers.items():
             total["streams"] = sum(tier in entry["tiers"] for entry in streams)
+        # rounded as rendered, after every sum (a sum of rounded parts would drift from the total)
+        for entry in streams:
+            _round_rates(entry["mediums"])
+            _round_rates(entry["tiers"])
+        _round_rates(totals)
+        _round_rates(tiers)
         return {
             "offset": offset,
             "streams": streams,

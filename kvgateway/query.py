@@ -1,5 +1,6 @@
-"""The query parameters of a stream request (``/v1/ws``, ``/v1/events``): parsed and checked into
-a :class:`ClientRequest` (its filter and resume point), or :class:`BadRequest` naming the parameter."""
+"""The query parameters of a request: checked against what its route accepts (one declaration,
+:data:`ROUTE_PARAMETERS`, which the 400s quote), the stream's filter and resume point parsed into a
+:class:`ClientRequest`, or :class:`BadRequest` naming the parameter."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class MultiItems(Protocol):
     def multi_items(self) -> list[tuple[str, str]]: ...
 
 
-QueryInput: TypeAlias = Mapping[str, Sequence[str]] | MultiItems
+QueryInput: TypeAlias = Mapping[str, Sequence[str]] | MultiItems | Sequence[tuple[str, str]]
 
 PARAMETERS: Final = ("source", "dp_rank", "type", "medium", "last_event_id", "snapshot", "token")
 """Every query parameter a stream endpoint accepts; any other name is a 400 (catches typos).
@@ -43,6 +44,23 @@ SNAPSHOTS: Final = ("blocks",)
 """Values of ``snapshot``: what a client that is not recovered receives after the hello."""
 MAX_VALUES: Final = 64
 """Distinct values per repeatable parameter."""
+
+SELECT: Final = ("source", "dp_rank", "token")
+"""What a route that answers per stream accepts at least: the stream's own stream selection."""
+ROUTE_PARAMETERS: Final[Mapping[str, tuple[str, ...]]] = {
+    "/v1/ws": PARAMETERS,
+    "/v1/events": PARAMETERS,
+    "/v1/sources": SELECT,
+    "/v1/occupancy": SELECT,
+    "/v1/analytics": SELECT,
+    "/v1/history": ("source", "dp_rank", "medium", "since", "step", "token"),
+    "/v1/blocks": ("source", "dp_rank", "format", "token"),
+    "/v1/lookup": SELECT,
+    "/v1/schema": ("token",),
+}
+"""Every query parameter each route accepts, in the order its 400 lists them: the one place that
+says it. The stream's names (:data:`PARAMETERS`) mean on every route what they mean on the stream;
+the others (``since``, ``step``, ``format``) are the route's own."""
 
 _RANK_RE: Final = re.compile(r"[0-9]{1,9}")
 _TYPE_RE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -58,6 +76,9 @@ def _query_items(params: QueryInput) -> Iterator[tuple[str, str]]:
     # QueryParams is a Mapping too, but its items() keeps only the last value of each name
     if isinstance(params, MultiItems):
         yield from params.multi_items()
+        return
+    if not isinstance(params, Mapping):
+        yield from params
         return
     for name, values in params.items():
         if isinstance(values, str):
@@ -127,6 +148,25 @@ def parse_query(
     return ClientRequest(
         filter=client_filter, last_event_id=resume or None, snapshot=snapshots[0] if snapshots else None
     )
+
+
+def route_query(
+    route: str, params: QueryInput, *, sources: Iterable[str] | None = None, last_event_id: str | None = None
+) -> tuple[ClientRequest, dict[str, list[str]]]:
+    """The stream filter of a request to ``route`` and the values of the route's own parameters
+    (by name, in order); raises :class:`BadRequest` for a name ``route`` does not accept, listing
+    what it does (:data:`ROUTE_PARAMETERS`), or for a bad value of the stream's parameters."""
+    accepted = ROUTE_PARAMETERS[route]
+    stream: list[tuple[str, str]] = []
+    own: dict[str, list[str]] = {}
+    for name, value in _query_items(params):
+        if name not in accepted:
+            raise BadRequest(f"unknown query parameter {_show(name)} (accepted: {', '.join(accepted)})")
+        if name in PARAMETERS:
+            stream.append((name, value))
+        else:
+            own.setdefault(name, []).append(value)
+    return parse_query(stream, sources=sources, last_event_id=last_event_id), own
 
 
 def _check_count(name: str, values: set[Any]) -> None:

@@ -16,9 +16,10 @@ from starlette.routing import Route
 
 from kvgateway import blocks
 from kvgateway.guard import json_error
+from kvgateway.http_query import bad_request, route_query
 from kvgateway.lookup import DEFAULT_LIMITS, BadLookup, parse_request
 from kvgateway.occupancy import StreamIndex
-from kvgateway.query import BadRequest, ClientRequest
+from kvgateway.query import BadRequest
 from kvgateway.routers import BlockSnapshot, TooManySnapshots, without_gc
 
 if TYPE_CHECKING:
@@ -33,38 +34,17 @@ def _gateway(conn: HTTPConnection) -> Gateway:
     return gateway
 
 
-def _streams(request: Request, gateway: Gateway, *extra: str) -> tuple[list[StreamIndex], dict[str, str]]:
-    """The configured streams that ``source``/``dp_rank`` select, and the values of ``extra``
-    parameters; raises :class:`BadRequest` (the stream's event filters and resume have no place here)."""
+def _streams(request: Request, gateway: Gateway, route: str) -> tuple[list[StreamIndex], dict[str, str]]:
+    """The configured streams that ``source``/``dp_rank`` select, and the value of each of the
+    route's own parameters; raises :class:`BadRequest` (what ``route`` accepts:
+    :data:`kvgateway.query.ROUTE_PARAMETERS`)."""
+    client, own = route_query(request, route)
     found: dict[str, str] = {}
-    rest: list[tuple[str, str]] = []
-    for name, value in request.query_params.multi_items():
-        if name in extra:
-            if name in found:
-                raise BadRequest(f"{name}: given more than once")
-            found[name] = value
-        else:
-            rest.append((name, value))
-    client: ClientRequest = gateway.hub.parse_query(_Multi(rest))
-    for name, given in (
-        ("type", client.filter.types),
-        ("medium", client.filter.mediums),
-        ("last_event_id", client.last_event_id),
-        ("snapshot", client.snapshot),
-    ):
-        if given is not None:
-            raise BadRequest(f"{name}: not accepted on {request.url.path} (source and dp_rank select the streams)")
+    for name, values in own.items():
+        if len(values) > 1:
+            raise BadRequest(f"{name}: given more than once")
+        found[name] = values[0]
     return gateway.routers.matching(list(gateway.outlets), client.filter), found
-
-
-class _Multi:
-    """Query items as :class:`kvgateway.query.MultiItems`."""
-
-    def __init__(self, items: list[tuple[str, str]]) -> None:
-        self._items = items
-
-    def multi_items(self) -> list[tuple[str, str]]:
-        return self._items
 
 
 async def _paced(pieces: Iterator[bytes], snapshot: BlockSnapshot) -> AsyncIterator[bytes]:
@@ -81,13 +61,12 @@ async def _paced(pieces: Iterator[bytes], snapshot: BlockSnapshot) -> AsyncItera
 async def blocks_endpoint(request: Request) -> Response:
     gateway = _gateway(request)
     try:
-        streams, found = _streams(request, gateway, "format")
+        streams, found = _streams(request, gateway, "/v1/blocks")
         fmt = found.get("format") or ("ndjson" if NDJSON in request.headers.get("accept", "") else "json")
         if fmt not in FORMATS:
             raise BadRequest(f"format: expected json or ndjson, got {fmt[:64]!r}")
     except BadRequest as exc:
-        gateway.metrics.client_rejections.labels("http", "bad_request").inc()
-        return json_error(400, exc.message)
+        return bad_request(gateway, exc)
     routers = gateway.routers
     try:
         routers.reserve()
@@ -133,7 +112,7 @@ async def lookup_endpoint(request: Request) -> Response:
         gateway.metrics.client_rejections.labels("http", "bad_request").inc()
         return json_error(413, f"body exceeds the {limit}-byte limit")
     try:
-        streams, _ = _streams(request, gateway)
+        streams, _ = _streams(request, gateway, "/v1/lookup")
         query = parse_request(body, DEFAULT_LIMITS)
     except (BadRequest, BadLookup) as exc:
         gateway.metrics.client_rejections.labels("http", "bad_request").inc()

@@ -78,6 +78,7 @@ import {
   troubleCounts,
 } from "./health.js";
 import { FleetTable } from "./fleet-table.js";
+import { kindText, reasonText } from "./reasons.js";
 
 const $ = (sel, root = document) => root.querySelector(sel);
 const tid = (name, root = document) => root.querySelector(`[data-testid="${name}"]`);
@@ -128,10 +129,10 @@ const state = {
 
   occupancy: null, // last snapshot {offset, streams, totals}
   occAt: 0, // Date.now() when it arrived
-  occError: "",
+  occError: null, // {text, detail} of the last failed poll, null once one succeeds
   sources: null, // [{source, dp_rank, state, ...}]
   sourcesAt: 0,
-  sourcesError: "",
+  sourcesError: null,
 
   overrides: new Map(), // streamKey -> {state, until} from notices, until the next sources poll
   notices: new Map(), // streamKey -> {kind, at}
@@ -186,6 +187,14 @@ function invalidate(part) {
 
 class AuthError extends Error {}
 
+/** A failed poll, said for people ("the gateway did not answer within 4 s"); `detail`: the browser's own words. */
+class FetchProblem extends Error {
+  constructor(message, detail = "") {
+    super(message);
+    this.detail = detail;
+  }
+}
+
 function authHeaders() {
   return state.token ? { Authorization: `Bearer ${state.token}` } : {};
 }
@@ -193,18 +202,33 @@ function authHeaders() {
 async function getJSON(path) {
   const ctrl = new AbortController();
   const timer = setTimeout(() => ctrl.abort(), FETCH_TIMEOUT_MS);
+  let res;
   try {
-    const res = await fetch(new URL(path, document.baseURI), {
+    res = await fetch(new URL(path, document.baseURI), {
       headers: { Accept: "application/json", ...authHeaders() },
       cache: "no-store",
       signal: ctrl.signal,
     });
     if (res.status === 401 || res.status === 403) throw new AuthError(`HTTP ${res.status}`);
-    if (!res.ok) throw new Error(`HTTP ${res.status}`);
+    if (!res.ok) throw new FetchProblem(`the gateway answered HTTP ${res.status}; retrying`);
     return await res.json();
+  } catch (err) {
+    if (err instanceof AuthError || err instanceof FetchProblem) throw err;
+    // the browser's words ("signal is aborted without reason", "Failed to fetch") mean nothing to people
+    const detail = String((err && err.message) || err);
+    if (ctrl.signal.aborted) {
+      throw new FetchProblem(`the gateway did not answer within ${FETCH_TIMEOUT_MS / 1000} s; retrying`, detail);
+    }
+    if (res) throw new FetchProblem("the gateway's answer was cut off or unreadable; retrying", detail);
+    throw new FetchProblem("the gateway cannot be reached; retrying", detail);
   } finally {
     clearTimeout(timer);
   }
+}
+
+/** What a failed poll shows: the sentence, and the browser's own words for the tooltip. */
+function problemOf(what, err) {
+  return { text: `${what}: ${(err && err.message) || err}`, detail: (err && err.detail) || "" };
 }
 
 function onAuthRequired() {
@@ -247,10 +271,10 @@ const occPoller = poller(
   OCC_POLL_MS,
   (data) => {
     applyOccupancy(data);
-    state.occError = "";
+    state.occError = null;
   },
   (err) => {
-    state.occError = `occupancy: ${err.message || err}`;
+    state.occError = problemOf("occupancy", err);
     invalidate("occ");
   },
 );
@@ -283,10 +307,10 @@ const sourcesPoller = poller(
   SOURCES_POLL_MS,
   (data) => {
     applySources(data && data.sources);
-    state.sourcesError = "";
+    state.sourcesError = null;
   },
   (err) => {
-    state.sourcesError = `sources: ${err.message || err}`;
+    state.sourcesError = problemOf("engines", err);
     invalidate("sources");
   },
 );
@@ -771,6 +795,7 @@ function onNotice(msg) {
     ts: typeof msg.ts === "number" ? msg.ts : Date.now() / 1000,
     medium: "",
     detail,
+    code: typeof msg.reason === "string" ? msg.reason : "",
   };
   pushTail(entry);
   state.noticeList.push(entry);
@@ -778,7 +803,7 @@ function onNotice(msg) {
   invalidate("notices");
   if (hasStream) {
     const key = streamKey(source, rank);
-    state.notices.set(key, { kind, at: Date.now(), detail });
+    state.notices.set(key, { kind, at: Date.now(), detail, code: entry.code });
     if (NOTICE_STATE[kind]) state.overrides.set(key, NOTICE_STATE[kind]);
     invalidate("sources");
     setTimeout(() => invalidate("sources"), NOTICE_FLASH_MS + 50);
@@ -801,7 +826,7 @@ function noticeDetail(kind, msg) {
     if (known.has(k) || v === null || typeof v === "object") continue;
     parts.push(`${k}=${v}`);
   }
-  if (typeof msg.reason === "string" && msg.reason) parts.push(msg.reason);
+  if (typeof msg.reason === "string" && msg.reason) parts.push(reasonText(kind, msg.reason));
   return parts.join(" · ");
 }
 
@@ -1007,7 +1032,9 @@ function renderTotals(facts) {
     setVal(tid(`total-${t}-blocks`, tile), v.blocks, fmtInt(v.blocks));
     setVal(tid(`total-${t}-tokens`, tile), v.tokens, fmtInt(v.tokens));
     const names = Array.isArray(v.mediums) ? v.mediums.map(String) : [];
-    setVal(tid(`total-${t}-mediums`, tile), names.join(" "), names.join(" · "));
+    // the engines' own medium names, unless the only one is the tier's name (said once, in the tag)
+    const own = names.length === 1 && names[0] === t ? [] : names;
+    setVal(tid(`total-${t}-mediums`, tile), own.join(" "), own.join(" · "));
     const cap = typeof v.capacity_blocks === "number" && v.capacity_blocks > 0 ? v.capacity_blocks : null;
     setVal(tid(`total-${t}-capacity`, tile), cap, cap === null ? "capacity unknown" : `of ${fmtInt(cap)} blocks`);
     const frac = cap === null ? null : v.blocks / cap;
@@ -1080,7 +1107,7 @@ function renderFleetFacts(fleet, prefixes) {
   }
   if (prefixes && typeof prefixes.mean_engines === "number" && prefixes.engines > 1) {
     parts.push(
-      `prefix spread: each prompt's first block is on ${prefixes.mean_engines.toFixed(2)} of ${prefixes.engines} engines on average (1 = perfect affinity)`,
+      `prefix spread: each prompt's first block is on ${prefixes.mean_engines.toFixed(2)} of the ${prefixes.engines} engines that are up, on average (1 = perfect affinity)`,
     );
   }
   box.hidden = parts.length === 0;
@@ -1173,6 +1200,8 @@ function updateCard(key, card, row, f) {
   if (card.root.dataset.state !== st) card.root.dataset.state = st;
   setVal(refs.health, f.health.reason);
   refs.health.hidden = !f.health.reason;
+  const code = f.health.code ? `gateway reason: ${f.health.code}` : "";
+  if (refs.health.title !== code) refs.health.title = code;
   renderHeadline(refs, f.cache);
   const line = analyticsLine(key);
   setText(refs.analytics, line);
@@ -1183,7 +1212,8 @@ function updateCard(key, card, row, f) {
   setText(refs.endpoint, src ? String(src.endpoint ?? "") : "");
   const reason = src && src.reason ? String(src.reason) : "";
   setVal(refs.reason, reason);
-  refs.reason.hidden = !reason;
+  // a down card says why once: in its health line, when that line says it already
+  refs.reason.hidden = !reason || f.health.reason.includes(reason);
   refs.endpoint.title = src && src.replay ? `replay: ${src.replay}` : "no replay endpoint";
   setVal(refs["last-seq"], src ? src.last_seq : null, src && src.last_seq !== null && src.last_seq !== undefined ? intFmt.format(src.last_seq) : "–");
   const lag = f.lag;
@@ -1199,13 +1229,19 @@ function updateCard(key, card, row, f) {
   card.root.classList.toggle("is-stale", Boolean(occ && occ.stale));
 
   updateMediums(card, occ);
+  // a chart of nothing (an engine that never sent a block while the gateway watched) is clutter
+  const h = state.history.get(key);
+  const drawn = Boolean(h && (h.occ.some((v) => v) || h.stores.some((v) => v)));
+  refs.chart.hidden = !drawn;
+  refs["chart-occ-label"].parentElement.hidden = !drawn;
 
   // last notice
   const n = state.notices.get(key);
   const ln = refs["last-notice"];
   if (n) {
     ln.hidden = false;
-    setVal(ln, n.kind, `${n.kind} at ${fmtTime(n.at / 1000).slice(0, 8)}${n.detail ? " · " + n.detail : ""}`);
+    setVal(ln, n.kind, `${kindText(n.kind)} at ${fmtTime(n.at / 1000).slice(0, 8)}${n.detail ? " · " + n.detail : ""}`);
+    ln.title = n.code ? `gateway reason: ${n.code}` : "";
     ln.dataset.kind = n.kind;
     card.root.classList.toggle("flash", Date.now() - n.at < NOTICE_FLASH_MS);
   } else if (!ln.hidden) {
@@ -1278,6 +1314,7 @@ function renderHeadline(refs, c) {
   }
   setVal(refs.headline, value, text);
   setText(refs["headline-label"], label);
+  refs.headline.parentElement.hidden = value === ""; // no big dash for a stream without figures
 }
 
 function buildMediumRow(m, tier) {
@@ -1313,10 +1350,13 @@ function renderUpdated() {
   } else {
     parts.push("waiting for data…");
   }
-  const err = state.occError || state.sourcesError;
+  const problem = state.occError || state.sourcesError;
+  const err = problem ? problem.text : "";
   if (err) parts.push(err);
   const u = tid("updated");
   setText(u, parts.join(" · "));
+  const title = problem && problem.detail ? `the browser said: ${problem.detail}` : "";
+  if (u.title !== title) u.title = title;
   const stale = Boolean(err) || (state.occAt && Date.now() - state.occAt > 5000);
   u.classList.toggle("error", Boolean(stale));
   document.body.classList.toggle("data-stale", Boolean(stale));
@@ -1369,7 +1409,7 @@ function chartOptions(width, card) {
       rate: { range: (u, min, max) => [0, max > 0 ? niceMax(max) : 1] },
     },
     axes: [
-      { ...axis, size: 22, space: 50, values: (u, splits) => splits.map((v) => fmtTime(v).slice(0, 5)) },
+      { ...axis, size: 22, space: 60, values: (u, splits) => timeTicks(splits) },
       {
         ...axis,
         scale: "occ",
@@ -1386,6 +1426,15 @@ function chartOptions(width, card) {
       { label: "removed/s", scale: "rate", stroke: COLORS.removes, width: 1.25, dash: [4, 3], points: { show: false } },
     ],
   };
+}
+
+/**
+ * A time axis' labels: HH:MM:SS when the ticks are less than a whole minute apart (a short span:
+ * HH:MM alone would repeat, 11:51 11:51 11:52), else HH:MM.
+ */
+function timeTicks(splits) {
+  const seconds = splits.some((v) => v % 60 !== 0);
+  return splits.map((v) => fmtTime(v).slice(0, seconds ? 8 : 5));
 }
 
 function niceMax(v) {
@@ -1555,7 +1604,9 @@ function buildTailRow(e) {
   if (e.kind === "notice") {
     li.classList.add("notice", `notice-${e.notice}`);
     li.dataset.kind = e.notice;
-    li.append(el("span", "ty", e.notice), el("span", "d", e.detail || ""));
+    const d = el("span", "d", e.detail || "");
+    if (e.code) d.title = `gateway reason: ${e.code}`;
+    li.append(el("span", "ty", kindText(e.notice)), d);
     return li;
   }
   const tyShort = { BlockStored: "stored", BlockRemoved: "removed", AllBlocksCleared: "cleared" }[e.type] || e.type;

@@ -2,6 +2,7 @@
 // and the stream of batches. Pure functions of their arguments (no DOM, no global state).
 
 import { fmtDur } from "./format.js";
+import { reasonText } from "./reasons.js";
 
 export const SILENT_S = 10; // a connected stream without a batch for this long is "silent"
 export const RESTART_WINDOW_S = 120;
@@ -47,14 +48,18 @@ export function lastBatchAt(seenMs, series) {
  * history has watched the stream (a stream that never sent is silent only after SILENT_S).
  */
 export function streamHealth({ serverState, src, occ, restarts, ageS, watchedS }) {
-  const out = { state: serverState, reason: "" };
+  // `code`: the gateway's reason codes behind `reason` (for a tooltip), "" when it gave none
+  const out = { state: serverState, reason: "", code: "" };
   if (serverState === "down") {
     out.reason = src && src.reason ? String(src.reason) : "not connected";
     return out;
   }
   if (serverState === "degraded") {
     const losses = Object.entries((src && src.unrecovered_by_reason) || {}).filter(([, n]) => n > 0);
-    out.reason = losses.length ? `lost ${losses.map(([r, n]) => `${n} (${r})`).join(", ")}` : "lost batches";
+    out.reason = losses.length
+      ? `lost ${losses.map(([r, n]) => `${n} batches (${reasonText("unrecovered_gap", r)})`).join(", ")}`
+      : "lost batches";
+    out.code = losses.map(([r]) => r).join(", ");
     return out;
   }
   if (restarts !== null && restarts >= RESTART_STORM) {
@@ -69,8 +74,9 @@ export function streamHealth({ serverState, src, occ, restarts, ageS, watchedS }
     return out;
   }
   if (serverState === "stale") {
-    const why = (src && src.stale_reason) || (occ && occ.stale_reason) || "events lost";
-    out.reason = `index incomplete (${why})`;
+    const why = (src && src.stale_reason) || (occ && occ.stale_reason) || "";
+    out.reason = `index incomplete: ${why ? reasonText("stale", why) : "events were lost"}`;
+    out.code = why;
   }
   return out;
 }

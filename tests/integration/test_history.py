@@ -10,7 +10,7 @@ import httpx
 import pytest
 from jsonschema import Draft202012Validator
 
-from tests.support import REPO, Proc, free_port, metric, wait_until
+from tests.support import REPO, Proc, free_port, metric, start_half_fleet, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -87,3 +87,18 @@ def test_history_route(procs: Callable[..., Proc]) -> None:
     assert doc["prefixes"]["first_blocks"] > 0 and doc["prefixes"]["mean_engines"] >= 1
     assert metric(base, "kvgateway_sampled_evictions_total") > 0
     assert httpx.get(f"{base}/v1/analytics?x=1", timeout=5).status_code == 400
+
+
+def test_prefix_spread_counts_only_the_engines_that_are_up(procs: Callable[..., Proc]) -> None:
+    # two configured streams, one engine running: "of 2 engines" would count one that holds nothing
+    gateway = start_half_fleet(procs)
+
+    def spread() -> Any:
+        doc = httpx.get(f"{gateway.base}/v1/analytics", timeout=5).json()
+        return doc["prefixes"]["first_blocks"] > 0 and doc
+
+    doc = wait_until(spread, timeout=30, what="first blocks counted")
+    assert [(s["source"], s["dp_rank"]) for s in doc["streams"]] == [("gone", 0), ("up", 0)]
+    assert doc["prefixes"]["engines"] == 1
+    states = {s["source"]: s["state"] for s in gateway.sources()["sources"]}
+    assert states == {"up": "up", "gone": "down"}

@@ -1494,6 +1494,107 @@ def test_invalid_query_parameters_are_a_400_before_any_stream(live: Gateway) -> 
     assert after[("ws", "bad_request")] - before[("ws", "bad_request")] == len(BAD_QUERIES)
 
 
+ROUTES_ACCEPT = {
+    "/v1/events": "source, dp_rank, type, medium, last_event_id, snapshot, token",
+    "/v1/sources": "source, dp_rank, token",
+    "/v1/occupancy": "source, dp_rank, token",
+    "/v1/analytics": "source, dp_rank, token",
+    "/v1/history": "source, dp_rank, medium, since, step, token",
+    "/v1/blocks": "source, dp_rank, format, token",
+    "/v1/lookup": "source, dp_rank, token",
+    "/v1/schema": "token",
+}
+"""What each route's 400 lists as accepted: exactly what that route takes (docs/protocol.md)."""
+
+
+async def _ask(http: httpx.AsyncClient, route: str, query: str) -> httpx.Response:
+    if route == "/v1/lookup":
+        return await http.post(f"{route}?{query}", json={"block_hashes": ["1"]})
+    return await http.get(f"{route}?{query}")
+
+
+def test_every_route_refuses_a_parameter_it_does_not_take_and_lists_what_it_takes(live: Gateway) -> None:
+    before = rejections(live)
+    refused = 0
+
+    async def body() -> None:
+        nonlocal refused
+        async with httpx.AsyncClient(base_url=live.base, timeout=10, trust_env=False) as http:
+            for route, accepted in ROUTES_ACCEPT.items():
+                response = await _ask(http, route, "sources=llama")
+                expected = {"error": f"unknown query parameter 'sources' (accepted: {accepted})"}
+                assert (response.status_code, response.json()) == (400, expected), route
+                refused += 1
+                # a name of the stream that this route does not take is unknown here too
+                for name in ("type", "medium", "last_event_id", "snapshot", "since", "format"):
+                    if name in accepted.split(", "):
+                        continue
+                    response = await _ask(http, route, f"{name}=x")
+                    expected = {"error": f"unknown query parameter '{name}' (accepted: {accepted})"}
+                    assert (response.status_code, response.json()) == (400, expected), (route, name)
+                    refused += 1
+                # a bad value of a parameter the route does take names it
+                if "dp_rank" in accepted:
+                    response = await _ask(http, route, "dp_rank=-1")
+                    assert response.json() == {"error": "dp_rank: expected a non-negative integer, got '-1'"}, route
+                    refused += 1
+
+    arun(body())
+    after = rejections(live)
+    counted = sum(after[(t, "bad_request")] - before[(t, "bad_request")] for t in ("http", "sse"))
+    assert counted == refused
+
+
+def _keys(entries: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    return [(entry["source"], entry["dp_rank"]) for entry in entries]
+
+
+def test_every_per_stream_route_applies_the_streams_source_and_dp_rank(live: Gateway) -> None:
+    every = [("llama", 0), ("llama", 1), ("qwen", 0)]
+    selections = {
+        "": every,
+        "source=qwen": [("qwen", 0)],
+        "source=llama&dp_rank=1": [("llama", 1)],
+        "dp_rank=0": [("llama", 0), ("qwen", 0)],
+        "source=qwen&dp_rank=1": [],
+    }
+
+    async def body() -> None:
+        async with httpx.AsyncClient(base_url=live.base, timeout=10, trust_env=False) as http:
+            for query, expected in selections.items():
+                sources = (await http.get(f"/v1/sources?{query}")).json()["sources"]
+                assert sorted(_keys(sources)) == expected, query
+                occupancy = (await http.get(f"/v1/occupancy?{query}")).json()
+                assert _keys(occupancy["streams"]) == expected, query
+                # the sums are over the streams listed
+                blocks = sum(s["tiers"]["GPU"]["blocks"] for s in occupancy["streams"] if "GPU" in s["tiers"])
+                assert occupancy["tiers"].get("GPU", {"blocks": 0})["blocks"] == blocks, query
+                assert occupancy["tiers"].get("GPU", {"streams": 0})["streams"] == len(expected), query
+                analytics = (await http.get(f"/v1/analytics?{query}")).json()
+                assert _keys(analytics["streams"]) == expected, query
+                assert analytics["prefixes"]["engines"] == len(expected), query  # every one is up
+                history = (await http.get(f"/v1/history?{query}")).json()
+                assert _keys(history["streams"]) == expected, query
+                blocks_doc = (await http.get(f"/v1/blocks?{query}")).json()
+                assert _keys(blocks_doc["streams"]) == expected, query
+                lookup = (await http.post(f"/v1/lookup?{query}", json={"block_hashes": ["1"]})).json()
+                assert sorted(_keys(lookup["streams"])) == expected, query
+
+    arun(body())
+
+
+_RATE = re.compile(rb'"(stores|removes)_per_s":(-?[0-9.e+-]+)')
+
+
+def test_rates_are_rounded_to_thousandths_in_the_occupancy_snapshot(live: Gateway) -> None:
+    # the rates are sums of per-second counts over a window: as floats they print as 1185.1999999999998
+    raw = httpx.get(f"{live.base}/v1/occupancy", timeout=10, trust_env=False).content
+    rates = [float(m.group(2)) for m in _RATE.finditer(raw)]
+    assert len(rates) >= 20 and any(r > 0 for r in rates)
+    too_long = [m.group(0) for m in _RATE.finditer(raw) if len(m.group(2).partition(b".")[2]) > 3]
+    assert not too_long, too_long[:5]
+
+
 def test_an_inbound_websocket_message_above_64_kib_closes_with_1009(live: Gateway) -> None:
     async def body() -> None:
         async with Clients(live) as clients:

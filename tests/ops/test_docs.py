@@ -72,3 +72,16 @@ def test_operations_covers_the_topics() -> None:
         "security.md",
     ):
         assert needle in text, f"docs/operations.md does not mention {needle!r}"
+
+
+def test_protocol_lists_what_each_route_accepts_as_the_code_declares_it() -> None:
+    from kvgateway.query import ROUTE_PARAMETERS
+
+    text = (OPERATIONS_DOC.parent / "protocol.md").read_text(encoding="utf-8")
+    section = text.split("### What each route accepts", 1)[1].split("\n#", 1)[0]
+    documented: dict[str, tuple[str, ...]] = {}
+    for routes, accepted in re.findall(r"^\| (`(?:GET|POST) /v1/.+?) \| (`.+`) \|$", section, re.M):
+        names = tuple(re.findall(r"`(\w+)`", accepted))
+        for route in re.findall(r"`(?:GET|POST) (/v1/\w+)`", routes):
+            documented[route] = names
+    assert documented == dict(ROUTE_PARAMETERS)

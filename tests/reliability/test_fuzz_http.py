@@ -43,6 +43,13 @@ FUZZ = settings(
 # --- the rules of docs/protocol.md, written out independently of kvgateway.hub -----------------
 
 PARAMETERS = ("source", "dp_rank", "type", "medium", "last_event_id", "token")
+ACCEPTS = {
+    "/v1/events": PARAMETERS,
+    "/v1/occupancy": ("source", "dp_rank", "token"),
+    "/v1/sources": ("source", "dp_rank", "token"),
+    "/v1/schema": ("token",),
+}
+"""What each fuzzed route takes (any other name is a 400)."""
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
 
 
@@ -50,8 +57,9 @@ def _name_like(value: str, longest: int) -> bool:
     return 1 <= len(value) <= longest and all(c in _NAME_CHARS for c in value)
 
 
-def query_is_valid(pairs: list[tuple[str, str]]) -> bool:
-    """A stream request's parameters (as the server decodes them) per the protocol's table."""
+def query_is_valid(pairs: list[tuple[str, str]], accepted: tuple[str, ...] = PARAMETERS) -> bool:
+    """A request's parameters (as the server decodes them) per the protocol's table, for a route
+    that takes ``accepted``."""
     resume = 0
     distinct: dict[str, set[object]] = {"source": set(), "dp_rank": set(), "type": set(), "medium": set()}
     for name, value in pairs:
@@ -65,7 +73,7 @@ def query_is_valid(pairs: list[tuple[str, str]]) -> bool:
             return False
         if name == "last_event_id":
             resume += 1
-        if name not in PARAMETERS:
+        if name not in accepted:
             return False
         if name in distinct:  # at most 64 distinct values (ranks as numbers, mediums in any case)
             distinct[name].add(int(value) if name == "dp_rank" else value.upper() if name == "medium" else value)
@@ -210,7 +218,7 @@ def read_hello(response: httpx.Response) -> dict[str, Any]:
 
 
 def expected_statuses(path: str, headers: dict[str, str], pairs: list[tuple[str, str]]) -> set[int]:
-    ok = 400 if path == "/v1/events" and not query_is_valid(pairs) else 200
+    ok = 200 if query_is_valid(pairs, ACCEPTS[path]) else 400
     allowed = authorized(headers.get("Authorization"), pairs)
     return {ok} if allowed else {401} if allowed is False else {401, ok}
 

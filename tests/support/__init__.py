@@ -11,6 +11,7 @@ from tests.support.gateway import (
     proc_status,
     sim_ready,
     start_gateway,
+    start_half_fleet,
     start_sim,
     wait_until,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "sim_endpoints",
     "sim_ready",
     "start_gateway",
+    "start_half_fleet",
     "start_sim",
     "wait_until",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.ports import free_ports
 from tests.support.processes import Proc
 
 Start = Callable[..., Proc]
@@ -249,3 +250,19 @@ def start_sim(start: Start, *args: str, ranks: int = 1, timeout: float = 30.0, w
 def sim_ready(proc: Proc, ranks: int = 1, timeout: float = 30.0) -> None:
     for rank in range(ranks):
         proc.wait_for(rf"^simulate: rank {rank} publishing ", timeout=timeout)
+
+
+def start_half_fleet(start: Start) -> Gateway:
+    """``kvgateway serve`` with two engines configured and one running: ``up`` (a simulator at 20
+    batches/s, with its replay socket) and ``gone`` (nothing listens: down from the start)."""
+    http_port, pub, replay, dead_pub = free_ports(4, spacing=2)
+    gateway = start_gateway(
+        start,
+        http_port,
+        [
+            f"name=up,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{replay}",
+            f"name=gone,endpoint=tcp://127.0.0.1:{dead_pub}",
+        ],
+    )
+    start_sim(start, "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{replay}", "--rate=20")
+    return gateway

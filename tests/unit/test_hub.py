@@ -20,7 +20,15 @@ from kvgateway.log import MemoryLog, NoticeRecord, batch_record
 from kvgateway.messages import OutMessage
 from kvgateway.metrics import Metrics
 from kvgateway.pump import Pump
-from kvgateway.query import MAX_VALUES, PARAMETERS, BadRequest, ClientRequest, parse_query
+from kvgateway.query import (
+    MAX_VALUES,
+    PARAMETERS,
+    ROUTE_PARAMETERS,
+    BadRequest,
+    ClientRequest,
+    parse_query,
+    route_query,
+)
 from kvgateway.resume import resume_after
 from kvgateway.ring import Ring
 from kvgateway.subscription import Subscription
@@ -1035,3 +1043,18 @@ def test_tiers_lenient_fields_and_a_real_snapshot_validate_against_the_schema() 
     assert not validator.is_valid(broken)
     del broken["occupancy"]["tiers"]
     assert not validator.is_valid(broken)
+
+
+def test_every_v1_route_declares_what_it_accepts_and_its_400_lists_exactly_that() -> None:
+    from kvgateway.app import ROUTES
+
+    assert {route.path for route in ROUTES if route.path.startswith("/v1/")} == set(ROUTE_PARAMETERS)
+    for route, accepted in ROUTE_PARAMETERS.items():
+        assert "token" in accepted
+        with pytest.raises(BadRequest) as info:
+            route_query(route, [("x", "1")])
+        assert info.value.message == f"unknown query parameter 'x' (accepted: {', '.join(accepted)})"
+    client, own = route_query("/v1/history", [("source", "a"), ("step", "10"), ("since", "1"), ("step", "5")])
+    assert client.filter.sources == frozenset({"a"}) and own == {"step": ["10", "5"], "since": ["1"]}
+    with pytest.raises(BadRequest, match=r"^unknown query parameter 'type' "):
+        route_query("/v1/occupancy", {"type": ["BlockStored"]})

@@ -275,7 +275,7 @@ def test_snapshot_shape_sorting_totals_and_capacity() -> None:
         "block_size": 16,
         "stores": 2,
         "removes": 0,
-        "stores_per_s": 2 / 60,
+        "stores_per_s": 0.033,  # 2 / 60, rounded to RATE_DECIMALS
         "removes_per_s": 0.0,
     }
     assert a1["mediums"]["GPU"]["capacity_blocks"] is None
@@ -555,7 +555,7 @@ def test_mediums_keep_the_engines_names_and_sum_by_tier_per_stream_and_fleet() -
         "blocks": 2,
         "tokens": 64,
         "capacity_blocks": None,
-        "stores_per_s": 2 / 60,
+        "stores_per_s": 0.033,  # 2 / 60, rounded to RATE_DECIMALS
         "removes_per_s": 0.0,
     }
     assert sglang["tiers"]["CPU"]["mediums"] == ["CPU_PINNED"]
