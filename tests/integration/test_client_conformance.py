@@ -2,8 +2,9 @@
 
 The client (:class:`DocClient`) uses nothing of kvgateway: its own WebSocket reader (the
 ``websockets`` library), JSON, and the rules of that section: the block key, the order of hello,
-state, batches and notices, staleness, and resume. A scripted engine (a PUB socket and a replay
-ROUTER in this process, every seq chosen by the test) drives the gateway through a clear, restarts
+state, batches and notices, staleness, and resume. Nor does the engine: a scripted vLLM publisher
+(a PUB socket and a replay ROUTER in this process, msgpack map events, every seq chosen by the
+test) drives the gateway through a clear, restarts
 of every reason (``seq_reset``, ``cleared``, ``jump``, ``window``, ``identity``, ``reconnect``),
 a loss (``unrecovered_gap``), a dropped connection resumed, and a gateway restart. The engine
 holds still between steps, so the gateway's offset is paused; at each pause the client's blocks
@@ -21,13 +22,12 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import zmq
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from kvgateway import wire
-from kvgateway.simulator import encode
 from tests.support import Proc, free_ports, wait_until
 
 from ._gateway_helpers import start_gateway
@@ -192,6 +192,12 @@ class DocClient:
 
 TOPIC = b"kv-events"
 MEDIUMS = [None, "GPU", "gpu", "CPU", "cpu_pinned"]
+END = (-1).to_bytes(8, "big", signed=True)  # the replay's end marker
+CLEARED: dict[str, Any] = {"type": "AllBlocksCleared"}
+
+
+def seq_bytes(seq: int) -> bytes:
+    return seq.to_bytes(8, "big")
 
 
 class ScriptedEngine:
@@ -236,32 +242,38 @@ class ScriptedEngine:
             with self.lock:
                 held = sorted((s, p) for s, p in self.buffer.items() if s >= first)
             for seq, payload in held:
-                self.router.send_multipart([identity, empty, wire.seq_bytes(seq), payload])
-            self.router.send_multipart([identity, empty, wire.END_SEQ_BYTES, b""])
+                self.router.send_multipart([identity, empty, seq_bytes(seq), payload])
+            self.router.send_multipart([identity, empty, END, b""])
 
-    def events(self) -> list[wire.Event]:
-        out: list[wire.Event] = []
+    def events(self) -> list[dict[str, Any]]:
+        """1-4 events as vLLM's map form has them: stores and removes over a pool of 40 hashes."""
+        out: list[dict[str, Any]] = []
         for _ in range(self.rng.randint(1, 4)):
-            extra: dict[str, Any] = {"group_idx": self.rng.choice([0, 1])} if self.rng.random() < 0.3 else {}
-            medium = self.rng.choice(MEDIUMS)
-            hashes = self.rng.sample(self.pool, self.rng.randint(1, 5))
+            event: dict[str, Any] = {"block_hashes": self.rng.sample(self.pool, self.rng.randint(1, 5))}
             if self.rng.random() < 0.6:
-                hashes += hashes[:1] if self.rng.random() < 0.2 else []  # a hash twice in one event
-                tokens = [1] * 16 * len(hashes)
-                out.append(wire.BlockStored(hashes, None, tokens, 16, None, medium, None, extra))
+                if self.rng.random() < 0.2:
+                    event["block_hashes"] += event["block_hashes"][:1]  # a hash twice in one event
+                tokens = [1] * 16 * len(event["block_hashes"])
+                event = {"type": "BlockStored", **event, "parent_block_hash": None, "token_ids": tokens}
+                event |= {"block_size": 16, "lora_id": None, "lora_name": None}
             else:
-                out.append(wire.BlockRemoved(hashes, medium, extra))
+                event = {"type": "BlockRemoved", **event}
+            event["medium"] = self.rng.choice(MEDIUMS)
+            if self.rng.random() < 0.3:
+                event["group_idx"] = self.rng.choice([0, 1])
+            out.append(event)
         return out
 
     def publish(
-        self, seq: int, events: list[wire.Event] | None = None, *, live: bool = True, held: bool = True
+        self, seq: int, events: list[dict[str, Any]] | None = None, *, live: bool = True, held: bool = True
     ) -> None:
-        payload = encode.encode_batch(wire.Batch(time.time(), self.events() if events is None else events, 0))
+        body = [time.time(), self.events() if events is None else events, 0]  # [ts, events, dp_rank]
+        payload = msgspec.msgpack.encode(body)
         if held:
             with self.lock:
                 self.buffer[seq] = payload
         if live:
-            self.pub.send_multipart([TOPIC, wire.seq_bytes(seq), payload])
+            self.pub.send_multipart([TOPIC, seq_bytes(seq), payload])
 
     def run(self, seqs: range) -> None:
         for seq in seqs:
@@ -344,7 +356,7 @@ def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Callab
 
         # A clear in the middle of a batch, then more churn.
         engine.run(range(30, 40))
-        engine.publish(40, [*engine.events(), wire.AllBlocksCleared(), *engine.events()])
+        engine.publish(40, [*engine.events(), CLEARED, *engine.events()])
         engine.run(range(41, 50))
         delivered(49)
         offsets.append(check(client, base, "a clear"))
@@ -370,7 +382,7 @@ def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Callab
 
         # cleared: back a few seqs, starting with AllBlocksCleared.
         engine.new_process(down=False)
-        engine.publish(5, [wire.AllBlocksCleared(), *engine.events()])
+        engine.publish(5, [CLEARED, *engine.events()])
         engine.run(range(6, 12))
         restart("cleared")
         delivered(11)
