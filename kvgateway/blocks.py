@@ -152,8 +152,9 @@ def state_messages(
 ) -> Iterator[dict[str, Any]]:
     """The ``state`` messages of a ``snapshot=blocks`` connection, stream after stream.
 
-    ``{"type": "state", "offset": N, "source": ..., "dp_rank": ..., "blocks": [...], "last": bool}``
-    with at most ``chunk_blocks`` blocks each; a stream's last chunk has ``"last": true`` and
+    ``{"type": "state", "offset": N, "source": ..., "dp_rank": ..., "stale": bool, "blocks": [...],
+    "last": bool}`` with at most ``chunk_blocks`` blocks each (``stale``: the stream's index was
+    incomplete at ``offset``, as ``hello.sources`` says); a stream's last chunk has ``"last": true`` and
     ``"block_sizes"`` (:attr:`StreamBlocks.block_sizes`), and a stream with no block still sends
     one (empty) chunk. Lazy: each step renders one chunk.
     """
@@ -164,6 +165,7 @@ def state_messages(
                 "offset": offset,
                 "source": stream.source,
                 "dp_rank": stream.dp_rank,
+                "stale": stream.stale,
                 "blocks": blocks,
                 "last": last,
             }
@@ -232,23 +234,8 @@ def iter_ndjson(
     """``GET /v1/blocks`` as NDJSON (``application/x-ndjson``): one line per piece, each ending in ``\\n``.
 
     The first line is ``{"epoch": ..., "offset": N}``; then the same ``state`` messages as on the
-    WebSocket (:func:`state_messages`), with ``stale`` added after ``dp_rank``, so a router parses
-    one shape in both places.
+    WebSocket (:func:`encoded_state_messages`), so a router parses one shape in both places.
     """
     yield _json.encode({"epoch": epoch, "offset": offset}) + b"\n"
-    for stream in streams:
-        for blocks, last in _marked(stream, chunk_blocks):
-            line = {
-                "type": "state",
-                "offset": offset,
-                "source": stream.source,
-                "dp_rank": stream.dp_rank,
-                "stale": stream.stale,
-                "blocks": blocks,
-                "last": last,
-            }
-            if last:
-                line["block_sizes"] = stream.block_sizes
-            data = _json.encode(line) + b"\n"
-            blocks.clear()
-            yield data
+    for data in encoded_state_messages(streams, offset, chunk_blocks):
+        yield data + b"\n"

@@ -232,7 +232,10 @@ _Reason = Annotated[str, msgspec.Meta(max_length=1000)]
 
 
 class _RestartFields(msgspec.Struct, forbid_unknown_fields=True):
-    seq: _Seq  # the first sequence number of the new publisher process
+    # The seq at which the gateway saw the restart: the new process's batch that went back or
+    # leapt (seq_reset, window, reconnect, cleared, jump), or, for identity, the seq whose payload
+    # differed or that the new process no longer held (then equal to ``previous``).
+    seq: _Seq
     # the last one delivered before it: -1 when nothing was since an earlier restart, None if never
     previous: Annotated[int, msgspec.Meta(ge=-1)] | None
     reason: _Reason
@@ -240,13 +243,32 @@ class _RestartFields(msgspec.Struct, forbid_unknown_fields=True):
 
 class _GapFields(msgspec.Struct, forbid_unknown_fields=True):
     first: _Seq  # the lost range, inclusive
-    last: _Seq
+    until: _Seq
     count: _Seq
     reason: _Reason
 
 
 class _ReasonFields(msgspec.Struct, forbid_unknown_fields=True):
     reason: _Reason
+
+
+DegradedCode: TypeAlias = Literal["evicted", "transit", "no_answer", "no_replay", "not_sent", "overflow"]
+"""``degraded``'s ``reason_code``: the reason of the ``unrecovered_gap`` that began the losses
+(every loss reason but ``restart``, which does not degrade a stream)."""
+
+
+class _DegradedFields(msgspec.Struct, forbid_unknown_fields=True):
+    reason: _Reason  # one line for people
+    reason_code: DegradedCode  # the same, for programs
+
+
+DEPRECATED_COPIES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
+    # unrecovered_gap's `last` (an integer) is `until` under its old name, kept until 0.2.0: `last`
+    # is also the boolean of state messages, which a client decoding every message into one struct
+    # cannot hold (docs/protocol.md, "Deprecated fields").
+    "unrecovered_gap": (("last", "until"),),
+}
+"""Per notice kind, ``(old name, field)``: fields also sent under a deprecated name."""
 
 
 class _StaleFields(msgspec.Struct, forbid_unknown_fields=True):
@@ -258,7 +280,7 @@ class _StaleFields(msgspec.Struct, forbid_unknown_fields=True):
 _NOTICE_FIELDS: Final[dict[str, type[msgspec.Struct]]] = {
     "restart": _RestartFields,
     "unrecovered_gap": _GapFields,
-    "degraded": _ReasonFields,
+    "degraded": _DegradedFields,
     "stale": _StaleFields,
     "up": _ReasonFields,
     "down": _ReasonFields,
@@ -275,8 +297,8 @@ def encode_stream_notice(
     """A notice about a stream; it has an offset and id like a batch.
 
     ``fields`` must be exactly the kind's own fields (restart: seq, previous, reason;
-    unrecovered_gap: first, last, count, reason; stale: reason, seq, detail; degraded, up, down:
-    reason).
+    unrecovered_gap: first, until, count, reason; stale: reason, seq, detail; degraded: reason,
+    reason_code; up, down: reason). Deprecated copies (:data:`DEPRECATED_COPIES`) are added here.
     """
     spec = _NOTICE_FIELDS.get(kind)
     if spec is None:
@@ -295,6 +317,8 @@ def encode_stream_notice(
         "dp_rank": dp_rank,
     }
     body.update(msgspec.structs.asdict(checked))
+    for old, name in DEPRECATED_COPIES.get(kind, ()):
+        body[old] = body[name]
     return OutMessage(_encoder.encode(body), NOTICE, msg_id)
 
 

@@ -229,7 +229,10 @@ class StreamIndex:
     """The index of one stream ``(source, dp_rank)``.
 
     ``capacity_blocks`` (medium -> blocks, any case) is the configured cache size, shown beside
-    the occupancy; its mediums are listed from the start. Mediums stay listed once seen.
+    the occupancy; its mediums are listed from the start. Other mediums are listed from their first
+    stored block on, and stay listed when they empty; a medium only ever removed from (SGLang
+    removes offloaded hashes from DISK and EXTERNAL it never announced) is not listed: it never
+    held a block, and its removes are counted in ``unknown_removes``.
     Cumulative counters (``stores``, ``removes``, ``unknown_removes``) and each medium's last known
     block size survive clears and resets; only the resident blocks are dropped.
     """
@@ -380,6 +383,8 @@ class StreamIndex:
         out: dict[str, MediumStats] = {}
         for name in sorted(self._mediums):
             med = self._mediums[name]
+            if med.stores == 0 and name not in self._capacity:
+                continue  # never held a block: only removes of hashes it never had
             blocks = med.resident()
             stores_per_s, removes_per_s = med.rates(now, self.started)
             out[name] = MediumStats(

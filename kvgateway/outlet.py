@@ -194,12 +194,12 @@ class StreamOutlet:
         log.warning(
             "stream %s: %d batches lost for good (seq %d..%d, %s)", self.name, count, loss.first, loss.last, reason
         )
-        self._notice("unrecovered_gap", first=loss.first, last=loss.last, count=count, reason=reason)
+        self._notice("unrecovered_gap", first=loss.first, until=loss.last, count=count, reason=reason)
         if reason != "not_sent":
             # not_sent: the engine fenced the hole with an AllBlocksCleared, which resets the index.
             self._mark_stale("unrecovered", seq=loss.first, detail=f"{count} batches lost ({reason})")
         if reason not in QUIET_LOSSES and not was_degraded:
-            self._notice("degraded", reason=f"{count} batches unrecovered ({reason})")
+            self._notice("degraded", reason=f"{count} batches unrecovered ({reason})", reason_code=reason)
 
     def _history_truncated(self, first: int) -> None:
         self.status.counters["history_truncations"] += 1

@@ -819,9 +819,10 @@ function noticeDetail(kind, msg) {
   if (kind === "restart" && typeof msg.seq === "number") {
     parts.push(msg.previous === null || msg.previous === undefined ? `from seq ${msg.seq}` : `seq ${msg.previous} → ${msg.seq}`);
   } else if (kind === "unrecovered_gap" && typeof msg.first === "number") {
-    parts.push(`lost seq ${msg.first}–${msg.last} (${msg.count})`);
+    parts.push(`lost seq ${msg.first}–${msg.until} (${msg.count})`);
   }
-  const known = new Set(["type", "id", "offset", "kind", "source", "dp_rank", "reason", "seq", "previous", "first", "last", "count"]);
+  // `last` is `until`'s deprecated name (until 0.2.0); reason_code repeats the reason for programs.
+  const known = new Set(["type", "id", "offset", "kind", "source", "dp_rank", "reason", "reason_code", "seq", "previous", "first", "until", "last", "count"]);
   for (const [k, v] of Object.entries(msg)) {
     if (known.has(k) || v === null || typeof v === "object") continue;
     parts.push(`${k}=${v}`);

@@ -77,7 +77,7 @@ def lost_seqs(collector: WsCollector) -> set[int]:
         seq
         for _, m in list(collector.messages)
         if m["type"] == "notice" and m["kind"] == "unrecovered_gap"
-        for seq in range(m["first"], m["last"] + 1)
+        for seq in range(m["first"], m["until"] + 1)
     }
 
 
@@ -322,7 +322,7 @@ def test_an_ingest_outage_longer_than_the_engine_buffer_is_one_exact_loss(
     losses = [m for _, m in list(reader.messages) if m["type"] == "notice" and m["kind"] == "unrecovered_gap"]
     assert len(losses) == 1, losses
     (loss,) = losses
-    assert (loss["first"], loss["last"], loss["count"]) == (missing[0], missing[-1], len(missing)), loss
+    assert (loss["first"], loss["until"], loss["count"]) == (missing[0], missing[-1], len(missing)), loss
     assert loss["reason"] == "evicted"
     second.wait_for("continuing after seq")
 

@@ -247,7 +247,7 @@ def test_a_reply_ahead_of_the_lagging_live_stream_is_kept_and_only_the_truly_los
         time.sleep(0.5)  # any late notice would show now
         assert ws.seqs("a") == [s for s in range(total) if s != lost]
         gaps = ws.notices("a", 0, "unrecovered_gap")
-        assert [(g["first"], g["last"], g["count"], g["reason"]) for g in gaps] == [(lost, lost, 1, "evicted")]
+        assert [(g["first"], g["until"], g["count"], g["reason"]) for g in gaps] == [(lost, lost, 1, "evicted")]
         m = stream_metrics(gw.base, "a")
         assert (m["unrecovered"], m["losses"]) == (1, {"evicted": 1})
         assert m["replay"].get("failed", 0) == 0
@@ -410,7 +410,7 @@ def test_batches_the_engine_dropped_before_a_clear_fence_are_counted_not_sent(pr
             print(gw.proc.output()[-3000:], [s - first for s in ws.seqs("a")][-10:], story(ws)[-5:])
             raise
         gaps = ws.notices("a", 0, "unrecovered_gap")
-        assert [(g["first"], g["last"], g["reason"]) for g in gaps] == [(first + 100, first + 119, "not_sent")]
+        assert [(g["first"], g["until"], g["reason"]) for g in gaps] == [(first + 100, first + 119, "not_sent")]
         m = stream_metrics(gw.base, "a")
         assert m["losses"] == {"not_sent": 20}
         status = source_status(gw.base, "a")
@@ -445,5 +445,5 @@ def test_batches_lost_around_a_restart_without_replay_carry_the_restart_reason(p
         else:
             assert m["losses"] == {"restart": first_new}
             gaps = ws.notices("a", 0, "unrecovered_gap")
-            assert [(g["first"], g["last"], g["reason"]) for g in gaps] == [(0, first_new - 1, "restart")]
+            assert [(g["first"], g["until"], g["reason"]) for g in gaps] == [(0, first_new - 1, "restart")]
         assert source_status(gw.base, "a")["state"] != "degraded"

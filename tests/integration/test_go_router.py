@@ -111,7 +111,7 @@ class Gateway:
         self.offset += 1
         if kind == "restart":
             self.occupancy.stream(source, dp_rank).reset()
-        elif kind in ("unrecovered_gap", "stale"):
+        elif kind == "stale":
             self.occupancy.stream(source, dp_rank).mark_stale()
         self._line(
             {
@@ -127,7 +127,7 @@ class Gateway:
 
     def hello_with_snapshot(self, chunk_blocks: int) -> None:
         streams = list(self.occupancy.streams())
-        sources = [{"source": s.source, "dp_rank": s.dp_rank, "state": "up"} for s in streams]
+        sources = [{"source": s.source, "dp_rank": s.dp_rank, "state": "up", "stale": s.stale} for s in streams]
         self._line(
             {
                 "type": "hello",
@@ -156,7 +156,9 @@ def _comparable_document(doc: dict[str, Any]) -> dict[str, Any]:
             key=lambda b: (b["medium"], b["group_idx"], b["hash"]),
         )
         if blocks:
-            streams.append({"source": stream["source"], "dp_rank": stream["dp_rank"], "blocks": blocks})
+            streams.append(
+                {"source": stream["source"], "dp_rank": stream["dp_rank"], "stale": stream["stale"], "blocks": blocks}
+            )
     return {"epoch": doc["epoch"], "offset": doc["offset"], "streams": streams}
 
 
@@ -194,7 +196,8 @@ def _scenario(rng: random.Random, gateway: Gateway, steps: int, expected: list[A
         elif roll < 0.95:
             gateway.notice(source, dp_rank, "restart", seq=0, previous=9, reason="seq_reset")
         else:
-            gateway.notice(source, dp_rank, "unrecovered_gap", first=1, last=2, count=2, reason="evicted")
+            gateway.notice(source, dp_rank, "unrecovered_gap", first=1, until=2, last=2, count=2, reason="evicted")
+            gateway.notice(source, dp_rank, "stale", reason="unrecovered", seq=1, detail="2 batches lost (evicted)")
         if rng.random() < 0.2:
             chain = [hash_text(h) for h in rng.sample(pool, rng.randint(1, 8))]
             gateway.query(chain)

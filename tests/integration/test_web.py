@@ -639,7 +639,7 @@ def expected_messages(reference: list[dict[str, Any]], flt: Filter) -> list[dict
     return [m for m in (flt.apply(message) for message in reference) if m is not None]
 
 
-# --- the occupancy a client builds from the messages (docs/protocol.md, "Applying messages") --
+# --- the occupancy a client builds from the messages (docs/protocol.md, "Writing a client") ---
 
 
 def occupancy_from_history(messages: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -695,6 +695,7 @@ def occupancy_from_history(messages: list[dict[str, Any]]) -> dict[tuple[str, in
                     "removes": m["removes"],
                 }
                 for name, m in sorted(stream["mediums"].items())
+                if m["stores"]  # a medium only ever removed from is not listed
             },
         }
         for key, stream in streams.items()

@@ -318,12 +318,13 @@ def test_malformed_replay_replies_fail_the_replay_and_not_the_live_stream(procs:
                 if outcome == "failed":
                     # Nothing usable came back: the loss is no_answer, and the index is stale.
                     want |= {"replay_failed": 1, "decode_errors": 1, "unrecovered_batches": 1}
-                    fields = {"first": gap, "last": gap, "count": 1, "reason": "no_answer"}
+                    fields = {"first": gap, "until": gap, "count": 1, "reason": "no_answer", "last": gap}
                     expected.append(("notice", "unrecovered_gap", fields))
                     if not degraded:
                         detail = "1 batches lost (no_answer)"
                         expected.append(("notice", "stale", {"reason": "unrecovered", "seq": gap, "detail": detail}))
-                        expected.append(("notice", "degraded", {"reason": "1 batches unrecovered (no_answer)"}))
+                        lost = {"reason": "1 batches unrecovered (no_answer)", "reason_code": "no_answer"}
+                        expected.append(("notice", "degraded", lost))
                         degraded = True
                 elif outcome == "recovered":
                     # every missing batch came before the garbage: nothing was lost

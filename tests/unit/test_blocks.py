@@ -158,7 +158,7 @@ def test_state_messages_chunks_and_marks_the_last() -> None:
     assert [m["last"] for m in messages] == [False, False, True]
     assert [m.get("block_sizes") for m in messages] == [None, None, {"GPU": 16}]
     for m in messages:
-        assert list(m)[:6] == ["type", "offset", "source", "dp_rank", "blocks", "last"]
+        assert list(m)[:7] == ["type", "offset", "source", "dp_rank", "stale", "blocks", "last"]
         assert (m["type"], m["offset"], m["source"], m["dp_rank"]) == ("state", 42, "a", 0)
     assert sorted(int(b["hash"]) for m in messages for b in m["blocks"]) == list(range(10))
 

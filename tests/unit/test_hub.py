@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from starlette.datastructures import QueryParams
 
 from kvgateway import messages, render, wire
+from kvgateway.config import StreamConfig
 from kvgateway.filters import ClientFilter
 from kvgateway.hub import Hub, TooManyClients
 from kvgateway.log import MemoryLog, NoticeRecord, batch_record
@@ -31,6 +32,7 @@ from kvgateway.query import (
 )
 from kvgateway.resume import resume_after
 from kvgateway.ring import Ring
+from kvgateway.status import StreamStatus
 from kvgateway.subscription import Subscription
 
 T = TypeVar("T")
@@ -56,7 +58,12 @@ def snapshot(offset: int) -> dict[str, Any]:
 
 
 def statuses() -> list[dict[str, Any]]:
-    return [{"source": s, "dp_rank": r, "state": "up"} for s, r in STREAMS]
+    """The real status of each stream (the schema lists every field of it)."""
+    out = []
+    for source, dp_rank in STREAMS:
+        status = StreamStatus(StreamConfig(source, dp_rank, "tcp://127.0.0.1:5557", None, "", False, {}), True)
+        out.append(status.to_json(0.0, stale=dp_rank == 1, stale_reason="unrecovered"))
+    return out
 
 
 _METRICS: dict[Hub, Metrics] = {}
@@ -441,8 +448,8 @@ def test_stream_notices_have_offsets_ids_and_their_kind_fields() -> None:
     sub = subscribe(hub)
     publish_notice(hub, "restart", "a", 0, seq=0, previous=1234, reason="sequence went back")
     publish_notice(hub, "restart", "a", 1, seq=5, previous=None, reason="first seen")
-    publish_notice(hub, "unrecovered_gap", "b", 0, first=10, last=19, count=10, reason="replay unavailable")
-    publish_notice(hub, "degraded", "b", 0, reason="ingest queue full")
+    publish_notice(hub, "unrecovered_gap", "b", 0, first=10, until=19, count=10, reason="no_replay")
+    publish_notice(hub, "degraded", "b", 0, reason="10 batches unrecovered (no_replay)", reason_code="no_replay")
     publish_notice(hub, "down", "b", 0, reason="disconnected")
     bodies = [decode(m) for m in drain(sub)]
     assert bodies[0] == {
@@ -457,14 +464,16 @@ def test_stream_notices_have_offsets_ids_and_their_kind_fields() -> None:
         "reason": "sequence went back",
     }
     assert bodies[1]["previous"] is None
-    assert {k: bodies[2][k] for k in ("kind", "first", "last", "count", "offset")} == {
+    assert {k: bodies[2][k] for k in ("kind", "first", "until", "count", "offset")} == {
         "kind": "unrecovered_gap",
         "first": 10,
-        "last": 19,
+        "until": 19,
         "count": 10,
         "offset": 3,
     }
+    assert bodies[2]["last"] == 19  # deprecated, until 0.2.0: until under its old name
     assert [b["kind"] for b in bodies[3:]] == ["degraded", "down"]
+    assert bodies[3]["reason_code"] == "no_replay"
 
 
 @pytest.mark.parametrize(
@@ -476,7 +485,10 @@ def test_stream_notices_have_offsets_ids_and_their_kind_fields() -> None:
         ("restart", {"seq": 1, "previous": 0, "reason": "x", "extra": 1}),
         ("restart", {"seq": True, "previous": 0, "reason": "x"}),
         ("restart", {"seq": 0, "previous": -2, "reason": "x"}),
-        ("unrecovered_gap", {"first": -1, "last": 2, "count": 1, "reason": "x"}),
+        ("unrecovered_gap", {"first": -1, "until": 2, "count": 1, "reason": "x"}),
+        ("unrecovered_gap", {"first": 1, "last": 2, "count": 2, "reason": "x"}),  # the old name is sent, not taken
+        ("degraded", {"reason": "x"}),
+        ("degraded", {"reason": "x", "reason_code": "restart"}),  # restart losses do not degrade
         ("up", {}),
         ("down", {"reason": 5}),
     ],
@@ -577,7 +589,7 @@ def test_resume_applies_the_filters_to_the_backlog() -> None:
     publish_batch(hub, "a", 0, 1, batch(stored(1), removed(1)))  # 1
     publish_batch(hub, "b", 0, 1, batch(removed(2)))  # 2
     publish_batch(hub, "a", 0, 2, batch(stored(3)))  # 3
-    publish_notice(hub, "degraded", "a", 0, reason="x")  # 4
+    publish_notice(hub, "degraded", "a", 0, reason="x", reason_code="evicted")  # 4
     publish_batch(hub, "a", 1, 2, batch(removed(4)))  # 5
     sub = subscribe(hub, f"last_event_id={hub.epoch}:0&type=BlockRemoved&source=a")
     backlog = drain(sub)
@@ -976,8 +988,9 @@ def test_every_message_validates_against_the_schema() -> None:
     publish_batch(hub, "a", 0, 2, batch())
     publish_notice(hub, "restart", "a", 0, seq=0, previous=None, reason="r")
     publish_notice(hub, "restart", "a", 1, seq=0, previous=-1, reason="seq_reset")
-    publish_notice(hub, "unrecovered_gap", "a", 0, first=1, last=2, count=2, reason="r")
-    for kind in ("degraded", "up", "down"):
+    publish_notice(hub, "unrecovered_gap", "a", 0, first=1, until=2, count=2, reason="evicted")
+    publish_notice(hub, "degraded", "b", 0, reason="r", reason_code="evicted")
+    for kind in ("up", "down"):
         publish_notice(hub, kind, "b", 0, reason="r")
     resumed = subscribe(hub, f"last_event_id={hub.epoch}:0")
     sent = [resumed.hello_message, *drain(resumed), sub.hello_message, hub.slow_consumer_notice]
@@ -1027,7 +1040,8 @@ def test_tiers_lenient_fields_and_a_real_snapshot_validate_against_the_schema() 
     sub = subscribe(hub)
     hello = decode(sub.hello_message)
     validator.validate(hello)
-    assert list(hello["occupancy"]["tiers"]) == ["GPU", "CPU", "DISK", "EXTERNAL"]
+    # LMCACHE (EXTERNAL) was only removed from, never held a block: not listed
+    assert list(hello["occupancy"]["tiers"]) == ["GPU", "CPU", "DISK"]
     resumed = subscribe(hub, f"last_event_id={hub.epoch}:0")
     (message,) = drain(resumed)
     body = decode(message)

@@ -83,6 +83,18 @@ def test_remove_of_unknown_hash_is_counted_not_an_error() -> None:
     assert stats(index).removes == 4
 
 
+def test_a_medium_only_ever_removed_from_is_not_listed() -> None:
+    # SGLang removes offloaded hashes from DISK and EXTERNAL it never announced storing
+    index = StreamIndex("a", 0, {"CPU": 100})
+    index.apply(batch(stored(1), removed(7, medium="DISK"), removed(8, medium="external")), 0.0)
+    assert list(index.medium_stats(0.0)) == ["CPU", "GPU"]  # CPU: a configured capacity
+    assert index.unknown_removes == 2
+    # once a block was stored it stays listed, also empty again
+    index.apply(batch(stored(9, medium="disk"), removed(9, medium="DISK")), 0.0)
+    assert list(index.medium_stats(0.0)) == ["CPU", "DISK", "GPU"]
+    assert (stats(index, "DISK").blocks, stats(index, "DISK").removes) == (0, 2)
+
+
 def test_bytes_and_int_hashes_are_distinct_blocks() -> None:
     raw = bytes(range(32))
     index = StreamIndex("a", 0)
@@ -483,7 +495,7 @@ def test_matches_a_dict_of_counts_model(steps: list[list[tuple[Any, ...]] | str]
                 medium, group, hashes = args
                 events.append(removed(*hashes, medium=medium, group=group))
                 m = _norm(medium)
-                block_size.setdefault(m, 0)
+                block_size.setdefault(m, 0)  # the block size it keeps, but listed only once stored in
                 for h in hashes:
                     key = (m, group or 0, h)
                     if counts[key] > 0:
@@ -500,7 +512,7 @@ def test_matches_a_dict_of_counts_model(steps: list[list[tuple[Any, ...]] | str]
         index.apply(Batch(ts=now, events=events), now)
 
         got = index.medium_stats(now)
-        assert set(got) == set(block_size)
+        assert set(got) == {m for m in block_size if stores[m]}
         for m, s in got.items():
             resident = sum(1 for (mm, _, _), n in counts.items() if mm == m and n > 0)
             assert (s.blocks, s.tokens, s.block_size) == (resident, resident * block_size[m], block_size[m])

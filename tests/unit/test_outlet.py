@@ -180,7 +180,8 @@ def test_unrecovered_batches_are_noticed_make_the_stream_degraded_and_stale() ->
     kinds = [kind for kind, _ in rig.notices()]
     # one degraded and one stale notice, however many losses
     assert kinds == ["up", "unrecovered_gap", "stale", "degraded", "unrecovered_gap"]
-    assert rig.notices()[1][1] == {"first": 3, "last": 5, "count": 3, "reason": "evicted"}
+    assert rig.notices()[1][1] == {"first": 3, "until": 5, "count": 3, "reason": "evicted"}
+    assert rig.notices()[3][1] == {"reason": "3 batches unrecovered (evicted)", "reason_code": "evicted"}
     status = rig.outlet.to_json(NOW)
     assert status["state"] == "degraded"
     assert status["unrecovered_by_reason"] == {"evicted": 4}
@@ -198,6 +199,7 @@ def test_losses_at_a_restart_or_fenced_by_the_engine_are_quiet() -> None:
     kinds = [kind for kind, _ in rig.notices()]
     # restart: stale but not degraded; not_sent: degraded but not stale (the engine cleared its cache)
     assert kinds == ["up", "unrecovered_gap", "stale", "unrecovered_gap", "degraded"]
+    assert rig.notices()[-1][1]["reason_code"] == "not_sent"
     assert rig.outlet.to_json(NOW)["state"] == "degraded"
 
 

@@ -103,7 +103,8 @@ type Message struct {
 	Events     []Event         `json:"events"`
 	Blocks     []StateBlock    `json:"blocks"`
 	BlockSizes map[string]int  `json:"block_sizes"` // a stream's last state chunk: medium -> block size
-	Last       json.RawMessage `json:"last"`        // a state's bool; an unrecovered_gap's seq number
+	Stale      bool            `json:"stale"`       // a state's: the stream's state is incomplete
+	Last       json.RawMessage `json:"last"`        // a state's bool (and, until 0.2.0, an unrecovered_gap's deprecated seq)
 	Occupancy  json.RawMessage `json:"occupancy"`
 }
 
@@ -114,6 +115,7 @@ func (m *Message) IsLast() bool { return string(m.Last) == "true" }
 type SourceStatus struct {
 	Source string `json:"source"`
 	DPRank int    `json:"dp_rank"`
+	Stale  bool   `json:"stale"`
 }
 
 // Event is a block event as the gateway renders it (engine field names).
@@ -152,12 +154,16 @@ func (ix *Index) Hello(m *Message) {
 	ix.Offset = m.Offset
 	if !m.Recovered {
 		ix.Streams = map[StreamKey]*Stream{}
+		for _, src := range m.Sources { // staleness at connect
+			ix.stream(StreamKey{src.Source, src.DPRank}).Stale = src.Stale
+		}
 	}
 }
 
 // State applies one chunk of a stream's snapshot (the stream was emptied by the hello).
 func (ix *Index) State(m *Message) {
 	s := ix.stream(StreamKey{m.Source, m.DPRank})
+	s.Stale = m.Stale
 	for _, b := range m.Blocks {
 		group := 0
 		if b.GroupIdx != nil {
@@ -213,7 +219,9 @@ func (ix *Index) Batch(m *Message) {
 	ix.Offset = m.Offset
 }
 
-// Notice applies a stream notice: a restart empties the stream; losses mark it stale.
+// Notice applies a stream notice: a restart empties the stream; a stale notice marks it stale
+// (unrecovered_gap and degraded change nothing: a loss that leaves the state incomplete is
+// followed by a stale notice).
 func (ix *Index) Notice(m *Message) {
 	if m.Source == "" {
 		return // a per-client notice (slow_consumer): the connection ends, nothing to apply
@@ -223,7 +231,7 @@ func (ix *Index) Notice(m *Message) {
 	case "restart":
 		s.Blocks = map[BlockKey]int{}
 		s.Stale = false
-	case "unrecovered_gap", "stale", "degraded":
+	case "stale":
 		s.Stale = true
 	}
 	ix.Offset = m.Offset

@@ -87,9 +87,13 @@ func TestClearsAndRestarts(t *testing.T) {
 	if refs(r, "a", "GPU", 0, "1") != 0 || refs(r, "b", "GPU", 0, "1") != 1 {
 		t.Fatal("AllBlocksCleared empties its own stream only")
 	}
-	feed(t, r, `{"type":"notice","kind":"unrecovered_gap","id":"e1:5","offset":5,"source":"b","dp_rank":0,"first":1,"last":2,"count":2,"reason":"evicted"}`)
+	feed(t, r, `{"type":"notice","kind":"unrecovered_gap","id":"e1:5","offset":5,"source":"b","dp_rank":0,"first":1,"until":2,"count":2,"reason":"not_sent","last":2}`)
+	if r.index.Streams[StreamKey{"b", 0}].Stale {
+		t.Fatal("a gap alone does not make the stream stale")
+	}
+	feed(t, r, `{"type":"notice","kind":"stale","id":"e1:5","offset":5,"source":"b","dp_rank":0,"reason":"unrecovered","seq":1,"detail":"x"}`)
 	if !r.index.Streams[StreamKey{"b", 0}].Stale {
-		t.Fatal("a gap marks the stream stale")
+		t.Fatal("a stale notice marks the stream stale")
 	}
 	feed(t, r, `{"type":"notice","kind":"restart","id":"e1:6","offset":6,"source":"b","dp_rank":0,"seq":0,"previous":9,"reason":"seq_reset"}`)
 	if refs(r, "b", "GPU", 0, "1") != 0 || r.index.Streams[StreamKey{"b", 0}].Stale {
@@ -105,8 +109,8 @@ func TestSnapshotThenStreamAndResumePoint(t *testing.T) {
 	r := NewRouter(nil, nil)
 	feed(t, r, hello(1, true), batch(2, "old", `{"type":"BlockStored","block_hashes":["9"],"block_size":16}`))
 	feed(t, r, hello(10, false, "a", "b"))
-	if len(r.index.Streams) != 0 {
-		t.Fatal("a fresh hello drops the old state")
+	if _, old := r.index.Streams[StreamKey{"old", 0}]; old || len(r.index.Streams) != 2 {
+		t.Fatal("a fresh hello drops the old state and knows the hello's streams")
 	}
 	feed(t, r, `{"type":"state","offset":10,"source":"a","dp_rank":0,"blocks":[{"hash":"1","refs":2,"medium":"GPU","tier":"GPU","group_idx":0,"block_size":16}],"last":false}`)
 	if r.lastID != "e1:2" || r.ready {
