@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import importlib.util
 import logging
 import signal
 from typing import Any
@@ -76,7 +77,14 @@ def exit_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def require_nats() -> None:
+    """The NATS client is the ``nats`` extra: without it, one line saying how to get it."""
+    if importlib.util.find_spec("nats") is None:
+        raise config.ConfigError("the NATS client is missing: pip install 'kvgateway[nats]' (the nats extra)")
+
+
 def run_ingest(args: argparse.Namespace) -> int:
+    require_nats()
     from kvgateway.cluster.ingest_role import run_ingest as run
 
     settings = config.settings_from_args(args)
@@ -98,6 +106,7 @@ def run_ingest(args: argparse.Namespace) -> int:
 
 
 def run_edge(args: argparse.Namespace) -> int:
+    require_nats()
     from kvgateway import server
     from kvgateway.cluster.edge import EdgeGateway
 

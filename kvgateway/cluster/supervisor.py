@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvgateway import config, logs
-from kvgateway.cluster.commands import exit_with_parent
+from kvgateway.cluster.commands import exit_with_parent, require_nats
 from kvgateway.cluster.options import NatsOptions, options_to_argv
 
 log = logging.getLogger("kvgateway.cluster")
@@ -90,6 +90,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     logs.setup(settings.log_level, settings.log_format)
     if args.workers < 1:
         raise config.ConfigError("--workers must be >= 1")
+    require_nats()
     store: Path | None = None
     if args.nats:
         nats_url = args.nats
