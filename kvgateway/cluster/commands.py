@@ -166,6 +166,6 @@ async def _discover_sources(settings: config.Settings, options: nats_options.Nat
     except Exception as exc:
         raise StartupError(f"cannot follow stream {options.stream}: {exc}") from None
     finally:
-        await nc.close()
+        await nats_link.close(nc)
     log.info("sources announced by ingest: %s", ", ".join(s.name for s in sources) or "none yet")
     return replace(settings, sources=sources)

@@ -108,8 +108,7 @@ async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bo
                 publishing.stats.retries,
             )
     finally:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(nc.close(), 5)  # the publishes were waited for: no drain
+        await nats_link.close(nc)  # the publishes were waited for: no drain
 
 
 class _ProbeServer(uvicorn.Server):

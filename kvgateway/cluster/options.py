@@ -23,6 +23,10 @@ class NatsOptions:
     name: str = "kvgateway"
 
 
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+"""The URL schemes nats-py connects with (a URL without one is nats://)."""
+
+
 def add_nats_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     group = parser.add_argument_group("NATS JetStream")
     group.add_argument(
@@ -60,6 +64,12 @@ def options_from_args(args: argparse.Namespace, name: str) -> NatsOptions:
     if args.nats_duplicate_window > args.nats_retention:
         raise ValueError("--nats-duplicate-window cannot exceed --nats-retention")
     servers = tuple(url.strip() for value in args.nats for url in value.split(",") if url.strip())
+    for url in servers:
+        scheme, sep, _ = url.partition("://")
+        if sep and scheme.lower() not in NATS_SCHEMES:
+            raise ValueError(
+                f"--nats {url!r}: {scheme}:// is not NATS; give nats://HOST:PORT (or tls://, ws://, wss://)"
+            )
     return NatsOptions(
         servers=servers,
         stream=args.nats_stream,
