@@ -232,7 +232,12 @@ def _parse_capacity(source: str, value: object) -> dict[str, int]:
     if isinstance(value, str):  # CLI form: GPU:8192/CPU:65536
         pairs: list[tuple[str, object]] = []
         for part in filter(None, value.split("/")):
-            medium, _, number = part.partition(":")
+            medium, colon, number = part.partition(":")
+            if not colon:
+                raise ConfigError(
+                    f"source {source!r}: key 'capacity_blocks': expected MEDIUM:BLOCKS, "
+                    f"separated by '/' (GPU:8192/CPU:65536), got {part!r}"
+                )
             pairs.append((medium, number))
         value = dict(pairs)
     if not isinstance(value, Mapping):
@@ -641,7 +646,9 @@ def settings_from_env(env: Mapping[str, str], base: Settings) -> Settings:
     return replace(base, **changes)
 
 
-def validate(settings: Settings) -> Settings:
+def validate(settings: Settings, *, clients: bool = True) -> Settings:
+    """``clients``: the process serves web clients (every command but ``ingest``), so a host other
+    machines reach needs a token."""
     names = [source.name for source in settings.sources]
     for name in names:
         if names.count(name) > 1:
@@ -649,7 +656,7 @@ def validate(settings: Settings) -> Settings:
     check_overlaps(settings.sources)
     if settings.token is not None and not settings.token.strip():
         raise ConfigError("token: empty")
-    if not is_loopback(settings.host) and settings.token is None and not settings.allow_unauthenticated:
+    if clients and not is_loopback(settings.host) and settings.token is None and not settings.allow_unauthenticated:
         raise ConfigError(
             f"host {settings.host!r} is reachable from other machines and no token is set: "
             "give --token/--token-file/KVGATEWAY_TOKEN, or --allow-unauthenticated to accept that risk"
@@ -692,7 +699,27 @@ examples:
 See deploy/kvgateway.example.toml for every key and docs/operations.md for deployment."""
 
 
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+CLIENT_ONLY = frozenset(
+    {
+        "token",
+        "token_file",
+        "allowed_origins",
+        "allowed_hosts",
+        "allow_unauthenticated",
+        "max_clients",
+        "client_queue_bytes",
+        "keepalive_seconds",
+        "lookup_rate",
+        "lookup_burst",
+        "max_snapshots",
+        "snapshot_queue_bytes",
+    }
+)
+"""The settings of web clients (auth, limits, routers' queries): ``kvgateway ingest`` serves no
+client, so it has no flags for them (a shared file or environment may still hold them)."""
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser, *, skip: frozenset[str] = frozenset()) -> None:
     parser.description = SERVE_DESCRIPTION
     parser.epilog = SERVE_EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -707,13 +734,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         f"JSON given to vllm serve --kv-events-config (repeatable; or ${SOURCES_ENV}, specs separated by ';'; "
         "replaces the file's sources)",
     )
-    add_server_arguments(parser)
+    add_server_arguments(parser, skip=skip)
 
 
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """The HTTP-side flags, shared by ``serve`` and ``demo``: one per [server] key."""
-    groups = {name: parser.add_argument_group(title) for name, title in GROUPS.items()}
+def add_server_arguments(parser: argparse.ArgumentParser, *, skip: frozenset[str] = frozenset()) -> None:
+    """The HTTP-side flags, shared by ``serve`` and ``demo``: one per [server] key but ``skip``."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for option in OPTIONS:
+        if option.key in skip:
+            continue
+        if option.group not in groups:
+            groups[option.group] = parser.add_argument_group(GROUPS[option.group])
         group = groups[option.group]
         env = f"; ${option.env}"
         if option.kind is bool:
@@ -763,7 +794,7 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
     settings = replace(settings, **flags)
     if not settings.sources and getattr(args, "command", None) == "serve":
         raise ConfigError(f"no sources: give --source, ${SOURCES_ENV} or a config file with [[sources]]")
-    return validate(settings)
+    return validate(settings, clients=getattr(args, "command", None) != "ingest")
 
 
 def summary(settings: Settings) -> str:

@@ -29,7 +29,7 @@ given (--source or --config), or else those the ingest processes announced."""
 
 
 def add_ingest_arguments(parser: argparse.ArgumentParser) -> None:
-    config.add_serve_arguments(parser)
+    config.add_serve_arguments(parser, skip=config.CLIENT_ONLY)
     parser.description = INGEST_DESCRIPTION
     parser.epilog = None
     nats_options.add_nats_arguments(parser)

@@ -34,7 +34,10 @@ def add_nats_arguments(parser: argparse.ArgumentParser, *, required: bool = True
     )
     group.add_argument("--nats-stream", default="KVGATEWAY", metavar="NAME", help="the stream (default KVGATEWAY)")
     group.add_argument(
-        "--nats-subject-prefix", default="kvgateway", metavar="PREFIX", help="subjects PREFIX.SOURCE.RANK"
+        "--nats-subject-prefix",
+        default="kvgateway",
+        metavar="PREFIX",
+        help="subjects PREFIX.SOURCE.RANK (default kvgateway)",
     )
     group.add_argument(
         "--nats-retention",
@@ -50,7 +53,9 @@ def add_nats_arguments(parser: argparse.ArgumentParser, *, required: bool = True
         metavar="SECONDS",
         help="how long a batch id is remembered against duplicates (default 120)",
     )
-    group.add_argument("--nats-replicas", type=int, default=1, metavar="N", help="stream replicas (1, 3 or 5)")
+    group.add_argument(
+        "--nats-replicas", type=int, default=1, metavar="N", help="stream replicas (1, 3 or 5; default 1)"
+    )
     group.add_argument("--nats-creds", metavar="FILE", help="a NATS credentials file (JWT + nkey seed)")
     group.add_argument("--nats-token-file", metavar="FILE", help="read a NATS token from FILE")
     group.add_argument("--nats-tls-ca", metavar="FILE", help="CA bundle to verify the NATS servers")

@@ -81,17 +81,18 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _server_argv(argv: list[str]) -> list[str]:
+def _server_argv(argv: list[str], *, drop: frozenset[str] = frozenset()) -> list[str]:
     """The serve flags every child shares (sources, HTTP settings, limits, logging): ``argv``
-    without ``serve`` and the flags that are the supervisor's own."""
-    own = {"--workers", "--state-dir", "--port", "--nats"}
+    without ``serve``, the flags that are the supervisor's own and the settings in ``drop``."""
+    own = {"--workers", "--state-dir", "--port", "--nats"} | {config.OPTION_BY_KEY[key].flag_name for key in drop}
+    switches = {option.flag_name for option in config.OPTIONS if option.kind is bool}  # no value follows
     out: list[str] = []
     items = argv[1:] if argv[:1] == ["serve"] else list(argv)
     i = 0
     while i < len(items):
         name, has_value, _ = items[i].partition("=")
         if name in own:
-            i += 1 if has_value else 2
+            i += 1 if has_value or name in switches else 2
             continue
         out.append(items[i])
         i += 1
@@ -115,7 +116,8 @@ def children(args: argparse.Namespace, argv: list[str], nats_url: str, store: Pa
         nats_port = nats_url.rsplit(":", 1)[1]
         server = [binary, "-js", "-a", "127.0.0.1", "-p", nats_port, "-sd", str(store), "-l", str(nats_log(store))]
         out.append(Child("nats-server", server))
-    out.append(Child("ingest", [*me, "ingest", *shared, *nats, "--port", "0", "--exit-with-parent"], env))
+    ingest = _server_argv(argv, drop=config.CLIENT_ONLY)  # it has no flags for web clients' settings
+    out.append(Child("ingest", [*me, "ingest", *ingest, *nats, "--port", "0", "--exit-with-parent"], env))
     for n in range(args.workers):
         edge = [*me, "edge", *shared, *nats, "--port", str(port), "--reuse-port", "--exit-with-parent"]
         out.append(Child(f"edge {n + 1}", edge, env))

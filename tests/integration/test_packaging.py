@@ -24,3 +24,21 @@ def test_cli_help_and_bad_arguments() -> None:
         assert result.returncode == 2, (argv, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("kvgateway"), (argv, result.stderr)
+
+
+def test_ingest_help_lists_only_what_ingest_uses() -> None:
+    """The ingest serves no web client: no flags for their auth, limits and queries; the NATS
+    flags show their defaults."""
+    from kvgateway.config import CLIENT_ONLY, OPTION_BY_KEY
+
+    result = _cli("ingest", "--help")
+    assert result.returncode == 0, result.stderr
+    for key in CLIENT_ONLY:
+        assert OPTION_BY_KEY[key].flag_name + " " not in result.stdout, key
+    for flag in ("--token", "--allowed-origin", "--max-clients", "--lookup-rate", "--max-snapshots"):
+        assert flag + " " not in result.stdout, flag
+    assert "--ring-bytes" in result.stdout and "--replay-timeout" in result.stdout
+    text = " ".join(result.stdout.split())
+    assert "--nats-subject-prefix PREFIX subjects PREFIX.SOURCE.RANK (default kvgateway)" in text
+    assert "--nats-replicas N stream replicas (1, 3 or 5; default 1)" in text
+    assert "--token" in _cli("edge", "--help").stdout  # the edge serves clients: it has them all

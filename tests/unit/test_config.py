@@ -62,6 +62,8 @@ def test_wildcard_endpoint_is_bound() -> None:
         ("name=a,endpoint=tcp://x:65535,dp_size=2", "runs past 65535"),
         ("name=a,endpoint=tcp://x:1,replay=tcp://*:2", "key 'replay'"),
         ("name=a,endpoint=tcp://x:1,capacity_blocks=GPU:0", "capacity_blocks"),
+        ("name=a,endpoint=tcp://x:1,capacity_blocks=GPU=5", "expected MEDIUM:BLOCKS, separated by '/'"),
+        ("name=a,endpoint=tcp://x:1,capacity_blocks=GPU:5/CPU", "(GPU:8192/CPU:65536), got 'CPU'"),
     ],
 )
 def test_bad_source_flags_name_source_and_key(spec: str, fragment: str) -> None:
