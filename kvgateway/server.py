@@ -10,6 +10,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import uvicorn
@@ -98,10 +99,16 @@ async def serve(
     ready: Callable[[str], None] | None = None,
     make_gateway: Callable[..., Gateway] = Gateway,
     reuse_port: bool = False,
+    listening: Callable[[str], None] | None = None,
 ) -> None:
     """Run the gateway and its HTTP server until SIGINT/SIGTERM: the port is bound first, then the
-    app's lifespan starts the gateway; a failure of either is a :class:`StartupError` (one line)."""
+    app's lifespan starts the gateway; a failure of either is a :class:`StartupError` (one line).
+    ``listening`` is told the URL once the port is bound, ``ready`` once it is served."""
     listener = _listen(settings, reuse_port)
+    # --port 0: from here on the settings (and the start-up line) hold the port the kernel chose.
+    settings = replace(settings, port=int(listener.getsockname()[1]))
+    if listening is not None:
+        listening(base_url(settings))
     try:
         budget = Budget.of(settings)
         raise_open_files(budget)
@@ -139,8 +146,7 @@ async def serve(
                     raise gateway.startup_error
                 raise StartupError(f"cannot serve HTTP on {settings.host}:{settings.port}")
             if ready is not None:
-                host = f"[{settings.host}]" if ":" in settings.host else settings.host
-                ready(f"http://{host}:{listener.getsockname()[1]}/")
+                ready(base_url(settings))
             await task
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -150,6 +156,11 @@ async def serve(
     finally:
         listener.close()
         context.destroy(linger=0)  # destroy, not term: see Gateway.stop
+
+
+def base_url(settings: Settings) -> str:
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    return f"http://{host}:{settings.port}/"
 
 
 class _QuietStartupFailure(logging.Filter):

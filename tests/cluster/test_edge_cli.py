@@ -14,7 +14,7 @@ from nats.js import api as js_api
 
 from kvgateway.cluster.edge import EPOCH_CHECK_SECONDS
 from tests.cluster._nats import NatsServer
-from tests.cluster.test_cluster import edge, ingest, sim, source
+from tests.cluster.test_cluster import edge, ingest, probe_port, sim, source
 from tests.support import Proc, free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,7 +27,9 @@ def _error_lines(lines: list[str]) -> list[str]:
 def test_edge_stops_cleanly_after_nats_is_gone(procs: Callable[..., Proc], nats_server: NatsServer) -> None:
     pub, rep, port = free_port(), free_port(), free_port()
     sim(procs, pub, rep, "--rate", "50", "--batches", "100000")
-    ingest(procs, nats_server, source(pub, rep))
+    publisher = ingest(procs, nats_server, source(pub, rep))
+    # --port 0: the start-up line shows the probes' real port (it said 127.0.0.1:0 before the bind)
+    assert publisher.wait_for(r"gateway started: http 127\.0\.0\.1:(\d+),").group(1) == str(probe_port(publisher))
     follower = edge(procs, nats_server, None, port)
     nats_server.stop()
     follower.wait_for("nats: disconnected", timeout=20)

@@ -433,3 +433,14 @@ def test_rank_endpoints_expand_each_rank_once() -> None:
         (1, "tcp://h:5558", "tcp://h:5658"),
     ]
     assert rank_endpoints("ipc:///tmp/kv", None, 2) == [(0, "ipc:///tmp/kv", None), (1, "ipc:///tmp/kv_dp1", None)]
+
+
+def test_summary_of_many_streams_is_one_short_line() -> None:
+    """64 streams: counted, not listed (the issue saw an 8,042-character line); a few: each listed."""
+    sources = tuple(parse_source_flag(f"name=pool-{n:02d},endpoint=tcp://h:{1000 + 8 * n},dp_size=8") for n in range(8))
+    text = config.summary(config.validate(Settings(sources=sources)))
+    assert len(text) < 300, text
+    assert "streams: 64 from 8 sources (pool-00, pool-01, pool-02 ... pool-07; --log-level debug lists them)" in text
+    assert len(config.stream_lines(Settings(sources=sources))) == 64
+    few = config.summary(Settings(sources=sources[:1]))
+    assert "pool-00[7]=tcp://h:1007" in few
