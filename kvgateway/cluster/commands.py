@@ -48,15 +48,15 @@ def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_workers_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("many cores (NATS JetStream)")
+    group = parser.add_argument_group("many cores (NATS JetStream; each also $KVGATEWAY_..., or [cluster] in the file)")
     group.add_argument(
         "--workers",
-        type=int,
         metavar="N",
         help="run a private nats-server, one ingest and N edge processes sharing --port (default: one process)",
     )
     group.add_argument(
         "--nats",
+        action="append",
         metavar="URL",
         help="with --workers: use this NATS server instead of starting a private one",
     )

@@ -104,16 +104,18 @@ def nats_log(store: Path) -> Path:
     return store.parent / "nats-server.log"
 
 
-def children(args: argparse.Namespace, argv: list[str], nats_url: str, store: Path | None, port: int) -> list[Child]:
-    """nats-server (unless ``store`` is None: an existing one at ``nats_url``), ingest, edges."""
+def children(
+    args: argparse.Namespace, argv: list[str], nats_urls: tuple[str, ...], store: Path | None, port: int
+) -> list[Child]:
+    """nats-server (unless ``store`` is None: existing ones at ``nats_urls``), ingest, edges."""
     me = [sys.executable, "-P", "-m", "kvgateway"]  # -P: the working directory cannot shadow the package
     env = child_env()
     shared = _server_argv(argv)
-    nats = options_to_argv(NatsOptions(servers=(nats_url,)))
+    nats = options_to_argv(NatsOptions(servers=nats_urls))
     out = []
     if store is not None:
         binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
-        nats_port = nats_url.rsplit(":", 1)[1]
+        nats_port = nats_urls[0].rsplit(":", 1)[1]
         server = [binary, "-js", "-a", "127.0.0.1", "-p", nats_port, "-sd", str(store), "-l", str(nats_log(store))]
         out.append(Child("nats-server", server))
     ingest = _server_argv(argv, drop=config.CLIENT_ONLY)  # it has no flags for web clients' settings
@@ -127,21 +129,19 @@ def children(args: argparse.Namespace, argv: list[str], nats_url: str, store: Pa
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     settings = config.settings_from_args(args)
     logs.setup(settings.log_level, settings.log_format)
-    if args.workers < 1:
-        raise config.ConfigError("--workers must be >= 1")
-    require_nats()
+    require_nats()  # (--workers is from 1 on: config.resolve_cluster checked it)
     store: Path | None = None
     if args.nats:
-        nats_url = args.nats
+        nats_urls = tuple(args.nats)
     elif shutil.which("nats-server") is None and not Path("/usr/sbin/nats-server").exists():
         log.error("--workers needs nats-server on PATH (Debian: apt-get install nats-server), or --nats URL")
         return 1
     else:
         store = Path(args.state_dir or "kvgateway-state") / "nats"
         store.mkdir(parents=True, exist_ok=True)
-        nats_url = f"nats://127.0.0.1:{_free_port()}"
+        nats_urls = (f"nats://127.0.0.1:{_free_port()}",)
     port = settings.port if settings.port else _free_port()
-    procs = children(args, argv, nats_url, store, port)
+    procs = children(args, argv, nats_urls, store, port)
     stopping: list[int] = []
 
     def stop(signum: int, frame: object) -> None:

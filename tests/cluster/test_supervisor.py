@@ -74,3 +74,21 @@ def test_a_child_that_cannot_start_ends_the_supervisor(procs: Callable[..., Proc
     assert len(restarts) == MAX_FAILED_STARTS - 1, lines
     assert [line.rsplit(" in ", 1)[1] for line in restarts] == ["1 s", "2 s", "4 s"]
     assert not any("Traceback" in line for line in lines), lines
+
+
+def test_workers_from_the_environment_and_nats_from_the_file(
+    procs: Callable[..., Proc], nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """KVGATEWAY_WORKERS and the file's [cluster] nats: serve runs the roles, no flag needed."""
+    pub, rep, port = free_port(), free_port(), free_port()
+    sim(procs, pub, rep, "--rate", "50", "--batches", "100000")
+    path = tmp_path / "kvgateway.toml"
+    path.write_text(f'[cluster]\nnats = "{nats_server.url}"\n')
+    parent = procs(
+        "serve", "--source", source(pub, rep), "--port", str(port), "--config", str(path),
+        env={"KVGATEWAY_WORKERS": "1"},
+    )  # fmt: skip
+    parent.wait_for("with 1 edge processes", timeout=30)
+    wait_until(lambda: ready(port), timeout=40, what="the edge ready")
+    assert "started nats-server" not in parent.output()  # the file's server, not a private one
+    assert parent.stop(20) == 0
