@@ -99,16 +99,13 @@ async def serve(
     ready: Callable[[str], None] | None = None,
     make_gateway: Callable[..., Gateway] = Gateway,
     reuse_port: bool = False,
-    listening: Callable[[str], None] | None = None,
+    listening: Callable[[str], None] = lambda url: None,
 ) -> None:
-    """Run the gateway and its HTTP server until SIGINT/SIGTERM: the port is bound first, then the
-    app's lifespan starts the gateway; a failure of either is a :class:`StartupError` (one line).
-    ``listening`` is told the URL once the port is bound, ``ready`` once it is served."""
+    """Run the gateway and its HTTP server until SIGINT/SIGTERM: the port is bound (``listening``), the
+    app's lifespan starts the gateway, HTTP is served (``ready``); a failure is a :class:`StartupError`."""
     listener = _listen(settings, reuse_port)
-    # --port 0: from here on the settings (and the start-up line) hold the port the kernel chose.
-    settings = replace(settings, port=int(listener.getsockname()[1]))
-    if listening is not None:
-        listening(base_url(settings))
+    settings = replace(settings, port=int(listener.getsockname()[1]))  # --port 0: the port it got
+    listening(base_url(settings))
     try:
         budget = Budget.of(settings)
         raise_open_files(budget)
