@@ -506,3 +506,18 @@ def test_bad_cluster_settings_name_where_they_came_from(
     with pytest.raises(ConfigError) as info:
         config.resolve_cluster(_cluster_args(*argv, "--config", str(path)), environ=env)
     assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_every_cluster_setting_is_a_flag_of_its_commands() -> None:
+    """The [cluster] table and the flags name the same settings: serve has the --workers ones,
+    ingest and edge every --nats-*."""
+    from kvgateway import cli
+
+    def flags(*argv: str) -> set[str]:
+        return set(vars(cli.build_parser().parse_args(list(argv))))
+
+    serve, edge, ingest = flags("serve"), flags("edge"), flags("ingest")
+    for option in config.CLUSTER_OPTIONS:
+        wanted = [serve] if option.key in ("workers", "state_dir") else [edge, ingest]
+        assert all(option.dest in names for names in wanted), option.key
+    assert "nats" in serve
