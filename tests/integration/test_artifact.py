@@ -250,7 +250,10 @@ def test_sdist_builds_and_installs(artifacts: Artifacts) -> None:
     out = artifacts.root / "sdist"
     out.mkdir()
     hook = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
-    name = _run([str(builder / "bin/python"), "-c", hook, str(out)], cwd=artifacts.context).stdout.split()[-1]
+    built = _run([str(builder / "bin/python"), "-c", hook, str(out)], cwd=artifacts.context)
+    # No deprecation (project.license as a table was one, printed by every pip install) or other warning.
+    assert "Warning" not in built.stderr, built.stderr
+    name = built.stdout.split()[-1]
     sdist = out / name
     with tarfile.open(sdist) as tar:
         members = {member.split("/", 1)[1] for member in tar.getnames() if "/" in member}
