@@ -47,6 +47,7 @@ class Child:
     name: str
     argv: list[str]
     env: dict[str, str] | None = None
+    output: str = "its output is above"  # where its own words about a failure are
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     failed_starts: int = 0
@@ -117,7 +118,7 @@ def children(
         binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
         nats_port = nats_urls[0].rsplit(":", 1)[1]
         server = [binary, "-js", "-a", "127.0.0.1", "-p", nats_port, "-sd", str(store), "-l", str(nats_log(store))]
-        out.append(Child("nats-server", server))
+        out.append(Child("nats-server", server, output=f"its log: {nats_log(store)}"))
     ingest = _server_argv(argv, drop=config.CLIENT_ONLY)  # it has no flags for web clients' settings
     out.append(Child("ingest", [*me, "ingest", *ingest, *nats, "--port", "0", "--exit-with-parent"], env))
     for n in range(args.workers):
@@ -138,7 +139,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         return 1
     else:
         store = Path(args.state_dir or "kvgateway-state") / "nats"
-        store.mkdir(parents=True, exist_ok=True)
+        try:
+            store.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise config.ConfigError(f"--state-dir {str(store.parent)!r}: {exc.strerror or exc}") from None
         nats_urls = (f"nats://127.0.0.1:{_free_port()}",)
     port = settings.port if settings.port else _free_port()
     procs = children(args, argv, nats_urls, store, port)
@@ -177,10 +181,11 @@ def _supervise(procs: list[Child], stopping: list[int]) -> int:
             pause = child.exited(now)
             if pause is None:
                 log.error(
-                    "%s failed to start %d times in a row (exit code %d; its output is above): giving up",
+                    "%s failed to start %d times in a row (exit code %d; %s): giving up",
                     child.name,
                     child.failed_starts,
                     code,
+                    child.output,
                 )
                 return 1
             log.warning("%s exited (code %d): starting it again in %g s", child.name, code, pause)

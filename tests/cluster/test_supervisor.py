@@ -69,7 +69,8 @@ def test_a_child_that_cannot_start_ends_the_supervisor(procs: Callable[..., Proc
     assert code == 1, lines
     assert time.monotonic() - began < 90
     given_up = [line for line in lines if "giving up" in line]
-    assert len(given_up) == 1 and "edge 1 failed to start 4 times in a row" in given_up[0], lines
+    assert len(given_up) == 1, lines
+    assert "edge 1 failed to start 4 times in a row (exit code 1; its output is above)" in given_up[0]
     restarts = [line for line in lines if "edge 1 exited (code 1): starting it again" in line]
     assert len(restarts) == MAX_FAILED_STARTS - 1, lines
     assert [line.rsplit(" in ", 1)[1] for line in restarts] == ["1 s", "2 s", "4 s"]
@@ -92,3 +93,28 @@ def test_workers_from_the_environment_and_nats_from_the_file(
     wait_until(lambda: ready(port), timeout=40, what="the edge ready")
     assert "started nats-server" not in parent.output()  # the file's server, not a private one
     assert parent.stop(20) == 0
+
+
+def test_a_private_nats_server_that_cannot_start_points_at_its_log(procs: Callable[..., Proc], tmp_path: Path) -> None:
+    """Its words are in its log (not the terminal): the one line says where."""
+    nats_binary()
+    state = tmp_path / "state"
+    (state / "nats-server.log").mkdir(parents=True)  # a log it cannot open: it exits at once
+    parent = procs("serve", "--source", source(free_port(), free_port()), "--workers", "1", "--state-dir", str(state))
+    code = parent.popen.wait(90)
+    lines = parent.finished_output()
+    assert code == 1, lines
+    (given_up,) = [line for line in lines if "giving up" in line]
+    assert (
+        f"nats-server failed to start 4 times in a row (exit code 1; its log: {state / 'nats-server.log'})" in given_up
+    )
+
+
+def test_a_state_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    nats_binary()
+    state = tmp_path / "state"
+    state.write_text("not a directory\n")
+    proc = Proc("serve", "--source", source(free_port(), free_port()), "--workers", "1", "--state-dir", str(state))
+    lines = proc.finished_output(timeout=60)
+    assert proc.popen.returncode == 2, lines
+    assert len(lines) == 1 and f"--state-dir {str(state)!r}" in lines[0], lines
