@@ -30,6 +30,9 @@ given (--source or --config), or else those the ingest processes announced."""
 
 def add_ingest_arguments(parser: argparse.ArgumentParser) -> None:
     config.add_serve_arguments(parser, skip=config.CLIENT_ONLY)
+    for action in parser._actions:
+        if "--host" in action.option_strings:  # probes and metrics only: no token on any address
+            action.help = "HTTP listen address of the probes and metrics (default 127.0.0.1); $KVGATEWAY_HOST"
     parser.description = INGEST_DESCRIPTION
     parser.epilog = None
     nats_options.add_nats_arguments(parser)

@@ -38,6 +38,7 @@ def test_ingest_help_lists_only_what_ingest_uses() -> None:
     for flag in ("--token", "--allowed-origin", "--max-clients", "--lookup-rate", "--max-snapshots"):
         assert flag + " " not in result.stdout, flag
     assert "--ring-bytes" in result.stdout and "--replay-timeout" in result.stdout
+    assert "needs a token" not in result.stdout and "probes and metrics" in result.stdout  # --host
     text = " ".join(result.stdout.split())
     assert "--nats-subject-prefix PREFIX subjects PREFIX.SOURCE.RANK (default kvgateway)" in text
     assert "--nats-replicas N stream replicas (1, 3 or 5; default 1)" in text
