@@ -1,5 +1,5 @@
 # Two entry points, both from a fresh clone with only python3 and make:
-#   make demo   set up and run the demo (simulated engines + gateway + dashboard)
+#   make demo   set up and run the demo (simulated engines + gateway + dashboard); PORT=N moves it off 8080
 #   make test   set up and run the whole test suite (ruff, mypy --strict, pytest)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(BIN)/kvgateway demo
+	$(BIN)/kvgateway demo$(if $(PORT), --port $(PORT))
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check kvgateway tests bench

@@ -47,6 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kvgateway.cluster import commands as cluster
 
     try:
+        if args.command in ("serve", "ingest", "edge"):
+            config.resolve_cluster(args)  # --workers, --nats...: flags, then the environment, then the file
         if args.command == "ingest":
             return cluster.run_ingest(args)
         if args.command == "edge":

@@ -232,7 +232,12 @@ def _parse_capacity(source: str, value: object) -> dict[str, int]:
     if isinstance(value, str):  # CLI form: GPU:8192/CPU:65536
         pairs: list[tuple[str, object]] = []
         for part in filter(None, value.split("/")):
-            medium, _, number = part.partition(":")
+            medium, colon, number = part.partition(":")
+            if not colon:
+                raise ConfigError(
+                    f"source {source!r}: key 'capacity_blocks': expected MEDIUM:BLOCKS, "
+                    f"separated by '/' (GPU:8192/CPU:65536), got {part!r}"
+                )
             pairs.append((medium, number))
         value = dict(pairs)
     if not isinstance(value, Mapping):
@@ -509,6 +514,27 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_level", str, "logging", "debug shows every HTTP request (default info)", choices=LOG_LEVELS),
 )
 OPTION_BY_KEY = {option.key: option for option in OPTIONS}
+
+CLUSTER_TABLE = "cluster"
+CLUSTER_OPTIONS: tuple[Option, ...] = (
+    Option("workers", int, "cluster", "serve: edge processes (none: one process)", (1, 1024)),
+    Option("state_dir", str, "cluster", "serve --workers: the private nats-server's store"),
+    Option("nats", list, "cluster", "NATS server URLs"),
+    Option("nats_stream", str, "cluster", "the stream"),
+    Option("nats_subject_prefix", str, "cluster", "subjects PREFIX.SOURCE.RANK"),
+    Option("nats_retention", float, "cluster", "the stream's max_age"),
+    Option("nats_duplicate_window", float, "cluster", "the stream's duplicate window"),
+    Option("nats_replicas", int, "cluster", "stream replicas", (1, 5)),
+    Option("nats_creds", str, "cluster", "a NATS credentials file"),
+    Option("nats_token_file", str, "cluster", "a NATS token file"),
+    Option("nats_tls_ca", str, "cluster", "CA bundle"),
+    Option("nats_tls_cert", str, "cluster", "client certificate"),
+    Option("nats_tls_key", str, "cluster", "client certificate's key"),
+)
+"""The cluster's settings (``serve --workers``, ``ingest``, ``edge``): flags, ``KVGATEWAY_*``
+variables and keys of the file's ``[cluster]`` table, with the same precedence as the rest. They
+land on the parsed arguments (:func:`resolve_cluster`), not in :class:`Settings`."""
+CLUSTER_BY_KEY = {option.key: option for option in CLUSTER_OPTIONS}
 _SERVER_KEYS: dict[str, type] = {option.key: option.kind for option in OPTIONS}
 
 
@@ -589,8 +615,9 @@ def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None)
     """A TOML document's settings over ``base`` (the defaults)."""
     settings = base or Settings()
     for key in data:
-        if key not in ("server", "sources"):
-            raise ConfigError(f"config: unknown table {key!r} (expected [server] and [[sources]])")
+        if key not in ("server", "sources", CLUSTER_TABLE):
+            raise ConfigError(f"config: unknown table {key!r} (expected [server], [[sources]] and [cluster])")
+    _cluster_table(data)  # checked here with the rest; applied by resolve_cluster
     server = data.get("server", {})
     if not isinstance(server, Mapping):
         raise ConfigError("config: [server] must be a table")
@@ -617,7 +644,8 @@ _SERVICE_LINK = re.compile(r"^KVGATEWAY_(SERVICE_|PORT_\d+_)")
 def settings_from_env(env: Mapping[str, str], base: Settings) -> Settings:
     """``KVGATEWAY_*`` variables over ``base``; an unknown ``KVGATEWAY_`` name is an error (a typo
     would otherwise be silently ignored)."""
-    known = {option.env for option in OPTIONS} | {CONFIG_ENV, SOURCES_ENV}
+    known = {option.env for option in (*OPTIONS, *CLUSTER_OPTIONS)} | {CONFIG_ENV, SOURCES_ENV}
+    cluster = {option.env for option in CLUSTER_OPTIONS}  # for resolve_cluster
     changes: dict[str, Any] = {}
     for name in sorted(env):
         if not name.startswith(ENV_PREFIX) or name == CONFIG_ENV or _SERVICE_LINK.match(name):
@@ -629,6 +657,8 @@ def settings_from_env(env: Mapping[str, str], base: Settings) -> Settings:
             )
         if name not in known:
             raise ConfigError(f"{name}: unknown variable (known: {', '.join(sorted(known))})")
+        if name in cluster:
+            continue
         value = env[name]
         if name == SOURCES_ENV:
             specs = [spec.strip() for spec in split_top_level(value, ";") if spec.strip()]
@@ -641,7 +671,9 @@ def settings_from_env(env: Mapping[str, str], base: Settings) -> Settings:
     return replace(base, **changes)
 
 
-def validate(settings: Settings) -> Settings:
+def validate(settings: Settings, *, clients: bool = True) -> Settings:
+    """``clients``: the process serves web clients (every command but ``ingest``), so a host other
+    machines reach needs a token."""
     names = [source.name for source in settings.sources]
     for name in names:
         if names.count(name) > 1:
@@ -649,7 +681,7 @@ def validate(settings: Settings) -> Settings:
     check_overlaps(settings.sources)
     if settings.token is not None and not settings.token.strip():
         raise ConfigError("token: empty")
-    if not is_loopback(settings.host) and settings.token is None and not settings.allow_unauthenticated:
+    if clients and not is_loopback(settings.host) and settings.token is None and not settings.allow_unauthenticated:
         raise ConfigError(
             f"host {settings.host!r} is reachable from other machines and no token is set: "
             "give --token/--token-file/KVGATEWAY_TOKEN, or --allow-unauthenticated to accept that risk"
@@ -692,7 +724,27 @@ examples:
 See deploy/kvgateway.example.toml for every key and docs/operations.md for deployment."""
 
 
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+CLIENT_ONLY = frozenset(
+    {
+        "token",
+        "token_file",
+        "allowed_origins",
+        "allowed_hosts",
+        "allow_unauthenticated",
+        "max_clients",
+        "client_queue_bytes",
+        "keepalive_seconds",
+        "lookup_rate",
+        "lookup_burst",
+        "max_snapshots",
+        "snapshot_queue_bytes",
+    }
+)
+"""The settings of web clients (auth, limits, routers' queries): ``kvgateway ingest`` serves no
+client, so it has no flags for them (a shared file or environment may still hold them)."""
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser, *, skip: frozenset[str] = frozenset()) -> None:
     parser.description = SERVE_DESCRIPTION
     parser.epilog = SERVE_EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -707,13 +759,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         f"JSON given to vllm serve --kv-events-config (repeatable; or ${SOURCES_ENV}, specs separated by ';'; "
         "replaces the file's sources)",
     )
-    add_server_arguments(parser)
+    add_server_arguments(parser, skip=skip)
 
 
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """The HTTP-side flags, shared by ``serve`` and ``demo``: one per [server] key."""
-    groups = {name: parser.add_argument_group(title) for name, title in GROUPS.items()}
+def add_server_arguments(parser: argparse.ArgumentParser, *, skip: frozenset[str] = frozenset()) -> None:
+    """The HTTP-side flags, shared by ``serve`` and ``demo``: one per [server] key but ``skip``."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for option in OPTIONS:
+        if option.key in skip:
+            continue
+        if option.group not in groups:
+            groups[option.group] = parser.add_argument_group(GROUPS[option.group])
         group = groups[option.group]
         env = f"; ${option.env}"
         if option.kind is bool:
@@ -738,13 +794,52 @@ def flag_names(parser: argparse.ArgumentParser) -> set[str]:
     return names
 
 
+def _config_path(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
+    if getattr(args, "config", None) == "":
+        raise ConfigError("--config: empty")
+    return getattr(args, "config", None) or env.get(CONFIG_ENV) or None
+
+
+def _cluster_table(data: Mapping[str, Any]) -> dict[str, object]:
+    """The file's ``[cluster]`` keys, checked."""
+    table = data.get(CLUSTER_TABLE, {})
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"config: [{CLUSTER_TABLE}] must be a table")
+    out: dict[str, object] = {}
+    for key, value in table.items():
+        option = CLUSTER_BY_KEY.get(key)
+        if option is None:
+            raise ConfigError(f"[{CLUSTER_TABLE}]: unknown key {key!r} (known: {', '.join(CLUSTER_BY_KEY)})")
+        given = [value] if option.kind is list and isinstance(value, str) else value
+        out[key] = _coerce(option, given, f"[{CLUSTER_TABLE}] key {key!r}")
+    return out
+
+
+def resolve_cluster(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> None:
+    """Fill in ``args``' cluster settings that no flag gave from the environment, then the file's
+    ``[cluster]`` table (the command's own flags only: ``serve`` has --workers, --state-dir and
+    --nats; ``ingest`` and ``edge`` every --nats-*). Values are checked; None stays "not given"."""
+    env = os.environ if environ is None else environ
+    path = _config_path(args, env)
+    table = _cluster_table(load_file(path)) if path else {}
+    for option in CLUSTER_OPTIONS:
+        if not hasattr(args, option.dest):
+            continue
+        value = getattr(args, option.dest)
+        if value is not None:
+            checked = _coerce(option, list(value) if option.kind is list else value, option.flag_name)
+        elif option.env in env:
+            checked = _coerce(option, env[option.env], option.env)
+        else:
+            checked = table.get(option.key)
+        setattr(args, option.dest, list(checked) if isinstance(checked, tuple) else checked)
+
+
 def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
     """Defaults < file < environment < flags (``environ`` defaults to ``os.environ``)."""
     env = os.environ if environ is None else environ
     settings = Settings()
-    path = getattr(args, "config", None) or env.get(CONFIG_ENV)
-    if getattr(args, "config", None) == "":
-        raise ConfigError("--config: empty")
+    path = _config_path(args, env)
     if path:
         settings = settings_from_mapping(load_file(path), settings)
     settings = settings_from_env(env, settings)
@@ -763,17 +858,35 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
     settings = replace(settings, **flags)
     if not settings.sources and getattr(args, "command", None) == "serve":
         raise ConfigError(f"no sources: give --source, ${SOURCES_ENV} or a config file with [[sources]]")
-    return validate(settings)
+    return validate(settings, clients=getattr(args, "command", None) != "ingest")
+
+
+SUMMARY_STREAMS = 8
+"""Past this many streams the start-up line counts them (each is then a debug line: stream_lines)."""
+
+
+def _stream_text(stream: StreamConfig) -> str:
+    replay = f" replay {stream.replay}" if stream.replay else ""
+    return f"{stream.source}[{stream.dp_rank}]={'bind ' if stream.bind else ''}{stream.endpoint}{replay}"
+
+
+def stream_lines(settings: Settings) -> list[str]:
+    """Every stream's addresses, one line each."""
+    return [_stream_text(stream) for stream in settings.streams()]
 
 
 def summary(settings: Settings) -> str:
-    """The start-up line: everything an operator checks, never the token itself."""
-    streams = ", ".join(
-        f"{s.source}[{s.dp_rank}]={'bind ' if s.bind else ''}{s.endpoint}" + (f" replay {s.replay}" if s.replay else "")
-        for s in settings.streams()
-    )
+    """The start-up line: everything an operator checks, never the token itself; one short line
+    however many streams there are."""
+    streams = settings.streams()
+    if len(streams) > SUMMARY_STREAMS:
+        names = [source.name for source in settings.sources]
+        shown = ", ".join(names[:3]) + (f" ... {names[-1]}" if len(names) > 3 else "")
+        listed = f"{len(streams)} from {len(names)} sources ({shown}; --log-level debug lists them)"
+    else:
+        listed = ", ".join(_stream_text(stream) for stream in streams) or "none"
     return (
         f"http {settings.host}:{settings.port}, auth {'token' if settings.token else 'none'}, "
         f"ring {settings.ring_messages} msgs/{settings.ring_bytes} B, client queue {settings.client_queue_bytes} B, "
-        f"max clients {settings.max_clients}, streams: {streams or 'none'}"
+        f"max clients {settings.max_clients}, streams: {listed}"
     )

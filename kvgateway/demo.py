@@ -202,12 +202,15 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
         silence = (args.silence[0], args.silence[1])
         runners = [asyncio.ensure_future(run_engine(engine, role, silence)) for engine, role in pairs]
 
+        def listening(url: str) -> None:  # first, before a line per stream (many, with --streams)
+            print(f"kvgateway demo: starting {len(settings.streams())} streams, the dashboard at {url}", flush=True)
+
         def ready(url: str) -> None:
             print(f"kvgateway demo: dashboard at {url}", flush=True)
             print("kvgateway demo: press Ctrl-C to stop", flush=True)
 
         try:
-            await serve(settings, ready=ready)
+            await serve(settings, ready=ready, listening=listening)
         finally:
             for engine in engines:
                 engine.stop()

@@ -14,7 +14,7 @@ from typing import Any
 import zmq
 
 from kvgateway import messages
-from kvgateway.config import Settings, StreamConfig, summary
+from kvgateway.config import SUMMARY_STREAMS, Settings, StreamConfig, stream_lines, summary
 from kvgateway.endpoints import is_ipv6, split_tcp
 from kvgateway.filters import ClientFilter
 from kvgateway.heap import CollectionTimer
@@ -106,6 +106,9 @@ class Gateway:
             raise
         self._begin_background()
         log.info("gateway started: %s", summary(self.settings))
+        if len(self.settings.streams()) > SUMMARY_STREAMS:
+            for line in stream_lines(self.settings):
+                log.debug("stream %s", line)
 
     def _begin_background(self) -> None:
         """What runs beside the log once it is fed (here, or by an edge): the routers' fleet

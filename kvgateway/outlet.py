@@ -173,6 +173,16 @@ class StreamOutlet:
             log.debug("stream %s: tail probe found nothing missing", self.name)
             return
         self.replay_requests[finished.outcome] += 1
+        if finished.by_restart and finished.outcome != "recovered":
+            # Routine: the engine restarted mid-recovery. What the old process still owed is logged
+            # as a loss (reason restart) on its own line; the replay socket did not fail.
+            log.info(
+                "stream %s: replay ended by the publisher's restart, %d batches replayed in %d attempt(s)",
+                self.name,
+                finished.replayed,
+                finished.attempts,
+            )
+            return
         log.log(
             logging.INFO if finished.outcome == "recovered" else logging.WARNING,
             "stream %s: replay %s, %d batches replayed in %d attempt(s)",

@@ -94,7 +94,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 
 from kvgateway.wire import AllBlocksCleared, Batch
@@ -183,12 +183,14 @@ class CancelReplay:
 @dataclass(frozen=True, slots=True)
 class ReplayFinished:
     """A recovery is over after ``attempts`` requests; it brought ``replayed`` batches.
-    Token ``None``: there is no replay endpoint."""
+    Token ``None``: there is no replay endpoint. ``by_restart``: a publisher restart ended it (its
+    batches are now the old process's, reported lost with reason ``restart``), not the socket."""
 
     token: int | None
     outcome: Outcome
     replayed: int
     attempts: int = 1
+    by_restart: bool = field(default=False, compare=False)  # how it ended, not what it was
 
 
 @dataclass(frozen=True, slots=True)
@@ -799,7 +801,7 @@ class Sequencer:
         current = self._gen
         self._flush("restart", (lambda gen: gen < current) if by_connection else (lambda gen: True), out)
         if rec is not None:
-            self._finish(out)
+            self._finish(out, by_restart=True)
         # Live batches at or below the cursor since the reconnect are the new process's own.
         low_live, self._low_live = self._low_live, []
         if by_connection:
@@ -816,7 +818,7 @@ class Sequencer:
         if self._has_replay and not (first_live == 0 and not self._pending):
             self._begin("catch_up", 0, out)
 
-    def _finish(self, out: list[Action]) -> None:
+    def _finish(self, out: list[Action], *, by_restart: bool = False) -> None:
         rec = self._rec
         assert rec is not None
         if rec.lost == 0 and (rec.heard or rec.brought > 0):
@@ -825,7 +827,7 @@ class Sequencer:
             outcome = "partial"
         else:  # lost with nothing brought, or no answer at all
             outcome = "failed"
-        out.append(ReplayFinished(rec.token, outcome, rec.brought, rec.attempt))
+        out.append(ReplayFinished(rec.token, outcome, rec.brought, rec.attempt, by_restart))
         self._rec = None
 
     # --- primitives ---------------------------------------------------------------------

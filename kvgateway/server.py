@@ -10,6 +10,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import uvicorn
@@ -98,10 +99,13 @@ async def serve(
     ready: Callable[[str], None] | None = None,
     make_gateway: Callable[..., Gateway] = Gateway,
     reuse_port: bool = False,
+    listening: Callable[[str], None] = lambda url: None,
 ) -> None:
-    """Run the gateway and its HTTP server until SIGINT/SIGTERM: the port is bound first, then the
-    app's lifespan starts the gateway; a failure of either is a :class:`StartupError` (one line)."""
+    """Run the gateway and its HTTP server until SIGINT/SIGTERM: the port is bound (``listening``), the
+    app's lifespan starts the gateway, HTTP is served (``ready``); a failure is a :class:`StartupError`."""
     listener = _listen(settings, reuse_port)
+    settings = replace(settings, port=int(listener.getsockname()[1]))  # --port 0: the port it got
+    listening(base_url(settings))
     try:
         budget = Budget.of(settings)
         raise_open_files(budget)
@@ -139,8 +143,7 @@ async def serve(
                     raise gateway.startup_error
                 raise StartupError(f"cannot serve HTTP on {settings.host}:{settings.port}")
             if ready is not None:
-                host = f"[{settings.host}]" if ":" in settings.host else settings.host
-                ready(f"http://{host}:{listener.getsockname()[1]}/")
+                ready(base_url(settings))
             await task
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -150,6 +153,11 @@ async def serve(
     finally:
         listener.close()
         context.destroy(linger=0)  # destroy, not term: see Gateway.stop
+
+
+def base_url(settings: Settings) -> str:
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    return f"http://{host}:{settings.port}/"
 
 
 class _QuietStartupFailure(logging.Filter):

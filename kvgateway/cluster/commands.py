@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import importlib.util
 import logging
 import signal
 from typing import Any
@@ -28,7 +29,10 @@ given (--source or --config), or else those the ingest processes announced."""
 
 
 def add_ingest_arguments(parser: argparse.ArgumentParser) -> None:
-    config.add_serve_arguments(parser)
+    config.add_serve_arguments(parser, skip=config.CLIENT_ONLY)
+    for action in parser._actions:
+        if "--host" in action.option_strings:  # probes and metrics only: no token on any address
+            action.help = "HTTP listen address of the probes and metrics (default 127.0.0.1); $KVGATEWAY_HOST"
     parser.description = INGEST_DESCRIPTION
     parser.epilog = None
     nats_options.add_nats_arguments(parser)
@@ -47,15 +51,15 @@ def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_workers_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("many cores (NATS JetStream)")
+    group = parser.add_argument_group("many cores (NATS JetStream; each also $KVGATEWAY_..., or [cluster] in the file)")
     group.add_argument(
         "--workers",
-        type=int,
         metavar="N",
         help="run a private nats-server, one ingest and N edge processes sharing --port (default: one process)",
     )
     group.add_argument(
         "--nats",
+        action="append",
         metavar="URL",
         help="with --workers: use this NATS server instead of starting a private one",
     )
@@ -76,7 +80,14 @@ def exit_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def require_nats() -> None:
+    """The NATS client is the ``nats`` extra: without it, one line saying how to get it."""
+    if importlib.util.find_spec("nats") is None:
+        raise config.ConfigError("the NATS client is missing: pip install 'kvgateway[nats]' (the nats extra)")
+
+
 def run_ingest(args: argparse.Namespace) -> int:
+    require_nats()
     from kvgateway.cluster.ingest_role import run_ingest as run
 
     settings = config.settings_from_args(args)
@@ -98,6 +109,7 @@ def run_ingest(args: argparse.Namespace) -> int:
 
 
 def run_edge(args: argparse.Namespace) -> int:
+    require_nats()
     from kvgateway import server
     from kvgateway.cluster.edge import EdgeGateway
 
@@ -157,6 +169,6 @@ async def _discover_sources(settings: config.Settings, options: nats_options.Nat
     except Exception as exc:
         raise StartupError(f"cannot follow stream {options.stream}: {exc}") from None
     finally:
-        await nc.close()
+        await nats_link.close(nc)
     log.info("sources announced by ingest: %s", ", ".join(s.name for s in sources) or "none yet")
     return replace(settings, sources=sources)

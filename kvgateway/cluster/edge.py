@@ -100,8 +100,8 @@ class EdgeGateway(Gateway):
         if self._watch is not None:
             self._watch.cancel()
         await super().stop()
-        if self._nc is not None and not self._nc.is_closed:
-            await self._nc.close()
+        if self._nc is not None:
+            await nats_link.close(self._nc)
 
     def _die(self, reason: str) -> None:
         """The stream this edge followed is gone or broken: exit, a fresh edge starts over."""

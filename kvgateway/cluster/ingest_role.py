@@ -11,6 +11,7 @@ import logging
 import signal
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import uvicorn
@@ -69,6 +70,18 @@ class IngestGateway(Gateway):
 
 async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bool = True) -> None:
     """Until SIGINT/SIGTERM. Raises :class:`StartupError` (one line)."""
+    try:  # the probes' port first: a taken one fails at once, and the start-up line shows the real one
+        listener = socket.create_server((settings.host, settings.port), reuse_port=False)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}") from None
+    settings = replace(settings, port=int(listener.getsockname()[1]))
+    try:
+        await _run(settings, options, listener, ready_line=ready_line)
+    finally:
+        listener.close()
+
+
+async def _run(settings: Settings, options: NatsOptions, listener: socket.socket, *, ready_line: bool) -> None:
     try:
         nc = await nats_link.connect(options)
     except Exception as exc:
@@ -97,7 +110,7 @@ async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bo
         gateway.last_seqs = publishing.last_seqs()
         await gateway.start()
         try:
-            await _serve_probes(gateway, settings, nc, ready_line=ready_line)
+            await _serve_probes(gateway, settings, nc, listener, ready_line=ready_line)
         finally:
             await gateway.stop()
             await publishing.stop()
@@ -108,8 +121,7 @@ async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bo
                 publishing.stats.retries,
             )
     finally:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(nc.close(), 5)  # the publishes were waited for: no drain
+        await nats_link.close(nc)  # the publishes were waited for: no drain
 
 
 class _ProbeServer(uvicorn.Server):
@@ -120,7 +132,9 @@ class _ProbeServer(uvicorn.Server):
         yield
 
 
-async def _serve_probes(gateway: IngestGateway, settings: Settings, nc: Any, *, ready_line: bool) -> None:
+async def _serve_probes(
+    gateway: IngestGateway, settings: Settings, nc: Any, listener: socket.socket, *, ready_line: bool
+) -> None:
     from kvgateway.cluster.probes import probe_app
     from kvgateway.server import uvicorn_config
 
@@ -137,20 +151,17 @@ async def _serve_probes(gateway: IngestGateway, settings: Settings, nc: Any, *, 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
-    listener = socket.create_server((settings.host, settings.port), reuse_port=False)
     try:
         task = asyncio.create_task(server.serve(sockets=[listener]))
         while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn offers no start event
             await asyncio.sleep(0.02)
         if ready_line and server.started:  # the command's own process (ready_line=False embeds it)
             freeze_startup_heap()
-            port = listener.getsockname()[1]
-            log.info("ingest publishing to %s; probes on http://%s:%d/", options_text(nc), settings.host, port)
+            log.info("ingest publishing to %s; probes on http://%s:%d/", options_text(nc), settings.host, settings.port)
         await task
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-        listener.close()
 
 
 def options_text(nc: Any) -> str:

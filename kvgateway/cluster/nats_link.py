@@ -75,6 +75,18 @@ async def connect(options: NatsOptions, within: float = 15.0) -> Client:
     return nc
 
 
+async def close(nc: Client, within: float = 5.0) -> None:
+    """Close ``nc`` at shutdown, quietly: with the server gone, nats-py's close still writes its
+    pending buffer to the dead transport (RuntimeError from the loop) and may wait on it; nothing is
+    left to flush then, so a shutdown that ends in either is a clean one."""
+    if nc.is_closed:
+        return
+    try:
+        await asyncio.wait_for(nc.close(), within)
+    except (RuntimeError, OSError, TimeoutError) as exc:
+        log.debug("nats: closed with the connection already gone (%s)", exc)
+
+
 @dataclass(frozen=True, slots=True)
 class StreamState:
     epoch: str
@@ -116,14 +128,22 @@ async def ensure_stream(js: JetStreamContext, options: NatsOptions) -> StreamSta
     return _state(options, info)
 
 
+OTHER_STREAMS_GRACE_SECONDS = 5.0
+"""How long an edge waits for its stream when the server holds others (most likely a wrong
+--nats-stream) rather than none (an ingest process still starting: the full wait)."""
+
+
 async def wait_stream(js: JetStreamContext, options: NatsOptions, within: float) -> StreamState:
     """The stream, once an ingest process has created it; raises TimeoutError."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
+    began = loop.time()
     while True:
         state = await stream_state(js, options)
         if state is not None:
             return state
-        if loop.time() >= deadline:
-            raise TimeoutError(f"stream {options.stream} does not exist (no ingest process has created it)")
+        others = sorted(info.config.name or "" for info in await js.streams_info())
+        waited = loop.time() - began
+        if waited >= within or (others and waited >= OTHER_STREAMS_GRACE_SECONDS):
+            held = f"this server has {', '.join(others)}" if others else "no ingest process has created it"
+            raise TimeoutError(f"stream {options.stream} does not exist ({held}; see --nats-stream)")
         await asyncio.sleep(0.25)

@@ -23,30 +23,35 @@ class NatsOptions:
     name: str = "kvgateway"
 
 
-def add_nats_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
-    group = parser.add_argument_group("NATS JetStream")
-    group.add_argument(
-        "--nats", action="append", required=required, metavar="URL", help="a NATS server URL (repeatable)"
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+"""The URL schemes nats-py connects with (a URL without one is nats://)."""
+
+
+def add_nats_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags; each is also a ``KVGATEWAY_*`` variable and a ``[cluster]`` key (config.CLUSTER_OPTIONS),
+    so none has an argparse default: None means "not given" until config.resolve_cluster has looked."""
+    group = parser.add_argument_group(
+        "NATS JetStream (each also $KVGATEWAY_NATS_..., or [cluster] nats_... in the file)"
     )
-    group.add_argument("--nats-stream", default="KVGATEWAY", metavar="NAME", help="the stream (default KVGATEWAY)")
     group.add_argument(
-        "--nats-subject-prefix", default="kvgateway", metavar="PREFIX", help="subjects PREFIX.SOURCE.RANK"
+        "--nats",
+        action="append",
+        metavar="URL",
+        help="a NATS server URL (repeatable; $KVGATEWAY_NATS: comma-separated)",
+    )
+    group.add_argument("--nats-stream", metavar="NAME", help="the stream (default KVGATEWAY)")
+    group.add_argument(
+        "--nats-subject-prefix", metavar="PREFIX", help="subjects PREFIX.SOURCE.RANK (default kvgateway)"
     )
     group.add_argument(
-        "--nats-retention",
-        type=float,
-        default=600.0,
-        metavar="SECONDS",
-        help="the stream's max_age, the recovery window (default 600)",
+        "--nats-retention", metavar="SECONDS", help="the stream's max_age, the recovery window (default 600)"
     )
     group.add_argument(
         "--nats-duplicate-window",
-        type=float,
-        default=120.0,
         metavar="SECONDS",
         help="how long a batch id is remembered against duplicates (default 120)",
     )
-    group.add_argument("--nats-replicas", type=int, default=1, metavar="N", help="stream replicas (1, 3 or 5)")
+    group.add_argument("--nats-replicas", metavar="N", help="stream replicas (1, 3 or 5; default 1)")
     group.add_argument("--nats-creds", metavar="FILE", help="a NATS credentials file (JWT + nkey seed)")
     group.add_argument("--nats-token-file", metavar="FILE", help="read a NATS token from FILE")
     group.add_argument("--nats-tls-ca", metavar="FILE", help="CA bundle to verify the NATS servers")
@@ -55,18 +60,30 @@ def add_nats_arguments(parser: argparse.ArgumentParser, *, required: bool = True
 
 
 def options_from_args(args: argparse.Namespace, name: str) -> NatsOptions:
-    if args.nats_retention <= 0 or args.nats_duplicate_window <= 0:
+    """The options of resolved ``args`` (config.resolve_cluster: flags, environment, file)."""
+    if not args.nats:
+        raise ValueError("no NATS server: give --nats URL, $KVGATEWAY_NATS or [cluster] nats in the file")
+    default = NatsOptions(servers=())
+    retention = default.retention_seconds if args.nats_retention is None else args.nats_retention
+    window = default.duplicate_window_seconds if args.nats_duplicate_window is None else args.nats_duplicate_window
+    if retention <= 0 or window <= 0:
         raise ValueError("--nats-retention and --nats-duplicate-window must be > 0")
-    if args.nats_duplicate_window > args.nats_retention:
+    if window > retention:
         raise ValueError("--nats-duplicate-window cannot exceed --nats-retention")
     servers = tuple(url.strip() for value in args.nats for url in value.split(",") if url.strip())
+    for url in servers:
+        scheme, sep, _ = url.partition("://")
+        if sep and scheme.lower() not in NATS_SCHEMES:
+            raise ValueError(
+                f"--nats {url!r}: {scheme}:// is not NATS; give nats://HOST:PORT (or tls://, ws://, wss://)"
+            )
     return NatsOptions(
         servers=servers,
-        stream=args.nats_stream,
-        subject_prefix=args.nats_subject_prefix,
-        retention_seconds=args.nats_retention,
-        duplicate_window_seconds=args.nats_duplicate_window,
-        replicas=args.nats_replicas,
+        stream=args.nats_stream or default.stream,
+        subject_prefix=args.nats_subject_prefix or default.subject_prefix,
+        retention_seconds=retention,
+        duplicate_window_seconds=window,
+        replicas=default.replicas if args.nats_replicas is None else args.nats_replicas,
         creds=args.nats_creds,
         tls_ca=args.nats_tls_ca,
         tls_cert=args.nats_tls_cert,

@@ -1,10 +1,16 @@
 """``kvgateway serve --workers N``: one machine, many cores, one command.
 
-Starts a private nats-server on loopback (its store under the state directory), one ingest
-process and N edge processes that share the HTTP port (SO_REUSEPORT: the kernel spreads new
-connections over them). A child that exits is started again; SIGTERM/SIGINT are forwarded and
-waited for; every child gets SIGTERM from the kernel if this process dies (PR_SET_PDEATHSIG), so
-none is left behind even after a SIGKILL.
+Starts a private nats-server on loopback (its store and its log under the state directory), one
+ingest process and N edge processes that share the HTTP port (SO_REUSEPORT: the kernel spreads new
+connections over them). A child that exits is started again, after a growing pause when it keeps
+failing at start, and the supervisor gives up (one line, exit code 1) when it fails at start
+MAX_FAILED_STARTS times in a row; SIGTERM/SIGINT are forwarded and waited for; every child gets
+SIGTERM from the kernel if this process dies (PR_SET_PDEATHSIG), so none is left behind even after
+a SIGKILL.
+
+The children import the package this process runs, never a ``kvgateway/`` folder in the working
+directory: they run with ``-P`` (no working directory on sys.path) and this package's root first on
+PYTHONPATH (the checkout itself when run from one without an install).
 """
 
 from __future__ import annotations
@@ -21,13 +27,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import kvgateway
 from kvgateway import config, logs
-from kvgateway.cluster.commands import exit_with_parent
+from kvgateway.cluster.commands import exit_with_parent, require_nats
 from kvgateway.cluster.options import NatsOptions, options_to_argv
 
 log = logging.getLogger("kvgateway.cluster")
 
 RESTART_DELAY_SECONDS = 1.0
+START_GRACE_SECONDS = 10.0
+"""A child that exits sooner than this after its start failed to start."""
+MAX_FAILED_STARTS = 4
+"""Failed starts in a row (pauses of 1, 2, 4 s between them) before the supervisor gives up."""
 STOP_SECONDS = 10.0
 
 
@@ -35,14 +46,34 @@ STOP_SECONDS = 10.0
 class Child:
     name: str
     argv: list[str]
+    env: dict[str, str] | None = None
+    output: str = "its output is above"  # where its own words about a failure are
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    failed_starts: int = 0
     started_at: float = field(default=0.0)
+    due: float | None = None  # when to start it again
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, preexec_fn=exit_with_parent)  # noqa: PLW1509 - prctl only
+        self.due = None
+        self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=exit_with_parent)  # noqa: PLW1509 - prctl
         self.started_at = time.monotonic()
         log.info("started %s (pid %d)", self.name, self.proc.pid)
+
+    def exited(self, now: float) -> float | None:
+        """Count an exit: the pause before the next start, or None to give up."""
+        self.restarts += 1
+        self.failed_starts = self.failed_starts + 1 if now - self.started_at < START_GRACE_SECONDS else 0
+        if self.failed_starts >= MAX_FAILED_STARTS:
+            return None
+        return RESTART_DELAY_SECONDS * float(2 ** max(0, self.failed_starts - 1))
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a role: this package's root first on PYTHONPATH (see the module's note)."""
+    root = str(Path(kvgateway.__file__).resolve().parent.parent)
+    path = [root, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
 def _free_port() -> int:
@@ -51,57 +82,70 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _server_argv(argv: list[str]) -> list[str]:
+def _server_argv(argv: list[str], *, drop: frozenset[str] = frozenset()) -> list[str]:
     """The serve flags every child shares (sources, HTTP settings, limits, logging): ``argv``
-    without ``serve`` and the flags that are the supervisor's own."""
-    own = {"--workers", "--state-dir", "--port", "--nats"}
+    without ``serve``, the flags that are the supervisor's own and the settings in ``drop``."""
+    own = {"--workers", "--state-dir", "--port", "--nats"} | {config.OPTION_BY_KEY[key].flag_name for key in drop}
+    switches = {option.flag_name for option in config.OPTIONS if option.kind is bool}  # no value follows
     out: list[str] = []
     items = argv[1:] if argv[:1] == ["serve"] else list(argv)
     i = 0
     while i < len(items):
         name, has_value, _ = items[i].partition("=")
         if name in own:
-            i += 1 if has_value else 2
+            i += 1 if has_value or name in switches else 2
             continue
         out.append(items[i])
         i += 1
     return out
 
 
-def children(args: argparse.Namespace, argv: list[str], nats_url: str, store: Path | None, port: int) -> list[Child]:
-    """nats-server (unless ``store`` is None: an existing one at ``nats_url``), ingest, edges."""
-    me = [sys.executable, "-m", "kvgateway"]
+def nats_log(store: Path) -> Path:
+    """The private nats-server's log (its banner and notices stay off the user's terminal)."""
+    return store.parent / "nats-server.log"
+
+
+def children(
+    args: argparse.Namespace, argv: list[str], nats_urls: tuple[str, ...], store: Path | None, port: int
+) -> list[Child]:
+    """nats-server (unless ``store`` is None: existing ones at ``nats_urls``), ingest, edges."""
+    me = [sys.executable, "-P", "-m", "kvgateway"]  # -P: the working directory cannot shadow the package
+    env = child_env()
     shared = _server_argv(argv)
-    nats = options_to_argv(NatsOptions(servers=(nats_url,)))
+    nats = options_to_argv(NatsOptions(servers=nats_urls))
     out = []
     if store is not None:
         binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
-        nats_port = nats_url.rsplit(":", 1)[1]
-        out.append(Child("nats-server", [binary, "-js", "-a", "127.0.0.1", "-p", nats_port, "-sd", str(store)]))
-    out.append(Child("ingest", [*me, "ingest", *shared, *nats, "--port", "0", "--exit-with-parent"]))
+        nats_port = nats_urls[0].rsplit(":", 1)[1]
+        server = [binary, "-js", "-a", "127.0.0.1", "-p", nats_port, "-sd", str(store), "-l", str(nats_log(store))]
+        out.append(Child("nats-server", server, output=f"its log: {nats_log(store)}"))
+    ingest = _server_argv(argv, drop=config.CLIENT_ONLY)  # it has no flags for web clients' settings
+    out.append(Child("ingest", [*me, "ingest", *ingest, *nats, "--port", "0", "--exit-with-parent"], env))
     for n in range(args.workers):
         edge = [*me, "edge", *shared, *nats, "--port", str(port), "--reuse-port", "--exit-with-parent"]
-        out.append(Child(f"edge {n + 1}", edge))
+        out.append(Child(f"edge {n + 1}", edge, env))
     return out
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     settings = config.settings_from_args(args)
     logs.setup(settings.log_level, settings.log_format)
-    if args.workers < 1:
-        raise config.ConfigError("--workers must be >= 1")
+    require_nats()  # (--workers is from 1 on: config.resolve_cluster checked it)
     store: Path | None = None
     if args.nats:
-        nats_url = args.nats
+        nats_urls = tuple(args.nats)
     elif shutil.which("nats-server") is None and not Path("/usr/sbin/nats-server").exists():
         log.error("--workers needs nats-server on PATH (Debian: apt-get install nats-server), or --nats URL")
         return 1
     else:
         store = Path(args.state_dir or "kvgateway-state") / "nats"
-        store.mkdir(parents=True, exist_ok=True)
-        nats_url = f"nats://127.0.0.1:{_free_port()}"
+        try:
+            store.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise config.ConfigError(f"--state-dir {str(store.parent)!r}: {exc.strerror or exc}") from None
+        nats_urls = (f"nats://127.0.0.1:{_free_port()}",)
     port = settings.port if settings.port else _free_port()
-    procs = children(args, argv, nats_url, store, port)
+    procs = children(args, argv, nats_urls, store, port)
     stopping: list[int] = []
 
     def stop(signum: int, frame: object) -> None:
@@ -113,21 +157,44 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         child.start()
         if child.name == "nats-server":
             time.sleep(0.5)  # it listens within milliseconds; the roles retry anyway
+    if store is not None:
+        log.info("nats-server log: %s", nats_log(store))
     log.info("serving on http://%s:%d/ with %d edge processes", settings.host, port, args.workers)
+    code = _supervise(procs, stopping)
+    _stop_all([c for c in procs if c.name != "nats-server"], [c for c in procs if c.name == "nats-server"])
+    return code
+
+
+def _supervise(procs: list[Child], stopping: list[int]) -> int:
+    """Start again what exits, until a signal (0) or a child that keeps failing at start (1)."""
     while not stopping:
+        now = time.monotonic()
         for child in procs:
+            if child.due is not None:
+                if now >= child.due:
+                    child.start()
+                continue
             assert child.proc is not None
             code = child.proc.poll()
-            if code is not None and not stopping:
-                log.warning("%s exited (code %d): starting it again", child.name, code)
-                child.restarts += 1
-                time.sleep(RESTART_DELAY_SECONDS)
-                child.start()
+            if code is None or stopping:
+                continue
+            pause = child.exited(now)
+            if pause is None:
+                log.error(
+                    "%s failed to start %d times in a row (exit code %d; %s): giving up",
+                    child.name,
+                    child.failed_starts,
+                    code,
+                    child.output,
+                )
+                return 1
+            log.warning("%s exited (code %d): starting it again in %g s", child.name, code, pause)
+            child.due = now + pause
         time.sleep(0.2)
-    return _stop_all([c for c in procs if c.name != "nats-server"], [c for c in procs if c.name == "nats-server"])
+    return 0
 
 
-def _stop_all(roles: list[Child], servers: list[Child]) -> int:
+def _stop_all(roles: list[Child], servers: list[Child]) -> None:
     """Edges and ingest first, nats-server last (they flush to it)."""
     for group in (roles, servers):
         for child in group:
@@ -144,4 +211,3 @@ def _stop_all(roles: list[Child], servers: list[Child]) -> int:
                 child.proc.kill()
                 child.proc.wait()
     log.info("stopped (pid %d)", os.getpid())
-    return 0

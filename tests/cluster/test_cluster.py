@@ -251,6 +251,9 @@ def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Callable[..., P
         parent.popen.send_signal(signal.SIGKILL)
         parent.popen.wait(5)
     wait_until(lambda: _gone(kids), timeout=20, what="every child gone")
+    # The roles stop cleanly even when nats-server went first (the kernel's SIGTERM reaches all at once).
+    output = parent.finished_output()
+    assert not any("Traceback" in line or "shutdown failed" in line for line in output), "\n".join(output)
 
 
 def take_over(

@@ -1,53 +1,11 @@
-"""The package as users get it: a non-editable wheel with the dashboard and schema inside."""
+"""The command line's help and its one-line errors (the installed artifact: test_artifact.py)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import zipfile
-from pathlib import Path
 
 from tests.support import REPO
-
-
-def test_wheel_ships_dashboard_and_schema(tmp_path: Path) -> None:
-    wheel_dir = tmp_path / "wheel"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheel_dir), str(REPO)],
-        check=True,
-        capture_output=True,
-        timeout=240,
-    )
-    (wheel,) = wheel_dir.glob("kvgateway-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    assert "kvgateway/static/index.html" in names
-    assert "kvgateway/protocol.schema.json" in names
-    assert "kvgateway/py.typed" in names
-    assert any(name.startswith("kvgateway/static/vendor/uplot/") and name.endswith(".js") for name in names)
-    assert any(name.startswith("kvgateway/static/vendor/uplot/LICENSE") for name in names)
-    assert not any(name.startswith("tests/") for name in names)
-    # Every subpackage ships (a missing one breaks `kvgateway simulate` and `demo` only when installed).
-    assert {"kvgateway/simulator/engine.py", "kvgateway/simulator/cli.py"} <= set(names)
-
-    # Installed (not editable) into a plain directory, the package finds its files there.
-    target = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-        check=True,
-        capture_output=True,
-        timeout=240,
-    )
-    probe = (
-        "import kvgateway.app as a, kvgateway.messages as m, kvgateway.simulator.cli, pathlib;"
-        "d = a.static_dir(); print(d); assert (d / 'index.html').is_file(); assert m.schema_bytes().startswith(b'{')"
-    )
-    env = {**os.environ, "PYTHONPATH": str(target)}
-    result = subprocess.run(
-        [sys.executable, "-c", probe], check=False, capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stderr
-    assert Path(result.stdout.strip()).is_relative_to(target)
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -66,3 +24,22 @@ def test_cli_help_and_bad_arguments() -> None:
         assert result.returncode == 2, (argv, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("kvgateway"), (argv, result.stderr)
+
+
+def test_ingest_help_lists_only_what_ingest_uses() -> None:
+    """The ingest serves no web client: no flags for their auth, limits and queries; the NATS
+    flags show their defaults."""
+    from kvgateway.config import CLIENT_ONLY, OPTION_BY_KEY
+
+    result = _cli("ingest", "--help")
+    assert result.returncode == 0, result.stderr
+    for key in CLIENT_ONLY:
+        assert OPTION_BY_KEY[key].flag_name + " " not in result.stdout, key
+    for flag in ("--token", "--allowed-origin", "--max-clients", "--lookup-rate", "--max-snapshots"):
+        assert flag + " " not in result.stdout, flag
+    assert "--ring-bytes" in result.stdout and "--replay-timeout" in result.stdout
+    assert "needs a token" not in result.stdout and "probes and metrics" in result.stdout  # --host
+    text = " ".join(result.stdout.split())
+    assert "--nats-subject-prefix PREFIX subjects PREFIX.SOURCE.RANK (default kvgateway)" in text
+    assert "--nats-replicas N stream replicas (1, 3 or 5; default 1)" in text
+    assert "--token" in _cli("edge", "--help").stdout  # the edge serves clients: it has them all

@@ -55,6 +55,20 @@ def test_a_taken_http_port_is_one_line_naming_the_port_and_the_flag(command: str
     assert "started" not in output and "dashboard at" not in output and "serving on" not in output
 
 
+def test_port_zero_start_up_lines_show_the_port_chosen(procs: Start) -> None:
+    """--port 0: the start-up line and the demo's first line (before a line per stream) hold the
+    real port, not 0."""
+    gateway = procs("serve", "--port", "0", "--source", "name=a,endpoint=tcp://127.0.0.1:9")
+    port = gateway.wait_for(r"serving on http://127\.0\.0\.1:(\d+)/", timeout=30).group(1)
+    assert gateway.wait_for(r"gateway started: http 127\.0\.0\.1:(\d+),").group(1) == port
+    demo = procs("demo", "--port", "0")
+    demo.wait_for("press Ctrl-C to stop", timeout=30)
+    first = demo.lines[0]
+    url = demo.wait_for(r"^kvgateway demo: dashboard at (\S+)$").group(1)
+    assert first == f"kvgateway demo: starting 4 streams, the dashboard at {url}", demo.output()
+    assert not url.endswith(":0/")
+
+
 def test_a_taken_engine_port_names_the_source_address_and_reason() -> None:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     holder = context.socket(zmq.PUB)

@@ -77,6 +77,8 @@ def test_example_toml_shows_every_server_key() -> None:
     shown = set(re.findall(r"^#?\s*([a-z_]+)\s*=", text, re.MULTILINE))
     missing = set(config._SERVER_KEYS) - shown - {"token"}  # the token itself belongs in a file
     assert not missing, f"keys not in {EXAMPLE_TOML.name}: {sorted(missing)}"
+    missing_cluster_keys = set(config.CLUSTER_BY_KEY) - shown
+    assert not missing_cluster_keys, f"[cluster] keys not in {EXAMPLE_TOML.name}: {sorted(missing_cluster_keys)}"
     missing_source_keys = set(config.SOURCE_KEYS) - shown
     assert not missing_source_keys, f"source keys not in {EXAMPLE_TOML.name}: {sorted(missing_source_keys)}"
 
@@ -305,16 +307,15 @@ def test_healthcheck_exit_codes(health_server: tuple[ThreadingHTTPServer, type[_
 
 
 def test_dockerignore_keeps_what_the_build_needs() -> None:
-    """The allow-list names everything pyproject.toml needs to build the wheel."""
+    """The allow-list names everything pyproject.toml and setup.py need to build the wheel (which
+    tests/integration/test_artifact.py builds from exactly that context)."""
     lines = [line.strip() for line in DOCKERIGNORE.read_text(encoding="utf-8").splitlines()]
     patterns = [line for line in lines if line and not line.startswith("#")]
     assert patterns[0] == "*"
     allowed = {p[1:].rstrip("*") for p in patterns if p.startswith("!")}
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    needed = {"pyproject.toml", project["project"]["readme"]}
-    setuptools = project["tool"]["setuptools"]
-    needed |= {package.split(".")[0] for package in setuptools["packages"]}
-    needed |= set(setuptools.get("package-dir", {}).values())
+    needed = {"pyproject.toml", "setup.py", "kvgateway", project["project"]["readme"]}
+    needed |= set(project["tool"]["setuptools"].get("package-dir", {}).values())
     assert needed <= allowed, f"not in the build context: {sorted(needed - allowed)}"
     for path in needed:
         assert (REPO / path).exists() or path == project["project"]["readme"], path

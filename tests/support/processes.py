@@ -22,19 +22,27 @@ SIM_READY = re.compile(r"^simulate: rank (\d+) publishing (?:on|to) (\S+)(?: \(c
 
 class Proc:
     """``python -m kvgateway ARGS``. Its stdout (with stderr, unless ``stderr_apart``) is read
-    line by line into :attr:`lines`."""
+    line by line into :attr:`lines`. ``command`` replaces ``python -m kvgateway`` (an installed
+    ``kvgateway`` script), ``cwd`` the checkout as the working directory."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, stderr_apart: bool = False) -> None:
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        stderr_apart: bool = False,
+        command: tuple[str, ...] = (sys.executable, "-m", "kvgateway"),
+        cwd: Path = REPO,
+    ) -> None:
         self.args = args
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "kvgateway", *args],
+            [*command, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE if stderr_apart else subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             text=True,
             env=full_env,
-            cwd=REPO,
+            cwd=cwd,
         )
         self.lines: list[str] = []
         self._queue: queue.Queue[str] = queue.Queue()

@@ -62,6 +62,8 @@ def test_wildcard_endpoint_is_bound() -> None:
         ("name=a,endpoint=tcp://x:65535,dp_size=2", "runs past 65535"),
         ("name=a,endpoint=tcp://x:1,replay=tcp://*:2", "key 'replay'"),
         ("name=a,endpoint=tcp://x:1,capacity_blocks=GPU:0", "capacity_blocks"),
+        ("name=a,endpoint=tcp://x:1,capacity_blocks=GPU=5", "expected MEDIUM:BLOCKS, separated by '/'"),
+        ("name=a,endpoint=tcp://x:1,capacity_blocks=GPU:5/CPU", "(GPU:8192/CPU:65536), got 'CPU'"),
     ],
 )
 def test_bad_source_flags_name_source_and_key(spec: str, fragment: str) -> None:
@@ -431,3 +433,91 @@ def test_rank_endpoints_expand_each_rank_once() -> None:
         (1, "tcp://h:5558", "tcp://h:5658"),
     ]
     assert rank_endpoints("ipc:///tmp/kv", None, 2) == [(0, "ipc:///tmp/kv", None), (1, "ipc:///tmp/kv_dp1", None)]
+
+
+def test_summary_of_many_streams_is_one_short_line() -> None:
+    """64 streams: counted, not listed (the issue saw an 8,042-character line); a few: each listed."""
+    sources = tuple(parse_source_flag(f"name=pool-{n:02d},endpoint=tcp://h:{1000 + 8 * n},dp_size=8") for n in range(8))
+    text = config.summary(config.validate(Settings(sources=sources)))
+    assert len(text) < 300, text
+    assert "streams: 64 from 8 sources (pool-00, pool-01, pool-02 ... pool-07; --log-level debug lists them)" in text
+    assert len(config.stream_lines(Settings(sources=sources))) == 64
+    few = config.summary(Settings(sources=sources[:1]))
+    assert "pool-00[7]=tcp://h:1007" in few
+
+
+# --- the cluster's settings: flags, KVGATEWAY_* variables, the file's [cluster] table --------------
+
+
+def _cluster_args(*argv: str) -> argparse.Namespace:
+    from kvgateway import cli
+
+    return cli.build_parser().parse_args(list(argv))
+
+
+def test_cluster_settings_from_flags_environment_and_file(tmp_path: Path) -> None:
+    """--workers, --state-dir, --nats and every --nats-* are also variables and [cluster] keys; a flag
+    beats the environment, which beats the file (the README's promise, which these broke)."""
+    path = tmp_path / "kvgateway.toml"
+    path.write_text('[cluster]\nworkers = 3\nstate_dir = "/from-file"\nnats = "nats://file:4222"\n')
+    serve = _cluster_args("serve", "--config", str(path))
+    config.resolve_cluster(serve, environ={})
+    assert (serve.workers, serve.state_dir, serve.nats) == (3, "/from-file", ["nats://file:4222"])
+    env = {"KVGATEWAY_WORKERS": "2", "KVGATEWAY_NATS": "nats://a:1, nats://b:2"}
+    serve = _cluster_args("serve", "--config", str(path))
+    config.resolve_cluster(serve, environ=env)
+    assert (serve.workers, serve.state_dir, serve.nats) == (2, "/from-file", ["nats://a:1", "nats://b:2"])
+    serve = _cluster_args("serve", "--config", str(path), "--workers", "4", "--nats", "nats://flag:1")
+    config.resolve_cluster(serve, environ=env)
+    assert (serve.workers, serve.nats) == (4, ["nats://flag:1"])
+    # The environment check knows them (KVGATEWAY_WORKERS was "unknown variable").
+    assert config.settings_from_env(env, Settings()) == Settings()
+
+    from kvgateway.cluster.options import options_from_args
+
+    path.write_text('[cluster]\nnats = ["nats://x:1"]\nnats_stream = "FILE"\nnats_replicas = 3\nnats_retention = 900\n')
+    edge = _cluster_args("edge", "--config", str(path))
+    config.resolve_cluster(edge, environ={"KVGATEWAY_NATS_STREAM": "ENV", "KVGATEWAY_NATS_TLS_CA": "/ca.pem"})
+    options = options_from_args(edge, "edge")
+    assert options.servers == ("nats://x:1",) and options.stream == "ENV" and options.replicas == 3
+    assert options.retention_seconds == 900.0 and options.tls_ca == "/ca.pem" and options.subject_prefix == "kvgateway"
+    edge = _cluster_args("edge", "--nats", "nats://y:1", "--nats-replicas", "5", "--nats-subject-prefix", "p")
+    config.resolve_cluster(edge, environ={"KVGATEWAY_NATS_REPLICAS": "3"})
+    options = options_from_args(edge, "edge")
+    assert (options.servers, options.replicas, options.subject_prefix) == (("nats://y:1",), 5, "p")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "table", "fragment"),
+    [
+        (["serve"], {"KVGATEWAY_WORKERS": "0"}, "", "KVGATEWAY_WORKERS: must be from 1 to 1024, got 0"),
+        (["serve", "--workers", "two"], {}, "", "--workers: expected an integer, got 'two'"),
+        (["serve"], {}, "workers = true", "[cluster] key 'workers': expected an integer"),
+        (["serve"], {}, "nodes = 2", "[cluster]: unknown key 'nodes'"),
+        (["edge"], {"KVGATEWAY_NATS_REPLICAS": "9"}, "", "KVGATEWAY_NATS_REPLICAS: must be from 1 to 5"),
+        (["edge"], {}, 'nats_retention = "long"', "[cluster] key 'nats_retention': expected a number"),
+    ],
+)
+def test_bad_cluster_settings_name_where_they_came_from(
+    tmp_path: Path, argv: list[str], env: dict[str, str], table: str, fragment: str
+) -> None:
+    path = tmp_path / "kvgateway.toml"
+    path.write_text(f"[cluster]\n{table}\n")
+    with pytest.raises(ConfigError) as info:
+        config.resolve_cluster(_cluster_args(*argv, "--config", str(path)), environ=env)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_every_cluster_setting_is_a_flag_of_its_commands() -> None:
+    """The [cluster] table and the flags name the same settings: serve has the --workers ones,
+    ingest and edge every --nats-*."""
+    from kvgateway import cli
+
+    def flags(*argv: str) -> set[str]:
+        return set(vars(cli.build_parser().parse_args(list(argv))))
+
+    serve, edge, ingest = flags("serve"), flags("edge"), flags("ingest")
+    for option in config.CLUSTER_OPTIONS:
+        wanted = [serve] if option.key in ("workers", "state_dir") else [edge, ingest]
+        assert all(option.dest in names for names in wanted), option.key
+    assert "nats" in serve

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -270,3 +271,18 @@ def test_lag_histogram_buckets_as_prometheus_does(value: float) -> None:
         key = next(k for k in cumulative if k != "+Inf" and float(k) == bound)
         assert cumulative[key] == (1 if value <= bound else 0), (value, bound)
     assert cumulative["+Inf"] == 1
+
+
+def test_a_replay_ended_by_a_restart_is_info_a_failed_one_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A publisher restart mid-recovery is routine (the old process's batches are reported lost
+    apart); only a replay the socket failed is a warning. Both count as outcome failed."""
+    rig = Rig()
+    with caplog.at_level(logging.INFO):
+        rig.outlet.apply([RequestReplay(1, 5, "gap"), ReplayFinished(1, "failed", 0, by_restart=True)], NOW, held=0)
+        rig.outlet.apply([RequestReplay(2, 5, "gap"), ReplayFinished(2, "failed", 0)], NOW, held=0)
+    replays = [(r.levelname, r.getMessage()) for r in caplog.records if "replay" in r.getMessage()]
+    assert replays == [
+        ("INFO", "stream e[0]: replay ended by the publisher's restart, 0 batches replayed in 1 attempt(s)"),
+        ("WARNING", "stream e[0]: replay failed, 0 batches replayed in 1 attempt(s)"),
+    ]
+    assert rig.sample("kvgateway_replay_requests_total", outcome="failed") == 2

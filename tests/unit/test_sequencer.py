@@ -1201,3 +1201,15 @@ def test_a_gap_reply_far_above_the_cursor_is_a_clock_seeded_restart() -> None:
         Restart(new, CLOCK + 3, "jump"),
         rr(4, 0, "catch_up"),
     ]
+
+
+def test_a_recovery_ended_by_a_restart_says_so() -> None:
+    """A gap's replay in flight when the publisher restarts: what it owed is lost (reason restart)
+    and the recovery ends marked by_restart (its log line is routine, not a replay failure)."""
+    s = running(0, 1)
+    assert feed(s, 5) == [GapDetected(2, 4), rr(2, 2)]
+    out = s.on_live(0, b(0), raw(0, proc=1))
+    assert CancelReplay(2) in out and Unrecovered(2, 4, "restart") in out
+    (finished,) = [a for a in out if isinstance(a, ReplayFinished)]
+    assert finished == ReplayFinished(2, "failed", 0, 1) and finished.by_restart
+    assert not any(isinstance(a, ReplayFinished) and a.by_restart for a in s.on_replay_end(3))

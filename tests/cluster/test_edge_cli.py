@@ -1,0 +1,66 @@
+"""An edge's command line as a user meets it: a wrong URL or stream name is one line and quick, and
+an edge whose NATS server is gone stops cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+
+import nats
+import pytest
+from nats.js import api as js_api
+
+from kvgateway.cluster.edge import EPOCH_CHECK_SECONDS
+from tests.cluster._nats import NatsServer
+from tests.cluster.test_cluster import edge, ingest, probe_port, sim, source
+from tests.support import Proc, free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _error_lines(lines: list[str]) -> list[str]:
+    return [line for line in lines if " ERROR " in line or "error:" in line]
+
+
+def test_edge_stops_cleanly_after_nats_is_gone(procs: Callable[..., Proc], nats_server: NatsServer) -> None:
+    pub, rep, port = free_port(), free_port(), free_port()
+    sim(procs, pub, rep, "--rate", "50", "--batches", "100000")
+    publisher = ingest(procs, nats_server, source(pub, rep))
+    # --port 0: the start-up line shows the probes' real port (it said 127.0.0.1:0 before the bind)
+    assert publisher.wait_for(r"gateway started: http 127\.0\.0\.1:(\d+),").group(1) == str(probe_port(publisher))
+    follower = edge(procs, nats_server, None, port)
+    nats_server.stop()
+    follower.wait_for("nats: disconnected", timeout=20)
+    # Not a synchronisation but the case itself: the edge's next epoch check, queued while NATS is
+    # gone, is what nats-py's close used to write to the dead transport.
+    time.sleep(EPOCH_CHECK_SECONDS * 1.5)
+    assert follower.stop(20) == 0
+    output = follower.output()
+    assert "Traceback" not in output and "shutdown failed" not in output, output
+
+
+def test_edge_given_a_stream_that_does_not_exist_fails_fast(nats_server: NatsServer) -> None:
+    """The server holds another stream: the name is wrong, said within seconds (not 30), in one line."""
+
+    async def create() -> None:
+        nc = await nats.connect(nats_server.url)
+        await nc.jetstream().add_stream(js_api.StreamConfig(name="KVGATEWAY", subjects=["kvgateway.>"]))
+        await nc.close()
+
+    asyncio.run(create())
+    began = time.monotonic()
+    proc = Proc("edge", "--nats", nats_server.url, "--nats-stream", "NOPE", "--port", str(free_port()))
+    lines = proc.finished_output(timeout=30)
+    assert proc.popen.returncode == 1, lines
+    assert time.monotonic() - began < 20, lines
+    (error,) = _error_lines(lines)
+    assert re.search(r"stream NOPE does not exist \(this server has KVGATEWAY; see --nats-stream\)", error), error
+
+
+def test_edge_given_a_url_that_is_not_nats_says_so() -> None:
+    proc = Proc("edge", "--nats", "http://127.0.0.1:4222", "--port", "0", stderr_apart=True)
+    assert proc.popen.wait(30) == 2
+    errors = proc.errors().strip().splitlines()
+    assert len(errors) == 1 and "http:// is not NATS; give nats://HOST:PORT" in errors[0], errors

@@ -1,0 +1,120 @@
+"""``serve --workers``'s supervisor with real processes: the children it starts, the nats-server's
+output, and a child that cannot start."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kvgateway.cluster.supervisor import MAX_FAILED_STARTS
+from tests.cluster._nats import NatsServer, nats_binary
+from tests.cluster.test_cluster import ready, sim, source
+from tests.support import Proc, free_port, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+AS_INSTALLED = (sys.executable, "-P", "-m", "kvgateway")
+"""The parent as the installed ``kvgateway`` script runs: the working directory not on sys.path."""
+
+
+def test_a_kvgateway_folder_in_the_working_directory_is_ignored(procs: Callable[..., Proc], tmp_path: Path) -> None:
+    """From a directory holding a ``kvgateway/`` folder (a clone's parent; an editable install's
+    finder comes after it on the path) the roles still import the package the parent runs; the
+    private nats-server's banner goes to its log, not the terminal."""
+    nats_binary()
+    bogus = tmp_path / "kvgateway"
+    bogus.mkdir()
+    (bogus / "__init__.py").write_text("raise ImportError('the bogus kvgateway folder was imported')\n")
+    pub, rep, port = free_port(), free_port(), free_port()
+    sim(procs, pub, rep, "--rate", "50", "--batches", "100000")
+    parent = Proc(
+        "serve", "--source", source(pub, rep), "--port", str(port), "--workers", "2",
+        command=AS_INSTALLED, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        parent.wait_for("with 2 edge processes", timeout=30)
+        wait_until(lambda: ready(port), timeout=40, what="an edge ready")
+        assert parent.popen.poll() is None
+        output = parent.output()
+        assert "exited (code" not in output and "Traceback" not in output, output
+        assert "Starting nats-server" not in output, output  # the banner ...
+        log = tmp_path / "kvgateway-state" / "nats-server.log"
+        assert "Starting nats-server" in log.read_text()  # ... is in the state directory
+        assert f"nats-server log: {log.relative_to(tmp_path)}" in output
+        assert parent.stop(20) == 0
+    finally:
+        parent.stop()
+
+
+def test_a_child_that_cannot_start_ends_the_supervisor(procs: Callable[..., Proc], nats_server: NatsServer) -> None:
+    """Edges that cannot bind their port fail at start: started again after growing pauses, then
+    the supervisor stops everything and exits 1 with one line."""
+    pub, rep = free_port(), free_port()
+    sim(procs, pub, rep)
+    with socket.socket() as taken:  # no SO_REUSEPORT: the edges' bind fails
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        began = time.monotonic()
+        parent = procs(
+            "serve", "--source", source(pub, rep), "--port", str(port), "--workers", "1", "--nats", nats_server.url
+        )
+        code = parent.popen.wait(90)
+    lines = parent.finished_output()
+    assert code == 1, lines
+    assert time.monotonic() - began < 90
+    given_up = [line for line in lines if "giving up" in line]
+    assert len(given_up) == 1, lines
+    assert "edge 1 failed to start 4 times in a row (exit code 1; its output is above)" in given_up[0]
+    restarts = [line for line in lines if "edge 1 exited (code 1): starting it again" in line]
+    assert len(restarts) == MAX_FAILED_STARTS - 1, lines
+    assert [line.rsplit(" in ", 1)[1] for line in restarts] == ["1 s", "2 s", "4 s"]
+    assert not any("Traceback" in line for line in lines), lines
+
+
+def test_workers_from_the_environment_and_nats_from_the_file(
+    procs: Callable[..., Proc], nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """KVGATEWAY_WORKERS and the file's [cluster] nats: serve runs the roles, no flag needed."""
+    pub, rep, port = free_port(), free_port(), free_port()
+    sim(procs, pub, rep, "--rate", "50", "--batches", "100000")
+    path = tmp_path / "kvgateway.toml"
+    path.write_text(f'[cluster]\nnats = "{nats_server.url}"\n')
+    parent = procs(
+        "serve", "--source", source(pub, rep), "--port", str(port), "--config", str(path),
+        env={"KVGATEWAY_WORKERS": "1"},
+    )  # fmt: skip
+    parent.wait_for("with 1 edge processes", timeout=30)
+    wait_until(lambda: ready(port), timeout=40, what="the edge ready")
+    assert "started nats-server" not in parent.output()  # the file's server, not a private one
+    assert parent.stop(20) == 0
+
+
+def test_a_private_nats_server_that_cannot_start_points_at_its_log(procs: Callable[..., Proc], tmp_path: Path) -> None:
+    """Its words are in its log (not the terminal): the one line says where."""
+    nats_binary()
+    state = tmp_path / "state"
+    (state / "nats-server.log").mkdir(parents=True)  # a log it cannot open: it exits at once
+    parent = procs("serve", "--source", source(free_port(), free_port()), "--workers", "1", "--state-dir", str(state))
+    code = parent.popen.wait(90)
+    lines = parent.finished_output()
+    assert code == 1, lines
+    (given_up,) = [line for line in lines if "giving up" in line]
+    assert (
+        f"nats-server failed to start 4 times in a row (exit code 1; its log: {state / 'nats-server.log'})" in given_up
+    )
+
+
+def test_a_state_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    nats_binary()
+    state = tmp_path / "state"
+    state.write_text("not a directory\n")
+    proc = Proc("serve", "--source", source(free_port(), free_port()), "--workers", "1", "--state-dir", str(state))
+    lines = proc.finished_output(timeout=60)
+    assert proc.popen.returncode == 2, lines
+    assert len(lines) == 1 and f"--state-dir {str(state)!r}" in lines[0], lines

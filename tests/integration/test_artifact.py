@@ -1,0 +1,269 @@
+"""What users install, run as they run it: the wheel and the sdist built from the files the image's
+build context holds, installed (not editable) into fresh virtual environments outside the checkout,
+every command started from a directory that is not the checkout, and the Dockerfile's own RUN steps.
+
+One module-scoped build serves every test: the Dockerfile's ``pip wheel`` step fills a wheelhouse
+once, and every environment is installed from it with ``--no-index`` (offline, seconds each)."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tomllib
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cluster._nats import NatsServer
+from tests.support import REPO, Proc, free_ports, sim_endpoints, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+COMMANDS = ("serve", "ingest", "edge", "simulate", "demo")
+ENV = {**os.environ, "PYTHONPATH": "", "PYTHONDONTWRITEBYTECODE": "1"}  # nothing from the checkout
+
+
+def _run(argv: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(argv, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout, check=False)
+    assert result.returncode == 0, f"{shlex.join(argv)}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+def _context(dest: Path) -> Path:
+    """The checkout's files that deploy/Dockerfile.dockerignore lets into the image's build context
+    (its allow-list: ``*`` then ``!NAME`` lines), so the build sees what ``docker build`` would."""
+    allowed, excluded = [], []
+    for raw in (REPO / "deploy/Dockerfile.dockerignore").read_text().splitlines():
+        line = raw.strip()
+        if line.startswith("!"):
+            allowed.append(line[1:])
+        elif line and not line.startswith("#") and line != "*":
+            excluded.append(line.removeprefix("**/"))
+    ignore = shutil.ignore_patterns(*excluded)
+    for entry in REPO.iterdir():
+        if not any(fnmatch.fnmatch(entry.name, pattern) for pattern in allowed):
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, dest / entry.name, ignore=ignore)
+        else:
+            shutil.copy2(entry, dest / entry.name)
+    return dest
+
+
+def dockerfile_steps() -> list[list[str]]:
+    """The pip and kvgateway commands of deploy/Dockerfile's RUN instructions, in order (users,
+    groups and directories are the image's business)."""
+    text = (REPO / "deploy/Dockerfile").read_text().replace("\\\n", " ")
+    steps = []
+    for line in text.splitlines():
+        if not line.startswith("RUN "):
+            continue
+        for command in line[4:].split("&&"):
+            words = [word for word in shlex.split(command) if not word.startswith("--mount=")]
+            if words and words[0] in ("pip", "kvgateway"):
+                steps.append(words)
+    return steps
+
+
+@dataclass
+class Artifacts:
+    root: Path
+    context: Path  # the build context (a copy)
+    wheels: Path  # the Dockerfile's wheelhouse: kvgateway, nats-py and every dependency
+    elsewhere: Path  # the working directory of every command: not the checkout
+    docker_steps: list[list[str]]
+
+    def wheel(self) -> Path:
+        (wheel,) = self.wheels.glob("kvgateway-*.whl")
+        return wheel
+
+    def venv(self, name: str, *requirements: str) -> Path:
+        """A fresh virtual environment with ``requirements`` installed from the wheelhouse alone."""
+        venv = self.root / name
+        if not venv.exists():
+            _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=self.elsewhere)
+            pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q"]
+            _run([*pip, "--no-index", "--find-links", str(self.wheels), *requirements], cwd=self.elsewhere)
+        return venv
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Artifacts]:
+    root = tmp_path_factory.mktemp("artifact")
+    context = _context(root / "src")
+    wheels = root / "wheels"
+    elsewhere = root / "elsewhere"
+    elsewhere.mkdir()
+    steps = dockerfile_steps()
+    build = [step for step in steps if step[:2] == ["pip", "wheel"]]
+    assert len(build) == 1, steps
+    # The Dockerfile's build step, as written, with its wheel directory here.
+    _run([sys.executable, "-m", *[str(wheels) if word == "/wheels" else word for word in build[0]]], cwd=context)
+    # The sdist's build needs the build backend pyproject.toml asks for, from the wheelhouse too.
+    backend = tomllib.loads((context / "pyproject.toml").read_text())["build-system"]["requires"]
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels), *backend], cwd=context)
+    yield Artifacts(root, context, wheels, elsewhere, steps)
+
+
+def _ready(base: str) -> bool:
+    try:
+        return httpx.get(base + "/readyz", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _kvgateway(venv: Path) -> tuple[str, ...]:
+    return (str(venv / "bin/kvgateway"),)
+
+
+def _installed_at(venv: Path, cwd: Path) -> Path:
+    probe = "import kvgateway.cluster.supervisor, kvgateway; print(kvgateway.__file__)"
+    return Path(_run([str(venv / "bin/python"), "-c", probe], cwd=cwd).stdout.strip())
+
+
+def test_wheel_holds_every_package(artifacts: Artifacts) -> None:
+    names = set(zipfile.ZipFile(artifacts.wheel()).namelist())
+    packages = {str(p.parent.relative_to(REPO)) for p in (REPO / "kvgateway").rglob("__init__.py")}
+    assert {f"{package}/__init__.py" for package in packages} <= names, packages
+    assert {"kvgateway/cluster/supervisor.py", "kvgateway/protocol.schema.json", "kvgateway/py.typed"} <= names
+    static = {str(p.relative_to(REPO)) for p in (REPO / "static").rglob("*") if p.is_file()}
+    assert {f"kvgateway/{name}" for name in static} <= names  # the dashboard and its vendor files
+    assert not any(name.startswith(("tests/", "static/", "bench/")) for name in names)
+    metadata = zipfile.ZipFile(artifacts.wheel()).read("kvgateway-0.1.0.dist-info/METADATA").decode()
+    assert "License-Expression: Apache-2.0" in metadata
+
+
+def test_dockerfile_steps(artifacts: Artifacts) -> None:
+    """The runtime stage's install and check, as the Dockerfile writes them, into a fresh venv."""
+    venv = artifacts.root / "docker"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=artifacts.elsewhere)
+    installs = [step for step in artifacts.docker_steps if step[:2] == ["pip", "install"]]
+    checks = [step for step in artifacts.docker_steps if step[0] == "kvgateway"]
+    assert installs and checks, artifacts.docker_steps
+    for step in installs:
+        words = [word.replace("/wheels", str(artifacts.wheels)) for word in step[1:]]
+        _run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), *words], cwd=artifacts.elsewhere)
+    for step in checks:
+        result = _run([str(venv / "bin/kvgateway"), *step[1:]], cwd=artifacts.elsewhere)
+        assert re.fullmatch(r"kvgateway \d+\.\d+\.\d+\S*\n", result.stdout), result.stdout
+    assert _installed_at(venv, artifacts.elsewhere).is_relative_to(venv)
+
+
+def test_every_command_help_and_version(artifacts: Artifacts) -> None:
+    """Without the nats extra: every command's help works (the cluster commands import no NATS),
+    and the NATS commands say in one line how to get it."""
+    venv = artifacts.venv("plain", "kvgateway")
+    assert _installed_at(venv, artifacts.elsewhere).is_relative_to(venv)
+    assert _run([*_kvgateway(venv), "--version"], cwd=artifacts.elsewhere).stdout.startswith("kvgateway ")
+    assert "usage: kvgateway" in _run([*_kvgateway(venv), "--help"], cwd=artifacts.elsewhere).stdout
+    for command in COMMANDS:
+        result = _run([*_kvgateway(venv), command, "--help"], cwd=artifacts.elsewhere)
+        assert f"usage: kvgateway {command}" in result.stdout, result.stdout
+    source = ["--source", "name=a,endpoint=tcp://127.0.0.1:9"]
+    for argv in (["ingest", *source], ["edge"], ["serve", "--workers", "1", *source]):
+        result = subprocess.run(
+            [*_kvgateway(venv), *argv, "--nats", "nats://127.0.0.1:9"],
+            check=False,
+            cwd=artifacts.elsewhere,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, (argv, result.stderr)
+        assert result.stderr.count("\n") == 1 and "kvgateway[nats]" in result.stderr, (argv, result.stderr)
+
+
+def test_installed_gateway_serves_dashboard(artifacts: Artifacts) -> None:
+    venv = artifacts.venv("plain", "kvgateway")
+    pub, rep, port = free_ports(3)
+    sim = Proc(
+        "simulate", "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}",
+        command=_kvgateway(venv), cwd=artifacts.elsewhere, env=ENV,
+    )  # fmt: skip
+    gateway = Proc(
+        "serve", "--source", f"name=sim,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep}",
+        "--port", str(port), command=_kvgateway(venv), cwd=artifacts.elsewhere, env=ENV,
+    )  # fmt: skip
+    try:
+        sim_endpoints(sim)
+        gateway.wait_for("gateway started", timeout=30)
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _ready(base), timeout=30, what="/readyz")
+        index = httpx.get(base + "/", timeout=10)
+        assert index.status_code == 200 and "<html" in index.text.lower()
+        assets = re.findall(r'(?:src|href)="([^":]+)"', index.text)
+        assert "vendor/uplot/uPlot.iife.min.js" in assets and "app.js" in assets, assets
+        for asset in assets:
+            answer = httpx.get(f"{base}/{asset}", timeout=10)
+            assert answer.status_code == 200 and answer.content, asset
+        schema = httpx.get(base + "/v1/schema", timeout=10)
+        assert schema.status_code == 200 and "$schema" in json.loads(schema.content)
+    finally:
+        gateway.stop()
+        sim.stop()
+
+
+def test_installed_ingest_and_edge_on_nats(artifacts: Artifacts) -> None:
+    """With the nats extra: ingest and edge from the installed package against a real nats-server."""
+    venv = artifacts.venv("with-nats", f"kvgateway[nats] @ {artifacts.wheel().as_uri()}")
+    nats = NatsServer(artifacts.root / "nats")
+    nats.start()
+    pub, rep, port = free_ports(3)
+    spec = f"name=sim,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep}"
+    run = {"command": _kvgateway(venv), "cwd": artifacts.elsewhere, "env": ENV}
+    procs = [Proc("simulate", "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", **run)]
+    try:
+        sim_endpoints(procs[0])
+        procs.append(Proc("ingest", "--source", spec, "--nats", nats.url, "--port", "0", **run))
+        procs[-1].wait_for("ingest publishing to", timeout=30)
+        procs.append(Proc("edge", "--nats", nats.url, "--port", str(port), **run))
+        procs[-1].wait_for("edge serving on", timeout=30)
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _ready(base), timeout=30, what="/readyz")
+        assert httpx.get(base + "/", timeout=10).status_code == 200
+        sources = httpx.get(base + "/v1/sources", timeout=10).json()
+        assert "sim" in json.dumps(sources)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        nats.stop()
+
+
+def test_sdist_builds_and_installs(artifacts: Artifacts) -> None:
+    """The sdist, built by the PEP 517 backend pyproject.toml names, holds what the wheel needs and
+    installs (built from itself, offline) into a fresh venv that runs outside the checkout."""
+    builder = artifacts.venv(
+        "builder", *tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    )
+    out = artifacts.root / "sdist"
+    out.mkdir()
+    hook = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+    built = _run([str(builder / "bin/python"), "-c", hook, str(out)], cwd=artifacts.context)
+    # No deprecation (project.license as a table was one, printed by every pip install) or other warning.
+    assert "Warning" not in built.stderr, built.stderr
+    name = built.stdout.split()[-1]
+    sdist = out / name
+    with tarfile.open(sdist) as tar:
+        members = {member.split("/", 1)[1] for member in tar.getnames() if "/" in member}
+    assert {"pyproject.toml", "setup.py", "kvgateway/cluster/edge.py", "static/index.html"} <= members
+    assert "static/vendor/uplot/uPlot.iife.min.js" in members
+    venv = artifacts.venv("from-sdist", str(sdist))
+    assert _installed_at(venv, artifacts.elsewhere).is_relative_to(venv)
+    result = _run([*_kvgateway(venv), "edge", "--help"], cwd=artifacts.elsewhere)
+    assert "usage: kvgateway edge" in result.stdout
+    static = _run(
+        [str(venv / "bin/python"), "-c", "import kvgateway.app as a; print(a.static_dir())"], cwd=artifacts.elsewhere
+    )
+    assert (Path(static.stdout.strip()) / "vendor/uplot/uPlot.iife.min.js").is_file()

@@ -1,0 +1,30 @@
+"""What a new user reads and types in the first hour: the Makefile's demo and the docs' promises."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from kvgateway.config import ConfigError, parse_source_flag
+from tests.support import REPO
+
+
+@pytest.mark.parametrize(("extra", "command"), [([], "kvgateway demo"), (["PORT=9099"], "kvgateway demo --port 9099")])
+def test_make_demo_passes_port(extra: list[str], command: str) -> None:
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    result = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "demo", *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    assert result.stdout.strip().endswith(command), result.stdout
+
+
+def test_operations_says_publisher_zmq_is_required() -> None:
+    """docs/operations.md says what the config does: a kv_events_config without it is refused."""
+    text = " ".join((REPO / "docs/operations.md").read_text().split())
+    assert '`"publisher": "zmq"` is required in the JSON the gateway is given' in text
+    with pytest.raises(ConfigError, match='"publisher": "zmq"'):
+        parse_source_flag('name=a,host=h,kv_events_config={"enable_kv_cache_events": true}')
