@@ -234,6 +234,7 @@ async def run_engine(engine: SimulatedEngine, role: Role, silence: tuple[float, 
 
 
 async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
+    from kvgateway.heap import freeze_startup_heap
     from kvgateway.server import serve
 
     with tempfile.TemporaryDirectory(prefix="kvgateway-demo-") as directory:
@@ -254,6 +255,7 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
         runners: list[asyncio.Future[None]] = []
 
         def ready(url: str) -> None:
+            freeze_startup_heap()  # as `serve` does: start-up's objects out of every full collection
             print(f"kvgateway demo: dashboard at {url}", flush=True)
             print("kvgateway demo: press Ctrl-C to stop", flush=True)
 

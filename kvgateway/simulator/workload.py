@@ -99,18 +99,14 @@ def _packed_hash(parent: wire.Hash | None, packed: bytes, kind: HashKind) -> wir
 # --- the workload ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Block:
-    """One full block. Its tokens are kept packed (:func:`_pack`): a resident block costs about a
-    fifth of the memory a tuple of ints would, which is most of a simulated fleet's memory."""
-
-    hash: wire.Hash
-    parent: wire.Hash | None
-    packed: bytes
-
-    @property
-    def size(self) -> int:
-        return len(self.packed) // 4
+_Block: TypeAlias = tuple[wire.Hash, wire.Hash | None, bytes]
+"""One full block: its hash, its parent's hash and its tokens packed (:func:`_pack`; half the
+memory of a tuple of ints). A plain tuple of ints and bytes, which the garbage collector stops
+tracking after one look, so a fleet's resident blocks cost the process's full collections (the
+gateway's, in the demo) nothing; a named tuple or a class would be tracked for good."""
+_HASH: Final = 0
+_PARENT: Final = 1
+_PACKED: Final = 2
 
 
 @dataclass(slots=True)
@@ -124,7 +120,7 @@ class _Conversation:
         return _Conversation(list(self.blocks), list(self.tail))
 
     def tokens(self) -> int:
-        return sum(b.size for b in self.blocks) + len(self.tail)
+        return sum(len(b[_PACKED]) // 4 for b in self.blocks) + len(self.tail)
 
 
 class _Pool:
@@ -133,7 +129,7 @@ class _Pool:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._blocks: OrderedDict[int, _Block] = OrderedDict()
-        self._by_hash: dict[wire.Hash, list[int]] = {}
+        self._by_hash: dict[wire.Hash, tuple[int, ...]] = {}  # tuples, untracked like the blocks
         self._ids = count()
 
     def __contains__(self, h: wire.Hash) -> bool:
@@ -150,14 +146,15 @@ class _Pool:
         evicted: list[_Block] = []
         while len(self._blocks) >= self.capacity:
             pid, old = self._blocks.popitem(last=False)
-            copies = self._by_hash[old.hash]
-            copies.remove(pid)
-            if not copies:
-                del self._by_hash[old.hash]
+            copies = tuple(other for other in self._by_hash[old[_HASH]] if other != pid)
+            if copies:
+                self._by_hash[old[_HASH]] = copies
+            else:
+                del self._by_hash[old[_HASH]]
             evicted.append(old)
         pid = next(self._ids)
         self._blocks[pid] = block
-        self._by_hash.setdefault(block.hash, []).append(pid)
+        self._by_hash[block[_HASH]] = (*self._by_hash.get(block[_HASH], ()), pid)
         return evicted
 
     def sample(self, rng: random.Random) -> _Block | None:
@@ -316,7 +313,7 @@ class Workload:
         total = conv.tokens() + len(user) + len(reply)
         if total > self._max_tokens:
             # Tiny GPU pools: truncate the request instead of letting it evict its own blocks.
-            tokens = [*_unpack(b"".join(b.packed for b in conv.blocks)), *conv.tail, *user, *reply]
+            tokens = [*_unpack(b"".join(b[_PACKED] for b in conv.blocks)), *conv.tail, *user, *reply]
             conv = _Conversation()
             split = min(len(tokens) - len(reply), self._max_tokens)
             self._extend(conv, tokens[:split])
@@ -336,8 +333,8 @@ class Workload:
     def _serve(self, chain: list[_Block], prompt_blocks: int, events: list[wire.Event]) -> None:
         """Schedule one request: reuse the cached prefix, store the rest (prompt, then output)."""
         hit = 0
-        while hit < prompt_blocks and chain[hit].hash in self._gpu:
-            self._gpu.touch(chain[hit].hash)
+        while hit < prompt_blocks and chain[hit][_HASH] in self._gpu:
+            self._gpu.touch(chain[hit][_HASH])
             hit += 1
         # Like vLLM, matching stops at the first miss: later blocks are recomputed and stored again
         # even if still resident, which is one natural source of duplicate stores.
@@ -383,7 +380,7 @@ class Workload:
                     self._offload_evicted(evicted, events)
                 events.append(
                     wire.BlockRemoved(
-                        block_hashes=[b.hash for b in evicted],
+                        block_hashes=[b[_HASH] for b in evicted],
                         medium=self._medium_name(medium),
                         extra=dict(self._removed_extra),
                     )
@@ -391,7 +388,7 @@ class Workload:
             events.append(self._stored_event(part, medium, placeholder=placeholder))
 
     def _offload_evicted(self, evicted: list[_Block], events: list[wire.Event]) -> None:
-        chosen = [b for b in evicted if b.hash not in self._cpu and self._rng.random() < _P_OFFLOAD_EVICTED]
+        chosen = [b for b in evicted if b[_HASH] not in self._cpu and self._rng.random() < _P_OFFLOAD_EVICTED]
         if not chosen:
             return
         if self._rng.random() < _P_PLACEHOLDER:
@@ -404,7 +401,7 @@ class Workload:
         if placeholder:
             # vLLM's offloading connector without self-describing events: no tokens, no parent.
             return wire.BlockStored(
-                block_hashes=[b.hash for b in blocks],
+                block_hashes=[b[_HASH] for b in blocks],
                 parent_block_hash=None,
                 token_ids=[],
                 block_size=0,
@@ -412,9 +409,9 @@ class Workload:
                 extra=self._stored_extra(blocks),
             )
         return wire.BlockStored(
-            block_hashes=[b.hash for b in blocks],
-            parent_block_hash=blocks[0].parent,
-            token_ids=list(_unpack(b"".join(b.packed for b in blocks))),
+            block_hashes=[b[_HASH] for b in blocks],
+            parent_block_hash=blocks[0][_PARENT],
+            token_ids=list(_unpack(b"".join(b[_PACKED] for b in blocks))),
             block_size=self.block_size,
             medium=self._medium_name(medium),
             extra=self._stored_extra(blocks),
@@ -429,7 +426,7 @@ class Workload:
         if not self.metadata:
             return {}
         # A stable per-tenant salt: derived from the chain's first block, no random draw.
-        first = blocks[0].hash
+        first = blocks[0][_HASH]
         tenant = (first[-1] if isinstance(first, bytes) else first & 0xFF) % 4
         return {"cache_salt": f"tenant-{tenant}"}
 
@@ -441,8 +438,8 @@ class Workload:
         while len(conv.tail) >= size:
             packed = _pack(conv.tail[:size])
             del conv.tail[:size]
-            parent = conv.blocks[-1].hash if conv.blocks else None
-            conv.blocks.append(_Block(_packed_hash(parent, packed, self.hash_kind), parent, packed))
+            parent = conv.blocks[-1][_HASH] if conv.blocks else None
+            conv.blocks.append((_packed_hash(parent, packed, self.hash_kind), parent, packed))
 
     @staticmethod
     def _text(rng: random.Random, n: int) -> list[int]:
