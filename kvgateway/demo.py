@@ -38,9 +38,6 @@ REPLAY_SECONDS = 120.0
 :data:`MIN_REPLAY_BATCHES`). vLLM keeps 10,000 batches; 64 simulated engines doing that would hold
 about 1.5 GB of payloads the gateway never asks for, since it replays only a gap."""
 MIN_REPLAY_BATCHES = 64
-LEARNED_PER_CAPACITY_BLOCK = 2
-"""Unless ``--max-learned-blocks`` is given, the demo's chain learner keeps twice the engines'
-configured GPU and CPU capacity: every resident chain, and room for what was evicted lately."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -157,14 +154,6 @@ def rank_rate(args: argparse.Namespace) -> float:
     return DEFAULT_RATE
 
 
-def learned_blocks(settings: config.Settings, sources: tuple[SourceConfig, ...]) -> int:
-    """The chain learner's cap: as configured, or (left at the default) twice the engines' capacity."""
-    if settings.max_learned_blocks != config.Settings().max_learned_blocks:
-        return settings.max_learned_blocks
-    capacity = sum(sum(s.capacity_blocks.values()) * s.dp_size for s in sources)
-    return min(settings.max_learned_blocks, LEARNED_PER_CAPACITY_BLOCK * capacity)
-
-
 def fleet_roles(sources: tuple[SourceConfig, ...]) -> dict[tuple[str, int], Role]:
     keys = [(s.name, r) for s in sources for r in range(s.dp_size)]
     roles = {key: Role(rate_factor=0.5 + (n % 4) / 4) for n, key in enumerate(keys)}
@@ -245,9 +234,7 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
         else:
             sources = demo_sources(sockets)
             roles = demo_roles(sources)
-        settings = config.validate(
-            replace(settings, sources=sources, max_learned_blocks=learned_blocks(settings, sources))
-        )
+        settings = config.validate(replace(settings, sources=sources))
         context = zmq.asyncio.Context()
         pairs = build_engines(args, sources, roles, context)
         engines = [engine for engine, _ in pairs]
