@@ -28,8 +28,9 @@ DEFAULT_RATE = 20.0
 """Batches/s of a demo engine rank at role factor 1 (``--rate``'s default)."""
 FLEET_BATCHES_PER_SECOND = 128.0
 """``--streams N`` without ``--rate``: each rank's rate is this divided by N (at most
-:data:`DEFAULT_RATE`), so a fleet of any size publishes about as much as the four-engine demo
-does in all, and stays light on a laptop: 64 ranks at 2 batches/s."""
+:data:`DEFAULT_RATE`), so a fleet of any size publishes about 110 batches/s in all (times the
+roles' factors) and stays light on a laptop: 64 ranks at 2 batches/s. The four-engine demo
+publishes 60."""
 FLEET_BLOCKS = 512
 """The fleet's GPU capacities are this many blocks times 1, 2, 4, 8 (source by source): small
 caches, so the simulated engines and the gateway's index stay small and fill within minutes."""
