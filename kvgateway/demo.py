@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import zmq.asyncio
 
 from kvgateway import config, logs
 from kvgateway.config import SourceConfig
@@ -23,11 +24,32 @@ SILENT_SOURCE = "vllm-c"
 """The demo engine that goes quiet now and then (connected, publishing nothing)."""
 CLEAR_EVERY = 900
 """vllm-a rank 1 clears its prefix cache every this many batches: its fill rises and falls."""
+DEFAULT_RATE = 20.0
+"""Batches/s of a demo engine rank at role factor 1 (``--rate``'s default)."""
+FLEET_BATCHES_PER_SECOND = 128.0
+"""``--streams N`` without ``--rate``: each rank's rate is this divided by N (at most
+:data:`DEFAULT_RATE`), so a fleet of any size publishes about 110 batches/s in all (times the
+roles' factors) and stays light on a laptop: 64 ranks at 2 batches/s. The four-engine demo
+publishes 60."""
+FLEET_BLOCKS = 512
+"""The fleet's GPU capacities are this many blocks times 1, 2, 4, 8 (source by source): small
+caches, so the simulated engines and the gateway's index stay small and fill within minutes."""
+REPLAY_SECONDS = 120.0
+"""Each demo engine keeps about this many seconds of batches for replay (at least
+:data:`MIN_REPLAY_BATCHES`). vLLM keeps 10,000 batches; 64 simulated engines doing that would hold
+about 1.5 GB of payloads the gateway never asks for, since it replays only a gap."""
+MIN_REPLAY_BATCHES = 64
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     config.add_server_arguments(parser)
-    parser.add_argument("--rate", type=float, default=20.0, help="batches/s per engine rank (default 20)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help=f"batches/s per engine rank (default {DEFAULT_RATE:g}; with --streams N: "
+        f"{FLEET_BATCHES_PER_SECOND:g}/N, at most {DEFAULT_RATE:g})",
+    )
     parser.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
     parser.add_argument(
         "--restart-every",
@@ -56,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if not 0 < args.rate <= 100_000:
+    if args.rate is not None and not 0 < args.rate <= 100_000:
         raise config.ConfigError(f"--rate: expected a rate from 0 (exclusive) to 100000, got {args.rate}")
     if args.restart_every < 0:
         raise config.ConfigError(f"--restart-every: expected N >= 0, got {args.restart_every}")
@@ -116,12 +138,21 @@ def demo_roles(sources: tuple[SourceConfig, ...]) -> dict[tuple[str, int], Role]
 
 def fleet_sources(sockets: Path, streams: int) -> tuple[SourceConfig, ...]:
     """``streams`` streams as sources of 8 ranks ("pool-00", "pool-01", ...), GPU capacities from
-    2,048 to 16,384 blocks so their caches fill at different speeds."""
+    :data:`FLEET_BLOCKS` to 8 times that, so their caches fill at different speeds."""
     out = []
     for i, first in enumerate(range(0, streams, 8)):
         size = min(8, streams - first)
-        out.append(_source(sockets, f"pool-{i:02d}", dp_size=size, capacity={"GPU": 2048 << (i % 4)}))
+        out.append(_source(sockets, f"pool-{i:02d}", dp_size=size, capacity={"GPU": FLEET_BLOCKS << (i % 4)}))
     return tuple(out)
+
+
+def rank_rate(args: argparse.Namespace) -> float:
+    """Batches/s of a rank at role factor 1: ``--rate``, or its default for the demo or fleet."""
+    if args.rate is not None:
+        return float(args.rate)
+    if args.streams:
+        return min(DEFAULT_RATE, FLEET_BATCHES_PER_SECOND / int(args.streams))
+    return DEFAULT_RATE
 
 
 def fleet_roles(sources: tuple[SourceConfig, ...]) -> dict[tuple[str, int], Role]:
@@ -133,13 +164,20 @@ def fleet_roles(sources: tuple[SourceConfig, ...]) -> dict[tuple[str, int], Role
 
 
 def build_engines(
-    args: argparse.Namespace, sources: tuple[SourceConfig, ...], roles: dict[tuple[str, int], Role]
+    args: argparse.Namespace,
+    sources: tuple[SourceConfig, ...],
+    roles: dict[tuple[str, int], Role],
+    context: zmq.asyncio.Context,
 ) -> list[tuple[SimulatedEngine, Role]]:
+    """One engine per rank, all on ``context``: one ZeroMQ I/O thread for the whole demo, not one
+    per engine (64 of them would take turns with the gateway on two cores)."""
     engines: list[tuple[SimulatedEngine, Role]] = []
+    base_rate = rank_rate(args)
     for index, source in enumerate(sources):
         seed = args.seed * 1000 + index  # one seed per engine: its ranks share system prompts
         for rank, pub, replay in rank_endpoints(source.endpoint, source.replay, source.dp_size):
             role = roles[(source.name, rank)]
+            rate = base_rate * role.rate_factor
             hash_kind: HashKind = "signed" if role.cpu_offload else "int"
             # Each restart_at entry fires once and the seq starts again at 0: (N,) * k restarts k times.
             restart_at = (args.restart_every,) * 10_000 if role.restarts and args.restart_every else ()
@@ -148,7 +186,9 @@ def build_engines(
                 replay_endpoint=replay,
                 topic=source.topic,
                 dp_rank=rank,
-                rate=args.rate * role.rate_factor,
+                rate=rate,
+                buffer_steps=max(MIN_REPLAY_BATCHES, round(rate * REPLAY_SECONDS)),
+                context=context,
                 form="array" if role.cpu_offload else "map",
                 replay_layout="plain" if role.cpu_offload else "topic",
                 hash_kind=hash_kind,
@@ -184,6 +224,7 @@ async def run_engine(engine: SimulatedEngine, role: Role, silence: tuple[float, 
 
 
 async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
+    from kvgateway.heap import freeze_startup_heap
     from kvgateway.server import serve
 
     with tempfile.TemporaryDirectory(prefix="kvgateway-demo-") as directory:
@@ -195,31 +236,36 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
             sources = demo_sources(sockets)
             roles = demo_roles(sources)
         settings = config.validate(replace(settings, sources=sources))
-        pairs = build_engines(args, sources, roles)
+        context = zmq.asyncio.Context()
+        pairs = build_engines(args, sources, roles, context)
         engines = [engine for engine, _ in pairs]
-        for engine in engines:
-            await engine.start()
         silence = (args.silence[0], args.silence[1])
-        runners = [asyncio.ensure_future(run_engine(engine, role, silence)) for engine, role in pairs]
+        runners: list[asyncio.Future[None]] = []
 
         def listening(url: str) -> None:  # first, before a line per stream (many, with --streams)
             print(f"kvgateway demo: starting {len(settings.streams())} streams, the dashboard at {url}", flush=True)
 
         def ready(url: str) -> None:
+            freeze_startup_heap()  # as `serve` does: start-up's objects out of every full collection
             print(f"kvgateway demo: dashboard at {url}", flush=True)
             print("kvgateway demo: press Ctrl-C to stop", flush=True)
 
         try:
+            for engine in engines:
+                await engine.start()
+            runners = [asyncio.ensure_future(run_engine(engine, role, silence)) for engine, role in pairs]
             await serve(settings, ready=ready, listening=listening)
         finally:
             for engine in engines:
                 engine.stop()
             for runner in runners:
                 runner.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await runner
+            # All at once (one turn of the loop), not a turn per engine; a failed engine is no
+            # reason for a traceback at exit.
+            await asyncio.gather(*runners, return_exceptions=True)
             for engine in engines:
                 await engine.close()
+            context.destroy(linger=0)
 
 
 def run(args: argparse.Namespace) -> int:

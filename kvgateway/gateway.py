@@ -145,8 +145,9 @@ class Gateway:
         await self.routers.stop()
         for task in list(self._diagnoses.values()):
             task.cancel()
-        for reader in self.readers:
-            await reader.stop()
+        # Every reader at once: one after the other, each waited for the loop's next turn while
+        # the others went on ingesting (a backlogged fleet of 64 took minutes to stop).
+        await asyncio.gather(*(reader.stop() for reader in self.readers))
         self.readers.clear()
         if self._own_context:
             # destroy, not term: a reader whose bind failed left its socket open, and term() would wait

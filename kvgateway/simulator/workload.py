@@ -73,24 +73,40 @@ def _hash_from_digest(digest: bytes, kind: HashKind) -> wire.Hash:
 
 def block_hash(parent: wire.Hash | None, tokens: Sequence[int], kind: HashKind = "int") -> wire.Hash:
     """The simulator's chained hash of one block (see the module docstring for the recipe)."""
+    return _packed_hash(parent, _pack(tokens), kind)
+
+
+def _pack(tokens: Sequence[int]) -> bytes:
+    """Tokens as 4-byte big-endian words: how the hash reads them, and how a block keeps them."""
+    return struct.pack(f">{len(tokens)}I", *tokens)
+
+
+def _unpack(packed: bytes) -> tuple[int, ...]:
+    return struct.unpack(f">{len(packed) // 4}I", packed)
+
+
+def _packed_hash(parent: wire.Hash | None, packed: bytes, kind: HashKind) -> wire.Hash:
     h = hashlib.sha256()
     if parent is None:
         h.update(b"\x00")
     else:
         h.update(b"\x01")
         h.update(parent if isinstance(parent, bytes) else (parent & _MASK64).to_bytes(8, "big"))
-    h.update(struct.pack(f">{len(tokens)}I", *tokens))
+    h.update(packed)
     return _hash_from_digest(h.digest(), kind)
 
 
 # --- the workload ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Block:
-    hash: wire.Hash
-    parent: wire.Hash | None
-    tokens: tuple[int, ...]
+_Block: TypeAlias = tuple[wire.Hash, wire.Hash | None, bytes]
+"""One full block: its hash, its parent's hash and its tokens packed (:func:`_pack`; half the
+memory of a tuple of ints). A plain tuple of ints and bytes, which the garbage collector stops
+tracking after one look, so a fleet's resident blocks cost the process's full collections (the
+gateway's, in the demo) nothing; a named tuple or a class would be tracked for good."""
+_HASH: Final = 0
+_PARENT: Final = 1
+_PACKED: Final = 2
 
 
 @dataclass(slots=True)
@@ -104,7 +120,7 @@ class _Conversation:
         return _Conversation(list(self.blocks), list(self.tail))
 
     def tokens(self) -> int:
-        return sum(len(b.tokens) for b in self.blocks) + len(self.tail)
+        return sum(len(b[_PACKED]) // 4 for b in self.blocks) + len(self.tail)
 
 
 class _Pool:
@@ -113,7 +129,7 @@ class _Pool:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._blocks: OrderedDict[int, _Block] = OrderedDict()
-        self._by_hash: dict[wire.Hash, list[int]] = {}
+        self._by_hash: dict[wire.Hash, tuple[int, ...]] = {}  # tuples, untracked like the blocks
         self._ids = count()
 
     def __contains__(self, h: wire.Hash) -> bool:
@@ -130,14 +146,15 @@ class _Pool:
         evicted: list[_Block] = []
         while len(self._blocks) >= self.capacity:
             pid, old = self._blocks.popitem(last=False)
-            copies = self._by_hash[old.hash]
-            copies.remove(pid)
-            if not copies:
-                del self._by_hash[old.hash]
+            copies = tuple(other for other in self._by_hash[old[_HASH]] if other != pid)
+            if copies:
+                self._by_hash[old[_HASH]] = copies
+            else:
+                del self._by_hash[old[_HASH]]
             evicted.append(old)
         pid = next(self._ids)
         self._blocks[pid] = block
-        self._by_hash.setdefault(block.hash, []).append(pid)
+        self._by_hash[block[_HASH]] = (*self._by_hash.get(block[_HASH], ()), pid)
         return evicted
 
     def sample(self, rng: random.Random) -> _Block | None:
@@ -296,7 +313,7 @@ class Workload:
         total = conv.tokens() + len(user) + len(reply)
         if total > self._max_tokens:
             # Tiny GPU pools: truncate the request instead of letting it evict its own blocks.
-            tokens = [t for b in conv.blocks for t in b.tokens] + conv.tail + user + reply
+            tokens = [*_unpack(b"".join(b[_PACKED] for b in conv.blocks)), *conv.tail, *user, *reply]
             conv = _Conversation()
             split = min(len(tokens) - len(reply), self._max_tokens)
             self._extend(conv, tokens[:split])
@@ -316,8 +333,8 @@ class Workload:
     def _serve(self, chain: list[_Block], prompt_blocks: int, events: list[wire.Event]) -> None:
         """Schedule one request: reuse the cached prefix, store the rest (prompt, then output)."""
         hit = 0
-        while hit < prompt_blocks and chain[hit].hash in self._gpu:
-            self._gpu.touch(chain[hit].hash)
+        while hit < prompt_blocks and chain[hit][_HASH] in self._gpu:
+            self._gpu.touch(chain[hit][_HASH])
             hit += 1
         # Like vLLM, matching stops at the first miss: later blocks are recomputed and stored again
         # even if still resident, which is one natural source of duplicate stores.
@@ -363,7 +380,7 @@ class Workload:
                     self._offload_evicted(evicted, events)
                 events.append(
                     wire.BlockRemoved(
-                        block_hashes=[b.hash for b in evicted],
+                        block_hashes=[b[_HASH] for b in evicted],
                         medium=self._medium_name(medium),
                         extra=dict(self._removed_extra),
                     )
@@ -371,7 +388,7 @@ class Workload:
             events.append(self._stored_event(part, medium, placeholder=placeholder))
 
     def _offload_evicted(self, evicted: list[_Block], events: list[wire.Event]) -> None:
-        chosen = [b for b in evicted if b.hash not in self._cpu and self._rng.random() < _P_OFFLOAD_EVICTED]
+        chosen = [b for b in evicted if b[_HASH] not in self._cpu and self._rng.random() < _P_OFFLOAD_EVICTED]
         if not chosen:
             return
         if self._rng.random() < _P_PLACEHOLDER:
@@ -384,7 +401,7 @@ class Workload:
         if placeholder:
             # vLLM's offloading connector without self-describing events: no tokens, no parent.
             return wire.BlockStored(
-                block_hashes=[b.hash for b in blocks],
+                block_hashes=[b[_HASH] for b in blocks],
                 parent_block_hash=None,
                 token_ids=[],
                 block_size=0,
@@ -392,9 +409,9 @@ class Workload:
                 extra=self._stored_extra(blocks),
             )
         return wire.BlockStored(
-            block_hashes=[b.hash for b in blocks],
-            parent_block_hash=blocks[0].parent,
-            token_ids=[t for b in blocks for t in b.tokens],
+            block_hashes=[b[_HASH] for b in blocks],
+            parent_block_hash=blocks[0][_PARENT],
+            token_ids=list(_unpack(b"".join(b[_PACKED] for b in blocks))),
             block_size=self.block_size,
             medium=self._medium_name(medium),
             extra=self._stored_extra(blocks),
@@ -409,7 +426,7 @@ class Workload:
         if not self.metadata:
             return {}
         # A stable per-tenant salt: derived from the chain's first block, no random draw.
-        first = blocks[0].hash
+        first = blocks[0][_HASH]
         tenant = (first[-1] if isinstance(first, bytes) else first & 0xFF) % 4
         return {"cache_salt": f"tenant-{tenant}"}
 
@@ -419,10 +436,10 @@ class Workload:
         conv.tail.extend(tokens)
         size = self.block_size
         while len(conv.tail) >= size:
-            chunk = tuple(conv.tail[:size])
+            packed = _pack(conv.tail[:size])
             del conv.tail[:size]
-            parent = conv.blocks[-1].hash if conv.blocks else None
-            conv.blocks.append(_Block(block_hash(parent, chunk, self.hash_kind), parent, chunk))
+            parent = conv.blocks[-1][_HASH] if conv.blocks else None
+            conv.blocks.append((_packed_hash(parent, packed, self.hash_kind), parent, packed))
 
     @staticmethod
     def _text(rng: random.Random, n: int) -> list[int]:
