@@ -537,6 +537,11 @@ class ChainLearner:
                 out.append((self._streams[sid] if sid != _NO_STREAM else ("", -1), block_hash))
         return out
 
+    @property
+    def slots(self) -> int:
+        """Ring slots allocated (live entries, freed slots and room to grow into)."""
+        return len(self._keys)
+
     def nbytes(self) -> int:
         """Bytes of the ring and its index, allocated (the hash objects excluded: the occupancy
         index holds them too while they are resident)."""

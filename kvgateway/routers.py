@@ -222,3 +222,4 @@ class Routers:
     def refresh_gauges(self) -> None:
         self.learner.follow_fleet(self.index.resident_blocks())
         self.metrics.learned_blocks.set(len(self.learner))
+        self.metrics.learned_blocks_cap.set(self.learner.cap)

@@ -1,0 +1,289 @@
+"""The routers' chain learner against a previous commit's, in process, in the same run:
+``python -m bench.learner [--smoke] [--old REV]``.
+
+The previous learner is ``REV``'s ``kvgateway/lookup.py`` (default 9b2743e: the dict of 128-bit
+Python ints with a fixed cap), loaded from git into a module of its own; the current one is
+kvgateway/learner.py. Both learn the same events; every figure is a pair measured one beside the
+other (interleaved repetitions, the best of each kept), so a shared machine slows both alike.
+
+**Fill** (bench/lookup.py's workload: ``--streams`` engines, ``--blocks`` resident blocks as
+64-block chains of 16 random tokens, each engine hashing with its own seed): each learner learns
+every block once, below its cap.
+
+- bytes per learned entry (tracemalloc; the hash objects exist before tracing and count in
+  neither: the occupancy index holds them too);
+- microseconds of learning per announced block;
+- lookups by tokens over the whole fleet with each learner: the same answers (checked for every
+  query: a whole chain, half a chain then a miss, a miss), p50/p99.
+
+**At the cap** (``--cap-streams`` engines, 64 by default, as the demo's fleet): every engine
+holds ``--cap-resident`` blocks in all and churns (stores a new 16-block chain, drops its oldest);
+each learner is capped at twice the resident blocks, with the gateway's residency question
+(previous: ``Routers.resident`` of REV, every stream's every group per evicted entry; current:
+the announcing stream's groups), is filled past its cap, then timed for ``--cap-blocks``
+announced blocks: microseconds per announced block, index work included and reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Final
+
+from bench.common import write_run
+from bench.lookup import BLOCK_SIZE, VOCAB, Workload, _commit, _percentiles
+from kvgateway.learner import ChainLearner
+from kvgateway.lookup import TokenQuery, lookup_tokens
+from kvgateway.occupancy import OccupancyIndex
+from kvgateway.wire import Batch, BlockRemoved, BlockStored, Hash
+
+REPO: Final = Path(__file__).resolve().parent.parent
+RESULTS: Final = REPO / "bench" / "results" / "learner"
+OLD_REV: Final = "9b2743e"
+CAP_CHAIN: Final = 16
+
+
+def _say(text: str) -> None:
+    print(f"[bench.learner] {text}", file=sys.stderr, flush=True)
+
+
+def load_old(rev: str) -> ModuleType:
+    """``rev``'s kvgateway/lookup.py as a module of its own (it imports only what is unchanged)."""
+    proc = subprocess.run(
+        ["git", "show", f"{rev}:kvgateway/lookup.py"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"bench.learner: cannot read {rev}:kvgateway/lookup.py from git: {proc.stderr.strip()}")
+    folder = Path(tempfile.mkdtemp(prefix="kvgw-old-learner-"))
+    path = folder / f"lookup_{rev}.py"
+    path.write_text(proc.stdout, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(f"lookup_{rev}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _learn_all(learner: Any, events: list[tuple[int, BlockStored]]) -> float:
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for stream, event in events:
+            learner.learn("engine", stream, event)
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+def fill(old: ModuleType, streams: int, blocks: int, chain: int, *, queries: int, rounds: int) -> dict[str, Any]:
+    work = Workload(streams, blocks, chain, samples=queries)
+    events = list(work.events())
+    resident = sum(len(e.block_hashes) for _, e in events)
+    cap = max(2 * resident, 1)
+
+    def make(kind: str) -> Any:
+        return old.ChainLearner(cap) if kind == "previous" else ChainLearner(cap, floor=cap)
+
+    memory: dict[str, float] = {}
+    for kind in ("previous", "current"):
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        learner = make(kind)
+        _learn_all(learner, events)
+        gc.collect()
+        memory[kind] = round((tracemalloc.get_traced_memory()[0] - base) / len(learner), 1)
+        tracemalloc.stop()
+        del learner
+    learn_us: dict[str, float] = {}
+    learners: dict[str, Any] = {}
+    for _ in range(3):
+        for kind in ("previous", "current"):
+            learners[kind] = learner = make(kind)
+            took = _learn_all(learner, events) / resident * 1e6
+            learn_us[kind] = round(min(learn_us.get(kind, took), took), 3)
+    _say(f"fill: {resident} blocks; bytes/entry {memory}; learning us/block {learn_us}")
+
+    occupancy = OccupancyIndex()
+    for stream, event in events:
+        occupancy.apply("engine", stream, Batch(0.0, [event], stream), 0.0)
+    indexes = list(occupancy.streams())
+    rng = random.Random(11)
+    token_queries: list[list[int]] = []
+    for i, (_stream, sample, _hashes) in enumerate(work.samples):
+        tokens = sample
+        kind_of = i % 3  # a whole chain, half a chain then a miss, a miss
+        if kind_of == 1:
+            cut = chain // 2 * BLOCK_SIZE
+            tokens = sample[:cut] + [rng.randrange(VOCAB) for _ in range(len(sample) - cut)]
+        elif kind_of == 2:
+            tokens = [rng.randrange(VOCAB) for _ in range(len(sample))]
+        token_queries.append(tokens)
+    same = 0
+    for tokens in token_queries:
+        answers = [lookup_tokens(indexes, learners[k], TokenQuery(tokens), 0) for k in ("previous", "current")]
+        if answers[0] != answers[1]:
+            raise SystemExit("bench.learner: the current learner answers a lookup by tokens otherwise")
+        same += 1
+    times: dict[str, list[float]] = {"previous": [], "current": []}
+    clock = time.perf_counter
+    for _ in range(rounds):
+        for tokens in token_queries:
+            for kind in ("previous", "current"):
+                query = TokenQuery(tokens)
+                start = clock()
+                lookup_tokens(indexes, learners[kind], query, 0)
+                times[kind].append(clock() - start)
+    lookups = {kind: _percentiles(samples) for kind, samples in times.items()}
+    _say(f"lookups by tokens: {same} answers alike; {lookups}")
+    return {
+        "resident_blocks": resident,
+        "streams": streams,
+        "bytes_per_entry": memory,
+        "bytes_per_entry_ratio": round(memory["current"] / memory["previous"], 3),
+        "learn_us_per_block": learn_us,
+        "learn_ratio": round(learn_us["current"] / learn_us["previous"], 3),
+        "lookups_by_tokens": lookups,
+        "queries": len(token_queries),
+        "rounds": rounds,
+        "same_answers": same,
+    }
+
+
+class Churn:
+    """``streams`` engines, each holding ``per_stream`` blocks as 16-block chains, churning FIFO."""
+
+    def __init__(self, streams: int, per_stream: int, seed: int = 3) -> None:
+        self.rng = random.Random(seed)
+        self.streams = streams
+        self.per_stream = per_stream
+        self.held: list[list[list[Hash]]] = [[] for _ in range(streams)]
+        self.n = 0
+
+    def next(self, stream: int) -> list[Any]:
+        """The events of one step of ``stream``: a new chain stored, the oldest removed when full."""
+        tokens = [self.rng.randrange(VOCAB) for _ in range(CAP_CHAIN * BLOCK_SIZE)]
+        hashes: list[Hash] = [self.rng.getrandbits(64) for _ in range(CAP_CHAIN)]
+        events: list[Any] = [BlockStored(hashes, None, tokens, BLOCK_SIZE, None, "GPU", None, None)]
+        held = self.held[stream]
+        held.append(hashes)
+        if len(held) * CAP_CHAIN > self.per_stream:
+            events.append(BlockRemoved(held.pop(0), "GPU", None))
+        return events
+
+
+def _cap_learner(old: ModuleType, kind: str, index: OccupancyIndex, cap: int) -> Any:
+    if kind == "previous":
+
+        def resident_old(block_hash: Hash) -> bool:
+            # 9b2743e's Routers.resident, verbatim
+            return any(block_hash in held for stream in index.streams() for _, _, _, held, _ in stream.block_groups())
+
+        return old.ChainLearner(cap, resident=resident_old)
+    return ChainLearner(cap, floor=1, resident=lambda s, h: index.stream(*s).holds(h))
+
+
+def _cap_run(old: ModuleType, kind: str, streams: int, per_stream: int, blocks: int) -> dict[str, Any]:
+    cap = 2 * per_stream * streams
+    index = OccupancyIndex()
+    learner = _cap_learner(old, kind, index, cap)
+    churn = Churn(streams, per_stream)
+    step = 0
+    # Past the cap, the fleet at its size (and the current learner's ring grown to its cap: a
+    # ring that wrapped grows on its next lap).
+    while learner.learned <= cap + per_stream * streams or (kind == "current" and learner.slots < cap):
+        stream = step % streams
+        batch = Batch(0.0, churn.next(stream), stream)
+        index.apply("engine", stream, batch, 0.0)
+        learner.learn_batch("engine", stream, batch)
+        step += 1
+        if kind == "current" and step % 256 == 0:
+            learner.follow_fleet(index.resident_blocks())  # as Routers.follow does
+    steps = []
+    for _ in range(max(1, blocks // CAP_CHAIN)):
+        stream = step % streams
+        steps.append((stream, Batch(0.0, churn.next(stream), stream)))
+        step += 1
+    evicted, chances = learner.evicted, learner.second_chances
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        index_s = 0.0
+        for stream, batch in steps:
+            mark = time.perf_counter()
+            index.apply("engine", stream, batch, 0.0)
+            index_s += time.perf_counter() - mark
+            learner.learn_batch("engine", stream, batch)
+        total = time.perf_counter() - start
+    finally:
+        gc.enable()
+    announced = len(steps) * CAP_CHAIN
+    return {
+        "learner_us_per_block": round((total - index_s) / announced * 1e6, 3),
+        "index_us_per_block": round(index_s / announced * 1e6, 3),
+        "entries": len(learner),
+        "evicted_per_block": round((learner.evicted - evicted) / announced, 3),
+        "second_chances_per_block": round((learner.second_chances - chances) / announced, 3),
+        "slots": learner.slots if kind == "current" else None,
+    }
+
+
+def at_cap(old: ModuleType, streams: int, resident: int, blocks: int) -> dict[str, Any]:
+    per_stream = max(CAP_CHAIN, resident // streams)
+    out: dict[str, Any] = {"streams": streams, "resident_blocks": per_stream * streams, "cap": 2 * per_stream * streams}
+    for kind in ("previous", "current"):
+        out[kind] = _cap_run(old, kind, streams, per_stream, blocks)
+        _say(f"at the cap, {kind}: {out[kind]}")
+    out["ratio"] = round(out["current"]["learner_us_per_block"] / out["previous"]["learner_us_per_block"], 4)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.learner", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): proves it works, means nothing")
+    parser.add_argument("--old", default=OLD_REV, help=f"the commit to compare with (default {OLD_REV})")
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--blocks", type=int, help="fill: resident blocks in all (default 1,000,000; smoke 4,096)")
+    parser.add_argument("--chain", type=int, default=64, help="fill: blocks per chain")
+    parser.add_argument("--queries", type=int, help="distinct lookups (default 300; smoke 12)")
+    parser.add_argument("--rounds", type=int, help="passes over the lookups (default 10; smoke 1)")
+    parser.add_argument("--cap-streams", type=int, default=64, help="at the cap: engines (default 64)")
+    parser.add_argument("--cap-resident", type=int, help="at the cap: resident blocks in all (default 64,000)")
+    parser.add_argument("--cap-blocks", type=int, help="at the cap: announced blocks timed (default 32,000)")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    blocks = args.blocks or (4096 if args.smoke else 1_000_000)
+    queries = args.queries or (12 if args.smoke else 300)
+    rounds = args.rounds or (1 if args.smoke else 10)
+    cap_resident = args.cap_resident or (2048 if args.smoke else 64_000)
+    cap_blocks = args.cap_blocks or (512 if args.smoke else 32_000)
+    if min(args.streams, blocks, args.chain, queries, rounds, args.cap_streams, cap_resident, cap_blocks) < 1:
+        parser.error("sizes must be at least 1")
+    old = load_old(args.old)
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    out = {
+        "mode": "smoke" if args.smoke else "full",
+        "started": started,
+        "code": _commit(),
+        "previous": args.old,
+        "python": sys.version.split()[0],
+        "fill": fill(old, args.streams, blocks, args.chain, queries=queries, rounds=rounds),
+        "at_cap": at_cap(old, args.cap_streams, cap_resident, cap_blocks),
+    }
+    _say(f"wrote {write_run(out, args.results_dir)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
