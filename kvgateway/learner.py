@@ -273,24 +273,26 @@ class ChainLearner:
             p = nexts[p - 1]
         return -1
 
-    def _grow_index(self) -> None:
-        """One more bucket: the entries of bucket ``_split`` shared between it and the new one."""
+    def _grow_index(self, splits: int = 16) -> None:
+        """``splits`` more buckets, one at a time: the entries of bucket ``_split`` shared between it
+        and the new one (a few at once, so that the ingest path calls this every 32 entries)."""
         buckets, nexts, keys = self._buckets, self._nexts, self._keys
-        low = 1 << self._level
-        old = self._split
-        buckets.append(0)
-        p = buckets[old]
-        buckets[old] = 0
-        while p:
-            following = nexts[p - 1]
-            b = old + low if keys[p - 1] & low else old
-            nexts[p - 1] = buckets[b]
-            buckets[b] = p
-            p = following
-        self._split += 1
-        if self._split == low:
-            self._level += 1
-            self._split = 0
+        for _ in range(splits):
+            low = 1 << self._level
+            old = self._split
+            buckets.append(0)
+            p = buckets[old]
+            buckets[old] = 0
+            while p:
+                following = nexts[p - 1]
+                b = old + low if keys[p - 1] & low else old
+                nexts[p - 1] = buckets[b]
+                buckets[b] = p
+                p = following
+            self._split += 1
+            if self._split == low:
+                self._level += 1
+                self._split = 0
 
     def _rebuild(self) -> None:
         """Arrays just large enough for the live entries, copied in order: O(entries)."""
@@ -465,45 +467,56 @@ class ChainLearner:
         keys, vals, sids, nexts, buckets = self._keys, self._vals, self._sids, self._nexts, self._buckets
         lo, split, cap = (1 << self._level) - 1, self._split, self.cap
         hi, grow_at = 2 * lo + 1, _LOAD * len(buckets)
+        head, count, live = self._head, self._count, self._live
+        k64, m64 = _K64, _M64
         for digest, block_hash in zip(digests, hashes):  # noqa: B905 (one digest per hash: checked above)
             key = (digest ^ mix) or 1  # _key, inline
-            mix = (hash(block_hash) * _K64) & _M64  # _mix, inline: the next block's parent
+            mix = (hash(block_hash) * k64) & m64  # _mix, inline: the next block's parent
             b = key & lo
             if b < split:
                 b = key & hi
             p = buckets[b]
             while p and keys[p - 1] != key:
                 p = nexts[p - 1]
-            count = self._count
             size = len(keys)
-            if p:  # re-announced (rare): to the back of the eviction order
-                self._insert(key, block_hash, sid)
-            else:
-                if count < size:
-                    at = (self._head + count) % size
-                elif self._head == 0 and size < cap:
-                    at = size
-                    self._extend(min(cap - size, max(_RING_MIN, size >> 3)))
-                else:
-                    self._pop()  # at the cap: one slot freed at the front (no bucket split: b holds)
-                    count = self._count
-                    at = (self._head + count) % size
-                self._count = count + 1
+            if not p and count < size and live < cap and live < grow_at:  # the common case
+                at = count if not head else (head + count) % size
+                count += 1
+                live += 1
                 keys[at] = key
                 vals[at] = block_hash
                 sids[at] = sid
                 nexts[at] = buckets[b]
                 buckets[b] = at + 1
-                live = self._live = self._live + 1
-                if live <= grow_at and live <= cap:
-                    continue
-                if live > grow_at:
+                continue
+            self._head, self._count, self._live = head, count, live
+            if p:  # re-announced (rare): to the back of the eviction order
+                self._insert(key, block_hash, sid)
+            else:
+                if count < size:
+                    at = (head + count) % size
+                elif head == 0 and size < cap:
+                    at = size
+                    self._extend(min(cap - size, max(_RING_MIN, size >> 3)))
+                else:
+                    self._pop()  # at the cap: one slot freed at the front (no bucket split: b holds)
+                    at = (self._head + self._count) % size
+                self._count += 1
+                keys[at] = key
+                vals[at] = block_hash
+                sids[at] = sid
+                nexts[at] = buckets[b]
+                buckets[b] = at + 1
+                self._live += 1
+                if self._live > grow_at:
                     self._grow_index()
-                if live > cap:
+                if self._live > cap:
                     self._shrink()
             keys, vals, sids, nexts, buckets = self._keys, self._vals, self._sids, self._nexts, self._buckets
             lo, split = (1 << self._level) - 1, self._split
             hi, grow_at = 2 * lo + 1, _LOAD * len(buckets)
+            head, count, live = self._head, self._count, self._live
+        self._head, self._count, self._live = head, count, live
         self.learned += len(hashes)
         return len(hashes)
 
