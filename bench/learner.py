@@ -201,7 +201,7 @@ def _cap_run(old: ModuleType, kind: str, streams: int, per_stream: int, blocks: 
     step = 0
     # Past the cap, the fleet at its size (and the current learner's ring grown to its cap: a
     # ring that wrapped grows on its next lap).
-    while learner.learned <= cap + per_stream * streams or (kind == "current" and learner.slots < cap):
+    while learner.learned <= cap + per_stream * streams or (kind == "current" and learner.slots < learner.cap):
         stream = step % streams
         batch = Batch(0.0, churn.next(stream), stream)
         index.apply("engine", stream, batch, 0.0)
@@ -236,6 +236,7 @@ def _cap_run(old: ModuleType, kind: str, streams: int, per_stream: int, blocks: 
         "evicted_per_block": round((learner.evicted - evicted) / announced, 3),
         "second_chances_per_block": round((learner.second_chances - chances) / announced, 3),
         "slots": learner.slots if kind == "current" else None,
+        "learner_cap": learner.cap if kind == "current" else cap,
     }
 
 

@@ -679,7 +679,7 @@ def render(result: dict[str, Any], checks: list[Check], problems: list[str]) -> 
         for b in result.get("bounded", [])
     )
     filling = result.get("still_filling") or []
-    filling_line = f" Never full nor settled in this run (judged anyway): {', '.join(filling)}." if filling else ""
+    filling_line = f"\nNever full nor settled in this run (judged anyway): {', '.join(filling)}." if filling else ""
     return f"""{SECTION}
 
 `make soak` (`python -m bench.soak --minutes 30`) keeps one gateway busy for half an hour the way
