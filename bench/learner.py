@@ -18,7 +18,8 @@ every block once, below its cap.
 
 **At the cap** (``--cap-streams`` engines, 64 by default, as the demo's fleet): every engine
 holds ``--cap-resident`` blocks in all and churns (stores a new 16-block chain, drops its oldest);
-each learner is capped at twice the resident blocks, with the gateway's residency question
+each learner is capped at 1.25 entries per resident block (the current one follows the fleet
+there by itself, as in the gateway), with the gateway's residency question
 (previous: ``Routers.resident`` of REV, every stream's every group per evicted entry; current:
 the announcing stream's groups), is filled past its cap, then timed for ``--cap-blocks``
 announced blocks: microseconds per announced block, index work included and reported apart.
@@ -41,7 +42,7 @@ from typing import Any, Final
 
 from bench.common import write_run
 from bench.lookup import BLOCK_SIZE, VOCAB, Workload, _commit, _percentiles
-from kvgateway.learner import ChainLearner
+from kvgateway.learner import LEARNED_PER_RESIDENT, ChainLearner
 from kvgateway.lookup import TokenQuery, lookup_tokens
 from kvgateway.occupancy import OccupancyIndex
 from kvgateway.wire import Batch, BlockRemoved, BlockStored, Hash
@@ -194,7 +195,7 @@ def _cap_learner(old: ModuleType, kind: str, index: OccupancyIndex, cap: int) ->
 
 
 def _cap_run(old: ModuleType, kind: str, streams: int, per_stream: int, blocks: int) -> dict[str, Any]:
-    cap = 2 * per_stream * streams
+    cap = int(LEARNED_PER_RESIDENT * per_stream * streams)
     index = OccupancyIndex()
     learner = _cap_learner(old, kind, index, cap)
     churn = Churn(streams, per_stream)
@@ -242,7 +243,8 @@ def _cap_run(old: ModuleType, kind: str, streams: int, per_stream: int, blocks: 
 
 def at_cap(old: ModuleType, streams: int, resident: int, blocks: int) -> dict[str, Any]:
     per_stream = max(CAP_CHAIN, resident // streams)
-    out: dict[str, Any] = {"streams": streams, "resident_blocks": per_stream * streams, "cap": 2 * per_stream * streams}
+    cap = int(LEARNED_PER_RESIDENT * per_stream * streams)
+    out: dict[str, Any] = {"streams": streams, "resident_blocks": per_stream * streams, "cap": cap}
     for kind in ("previous", "current"):
         out[kind] = _cap_run(old, kind, streams, per_stream, blocks)
         _say(f"at the cap, {kind}: {out[kind]}")

@@ -17,8 +17,8 @@ the same hashes (the least any Python index of these ints can take).
 of a workload that stores and evicts continually, for ``--churn-seconds`` (600 in the full run).
 RSS is sampled all along; the figure is RSS at the end against RSS after a tenth of the run
 (1 minute of 10, and never before the resume ring is full): flat means the ratio stays near 1.
-The routers' chain learner grows with every new block announced until its cap (twice the fleet's
-resident blocks, at least 65,536), so its entries are sampled too, with every bounded structure
+The routers' chain learner grows with every new block announced until its cap (1.25 per resident
+block of the fleet, at least 65,536), so its entries are sampled too, with every bounded structure
 (the resume ring, the cache analytics' tables, the history rings: bench/bounded.py) at a tenth of
 the run and at its end beside its bound: growth they explain is a bounded cache filling, not a
 leak.

@@ -343,8 +343,8 @@ def _memory(r: dict[str, Any]) -> list[str]:
     if c.get("learner_bytes_per_entry") is not None:
         out += [
             "",
-            "The routers' chain learner keeps an entry per announced block up to its cap (twice the fleet's "
-            f"resident blocks, at least 65,536), about {_num(c['learner_bytes_per_entry'], 1)} bytes of RSS each "
+            "The routers' chain learner keeps an entry per announced block up to its cap (1.25 per resident "
+            f"block of the fleet, at least 65,536), about {_num(c['learner_bytes_per_entry'], 1)} bytes of RSS each "
             "(the two fills above): the RSS it adds while it fills is a bounded cache growing, so flatness is "
             "judged net of it.",
         ]

@@ -40,16 +40,21 @@ LEARNED_FLOOR: Final = 65_536
 """The learner's cap never follows the fleet below this (about 1.6 MB): a fleet that is still
 empty, or holds few blocks, can be learned from without the cap chasing every eviction."""
 
-LEARNED_PER_RESIDENT: Final = 2
+LEARNED_PER_RESIDENT: Final = 1.25
 """The cap follows the fleet at this many entries per resident block (every stream, medium and
-group summed): room for every resident block's entry, and as many again for blocks announced
-since the fleet was last counted and for the chains the engines dropped a moment ago."""
+group summed): room for every resident block's entry, and a quarter more for blocks announced
+since the fleet was last counted and for the chains the engines dropped a moment ago. No more:
+an entry whose block no engine holds answers no lookup, and it keeps its hash object alive
+(about 36 bytes more than a resident block's entry)."""
 
 _M64: Final = (1 << 64) - 1
 _K64: Final = 0x9E3779B97F4A7C15  # odd: multiplication by it is a bijection mod 2**64
 _encode: Final = msgspec.msgpack.Encoder().encode
 _MAX_SIZES: Final = 4
 _RING_MIN: Final = 1024
+_GROWTH_SHIFT: Final = 5
+"""The ring grows by a 32nd at a time (realloc: the large arrays move by remapping pages, not by
+copying), so that a ring still growing holds at most 3% of free slots."""
 _LOAD: Final = 2
 """Entries per bucket of the index before it splits one more bucket (chains of 2 on average)."""
 _SECOND_CHANCES: Final = 4
@@ -317,7 +322,7 @@ class ChainLearner:
         size = len(self._keys)
         while self._count == size:
             if self._head == 0 and size < self.cap:
-                grown = min(self.cap - size, max(_RING_MIN, size >> 3))
+                grown = min(self.cap - size, max(_RING_MIN, size >> _GROWTH_SHIFT))
                 self._extend(grown)
                 size += grown
             else:
@@ -327,8 +332,8 @@ class ChainLearner:
         return at
 
     def _extend(self, slots: int) -> None:
-        """``slots`` more free slots at the end of the ring (an eighth more at a time: like a
-        list's own growth, amortised O(1) per entry, copied by C)."""
+        """``slots`` more free slots at the end of the ring (a 32nd more at a time: amortised O(1)
+        per entry, the arrays reallocated by C)."""
         self._keys.frombytes(bytes(8 * slots))
         self._vals.extend(itertools.repeat(None, slots))
         self._sids.frombytes(bytes(2 * slots))
@@ -497,7 +502,7 @@ class ChainLearner:
                     at = (head + count) % size
                 elif head == 0 and size < cap:
                     at = size
-                    self._extend(min(cap - size, max(_RING_MIN, size >> 3)))
+                    self._extend(min(cap - size, max(_RING_MIN, size >> _GROWTH_SHIFT)))
                 else:
                     self._pop()  # at the cap: one slot freed at the front (no bucket split: b holds)
                     at = (self._head + self._count) % size

@@ -392,7 +392,7 @@ class Metrics:
         )
         self.learned_blocks_cap = Gauge(
             "kvgateway_learned_blocks_cap",
-            "The learner's cap now: max_learned_blocks at most, 2 per resident block, at least 65,536.",
+            "The learner's cap now: 1.25 per resident block, at least 65,536, at most max_learned_blocks.",
             registry=r,
         )
         self.learned_evictions = Counter(

@@ -195,7 +195,7 @@ def test_the_learners_cap_follows_the_fleets_resident_blocks() -> None:
         feed(gateway, ("a", n % 2), stored(list(range(n * step, (n + 1) * step)), medium="GPU" if n % 3 else "CPU"))
     resident = gateway.index.resident_blocks()
     assert resident == LEARNER_FOLLOWS_EVERY * step
-    assert learner.cap == LEARNED_PER_RESIDENT * resident  # counted every LEARNER_FOLLOWS_EVERY batches
+    assert learner.cap == int(LEARNED_PER_RESIDENT * resident)  # counted every LEARNER_FOLLOWS_EVERY batches
     feed(gateway, ("a", 0), AllBlocksCleared())
     feed(gateway, ("a", 1), AllBlocksCleared())
     gateway.routers.refresh_gauges()  # and at every scrape
