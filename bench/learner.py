@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
@@ -194,60 +195,78 @@ def _cap_learner(old: ModuleType, kind: str, index: OccupancyIndex, cap: int) ->
     return ChainLearner(cap, floor=1, resident=lambda s, h: index.stream(*s).holds(h))
 
 
-def _cap_run(old: ModuleType, kind: str, streams: int, per_stream: int, blocks: int) -> dict[str, Any]:
-    cap = int(LEARNED_PER_RESIDENT * per_stream * streams)
-    index = OccupancyIndex()
-    learner = _cap_learner(old, kind, index, cap)
-    churn = Churn(streams, per_stream)
-    step = 0
-    # Past the cap, the fleet at its size (and the current learner's ring grown to its cap: a
-    # ring that wrapped grows on its next lap).
-    while learner.learned <= cap + per_stream * streams or (kind == "current" and learner.slots < learner.cap):
-        stream = step % streams
-        batch = Batch(0.0, churn.next(stream), stream)
-        index.apply("engine", stream, batch, 0.0)
-        learner.learn_batch("engine", stream, batch)
-        step += 1
-        if kind == "current" and step % 256 == 0:
-            learner.follow_fleet(index.resident_blocks())  # as Routers.follow does
-    steps = []
-    for _ in range(max(1, blocks // CAP_CHAIN)):
-        stream = step % streams
-        steps.append((stream, Batch(0.0, churn.next(stream), stream)))
-        step += 1
-    evicted, chances = learner.evicted, learner.second_chances
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        index_s = 0.0
-        for stream, batch in steps:
-            mark = time.perf_counter()
-            index.apply("engine", stream, batch, 0.0)
-            index_s += time.perf_counter() - mark
-            learner.learn_batch("engine", stream, batch)
-        total = time.perf_counter() - start
-    finally:
-        gc.enable()
-    announced = len(steps) * CAP_CHAIN
-    return {
-        "learner_us_per_block": round((total - index_s) / announced * 1e6, 3),
-        "index_us_per_block": round(index_s / announced * 1e6, 3),
-        "entries": len(learner),
-        "evicted_per_block": round((learner.evicted - evicted) / announced, 3),
-        "second_chances_per_block": round((learner.second_chances - chances) / announced, 3),
-        "slots": learner.slots if kind == "current" else None,
-        "learner_cap": learner.cap if kind == "current" else cap,
-    }
+class _CapRun:
+    """One learner beside its own index, filled past its cap by the churn."""
+
+    def __init__(self, old: ModuleType, kind: str, cap: int) -> None:
+        self.kind = kind
+        self.index = OccupancyIndex()
+        self.learner = _cap_learner(old, kind, self.index, cap)
+        self.learn_s = self.index_s = 0.0
+        self.steps = 0
+
+    def feed(self, stream: int, batch: Batch, clock: Callable[[], float] | None = None) -> None:
+        if clock is None:
+            self.index.apply("engine", stream, batch, 0.0)
+            self.learner.learn_batch("engine", stream, batch)
+        else:
+            start = clock()
+            self.index.apply("engine", stream, batch, 0.0)
+            mark = clock()
+            self.learner.learn_batch("engine", stream, batch)
+            self.index_s += mark - start
+            self.learn_s += clock() - mark
+        self.steps += 1
+        if self.kind == "current" and self.steps % 256 == 0:
+            self.learner.follow_fleet(self.index.resident_blocks())  # as Routers.follow does
+
+    def full(self, cap: int, resident: int) -> bool:
+        """Past the cap, the fleet at its size (and the current learner's ring grown to its cap: a
+        ring that wrapped grows on its next lap)."""
+        learner = self.learner
+        return learner.learned > cap + resident and (self.kind == "previous" or learner.slots >= learner.cap)
 
 
 def at_cap(old: ModuleType, streams: int, resident: int, blocks: int) -> dict[str, Any]:
+    """Both learners fed the same churn in lockstep, each call timed: a shared machine's load falls
+    on both alike."""
     per_stream = max(CAP_CHAIN, resident // streams)
     cap = int(LEARNED_PER_RESIDENT * per_stream * streams)
     out: dict[str, Any] = {"streams": streams, "resident_blocks": per_stream * streams, "cap": cap}
-    for kind in ("previous", "current"):
-        out[kind] = _cap_run(old, kind, streams, per_stream, blocks)
-        _say(f"at the cap, {kind}: {out[kind]}")
+    runs = [_CapRun(old, kind, cap) for kind in ("previous", "current")]
+    churn = Churn(streams, per_stream)
+    step = 0
+    while not all(run.full(cap, per_stream * streams) for run in runs):
+        stream = step % streams
+        batch = Batch(0.0, churn.next(stream), stream)
+        for run in runs:
+            run.feed(stream, batch)
+        step += 1
+    before = [(run.learner.evicted, run.learner.second_chances) for run in runs]
+    timed = max(1, blocks // CAP_CHAIN)
+    gc.collect()
+    gc.disable()
+    try:
+        for n in range(timed):
+            stream = (step + n) % streams
+            batch = Batch(0.0, churn.next(stream), stream)
+            for run in runs if n % 2 else reversed(runs):
+                run.feed(stream, batch, time.perf_counter)
+    finally:
+        gc.enable()
+    announced = timed * CAP_CHAIN
+    for run, (evicted, chances) in zip(runs, before, strict=True):
+        learner = run.learner
+        out[run.kind] = {
+            "learner_us_per_block": round(run.learn_s / announced * 1e6, 3),
+            "index_us_per_block": round(run.index_s / announced * 1e6, 3),
+            "entries": len(learner),
+            "evicted_per_block": round((learner.evicted - evicted) / announced, 3),
+            "second_chances_per_block": round((learner.second_chances - chances) / announced, 3),
+            "slots": learner.slots if run.kind == "current" else None,
+            "learner_cap": learner.cap if run.kind == "current" else cap,
+        }
+        _say(f"at the cap, {run.kind}: {out[run.kind]}")
     out["ratio"] = round(out["current"]["learner_us_per_block"] / out["previous"]["learner_us_per_block"], 4)
     return out
 

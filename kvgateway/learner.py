@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import msgspec
 
+from kvgateway.heap import release_free_heap
 from kvgateway.wire import Batch, BlockStored, Hash
 
 __all__ = [
@@ -55,6 +56,8 @@ _RING_MIN: Final = 1024
 _GROWTH_SHIFT: Final = 5
 """The ring grows by a 32nd at a time (realloc: the large arrays move by remapping pages, not by
 copying), so that a ring still growing holds at most 3% of free slots."""
+_TRIM_FROM: Final = 65_536
+"""Ring slots from which a growth by a quarter returns the heap's free pages to the system."""
 _LOAD: Final = 2
 """Entries per bucket of the index before it splits one more bucket (chains of 2 on average)."""
 _SECOND_CHANCES: Final = 4
@@ -179,6 +182,7 @@ class ChainLearner:
         "_split",
         "_stream_ids",
         "_streams",
+        "_trimmed_at",
         "_vals",
         "cap",
         "evicted",
@@ -232,6 +236,7 @@ class ChainLearner:
         self._sids = array("H")
         self._nexts = array("I")
         self._head = self._count = self._live = 0
+        self._trimmed_at = _TRIM_FROM
         # The index (linear hashing): 2**_level + _split buckets, each a ring position + 1 (0: empty).
         self._buckets = array("I", bytes(4))
         self._level = 0
@@ -338,6 +343,9 @@ class ChainLearner:
         self._vals.extend(itertools.repeat(None, slots))
         self._sids.frombytes(bytes(2 * slots))
         self._nexts.frombytes(bytes(4 * slots))
+        if len(self._keys) >= self._trimmed_at:  # the arrays' old copies back to the system
+            release_free_heap()
+            self._trimmed_at = len(self._keys) + (len(self._keys) >> 2)
 
     def _pop(self) -> None:
         """Free the front: a freed slot, or the oldest entry (after at most :data:`_SECOND_CHANCES`

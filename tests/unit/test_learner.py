@@ -284,3 +284,15 @@ def test_same_answers_as_a_dict_without_eviction_through_growth_and_compaction()
         assert found(learner, content) == [block_hash]
     assert found(learner, 12_000) == []
     check_index(learner)
+
+
+def test_a_growing_ring_gives_the_heaps_free_pages_back() -> None:
+    from kvgateway.heap import release_free_heap
+    from kvgateway.learner import _TRIM_FROM
+
+    assert release_free_heap() in (True, False)  # glibc's malloc_trim, or nothing to call
+    learner = ChainLearner(max_blocks=10**6, floor=10**6)
+    for n in range(_TRIM_FROM + 1000):
+        learner.learn("a", 0, stored(n + 1, n))
+    # trimmed once the ring passed _TRIM_FROM slots; next after a quarter more
+    assert learner._trimmed_at > _TRIM_FROM and learner._trimmed_at >= learner.slots
