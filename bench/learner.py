@@ -42,7 +42,7 @@ from types import ModuleType
 from typing import Any, Final
 
 from bench.common import write_run
-from bench.lookup import BLOCK_SIZE, VOCAB, Workload, _commit, _percentiles
+from bench.lookup import BLOCK_SIZE, VOCAB, Workload, _commit, _percentiles, workload_arguments, workload_sizes
 from kvgateway.learner import LEARNED_PER_RESIDENT, ChainLearner
 from kvgateway.lookup import TokenQuery, lookup_tokens
 from kvgateway.occupancy import OccupancyIndex
@@ -273,21 +273,14 @@ def at_cap(old: ModuleType, streams: int, resident: int, blocks: int) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.learner", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): proves it works, means nothing")
+    workload_arguments(parser)  # the fill's workload
     parser.add_argument("--old", default=OLD_REV, help=f"the commit to compare with (default {OLD_REV})")
-    parser.add_argument("--streams", type=int, default=8)
-    parser.add_argument("--blocks", type=int, help="fill: resident blocks in all (default 1,000,000; smoke 4,096)")
-    parser.add_argument("--chain", type=int, default=64, help="fill: blocks per chain")
-    parser.add_argument("--queries", type=int, help="distinct lookups (default 300; smoke 12)")
-    parser.add_argument("--rounds", type=int, help="passes over the lookups (default 10; smoke 1)")
     parser.add_argument("--cap-streams", type=int, default=64, help="at the cap: engines (default 64)")
     parser.add_argument("--cap-resident", type=int, help="at the cap: resident blocks in all (default 64,000)")
     parser.add_argument("--cap-blocks", type=int, help="at the cap: announced blocks timed (default 32,000)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    blocks = args.blocks or (4096 if args.smoke else 1_000_000)
-    queries = args.queries or (12 if args.smoke else 300)
-    rounds = args.rounds or (1 if args.smoke else 10)
+    blocks, queries, rounds = workload_sizes(args)
     cap_resident = args.cap_resident or (2048 if args.smoke else 64_000)
     cap_blocks = args.cap_blocks or (512 if args.smoke else 32_000)
     if min(args.streams, blocks, args.chain, queries, rounds, args.cap_streams, cap_resident, cap_blocks) < 1:
