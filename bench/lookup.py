@@ -142,7 +142,7 @@ def run(streams: int, blocks: int, chain: int, queries: int, rounds: int) -> dic
     gc.collect()
     index_bytes = tracemalloc.get_traced_memory()[0] - base
     # --- learning on: the learner's own memory -------------------------------------------
-    learner = ChainLearner(max_blocks=max(2 * resident, 1))
+    learner = ChainLearner(max_blocks=max(2 * resident, 1), floor=max(2 * resident, 1))  # all learned
     base = tracemalloc.get_traced_memory()[0]
     for stream, event in events:
         learner.learn("engine", stream, event)
@@ -150,7 +150,7 @@ def run(streams: int, blocks: int, chain: int, queries: int, rounds: int) -> dic
     learner_bytes = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
     # Learning cost, untraced: a second learner over the same events.
-    timing = ChainLearner(max_blocks=max(2 * resident, 1))
+    timing = ChainLearner(max_blocks=max(2 * resident, 1), floor=max(2 * resident, 1))
     start = time.perf_counter()
     for stream, event in events:
         timing.learn("engine", stream, event)
