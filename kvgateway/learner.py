@@ -6,11 +6,13 @@ Every ``BlockStored`` carries ``parent_block_hash``, each block's ``token_ids`` 
 can turn a request's tokens into the hashes each stream would give it, without re-implementing
 any engine's hash function.
 
-The table is compact (bench/lookup.py measures it against the dict of Python ints it replaced):
-a ring of fixed-width entries in announcement order (a 64-bit key, a reference to the block hash
-the index holds too, a 16-bit stream id: 18 bytes) and an open-addressing index into the ring
-(linear probing, 4 bytes a slot, at most three quarters full). Eviction takes the ring's head:
-O(1) per block, whatever the size of the table or of the fleet.
+The table is compact (bench/learner.py measures it against the dict of Python ints it replaced:
+25 bytes an entry against 79): a ring of fixed-width entries in announcement order (a 64-bit key,
+a reference to the block hash the index holds too, a 32-bit link, a 16-bit stream id) and a
+chained index into it grown one bucket at a time (linear hashing: two entries a bucket on average,
+4 bytes a bucket). Eviction takes the ring's front: O(1) per block, whatever the size of the table
+or of the fleet. The price is CPU below the cap: a Python loop over a few array slots per block
+where the dict was one C-level insert (about 2.8 times the learning time).
 """
 
 from __future__ import annotations
