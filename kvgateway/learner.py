@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_LEARNED_BLOCKS: Final = 2_000_000
-"""Default ceiling of :class:`ChainLearner` (about 25 bytes per learned block: see bench/lookup.py)."""
+"""Default ceiling of :class:`ChainLearner` (about 25 bytes per learned block: see bench/learner.py)."""
 
 LEARNED_FLOOR: Final = 65_536
 """The learner's cap never follows the fleet below this (about 1.6 MB): a fleet that is still
