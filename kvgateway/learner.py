@@ -265,7 +265,10 @@ class ChainLearner:
 
     def _unlink(self, at: int) -> None:
         """Take ring entry ``at`` out of its bucket's chain."""
-        b = self._bucket(self._keys[at])
+        key = self._keys[at]
+        b = key & ((1 << self._level) - 1)  # _bucket, inline (every eviction)
+        if b < self._split:
+            b = key & ((2 << self._level) - 1)
         buckets, nexts = self._buckets, self._nexts
         p = buckets[b]
         if p == at + 1:
