@@ -499,13 +499,18 @@ class Gateway(Process):
 
     def metric(self, name: str) -> float:
         """The sum of every sample of one metric on /metrics."""
+        return self.metrics([name])[name]
+
+    def metrics(self, names: list[str]) -> dict[str, float]:
+        """The sum of every sample of each of ``names``, from one scrape of /metrics."""
         with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as response:
             text = response.read().decode()
-        total = 0.0
+        totals = dict.fromkeys(names, 0.0)
         for line in text.splitlines():
-            if line.startswith(name) and (line[len(name)] in " {"):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+            for name in names:
+                if line.startswith(name) and (line[len(name)] in " {"):
+                    totals[name] += float(line.rsplit(" ", 1)[1])
+        return totals
 
 
 def pause(process: Process) -> None:

@@ -142,7 +142,7 @@ def run(streams: int, blocks: int, chain: int, queries: int, rounds: int) -> dic
     gc.collect()
     index_bytes = tracemalloc.get_traced_memory()[0] - base
     # --- learning on: the learner's own memory -------------------------------------------
-    learner = ChainLearner(max_blocks=max(2 * resident, 1))
+    learner = ChainLearner(max_blocks=max(2 * resident, 1), floor=max(2 * resident, 1))  # all learned
     base = tracemalloc.get_traced_memory()[0]
     for stream, event in events:
         learner.learn("engine", stream, event)
@@ -150,7 +150,7 @@ def run(streams: int, blocks: int, chain: int, queries: int, rounds: int) -> dic
     learner_bytes = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
     # Learning cost, untraced: a second learner over the same events.
-    timing = ChainLearner(max_blocks=max(2 * resident, 1))
+    timing = ChainLearner(max_blocks=max(2 * resident, 1), floor=max(2 * resident, 1))
     start = time.perf_counter()
     for stream, event in events:
         timing.learn("engine", stream, event)
@@ -317,19 +317,30 @@ def _commit() -> str | None:
     return out.stdout.strip() + (" + local changes" if dirty.stdout.strip() else "") if out.returncode == 0 else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.lookup", description=__doc__.split("\n\n")[0])
+def workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The workload's options (shared with bench/learner.py)."""
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): proves it works, means nothing")
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--blocks", type=int, help="resident blocks in all (default 1,000,000; smoke 4,096)")
     parser.add_argument("--chain", type=int, default=64, help="blocks per chain")
     parser.add_argument("--queries", type=int, help="distinct queries (default 300; smoke 12)")
     parser.add_argument("--rounds", type=int, help="passes over the queries (default 10; smoke 1)")
-    parser.add_argument("--results-dir", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
+
+
+def workload_sizes(args: argparse.Namespace) -> tuple[int, int, int]:
+    """(blocks, queries, rounds) from :func:`workload_arguments`' options and their defaults."""
     blocks = args.blocks or (4096 if args.smoke else 1_000_000)
     queries = args.queries or (12 if args.smoke else 300)
     rounds = args.rounds or (1 if args.smoke else 10)
+    return blocks, queries, rounds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.lookup", description=__doc__.split("\n\n")[0])
+    workload_arguments(parser)
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    blocks, queries, rounds = workload_sizes(args)
     if min(args.streams, blocks, args.chain, queries, rounds) < 1:
         parser.error("sizes must be at least 1")
     started = time.strftime("%Y-%m-%d %H:%M:%S")

@@ -17,9 +17,11 @@ the same hashes (the least any Python index of these ints can take).
 of a workload that stores and evicts continually, for ``--churn-seconds`` (600 in the full run).
 RSS is sampled all along; the figure is RSS at the end against RSS after a tenth of the run
 (1 minute of 10, and never before the resume ring is full): flat means the ratio stays near 1.
-The routers' chain learner grows with every new block announced until ``max_learned_blocks``
-(2,000,000 by default), so its entries are sampled too: growth it explains is a bounded cache
-filling, not a leak.
+The routers' chain learner grows with every new block announced until its cap (1.25 per resident
+block of the fleet, at least 65,536), so its entries are sampled too, with every bounded structure
+(the resume ring, the cache analytics' tables, the history rings: bench/bounded.py) at a tenth of
+the run and at its end beside its bound: growth they explain is a bounded cache filling, not a
+leak.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import tracemalloc
 from typing import Any
 
 from bench import payloads
+from bench.bounded import BOUNDED, bounded_report
 from bench.common import BenchError, Gateway, median, rss_bytes, say
 from bench.context import Context
 from bench.harness import Fleet, endpoint_of, start_publisher
@@ -169,11 +172,15 @@ def churn(ctx: Context) -> dict[str, Any]:
         started = time.monotonic()
         samples: list[tuple[float, int]] = []
         learned: list[float] = []  # the chain learner's entries at each sample: it fills to its cap
+        bounded: list[dict[str, Any]] = []  # every bounded structure's size and bound at each sample
+        names = sorted({m for b in BOUNDED for m in (b.size, b.bound) if isinstance(m, str)})
         while True:
             elapsed = time.monotonic() - started
             gateway.check_alive("the gateway")
             samples.append((round(elapsed, 2), rss_bytes(gateway.pid)))
-            learned.append(gateway.metric("kvgateway_learned_blocks"))
+            metrics = gateway.metrics(names)
+            bounded.append({"t": round(elapsed, 2), "metrics": metrics})
+            learned.append(metrics["kvgateway_learned_blocks"])
             if elapsed >= seconds:
                 break
             time.sleep(min(interval, max(0.01, seconds - elapsed)))
@@ -198,6 +205,8 @@ def churn(ctx: Context) -> dict[str, Any]:
             "growth_ratio": round(end / early, 4),
             "learned_early": learned[early_index],
             "learned_end": learned[-1],
+            # the history rings, the analytics' tables, the learner, the ring: early and end, with bounds
+            "bounded": bounded_report([bounded[early_index], bounded[-1]]),
             "ring_bytes": gateway.metric("kvgateway_ring_bytes"),
             "all_delivered": report.all_complete,
             "clients_report": report.to_json(),

@@ -343,9 +343,18 @@ def _memory(r: dict[str, Any]) -> list[str]:
     if c.get("learner_bytes_per_entry") is not None:
         out += [
             "",
-            "The routers' chain learner keeps an entry per announced block until `max_learned_blocks` "
-            f"(2,000,000 by default), about {_num(c['learner_bytes_per_entry'], 1)} bytes of RSS each (the two fills "
-            "above): the RSS it adds while it fills is a bounded cache growing, so flatness is judged net of it.",
+            "The routers' chain learner keeps an entry per announced block up to its cap (1.25 per resident "
+            f"block of the fleet, at least 65,536), about {_num(c['learner_bytes_per_entry'], 1)} bytes of RSS each "
+            "(the two fills above): the RSS it adds while it fills is a bounded cache growing, so flatness is "
+            "judged net of it.",
+        ]
+    if c.get("bounded"):
+        out += [
+            "",
+            *_table(
+                ["bounded structure", "early", "end", "bound at the end"],
+                [[b["name"], _num(b["start"]), _num(b["end"]), _num(b.get("bound_end"))] for b in c["bounded"]],
+            ),
         ]
     return out
 

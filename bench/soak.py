@@ -51,6 +51,8 @@ import httpx
 import websockets
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.bounded import BOUNDED, bounded_report, filled_at, size_of
+
 REPO: Final = Path(__file__).resolve().parent.parent
 RESULTS: Final = REPO / "bench" / "results" / "soak"
 PERFORMANCE_DOC: Final = REPO / "docs" / "performance.md"
@@ -575,15 +577,35 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float:
     return 0.0 if den == 0 else sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den * 3600
 
 
-def verdict(result: dict[str, Any], args: argparse.Namespace) -> tuple[list[Check], list[str]]:
+def warm_up(result: dict[str, Any]) -> tuple[float, list[str]]:
+    """The warm-up: until every bounded structure is full or settled, and at least 10% of the run
+    (60 s at least); the structures that never were (the run is too short to judge them)."""
     samples = result["samples"]
     warm = max(60.0, result["seconds_run"] * 0.1)
+    filling = []
+    for structure in BOUNDED:
+        if not any(size_of(s, structure.size) is not None for s in samples):
+            continue  # not reported by this gateway
+        at = filled_at(samples, structure)
+        if at is None:
+            filling.append(structure.name)
+        else:
+            warm = max(warm, at)
+    return warm, filling
+
+
+def verdict(result: dict[str, Any], args: argparse.Namespace) -> tuple[list[Check], list[str]]:
+    samples = result["samples"]
+    warm, filling = warm_up(result)
+    result["warmup_seconds"] = warm
+    result["still_filling"] = filling
     steady = [s for s in samples if s["t"] >= warm]
     problems: list[str] = []
     checks: list[Check] = []
     if len(steady) < 6:
         problems.append(f"only {len(steady)} samples after the {warm:.0f} s warm-up: run longer")
         return checks, problems
+    result["bounded"] = bounded_report(steady)
     rss_first, rss_last = thirds([s["rss_mib"] for s in steady])
     rss_ok = rss_last <= rss_first * (1 + args.rss_tolerance) or rss_last - rss_first <= args.rss_slack_mib
     limit = f"+{args.rss_tolerance:.0%} or +{args.rss_slack_mib:g} MiB"
@@ -601,6 +623,13 @@ def verdict(result: dict[str, Any], args: argparse.Namespace) -> tuple[list[Chec
     for check in checks:
         if not check.ok:
             problems.append(f"{check.name}: {check.first:.1f} -> {check.last:.1f} (limit {check.limit})")
+    if not rss_ok:
+        grown = [
+            f"{b['name']} {b['start']:,.0f} -> {b['end']:,.0f}" for b in result["bounded"] if b["end"] > b["start"]
+        ]
+
+        if grown:
+            problems.append("bounded structures grew in the steady part too: " + ", ".join(grown))
     tally = result["tally"]
     if tally["violations"]:
         problems.append(f"{len(tally['violations'])} protocol violations seen by clients: {tally['violations'][:3]}")
@@ -616,8 +645,11 @@ def verdict(result: dict[str, Any], args: argparse.Namespace) -> tuple[list[Chec
     if result["exit_codes"].get("gateway") != 0:
         problems.append(f"the gateway exited with {result['exit_codes'].get('gateway')}")
     result["rss_slope_mib_per_hour"] = round(slope_per_hour([(s["t"], s["rss_mib"]) for s in steady]), 2)
-    result["warmup_seconds"] = warm
     return checks, problems
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else f"{value:,.0f}"
 
 
 def render(result: dict[str, Any], checks: list[Check], problems: list[str]) -> str:
@@ -642,6 +674,12 @@ def render(result: dict[str, Any], checks: list[Check], problems: list[str]) -> 
     restarts_a = int(m.get("kvgateway_publisher_restarts_total{a}", 0))
     restarts_b = int(m.get("kvgateway_publisher_restarts_total{b}", 0))
     verdict_line = "**flat: yes**" if not problems else "**flat: NO** — " + "; ".join(problems)
+    bounded = "\n".join(
+        f"| {b['name']} | {b['start']:,.0f} | {b['end']:,.0f} | {_number(b['bound_end'])} |"
+        for b in result.get("bounded", [])
+    )
+    filling = result.get("still_filling") or []
+    filling_line = f"\nNever full nor settled in this run (judged anyway): {', '.join(filling)}." if filling else ""
     return f"""{SECTION}
 
 `make soak` (`python -m bench.soak --minutes 30`) keeps one gateway busy for half an hour the way
@@ -655,21 +693,30 @@ dropped abruptly, a third coming back with their last id and required to be reco
 where they left); and once a minute a client that never reads, which must be cut.
 
 Every {settings["sample_seconds"]:g} s the gateway process is sampled: VmRSS, open descriptors (minus the
-connected clients, which come and go), OS threads, CPU time, and its metrics. After a warm-up
-(the first 10% of the run, at least 60 s) the median of the last third of the samples is compared
-with the median of the first third. The gateway exposes no asyncio task count: every task it runs
-belongs to a connection, a replay or a stream, so a task leak shows as descriptors or memory.
+connected clients, which come and go), OS threads, CPU time, and its metrics. The warm-up lasts
+until every bounded structure (the resume ring, the learned token chains, the cache analytics'
+tables, the history) is full, or has settled (grown by at most 2% in 2 minutes), and at least the
+first 10% of the run (60 s at least); then the median of the last third of the samples is
+compared with the median of the first third, and each bounded structure's size at the start and
+the end of that steady part is reported beside its bound, so a bounded fill is told apart from a
+leak. The gateway exposes no asyncio task count: every task it runs belongs to a connection, a
+replay or a stream, so a task leak shows as descriptors or memory.
 
 ### Latest run
 
 _{result["started"]}: **{minutes:.1f} minutes actually run** (`--minutes {result["minutes_requested"]:g}`{short}),
 {flags}; {result["machine"]["cpus"]} CPUs shared with other work (load average
 {result["machine"]["load_at_end"]:.1f} at the end); {len(result["samples"])} samples, the first
-{result["warmup_seconds"]:.0f} s as warm-up._
+{result["warmup_seconds"]:.0f} s as warm-up (every bounded structure full or settled)._
 
 | after warm-up | first third (median) | last third (median) | limit | flat |
 | --- | --- | --- | --- | --- |
 {rows}
+
+| bounded structure | at the start of the steady part | at its end | bound at its end |
+| --- | --- | --- | --- |
+{bounded}
+{filling_line}
 
 RSS trend over the steady part: {result["rss_slope_mib_per_hour"]:+.1f} MiB/hour (least squares; on a short run
 this is mostly noise). Most of the resident memory is the resume ring at its default bounds

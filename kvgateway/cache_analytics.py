@@ -118,6 +118,14 @@ class CacheAnalytics:
         self._roots: dict[Stream, OrderedDict[tuple[str, Hash], None]] = {}
         self._routes: dict[tuple[Stream, str | None], tuple[str, str, TierStats]] = {}
 
+    def tracked(self) -> tuple[int, int]:
+        """(entries held, their bound): sampled blocks stored and evicted per stream and tier (at most
+        :data:`MAX_TRACKED` each), first blocks per stream (at most :data:`MAX_ROOTS`). O(streams)."""
+        held = sum(len(s.stored_at) + len(s.evicted_at) for s in self._tiers.values())
+        held += sum(len(roots) for roots in self._roots.values())
+        bound = 2 * MAX_TRACKED * len(self._tiers) + MAX_ROOTS * len(self._roots)
+        return held, bound
+
     def tier(self, stream: Stream, tier: str) -> TierStats:
         stats = self._tiers.get((stream, tier))
         if stats is None:

@@ -489,7 +489,8 @@ OPTIONS: tuple[Option, ...] = (
         "max_learned_blocks",
         int,
         "routers",
-        "learned token chains for lookups by token_ids, oldest dropped first; 0 = off (default 2000000)",
+        "ceiling of learned token chains for lookups by token_ids (the cap follows the fleet: 2 per "
+        "resident block, at least 65536); 0 = off (default 2000000)",
         (0, 2**32),
     ),
     Option(

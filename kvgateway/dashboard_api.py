@@ -136,6 +136,9 @@ class DashboardData:
         now = self.gateway.clock()
         self.history.sample(now, self.readings(now))
         self.gateway.metrics.history_bytes.set(self.history.nbytes())
+        held, bound = self.analytics.tracked()
+        self.gateway.metrics.analytics_tracked.set(held)
+        self.gateway.metrics.analytics_tracked_bound.set(bound)
         if self._samples % PREFIX_EVERY == 0:
             spread = self.analytics.prefix_spread(self.up_streams(self.gateway.index.streams()))
             if spread["mean_engines"] is not None:

@@ -12,7 +12,7 @@ By tokens
     hash function is re-implemented. Every ``BlockStored`` announces ``parent_block_hash``, each
     block's ``token_ids`` (``block_size`` per block) and the resulting ``block_hashes``;
     :class:`ChainLearner` remembers "(parent hash, the block's tokens, LoRA name, extra key) ->
-    hash" and :func:`lookup_tokens` walks it per stream, then counts like a lookup by hashes.
+    hash" (kvgateway/learner.py) and :func:`lookup_tokens` walks it per stream, then counts like a lookup by hashes.
 
 The answer (both kinds)::
 
@@ -38,18 +38,18 @@ Limits (:class:`LookupLimits`) are checked by :func:`parse_request`, which raise
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
 
+from kvgateway.learner import DEFAULT_MAX_LEARNED_BLOCKS, ChainLearner, block_digests
 from kvgateway.mediums import medium_tier, tier_rank
 from kvgateway.occupancy import StreamIndex
-from kvgateway.wire import Batch, BlockStored, Hash
+from kvgateway.wire import Hash
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -61,6 +61,7 @@ __all__ = [
     "LookupLimits",
     "TokenBucket",
     "TokenQuery",
+    "block_digests",
     "fleet_facts",
     "lookup",
     "lookup_hashes",
@@ -299,222 +300,7 @@ def lookup_hashes(
     return {"offset": offset, "streams": _sorted([_stream_answer(i, chain, group_idx, None) for i in indexes])}
 
 
-# --- learned chains and lookup by tokens ----------------------------------------------------
-
-DEFAULT_MAX_LEARNED_BLOCKS: Final = 2_000_000
-"""Default cap of :class:`ChainLearner` (about 100-140 bytes per learned block: see bench/lookup.py)."""
-
-_M128: Final = (1 << 128) - 1
-_K128: Final = 0x9E3779B97F4A7C15F39CC0605CEDC835  # odd: multiplication by it is a bijection mod 2**128
-_encode: Final = msgspec.msgpack.Encoder().encode
-_MAX_SIZES: Final = 4
-_M64: Final = (1 << 64) - 1
-
-
-def _digest(data: bytes, person: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=16, person=person).digest(), "big")
-
-
-def _plain_extra(extra: Any, lora_name: str | None) -> Any:
-    """A block's extra key, with vLLM's LoRA-only entry (``[lora_name]``) folded into the LoRA name."""
-    if lora_name is not None and isinstance(extra, list | tuple) and len(extra) == 1 and extra[0] == lora_name:
-        return None
-    return extra
-
-
-def block_digests(
-    token_ids: Sequence[int], block_size: int, lora_name: str | None = None, extra_keys: Sequence[Any] | None = None
-) -> list[int]:
-    """The content digest of every full block of ``token_ids`` (a partial last block is dropped).
-
-    A digest of (the block's tokens, LoRA name, extra key): what, besides the parent, decides a
-    block's hash in every engine. Blocks past the end of ``extra_keys`` have none.
-
-    On the ingest path (every announced block, about 20 a batch), so it is Python's own tuple
-    hash, 64 bits in a quarter of the time of a blake2b: the learned map holds one process's
-    digests only, so the per-process hashing of strings does no harm. CPython hashes every int
-    from 0 to 2**61 - 2 to itself (every vocabulary's token ids), so only tokens outside that
-    range can hash alike (-1 and -2; t and t + 2**61 - 1). Digests that collide must also share
-    a parent to meet (the key XORs a 128-bit mix of it), so an accidental false hit is
-    negligible, and a crafted one only misleads the lookup that crafted it.
-    """
-    if lora_name is None and (extra_keys is None or extra_keys.count(None) == len(extra_keys)):
-        # the common case (vLLM sends a None per block), in one comprehension
-        return [
-            hash((tuple(token_ids[i : i + block_size]), None, None)) & _M64
-            for i in range(0, len(token_ids) - block_size + 1, block_size)
-        ]
-    out = []
-    for i in range(len(token_ids) // block_size):
-        extra = extra_keys[i] if extra_keys is not None and i < len(extra_keys) else None
-        extra = _plain_extra(extra, lora_name)
-        if extra is not None:
-            extra = _encode(extra)  # hashable, and equal when equal
-        out.append(hash((tuple(token_ids[i * block_size : (i + 1) * block_size]), lora_name, extra)) & _M64)
-    return out
-
-
-class ChainLearner:
-    """What the streams announced: "(parent hash, the block's content digest) -> block hash".
-
-    Fed every delivered batch (:meth:`learn_batch`, beside the occupancy index). A ``BlockStored``
-    teaches one entry per block when it carries every block's tokens (``len(token_ids) ==
-    len(block_hashes) * block_size``, ``block_size > 0``); placeholder offload events (no tokens,
-    block size 0) and inconsistent ones teach nothing (counted). A block's extra key is entry i of
-    ``extra_keys`` (a list of the wrong length: none for any block of that event).
-
-    One map for every stream, keyed by a 128-bit value: the block's content digest
-    (:func:`block_digests`) XOR a 128-bit mix of its parent, so every level below the first is shared by
-    the streams that hash alike and kept apart for those that do not (their parents differ). A
-    first block (parent null) is keyed with its stream: engines seed their chains differently
-    (vLLM draws a random seed per process unless PYTHONHASHSEED is set), and the learned map keeps
-    what each stream announced. A restarted engine's new roots replace the old ones as it
-    announces them; the old chains are left to eviction.
-
-    Bounded: at most ``max_blocks`` entries (0 turns learning off). Eviction is first in, first
-    out by the last announcement (a re-announced block moves to the back), in batches of
-    ``max_blocks // 64`` (at least 1, at most 4096) when the cap is passed. With ``resident`` (a
-    function: is this hash resident in some stream?), an entry whose block is still resident gets
-    a second chance (moves to the back) once per eviction pass, so a long-lived prefix (a system
-    prompt that stays on the GPU) is not forgotten by churn elsewhere; when the batch cannot be
-    freed that way, the oldest entries go regardless. ``evicted`` counts the entries dropped.
-    """
-
-    __slots__ = (
-        "_map",
-        "_roots",
-        "_sizes",
-        "evicted",
-        "inconsistent",
-        "learned",
-        "max_blocks",
-        "placeholders",
-        "resident",
-        "second_chances",
-    )
-
-    def __init__(self, max_blocks: int = DEFAULT_MAX_LEARNED_BLOCKS, resident: Callable[[Hash], bool] | None = None):
-        if max_blocks < 0:
-            raise ValueError(f"max_blocks must be >= 0, got {max_blocks}")
-        self.max_blocks = max_blocks
-        self.resident = resident
-        self._map: dict[int, Hash] = {}
-        self._roots: dict[tuple[str, int], int] = {}
-        self._sizes: dict[tuple[str, int], list[int]] = {}
-        self.learned = 0
-        """Entries taught so far (re-announcements included)."""
-        self.evicted = 0
-        self.second_chances = 0
-        self.placeholders = 0
-        """BlockStored events without tokens (placeholders): nothing learned."""
-        self.inconsistent = 0
-        """BlockStored events whose token count is not blocks x block_size: nothing learned."""
-
-    def __len__(self) -> int:
-        return len(self._map)
-
-    def _root(self, stream: tuple[str, int]) -> int:
-        root = self._roots.get(stream)
-        if root is None:
-            root = self._roots[stream] = _digest(_encode(stream), b"kvgw-root")
-        return root
-
-    @staticmethod
-    def _mix(parent: Hash) -> int:
-        if type(parent) is int:
-            return (parent * _K128) & _M128
-        # A byte hash through Python's (per-process) bytes hash, spread to 128 bits the same way:
-        # two parents mix alike only when their 64-bit hashes collide.
-        return ((hash(bytes(parent)) & _M64) * _K128) & _M128
-
-    def block_sizes(self, source: str, dp_rank: int) -> list[int]:
-        """The block sizes the stream taught with, most recent first (engines have one; at most 4 kept)."""
-        return list(self._sizes.get((source, dp_rank), ()))
-
-    def learn_batch(self, source: str, dp_rank: int, batch: Batch) -> int:
-        """Learn from every BlockStored of a delivered batch; returns the entries taught."""
-        if not self.max_blocks:
-            return 0
-        taught = 0
-        for event in batch.events:
-            if type(event) is BlockStored:
-                taught += self.learn(source, dp_rank, event)
-        return taught
-
-    def learn(self, source: str, dp_rank: int, event: BlockStored) -> int:
-        """Learn one BlockStored's blocks; returns the entries taught (0 for a placeholder)."""
-        hashes = event.block_hashes
-        size = event.block_size
-        tokens = event.token_ids
-        if not self.max_blocks or not hashes:
-            return 0
-        if not tokens or size <= 0:
-            self.placeholders += 1
-            return 0
-        if len(tokens) != len(hashes) * size:
-            self.inconsistent += 1
-            return 0
-        stream = (source, dp_rank)
-        sizes = self._sizes.get(stream)
-        if sizes is None:
-            self._sizes[stream] = [size]
-        elif sizes[0] != size:
-            if size in sizes:
-                sizes.remove(size)
-            sizes.insert(0, size)
-            del sizes[_MAX_SIZES:]
-        extra_keys = event.extra.get("extra_keys") if event.extra else None
-        if not isinstance(extra_keys, list) or len(extra_keys) != len(hashes):
-            extra_keys = None
-        digests = block_digests(tokens, size, event.lora_name, extra_keys)
-        parent = event.parent_block_hash
-        mix = self._root(stream) if parent is None else self._mix(parent)
-        learned = self._map
-        for digest, block_hash in zip(digests, hashes):  # noqa: B905 (one digest per hash: checked above)
-            key = digest ^ mix
-            if key in learned:
-                del learned[key]  # re-announced: to the back of the eviction order
-            learned[key] = block_hash
-            mix = (block_hash * _K128) & _M128 if type(block_hash) is int else self._mix(block_hash)  # _mix, inline
-        self.learned += len(hashes)
-        if len(learned) > self.max_blocks:
-            self._evict()
-        return len(hashes)
-
-    def _evict(self) -> None:
-        learned = self._map
-        batch = max(1, min(4096, self.max_blocks // 64))
-        goal = len(learned) - self.max_blocks + batch  # entries to drop: down to the cap minus a batch
-        resident = self.resident
-        if resident is not None:
-            # One pass over the oldest 2 x goal entries: keep (move to the back) those still resident.
-            dropped = 0
-            for key in list(itertools.islice(learned, 2 * goal)):
-                block_hash = learned.pop(key)
-                if dropped < goal and not resident(block_hash):
-                    dropped += 1
-                else:
-                    learned[key] = block_hash
-                    self.second_chances += 1
-            self.evicted += dropped
-            goal -= dropped
-        if goal > 0:
-            for key in list(itertools.islice(learned, goal)):
-                del learned[key]
-            self.evicted += goal
-
-    def chain(self, source: str, dp_rank: int, digests: Sequence[int]) -> list[Hash]:
-        """The hashes the stream announced for these blocks (:func:`block_digests`), as far as learned."""
-        learned = self._map
-        mix = self._root((source, dp_rank))
-        out: list[Hash] = []
-        for digest in digests:
-            block_hash = learned.get(digest ^ mix)
-            if block_hash is None:
-                break
-            out.append(block_hash)
-            mix = self._mix(block_hash)
-        return out
+# --- lookup by tokens (the learned chains: kvgateway/learner.py) ---------------------------
 
 
 def lookup_tokens(

@@ -351,6 +351,16 @@ class Metrics:
             "Engines holding a chain's first block, averaged over the first blocks resident somewhere.",
             registry=r,
         )
+        self.analytics_tracked = Gauge(
+            "kvgateway_analytics_tracked_blocks",
+            "Sampled blocks (stored, evicted) and first blocks the cache analytics hold; sampled every 5 s.",
+            registry=r,
+        )
+        self.analytics_tracked_bound = Gauge(
+            "kvgateway_analytics_tracked_blocks_bound",
+            "The bound of kvgateway_analytics_tracked_blocks for the streams and tiers seen so far.",
+            registry=r,
+        )
         self.history_bytes = Gauge(
             "kvgateway_history_bytes", "Bytes held by the /v1/history series (preallocated rings).", registry=r
         )
@@ -380,8 +390,13 @@ class Metrics:
         self.learned_blocks = Gauge(
             "kvgateway_learned_blocks", "Learned token-chain entries held for lookups by token_ids.", registry=r
         )
+        self.learned_blocks_cap = Gauge(
+            "kvgateway_learned_blocks_cap",
+            "The learner's cap now: 1.25 per resident block, at least 65,536, at most max_learned_blocks.",
+            registry=r,
+        )
         self.learned_evictions = Counter(
-            "kvgateway_learned_evictions", "Learned token-chain entries dropped at max_learned_blocks.", registry=r
+            "kvgateway_learned_evictions", "Learned token-chain entries dropped at the cap.", registry=r
         )
         self.fleet_distinct_blocks = Gauge(
             "kvgateway_fleet_distinct_blocks",

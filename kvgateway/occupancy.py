@@ -344,6 +344,18 @@ class StreamIndex:
         grp = None if med is None else med.groups.get(0 if group_idx is None else group_idx)
         return 0 if grp is None else grp.refcount(block_hash)
 
+    def holds(self, block_hash: Hash) -> bool:
+        """Whether some medium and group of the stream holds ``block_hash``: one set lookup each."""
+        for med in self._mediums.values():
+            for grp in med.groups.values():
+                if block_hash in grp.blocks:
+                    return True
+        return False
+
+    def resident_blocks(self) -> int:
+        """Resident blocks of every medium and group summed: O(groups)."""
+        return sum(med.resident() for med in self._mediums.values())
+
     def groups(self, medium: str | None = None) -> dict[int, int]:
         """Resident blocks per group_idx of one medium (groups seen stay listed)."""
         med = self._mediums.get(normalise_medium(medium))
@@ -488,6 +500,10 @@ class OccupancyIndex:
 
     def apply(self, source: str, dp_rank: int, batch: Batch, now: float, replayed: bool = False) -> None:
         self.stream(source, dp_rank).apply(batch, now, replayed)
+
+    def resident_blocks(self) -> int:
+        """Resident blocks of every stream, medium and group summed: O(groups), no hash visited."""
+        return sum(index.resident_blocks() for index in self._streams.values())
 
     def follow(self, entry: Entry) -> None:
         """Apply what the ordered log says (a batch, a restart, a stale mark): the index follows the log."""

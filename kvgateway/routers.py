@@ -32,6 +32,9 @@ from kvgateway.wire import Hash
 
 log = logging.getLogger("kvgateway.routers")
 
+LEARNER_FOLLOWS_EVERY: Final = 256
+"""Batches between two counts of the fleet's resident blocks for the learner's cap (O(groups))."""
+
 FLEET_REFRESH_SECONDS: Final = 15.0
 """How often the fleet facts are counted again: O(resident blocks), so never per request."""
 
@@ -113,6 +116,7 @@ class Routers:
         """The last fleet facts (:func:`kvgateway.lookup.fleet_facts`) with their ``offset`` and ``at``."""
         self._snapshots = 0
         self._evicted = 0
+        self._batches = 0
         self._task: asyncio.Task[None] | None = None
 
     # --- the learner follows the ordered log -------------------------------------------------
@@ -122,15 +126,19 @@ class Routers:
         record = entry.record
         if type(record) is BatchRecord:
             learner = self.learner
+            self._batches += 1
+            if self._batches % LEARNER_FOLLOWS_EVERY == 0:
+                learner.follow_fleet(self.index.resident_blocks())
             learner.learn_batch(record.stream[0], record.stream[1], record.batch)
             if learner.evicted != self._evicted:
                 self.metrics.learned_evictions.inc(learner.evicted - self._evicted)
                 self._evicted = learner.evicted
 
-    def resident(self, block_hash: Hash) -> bool:
-        """Whether some stream holds ``block_hash`` in some medium and group (the learner keeps
-        such chains at its cap: a long-lived prefix survives churn elsewhere)."""
-        return any(block_hash in held for stream in self.index.streams() for _, _, _, held, _ in stream.block_groups())
+    def resident(self, stream: tuple[str, int], block_hash: Hash) -> bool:
+        """Whether ``stream`` still holds ``block_hash`` in some medium and group (the learner
+        keeps such chains at its cap: a long-lived prefix survives churn elsewhere). O(1) in the
+        fleet's size: the stream that announced the block is asked, not every stream."""
+        return self.index.stream(*stream).holds(block_hash)
 
     # --- lookups ------------------------------------------------------------------------------
 
@@ -212,4 +220,6 @@ class Routers:
             shared.labels(medium).set(counts["shared_blocks"])
 
     def refresh_gauges(self) -> None:
+        self.learner.follow_fleet(self.index.resident_blocks())
         self.metrics.learned_blocks.set(len(self.learner))
+        self.metrics.learned_blocks_cap.set(self.learner.cap)

@@ -78,6 +78,15 @@ def check_memory(r: dict[str, Any]) -> None:
     churn = r["churn"]
     assert number(churn["growth_ratio"]) and churn["samples"]
     assert churn["all_delivered"] is True  # correctness: every batch reached every client
+    bounded = {row["name"]: row for row in churn["bounded"]}  # each bounded structure, early and end
+    assert set(bounded) == {
+        "resume ring (messages)",
+        "learned token-chain entries",
+        "cache analytics entries",
+        "history bytes",
+    }
+    for row in bounded.values():
+        assert number(row["start"]) and number(row["end"]) and row["end"] <= row["bound_end"], row
 
 
 def check_catchup(r: dict[str, Any]) -> None:

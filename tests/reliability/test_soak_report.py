@@ -77,3 +77,63 @@ def test_the_report_replaces_only_the_soak_section(tmp_path: Path) -> None:
     fresh.write_text("# Performance\n\nonly this\n", encoding="utf-8")
     soak.write_section("## Soak\n\nnew\n", fresh)
     assert fresh.read_text(encoding="utf-8") == "# Performance\n\nonly this\n\n## Soak\n\nnew\n"
+
+
+def with_metrics(run: dict[str, Any], per_sample: list[dict[str, float]]) -> dict[str, Any]:
+    for sample, metrics in zip(run["samples"], per_sample, strict=True):
+        sample["metrics"] = metrics
+    return run
+
+
+def test_the_warm_up_lasts_until_every_bounded_structure_is_full() -> None:
+    # 60 samples (600 s): the learner fills to its cap over the first 300 s, and RSS with it.
+    n, cap = 60, 100_000.0
+    learned = [min(cap, cap * i / 30) for i in range(n)]
+    rss = [150.0 + 100.0 * min(1.0, i / 30) for i in range(n)]
+    metrics = [
+        {
+            "kvgateway_ring_messages": 10_000.0,
+            "kvgateway_learned_blocks": learned[i],
+            "kvgateway_learned_blocks_cap": cap,
+            "kvgateway_history_bytes": 30_000.0,
+        }
+        for i in range(n)
+    ]
+    run = with_metrics(result(rss, [24] * n), metrics)
+    checks, problems = soak.verdict(run, args())
+    # 95% of the cap at sample 29 (t = 290 s), not 10% of the run (60 s): the fill is not judged a leak.
+    assert run["warmup_seconds"] == 290.0
+    assert problems == [] and all(c.ok for c in checks)
+    rows = {b["name"]: b for b in run["bounded"]}
+    assert rows["learned token-chain entries"]["start"] >= 0.95 * cap
+    assert rows["learned token-chain entries"]["end"] == rows["learned token-chain entries"]["bound_end"] == cap
+    assert rows["resume ring (messages)"]["end"] == 10_000.0
+    text = soak.render(run, checks, problems)
+    assert "| learned token-chain entries | 96,667 | 100,000 | 100,000 |" in text
+    assert "290 s as warm-up" in text
+
+
+def test_a_table_that_settles_below_its_bound_ends_the_warm_up() -> None:
+    n = 40
+    tracked = [min(5_000.0, 500.0 * i) for i in range(n)]  # settles at 5,000 of 40,256
+    metrics = [
+        {"kvgateway_analytics_tracked_blocks": t, "kvgateway_analytics_tracked_blocks_bound": 40_256.0} for t in tracked
+    ]
+    run = with_metrics(result([200.0] * n, [24] * n), metrics)
+    soak.verdict(run, args())
+    # 5,000 from t = 100 s on; unchanged over 120 s at t = 220 s.
+    assert run["warmup_seconds"] == 220.0 and run["still_filling"] == []
+
+
+def test_a_structure_still_filling_is_named_and_growth_beside_it_explained() -> None:
+    n = 40
+    metrics = [{"kvgateway_learned_blocks": 1_000.0 * i, "kvgateway_learned_blocks_cap": 1e9} for i in range(n)]
+    run = with_metrics(result([200.0 + 2 * i for i in range(n)], [24] * n), metrics)
+    checks, problems = soak.verdict(run, args())
+    assert run["still_filling"] == ["learned token-chain entries"]
+    assert run["warmup_seconds"] == 60.0  # judged anyway after the least warm-up
+    assert any(p.startswith("RSS (MiB)") for p in problems)
+    assert any("learned token-chain entries 6,000 -> 39,000" in p for p in problems)
+    assert "Never full nor settled in this run (judged anyway): learned token-chain entries." in soak.render(
+        run, checks, problems
+    )

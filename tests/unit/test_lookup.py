@@ -423,8 +423,8 @@ def test_bytes_hashes_learn_and_walk() -> None:
     assert entry(lookup_tokens(fleet.streams(), fleet.learner, TokenQuery(tokens), 0), "a")["blocks"] == 2
 
 
-def test_cap_evicts_oldest_announced_in_batches_and_counts() -> None:
-    learner = ChainLearner(max_blocks=128)  # batches of 2
+def test_cap_evicts_oldest_announced_and_counts() -> None:
+    learner = ChainLearner(max_blocks=128)
     for i in range(200):
         learner.learn("a", 0, stored([1000 + i], None, [i, i, i, i]))
         assert len(learner) <= 128
@@ -436,7 +436,7 @@ def test_cap_evicts_oldest_announced_in_batches_and_counts() -> None:
 
 
 def test_re_announcement_moves_to_the_back() -> None:
-    learner = ChainLearner(max_blocks=64)  # batches of 1
+    learner = ChainLearner(max_blocks=64)
     learner.learn("a", 0, stored([7], None, [7] * 4))
     for i in range(100):
         learner.learn("a", 0, stored([1000 + i], None, [i + 10] * 4))
@@ -446,7 +446,7 @@ def test_re_announcement_moves_to_the_back() -> None:
 
 def test_resident_blocks_get_a_second_chance() -> None:
     hot = {7}
-    learner = ChainLearner(max_blocks=64, resident=hot.__contains__)
+    learner = ChainLearner(max_blocks=64, resident=lambda stream, h: h in hot)
     learner.learn("a", 0, stored([7], None, [7] * 4))
     for i in range(300):
         learner.learn("a", 0, stored([1000 + i], None, [i + 10] * 4))
@@ -454,7 +454,7 @@ def test_resident_blocks_get_a_second_chance() -> None:
     assert learner.chain("a", 0, _digests([7] * 4, 4)) == [7]
     assert learner.second_chances > 0
     # When everything is resident the cap still holds.
-    everything = ChainLearner(max_blocks=64, resident=lambda h: True)
+    everything = ChainLearner(max_blocks=64, resident=lambda stream, h: True)
     for i in range(300):
         everything.learn("a", 0, stored([i], None, [i] * 4))
         assert len(everything) <= 64
@@ -527,7 +527,7 @@ def test_by_tokens_equals_by_the_announced_hashes(
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 40), st.lists(st.integers(0, 5000), min_size=1, max_size=300, unique=True))
 def test_cap_always_respected(cap: int, blocks: list[int]) -> None:
-    learner = ChainLearner(max_blocks=cap, resident=lambda h: h % 2 == 0)
+    learner = ChainLearner(max_blocks=cap, resident=lambda stream, h: h % 2 == 0)
     for h in blocks:
         learner.learn("a", h % 3, stored([h], None, [h, h]))
         assert len(learner) <= cap

@@ -182,6 +182,37 @@ def test_the_learner_follows_the_log_and_answers_by_tokens() -> None:
     assert kept["streams"][0]["blocks"] == 3  # resident chains got their second chance
 
 
+def test_the_learners_cap_follows_the_fleets_resident_blocks() -> None:
+    from kvgateway.learner import LEARNED_FLOOR, LEARNED_PER_RESIDENT
+    from kvgateway.routers import LEARNER_FOLLOWS_EVERY
+
+    gateway = make_gateway()
+    learner = gateway.routers.learner
+    assert learner.cap == LEARNED_FLOOR  # nothing resident yet: the floor
+    blocks = LEARNED_FLOOR  # enough that the cap leaves the floor
+    step = blocks // LEARNER_FOLLOWS_EVERY + 1
+    for n in range(LEARNER_FOLLOWS_EVERY):
+        feed(gateway, ("a", n % 2), stored(list(range(n * step, (n + 1) * step)), medium="GPU" if n % 3 else "CPU"))
+    resident = gateway.index.resident_blocks()
+    assert resident == LEARNER_FOLLOWS_EVERY * step
+    assert learner.cap == int(LEARNED_PER_RESIDENT * resident)  # counted every LEARNER_FOLLOWS_EVERY batches
+    feed(gateway, ("a", 0), AllBlocksCleared())
+    feed(gateway, ("a", 1), AllBlocksCleared())
+    gateway.routers.refresh_gauges()  # and at every scrape
+    assert learner.cap == LEARNED_FLOOR
+
+
+def test_residency_is_asked_of_the_announcing_stream_only() -> None:
+    gateway = make_gateway()
+    routers = gateway.routers
+    feed(gateway, ("a", 0), stored([1, 2]))
+    feed(gateway, ("b", 0), stored([3], medium="CPU"))
+    assert routers.resident(("a", 0), 1) and routers.resident(("b", 0), 3)
+    assert not routers.resident(("a", 1), 1) and not routers.resident(("a", 0), 3)
+    feed(gateway, ("a", 0), BlockRemoved([1]))
+    assert not routers.resident(("a", 0), 1) and routers.resident(("a", 0), 2)
+
+
 def test_learning_off_with_zero() -> None:
     gateway = make_gateway(max_learned_blocks=0)
     feed(gateway, ("a", 0), stored([1, 2]))
