@@ -243,7 +243,8 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
         runners: list[asyncio.Future[None]] = []
 
         def listening(url: str) -> None:  # first, before a line per stream (many, with --streams)
-            print(f"kvgateway demo: starting {len(settings.streams())} streams, the dashboard at {url}", flush=True)
+            streams = len(settings.streams())
+            print(f"kvgateway demo: starting {streams} streams; the dashboard will be at {url}", flush=True)
 
         def ready(url: str) -> None:
             freeze_startup_heap()  # as `serve` does: start-up's objects out of every full collection

@@ -129,6 +129,14 @@ def _key(digest: int, mix: int) -> int:
     return (digest ^ mix) or 1
 
 
+def _extra_keys(event: BlockStored) -> list[Any] | None:
+    """The event's per-block ``extra_keys``, where it sent one entry for each block."""
+    extra_keys = event.extra.get("extra_keys") if event.extra else None
+    if not isinstance(extra_keys, list) or len(extra_keys) != len(event.block_hashes):
+        return None
+    return extra_keys
+
+
 class ChainLearner:
     """What the streams announced: "(parent hash, the block's content digest) -> block hash".
 
@@ -451,6 +459,42 @@ class ChainLearner:
                 taught += self.learn(source, dp_rank, event)
         return taught
 
+    def _note_block_size(self, stream: tuple[str, int], size: int) -> None:
+        """The stream's block sizes, most recent first (at most :data:`_MAX_SIZES`)."""
+        sizes = self._sizes.get(stream)
+        if sizes is None:
+            self._sizes[stream] = [size]
+        elif sizes[0] != size:
+            if size in sizes:
+                sizes.remove(size)
+            sizes.insert(0, size)
+            del sizes[_MAX_SIZES:]
+
+    def _append_freeing(self, key: int, block_hash: Hash, sid: int, b: int) -> None:
+        """:meth:`learn`'s slow path for a new key: the ring is full, so it grows (below the cap) or
+        its front is evicted (at the cap), then the entry goes to the back, in bucket ``b``."""
+        keys, size, cap = self._keys, len(self._keys), self.cap
+        if self._count < size:
+            at = (self._head + self._count) % size
+        elif self._head == 0 and size < cap:
+            at = size
+            self._extend(min(cap - size, max(_RING_MIN, size >> _GROWTH_SHIFT)))
+            keys = self._keys
+        else:
+            self._pop()  # at the cap: one slot freed at the front (no bucket split: b holds)
+            at = (self._head + self._count) % size
+        self._count += 1
+        keys[at] = key
+        self._vals[at] = block_hash
+        self._sids[at] = sid
+        self._nexts[at] = self._buckets[b]
+        self._buckets[b] = at + 1
+        self._live += 1
+        if self._live > _LOAD * len(self._buckets):
+            self._grow_index()
+        if self._live > cap:
+            self._shrink()
+
     def learn(self, source: str, dp_rank: int, event: BlockStored) -> int:
         """Learn one BlockStored's blocks; returns the entries taught (0 for a placeholder)."""
         hashes = event.block_hashes
@@ -465,18 +509,8 @@ class ChainLearner:
             self.inconsistent += 1
             return 0
         stream = (source, dp_rank)
-        sizes = self._sizes.get(stream)
-        if sizes is None:
-            self._sizes[stream] = [size]
-        elif sizes[0] != size:
-            if size in sizes:
-                sizes.remove(size)
-            sizes.insert(0, size)
-            del sizes[_MAX_SIZES:]
-        extra_keys = event.extra.get("extra_keys") if event.extra else None
-        if not isinstance(extra_keys, list) or len(extra_keys) != len(hashes):
-            extra_keys = None
-        digests = block_digests(tokens, size, event.lora_name, extra_keys)
+        self._note_block_size(stream, size)
+        digests = block_digests(tokens, size, event.lora_name, _extra_keys(event))
         parent = event.parent_block_hash
         mix = self._root(stream) if parent is None else _mix(parent)
         sid = self._stream_id(stream)
@@ -511,25 +545,7 @@ class ChainLearner:
             if p:  # re-announced (rare): to the back of the eviction order
                 self._insert(key, block_hash, sid)
             else:
-                if count < size:
-                    at = (head + count) % size
-                elif head == 0 and size < cap:
-                    at = size
-                    self._extend(min(cap - size, max(_RING_MIN, size >> _GROWTH_SHIFT)))
-                else:
-                    self._pop()  # at the cap: one slot freed at the front (no bucket split: b holds)
-                    at = (self._head + self._count) % size
-                self._count += 1
-                keys[at] = key
-                vals[at] = block_hash
-                sids[at] = sid
-                nexts[at] = buckets[b]
-                buckets[b] = at + 1
-                self._live += 1
-                if self._live > grow_at:
-                    self._grow_index()
-                if self._live > cap:
-                    self._shrink()
+                self._append_freeing(key, block_hash, sid, b)
             keys, vals, sids, nexts, buckets = self._keys, self._vals, self._sids, self._nexts, self._buckets
             lo, split = (1 << self._level) - 1, self._split
             hi, grow_at = 2 * lo + 1, _LOAD * len(buckets)

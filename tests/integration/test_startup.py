@@ -65,7 +65,7 @@ def test_port_zero_start_up_lines_show_the_port_chosen(procs: Start) -> None:
     demo.wait_for("press Ctrl-C to stop", timeout=30)
     first = demo.lines[0]
     url = demo.wait_for(r"^kvgateway demo: dashboard at (\S+)$").group(1)
-    assert first == f"kvgateway demo: starting 4 streams, the dashboard at {url}", demo.output()
+    assert first == f"kvgateway demo: starting 4 streams; the dashboard will be at {url}", demo.output()
     assert not url.endswith(":0/")
 
 
