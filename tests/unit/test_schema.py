@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from importlib.metadata import version
 from typing import Any
 
 import pytest
 
 from kvgateway import messages
+from kvgateway.query import COMPATS
 from tests.support import REPO
 
 ENVELOPES = ("hello", "batch", "state")
@@ -74,6 +76,21 @@ def test_no_field_name_has_two_types_across_the_messages() -> None:
     # not in the schema.
     schema = _schema()
     assert _conflicts(schema, (*ENVELOPES, *_notice_shapes(schema))) == {}
+
+
+REMOVALS = {"gap_last": "0.2.0"}
+"""Each ``compat`` value and the release that drops it (docs/protocol.md, "Deprecated fields")."""
+
+
+def test_a_deprecated_copy_is_gone_by_its_removal_release() -> None:
+    assert set(REMOVALS) == set(COMPATS), "every compat value has its removal release here"
+    current = _release(version("kvgateway"))
+    for value, removal in REMOVALS.items():
+        assert current < _release(removal), f"compat={value}: remove it (and its copies) in {removal}"
+
+
+def _release(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:3])
 
 
 def test_no_field_name_has_two_types_across_the_events() -> None:
