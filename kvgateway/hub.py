@@ -23,10 +23,10 @@ from kvgateway import messages
 from kvgateway.log import Log
 from kvgateway.messages import OutMessage
 from kvgateway.metrics import HubMetrics
-from kvgateway.query import ClientRequest, QueryInput, parse_query, route_query
+from kvgateway.query import GAP_LAST, ClientRequest, QueryInput, parse_query, route_query
 from kvgateway.resume import resume_after
 from kvgateway.ring import Entry
-from kvgateway.subscription import CloseReason, Subscription, Transport
+from kvgateway.subscription import CloseReason, DeprecatedCopiesSubscription, Subscription, Transport
 
 log = logging.getLogger("kvgateway.hub")
 
@@ -150,7 +150,9 @@ class Hub:
         """Register a client whose ``hello`` is for ``point``. When recovered, the messages it
         missed that match its filter are queued already."""
         client_filter = request.filter
-        sub = Subscription(
+        # a client that reads deprecated fields gets its own take(); no other client pays for it
+        kind = DeprecatedCopiesSubscription if GAP_LAST in request.compat else Subscription
+        sub = kind(
             self,
             client_filter=client_filter,
             transport=transport,

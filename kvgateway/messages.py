@@ -78,6 +78,7 @@ class OutMessage(msgspec.Struct, gc=False, eq=False):
     id: str | None = None
     _text: str | None = None
     _sse: bytes | None = None
+    _deprecated: OutMessage | None = None  # with_deprecated_copies' answer, once asked
 
     @property
     def text(self) -> str:
@@ -263,12 +264,14 @@ class _DegradedFields(msgspec.Struct, forbid_unknown_fields=True):
 
 
 DEPRECATED_COPIES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
-    # unrecovered_gap's `last` (an integer) is `until` under its old name, kept until 0.2.0: `last`
-    # is also the boolean of state messages, which a client decoding every message into one struct
-    # cannot hold (docs/protocol.md, "Deprecated fields").
+    # unrecovered_gap's `last` (an integer) is `until` under its old name, until 0.2.0. Only to a
+    # client that asks (compat=gap_last): `last` is also the boolean of state messages, which a
+    # client decoding every message into one struct cannot hold (docs/protocol.md, "Deprecated
+    # fields"), so the default output, and the schema, have one type per name.
     "unrecovered_gap": (("last", "until"),),
 }
-"""Per notice kind, ``(old name, field)``: fields also sent under a deprecated name."""
+"""Per notice kind, ``(old name, field)``: fields a client that asks also gets under a deprecated
+name (:func:`with_deprecated_copies`)."""
 
 
 class _StaleFields(msgspec.Struct, forbid_unknown_fields=True):
@@ -298,7 +301,8 @@ def encode_stream_notice(
 
     ``fields`` must be exactly the kind's own fields (restart: seq, previous, reason;
     unrecovered_gap: first, until, count, reason; stale: reason, seq, detail; degraded: reason,
-    reason_code; up, down: reason). Deprecated copies (:data:`DEPRECATED_COPIES`) are added here.
+    reason_code; up, down: reason). Deprecated copies (:data:`DEPRECATED_COPIES`) are not added
+    here: :func:`with_deprecated_copies` makes them for the clients that ask.
     """
     spec = _NOTICE_FIELDS.get(kind)
     if spec is None:
@@ -317,9 +321,36 @@ def encode_stream_notice(
         "dp_rank": dp_rank,
     }
     body.update(msgspec.structs.asdict(checked))
-    for old, name in DEPRECATED_COPIES.get(kind, ()):
-        body[old] = body[name]
     return OutMessage(_encoder.encode(body), NOTICE, msg_id)
+
+
+_AS_IS: Final = OutMessage(b"", NOTICE)
+"""A message's cached answer when it has no deprecated copies: it is sent as it is."""
+
+
+def with_deprecated_copies(message: OutMessage) -> OutMessage:
+    """``message`` as a client that reads deprecated names (``compat=gap_last``) gets it: a notice
+    of a kind in :data:`DEPRECATED_COPIES` with its copies, anything else itself.
+
+    Made on first demand and cached on ``message`` (shared, as the message is, by every such
+    client, live or resuming from the ring), so a gateway whose clients never ask encodes nothing
+    more. Only notices are looked at, and they are rare: a batch costs one comparison.
+    """
+    if message.type != NOTICE:
+        return message
+    variant = message._deprecated
+    if variant is None:
+        body = msgspec.json.decode(message.data)
+        copies = DEPRECATED_COPIES.get(body.get("kind"), ())
+        if copies:
+            for old, name in copies:
+                body[old] = body[name]
+            # its own answer is itself: no cycle back to message (neither is tracked by the GC)
+            variant = OutMessage(_encoder.encode(body), NOTICE, message.id, _deprecated=_AS_IS)
+        else:
+            variant = _AS_IS
+        message._deprecated = variant
+    return message if variant is _AS_IS else variant
 
 
 def encode_slow_consumer(limit_bytes: int) -> OutMessage:

@@ -26,6 +26,8 @@ class ClientRequest:
     last_event_id: str | None = None
     snapshot: str | None = None
     """``"blocks"``: the resident blocks (``state`` messages) follow a hello that is not recovered."""
+    compat: frozenset[str] = frozenset()
+    """Deprecated fields the client still reads (:data:`COMPATS`), sent to it alone."""
 
 
 @runtime_checkable
@@ -37,11 +39,16 @@ class MultiItems(Protocol):
 
 QueryInput: TypeAlias = Mapping[str, Sequence[str]] | MultiItems | Sequence[tuple[str, str]]
 
-PARAMETERS: Final = ("source", "dp_rank", "type", "medium", "last_event_id", "snapshot", "token")
+PARAMETERS: Final = ("source", "dp_rank", "type", "medium", "last_event_id", "snapshot", "compat", "token")
 """Every query parameter a stream endpoint accepts; any other name is a 400 (catches typos).
 ``token`` is the auth layer's and ignored here."""
 SNAPSHOTS: Final = ("blocks",)
 """Values of ``snapshot``: what a client that is not recovered receives after the hello."""
+GAP_LAST: Final = "gap_last"
+COMPATS: Final = (GAP_LAST,)
+"""Values of ``compat``: a deprecated field a client written against an older release still reads,
+sent to that client until the field's removal (docs/protocol.md, "Deprecated fields").
+``gap_last``: ``unrecovered_gap``'s ``until`` also as ``last`` (until 0.2.0)."""
 MAX_VALUES: Final = 64
 """Distinct values per repeatable parameter."""
 
@@ -105,6 +112,7 @@ def parse_query(
     mediums: set[str] = set()
     resume_ids: list[str] = []
     snapshots: list[str] = []
+    compat: set[str] = set()
     for name, value in _query_items(params):
         if name == "source":
             if known is not None and value not in known:
@@ -136,6 +144,10 @@ def parse_query(
             snapshots.append(value)
             if len(snapshots) > 1:
                 raise BadRequest("snapshot: given more than once")
+        elif name == "compat":
+            if value not in COMPATS:
+                raise BadRequest(f"compat: expected {' or '.join(COMPATS)}, got {_show(value)}")
+            compat.add(value)
         elif name != "token":
             raise BadRequest(f"unknown query parameter {_show(name)} (accepted: {', '.join(PARAMETERS)})")
     resume = last_event_id or (resume_ids[0] if resume_ids else None)
@@ -146,7 +158,10 @@ def parse_query(
         mediums=frozenset(mediums) or None,
     )
     return ClientRequest(
-        filter=client_filter, last_event_id=resume or None, snapshot=snapshots[0] if snapshots else None
+        filter=client_filter,
+        last_event_id=resume or None,
+        snapshot=snapshots[0] if snapshots else None,
+        compat=frozenset(compat),
     )
 
 

@@ -187,3 +187,16 @@ class Subscription:
         self._hub.forget(self, reason)
         if self.wakeup is not None:
             self.wakeup()
+
+
+class DeprecatedCopiesSubscription(Subscription):
+    """A client that still reads deprecated fields (``compat=gap_last``): each chunk it takes has
+    them (:func:`kvgateway.messages.with_deprecated_copies`), whether the messages came live or
+    from the resume ring. A subclass, so that every other client's path stays as it is; the queue's
+    byte accounting counts the shared messages, a few bytes short for such a notice."""
+
+    __slots__ = ()
+
+    def take(self, max_bytes: int = CHUNK_BYTES) -> list[OutMessage]:
+        with_copies = messages.with_deprecated_copies
+        return [with_copies(message) for message in super().take(max_bytes)]

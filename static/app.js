@@ -821,8 +821,9 @@ function noticeDetail(kind, msg) {
   } else if (kind === "unrecovered_gap" && typeof msg.first === "number") {
     parts.push(`lost seq ${msg.first}–${msg.until} (${msg.count})`);
   }
-  // `last` is `until`'s deprecated name (until 0.2.0); reason_code repeats the reason for programs.
-  const known = new Set(["type", "id", "offset", "kind", "source", "dp_rank", "reason", "reason_code", "seq", "previous", "first", "until", "last", "count"]);
+  // reason_code repeats the reason for programs. (The dashboard does not ask for compat=gap_last:
+  // its gap notices have `until` and no deprecated `last`.)
+  const known = new Set(["type", "id", "offset", "kind", "source", "dp_rank", "reason", "reason_code", "seq", "previous", "first", "until", "count"]);
   for (const [k, v] of Object.entries(msg)) {
     if (known.has(k) || v === null || typeof v === "object") continue;
     parts.push(`${k}=${v}`);

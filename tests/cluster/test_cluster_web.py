@@ -7,6 +7,7 @@ the edge must pass them as the single process does."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,12 +18,14 @@ from tests.integration.test_web import (  # noqa: F401 - pytest collects what is
     Starter,
     _every_message_follows_the_schema,
     free_ports,
+    gap_source,
     module_procs,
     source_spec,
     start_simulator,
     test_every_batch_reaches_every_matching_client_in_order,
     test_invalid_query_parameters_are_a_400_before_any_stream,
     test_sse_resume_with_last_event_id_header_or_query_and_the_header_wins,
+    test_the_gap_notice_has_no_last_unless_the_client_asks_with_compat_gap_last_live_and_on_resume,
     test_websocket_resume_inside_the_ring_replays_exactly_the_missed_messages,
     wait_streams,
 )
@@ -66,3 +69,22 @@ def live(module_procs: Starter, nats_module: NatsServer) -> Gateway:  # noqa: F8
     for gateway in edges:
         wait_streams(gateway, [("llama", 0), ("llama", 1), ("qwen", 0)])
     return edges[1]
+
+
+@pytest.fixture
+def gap_gateway(procs: Starter, tmp_path: Path) -> Iterator[tuple[Gateway, list[str]]]:
+    """test_web's ``gap_gateway`` as a cluster: one ingest and one edge on a nats-server of its own
+    (the module's carries the ``live`` streams), and the flags of the engine, not started yet."""
+    server = NatsServer(tmp_path)
+    server.start()
+    http_port, pub, replay = free_ports(3)
+    spec, engine = gap_source(pub, replay)
+    flags = ["--source", spec, "--nats", server.url]
+    ingest = procs("ingest", *flags, "--port", "0")
+    ingest.wait_for("ingest publishing to", timeout=30)
+    edge = procs("edge", *flags, "--host", "127.0.0.1", "--port", str(http_port))
+    edge.wait_for("edge serving on", timeout=30)
+    yield Gateway(edge, http_port), engine
+    for proc in (edge, ingest):  # before their nats-server (procs would stop them after it)
+        proc.stop()
+    server.stop()

@@ -54,6 +54,9 @@ class DocClient:
         self.waiting: set[Stream] = set()
         self.hellos: list[bool] = []  # recovered, per hello
         self.notices: list[dict[str, Any]] = []
+        self.field_types: dict[str, set[str]] = {}
+        """The JSON types each message field came with (null aside): a client that decodes every
+        message into one structure needs one per name (docs/protocol.md, "Deprecated fields")."""
         self._ws: ClientConnection | None = None
         self._go = threading.Event()
         self._go.set()
@@ -103,6 +106,9 @@ class DocClient:
     # the messages
 
     def _apply(self, m: dict[str, Any]) -> None:
+        for name, value in m.items():
+            if value is not None:
+                self.field_types.setdefault(name, set()).add(type(value).__name__)
         kind = m["type"]
         if kind == "hello":
             self.hellos.append(m["recovered"])
@@ -459,6 +465,9 @@ def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Callab
             "window",
         ]
         assert offsets == sorted(offsets) and fresh < offsets[-1]
+        # every field name came with one type, `last` included: the state's bool, never the gap's seq
+        assert {name: types for name, types in client.field_types.items() if len(types) > 1} == {}
+        assert client.field_types["last"] == {"bool"}
     finally:
         if client is not None:
             client.close()

@@ -196,7 +196,7 @@ def _scenario(rng: random.Random, gateway: Gateway, steps: int, expected: list[A
         elif roll < 0.95:
             gateway.notice(source, dp_rank, "restart", seq=0, previous=9, reason="seq_reset")
         else:
-            gateway.notice(source, dp_rank, "unrecovered_gap", first=1, until=2, last=2, count=2, reason="evicted")
+            gateway.notice(source, dp_rank, "unrecovered_gap", first=1, until=2, count=2, reason="evicted")
             gateway.notice(source, dp_rank, "stale", reason="unrecovered", seq=1, detail="2 batches lost (evicted)")
         if rng.random() < 0.2:
             chain = [hash_text(h) for h in rng.sample(pool, rng.randint(1, 8))]

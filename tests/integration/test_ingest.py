@@ -131,8 +131,7 @@ def batches(*ranges: range) -> list[tuple[Any, ...]]:
 def loss_notices(first: int, last: int, reason: str) -> list[tuple[Any, ...]]:
     count = last - first + 1
     return [
-        # `last`: `until` under its deprecated name, on the wire until 0.2.0
-        ("notice", "unrecovered_gap", {"first": first, "until": last, "count": count, "reason": reason, "last": last}),
+        ("notice", "unrecovered_gap", {"first": first, "until": last, "count": count, "reason": reason}),
         ("notice", "stale", {"reason": "unrecovered", "seq": first, "detail": f"{count} batches lost ({reason})"}),
         ("notice", "degraded", {"reason": f"{count} batches unrecovered ({reason})", "reason_code": reason}),
     ]

@@ -318,7 +318,7 @@ def test_malformed_replay_replies_fail_the_replay_and_not_the_live_stream(procs:
                 if outcome == "failed":
                     # Nothing usable came back: the loss is no_answer, and the index is stale.
                     want |= {"replay_failed": 1, "decode_errors": 1, "unrecovered_batches": 1}
-                    fields = {"first": gap, "until": gap, "count": 1, "reason": "no_answer", "last": gap}
+                    fields = {"first": gap, "until": gap, "count": 1, "reason": "no_answer"}
                     expected.append(("notice", "unrecovered_gap", fields))
                     if not degraded:
                         detail = "1 batches lost (no_answer)"

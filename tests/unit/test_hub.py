@@ -471,9 +471,30 @@ def test_stream_notices_have_offsets_ids_and_their_kind_fields() -> None:
         "count": 10,
         "offset": 3,
     }
-    assert bodies[2]["last"] == 19  # deprecated, until 0.2.0: until under its old name
+    assert "last" not in bodies[2]  # its deprecated name goes only to a client that asks (compat=gap_last)
     assert [b["kind"] for b in bodies[3:]] == ["degraded", "down"]
     assert bodies[3]["reason_code"] == "no_replay"
+
+
+def test_a_client_that_asks_gets_the_gap_notice_with_last_live_and_on_resume_and_batches_as_they_are() -> None:
+    hub = make_hub()
+    plain, early = subscribe(hub), subscribe(hub, "compat=gap_last")
+    assert hub.parse_query(QueryParams("compat=gap_last&compat=gap_last")).compat == frozenset({"gap_last"})
+    publish_batch(hub, "a", 0, 1, batch(stored(1)))
+    publish_notice(hub, "unrecovered_gap", "a", 0, first=2, until=4, count=3, reason="evicted")
+    publish_notice(hub, "stale", "a", 0, reason="unrecovered", seq=2, detail="3 batches lost (evicted)")
+    late = subscribe(hub, "compat=gap_last", last_event_id=f"{hub.epoch}:0")  # the same from the ring
+    assert late.recovered
+    mine, theirs, resumed = drain(plain), drain(early), drain(late)
+    assert [decode(m)["offset"] for m in mine] == [1, 2, 3]
+    assert "last" not in decode(mine[1])
+    for got in (theirs, resumed):
+        assert decode(got[1]) == {**decode(mine[1]), "last": 4}
+        assert got[1].id == mine[1].id == f"{hub.epoch}:2"
+        # what has no deprecated copy is the very message every client shares
+        assert got[0] is mine[0] and got[2] is mine[2]
+    assert theirs[1] is resumed[1]  # encoded once, for every client that asks
+    assert messages.with_deprecated_copies(theirs[1]) is theirs[1]
 
 
 @pytest.mark.parametrize(
@@ -926,6 +947,8 @@ def test_parse_query_accepts_repeated_values_and_normalizes() -> None:
         ("type=Block%20Stored", "type"),
         ("medium=gpu%0A", "medium"),
         ("last_event_id=a&last_event_id=b", "last_event_id"),
+        ("compat=last", "compat"),
+        ("compat=", "compat"),
         ("=x", "''"),
     ],
 )
@@ -936,6 +959,12 @@ def test_parse_query_rejects_with_one_line_naming_the_parameter(query: str, para
     assert str(caught.value) == message
     assert parameter in message
     assert len(message.splitlines()) == 1
+
+
+def test_an_unknown_compat_value_says_which_there_are() -> None:
+    with pytest.raises(BadRequest) as caught:
+        parse_query(QueryParams("compat=gap_until"))
+    assert caught.value.message == "compat: expected gap_last, got 'gap_until'"
 
 
 def test_parse_query_limits_distinct_values() -> None:

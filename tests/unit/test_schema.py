@@ -12,17 +12,12 @@ from typing import Any
 import pytest
 
 from kvgateway import messages
+from kvgateway.query import COMPATS
 from tests.support import REPO
 
 ENVELOPES = ("hello", "batch", "state")
 """With every ``notice_*`` definition: the shapes a stream message can have."""
 EVENTS = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
-
-DEPRECATED_CONFLICTS = {("last", "notice_unrecovered_gap"): "0.2.0"}
-"""The one exception, and when it goes: ``unrecovered_gap``'s integer ``last`` (now ``until``) beside
-``state``'s boolean ``last``, kept for clients written against 0.1 (docs/protocol.md, "Deprecated
-fields"). The test fails once the package reaches the removal version, and when the exception is
-no longer needed."""
 
 
 def _schema() -> dict[str, Any]:
@@ -75,29 +70,31 @@ def _notice_shapes(schema: dict[str, Any]) -> tuple[str, ...]:
     return tuple(ref["$ref"].removeprefix("#/$defs/") for ref in schema["$defs"]["notice"]["oneOf"])
 
 
-def test_no_field_name_has_two_types_across_the_messages_but_the_deprecated_last() -> None:
+def test_no_field_name_has_two_types_across_the_messages() -> None:
+    # No exception, not even for a deprecated name: a deprecated field of another type is sent
+    # only to the clients that ask for it (compat=, docs/protocol.md "Deprecated fields") and is
+    # not in the schema.
     schema = _schema()
-    conflicts = _conflicts(schema, (*ENVELOPES, *_notice_shapes(schema)))
-    allowed: set[tuple[str, str]] = set()
-    for field, by_type in conflicts.items():
-        # Every conflict must be a deprecated field: its shapes of the odd type all listed.
-        majority = max(by_type.values(), key=len)
-        for shapes in by_type.values():
-            if shapes is not majority:
-                allowed |= {(field, shape) for shape in shapes}
-    assert allowed == set(DEPRECATED_CONFLICTS), f"field names with two types: {conflicts}"
-    for (field, shape), removal in DEPRECATED_CONFLICTS.items():
-        assert schema["$defs"][shape]["properties"][field].get("deprecated") is True, (field, shape)
-        assert field not in schema["$defs"][shape]["required"], "a deprecated field is not required"
-        assert _release(version("kvgateway")) < _release(removal), f"{shape}.{field}: remove it in {removal}"
+    assert _conflicts(schema, (*ENVELOPES, *_notice_shapes(schema))) == {}
 
 
-def test_no_field_name_has_two_types_across_the_events() -> None:
-    assert _conflicts(_schema(), EVENTS) == {}
+REMOVALS = {"gap_last": "0.2.0"}
+"""Each ``compat`` value and the release that drops it (docs/protocol.md, "Deprecated fields")."""
+
+
+def test_a_deprecated_copy_is_gone_by_its_removal_release() -> None:
+    assert set(REMOVALS) == set(COMPATS), "every compat value has its removal release here"
+    current = _release(version("kvgateway"))
+    for value, removal in REMOVALS.items():
+        assert current < _release(removal), f"compat={value}: remove it (and its copies) in {removal}"
 
 
 def _release(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".")[:3])
+
+
+def test_no_field_name_has_two_types_across_the_events() -> None:
+    assert _conflicts(_schema(), EVENTS) == {}
 
 
 @pytest.mark.parametrize(

@@ -104,12 +104,12 @@ type Message struct {
 	Blocks     []StateBlock    `json:"blocks"`
 	BlockSizes map[string]int  `json:"block_sizes"` // a stream's last state chunk: medium -> block size
 	Stale      bool            `json:"stale"`       // a state's: the stream's state is incomplete
-	Last       json.RawMessage `json:"last"`        // a state's bool (and, until 0.2.0, an unrecovered_gap's deprecated seq)
+	Last       bool            `json:"last"`        // a state's: its stream's last chunk
 	Occupancy  json.RawMessage `json:"occupancy"`
 }
 
 // IsLast tells whether a state message is its stream's last chunk.
-func (m *Message) IsLast() bool { return string(m.Last) == "true" }
+func (m *Message) IsLast() bool { return m.Last }
 
 // SourceStatus is one entry of the hello's sources.
 type SourceStatus struct {

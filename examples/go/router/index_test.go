@@ -87,7 +87,7 @@ func TestClearsAndRestarts(t *testing.T) {
 	if refs(r, "a", "GPU", 0, "1") != 0 || refs(r, "b", "GPU", 0, "1") != 1 {
 		t.Fatal("AllBlocksCleared empties its own stream only")
 	}
-	feed(t, r, `{"type":"notice","kind":"unrecovered_gap","id":"e1:5","offset":5,"source":"b","dp_rank":0,"first":1,"until":2,"count":2,"reason":"not_sent","last":2}`)
+	feed(t, r, `{"type":"notice","kind":"unrecovered_gap","id":"e1:5","offset":5,"source":"b","dp_rank":0,"first":1,"until":2,"count":2,"reason":"not_sent"}`)
 	if r.index.Streams[StreamKey{"b", 0}].Stale {
 		t.Fatal("a gap alone does not make the stream stale")
 	}
