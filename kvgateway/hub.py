@@ -26,7 +26,7 @@ from kvgateway.metrics import HubMetrics
 from kvgateway.query import GAP_LAST, ClientRequest, QueryInput, parse_query, route_query
 from kvgateway.resume import resume_after
 from kvgateway.ring import Entry
-from kvgateway.subscription import CloseReason, DeprecatedCopiesSubscription, Subscription, Transport
+from kvgateway.subscription import CloseReason, Subscription, Transport
 
 log = logging.getLogger("kvgateway.hub")
 
@@ -150,9 +150,7 @@ class Hub:
         """Register a client whose ``hello`` is for ``point``. When recovered, the messages it
         missed that match its filter are queued already."""
         client_filter = request.filter
-        # a client that reads deprecated fields gets its own take(); no other client pays for it
-        kind = DeprecatedCopiesSubscription if GAP_LAST in request.compat else Subscription
-        sub = kind(
+        sub = Subscription(
             self,
             client_filter=client_filter,
             transport=transport,
@@ -161,6 +159,7 @@ class Hub:
             recovered=point.recovered,
             limit=self.client_queue_bytes,
             metrics=self.metrics,
+            deprecated_copies=GAP_LAST in request.compat,
         )
         if point.recovered:
             key = sub.event_key

@@ -56,6 +56,7 @@ class Subscription:
     __slots__ = (
         "_base_limit",
         "_credit",
+        "_deprecated_copies",
         "_hub",
         "_in_flight",
         "_limit",
@@ -86,8 +87,13 @@ class Subscription:
         recovered: bool,
         limit: int,
         metrics: HubMetrics,
+        deprecated_copies: bool = False,
     ) -> None:
         self._hub = hub
+        # compat=gap_last: each chunk taken has the deprecated fields (messages.with_deprecated_copies),
+        # whether the messages came live or from the resume ring; the queue's byte accounting counts
+        # the shared messages, a few bytes short for such a notice
+        self._deprecated_copies = deprecated_copies
         self.filter = client_filter
         self.event_key = client_filter.event_key
         self.transport: Transport = transport
@@ -157,6 +163,9 @@ class Subscription:
         self._credit = max(0, self._credit - size)  # the exempt messages are at the front
         self._sent.inc(len(chunk))  # counted when handed to the writer
         self._in_flight = True
+        if self._deprecated_copies:  # one test per chunk: other clients' messages go as they are
+            with_copies = messages.with_deprecated_copies
+            return [with_copies(message) for message in chunk]
         return chunk
 
     def written(self) -> None:
@@ -187,16 +196,3 @@ class Subscription:
         self._hub.forget(self, reason)
         if self.wakeup is not None:
             self.wakeup()
-
-
-class DeprecatedCopiesSubscription(Subscription):
-    """A client that still reads deprecated fields (``compat=gap_last``): each chunk it takes has
-    them (:func:`kvgateway.messages.with_deprecated_copies`), whether the messages came live or
-    from the resume ring. A subclass, so that every other client's path stays as it is; the queue's
-    byte accounting counts the shared messages, a few bytes short for such a notice."""
-
-    __slots__ = ()
-
-    def take(self, max_bytes: int = CHUNK_BYTES) -> list[OutMessage]:
-        with_copies = messages.with_deprecated_copies
-        return [with_copies(message) for message in super().take(max_bytes)]
