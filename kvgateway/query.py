@@ -95,6 +95,24 @@ def _query_items(params: QueryInput) -> Iterator[tuple[str, str]]:
                 yield name, value
 
 
+def _matching(name: str, value: str, pattern: re.Pattern[str], what: str) -> str:
+    """``value``, when the whole of it matches ``pattern``; else a 400 saying ``what`` was expected."""
+    if pattern.fullmatch(value) is None:
+        raise BadRequest(f"{name}: expected {what}, got {_show(value)}")
+    return value
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise BadRequest(f"{name}: expected {' or '.join(allowed)}, got {_show(value)}")
+    return value
+
+
+def _check_once(name: str, values: list[str]) -> None:
+    if len(values) > 1:
+        raise BadRequest(f"{name}: given more than once")
+
+
 def parse_query(
     params: QueryInput, *, sources: Iterable[str] | None = None, last_event_id: str | None = None
 ) -> ClientRequest:
@@ -120,34 +138,22 @@ def parse_query(
             chosen_sources.add(value)
             _check_count(name, chosen_sources)
         elif name == "dp_rank":
-            if _RANK_RE.fullmatch(value) is None:
-                raise BadRequest(f"dp_rank: expected a non-negative integer, got {_show(value)}")
-            ranks.add(int(value))
+            ranks.add(int(_matching(name, value, _RANK_RE, "a non-negative integer")))
             _check_count(name, ranks)
         elif name == "type":
-            if _TYPE_RE.fullmatch(value) is None:
-                raise BadRequest(f"type: expected an event type name (letters, digits, _.:-), got {_show(value)}")
-            types.add(value)
+            types.add(_matching(name, value, _TYPE_RE, "an event type name (letters, digits, _.:-)"))
             _check_count(name, types)
         elif name == "medium":
-            if _MEDIUM_RE.fullmatch(value) is None:
-                raise BadRequest(f"medium: expected a medium name (letters, digits, _.:-), got {_show(value)}")
-            mediums.add(value.upper())
+            mediums.add(_matching(name, value, _MEDIUM_RE, "a medium name (letters, digits, _.:-)").upper())
             _check_count(name, mediums)
         elif name == "last_event_id":
             resume_ids.append(value)
-            if len(resume_ids) > 1:
-                raise BadRequest("last_event_id: given more than once")
+            _check_once(name, resume_ids)
         elif name == "snapshot":
-            if value not in SNAPSHOTS:
-                raise BadRequest(f"snapshot: expected {' or '.join(SNAPSHOTS)}, got {_show(value)}")
-            snapshots.append(value)
-            if len(snapshots) > 1:
-                raise BadRequest("snapshot: given more than once")
+            snapshots.append(_one_of(name, value, SNAPSHOTS))
+            _check_once(name, snapshots)
         elif name == "compat":
-            if value not in COMPATS:
-                raise BadRequest(f"compat: expected {' or '.join(COMPATS)}, got {_show(value)}")
-            compat.add(value)
+            compat.add(_one_of(name, value, COMPATS))
         elif name != "token":
             raise BadRequest(f"unknown query parameter {_show(name)} (accepted: {', '.join(PARAMETERS)})")
     resume = last_event_id or (resume_ids[0] if resume_ids else None)
