@@ -86,6 +86,19 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
     of live batches, a *tail* replay from ``cursor + 1`` fetches what the PUB socket may have
     dropped at the end of the burst (an idle engine publishes nothing that would reveal it).
 
+11. **Any reply may come from another process, and connection events may come late.** A replay
+    socket is reached afresh for each request, so it answers for whichever process binds the port
+    now; the monitor may report a reconnection after the new process's batches (a quiet stream's
+    tail probe racing the reconnect, a gateway paused across a crash). So every attempt (catch-up
+    retries, gaps, tail probes, verifications) asks from the last delivered seq, the anchor, and
+    its reply must bring that batch back first, with the same bytes, before anything in it is used:
+    other bytes, a first item below the anchor, or an end marker with nothing are a restart
+    (``identity``); a first item more than ``jump_limit`` above it is a ``jump``. The batches of the
+    current connection then stay pending for the new epoch (live batches of the new process that
+    came before the connection events; a gap they opened is what sent the request). A first item
+    above the anchor means it left the buffer: as in rule 1, the engine cannot be told apart, and
+    a new live batch at exactly ``cursor + 1`` before the connection events is taken as the next.
+
 Replay tokens start at 1 and increase by one per attempt. Items, ends and failures carrying any
 other token than the in-flight one are ignored.
 """
@@ -246,6 +259,7 @@ class _Recovery:
     __slots__ = (
         "attempt",
         "brought",
+        "check",
         "first",
         "floor",
         "heard",
@@ -273,6 +287,9 @@ class _Recovery:
         self.mark = start  # the first missing seq when this attempt was asked
         self.heard = False  # any item or end marker came back, in any attempt
         self.silent = 0  # attempts that got no answer at all
+        # This attempt's anchor: the last delivered seq and its payload when it was asked. The reply
+        # must bring that batch back first, the same bytes, before anything in it is used (rule 11).
+        self.check: tuple[int, bytes] | None = None
 
     def new_attempt(self, token: int, start: int) -> None:
         self.attempt += 1
@@ -481,8 +498,8 @@ class Sequencer:
         rec.heard = True
         if rec.first is None:
             rec.first = seq
-            if rec.purpose == "verify":
-                if not self._check_identity(rec, seq, raw, out):
+            if rec.check is not None:
+                if not self._check_identity(rec, rec.check, seq, raw, out):
                     self._keep_revealing(seq, batch, raw)
                     return out
             elif self.cursor is not None and seq - self.cursor > self._jump_limit:
@@ -531,10 +548,10 @@ class Sequencer:
             return []
         out: list[Action] = []
         rec.heard = True
-        if rec.purpose == "verify" and rec.items == 0:
-            # The engine holds nothing at or after the anchor: a younger process than the one we read.
-            assert self._anchor is not None
-            self._restart(self._anchor[0], "identity", True, out)
+        if rec.check is not None and rec.items == 0:
+            # The engine holds nothing at or after the anchor: a younger process than the one we read
+            # (the one read holds the anchor, or later batches once it has evicted it).
+            self._restart(rec.check[0], "identity", True, out)
             return out
         self._attempt_over(out)
         return out
@@ -651,26 +668,37 @@ class Sequencer:
             out.append(ReplayFinished(None, "unavailable", 0))
             self._drain(out)
 
-    def _check_identity(self, rec: _Recovery, seq: int, raw: bytes, out: list[Action]) -> bool:
-        """Rule 1 on the first item of a verification; False when it found a restart."""
-        assert self._anchor is not None
-        anchor, anchor_raw = self._anchor
+    def _check_identity(
+        self, rec: _Recovery, check: tuple[int, bytes], seq: int, raw: bytes, out: list[Action]
+    ) -> bool:
+        """Rules 1 and 11 on the first item of any attempt asked from the anchor; False when it found
+        a restart. The same bytes: the engine is the one read (a verification goes on as a gap
+        replay; the anchor item itself is at or below the cursor and ignored)."""
+        anchor, anchor_raw = check
+        verifying = rec.purpose == "verify"
         if seq == anchor and raw == anchor_raw:
-            self._reconnected = False  # the same engine: no heuristic for the next live batch
-            out.extend(Duplicate(s) for s, _, _ in self._low_live)
-            self._low_live.clear()
-            rec.purpose = "gap"
-            self._drain(out)
+            if verifying:
+                self._reconnected = False  # the same engine: no heuristic for the next live batch
+                out.extend(Duplicate(s) for s, _, _ in self._low_live)
+                self._low_live.clear()
+                rec.purpose = "gap"
+                self._drain(out)
             return True
         if seq <= anchor:  # another batch under the same seq, or a reply from below what was asked
+            # Not a verification: the monitor has not (yet) reported the reconnection, so the
+            # batches of the current connection may be the new process's: kept for its epoch.
             self._restart(seq, "identity", True, out)
             return False
         if seq - anchor > self._jump_limit:
-            self._restart(seq, "jump", True, out)
+            # A gap's reply far above: a clock-seeded engine restarted behind the replay socket. With
+            # no reconnect reported, every pending batch came from the old process.
+            self._restart(seq, "jump", verifying, out)
             return False
-        # The anchor has left the buffer: the engine cannot be told apart; the live stream decides.
+        # The anchor has left the buffer: the engine cannot be told apart (for a verification, the
+        # live stream decides); the seqs below the first item are evicted.
         rec.floor = seq
-        self._unverifiable(out)
+        if verifying:
+            self._unverifiable(out)
         return self._rec is rec
 
     def _keep_revealing(self, seq: int, batch: Batch | None, raw: bytes) -> None:
@@ -838,8 +866,15 @@ class Sequencer:
         rec = self._rec
         assert rec is not None
         self._last_token += 1
+        mark = start if self.cursor is None else self.cursor + 1
+        # Rule 11: ask from the last delivered seq, whatever the purpose; the reply may come from a
+        # process other than the one last read (its DEALER reaches whoever binds the port now).
+        check = self._anchor if self._anchor is not None and self._anchor[0] <= start else None
+        if check is not None:
+            start = check[0]
         rec.new_attempt(self._last_token, start)
-        rec.mark = start if self.cursor is None else self.cursor + 1
+        rec.check = check
+        rec.mark = mark
         out.append(RequestReplay(rec.token, start, rec.purpose, rec.attempt))
 
     def _put(self, seq: int, item: _Item) -> None:
