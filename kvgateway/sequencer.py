@@ -95,7 +95,11 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
     other bytes, a first item below the anchor, or an end marker with nothing are a restart
     (``identity``); a first item more than ``jump_limit`` above it is a ``jump``. The batches of the
     current connection then stay pending for the new epoch (live batches of the new process that
-    came before the connection events; a gap they opened is what sent the request). A first item
+    came before the connection events; a gap they opened is what sent the request), but as
+    *suspects*: some may be the old process's last ones. They wait (none is delivered) for the new
+    epoch's catch-up, a snapshot of the new process's buffer taken after they came: one it brings
+    with other bytes is replaced by its own; one above its last item is dropped; without a whole
+    reply, all are dropped (a later reply or gap brings the new process's own again). A first item
     above the anchor means it left the buffer: as in rule 1, the engine cannot be told apart, and
     a new live batch at exactly ``cursor + 1`` before the connection events is taken as the next.
 
@@ -271,6 +275,7 @@ class _Recovery:
         "silent",
         "start",
         "token",
+        "top",
     )
 
     def __init__(self, token: int, start: int, purpose: Purpose) -> None:
@@ -282,6 +287,7 @@ class _Recovery:
         self.start = start
         self.items = 0  # this attempt's items
         self.first: int | None = None  # this attempt's first item
+        self.top = -1  # this attempt's highest item
         self.floor: int | None = None  # seqs below it (and >= start) are not in the engine's buffer
         self.progress = False  # this attempt brought something new
         self.mark = start  # the first missing seq when this attempt was asked
@@ -296,6 +302,7 @@ class _Recovery:
         self.token = token
         self.start = start
         self.items = 0
+        self.top = -1
         self.first = self.floor = None
         self.progress = False
 
@@ -321,6 +328,7 @@ class Sequencer:
         "_rec",
         "_reconnected",
         "_restart_window",
+        "_suspect",
         "cursor",
     )
 
@@ -359,6 +367,7 @@ class Sequencer:
         self._low_live: list[tuple[int, Batch | None, bytes]] = []  # live at/below cursor while verifying
         self._ever_connected = False
         self._reconnected = False
+        self._suspect: set[int] = set()  # pending live seqs that may be the old process's (rule 11)
 
     # --- views --------------------------------------------------------------------------
 
@@ -439,6 +448,8 @@ class Sequencer:
         reconnected, self._reconnected = self._reconnected, False
         out: list[Action] = []
         item: _Item = (batch, raw, self._gen, False)
+        if seq in self._suspect:
+            self._unsuspect(seq, raw, out)
         if seq in self._pending:
             if self._other_process(seq, raw):
                 self._restart(seq, "identity", True, out, first_live=seq)
@@ -474,7 +485,8 @@ class Sequencer:
             # Only a live batch below a live one says the engine went back: a reply runs ahead of a
             # lagging live stream, so live seqs below a replayed batch are the same process's.
             low = self._first_pending()
-            if low is not None and self._pending[low][3]:
+            # Nor a live batch that may be the old process's (rule 11): it proves nothing of this one.
+            if low is not None and (self._pending[low][3] or low in self._suspect):
                 low = None
             if low is not None and seq < low and (reason := self._restart_reason(seq, low, batch, reconnected)):
                 self._restart(seq, reason, reconnected, out, first_live=seq)
@@ -520,10 +532,13 @@ class Sequencer:
                 # Also when the first item is the lowest pending batch itself (its live copy): without
                 # this it, and every later item then kept pending, waited for the end marker.
                 self._drain(out)
+        rec.top = max(rec.top, seq)
+        if seq in self._suspect:
+            self._unsuspect(seq, raw, out)
         cursor = self.cursor
         assert cursor is not None
         if seq in self._pending and self._other_process(seq, raw):
-            self._restart(seq, "identity", True, out)
+            self._restart(seq, "identity", True, out, by_reply=True)
             self._keep_revealing(seq, batch, raw)
             return out
         if seq <= cursor or seq in self._pending:
@@ -551,8 +566,9 @@ class Sequencer:
         if rec.check is not None and rec.items == 0:
             # The engine holds nothing at or after the anchor: a younger process than the one we read
             # (the one read holds the anchor, or later batches once it has evicted it).
-            self._restart(rec.check[0], "identity", True, out)
+            self._restart(rec.check[0], "identity", True, out, by_reply=True)
             return out
+        self._settle_suspects(rec)
         self._attempt_over(out)
         return out
 
@@ -657,6 +673,8 @@ class Sequencer:
             low = self._first_pending()
             assert low is not None
             if low == self.cursor + 1:
+                if low in self._suspect:
+                    return  # it waits for the catch-up that tells whose it is (rule 11)
                 self._drain(out)
                 continue
             if self.cursor + 1 > self._live_top:
@@ -687,7 +705,7 @@ class Sequencer:
         if seq <= anchor:  # another batch under the same seq, or a reply from below what was asked
             # Not a verification: the monitor has not (yet) reported the reconnection, so the
             # batches of the current connection may be the new process's: kept for its epoch.
-            self._restart(seq, "identity", True, out)
+            self._restart(seq, "identity", True, out, by_reply=True)
             return False
         if seq - anchor > self._jump_limit:
             # A gap's reply far above: a clock-seeded engine restarted behind the replay socket. With
@@ -708,6 +726,31 @@ class Sequencer:
         if self._rec is not None:
             self._rec.brought += 1
             self._rec.progress = True
+
+    def _unsuspect(self, seq: int, raw: bytes, out: list[Action]) -> None:
+        """Rule 11: the new process brings ``seq`` (live or replayed) after the restart was found. Other
+        bytes than the pending batch's: that one was the old process's, dropped for this one (which
+        the caller then takes as new); the same: it was the new one's, and may go on now."""
+        self._suspect.discard(seq)
+        held = self._pending.get(seq)
+        if held is not None and raw and held[1] and held[1] != raw:
+            del self._pending[seq]
+        elif self.cursor is not None:
+            self._drain(out)
+
+    def _settle_suspects(self, rec: _Recovery) -> None:
+        """Rule 11, after a whole reply of the new epoch: it is the new process's buffer as it was
+        after every suspect arrived, so a suspect above its last item was published by the old one
+        (dropped: the old epoch has ended; if it was the new one's after all, a gap replay fetches
+        it). Those it brought with other bytes were replaced as they came."""
+        self._drop_suspects(rec.top)
+
+    def _drop_suspects(self, above: int) -> None:
+        """Drop the suspects above ``above`` from the pending batches; none is left suspect."""
+        for seq in self._suspect:
+            if seq > above:
+                self._pending.pop(seq, None)
+        self._suspect.clear()
 
     def _other_process(self, seq: int, raw: bytes) -> bool:
         """Rule 1's comparison, made by any batch: ``seq`` is pending from the connection before the
@@ -735,6 +778,9 @@ class Sequencer:
         marker came (without it, the reply may have lost its tail as well)."""
         rec = self._rec
         assert rec is not None
+        # Rule 11's suspects not told apart by a whole reply (this one failed) are dropped: the old
+        # process's must not pass for the new one's, whose own a later reply or gap brings again.
+        self._drop_suspects(-1)
         # An engine busy publishing, or a request sent while its ROUTER was reconnecting, can leave
         # one attempt unanswered: that one is asked again; a second silence ends the recovery.
         retry_silence = silent and rec.silent == 0
@@ -817,10 +863,19 @@ class Sequencer:
         return None
 
     def _restart(
-        self, seq: int, reason: RestartReason, by_connection: bool, out: list[Action], *, first_live: int | None = None
+        self,
+        seq: int,
+        reason: RestartReason,
+        by_connection: bool,
+        out: list[Action],
+        *,
+        first_live: int | None = None,
+        by_reply: bool = False,
     ) -> None:
         """Rule 8. ``by_connection``: batches of the connection before the last disconnect are the
-        old process's; without it (a live batch gave the restart away) everything pending is."""
+        old process's; without it (a live batch gave the restart away) everything pending is.
+        ``by_reply``: a reply gave it away; the live batches of the current connection kept for the
+        new epoch may still be the old process's if the connection events are late (rule 11)."""
         rec = self._rec
         if rec is not None:
             out.append(CancelReplay(rec.token))
@@ -834,6 +889,8 @@ class Sequencer:
             for s, b, raw in low_live:
                 if s not in self._pending:
                     self._put(s, (b, raw, current, False))
+        # Rule 11: the new epoch's catch-up tells them apart (see _settle_suspects).
+        self._suspect = {s for s, item in self._pending.items() if not item[3]} if by_reply else set()
         out.append(Restart(seq, -1 if self.cursor is None else self.cursor, reason))
         self._reconnected = False  # the restart is found: the heuristic has done its work
         self.cursor = None
@@ -847,6 +904,7 @@ class Sequencer:
     def _finish(self, out: list[Action]) -> None:
         rec = self._rec
         assert rec is not None
+        self._drop_suspects(-1)  # no whole reply told them apart (see _attempt_over)
         if rec.lost == 0 and (rec.heard or rec.brought > 0):
             outcome: Outcome = "recovered"
         elif rec.brought > 0:
@@ -917,6 +975,8 @@ class Sequencer:
         while pending:
             assert self.cursor is not None
             nxt = self.cursor + 1
+            if nxt in self._suspect:
+                return  # maybe the old process's: not before the new epoch's reply says (rule 11)
             item = pending.pop(nxt, None)
             if item is None:
                 return

@@ -723,7 +723,8 @@ def test_verify_other_payload_is_an_identity_restart() -> None:
         rr(3, 0, "catch_up"),
     ]
     assert s.cursor is None
-    assert replay(s, 3, *range(513), proc=1) == [*dr(*range(513)), d(513)]
+    # The catch-up is the new process's buffer after 513 came: 513 in it too (same bytes: its own).
+    assert replay(s, 3, *range(514), proc=1) == [*dr(*range(513)), d(513)]
     assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 513)]
     assert feed(s, 514, proc=1) == [d(514)]
 
@@ -789,7 +790,7 @@ def test_verify_empty_reply_is_an_identity_restart() -> None:
     ]
     # The live batches held while verifying are the new process's.
     assert s.held == 2
-    assert replay(s, 3, 0, proc=1) == [d(0, True), d(1), d(2)]
+    assert replay(s, 3, 0, 1, 2, proc=1) == [d(0, True), d(1), d(2)]
     assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 1)]
 
 
@@ -1270,3 +1271,26 @@ def test_a_reply_from_the_same_process_starting_with_the_anchor_goes_on() -> Non
     assert feed(s, 5) == [GapDetected(3, 4), rr(2, 2)]
     assert replay(s, 2, 2, 3, 4) == [*dr(3, 4), d(5)]
     assert s.on_replay_end(2) == [ReplayFinished(2, "recovered", 2)]
+
+
+def test_an_old_live_batch_pending_when_a_reply_reveals_the_restart_gives_way_to_the_new_ones() -> None:
+    """The old process's live 5 waits above a hole when a gap reply from the new process reveals the
+    restart, before any connection event: the current connection's batches are kept for the new
+    epoch, but only as suspects. The new process's catch-up brings its own 5 (other bytes): that
+    one is delivered, replayed, and the old one is gone."""
+    s = running(0, 1, 2, 3)
+    assert feed(s, 5) == [GapDetected(4, 4), rr(2, 3)]
+    assert replay(s, 2, 3, proc=1)[2:] == [Restart(3, 3, "identity"), rr(3, 0, "catch_up")]
+    assert replay(s, 3, 0, 1, 2, 3, 4, 5, proc=1) == dr(0, 1, 2, 3, 4, 5)
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 6)]
+
+
+def test_an_old_live_batch_above_the_new_process_buffer_is_dropped() -> None:
+    """The new process's catch-up, asked after the suspect came, ends below it: the new process had
+    not published that seq, so the batch was the old one's."""
+    s = running(0, 1, 2, 3)
+    feed(s, 5)
+    replay(s, 2, 3, proc=1)
+    assert replay(s, 3, 0, 1, 2, proc=1) == dr(0, 1, 2, 3)  # 3: the reply item that revealed it
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 4)]
+    assert s.held == 0

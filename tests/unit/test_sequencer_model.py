@@ -88,6 +88,7 @@ class Request:
     start: int
     purpose: str
     proc: int  # the process it was sent to
+    anchored: bool = False  # asked from the last delivered seq: its reply is checked (rule 11)
     dead: bool = False  # that process has gone: never answered
     items: list[int] | None = None  # the reply still to send, once the engine has answered
     held: set[int] | None = None  # the engine's buffer when it answered
@@ -188,7 +189,8 @@ class PublisherModel(RuleBasedStateMachine):
             assert self.request is None or self.request.token == a.token - 1
             if a.attempt == 1:
                 self.recovery_lost = self.recovery_new = 0
-            self.request = Request(a.token, a.start, a.purpose, len(self.procs) - 1)
+            anchored = a.purpose == "verify" or a.start == self.last_delivered
+            self.request = Request(a.token, a.start, a.purpose, len(self.procs) - 1, anchored=anchored)
         elif isinstance(a, CancelReplay):
             assert self.request is not None and a.token == self.request.token
         elif isinstance(a, ReplayFinished):
@@ -231,7 +233,9 @@ class PublisherModel(RuleBasedStateMachine):
 
     def feed_live(self, proc: int, seq: int) -> None:
         p = self.procs[proc]
-        if proc != self.epoch and self.first_new_live is None:
+        # The first the sequencer can judge by the reconnect heuristic (rule 7): after the connection
+        # events; before them it has no reconnect to go by (rule 11 leaves that to the replies).
+        if proc != self.epoch and self.first_new_live is None and not self.connection_due:
             self.first_new_live = (seq, self.restart_frontier)
         above = self.frontier is None or seq > self.frontier
         known = seq in p.brought
@@ -308,8 +312,7 @@ class PublisherModel(RuleBasedStateMachine):
             p = self.procs[req.proc]
             req.held = set(p.buffered())
             req.items = [s for s in p.buffered() if s >= req.start]
-            from_anchor = req.purpose == "verify" or req.start == self.last_delivered
-            if from_anchor and self.unseen and req.proc != self.epoch and req.items:
+            if req.anchored and self.unseen and req.proc != self.epoch and req.items:
                 anchor = self.last_delivered
                 if anchor is not None and anchor not in req.held and not clock_seeded(p.base):
                     self.cannot_tell = True  # the anchor is no longer buffered (for a clock-seeded
@@ -339,7 +342,8 @@ class PublisherModel(RuleBasedStateMachine):
         assert req is not None
         if kind == "end" and req.dead:
             kind = "timeout"  # a dead process never answers
-        verify_to_new = req.purpose == "verify" and self.unseen and req.proc != self.epoch
+        # A check (rule 11) sent to the new process, which has not yet been told from the old one.
+        verify_to_new = req.anchored and self.unseen and req.proc != self.epoch
         if kind == "end":
             items = self.engine_answers(req)
             while items:
@@ -422,6 +426,10 @@ class PublisherModel(RuleBasedStateMachine):
         """The monitor's late disconnect and connect: the reader drains the SUB socket first, so what
         it holds now (the new process's too) is read as the old connection's."""
         self.connection_due = False
+        if self.unseen and any(proc != self.epoch for proc, _ in self.queue):
+            # Rule 11's limitation: the new process's batches drained at the late disconnect are read
+            # as the old connection's; the verification then tells the restart, after them.
+            self.cannot_tell = True
         self.drop_connection(len(self.queue))
         self.apply(self.seq.on_connected())
 
