@@ -382,6 +382,12 @@ class Sequencer:
         return None if self._rec is None else self._rec.token
 
     @property
+    def check_seq(self) -> int | None:
+        """The seq the in-flight attempt's reply must begin with (rule 11's anchor), if it checks one."""
+        rec = self._rec
+        return None if rec is None or rec.check is None else rec.check[0]
+
+    @property
     def waiting_for_live(self) -> bool:
         """Pending batches wait for the live stream (no replay in flight): see :meth:`on_quiet`."""
         return self._rec is None and bool(self._pending)
@@ -832,14 +838,14 @@ class Sequencer:
         rec = self._rec
         assert rec is not None
         out.append(CancelReplay(rec.token))
-        self._flush("overflow", lambda gen: True, out)
+        self._flush("overflow", lambda item: True, out)
         self._finish(out)
 
-    def _flush(self, reason: LossReason, old: Callable[[int], bool], out: list[Action]) -> None:
-        """Deliver the pending batches that ``old`` selects (by generation), holes counted as ``reason``."""
+    def _flush(self, reason: LossReason, old: Callable[[_Item], bool], out: list[Action]) -> None:
+        """Deliver the pending batches that ``old`` selects, holes counted as ``reason``."""
         for seq in sorted(self._pending):
             item = self._pending[seq]
-            if not old(item[2]):
+            if not old(item):
                 continue
             del self._pending[seq]
             if self.cursor is None:
@@ -880,7 +886,13 @@ class Sequencer:
         if rec is not None:
             out.append(CancelReplay(rec.token))
         current = self._gen
-        self._flush("restart", (lambda gen: gen < current) if by_connection else (lambda gen: True), out)
+
+        def old(item: _Item) -> bool:
+            # A reply (not a verification) gave it away: the replies before it came from the old
+            # process, whatever the connection; only live batches may be the new one's (rule 11).
+            return not by_connection or item[2] < current or (by_reply and item[3])
+
+        self._flush("restart", old, out)
         if rec is not None:
             self._finish(out)
         # Live batches at or below the cursor since the reconnect are the new process's own.
