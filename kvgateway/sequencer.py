@@ -93,13 +93,15 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
     retries, gaps, tail probes, verifications) asks from the last delivered seq, the anchor, and
     its reply must bring that batch back first, with the same bytes, before anything in it is used:
     other bytes, a first item below the anchor, or an end marker with nothing are a restart
-    (``identity``); a first item more than ``jump_limit`` above it is a ``jump``. The batches of the
-    current connection then stay pending for the new epoch (live batches of the new process that
-    came before the connection events; a gap they opened is what sent the request), but as
-    *suspects*: some may be the old process's last ones. They wait (none is delivered) for the new
-    epoch's catch-up, a snapshot of the new process's buffer taken after they came: one it brings
-    with other bytes is replaced by its own; one above its last item is dropped; without a whole
-    reply, all are dropped (a later reply or gap brings the new process's own again). A first item
+    (``identity``); a first item more than ``jump_limit`` above it is a ``jump``. What earlier
+    replies brought is the old process's (delivered in its epoch, as in rule 8); the live batches
+    of the current connection stay pending for the new epoch (the new process's that came before
+    the connection events; a gap they opened is what sent the request), but, unless a
+    verification found the restart, as *suspects*: some may be the old process's last ones. They
+    wait (none is delivered) for the new epoch's catch-up, a snapshot of the new process's buffer
+    taken after they came: one it brings with other bytes is replaced by its own; one above its
+    last item is dropped; without a whole reply, all are dropped (a later reply or gap brings the
+    new process's own again). A first item
     above the anchor means it left the buffer: as in rule 1, the engine cannot be told apart, and
     a new live batch at exactly ``cursor + 1`` before the connection events is taken as the next.
 
