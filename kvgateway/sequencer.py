@@ -101,9 +101,9 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
     wait (none is delivered) for the new epoch's catch-up, a snapshot of the new process's buffer
     taken after they came: one it brings with other bytes is replaced by its own; one above its
     last item is dropped; without a whole reply, all are dropped (a later reply or gap brings the
-    new process's own again). A first item
-    above the anchor means it left the buffer: as in rule 1, the engine cannot be told apart, and
-    a new live batch at exactly ``cursor + 1`` before the connection events is taken as the next.
+    new process's own again). A first item above the anchor means it left the buffer: as in rule
+    1, the engine cannot be told apart, and a new live batch at exactly ``cursor + 1`` before the
+    connection events is taken as the next.
 
 Replay tokens start at 1 and increase by one per attempt. Items, ends and failures carrying any
 other token than the in-flight one are ignored.
