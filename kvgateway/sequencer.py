@@ -263,6 +263,7 @@ class _Recovery:
     """One recovery: a catch-up, a gap replay or a verification, over one or more attempts."""
 
     __slots__ = (
+        "after_anchor",
         "attempt",
         "brought",
         "check",
@@ -290,6 +291,7 @@ class _Recovery:
         self.items = 0  # this attempt's items
         self.first: int | None = None  # this attempt's first item
         self.top = -1  # this attempt's highest item
+        self.after_anchor = False  # the next item is the first after the anchor this attempt matched
         self.floor: int | None = None  # seqs below it (and >= start) are not in the engine's buffer
         self.progress = False  # this attempt brought something new
         self.mark = start  # the first missing seq when this attempt was asked
@@ -305,6 +307,7 @@ class _Recovery:
         self.start = start
         self.items = 0
         self.top = -1
+        self.after_anchor = False
         self.first = self.floor = None
         self.progress = False
 
@@ -540,6 +543,12 @@ class Sequencer:
                 # Also when the first item is the lowest pending batch itself (its live copy): without
                 # this it, and every later item then kept pending, waited for the end marker.
                 self._drain(out)
+        elif rec.after_anchor:
+            # The first item after the matched anchor: what lies between them the engine does not
+            # hold (rule 6's proof, one item later: a reply is its buffer from the seq asked for).
+            rec.after_anchor = False
+            if seq > rec.start + 1:
+                rec.floor = seq
         rec.top = max(rec.top, seq)
         if seq in self._suspect:
             self._unsuspect(seq, raw, out)
@@ -703,6 +712,9 @@ class Sequencer:
         anchor, anchor_raw = check
         verifying = rec.purpose == "verify"
         if seq == anchor and raw == anchor_raw:
+            # After a verification's anchor the reply goes on as a gap replay, which rule 1 judges
+            # by its live stream; a gap's or a probe's next item may prove a hole unheld (rule 6).
+            rec.after_anchor = not verifying
             if verifying:
                 self._reconnected = False  # the same engine: no heuristic for the next live batch
                 out.extend(Duplicate(s) for s, _, _ in self._low_live)

@@ -1294,3 +1294,19 @@ def test_an_old_live_batch_above_the_new_process_buffer_is_dropped() -> None:
     assert replay(s, 3, 0, 1, 2, proc=1) == dr(0, 1, 2, 3)  # 3: the reply item that revealed it
     assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 4)]
     assert s.held == 0
+
+
+def test_a_hole_right_after_the_anchor_is_proved_unheld_by_the_next_item() -> None:
+    """A reply asked from the anchor begins with it; its next item above the anchor's next seq proves
+    the engine does not hold those between (TensorRT-LLM dropped them from its queue and fenced the
+    gap with a clear): ``not_sent``, as when a reply began above the seq asked for."""
+    s = running(CLOCK)
+    fence = cleared(CLOCK + 3)
+    assert s.on_live(CLOCK + 3, fence, raw(CLOCK + 3)) == [GapDetected(CLOCK + 1, CLOCK + 2), rr(2, CLOCK)]
+    assert s.on_replay_item(2, CLOCK, b(CLOCK), raw(CLOCK)) == []
+    assert s.on_replay_item(2, CLOCK + 3, fence, raw(CLOCK + 3)) == []
+    assert s.on_replay_end(2) == [
+        Unrecovered(CLOCK + 1, CLOCK + 2, "not_sent"),
+        Deliver(CLOCK + 3, fence, False),
+        ReplayFinished(2, "failed", 0),
+    ]

@@ -327,8 +327,10 @@ class PublisherModel(RuleBasedStateMachine):
         items = self.engine_answers(req)
         for i in range(min(count, len(items))):
             seq = items.pop(0)
-            if req.sent and i < len(drops) and drops[i]:
-                continue  # dropped at the ROUTER's high-water mark (never the first item)
+            # Dropped at the ROUTER's high-water mark: never the first item, nor the first after the
+            # anchor a request from it gets back first (the queue is far from its mark there).
+            if req.sent >= (2 if req.anchored else 1) and i < len(drops) and drops[i]:
+                continue
             self.send(req, seq)
             if self.request is not req:
                 return
@@ -402,7 +404,9 @@ class PublisherModel(RuleBasedStateMachine):
         old = self.proc
         req = self.request
         if req is not None:
-            req.dead = not (retarget and req.items is None)
+            # Not a verification: asked at a reconnection, it is answered within a round trip, and a
+            # crash inside that, with late connection events too, is left alone (docs/protocol.md).
+            req.dead = not (retarget and req.items is None and req.purpose != "verify")
         base = old.next + JUMP_LIMIT + 1 + extra if clock_seeded(old.base) else 0
         self.procs.append(Proc(base, self.buffer, next=base))
         proc = len(self.procs) - 1
