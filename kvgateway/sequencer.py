@@ -544,11 +544,7 @@ class Sequencer:
                 # this it, and every later item then kept pending, waited for the end marker.
                 self._drain(out)
         elif rec.after_anchor:
-            # The first item after the matched anchor: what lies between them the engine does not
-            # hold (rule 6's proof, one item later: a reply is its buffer from the seq asked for).
-            rec.after_anchor = False
-            if seq > rec.start + 1:
-                rec.floor = seq
+            self._past_anchor(rec, seq, batch)
         rec.top = max(rec.top, seq)
         if seq in self._suspect:
             self._unsuspect(seq, raw, out)
@@ -738,6 +734,16 @@ class Sequencer:
         if verifying:
             self._unverifiable(out)
         return self._rec is rec
+
+    @staticmethod
+    def _past_anchor(rec: _Recovery, seq: int, batch: Batch | None) -> None:
+        """The first item after the anchor an attempt matched. A buffer holds no gap after a batch it
+        holds, except the seqs an engine never buffered (TensorRT-LLM's dropped queue, fenced by an
+        AllBlocksCleared): above the anchor's next seq and a fence, it proves those unheld (rule 6's
+        proof, one item later). Without a fence the hole is one of transit, asked again."""
+        rec.after_anchor = False
+        if seq > rec.start + 1 and _starts_cleared(batch):
+            rec.floor = seq
 
     def _keep_revealing(self, seq: int, batch: Batch | None, raw: bytes) -> None:
         """A replay item that gave a restart away is the new process's: kept for its epoch, and
