@@ -224,11 +224,10 @@ class Gateway:
 
     async def _diagnose(self, outlet: StreamOutlet, reason: str) -> None:
         why = await diagnose_connect(outlet.config.endpoint)
-        status = outlet.status
-        if status.connected:
+        if outlet.status.connected:
             return  # it came up meanwhile
-        status.down_reason = why or reason
-        self._log_connection(outlet, False, status.down_reason)
+        outlet.diagnosed(why or reason)
+        self._log_connection(outlet, False, outlet.status.down_reason)
 
     def _log_connection(self, outlet: StreamOutlet, connected: bool, reason: str) -> None:
         """The first failure and every later change at WARNING; a first connection at INFO."""

@@ -250,6 +250,7 @@ class StreamReader:
         loop = asyncio.get_running_loop()
         receive = receiver(dealer)
         hard_deadline = loop.time() + self._replay_timeout * MAX_REPLAY_SECONDS_FACTOR
+        first = True
         while True:
             idle = min(self._replay_timeout, hard_deadline - loop.time())
             if idle <= 0 or not await readiness.wait(idle):
@@ -272,7 +273,9 @@ class StreamReader:
                 if seq == wire.END_SEQ:
                     self._apply(self.sequencer.on_replay_end(token), received)
                     return None
-                self._outlet.received()
+                if not (first and seq == self.sequencer.check_seq):
+                    self._outlet.received()  # the anchor a reply begins with is no batch received anew
+                first = False
                 batch = self._decode(seq, payload)
                 self._apply(self.sequencer.on_replay_item(token, seq, batch, payload), received)
                 if self.sequencer.replay_token != token:

@@ -1,8 +1,9 @@
 """Medium names and tiers: the one place that decides what an engine's ``medium`` string means.
 
 Engines name their cache mediums themselves: vLLM ``"GPU"``, ``"CPU"``, ``"STORAGE"`` (case
-varies; null or absent in engines older than the field, which were GPU-only), SGLang ``"GPU"``,
-``"CPU_PINNED"``, ``"DISK"``, ``"EXTERNAL"``. The gateway keeps the engine's own name (upper-cased:
+varies; null or absent in engines older than the field, which were GPU-only; 0.26 also ``"FS"``
+and ``"OBJ"``, folded into ``"STORAGE"`` in 0.27), SGLang ``"GPU"``, ``"CPU_PINNED"``, ``"DISK"``,
+``"EXTERNAL"``. The gateway keeps the engine's own name (upper-cased:
 :func:`normalise_medium`) wherever it shows a stream, and maps every name to one of four
 :data:`TIERS` (:func:`medium_tier`) for fleet totals and filters:
 
@@ -11,9 +12,17 @@ tier     medium names (after upper-casing; a name *starting with* one of these p
 ======== =====================================================================================
 GPU      ``GPU``, ``CUDA``, ``HBM``, ``DEVICE``; and null, absent or empty (older engines)
 CPU      ``CPU`` (``CPU_PINNED``, ...), ``HOST``, ``DRAM``, ``PINNED``
-DISK     ``DISK``, ``STORAGE``, ``SSD``, ``NVME``, ``FILE``, ``HDD``
-EXTERNAL anything else (``EXTERNAL``, ``REMOTE``, ``LMCACHE``, a name of a future engine, ...)
+DISK     ``DISK``, ``STORAGE``, ``SSD``, ``NVME``, ``FILE``, ``HDD``, ``FS`` (vLLM 0.26's file system)
+EXTERNAL ``OBJ`` (vLLM 0.26's object store), ``REMOTE_...`` (below), and anything else
+         (``EXTERNAL``, ``LMCACHE``, a name of a future engine, ...)
 ======== =====================================================================================
+
+A block an engine announces with ``locality: "REMOTE"`` (vLLM 0.26, TensorRT-LLM) is held by a
+remote pool (prefill/decode disaggregation), not in this engine's memory. The decoder gives it
+the medium ``REMOTE_<medium>`` (:func:`remote_medium`, e.g. ``REMOTE_GPU``), whose tier is
+EXTERNAL: it is counted apart from the engine's own GPU, CPU and disk blocks in the index, the
+fleet totals and lookups, and a ``medium=GPU`` filter does not match it (``EXTERNAL`` or
+``REMOTE_GPU`` does). The event keeps ``locality`` among its further fields.
 
 Both the occupancy index and the hub's ``medium=`` filter use these functions, so a filter and
 the index always put an event in the same medium and tier.
@@ -36,6 +45,9 @@ TIER_NAMES: Final[frozenset[str]] = frozenset(TIERS)
 DEFAULT_MEDIUM: Final = GPU
 """The medium of an event without one: engines before the field existed only had GPU caches."""
 
+REMOTE_PREFIX: Final = "REMOTE_"
+"""Starts the medium of a block held by a remote pool: see :func:`remote_medium`."""
+
 _PREFIXES: Final[tuple[tuple[str, Tier], ...]] = (
     ("GPU", GPU),
     ("CUDA", GPU),
@@ -51,6 +63,9 @@ _PREFIXES: Final[tuple[tuple[str, Tier], ...]] = (
     ("NVME", DISK),
     ("FILE", DISK),
     ("HDD", DISK),
+    ("FS", DISK),
+    ("OBJ", EXTERNAL),
+    (REMOTE_PREFIX, EXTERNAL),
 )
 
 _CACHE_MAX: Final = 256
@@ -78,6 +93,11 @@ def medium_tier(medium: str | None) -> Tier:
         if len(_tiers) < _CACHE_MAX:
             _tiers[medium] = tier
     return tier
+
+
+def remote_medium(medium: str | None) -> str:
+    """The medium of a block held by a remote pool (``locality: "REMOTE"``): ``REMOTE_GPU`` and so on."""
+    return REMOTE_PREFIX + normalise_medium(medium)
 
 
 def tier_rank(tier: str) -> int:

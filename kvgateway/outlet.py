@@ -74,6 +74,7 @@ class StreamOutlet:
         self.replay_attempts: dict[Purpose, int] = dict.fromkeys(REPLAY_PURPOSES, 0)
         self.rank_mismatches = 0
         self.held = 0  # batches the sequencer holds (the ingest queue depth)
+        self._diagnosed = False  # the down reason came from a diagnosis (see diagnosed)
         self.lag = LagHistogram()
 
     # --- what the reader reports --------------------------------------------------------------
@@ -116,12 +117,23 @@ class StreamOutlet:
         status = self.status
         changed = status.connected != connected
         status.connected = connected
-        if not connected:
+        if changed:
+            self._diagnosed = False
+        # A retry says only "retrying": it must not overwrite the reason a diagnosis found (a host
+        # that does not resolve), which stays until the connection changes or a diagnosis differs.
+        if not connected and not self._diagnosed:
             status.down_reason = reason
         if changed:
             self._notice("up" if connected else "down", reason=reason)
         if self._on_connection is not None:
             self._on_connection(self, connected, changed, reason)
+
+    def diagnosed(self, reason: str) -> None:
+        """Why the stream stays down, as the gateway found out (DNS, refused, no answer): kept as its
+        reason until the connection changes or the next diagnosis."""
+        if not self.status.connected:
+            self.status.down_reason = reason
+            self._diagnosed = True
 
     # --- the actions ------------------------------------------------------------------------
 

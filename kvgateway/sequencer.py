@@ -86,6 +86,25 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
     of live batches, a *tail* replay from ``cursor + 1`` fetches what the PUB socket may have
     dropped at the end of the burst (an idle engine publishes nothing that would reveal it).
 
+11. **Any reply may come from another process, and connection events may come late.** A replay
+    socket is reached afresh for each request, so it answers for whichever process binds the port
+    now; the monitor may report a reconnection after the new process's batches (a quiet stream's
+    tail probe racing the reconnect, a gateway paused across a crash). So every attempt (catch-up
+    retries, gaps, tail probes, verifications) asks from the last delivered seq, the anchor, and
+    its reply must bring that batch back first, with the same bytes, before anything in it is used:
+    other bytes, a first item below the anchor, or an end marker with nothing are a restart
+    (``identity``); a first item more than ``jump_limit`` above it is a ``jump``. What earlier
+    replies brought is the old process's (delivered in its epoch, as in rule 8); the live batches
+    of the current connection stay pending for the new epoch (the new process's that came before
+    the connection events; a gap they opened is what sent the request), but, unless a
+    verification found the restart, as *suspects*: some may be the old process's last ones. They
+    wait (none is delivered) for the new epoch's catch-up, a snapshot of the new process's buffer
+    taken after they came: one it brings with other bytes is replaced by its own; one above its
+    last item is dropped; without a whole reply, all are dropped (a later reply or gap brings the
+    new process's own again). A first item above the anchor means it left the buffer: as in rule
+    1, the engine cannot be told apart, and a new live batch at exactly ``cursor + 1`` before the
+    connection events is taken as the next.
+
 Replay tokens start at 1 and increase by one per attempt. Items, ends and failures carrying any
 other token than the in-flight one are ignored.
 """
@@ -246,8 +265,10 @@ class _Recovery:
     """One recovery: a catch-up, a gap replay or a verification, over one or more attempts."""
 
     __slots__ = (
+        "after_anchor",
         "attempt",
         "brought",
+        "check",
         "first",
         "floor",
         "heard",
@@ -259,6 +280,7 @@ class _Recovery:
         "silent",
         "start",
         "token",
+        "top",
     )
 
     def __init__(self, token: int, start: int, purpose: Purpose) -> None:
@@ -270,17 +292,24 @@ class _Recovery:
         self.start = start
         self.items = 0  # this attempt's items
         self.first: int | None = None  # this attempt's first item
+        self.top = -1  # this attempt's highest item
+        self.after_anchor = False  # the next item is the first after the anchor this attempt matched
         self.floor: int | None = None  # seqs below it (and >= start) are not in the engine's buffer
         self.progress = False  # this attempt brought something new
         self.mark = start  # the first missing seq when this attempt was asked
         self.heard = False  # any item or end marker came back, in any attempt
         self.silent = 0  # attempts that got no answer at all
+        # This attempt's anchor: the last delivered seq and its payload when it was asked. The reply
+        # must bring that batch back first, the same bytes, before anything in it is used (rule 11).
+        self.check: tuple[int, bytes] | None = None
 
     def new_attempt(self, token: int, start: int) -> None:
         self.attempt += 1
         self.token = token
         self.start = start
         self.items = 0
+        self.top = -1
+        self.after_anchor = False
         self.first = self.floor = None
         self.progress = False
 
@@ -306,6 +335,7 @@ class Sequencer:
         "_rec",
         "_reconnected",
         "_restart_window",
+        "_suspect",
         "cursor",
     )
 
@@ -344,6 +374,7 @@ class Sequencer:
         self._low_live: list[tuple[int, Batch | None, bytes]] = []  # live at/below cursor while verifying
         self._ever_connected = False
         self._reconnected = False
+        self._suspect: set[int] = set()  # pending live seqs that may be the old process's (rule 11)
 
     # --- views --------------------------------------------------------------------------
 
@@ -356,6 +387,12 @@ class Sequencer:
     def replay_token(self) -> int | None:
         """The token of the in-flight replay attempt, if any."""
         return None if self._rec is None else self._rec.token
+
+    @property
+    def check_seq(self) -> int | None:
+        """The seq the in-flight attempt's reply must begin with (rule 11's anchor), if it checks one."""
+        rec = self._rec
+        return None if rec is None or rec.check is None else rec.check[0]
 
     @property
     def waiting_for_live(self) -> bool:
@@ -424,6 +461,8 @@ class Sequencer:
         reconnected, self._reconnected = self._reconnected, False
         out: list[Action] = []
         item: _Item = (batch, raw, self._gen, False)
+        if seq in self._suspect:
+            self._unsuspect(seq, raw, out)
         if seq in self._pending:
             if self._other_process(seq, raw):
                 self._restart(seq, "identity", True, out, first_live=seq)
@@ -459,7 +498,8 @@ class Sequencer:
             # Only a live batch below a live one says the engine went back: a reply runs ahead of a
             # lagging live stream, so live seqs below a replayed batch are the same process's.
             low = self._first_pending()
-            if low is not None and self._pending[low][3]:
+            # Nor a live batch that may be the old process's (rule 11): it proves nothing of this one.
+            if low is not None and (self._pending[low][3] or low in self._suspect):
                 low = None
             if low is not None and seq < low and (reason := self._restart_reason(seq, low, batch, reconnected)):
                 self._restart(seq, reason, reconnected, out, first_live=seq)
@@ -483,8 +523,8 @@ class Sequencer:
         rec.heard = True
         if rec.first is None:
             rec.first = seq
-            if rec.purpose == "verify":
-                if not self._check_identity(rec, seq, raw, out):
+            if rec.check is not None:
+                if not self._check_identity(rec, rec.check, seq, raw, out):
                     self._keep_revealing(seq, batch, raw)
                     return out
             elif self.cursor is not None and seq - self.cursor > self._jump_limit:
@@ -505,10 +545,15 @@ class Sequencer:
                 # Also when the first item is the lowest pending batch itself (its live copy): without
                 # this it, and every later item then kept pending, waited for the end marker.
                 self._drain(out)
+        elif rec.after_anchor:
+            self._past_anchor(rec, seq, batch)
+        rec.top = max(rec.top, seq)
+        if seq in self._suspect:
+            self._unsuspect(seq, raw, out)
         cursor = self.cursor
         assert cursor is not None
         if seq in self._pending and self._other_process(seq, raw):
-            self._restart(seq, "identity", True, out)
+            self._restart(seq, "identity", True, out, by_reply=True)
             self._keep_revealing(seq, batch, raw)
             return out
         if seq <= cursor or seq in self._pending:
@@ -533,11 +578,12 @@ class Sequencer:
             return []
         out: list[Action] = []
         rec.heard = True
-        if rec.purpose == "verify" and rec.items == 0:
-            # The engine holds nothing at or after the anchor: a younger process than the one we read.
-            assert self._anchor is not None
-            self._restart(self._anchor[0], "identity", True, out)
+        if rec.check is not None and rec.items == 0:
+            # The engine holds nothing at or after the anchor: a younger process than the one we read
+            # (the one read holds the anchor, or later batches once it has evicted it).
+            self._restart(rec.check[0], "identity", True, out, by_reply=True)
             return out
+        self._settle_suspects(rec)
         self._attempt_over(out)
         return out
 
@@ -642,6 +688,8 @@ class Sequencer:
             low = self._first_pending()
             assert low is not None
             if low == self.cursor + 1:
+                if low in self._suspect:
+                    return  # it waits for the catch-up that tells whose it is (rule 11)
                 self._drain(out)
                 continue
             if self.cursor + 1 > self._live_top:
@@ -653,27 +701,51 @@ class Sequencer:
             out.append(ReplayFinished(None, "unavailable", 0))
             self._drain(out)
 
-    def _check_identity(self, rec: _Recovery, seq: int, raw: bytes, out: list[Action]) -> bool:
-        """Rule 1 on the first item of a verification; False when it found a restart."""
-        assert self._anchor is not None
-        anchor, anchor_raw = self._anchor
+    def _check_identity(
+        self, rec: _Recovery, check: tuple[int, bytes], seq: int, raw: bytes, out: list[Action]
+    ) -> bool:
+        """Rules 1 and 11 on the first item of any attempt asked from the anchor; False when it found
+        a restart. The same bytes: the engine is the one read (a verification goes on as a gap
+        replay; the anchor item itself is at or below the cursor and ignored)."""
+        anchor, anchor_raw = check
+        verifying = rec.purpose == "verify"
         if seq == anchor and raw == anchor_raw:
-            self._reconnected = False  # the same engine: no heuristic for the next live batch
-            out.extend(Duplicate(s) for s, _, _ in self._low_live)
-            self._low_live.clear()
-            rec.purpose = "gap"
-            self._drain(out)
+            # After a verification's anchor the reply goes on as a gap replay, which rule 1 judges
+            # by its live stream; a gap's or a probe's next item may prove a hole unheld (rule 6).
+            rec.after_anchor = not verifying
+            if verifying:
+                self._reconnected = False  # the same engine: no heuristic for the next live batch
+                out.extend(Duplicate(s) for s, _, _ in self._low_live)
+                self._low_live.clear()
+                rec.purpose = "gap"
+                self._drain(out)
             return True
         if seq <= anchor:  # another batch under the same seq, or a reply from below what was asked
-            self._restart(seq, "identity", True, out)
+            # Not a verification: the monitor has not (yet) reported the reconnection, so the
+            # batches of the current connection may be the new process's: kept for its epoch.
+            self._restart(seq, "identity", True, out, by_reply=True)
             return False
         if seq - anchor > self._jump_limit:
-            self._restart(seq, "jump", True, out)
+            # A gap's reply far above: a clock-seeded engine restarted behind the replay socket. With
+            # no reconnect reported, every pending batch came from the old process.
+            self._restart(seq, "jump", verifying, out)
             return False
-        # The anchor has left the buffer: the engine cannot be told apart; the live stream decides.
+        # The anchor has left the buffer: the engine cannot be told apart (for a verification, the
+        # live stream decides); the seqs below the first item are evicted.
         rec.floor = seq
-        self._unverifiable(out)
+        if verifying:
+            self._unverifiable(out)
         return self._rec is rec
+
+    @staticmethod
+    def _past_anchor(rec: _Recovery, seq: int, batch: Batch | None) -> None:
+        """The first item after the anchor an attempt matched. A buffer holds no gap after a batch it
+        holds, except the seqs an engine never buffered (TensorRT-LLM's dropped queue, fenced by an
+        AllBlocksCleared): above the anchor's next seq and a fence, it proves those unheld (rule 6's
+        proof, one item later). Without a fence the hole is one of transit, asked again."""
+        rec.after_anchor = False
+        if seq > rec.start + 1 and _starts_cleared(batch):
+            rec.floor = seq
 
     def _keep_revealing(self, seq: int, batch: Batch | None, raw: bytes) -> None:
         """A replay item that gave a restart away is the new process's: kept for its epoch, and
@@ -682,6 +754,31 @@ class Sequencer:
         if self._rec is not None:
             self._rec.brought += 1
             self._rec.progress = True
+
+    def _unsuspect(self, seq: int, raw: bytes, out: list[Action]) -> None:
+        """Rule 11: the new process brings ``seq`` (live or replayed) after the restart was found. Other
+        bytes than the pending batch's: that one was the old process's, dropped for this one (which
+        the caller then takes as new); the same: it was the new one's, and may go on now."""
+        self._suspect.discard(seq)
+        held = self._pending.get(seq)
+        if held is not None and raw and held[1] and held[1] != raw:
+            del self._pending[seq]
+        elif self.cursor is not None:
+            self._drain(out)
+
+    def _settle_suspects(self, rec: _Recovery) -> None:
+        """Rule 11, after a whole reply of the new epoch: it is the new process's buffer as it was
+        after every suspect arrived, so a suspect above its last item was published by the old one
+        (dropped: the old epoch has ended; if it was the new one's after all, a gap replay fetches
+        it). Those it brought with other bytes were replaced as they came."""
+        self._drop_suspects(rec.top)
+
+    def _drop_suspects(self, above: int) -> None:
+        """Drop the suspects above ``above`` from the pending batches; none is left suspect."""
+        for seq in self._suspect:
+            if seq > above:
+                self._pending.pop(seq, None)
+        self._suspect.clear()
 
     def _other_process(self, seq: int, raw: bytes) -> bool:
         """Rule 1's comparison, made by any batch: ``seq`` is pending from the connection before the
@@ -709,6 +806,9 @@ class Sequencer:
         marker came (without it, the reply may have lost its tail as well)."""
         rec = self._rec
         assert rec is not None
+        # Rule 11's suspects not told apart by a whole reply (this one failed) are dropped: the old
+        # process's must not pass for the new one's, whose own a later reply or gap brings again.
+        self._drop_suspects(-1)
         # An engine busy publishing, or a request sent while its ROUTER was reconnecting, can leave
         # one attempt unanswered: that one is asked again; a second silence ends the recovery.
         retry_silence = silent and rec.silent == 0
@@ -760,14 +860,14 @@ class Sequencer:
         rec = self._rec
         assert rec is not None
         out.append(CancelReplay(rec.token))
-        self._flush("overflow", lambda gen: True, out)
+        self._flush("overflow", lambda item: True, out)
         self._finish(out)
 
-    def _flush(self, reason: LossReason, old: Callable[[int], bool], out: list[Action]) -> None:
-        """Deliver the pending batches that ``old`` selects (by generation), holes counted as ``reason``."""
+    def _flush(self, reason: LossReason, old: Callable[[_Item], bool], out: list[Action]) -> None:
+        """Deliver the pending batches that ``old`` selects, holes counted as ``reason``."""
         for seq in sorted(self._pending):
             item = self._pending[seq]
-            if not old(item[2]):
+            if not old(item):
                 continue
             del self._pending[seq]
             if self.cursor is None:
@@ -791,15 +891,30 @@ class Sequencer:
         return None
 
     def _restart(
-        self, seq: int, reason: RestartReason, by_connection: bool, out: list[Action], *, first_live: int | None = None
+        self,
+        seq: int,
+        reason: RestartReason,
+        by_connection: bool,
+        out: list[Action],
+        *,
+        first_live: int | None = None,
+        by_reply: bool = False,
     ) -> None:
         """Rule 8. ``by_connection``: batches of the connection before the last disconnect are the
-        old process's; without it (a live batch gave the restart away) everything pending is."""
+        old process's; without it (a live batch gave the restart away) everything pending is.
+        ``by_reply``: a reply gave it away; the live batches of the current connection kept for the
+        new epoch may still be the old process's if the connection events are late (rule 11)."""
         rec = self._rec
         if rec is not None:
             out.append(CancelReplay(rec.token))
         current = self._gen
-        self._flush("restart", (lambda gen: gen < current) if by_connection else (lambda gen: True), out)
+
+        def old(item: _Item) -> bool:
+            # A reply (not a verification) gave it away: the replies before it came from the old
+            # process, whatever the connection; only live batches may be the new one's (rule 11).
+            return not by_connection or item[2] < current or (by_reply and item[3])
+
+        self._flush("restart", old, out)
         if rec is not None:
             self._finish(out, by_restart=True)
         # Live batches at or below the cursor since the reconnect are the new process's own.
@@ -808,6 +923,8 @@ class Sequencer:
             for s, b, raw in low_live:
                 if s not in self._pending:
                     self._put(s, (b, raw, current, False))
+        # Rule 11: the new epoch's catch-up tells them apart (see _settle_suspects).
+        self._suspect = {s for s, item in self._pending.items() if not item[3]} if by_reply else set()
         out.append(Restart(seq, -1 if self.cursor is None else self.cursor, reason))
         self._reconnected = False  # the restart is found: the heuristic has done its work
         self.cursor = None
@@ -821,6 +938,7 @@ class Sequencer:
     def _finish(self, out: list[Action], *, by_restart: bool = False) -> None:
         rec = self._rec
         assert rec is not None
+        self._drop_suspects(-1)  # no whole reply told them apart (see _attempt_over)
         if rec.lost == 0 and (rec.heard or rec.brought > 0):
             outcome: Outcome = "recovered"
         elif rec.brought > 0:
@@ -840,8 +958,15 @@ class Sequencer:
         rec = self._rec
         assert rec is not None
         self._last_token += 1
+        mark = start if self.cursor is None else self.cursor + 1
+        # Rule 11: ask from the last delivered seq, whatever the purpose; the reply may come from a
+        # process other than the one last read (its DEALER reaches whoever binds the port now).
+        check = self._anchor if self._anchor is not None and self._anchor[0] <= start else None
+        if check is not None:
+            start = check[0]
         rec.new_attempt(self._last_token, start)
-        rec.mark = start if self.cursor is None else self.cursor + 1
+        rec.check = check
+        rec.mark = mark
         out.append(RequestReplay(rec.token, start, rec.purpose, rec.attempt))
 
     def _put(self, seq: int, item: _Item) -> None:
@@ -884,6 +1009,8 @@ class Sequencer:
         while pending:
             assert self.cursor is not None
             nxt = self.cursor + 1
+            if nxt in self._suspect:
+                return  # maybe the old process's: not before the new epoch's reply says (rule 11)
             item = pending.pop(nxt, None)
             if item is None:
                 return

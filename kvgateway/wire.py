@@ -1,9 +1,13 @@
 """The engines' KV-event wire format: the frames, every payload layout, and their decoding.
 
 A PUB message is ``[topic, seq (8 bytes, big-endian, unsigned), payload (msgpack)]``.
-The payload is ``[ts, events]`` or ``[ts, events, data_parallel_rank, ...]``; each event is
-either a tagged positional array (vLLM <= 0.23, SGLang until 2026) or a ``"type"``-tagged
-map (vLLM >= 0.24, TensorRT-LLM), possibly mixed in one batch.
+The payload is ``[ts, events]`` or ``[ts, events, data_parallel_rank, ...]`` (every shipped
+engine), or the same as a map ``{"ts", "events", "data_parallel_rank"}`` (some forks and
+proposals); each event is either a tagged positional array (vLLM <= 0.23, SGLang until 2026) or
+a ``"type"``-tagged map (vLLM >= 0.24, TensorRT-LLM), possibly mixed in one batch.
+
+A map event's ``locality: "REMOTE"`` (vLLM 0.26, TensorRT-LLM) gives the block the medium
+``REMOTE_<medium>`` (:func:`kvgateway.mediums.remote_medium`): it is not in this engine's memory.
 
 msgspec cannot put array-like and map structs in one Union, so ``events`` is decoded as raw
 elements and each is dispatched on its first msgpack byte.
@@ -16,6 +20,8 @@ from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
 from msgspec import UNSET, UnsetType
+
+from kvgateway.mediums import remote_medium
 
 Hash: TypeAlias = int | bytes
 
@@ -190,6 +196,14 @@ class _WireBatch(msgspec.Struct, array_like=True, gc=False):
     data_parallel_rank: int | None = None
 
 
+class _WireMapBatch(msgspec.Struct, gc=False):
+    """The batch as a map (forks, proposals); keys beyond these are ignored, as trailing elements are."""
+
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: int | None = None
+
+
 class _FastStored(msgspec.Struct, tag_field="type", tag=STORED, forbid_unknown_fields=True, gc=False):
     """A map BlockStored with no key beyond these (defaults as the general path applies them)."""
 
@@ -204,12 +218,14 @@ class _FastStored(msgspec.Struct, tag_field="type", tag=STORED, forbid_unknown_f
     group_idx: int | UnsetType | None = UNSET
     kv_cache_spec_kind: str | UnsetType | None = UNSET
     kv_cache_spec_sliding_window: int | UnsetType | None = UNSET
+    locality: str | UnsetType | None = UNSET
 
 
 class _FastRemoved(msgspec.Struct, tag_field="type", tag=REMOVED, forbid_unknown_fields=True, gc=False):
     block_hashes: list[Hash]
     medium: str | None = None
     group_idx: int | UnsetType | None = UNSET
+    locality: str | UnsetType | None = UNSET
 
 
 class _FastCleared(msgspec.Struct, tag_field="type", tag=CLEARED, forbid_unknown_fields=True, gc=False):
@@ -220,6 +236,21 @@ class _FastBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: list[_FastStored | _FastRemoved | _FastCleared]
     data_parallel_rank: int | None = None
+
+
+class _FastMapBatch(msgspec.Struct, gc=False):
+    ts: float
+    events: list[_FastStored | _FastRemoved | _FastCleared]
+    data_parallel_rank: int | None = None
+
+
+def _located(medium: str | None, extra: dict[str, Any]) -> str | None:
+    """The medium a block is counted under: its own, or for a block held by a remote pool
+    (``locality: "REMOTE"``) ``REMOTE_<medium>``, in the EXTERNAL tier."""
+    locality = extra.get("locality")
+    if type(locality) is str and locality.upper() == "REMOTE":
+        return remote_medium(medium)
+    return medium
 
 
 def _from_fast(event: _FastStored | _FastRemoved | _FastCleared) -> Event:
@@ -233,25 +264,34 @@ def _from_fast(event: _FastStored | _FastRemoved | _FastCleared) -> Event:
             extra["kv_cache_spec_kind"] = event.kv_cache_spec_kind
         if event.kv_cache_spec_sliding_window is not UNSET:
             extra["kv_cache_spec_sliding_window"] = event.kv_cache_spec_sliding_window
+        medium = event.medium
+        if event.locality is not UNSET:
+            extra["locality"] = event.locality
+            medium = _located(medium, extra)
         return BlockStored(
             event.block_hashes,
             event.parent_block_hash,
             event.token_ids,
             event.block_size,
             event.lora_id,
-            event.medium,
+            medium,
             event.lora_name,
             extra,
         )
     if type(event) is _FastRemoved:
-        return BlockRemoved(
-            event.block_hashes, event.medium, {} if event.group_idx is UNSET else {"group_idx": event.group_idx}
-        )
+        removed_extra: dict[str, Any] = {} if event.group_idx is UNSET else {"group_idx": event.group_idx}
+        medium = event.medium
+        if event.locality is not UNSET:
+            removed_extra["locality"] = event.locality
+            medium = _located(medium, removed_extra)
+        return BlockRemoved(event.block_hashes, medium, removed_extra)
     return AllBlocksCleared()
 
 
 _fast_batch_decoder: Final = msgspec.msgpack.Decoder(_FastBatch)
 _batch_decoder: Final = msgspec.msgpack.Decoder(_WireBatch)
+_fast_map_batch_decoder: Final = msgspec.msgpack.Decoder(_FastMapBatch)
+_map_batch_decoder: Final = msgspec.msgpack.Decoder(_WireMapBatch)
 _array_event_decoder: Final = msgspec.msgpack.Decoder(_ArrStored | _ArrRemoved | _ArrCleared)
 _map_event_decoder: Final = msgspec.msgpack.Decoder(_MapStored | _MapRemoved | _MapCleared)
 _any_decoder: Final = msgspec.msgpack.Decoder()
@@ -308,17 +348,19 @@ def decode_batch(payload: bytes | memoryview, *, max_bytes: int = MAX_PAYLOAD_BY
     """Decode one msgpack batch payload; raises only :class:`DecodeError`."""
     if len(payload) > max_bytes:
         raise DecodeError(f"payload of {len(payload)} bytes exceeds the {max_bytes}-byte limit")
+    # The envelope is an array in every shipped engine; a map one (forks) has decoders of its own.
+    as_map = bool(payload) and _is_map_byte(payload[0])
     # Fast path: a batch of map events with only known keys (vLLM >= 0.24: nearly every batch) in
     # one msgspec call. Anything else (arrays, unknown types or keys, bad data) takes the general
     # path below, which also words the errors.
     try:
-        fast = _fast_batch_decoder.decode(payload)
+        fast = (_fast_map_batch_decoder if as_map else _fast_batch_decoder).decode(payload)
     except (*_MALFORMED, msgspec.ValidationError):
         pass
     else:
         return Batch(ts=fast.ts, events=[_from_fast(e) for e in fast.events], dp_rank=fast.data_parallel_rank)
     try:
-        wire = _batch_decoder.decode(payload)
+        wire = (_map_batch_decoder if as_map else _batch_decoder).decode(payload)
     except (*_MALFORMED, msgspec.ValidationError) as exc:
         raise DecodeError(f"bad batch: {_one_line(exc)}") from None
     events: list[Event] = []
@@ -330,6 +372,11 @@ def decode_batch(payload: bytes | memoryview, *, max_bytes: int = MAX_PAYLOAD_BY
     return Batch(ts=wire.ts, events=events, dp_rank=wire.data_parallel_rank)
 
 
+def _is_map_byte(first: int) -> bool:
+    """Whether a msgpack value starting with this byte is a map (fixmap, map 16, map 32)."""
+    return 0x80 <= first <= 0x8F or first in (0xDE, 0xDF)
+
+
 def _decode_event(raw: msgspec.Raw) -> Event:
     data = memoryview(raw)
     if not data:
@@ -337,7 +384,7 @@ def _decode_event(raw: msgspec.Raw) -> Event:
     first = data[0]
     if 0x90 <= first <= 0x9F or first in (0xDC, 0xDD):
         return _decode_array_event(raw)
-    if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF):
+    if _is_map_byte(first):
         return _decode_map_event(raw)
     raise DecodeError(f"event is neither an array nor a map (msgpack byte 0x{first:02x})")
 
@@ -417,7 +464,7 @@ def _decode_map_event(raw: msgspec.Raw) -> Event:
             token_ids=[] if decoded.token_ids is UNSET else decoded.token_ids,
             block_size=0 if decoded.block_size is UNSET else decoded.block_size,
             lora_id=None if decoded.lora_id is UNSET else decoded.lora_id,
-            medium=None if decoded.medium is UNSET else decoded.medium,
+            medium=_located(None if decoded.medium is UNSET else decoded.medium, extra),
             lora_name=None if decoded.lora_name is UNSET else decoded.lora_name,
             extra=extra,
         )
@@ -428,7 +475,7 @@ def _decode_map_event(raw: msgspec.Raw) -> Event:
             extra = _unknown_keys(raw, _REMOVED_CORE)
         return BlockRemoved(
             block_hashes=decoded.block_hashes,
-            medium=None if decoded.medium is UNSET else decoded.medium,
+            medium=_located(None if decoded.medium is UNSET else decoded.medium, extra),
             extra=extra,
         )
     if _map_len(memoryview(raw)) != 1:
@@ -633,11 +680,11 @@ def _lenient_event(stored: bool, named: dict[str, Any], extra: dict[Any, Any]) -
             token_ids=[] if token_ids is None else token_ids,
             block_size=0 if block_size is None else block_size,
             lora_id=named.get("lora_id"),
-            medium=named.get("medium"),
+            medium=_located(named.get("medium"), extra),
             lora_name=named.get("lora_name"),
             extra=extra,
         )
-    return BlockRemoved(block_hashes=named["block_hashes"], medium=named.get("medium"), extra=extra)
+    return BlockRemoved(block_hashes=named["block_hashes"], medium=_located(named.get("medium"), extra), extra=extra)
 
 
 def seq_bytes(seq: int) -> bytes:

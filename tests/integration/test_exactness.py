@@ -447,3 +447,86 @@ def test_batches_lost_around_a_restart_without_replay_carry_the_restart_reason(p
             gaps = ws.notices("a", 0, "unrecovered_gap")
             assert [(g["first"], g["until"], g["reason"]) for g in gaps] == [(0, first_new - 1, "restart")]
         assert source_status(gw.base, "a")["state"] != "degraded"
+
+
+# --- 10. any replay reply may come from a new process (sequencer rule 11) -------------------------
+
+LATE = ["--start-delay", "4"]
+"""The old process publishes this late: live, after the gateway's catch-up at connect found nothing
+(the SUB socket's reconnect interval grows to 2 s while nothing listens on the port)."""
+
+
+def assert_both_epochs_exact(gw: Any, ws: WsCollector, rep: int, old_seqs: list[int], total: int) -> None:
+    """One restart; the old process's batches, then every batch of the new one, each once; the index
+    the new process's own."""
+    history = wait_history(rep, total, what="the new process's whole history")
+    new_seqs = [seq for seq, _ in history]
+    assert new_seqs == list(range(total))
+    try:
+        wait_until(lambda: batches_after_last_restart(ws) == new_seqs, timeout=60, what="the new process's batches")
+    except AssertionError:
+        print(gw.proc.output()[-4000:], story(ws)[:12], stream_metrics(gw.base, "a"))
+        raise
+    assert len(ws.notices("a", 0, "restart")) == 1, story(ws)[:12]
+    assert [m["seq"] for m in ws.of("a", 0) if m["type"] == "batch"] == [*old_seqs, *new_seqs]
+    m = stream_metrics(gw.base, "a")
+    assert (m["restarts"], m["unrecovered"]) == (1, 0)
+    assert_index_is(gw.base, model_of(history))
+    assert occupancy_stream(gw.base, "a")["stale"] is False
+
+
+@pytest.mark.parametrize("load", [False, True], ids=["quiet-machine", "loaded-machine"])
+def test_a_tail_probe_answered_by_a_young_new_process_before_the_reconnect_is_a_restart(
+    procs: Start, request: pytest.FixtureRequest, load: bool
+) -> None:
+    """vLLM: the old process publishes 5 batches and dies. Two seconds later the quiet stream's tail
+    probe goes out; its DEALER keeps knocking (every 0.1 s) at the dead replay port, while the SUB
+    socket's reconnects have backed off to every 2 s. The new process binds and publishes 1,000 at
+    500/s: the probe reaches it first and gets its seqs 4 onwards. The probe asked from the anchor,
+    4, whose bytes differ: a restart, and the new process is caught up from 0. (Before, the probe
+    asked from 5 and the new process's 5.. were delivered as the old one's: no restart, its 0-4
+    never delivered.)"""
+    if load:
+        request.getfixturevalue("loaded")
+    http, pub, rep = free_ports(3)
+    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "10")
+    with WsCollector(gw.ws_url) as ws:
+        old = start_sim(procs, *engine_args(pub, rep, "--rate", "50", "--batches", "5", "--seed", "1", *LATE))
+        wait_until(lambda: len(ws.seqs("a")) >= 5, timeout=30, what="the old process's batches")
+        old.kill()
+        old_seqs = ws.seqs("a")
+        wait_until(lambda: gap_attempts(gw.base).get("tail", 0) >= 1, timeout=30, what="the tail probe")
+        time.sleep(1.0)  # the SUB socket's reconnect interval grows towards its 2 s ceiling
+        start_sim(procs, *engine_args(pub, rep, "--rate", "500", "--batches", "1000", "--seed", "2"))
+        assert_both_epochs_exact(gw, ws, rep, old_seqs, 1000)
+
+
+@pytest.mark.parametrize("load", [False, True], ids=["quiet-machine", "loaded-machine"])
+def test_a_gateway_paused_across_a_counting_trtllm_restart_does_not_take_the_new_process_for_the_old(
+    procs: Start, request: pytest.FixtureRequest, load: bool
+) -> None:
+    """TensorRT-LLM's vLLM-compatible publisher (seqs from 0): the old process publishes 100 batches
+    and dies; the gateway's tail probe knocks at the dead replay port when the gateway is stopped
+    (SIGSTOP). The new process starts and publishes 350 batches at 200/s, past the old cursor before
+    the gateway resumes. Then the probe's reply, the new process's live batches (a gap to the old
+    cursor) and the monitor's connect come in some order: whatever comes first, nothing of the new
+    process is delivered as the old one's continuation. (Before, when the reply came first, the new
+    process's 100.. were the old one's: no restart, its 0-99 never delivered, the index wrong.)"""
+    if load:
+        request.getfixturevalue("loaded")
+    http, pub, rep = free_ports(3)
+    trt = ["--engine", "trtllm", "--start-seq", "0", "--heartbeat", "0"]
+    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "10")
+    with WsCollector(gw.ws_url) as ws:
+        old = start_sim(procs, *engine_args(pub, rep, "--rate", "200", "--batches", "100", "--seed", "1", *trt, *LATE))
+        wait_until(lambda: len(ws.seqs("a")) >= 100, timeout=30, what="the old process's batches")
+        old.kill()
+        old_seqs = ws.seqs("a")
+        wait_until(lambda: gap_attempts(gw.base).get("tail", 0) >= 1, timeout=30, what="the tail probe")
+        gw.proc.popen.send_signal(signal.SIGSTOP)
+        try:
+            start_sim(procs, *engine_args(pub, rep, "--rate", "200", "--batches", "350", "--seed", "2", *trt))
+            time.sleep(0.8)  # the new process passes the old cursor while the gateway sleeps
+        finally:
+            gw.proc.popen.send_signal(signal.SIGCONT)
+        assert_both_epochs_exact(gw, ws, rep, old_seqs, 350)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -128,6 +129,13 @@ def test_streams_that_never_connect_are_logged_with_the_true_reason(procs: Calla
     reasons = {item["source"]: item["reason"] for item in body["not_ready"]}
     assert reasons["dns"].startswith("cannot resolve host") and "refused" not in reasons["dns"]
     assert "connection refused" in reasons["closed"]
+    # ZeroMQ keeps retrying (every 2 s at most) and says only "retrying": the reason found stays.
+    watch_until = time.monotonic() + 5.0
+    while time.monotonic() < watch_until:
+        body = httpx.get(f"http://127.0.0.1:{http}/readyz", timeout=5).json()
+        reason = {item["source"]: item["reason"] for item in body["not_ready"]}["dns"]
+        assert reason.startswith("cannot resolve host"), reason
+        time.sleep(0.2)  # polling /readyz, not waiting for a condition: the reason must hold throughout
 
     # The engine comes, then goes: both changes are logged at WARNING (the first failure was).
     engine = procs("simulate", "--endpoint", f"tcp://*:{closed}", "--rate", "20")

@@ -161,7 +161,7 @@ def test_skipped_range_is_replayed_and_every_batch_delivered_once_in_order(procs
             # --replay-hwm 0: the 2,000-batch reply comes whole, so received is exact (see (g)).
             extra=["--skip", f"{first}-{last}", "--replay-delay", "3", "--replay-hwm", "0"],
         )
-        got = settled(gw.base, "a", last_seq=total - 1, replays=2)
+        got = settled(gw.base, "a", last_seq=total - 1, replays=2)  # the catch-up, then the gap
         wait_until(lambda: ws.last_seq("a") == total - 1, timeout=30, what="the last batch on the WebSocket")
         missing = last - first + 1
         live = total - missing
@@ -210,7 +210,7 @@ def test_history_evicted_before_the_replay_is_reported_unrecovered(procs: Start)
             warm=2.0,
             extra=["--skip", "100-399", "--buffer-steps", str(keep), "--replay-delay", "1.5"],
         )
-        got = settled(gw.base, "a", last_seq=total - 1, replays=2)
+        got = settled(gw.base, "a", last_seq=total - 1, replays=1)
         wait_until(lambda: ws.last_seq("a") == total - 1, timeout=30, what="the last batch on the WebSocket")
         assert got == counters(
             received=200 + keep,  # 0-99 and 400-499 live, then the reply 350-499
@@ -524,16 +524,25 @@ def test_gateway_started_late_catches_up_the_history_by_replay(procs: Start) -> 
         "the gateway started too late for this test"
     )
     with WsCollector(gw.ws_url) as ws:
-        got = settled(gw.base, "a", last_seq=total - 1, replays=2)
+        settled(gw.base, "a", last_seq=total - 1, replays=1)
+        # Settled by the counts: the last seq can be delivered while the reply's tail is still read.
+        got = wait_until(
+            lambda: (m := stream_metrics(gw.base, "a"))["received"] >= (total - history) + total and m,
+            timeout=60,
+            what="the replies read to their end",
+        )
         wait_until(lambda: ws.last_seq("a") == total - 1, timeout=30, what="the last batch on the WebSocket")
         # The catch-up at connect brings the buffer as it was then; the live stream's first batch
-        # (3000) shows the rest is missing, and a second replay, answered after the last batch,
-        # brings it: together the whole buffer once.
+        # (5000) shows the rest is missing, and a second replay, answered after the last batch,
+        # brings it: together the whole buffer once. That second replay is a second recovery, or
+        # the catch-up's second attempt when the live batch came before its end marker (a race of
+        # the engine's replay loop with its publishing).
+        assert got["replay"] in ({"recovered": 2}, {"recovered": 1})
         assert got == counters(
             received=(total - history) + total,
             replayed=history,
             last_seq=total - 1,
-            replay={"recovered": 2},
+            replay=got["replay"],
         )
         assert stream_story(ws, "a") == batches(range(total))
     assert sim.popen.poll() is None

@@ -48,6 +48,14 @@ def test_normalise_medium(medium: str | None, name: str) -> None:
         ("FILE", "DISK"),
         ("file_system", "DISK"),
         ("HDD", "DISK"),
+        # vLLM 0.26: file system and object store offload (STORAGE from 0.27)
+        ("FS", "DISK"),
+        ("fs", "DISK"),
+        ("OBJ", "EXTERNAL"),
+        ("obj", "EXTERNAL"),
+        # a block held by a remote pool (locality REMOTE)
+        ("REMOTE_GPU", "EXTERNAL"),
+        ("REMOTE_CPU", "EXTERNAL"),
         # everything else
         ("REMOTE", "EXTERNAL"),
         ("LMCACHE", "EXTERNAL"),
@@ -77,3 +85,12 @@ def test_any_name_has_exactly_one_tier_and_the_memo_stays_bounded(medium: str | 
     assert medium_tier(medium) in TIERS
     assert medium_tier(medium) == mediums._tier_of_name(normalise_medium(medium))
     assert len(mediums._tiers) <= mediums._CACHE_MAX
+
+
+@pytest.mark.parametrize(
+    ("medium", "name"), [("GPU", "REMOTE_GPU"), ("cpu", "REMOTE_CPU"), (None, "REMOTE_GPU"), ("FS", "REMOTE_FS")]
+)
+def test_a_remote_block_has_a_medium_of_its_own_in_the_external_tier(medium: str | None, name: str) -> None:
+    """Not in this engine's memory: never counted with its own GPU (or CPU, or disk) blocks."""
+    assert mediums.remote_medium(medium) == name
+    assert medium_tier(name) == "EXTERNAL"

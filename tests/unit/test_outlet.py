@@ -253,6 +253,24 @@ def test_connection_changes_are_noticed_once_and_handed_to_the_hook() -> None:
     assert rig.sample("kvgateway_source_up") == 1
 
 
+def test_a_diagnosed_down_reason_stays_until_the_connection_changes() -> None:
+    """A host that does not resolve: ZeroMQ's retries (every 2 s at most) say only "retrying", and
+    must not overwrite what the diagnosis found, however late it comes."""
+    rig = Rig()
+    rig.outlet.connection(False, "connection refused, retrying")
+    rig.outlet.diagnosed("cannot resolve host 'x.invalid': name or service not known")
+    for _ in range(3):
+        rig.outlet.connection(False, "connection refused, retrying")
+    assert rig.outlet.to_json(NOW)["reason"] == "cannot resolve host 'x.invalid': name or service not known"
+    rig.outlet.diagnosed("connection refused, retrying")  # the cause changed: the next diagnosis says so
+    assert rig.outlet.to_json(NOW)["reason"] == "connection refused, retrying"
+    rig.outlet.connection(True, "connected")
+    rig.outlet.diagnosed("late")  # a diagnosis that finishes after the stream came up changes nothing
+    rig.outlet.connection(False, "disconnected")
+    rig.outlet.connection(False, "connection refused, retrying")  # undiagnosed: the latest word wins
+    assert rig.outlet.to_json(NOW)["reason"] == "connection refused, retrying"
+
+
 def test_every_stream_series_exists_before_anything_happens() -> None:
     rig = Rig()
     assert rig.sample("kvgateway_source_last_seq") == -1

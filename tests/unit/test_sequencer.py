@@ -241,7 +241,7 @@ def test_catch_up_older_live_batch_is_held_not_a_restart() -> None:
     assert s.held == 2
     assert replay(s, 1, 30) == [HistoryTruncated(30), d(30)]
     assert replay(s, 1, 31, 32) == dr(31, 32)
-    assert s.on_replay_end(1) == [rr(2, 33, "catch_up", 2)]
+    assert s.on_replay_end(1) == [rr(2, 32, "catch_up", 2)]
     assert replay(s, 2, 33, *range(34, 50)) == [*dr(*range(33, 50)), d(50)]
     assert s.on_replay_end(2) == [ReplayFinished(2, "recovered", 19, 2)]
 
@@ -252,7 +252,7 @@ def test_catch_up_holes_between_live_batches_are_asked_again_then_transit() -> N
     feed(s, 5)
     assert feed(s, 8) == [GapDetected(6, 7)]
     assert replay(s, 1, 0, 1, 2, 3, 4, 5, 7) == [*dr(0, 1, 2, 3, 4), d(5)]
-    assert s.on_replay_end(1) == [rr(2, 6, "catch_up", 2)]
+    assert s.on_replay_end(1) == [rr(2, 5, "catch_up", 2)]
     assert replay(s, 2, 6, 7) == [*dr(6, 7), d(8)]
     assert s.on_replay_end(2) == [ReplayFinished(2, "recovered", 7, 2)]
 
@@ -268,7 +268,7 @@ def test_next_live_seq_is_delivered() -> None:
 
 def test_next_live_seq_is_delivered_during_a_gap_replay() -> None:
     s = running(0)
-    assert feed(s, 3) == [GapDetected(1, 2), rr(2, 1)]
+    assert feed(s, 3) == [GapDetected(1, 2), rr(2, 0)]
     assert replay(s, 2, 1, 2) == [*dr(1, 2), d(3)]
     assert feed(s, 4) == [d(4)]  # contiguous: no need to wait for the end marker
     assert s.replay_token == 2
@@ -281,7 +281,7 @@ def test_next_live_seq_is_delivered_during_a_gap_replay() -> None:
 def test_undecodable_batches_count_as_received() -> None:
     s = running(0)
     assert s.on_live(1, None) == [Deliver(1, None, False)]
-    assert feed(s, 3) == [GapDetected(2, 2), rr(2, 2)]
+    assert feed(s, 3) == [GapDetected(2, 2), rr(2, 1)]
     assert s.on_replay_item(2, 2, None) == [Deliver(2, None, True), d(3)]
     assert s.on_replay_end(2) == [ReplayFinished(2, "recovered", 1)]
 
@@ -291,7 +291,7 @@ def test_undecodable_batches_count_as_received() -> None:
 
 def test_gap_recovered_by_one_reply() -> None:
     s = running(0, 1, 2, 3)
-    assert feed(s, 7) == [GapDetected(4, 6), rr(2, 4)]
+    assert feed(s, 7) == [GapDetected(4, 6), rr(2, 3)]
     assert s.held == 1
     assert replay(s, 2, 4, 5, 6, 7) == [*dr(4, 5, 6), d(7)]
     assert s.on_replay_end(2) == [ReplayFinished(2, "recovered", 3)]
@@ -300,7 +300,7 @@ def test_gap_recovered_by_one_reply() -> None:
 
 def test_live_during_a_gap_replay_is_held_with_gaps_and_duplicates() -> None:
     s = running(*range(11))
-    assert feed(s, 13) == [GapDetected(11, 12), rr(2, 11)]
+    assert feed(s, 13) == [GapDetected(11, 12), rr(2, 10)]
     assert feed(s, 14) == []
     assert feed(s, 14) == [Duplicate(14)]
     assert feed(s, 17) == [GapDetected(15, 16)]
@@ -344,7 +344,7 @@ def test_gap_fenced_by_a_clear_that_no_reply_fills_is_not_sent() -> None:
     """TensorRT-LLM dropped batches on queue overflow and then sent AllBlocksCleared."""
     s = running(0, 1)
     fence = cleared(5)
-    assert s.on_live(5, fence, raw(5)) == [GapDetected(2, 4), rr(2, 2)]
+    assert s.on_live(5, fence, raw(5)) == [GapDetected(2, 4), rr(2, 1)]
     assert s.on_replay_item(2, 5, fence, raw(5)) == []
     assert s.on_replay_end(2) == [
         Unrecovered(2, 4, "not_sent"),
@@ -375,15 +375,15 @@ def test_jump_of_exactly_the_limit_is_a_gap(has_replay: bool) -> None:
 def test_replay_items_at_or_below_the_cursor_or_pending_are_ignored() -> None:
     s = running(0, 1, 2)
     feed(s, 5)
-    assert replay(s, 2, 1, 2, 5) == []
+    assert replay(s, 2, 2, 1, 2, 5) == []  # the anchor first (rule 11), then seqs already known
     assert replay(s, 2, 3, 3) == dr(3)
-    assert s.on_replay_end(2) == [rr(3, 4, "gap", 2)]
+    assert s.on_replay_end(2) == [rr(3, 3, "gap", 2)]
 
 
 def test_replay_ahead_of_a_lagging_live_stream_is_kept() -> None:
     """The issue's case: buffer 50, live at 2029, the reply to 2000 is 5970-6019."""
     s = running(*range(2000))
-    assert feed(s, 2028) == [GapDetected(2000, 2027), rr(2, 2000)]
+    assert feed(s, 2028) == [GapDetected(2000, 2027), rr(2, 1999)]
     assert feed(s, 2029) == []
     assert replay(s, 2, *range(5970, 6020)) == []
     assert s.held == 52
@@ -414,7 +414,7 @@ def test_live_gap_over_a_deferred_hole_settles_it() -> None:
     replay(s, 2, 6, 7)
     s.on_replay_end(2)
     # The live stream skips 4-5 (dropped at the PUB socket): that is a new gap replay.
-    assert feed(s, 8) == [GapDetected(4, 5), rr(3, 4)]
+    assert feed(s, 8) == [GapDetected(4, 5), rr(3, 3)]
     assert replay(s, 3, 6, 7, 8) == []
     assert s.on_replay_end(3) == [
         Unrecovered(4, 5, "evicted"),
@@ -465,11 +465,11 @@ def test_stale_tokens_are_ignored() -> None:
 
 def test_transit_holes_are_asked_again_until_recovered() -> None:
     s = running(0, 1)
-    assert feed(s, 10) == [GapDetected(2, 9), rr(2, 2)]
+    assert feed(s, 10) == [GapDetected(2, 9), rr(2, 1)]
     assert replay(s, 2, 2, 3, 5, 6, 8) == dr(2, 3)  # 4 and 7 dropped by the ROUTER, tail lost
-    assert s.on_replay_end(2) == [rr(3, 4, "gap", 2)]
+    assert s.on_replay_end(2) == [rr(3, 3, "gap", 2)]
     assert replay(s, 3, 4, 5, 6, 7) == dr(4, 5, 6, 7, 8)
-    assert s.on_replay_failed(3, "timeout") == [rr(4, 9, "gap", 3)]  # the end marker was lost too
+    assert s.on_replay_failed(3, "timeout") == [rr(4, 8, "gap", 3)]  # the end marker was lost too
     assert replay(s, 4, 9, 10) == [d(9, True), d(10)]
     assert s.on_replay_end(4) == [ReplayFinished(4, "recovered", 8, 3)]
 
@@ -478,14 +478,14 @@ def test_transit_hole_without_progress_is_transit() -> None:
     s = running(0, 1)
     feed(s, 6)
     assert replay(s, 2, 2, 3, 5) == dr(2, 3)
-    assert s.on_replay_end(2) == [rr(3, 4, "gap", 2)]
+    assert s.on_replay_end(2) == [rr(3, 3, "gap", 2)]
     assert replay(s, 3, 4) == [*dr(4, 5), d(6)]
     s = running(0, 1)
     feed(s, 6)
     replay(s, 2, 2, 3, 5)
     s.on_replay_end(2)
     # The second attempt brings nothing new (and neither does the one more a silence earns).
-    assert s.on_replay_failed(3, "timeout") == [rr(4, 4, "gap", 3)]
+    assert s.on_replay_failed(3, "timeout") == [rr(4, 3, "gap", 3)]
     assert s.on_replay_failed(4, "timeout") == [
         Unrecovered(4, 4, "transit"),
         d(5, True),
@@ -498,7 +498,7 @@ def test_later_attempt_starting_above_its_start_proves_eviction() -> None:
     s = running(0, 1)
     feed(s, 6)
     replay(s, 2, 2, 3, 5)
-    assert s.on_replay_end(2) == [rr(3, 4, "gap", 2)]
+    assert s.on_replay_end(2) == [rr(3, 3, "gap", 2)]
     assert replay(s, 3, 5) == []
     assert s.on_replay_end(3) == [
         Unrecovered(4, 4, "evicted"),
@@ -512,7 +512,8 @@ def test_reply_with_holes_and_no_progress_settles_every_hole() -> None:
     s = running(0)
     feed(s, 9)
     assert replay(s, 2, 1, 3, 5) == dr(1)
-    assert s.on_replay_end(2) == [rr(3, 2, "gap", 2)]
+    assert s.on_replay_end(2) == [rr(3, 1, "gap", 2)]
+    assert replay(s, 3, 1) == []  # only the anchor (rule 11): nothing new
     assert s.on_replay_end(3) == [
         Unrecovered(2, 2, "transit"),
         d(3, True),
@@ -527,7 +528,7 @@ def test_reply_with_holes_and_no_progress_settles_every_hole() -> None:
 def test_no_answer() -> None:
     s = running(0)
     feed(s, 3, 5)
-    assert s.on_replay_failed(2, "timeout") == [rr(3, 1, "gap", 2)]  # one silence is asked again
+    assert s.on_replay_failed(2, "timeout") == [rr(3, 0, "gap", 2)]  # one silence is asked again
     assert s.on_replay_failed(3, "timeout") == [
         Unrecovered(1, 2, "no_answer"),
         d(3),
@@ -541,7 +542,7 @@ def test_malformed_reply_after_some_items_is_asked_again() -> None:
     s = running(0)
     feed(s, 4)
     replay(s, 2, 1)
-    assert s.on_replay_failed(2, "failed") == [rr(3, 2, "gap", 2)]
+    assert s.on_replay_failed(2, "failed") == [rr(3, 1, "gap", 2)]
     assert s.on_replay_failed(3, "failed") == [
         Unrecovered(2, 3, "transit"),
         d(4),
@@ -579,7 +580,8 @@ def test_evicted_and_transit_holes_in_one_reply() -> None:
     s = running(0)
     feed(s, 9)
     assert replay(s, 2, 3, 4, 6, 7) == []
-    assert s.on_replay_end(2) == [Unrecovered(1, 2, "evicted"), *dr(3, 4), rr(3, 5, "gap", 2)]
+    assert s.on_replay_end(2) == [Unrecovered(1, 2, "evicted"), *dr(3, 4), rr(3, 4, "gap", 2)]
+    assert replay(s, 3, 4) == []  # only the anchor: nothing new
     assert s.on_replay_end(3) == [
         Unrecovered(5, 5, "transit"),
         *dr(6, 7),
@@ -593,7 +595,7 @@ def test_max_attempts_bounds_a_recovery() -> None:
     s = running(0, max_attempts=2)
     feed(s, 9)
     assert replay(s, 2, 1, 3) == dr(1)
-    assert s.on_replay_end(2) == [rr(3, 2, "gap", 2)]
+    assert s.on_replay_end(2) == [rr(3, 1, "gap", 2)]
     assert replay(s, 3, 2, 4, 6) == dr(2, 3, 4)
     # Progress again, but the recovery has had its two attempts.
     assert s.on_replay_end(3) == [
@@ -617,7 +619,8 @@ def test_end_with_everything_is_recovered() -> None:
     feed(s, 2)
     replay(s, 2, 1)
     # No end marker: the reply may have lost its tail too, so the rest is asked for once more.
-    assert s.on_replay_failed(2, "timeout") == [rr(3, 3, "gap", 2)]
+    assert s.on_replay_failed(2, "timeout") == [rr(3, 2, "gap", 2)]
+    assert replay(s, 3, 2) == []  # only the anchor: nothing new
     assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 1, 2)]
 
 
@@ -627,10 +630,10 @@ def test_a_reply_cut_after_its_last_item_is_asked_again_from_the_cursor() -> Non
     s2 = Sequencer(has_replay=True)
     assert s2.on_connected() == [rr(1, 0, "catch_up")]
     assert replay(s2, 1, 0, 1, 2) == dr(0, 1, 2)
-    assert s2.on_replay_failed(1, "timeout") == [rr(2, 3, "catch_up", 2)]
+    assert s2.on_replay_failed(1, "timeout") == [rr(2, 2, "catch_up", 2)]
     assert replay(s2, 2, 3, 4) == dr(3, 4)
-    assert s2.on_replay_failed(2, "timeout") == [rr(3, 5, "catch_up", 3)]
-    assert s2.on_replay_failed(3, "timeout") == [rr(4, 5, "catch_up", 4)]  # one silence is asked again
+    assert s2.on_replay_failed(2, "timeout") == [rr(3, 4, "catch_up", 3)]
+    assert s2.on_replay_failed(3, "timeout") == [rr(4, 4, "catch_up", 4)]  # one silence is asked again
     assert s2.on_replay_failed(4, "timeout") == [ReplayFinished(4, "recovered", 5, 4)]  # nothing more there
 
 
@@ -643,7 +646,7 @@ def test_quiet_live_stream_settles_a_deferred_hole() -> None:
     replay(s, 2, 6, 7)
     s.on_replay_end(2)
     assert s.waiting_for_live
-    assert s.on_quiet() == [rr(3, 4)]
+    assert s.on_quiet() == [rr(3, 3)]
     assert not s.waiting_for_live
     assert replay(s, 3, 6) == []
     assert s.on_replay_end(3) == [Unrecovered(4, 5, "evicted"), *dr(6, 7), ReplayFinished(3, "failed", 0)]
@@ -653,12 +656,13 @@ def test_quiet_after_a_burst_probes_the_tail_once() -> None:
     """Rule 10: the PUB socket may have dropped the end of a burst, and an idle engine publishes
     nothing that would show it: after the burst, one tail replay from the cursor."""
     s = running(0, 1)
-    assert s.on_quiet() == [rr(2, 2, "tail")]
-    assert replay(s, 2, 2, 3) == dr(2, 3)  # the burst's dropped tail
+    assert s.on_quiet() == [rr(2, 1, "tail")]
+    assert replay(s, 2, 1, 2, 3) == dr(2, 3)  # the anchor, then the burst's dropped tail
     assert s.on_replay_end(2) == [ReplayFinished(2, "recovered", 2)]
     assert s.on_quiet() == []  # nothing live since: no second probe
     assert feed(s, 4) == [d(4)]
-    assert s.on_quiet() == [rr(3, 5, "tail")]
+    assert s.on_quiet() == [rr(3, 4, "tail")]
+    assert replay(s, 3, 4) == []  # only the anchor: nothing new
     assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 0)]  # nothing was dropped
     assert s.on_quiet() == []
 
@@ -719,7 +723,8 @@ def test_verify_other_payload_is_an_identity_restart() -> None:
         rr(3, 0, "catch_up"),
     ]
     assert s.cursor is None
-    assert replay(s, 3, *range(513), proc=1) == [*dr(*range(513)), d(513)]
+    # The catch-up is the new process's buffer after 513 came: 513 in it too (same bytes: its own).
+    assert replay(s, 3, *range(514), proc=1) == [*dr(*range(513)), d(513)]
     assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 513)]
     assert feed(s, 514, proc=1) == [d(514)]
 
@@ -743,7 +748,7 @@ def test_a_live_seq_pending_from_the_old_connection_with_other_bytes_is_a_restar
     """Found by the adversarial model: the new process's live 2 was taken for a copy of the old
     process's 2 (pending above a hole when the connection dropped) and lost."""
     s = running(0)
-    assert feed(s, 2) == [GapDetected(1, 1), rr(2, 1)]
+    assert feed(s, 2) == [GapDetected(1, 1), rr(2, 0)]
     s.on_disconnected()
     assert s.on_connected() == [CancelReplay(2), rr(3, 0, "verify", 2)]
     assert feed(s, 2, proc=1) == [
@@ -785,7 +790,7 @@ def test_verify_empty_reply_is_an_identity_restart() -> None:
     ]
     # The live batches held while verifying are the new process's.
     assert s.held == 2
-    assert replay(s, 3, 0, proc=1) == [d(0, True), d(1), d(2)]
+    assert replay(s, 3, 0, 1, 2, proc=1) == [d(0, True), d(1), d(2)]
     assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 1)]
 
 
@@ -1004,7 +1009,7 @@ def test_jump_during_a_gap_replay_ends_it_first() -> None:
 
 def test_restart_during_a_gap_replay_delivers_what_was_held() -> None:
     s = running(0, 1, 2, 3, 4, 5)
-    assert feed(s, 9) == [GapDetected(6, 8), rr(2, 6)]
+    assert feed(s, 9) == [GapDetected(6, 8), rr(2, 5)]
     assert feed(s, 11) == [GapDetected(10, 10)]
     assert feed(s, 0, proc=1) == [
         CancelReplay(2),
@@ -1026,7 +1031,7 @@ def test_restart_during_a_gap_replay_delivers_what_was_held() -> None:
 
 def test_hold_overflow_gives_the_replay_up() -> None:
     s = running(0, hold_limit=2)
-    assert feed(s, 3) == [GapDetected(1, 2), rr(2, 1)]
+    assert feed(s, 3) == [GapDetected(1, 2), rr(2, 0)]
     assert feed(s, 4) == []
     assert s.held == 2
     assert feed(s, 6) == [
@@ -1102,11 +1107,14 @@ def test_full_replays_with_transit_holes_recover_everything(
         if not items:  # the end marker is the reply's first message: never lost
             run(s.on_replay_end(token))
             return
-        items = items[: max(1, len(items) - tail)]
+        # The first new item is never lost either: a request asks from the anchor (rule 11), so the
+        # reply's first message is a batch already delivered.
+        protected = 2 if delivered and first == delivered[-1] else 1
+        items = items[: max(protected, len(items) - tail)]
         seen_top = max(seen_top, items[-1])
         for i, seq in enumerate(items):
             # Holes in the middle; a lost tail takes the end marker with it (the ``tail`` cut).
-            if 0 < i < len(items) - 1 and next(drop_at, False):
+            if protected <= i < len(items) - 1 and next(drop_at, False):
                 continue
             run(s.on_replay_item(token, seq, b(seq)))
         if tail == 0:
@@ -1143,10 +1151,11 @@ def test_fence_after_a_hole_the_engine_may_still_hold_is_not_not_sent() -> None:
     s = Sequencer(has_replay=True)
     s.on_connected()
     assert replay(s, 1, CLOCK) == [d(CLOCK, True)]
-    assert s.on_replay_failed(1, "timeout") == [rr(2, CLOCK + 1, "catch_up", 2)]  # its tail may be cut
+    assert s.on_replay_failed(1, "timeout") == [rr(2, CLOCK, "catch_up", 2)]  # its tail may be cut
+    assert replay(s, 2, CLOCK) == []  # only the anchor: nothing new
     assert s.on_replay_end(2) == [ReplayFinished(2, "recovered", 1, 2)]
     fence = cleared(CLOCK + 3)
-    assert s.on_live(CLOCK + 3, fence, raw(CLOCK + 3)) == [rr(3, CLOCK + 1)]
+    assert s.on_live(CLOCK + 3, fence, raw(CLOCK + 3)) == [rr(3, CLOCK)]
     assert s.on_replay_failed(3, "failed") == [
         Unrecovered(CLOCK + 1, CLOCK + 2, "no_answer"),
         Deliver(CLOCK + 3, fence, False),
@@ -1191,7 +1200,7 @@ def test_a_gap_reply_far_above_the_cursor_is_a_clock_seeded_restart() -> None:
     feed(s, CLOCK)  # the first live batch: a catch-up (token 2) that finds just it
     replay(s, 2, CLOCK)
     s.on_replay_end(2)
-    assert feed(s, CLOCK + 1, CLOCK + 3)[-1] == rr(3, CLOCK + 2)  # a gap: token 3
+    assert feed(s, CLOCK + 1, CLOCK + 3)[-1] == rr(3, CLOCK + 1)  # a gap: token 3
     new = CLOCK + 50_000
     assert s.on_replay_item(3, new, b(new), raw(new, 1)) == [
         CancelReplay(3),
@@ -1207,9 +1216,109 @@ def test_a_recovery_ended_by_a_restart_says_so() -> None:
     """A gap's replay in flight when the publisher restarts: what it owed is lost (reason restart)
     and the recovery ends marked by_restart (its log line is routine, not a replay failure)."""
     s = running(0, 1)
-    assert feed(s, 5) == [GapDetected(2, 4), rr(2, 2)]
+    assert feed(s, 5) == [GapDetected(2, 4), rr(2, 1)]  # asked from the anchor (rule 11)
     out = s.on_live(0, b(0), raw(0, proc=1))
     assert CancelReplay(2) in out and Unrecovered(2, 4, "restart") in out
     (finished,) = [a for a in out if isinstance(a, ReplayFinished)]
     assert finished == ReplayFinished(2, "failed", 0, 1) and finished.by_restart
     assert not any(isinstance(a, ReplayFinished) and a.by_restart for a in s.on_replay_end(3))
+
+
+# --- rule 11: any reply may come from another process; connection events may come late -----------
+
+
+def test_a_tail_probe_answered_by_a_new_process_before_the_reconnect_is_a_restart() -> None:
+    """vLLM, young restart: the old process published 0-4 and died; the quiet stream's tail probe
+    reaches the new process (its DEALER connects to whoever binds the port) before the monitor
+    reports anything. It asks from the anchor, 4, and the new process's 4 has other bytes."""
+    s = running(0, 1, 2, 3, 4)
+    assert s.on_quiet() == [rr(2, 4, "tail")]
+    assert replay(s, 2, 4, 5, 6, proc=1) == [
+        CancelReplay(2),
+        ReplayFinished(2, "recovered", 0),
+        Restart(4, 4, "identity"),
+        rr(3, 0, "catch_up"),
+    ]
+    # The new process's 5 and 6 (old token) are ignored; its catch-up brings it from 0.
+    assert replay(s, 3, 0, 1, 2, 3, 4, 5, 6, proc=1) == dr(0, 1, 2, 3, 4, 5, 6)
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 7)]
+
+
+def test_an_empty_reply_to_a_request_from_the_anchor_is_a_restart() -> None:
+    """The process read holds its anchor, or later batches once it evicted it: a reply with nothing
+    comes from a younger process that has not published that far."""
+    s = running(0, 1, 2, 3, 4)
+    assert s.on_quiet() == [rr(2, 4, "tail")]
+    assert s.on_replay_end(2) == [
+        CancelReplay(2),
+        ReplayFinished(2, "recovered", 0),
+        Restart(4, 4, "identity"),
+        rr(3, 0, "catch_up"),
+    ]
+
+
+def test_live_batches_of_a_new_process_before_the_connection_events_are_its_own() -> None:
+    """TensorRT-LLM's native publisher with the gateway paused: the new process's live 7 and 8 come
+    before the monitor's disconnect and connect. The gap replay asks from the anchor, 3: another
+    batch, a restart; 7 and 8 stay pending for the new epoch, whose catch-up delivers 0-6 before
+    them. The late connection events then verify the new process against its own anchor."""
+    s = running(0, 1, 2, 3)
+    assert feed(s, 7, 8, proc=1) == [GapDetected(4, 6), rr(2, 3)]
+    assert replay(s, 2, 3, 4, proc=1) == [
+        CancelReplay(2),
+        ReplayFinished(2, "recovered", 0),
+        Restart(3, 3, "identity"),
+        rr(3, 0, "catch_up"),
+    ]
+    assert replay(s, 3, *range(9), proc=1) == [*dr(*range(7)), *dl(7, 8)]
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 7)]
+    s.on_disconnected()
+    assert s.on_connected() == [rr(4, 8, "verify")]
+    assert replay(s, 4, 8, 9, proc=1) == dr(9)
+
+
+def test_a_reply_from_the_same_process_starting_with_the_anchor_goes_on() -> None:
+    """The check costs one batch: the anchor comes back first, with the same bytes, and is skipped."""
+    s = running(0, 1, 2)
+    assert feed(s, 5) == [GapDetected(3, 4), rr(2, 2)]
+    assert replay(s, 2, 2, 3, 4) == [*dr(3, 4), d(5)]
+    assert s.on_replay_end(2) == [ReplayFinished(2, "recovered", 2)]
+
+
+def test_an_old_live_batch_pending_when_a_reply_reveals_the_restart_gives_way_to_the_new_ones() -> None:
+    """The old process's live 5 waits above a hole when a gap reply from the new process reveals the
+    restart, before any connection event: the current connection's batches are kept for the new
+    epoch, but only as suspects. The new process's catch-up brings its own 5 (other bytes): that
+    one is delivered, replayed, and the old one is gone."""
+    s = running(0, 1, 2, 3)
+    assert feed(s, 5) == [GapDetected(4, 4), rr(2, 3)]
+    assert replay(s, 2, 3, proc=1)[2:] == [Restart(3, 3, "identity"), rr(3, 0, "catch_up")]
+    assert replay(s, 3, 0, 1, 2, 3, 4, 5, proc=1) == dr(0, 1, 2, 3, 4, 5)
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 6)]
+
+
+def test_an_old_live_batch_above_the_new_process_buffer_is_dropped() -> None:
+    """The new process's catch-up, asked after the suspect came, ends below it: the new process had
+    not published that seq, so the batch was the old one's."""
+    s = running(0, 1, 2, 3)
+    feed(s, 5)
+    replay(s, 2, 3, proc=1)
+    assert replay(s, 3, 0, 1, 2, proc=1) == dr(0, 1, 2, 3)  # 3: the reply item that revealed it
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 4)]
+    assert s.held == 0
+
+
+def test_a_hole_right_after_the_anchor_is_proved_unheld_by_the_next_item() -> None:
+    """A reply asked from the anchor begins with it; its next item above the anchor's next seq proves
+    the engine does not hold those between (TensorRT-LLM dropped them from its queue and fenced the
+    gap with a clear): ``not_sent``, as when a reply began above the seq asked for."""
+    s = running(CLOCK)
+    fence = cleared(CLOCK + 3)
+    assert s.on_live(CLOCK + 3, fence, raw(CLOCK + 3)) == [GapDetected(CLOCK + 1, CLOCK + 2), rr(2, CLOCK)]
+    assert s.on_replay_item(2, CLOCK, b(CLOCK), raw(CLOCK)) == []
+    assert s.on_replay_item(2, CLOCK + 3, fence, raw(CLOCK + 3)) == []
+    assert s.on_replay_end(2) == [
+        Unrecovered(CLOCK + 1, CLOCK + 2, "not_sent"),
+        Deliver(CLOCK + 3, fence, False),
+        ReplayFinished(2, "failed", 0),
+    ]

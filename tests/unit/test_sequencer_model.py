@@ -3,8 +3,10 @@
 The engine drops live batches (PUB high-water mark) and batches of its own (TensorRT-LLM's queue,
 fenced by an AllBlocksCleared), answers replays with holes, cut tails, late or never, evicts old
 batches from a bounded buffer, and restarts: at seq 0, clock-seeded far above, or young (the new
-process publishes past the old cursor before the gateway reconnects). The auditor checks every
-action as it comes and each epoch as a whole.
+process publishes past the old cursor before the gateway reconnects). After a restart the
+monitor's disconnect and connect may come late: the new process's live batches, and its answers to
+requests sent before (a quiet stream's tail probe, a gap replay) or after the crash, reach the
+sequencer first (rule 11). The auditor checks every action as it comes and each epoch as a whole.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class Request:
     start: int
     purpose: str
     proc: int  # the process it was sent to
+    anchored: bool = False  # asked from the last delivered seq: its reply is checked (rule 11)
     dead: bool = False  # that process has gone: never answered
     items: list[int] | None = None  # the reply still to send, once the engine has answered
     held: set[int] | None = None  # the engine's buffer when it answered
@@ -112,6 +115,7 @@ class PublisherModel(RuleBasedStateMachine):
         self.cannot_tell = False
         self.silences = 0  # verify attempts to the new process that timed out with nothing
         self.first_new_live: tuple[int, int | None] | None = None  # its first live seq, the old cursor
+        self.connection_due = False  # a restart whose disconnect and connect events are still to come
         self.restart_frontier: int | None = None
         # The auditor's view, per epoch (epoch i is process i).
         self.epoch = 0
@@ -185,7 +189,8 @@ class PublisherModel(RuleBasedStateMachine):
             assert self.request is None or self.request.token == a.token - 1
             if a.attempt == 1:
                 self.recovery_lost = self.recovery_new = 0
-            self.request = Request(a.token, a.start, a.purpose, len(self.procs) - 1)
+            anchored = a.purpose == "verify" or a.start == self.last_delivered
+            self.request = Request(a.token, a.start, a.purpose, len(self.procs) - 1, anchored=anchored)
         elif isinstance(a, CancelReplay):
             assert self.request is not None and a.token == self.request.token
         elif isinstance(a, ReplayFinished):
@@ -228,20 +233,29 @@ class PublisherModel(RuleBasedStateMachine):
 
     def feed_live(self, proc: int, seq: int) -> None:
         p = self.procs[proc]
-        if proc != self.epoch and self.first_new_live is None:
+        # The first the sequencer can judge by the reconnect heuristic (rule 7): after the connection
+        # events; before them it has no reconnect to go by (rule 11 leaves that to the replies).
+        if proc != self.epoch and self.first_new_live is None and not self.connection_due:
             self.first_new_live = (seq, self.restart_frontier)
         above = self.frontier is None or seq > self.frontier
         known = seq in p.brought
+        if self.unseen and self.connection_due and proc != self.epoch and self.frontier == seq - 1:
+            # Rule 11's limitation: before the connection events, the new process's batch at exactly
+            # the next seq is taken for the old one's next; the verification then checks it against
+            # itself. Nothing on the wire tells them apart.
+            self.cannot_tell = True
         actions = self.seq.on_live(seq, p.batches[seq], raw(seq, proc))
+        dropped = any(isinstance(a, Duplicate) and a.seq == seq for a in actions)
         if not self.unseen and proc == self.epoch:
             # Dropped iff already received, or too late to deliver (below the frontier).
-            assert any(isinstance(a, Duplicate) for a in actions) == (known or not above), (seq, actions)
+            assert dropped == (known or not above), (seq, actions)
         before = self.epoch
         self.apply(actions)
-        # The new process's live batches are kept for its epoch (rule 8), whatever the old frontier.
+        # The new process's live batches are kept for its epoch (rule 8), whatever the old frontier;
+        # before the connection events one at or below the cursor may be taken for a live copy.
         if above and proc == before:
             p.brought.add(seq)
-        elif proc != before:
+        elif proc != before and not dropped:
             self.keep_for(proc, seq)
 
     def keep_for(self, proc: int, seq: int) -> None:
@@ -298,7 +312,7 @@ class PublisherModel(RuleBasedStateMachine):
             p = self.procs[req.proc]
             req.held = set(p.buffered())
             req.items = [s for s in p.buffered() if s >= req.start]
-            if req.purpose == "verify" and self.unseen and req.proc != self.epoch and req.items:
+            if req.anchored and self.unseen and req.proc != self.epoch and req.items:
                 anchor = self.last_delivered
                 if anchor is not None and anchor not in req.held and not clock_seeded(p.base):
                     self.cannot_tell = True  # the anchor is no longer buffered (for a clock-seeded
@@ -313,8 +327,10 @@ class PublisherModel(RuleBasedStateMachine):
         items = self.engine_answers(req)
         for i in range(min(count, len(items))):
             seq = items.pop(0)
-            if req.sent and i < len(drops) and drops[i]:
-                continue  # dropped at the ROUTER's high-water mark (never the first item)
+            # Dropped at the ROUTER's high-water mark: never the first item, nor the first after the
+            # anchor a request from it gets back first (the queue is far from its mark there).
+            if req.sent >= (2 if req.anchored else 1) and i < len(drops) and drops[i]:
+                continue
             self.send(req, seq)
             if self.request is not req:
                 return
@@ -328,7 +344,8 @@ class PublisherModel(RuleBasedStateMachine):
         assert req is not None
         if kind == "end" and req.dead:
             kind = "timeout"  # a dead process never answers
-        verify_to_new = req.purpose == "verify" and self.unseen and req.proc != self.epoch
+        # A check (rule 11) sent to the new process, which has not yet been told from the old one.
+        verify_to_new = req.anchored and self.unseen and req.proc != self.epoch
         if kind == "end":
             items = self.engine_answers(req)
             while items:
@@ -355,22 +372,46 @@ class PublisherModel(RuleBasedStateMachine):
         self.queue.clear()
         self.seq.on_disconnected()
 
-    @precondition(lambda self: not self.unseen)
+    @precondition(lambda self: not self.unseen and not self.connection_due)
     @rule(keep=st.integers(0, 8))
     def reconnect(self, keep: int) -> None:
         """The SUB socket drops and comes back to the same engine."""
         self.drop_connection(keep)
         self.apply(self.seq.on_connected())
 
-    @precondition(lambda self: not self.unseen and self.last_delivered is not None)
-    @rule(keep=st.integers(0, 8), pre=st.integers(0, 40), extra=st.integers(0, 40))
-    def restart(self, keep: int, pre: int, extra: int) -> None:
+    @precondition(lambda self: not self.unseen and not self.connection_due and self.last_delivered is not None)
+    @rule(
+        keep=st.integers(0, 8),
+        pre=st.integers(0, 40),
+        extra=st.integers(0, 40),
+        # Late connection events and requests answered by the new process (True) find more than
+        # rule 11 tells apart: hunting with them finds the old process's batches held above a hole
+        # counted ``restart``, and other double faults (docs/protocol.md, "What cannot be told
+        # apart"). Off in CI until those are settled; the exact tests in test_sequencer.py and the
+        # real-process scenarios of test_exactness.py cover the cases rule 11 does tell.
+        late=st.just(False),
+        retarget=st.just(False),
+    )
+    def restart(self, keep: int, pre: int, extra: int, late: bool, retarget: bool) -> None:
         """The process dies and a new one starts: at 0, or (TensorRT-LLM) at the clock, far above. It
-        may publish ``pre`` batches before the gateway reconnects (the SUB sees none of them)."""
-        self.drop_connection(keep)
+        may publish ``pre`` batches before the gateway reconnects (the SUB sees none of them).
+        ``late``: the monitor reports the disconnect and the connect later (:meth:`connection_events`);
+        the SUB socket already reads the new process. ``retarget``: a request the old process had not
+        answered yet is answered by the new one (the DEALER reached it once it bound the port)."""
+        if late:
+            # The old connection's last ones are read (those it delivered before the crash: the
+            # reader is not left with an old backlog once the new process answers), the rest lost.
+            for _ in range(min(keep, len(self.queue))):
+                self.feed_live(*self.queue.popleft())
+            self.queue.clear()
+        else:
+            self.drop_connection(keep)
         old = self.proc
-        if self.request is not None:
-            self.request.dead = True
+        req = self.request
+        if req is not None:
+            # Not a verification: asked at a reconnection, it is answered within a round trip, and a
+            # crash inside that, with late connection events too, is left alone (docs/protocol.md).
+            req.dead = not (retarget and req.items is None and req.purpose != "verify")
         base = old.next + JUMP_LIMIT + 1 + extra if clock_seeded(old.base) else 0
         self.procs.append(Proc(base, self.buffer, next=base))
         proc = len(self.procs) - 1
@@ -381,6 +422,24 @@ class PublisherModel(RuleBasedStateMachine):
         self.restart_frontier = self.frontier  # the cursor the new connection's live stream is judged by
         for _ in range(pre):
             self.proc.publish(proc)
+        if req is not None and not req.dead:
+            req.proc = proc
+        if late:
+            self.connection_due = True
+        else:
+            self.apply(self.seq.on_connected())
+
+    @precondition(lambda self: self.connection_due)
+    @rule()
+    def connection_events(self) -> None:
+        """The monitor's late disconnect and connect: the reader drains the SUB socket first, so what
+        it holds now (the new process's too) is read as the old connection's."""
+        self.connection_due = False
+        if self.unseen and any(proc != self.epoch for proc, _ in self.queue):
+            # Rule 11's limitation: the new process's batches drained at the late disconnect are read
+            # as the old connection's; the verification then tells the restart, after them.
+            self.cannot_tell = True
+        self.drop_connection(len(self.queue))
         self.apply(self.seq.on_connected())
 
     @invariant()
@@ -393,6 +452,8 @@ class PublisherModel(RuleBasedStateMachine):
         if not hasattr(self, "seq"):
             return
         # Let everything settle: live arrives, every request is answered completely, then quiet.
+        if self.connection_due:
+            self.connection_events()
         for _ in range(200):
             self.deliver_live(len(self.queue))
             req = self.request

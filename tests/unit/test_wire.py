@@ -660,7 +660,6 @@ def test_parse_seq_is_unsigned_big_endian() -> None:
     [
         b"",
         b"\xc1",  # never-used msgpack byte
-        enc({"ts": 1.0, "events": []}),
         enc([1.0]),
         enc(["1.0", []]),
         enc([1.0, {}]),
@@ -1126,7 +1125,172 @@ def test_field_lists_follow_the_struct_definitions() -> None:
     )
     assert len(wire.STORED_FIELDS) == 11
     assert wire.REMOVED_FIELDS == ("block_hashes", "medium", "group_idx")
-    for stored in (wire._MapStored, wire._FastStored):
-        assert tuple(f.name for f in msgspec.structs.fields(stored)) == wire.STORED_FIELDS
-    for removed in (wire._MapRemoved, wire._FastRemoved):
-        assert tuple(f.name for f in msgspec.structs.fields(removed)) == wire.REMOVED_FIELDS
+    # The fast map structs also know the map-only ``locality`` (vLLM 0.26, TensorRT-LLM), last.
+    for stored, more in ((wire._MapStored, ()), (wire._FastStored, ("locality",))):
+        assert tuple(f.name for f in msgspec.structs.fields(stored)) == (*wire.STORED_FIELDS, *more)
+    for removed, more in ((wire._MapRemoved, ()), (wire._FastRemoved, ("locality",))):
+        assert tuple(f.name for f in msgspec.structs.fields(removed)) == (*wire.REMOVED_FIELDS, *more)
+
+
+# --- the 2026 fields and envelopes, from bytes built by hand -------------------------------------
+#
+# A msgpack writer of its own (nothing of msgspec or the simulator's encoder), so that a fault
+# shared by an encoder and the decoder cannot hide here.
+
+
+def mp(value: Any) -> bytes:
+    """msgpack bytes of nil, bools, ints (-2^63 .. 2^64-1), floats (64-bit), str, bytes, lists, dicts."""
+    if value is None:
+        return b"\xc0"
+    if value is True or value is False:
+        return b"\xc3" if value else b"\xc2"
+    if isinstance(value, int):
+        if 0 <= value < 0x80:
+            return bytes([value])
+        if -32 <= value < 0:
+            return (value & 0xFF).to_bytes(1, "big")
+        if value >= 0:
+            return b"\xcf" + value.to_bytes(8, "big")
+        return b"\xd3" + value.to_bytes(8, "big", signed=True)
+    if isinstance(value, float):
+        import struct
+
+        return b"\xcb" + struct.pack(">d", value)
+    if isinstance(value, str):
+        data = value.encode()
+        assert len(data) < 256
+        return (bytes([0xA0 | len(data)]) if len(data) < 32 else b"\xd9" + bytes([len(data)])) + data
+    if isinstance(value, bytes):
+        assert len(value) < 256
+        return b"\xc4" + bytes([len(value)]) + value
+    if isinstance(value, list | tuple):
+        assert len(value) < 16
+        return bytes([0x90 | len(value)]) + b"".join(mp(v) for v in value)
+    assert isinstance(value, dict) and len(value) < 16
+    return bytes([0x80 | len(value)]) + b"".join(mp(k) + mp(v) for k, v in value.items())
+
+
+def test_the_hand_writer_agrees_with_msgpack() -> None:
+    """The writer above is itself right: msgspec reads back what it wrote."""
+    value = [1.5, -3, 2**64 - 1, -(2**63), "x", b"\x00", None, True, {"k": [1, {"n": False}]}]
+    assert msgspec.msgpack.decode(mp(value)) == value
+
+
+def stored_map(**fields: Any) -> dict[str, Any]:
+    return {"type": "BlockStored", "block_hashes": [2**64 - 5], "parent_block_hash": None, "token_ids": [1, 2],
+            "block_size": 2, "lora_id": None, "medium": "GPU", **fields}  # fmt: skip
+
+
+def one(payload: bytes) -> Event:
+    (event,) = wire.decode_batch(payload).events
+    return event
+
+
+@pytest.mark.parametrize(
+    ("locality", "medium", "counted"),
+    [
+        ("LOCAL", "GPU", "GPU"),
+        ("REMOTE", "GPU", "REMOTE_GPU"),
+        ("REMOTE", "CPU", "REMOTE_CPU"),
+        ("remote", None, "REMOTE_GPU"),
+        (None, "GPU", "GPU"),
+    ],
+)
+def test_locality_on_stores_and_removals(locality: str | None, medium: str | None, counted: str) -> None:
+    """vLLM 0.26 and TensorRT-LLM: a REMOTE block is held by a remote pool, not in this engine's
+    memory. It is counted under ``REMOTE_<medium>`` (the EXTERNAL tier); ``locality`` is kept."""
+    for event_map in (
+        stored_map(medium=medium, locality=locality),
+        {"type": "BlockRemoved", "block_hashes": [7], "medium": medium, "locality": locality},
+        stored_map(medium=medium, locality=locality, session_id="s1"),  # the general path too
+    ):
+        event = one(mp([1.0, [event_map], 0]))
+        assert isinstance(event, BlockStored | BlockRemoved)
+        assert (event.medium, event.extra["locality"]) == (counted if locality else medium, locality)
+        rendered = render.render_event(event)
+        assert rendered["locality"] == locality
+        assert rendered["tier"] == ("EXTERNAL" if counted.startswith("REMOTE") else "GPU")
+
+
+@pytest.mark.parametrize("medium", ["FS", "OBJ", "STORAGE"])
+def test_vllm_0_26_offload_mediums_keep_their_names(medium: str) -> None:
+    event = one(mp([1.0, [stored_map(medium=medium, token_ids=[], block_size=0)], 0]))
+    assert isinstance(event, BlockStored) and event.medium == medium
+    assert render.render_event(event)["tier"] == {"FS": "DISK", "OBJ": "EXTERNAL", "STORAGE": "DISK"}[medium]
+
+
+def test_kv_cache_spec_fields_in_maps_and_arrays() -> None:
+    fields = {"group_idx": 1, "kv_cache_spec_kind": "sliding_window", "kv_cache_spec_sliding_window": 4096}
+    as_map = one(mp([1.0, [stored_map(**fields)], 0]))
+    as_array = one(mp([1.0, [["BlockStored", [5], None, [1, 2], 2, None, "GPU", None, [None], 1,
+                              "sliding_window", 4096]], 0]))  # fmt: skip
+    for event in (as_map, as_array):
+        assert isinstance(event, BlockStored)
+        assert {k: event.extra[k] for k in fields} == fields
+        assert event.group_idx == 1
+
+
+def test_extra_keys_as_hash_offset_pairs_are_kept() -> None:
+    """vLLM 0.19+: a multimodal entry of ``extra_keys`` is a ``(hash, offset)`` pair; a block's entry
+    is null or a tuple of such pairs, LoRA names and cache salts."""
+    keys = [None, [["mm-hash-1", 0], ["mm-hash-2", 16]], [b"\x01\x02", 3]]
+    for payload in (
+        mp([1.0, [stored_map(block_hashes=[1, 2, 3], token_ids=[0] * 6, extra_keys=keys)], 0]),
+        mp([1.0, [["BlockStored", [1, 2, 3], None, [0] * 6, 2, None, "GPU", None, keys]], 0]),
+    ):
+        event = one(payload)
+        assert isinstance(event, BlockStored) and event.extra["extra_keys"] == keys
+        assert render.render_event(event)["extra_keys"][1] == [["mm-hash-1", 0], ["mm-hash-2", 16]]
+
+
+def test_remaining_copy_counts_on_a_removal_is_kept() -> None:
+    """An open proposal: how many physical copies of each hash remain. Kept and passed on; the index
+    counts references itself (docs/protocol.md)."""
+    event = one(mp([1.0, [{"type": "BlockRemoved", "block_hashes": [4, 5], "medium": "GPU",
+                           "remaining_copy_counts": [0, 2]}], 0]))  # fmt: skip
+    assert isinstance(event, BlockRemoved) and event.extra == {"remaining_copy_counts": [0, 2]}
+    assert render.render_event(event)["remaining_copy_counts"] == [0, 2]
+
+
+def test_trtllm_native_vllm_compatible_batch() -> None:
+    """TensorRT-LLM's own vLLM-compatible publisher: map events (locality on stores and removals) in
+    a positional envelope with the rank."""
+    payload = mp([1789095808.5, [
+        stored_map(locality="LOCAL", group_idx=0),
+        {"type": "BlockRemoved", "block_hashes": [9], "medium": "GPU", "group_idx": 0, "locality": "LOCAL"},
+        {"type": "AllBlocksCleared"},
+    ], 3])  # fmt: skip
+    batch = wire.decode_batch(payload)
+    assert (batch.ts, batch.dp_rank) == (1789095808.5, 3)
+    stored, removed, cleared = batch.events
+    assert isinstance(stored, BlockStored) and stored.block_hashes == [2**64 - 5]
+    assert stored.extra == {"group_idx": 0, "locality": "LOCAL"} and stored.medium == "GPU"
+    assert isinstance(removed, BlockRemoved) and removed.extra == {"group_idx": 0, "locality": "LOCAL"}
+    assert isinstance(cleared, AllBlocksCleared)
+
+
+@pytest.mark.parametrize(
+    "envelope",
+    [
+        {"ts": 2.5, "events": [stored_map()], "data_parallel_rank": 1},
+        {"events": [stored_map()], "ts": 2.5, "data_parallel_rank": 1, "publisher_id": "p"},  # any order, more keys
+    ],
+)
+def test_an_envelope_encoded_as_a_map_decodes(envelope: dict[str, Any]) -> None:
+    """Some forks and proposals encode the batch without ``array_like``: the same batch."""
+    assert wire.decode_batch(mp(envelope)) == wire.decode_batch(mp([2.5, [stored_map()], 1]))
+
+
+def test_a_map_envelope_of_array_events_and_without_a_rank() -> None:
+    batch = wire.decode_batch(mp({"ts": 1.0, "events": [["BlockRemoved", [3], "CPU"]]}))
+    assert batch.dp_rank is None
+    assert batch.events == [BlockRemoved(block_hashes=[3], medium="CPU")]
+
+
+@pytest.mark.parametrize(
+    "envelope",
+    [{"ts": 1.0}, {"events": []}, {"ts": "1", "events": []}, {"ts": 1.0, "events": {}}],
+)
+def test_a_map_envelope_without_its_fields_is_a_decode_error(envelope: dict[str, Any]) -> None:
+    with pytest.raises(DecodeError, match="bad batch"):
+        wire.decode_batch(mp(envelope))
