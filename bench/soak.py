@@ -15,7 +15,7 @@ simulate`` engines while this process keeps it busy the way production does:
 
 Every ``--sample-seconds`` it samples the gateway process: resident memory (VmRSS), open file
 descriptors (/proc/PID/fd, minus the connected clients, which come and go with the churn), OS
-threads and CPU time, plus the gateway's own metrics. The gateway exposes no asyncio task count;
+threads and CPU time, plus the gateway's own metrics (``kvgateway_asyncio_tasks`` among them);
 descriptors and memory are what a task leak would show (each task here owns a connection or a
 buffer).
 
@@ -699,8 +699,10 @@ tables, the history) is full, or has settled (grown by at most 2% in 2 minutes),
 first 10% of the run (60 s at least); then the median of the last third of the samples is
 compared with the median of the first third, and each bounded structure's size at the start and
 the end of that steady part is reported beside its bound, so a bounded fill is told apart from a
-leak. The gateway exposes no asyncio task count: every task it runs belongs to a connection, a
-replay or a stream, so a task leak shows as descriptors or memory.
+leak. The gateway also exposes its asyncio task count (`kvgateway_asyncio_tasks`, about two per
+stream and two per client, read with the other metrics); the verdict rests on descriptors, memory
+and threads, since every task belongs to a connection, a replay or a stream and a task leak shows
+there too.
 
 ### Latest run
 

@@ -1,8 +1,9 @@
 """The web protocol's own tests (tests/integration/test_web.py) against the cluster: the same
 engines behind ``kvgateway ingest`` and a real nats-server, served by ``kvgateway edge``.
 
-Offsets +1 with no duplicate, exact per-engine seqs, every filter, resume by WebSocket and SSE:
-the edge must pass them as the single process does."""
+Offsets +1 with no duplicate, exact per-engine seqs, every filter, resume by WebSocket and SSE,
+each route's parameters and 400s, rounded rates: the edge must pass them as the single process
+does."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ from tests.integration.test_web import (  # noqa: F401 - pytest collects what is
     source_spec,
     start_simulator,
     test_every_batch_reaches_every_matching_client_in_order,
+    test_every_per_stream_route_applies_the_streams_source_and_dp_rank,
+    test_every_route_refuses_a_parameter_it_does_not_take_and_lists_what_it_takes,
     test_invalid_query_parameters_are_a_400_before_any_stream,
+    test_rates_are_rounded_to_thousandths_in_the_occupancy_snapshot,
     test_sse_resume_with_last_event_id_header_or_query_and_the_header_wins,
     test_the_gap_notice_has_no_last_unless_the_client_asks_with_compat_gap_last_live_and_on_resume,
     test_websocket_resume_inside_the_ring_replays_exactly_the_missed_messages,
