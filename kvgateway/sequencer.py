@@ -853,7 +853,10 @@ class Sequencer:
             if not passed:
                 self._finish(out)
                 return
-            self._account(low - 1, "transit" if rec.brought or rec.items else "no_answer", out)
+            # The anchor that came back first is the check (rule 11), not a sign that the engine
+            # holds what is missing: a reply with nothing usable after it is no answer.
+            beyond = rec.items - (rec.check is not None and rec.first == rec.check[0])
+            self._account(low - 1, "transit" if rec.brought or beyond else "no_answer", out)
 
     def _overflow(self, out: list[Action]) -> None:
         """Rule 9."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -15,9 +16,12 @@ from tests.support import REPO
 def test_make_demo_passes_port(extra: list[str], command: str) -> None:
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
+    # Run from `make test` too: a sub-make inherits MAKEFLAGS and MAKELEVEL and would print its
+    # "Entering/Leaving directory" lines around the commands; this make is a user's, at top level.
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"}}
     result = subprocess.run(
-        ["make", "-n", "-o", ".venv/.installed", "demo", *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=30, check=True,
+        ["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "demo", *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=30, check=True, env=env,
     )  # fmt: skip
     assert result.stdout.strip().endswith(command), result.stdout
 

@@ -221,7 +221,10 @@ def test_hwm_drops_under_a_flood_are_replayed_and_counted_exactly(procs: Start) 
                 return gateway.counters("e")["batches_received"] - before["batches_received"] == live
 
             await asyncio.to_thread(wait_until, read_everything, 60, 0.1, "every live batch read by the gateway")
-            assert engine.requests == [0, dropped[0]], "the catch-up at connect, then one replay from the first drop"
+            # the catch-up at connect, then one replay from the batch before the first drop: rule 11
+            # asks from the last delivered seq and checks its bytes before using the reply
+            anchor = dropped[0] - 1
+            assert engine.requests == [0, anchor], "the catch-up at connect, then one replay from the anchor"
             release.set()
             await wait_for(lambda: client.messages and client.messages[-1].get("seq") == tail, 60, "the tail")
             await asyncio.to_thread(gateway.wait_last_seq, "e", tail)
@@ -234,9 +237,9 @@ def test_hwm_drops_under_a_flood_are_replayed_and_counted_exactly(procs: Start) 
             gaps = [tuple(int(g) for g in match.groups()) for match in found if match is not None]
             assert [(a, b) for a, b, _ in gaps] == runs(dropped), "each run the wire dropped is one gap"
             assert all(count == b - a + 1 for a, b, count in gaps)
-            assert engine.items_sent == tail + 1 - dropped[0]
+            assert engine.items_sent == tail + 1 - anchor
             assert delta(after, before) == {
-                "batches_received": live + engine.items_sent,
+                "batches_received": live + engine.items_sent - 1,  # the anchor is checked, not received again
                 "sequence_gaps": len(runs(dropped)),
                 "missed_batches": len(dropped),
                 "replay_recovered": 1,
@@ -273,10 +276,13 @@ def test_malformed_replay_replies_fail_the_replay_and_not_the_live_stream(procs:
     def replies(start: int, history: dict[int, bytes]) -> list[list[bytes]]:
         # The catch-up at connect, a request past the end, and any later attempt of the same recovery
         # (a reply that lost its end marker after bringing a batch is asked again from the cursor)
-        # get good replies: only the request for the case's gap gets the malformed one.
-        if not current or start != current[2]:
+        # get good replies: only the request for the case's gap gets the malformed one. That request
+        # asks from the batch before the gap (rule 11: the last delivered, whose bytes the gateway
+        # checks first), so the reply begins with it, whole, and goes wrong at the gap.
+        if not current or start != current[2] - 1:
             return good_replies(start, history)
-        frames: list[list[bytes]] = current[0](start, history[start])
+        gap = current[2]
+        frames: list[list[bytes]] = [good_replies(start, {start: history[start]})[0], *current[0](gap, history[gap])]
         if current[1] == "skipped":  # well formed, so an end marker follows
             frames.append([b"", b"", END_SEQ, b""])
         return frames
