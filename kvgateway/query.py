@@ -108,7 +108,8 @@ def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def _check_once(name: str, values: list[str]) -> None:
+def check_once(name: str, values: list[str]) -> None:
+    """A 400 when a parameter that takes one value was given more than once."""
     if len(values) > 1:
         raise BadRequest(f"{name}: given more than once")
 
@@ -148,10 +149,10 @@ def parse_query(
             _check_count(name, mediums)
         elif name == "last_event_id":
             resume_ids.append(value)
-            _check_once(name, resume_ids)
+            check_once(name, resume_ids)
         elif name == "snapshot":
             snapshots.append(_one_of(name, value, SNAPSHOTS))
-            _check_once(name, snapshots)
+            check_once(name, snapshots)
         elif name == "compat":
             compat.add(_one_of(name, value, COMPATS))
         elif name != "token":

@@ -19,7 +19,7 @@ from kvgateway.guard import json_error
 from kvgateway.http_query import bad_request, route_query
 from kvgateway.lookup import DEFAULT_LIMITS, BadLookup, parse_request
 from kvgateway.occupancy import StreamIndex
-from kvgateway.query import BadRequest
+from kvgateway.query import BadRequest, check_once
 from kvgateway.routers import BlockSnapshot, TooManySnapshots, without_gc
 
 if TYPE_CHECKING:
@@ -41,8 +41,7 @@ def _streams(request: Request, gateway: Gateway, route: str) -> tuple[list[Strea
     client, own = route_query(request, route)
     found: dict[str, str] = {}
     for name, values in own.items():
-        if len(values) > 1:
-            raise BadRequest(f"{name}: given more than once")
+        check_once(name, values)
         found[name] = values[0]
     return gateway.routers.matching(list(gateway.outlets), client.filter), found
 
