@@ -35,7 +35,7 @@ Unset, it runs on the gateway's loop, so the comparison is about the design and 
 
 def gateway_loop() -> str:
     """The event loop ``kvgateway serve`` runs on: uvloop when installed, else asyncio's."""
-    from kvgateway.server import loop_factory
+    from kvgateway.serve.server import loop_factory
 
     return "asyncio" if loop_factory() is None else "uvloop"
 

@@ -42,7 +42,8 @@ from bench.common import (
 )
 from bench.context import Context
 from bench.harness import Fleet, endpoint_of, start_publisher
-from kvgateway import render, wire
+from kvgateway.engine import wire
+from kvgateway.log import render
 from kvgateway.simulator import encode
 from kvgateway.simulator.workload import HashKind
 
@@ -198,10 +199,10 @@ def breakdown(ctx: Context, variant: str = "map") -> dict[str, float]:
 
 
 def _stages(stream: list[bytes], out: dict[str, float]) -> dict[str, float]:
-    from kvgateway import messages
-    from kvgateway.filters import event_key
-    from kvgateway.occupancy import OccupancyIndex
-    from kvgateway.sequencer import Sequencer
+    from kvgateway.engine.sequencer import Sequencer
+    from kvgateway.log import messages
+    from kvgateway.log.filters import event_key
+    from kvgateway.state.occupancy import OccupancyIndex
 
     n = len(stream)
 
@@ -251,8 +252,8 @@ def _stages(stream: list[bytes], out: dict[str, float]) -> dict[str, float]:
 def _followers(batches: list[wire.Batch], out: dict[str, float]) -> None:
     """The log's other followers, which every batch visits too: the routers' chain learner and
     the cache analytics (both on by default)."""
-    from kvgateway.cache_analytics import CacheAnalytics
-    from kvgateway.lookup import ChainLearner
+    from kvgateway.state.analytics import CacheAnalytics
+    from kvgateway.state.lookup import ChainLearner
 
     n = len(batches)
     learner = ChainLearner()

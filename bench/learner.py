@@ -1,9 +1,9 @@
 """The routers' chain learner against a previous commit's, in process, in the same run:
 ``python -m bench.learner [--smoke] [--old REV]``.
 
-The previous learner is ``REV``'s ``kvgateway/lookup.py`` (default 9b2743e: the dict of 128-bit
+The previous learner is ``REV``'s lookup module (default 9b2743e: the dict of 128-bit
 Python ints with a fixed cap), loaded from git into a module of its own; the current one is
-kvgateway/learner.py. Both learn the same events; every figure is a pair measured one beside the
+kvgateway/state/learner.py. Both learn the same events; every figure is a pair measured one beside the
 other (interleaved repetitions, the best of each kept), so a shared machine slows both alike.
 
 **Fill** (bench/lookup.py's workload: ``--streams`` engines, ``--blocks`` resident blocks as
@@ -43,10 +43,10 @@ from typing import Any, Final
 
 from bench.common import write_run
 from bench.lookup import BLOCK_SIZE, VOCAB, Workload, _commit, _percentiles, workload_arguments, workload_sizes
-from kvgateway.learner import LEARNED_PER_RESIDENT, ChainLearner
-from kvgateway.lookup import TokenQuery, lookup_tokens
-from kvgateway.occupancy import OccupancyIndex
-from kvgateway.wire import Batch, BlockRemoved, BlockStored, Hash
+from kvgateway.engine.wire import Batch, BlockRemoved, BlockStored, Hash
+from kvgateway.state.learner import LEARNED_PER_RESIDENT, ChainLearner
+from kvgateway.state.lookup import TokenQuery, lookup_tokens
+from kvgateway.state.occupancy import OccupancyIndex
 
 REPO: Final = Path(__file__).resolve().parent.parent
 RESULTS: Final = REPO / "bench" / "results" / "learner"
@@ -58,16 +58,24 @@ def _say(text: str) -> None:
     print(f"[bench.learner] {text}", file=sys.stderr, flush=True)
 
 
+OLD_LOOKUP_PATHS = ("kvgateway/state/lookup.py", "kvgateway/lookup.py")
+"""Where a revision keeps the lookup module: in the state/ folder, or at the top before the folders."""
+
+
 def load_old(rev: str) -> ModuleType:
-    """``rev``'s kvgateway/lookup.py as a module of its own (it imports only what is unchanged)."""
-    proc = subprocess.run(
-        ["git", "show", f"{rev}:kvgateway/lookup.py"], cwd=REPO, capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"bench.learner: cannot read {rev}:kvgateway/lookup.py from git: {proc.stderr.strip()}")
+    """``rev``'s lookup module as a module of its own. It imports only the wire format, which has not
+    changed but has moved (kvgateway/wire.py became kvgateway/engine/wire.py)."""
+    for where in OLD_LOOKUP_PATHS:
+        proc = subprocess.run(["git", "show", f"{rev}:{where}"], cwd=REPO, capture_output=True, text=True, check=False)
+        if proc.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"bench.learner: cannot read {rev}'s lookup module from git: {proc.stderr.strip()}")
     folder = Path(tempfile.mkdtemp(prefix="kvgw-old-learner-"))
     path = folder / f"lookup_{rev}.py"
-    path.write_text(proc.stdout, encoding="utf-8")
+    path.write_text(
+        proc.stdout.replace("from kvgateway.wire import", "from kvgateway.engine.wire import"), encoding="utf-8"
+    )
     spec = importlib.util.spec_from_file_location(f"lookup_{rev}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

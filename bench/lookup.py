@@ -1,7 +1,7 @@
 """Lookup, snapshot and learned-chain memory, in process: ``python -m bench.lookup [--smoke]``.
 
 Not (yet) a scenario of ``python -m bench``: everything here runs in this process against the
-sans-I/O modules (kvgateway.occupancy, kvgateway.blocks, kvgateway.lookup). The end-to-end
+sans-I/O modules (kvgateway.state.occupancy, kvgateway.state.blocks, kvgateway.state.lookup). The end-to-end
 figures (live clients' p99 while the real web stack serves a snapshot) are bench/snapshot.py's.
 
 Workload: ``--streams`` engines (8) hold ``--blocks`` resident blocks in all (1,000,000) as
@@ -25,7 +25,7 @@ Figures:
 - **snapshot**: capture (freeze) time, the whole rendering of ``state`` messages to JSON bytes in
   chunks of 1,000 blocks, the longest chunk (the longest the event loop would wait for it), and
   the copy-on-write cost paid by the first apply to a frozen stream.
-- **fleet**: :func:`kvgateway.lookup.fleet_facts` over the whole fleet.
+- **fleet**: :func:`kvgateway.state.lookup.fleet_facts` over the whole fleet.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ from typing import Any, Final
 import msgspec
 
 from bench.common import write_run
-from kvgateway.blocks import DEFAULT_CHUNK_BLOCKS, capture, state_messages
-from kvgateway.lookup import (
+from kvgateway.engine.wire import Batch, BlockStored, Hash
+from kvgateway.state.blocks import DEFAULT_CHUNK_BLOCKS, capture, state_messages
+from kvgateway.state.lookup import (
     ChainLearner,
     TokenQuery,
     fleet_facts,
@@ -54,8 +55,7 @@ from kvgateway.lookup import (
     lookup_tokens,
     parse_request,
 )
-from kvgateway.occupancy import OccupancyIndex
-from kvgateway.wire import Batch, BlockStored, Hash
+from kvgateway.state.occupancy import OccupancyIndex
 
 REPO: Final = Path(__file__).resolve().parent.parent
 RESULTS: Final = REPO / "bench" / "results" / "lookup"

@@ -105,8 +105,8 @@ def fill_trial(ctx: Context, run: int, *, learner: bool) -> dict[str, Any]:
 
 def traced(ctx: Context) -> dict[str, Any]:
     """The index's own allocations in this process, and a plain set of the same hashes."""
-    from kvgateway import wire
-    from kvgateway.occupancy import OccupancyIndex
+    from kvgateway.engine import wire
+    from kvgateway.state.occupancy import OccupancyIndex
 
     data = payloads.load_or_generate(_resident_spec(ctx))
     gc.collect()

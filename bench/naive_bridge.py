@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.loop is None:
-        from kvgateway.server import loop_factory
+        from kvgateway.serve.server import loop_factory
 
         args.loop = "asyncio" if loop_factory() is None else "uvloop"
     if args.loop == "uvloop":

@@ -27,7 +27,7 @@ import msgspec
 
 from bench.common import CACHE_DIR, say
 from kvgateway import __version__ as KVGATEWAY_VERSION
-from kvgateway import wire
+from kvgateway.engine import wire
 from kvgateway.simulator import Workload, encode
 from kvgateway.simulator.workload import HashKind
 

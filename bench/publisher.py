@@ -41,8 +41,8 @@ import zmq
 
 from bench.common import TOPIC
 from bench.payloads import PayloadSet, stamp
-from kvgateway import wire
-from kvgateway.endpoints import offset_endpoint
+from kvgateway.engine import wire
+from kvgateway.engine.endpoints import offset_endpoint
 
 FLAT_OUT_SLICE = 256
 """Batches per stream sent flat out between two looks at the sockets and stdin."""

@@ -19,7 +19,7 @@ import time
 import zmq
 
 from bench.common import TOPIC
-from kvgateway import wire
+from kvgateway.engine import wire
 
 
 def sub(endpoint: str, count: int) -> dict[str, object]:

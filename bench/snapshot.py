@@ -32,12 +32,12 @@ from typing import Any, Final
 import uvicorn
 
 from bench.common import write_run
-from kvgateway.app import create_app
 from kvgateway.config import Settings, SourceConfig
+from kvgateway.engine.wire import Batch, BlockRemoved, BlockStored
 from kvgateway.gateway import Gateway
-from kvgateway.log import batch_record
-from kvgateway.server import loop_factory, uvicorn_config
-from kvgateway.wire import Batch, BlockRemoved, BlockStored
+from kvgateway.log.ordered import batch_record
+from kvgateway.serve.app import create_app
+from kvgateway.serve.server import loop_factory, uvicorn_config
 
 REPO: Final = Path(__file__).resolve().parent.parent
 RESULTS: Final = REPO / "bench" / "results" / "snapshot"

@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "simulate":
             return simulator.run(args)
         if args.command == "serve":
-            from kvgateway import server
+            from kvgateway.serve import server
 
             return server.run(config.settings_from_args(args))
         if args.command == "demo":

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvgateway.endpoints import (
+from kvgateway.engine.endpoints import (
     WILDCARD_HOSTS,
     endpoint_problem,
     is_wildcard,

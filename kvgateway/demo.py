@@ -12,9 +12,10 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from kvgateway import config, logs
+from kvgateway import config
 from kvgateway.config import SourceConfig
-from kvgateway.endpoints import rank_endpoints
+from kvgateway.engine.endpoints import rank_endpoints
+from kvgateway.runtime import logging_setup
 from kvgateway.simulator import Faults, HashKind, SimulatedEngine, Workload
 
 log = logging.getLogger("kvgateway.demo")
@@ -224,8 +225,8 @@ async def run_engine(engine: SimulatedEngine, role: Role, silence: tuple[float, 
 
 
 async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
-    from kvgateway.heap import freeze_startup_heap
-    from kvgateway.server import serve
+    from kvgateway.runtime.memory import freeze_startup_heap
+    from kvgateway.serve.server import serve
 
     with tempfile.TemporaryDirectory(prefix="kvgateway-demo-") as directory:
         sockets = Path(directory)
@@ -272,9 +273,9 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
 def run(args: argparse.Namespace) -> int:
     _check(args)
     settings = config.settings_from_args(args)
-    logs.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
+    logging_setup.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
     from kvgateway.gateway import StartupError
-    from kvgateway.server import loop_factory
+    from kvgateway.serve.server import loop_factory
 
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:

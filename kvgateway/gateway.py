@@ -13,20 +13,20 @@ from typing import Any
 
 import zmq
 
-from kvgateway import messages
 from kvgateway.config import SUMMARY_STREAMS, Settings, StreamConfig, stream_lines, summary
-from kvgateway.endpoints import is_ipv6, split_tcp
-from kvgateway.filters import ClientFilter
-from kvgateway.heap import CollectionTimer
-from kvgateway.hub import Hub
-from kvgateway.ingest import StreamReader
-from kvgateway.log import MemoryLog
-from kvgateway.metrics import Metrics
-from kvgateway.occupancy import OccupancyIndex
-from kvgateway.outlet import StreamOutlet
-from kvgateway.query import ClientRequest
-from kvgateway.routers import Routers
-from kvgateway.subscription import Subscription, Transport
+from kvgateway.engine.endpoints import is_ipv6, split_tcp
+from kvgateway.ingest.outlet import StreamOutlet
+from kvgateway.ingest.reader import StreamReader
+from kvgateway.log import messages
+from kvgateway.log.filters import ClientFilter
+from kvgateway.log.ordered import MemoryLog
+from kvgateway.runtime.memory import CollectionTimer
+from kvgateway.runtime.metrics import Metrics
+from kvgateway.serve.hub import Hub
+from kvgateway.serve.query import ClientRequest
+from kvgateway.serve.router_state import Routers
+from kvgateway.serve.subscription import Subscription, Transport
+from kvgateway.state.occupancy import OccupancyIndex
 
 log = logging.getLogger("kvgateway")
 
@@ -163,7 +163,7 @@ class Gateway:
 
     def subscribe(self, request: ClientRequest, transport: Transport) -> Subscription:
         """A new client: its hello (statuses, and the snapshot unless it resumes) and its
-        subscription, in one synchronous step. Raises :class:`~kvgateway.hub.TooManyClients`."""
+        subscription, in one synchronous step. Raises :class:`~kvgateway.serve.hub.TooManyClients`."""
         point = self.hub.resume_point(request, transport)
         with_state = request.snapshot is not None and not point.recovered
         if with_state:

@@ -11,10 +11,11 @@ import logging
 import signal
 from typing import Any
 
-from kvgateway import config, logs
+from kvgateway import config
 from kvgateway.cluster import options as nats_options
 from kvgateway.gateway import StartupError
-from kvgateway.heap import freeze_startup_heap
+from kvgateway.runtime import logging_setup
+from kvgateway.runtime.memory import freeze_startup_heap
 
 log = logging.getLogger("kvgateway.cluster")
 
@@ -94,10 +95,10 @@ def run_ingest(args: argparse.Namespace) -> int:
     if not settings.sources:
         raise config.ConfigError("no sources: give --source, or a config file with [[sources]]")
     options = _options(args, "kvgateway-ingest")
-    logs.setup(settings.log_level, settings.log_format)
+    logging_setup.setup(settings.log_level, settings.log_format)
     if args.exit_with_parent:
         exit_with_parent()
-    from kvgateway.server import loop_factory
+    from kvgateway.serve.server import loop_factory
 
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
@@ -110,12 +111,12 @@ def run_ingest(args: argparse.Namespace) -> int:
 
 def run_edge(args: argparse.Namespace) -> int:
     require_nats()
-    from kvgateway import server
     from kvgateway.cluster.edge import EdgeGateway
+    from kvgateway.serve import server
 
     settings = config.settings_from_args(args)
     options = _options(args, "kvgateway-edge")
-    logs.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
+    logging_setup.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
     if args.exit_with_parent:
         exit_with_parent()
     made: list[EdgeGateway] = []

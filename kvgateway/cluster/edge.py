@@ -19,17 +19,17 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
-from kvgateway import messages
 from kvgateway.cluster import nats_link, records
 from kvgateway.cluster.edge_log import EdgeLog, OffsetGap
 from kvgateway.cluster.options import NatsOptions
 from kvgateway.cluster.order import OrderGuard
 from kvgateway.config import Settings
 from kvgateway.gateway import Gateway, StartupError
-from kvgateway.log import BatchRecord, NoticeRecord, make_entry
-from kvgateway.query import ClientRequest
-from kvgateway.ring import Entry
-from kvgateway.subscription import Subscription, Transport
+from kvgateway.log import messages
+from kvgateway.log.ordered import BatchRecord, NoticeRecord, make_entry
+from kvgateway.log.ring import Entry
+from kvgateway.serve.query import ClientRequest
+from kvgateway.serve.subscription import Subscription, Transport
 
 log = logging.getLogger("kvgateway.cluster.edge")
 

@@ -9,10 +9,10 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
 
-from kvgateway.filters import EventFilterKey
-from kvgateway.log import MemoryLog, Record
-from kvgateway.messages import OutMessage
-from kvgateway.ring import Entry, Ring
+from kvgateway.log.filters import EventFilterKey
+from kvgateway.log.messages import OutMessage
+from kvgateway.log.ordered import MemoryLog, Record
+from kvgateway.log.ring import Entry, Ring
 
 
 class OffsetGap(Exception):

@@ -21,9 +21,9 @@ from kvgateway.cluster.options import NatsOptions
 from kvgateway.cluster.publisher import PublishingLog
 from kvgateway.cluster.sources import publish_sources
 from kvgateway.config import Settings
+from kvgateway.engine.sequencer import Unrecovered
 from kvgateway.gateway import Gateway, StartupError
-from kvgateway.heap import freeze_startup_heap
-from kvgateway.sequencer import Unrecovered
+from kvgateway.runtime.memory import freeze_startup_heap
 
 log = logging.getLogger("kvgateway.cluster")
 
@@ -136,7 +136,7 @@ async def _serve_probes(
     gateway: IngestGateway, settings: Settings, nc: Any, listener: socket.socket, *, ready_line: bool
 ) -> None:
     from kvgateway.cluster.probes import probe_app
-    from kvgateway.server import uvicorn_config
+    from kvgateway.serve.server import uvicorn_config
 
     publishing = gateway.publishing
     app = probe_app(

@@ -12,7 +12,7 @@ resume read back from JetStream renders the same message.
 from __future__ import annotations
 
 from kvgateway.cluster.records import WireBatch, WireRecord, to_record
-from kvgateway.log import NoticeRecord, Record, Stream
+from kvgateway.log.ordered import NoticeRecord, Record, Stream
 
 
 class OrderGuard:

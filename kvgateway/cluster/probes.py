@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kvgateway.metrics import Metrics
+from kvgateway.runtime.metrics import Metrics
 
 
 def probe_app(

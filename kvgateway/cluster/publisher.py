@@ -22,12 +22,12 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from kvgateway import wire
 from kvgateway.cluster import records
-from kvgateway.log import BatchRecord, MemoryLog, NoticeRecord, Record, Stream
-from kvgateway.metrics import Metrics
-from kvgateway.occupancy import OccupancyIndex
-from kvgateway.tasks import cancel_and_wait
+from kvgateway.engine import wire
+from kvgateway.log.ordered import BatchRecord, MemoryLog, NoticeRecord, Record, Stream
+from kvgateway.runtime.metrics import Metrics
+from kvgateway.runtime.tasks import cancel_and_wait
+from kvgateway.state.occupancy import OccupancyIndex
 
 log = logging.getLogger("kvgateway.cluster.ingest")
 

@@ -19,10 +19,10 @@ from typing import Any, Final, TypeAlias
 
 import msgspec
 
-from kvgateway import wire
-from kvgateway.filters import EventKey
-from kvgateway.log import BatchRecord, NoticeRecord, Record, Stream
-from kvgateway.messages import EncodedEvents
+from kvgateway.engine import wire
+from kvgateway.log.filters import EventKey
+from kvgateway.log.messages import EncodedEvents
+from kvgateway.log.ordered import BatchRecord, NoticeRecord, Record, Stream
 
 _STORE: Final = 0
 _REMOVE: Final = 1

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import kvgateway
-from kvgateway import config, logs
+from kvgateway import config
 from kvgateway.cluster.commands import exit_with_parent, require_nats
 from kvgateway.cluster.options import NatsOptions, options_to_argv
+from kvgateway.runtime import logging_setup
 
 log = logging.getLogger("kvgateway.cluster")
 
@@ -129,7 +130,7 @@ def children(
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     settings = config.settings_from_args(args)
-    logs.setup(settings.log_level, settings.log_format)
+    logging_setup.setup(settings.log_level, settings.log_format)
     require_nats()  # (--workers is from 1 on: config.resolve_cluster checked it)
     store: Path | None = None
     if args.nats:

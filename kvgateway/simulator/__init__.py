@@ -3,7 +3,7 @@
 Three layers:
 
 * :mod:`~kvgateway.simulator.workload` -- :class:`Workload`, pure and deterministic: a seeded
-  stream of :class:`~kvgateway.wire.Batch` objects that behave like a prefix-caching engine
+  stream of :class:`~kvgateway.engine.wire.Batch` objects that behave like a prefix-caching engine
   (shared system prompts, growing conversations, chained block hashes, LRU eviction, optional CPU
   offload, duplicates, unknown removes, clears). Its docstring gives the block-hash recipe.
 * :mod:`~kvgateway.simulator.engine` -- :class:`SimulatedEngine`, one DP rank's publisher on
@@ -17,7 +17,7 @@ Three layers:
 
 from __future__ import annotations
 
-from kvgateway.endpoints import binds, offset_endpoint
+from kvgateway.engine.endpoints import binds, offset_endpoint
 from kvgateway.simulator.cli import UsageError, add_arguments, run
 from kvgateway.simulator.engine import (
     ENGINE_FLAVOURS,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from kvgateway.endpoints import endpoint_problem
+from kvgateway.engine.endpoints import endpoint_problem
 from kvgateway.simulator.engine import (
     ENGINE_FLAVOURS,
     EVENT_FORMS,

@@ -1,5 +1,5 @@
 """The engines' msgpack payloads, encoded as each engine and version sends them: the inverse of
-:mod:`kvgateway.wire`, for the simulator, the benchmarks and tests (anyone writing a publisher)."""
+:mod:`kvgateway.engine.wire`, for the simulator, the benchmarks and tests (anyone writing a publisher)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from kvgateway.wire import (
+from kvgateway.engine.wire import (
     CLEARED,
     REMOVED,
     REMOVED_FIELDS,

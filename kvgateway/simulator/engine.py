@@ -31,8 +31,8 @@ from typing import Any, Final, Literal, TypeAlias, TypedDict, Unpack
 import zmq
 import zmq.asyncio
 
-from kvgateway import wire
-from kvgateway.endpoints import binds, is_ipv6, rank_endpoints
+from kvgateway.engine import wire
+from kvgateway.engine.endpoints import binds, is_ipv6, rank_endpoints
 from kvgateway.simulator import encode
 from kvgateway.simulator.workload import HASH_KINDS, HashKind, Workload
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from itertools import count, islice
 from typing import Any, Final, Literal, TypeAlias
 
-from kvgateway import wire
+from kvgateway.engine import wire
 from kvgateway.simulator import encode
 
 HashKind: TypeAlias = Literal["int", "bytes", "signed"]

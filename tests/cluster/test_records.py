@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvgateway import wire
 from kvgateway.cluster import records
 from kvgateway.cluster.edge_log import EdgeLog, OffsetGap
-from kvgateway.log import MemoryLog, NoticeRecord, batch_record
-from kvgateway.occupancy import OccupancyIndex
+from kvgateway.engine import wire
+from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
+from kvgateway.state.occupancy import OccupancyIndex
 
 EVENTS: list[wire.Event] = [
     wire.BlockStored([1, 2, b"\x00\xff"], None, [5, 6, 7], 16, medium="cpu", extra={"group_idx": 2, "x": [1]}),
@@ -68,7 +68,7 @@ def test_the_edge_log_refuses_a_hole_ignores_a_repeat_and_lends_older_entries() 
     with pytest.raises(OffsetGap):
         log.append_at(14, record)
     assert log.first_offset == 11 and log.last_offset == 12
-    from kvgateway.log import make_entry
+    from kvgateway.log.ordered import make_entry
 
     lent = [make_entry("e", 10, record), make_entry("e", 11, record)]
     with log.extended(lent):
@@ -90,7 +90,7 @@ def test_the_supervisor_gives_children_the_shared_flags_only() -> None:
 
 
 def test_a_sequencer_continued_after_a_seq_replays_the_gap_or_sees_a_restart() -> None:
-    from kvgateway.sequencer import Deliver, GapDetected, RequestReplay, Restart, Sequencer
+    from kvgateway.engine.sequencer import Deliver, GapDetected, RequestReplay, Restart, Sequencer
 
     seq = Sequencer(has_replay=True)
     seq.resume_after(10)

@@ -3,7 +3,7 @@
 Everything here talks to real processes over loopback: a WebSocket collector (the
 ``websockets`` library, in a thread), a one-scrape reader of /metrics, a raw replay client
 (DEALER) for ground truth, and a reference-count model of the engine's cache built from the raw
-msgpack payloads with msgspec alone (independent of ``kvgateway.wire`` and the gateway's index).
+msgpack payloads with msgspec alone (independent of ``kvgateway.engine.wire`` and the gateway's index).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from kvgateway import render, wire
+from kvgateway.engine import wire
+from kvgateway.log import render
 from tests.support import start_gateway as support_start_gateway
 
 from ._sim_helpers import Layout, parse_replay_reply

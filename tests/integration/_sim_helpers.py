@@ -10,7 +10,7 @@ from typing import Literal
 import zmq
 import zmq.asyncio
 
-from kvgateway import wire
+from kvgateway.engine import wire
 
 Layout = Literal["topic", "plain"]
 

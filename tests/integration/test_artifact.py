@@ -264,6 +264,7 @@ def test_sdist_builds_and_installs(artifacts: Artifacts) -> None:
     result = _run([*_kvgateway(venv), "edge", "--help"], cwd=artifacts.elsewhere)
     assert "usage: kvgateway edge" in result.stdout
     static = _run(
-        [str(venv / "bin/python"), "-c", "import kvgateway.app as a; print(a.static_dir())"], cwd=artifacts.elsewhere
+        [str(venv / "bin/python"), "-c", "import kvgateway.serve.app as a; print(a.static_dir())"],
+        cwd=artifacts.elsewhere,
     )
     assert (Path(static.stdout.strip()) / "vendor/uplot/uPlot.iife.min.js").is_file()

@@ -1,7 +1,7 @@
 """The Go example router (examples/go/router): builds offline, its own tests pass, and fed the
-messages the gateway would send (state messages from kvgateway.blocks, batches rendered by
-kvgateway.wire, notices) its index equals the /v1/blocks document and its answers equal
-kvgateway.lookup's, at several offsets (offline, in-process). End to end: the router follows a real
+messages the gateway would send (state messages from kvgateway.state.blocks, batches rendered by
+kvgateway.engine.wire, notices) its index equals the /v1/blocks document and its answers equal
+kvgateway.state.lookup's, at several offsets (offline, in-process). End to end: the router follows a real
 ``kvgateway serve`` fed by ``kvgateway simulate`` engines with churn, an engine restart, a forced
 gap and a gateway restart, and at several offsets its index equals ``GET /v1/blocks`` and its
 answers equal ``POST /v1/lookup``.
@@ -27,11 +27,11 @@ import httpx
 import msgspec
 import pytest
 
-from kvgateway.blocks import blocks_document, capture, state_messages
-from kvgateway.lookup import lookup_hashes, parse_hash
-from kvgateway.occupancy import OccupancyIndex
-from kvgateway.render import hash_text, render_events
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
+from kvgateway.log.render import hash_text, render_events
+from kvgateway.state.blocks import blocks_document, capture, state_messages
+from kvgateway.state.lookup import lookup_hashes, parse_hash
+from kvgateway.state.occupancy import OccupancyIndex
 from tests.support import REPO, Proc, free_ports, start_sim, wait_until
 
 from ._gateway_helpers import start_gateway, warmup

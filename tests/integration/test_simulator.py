@@ -17,7 +17,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from kvgateway import cli, wire
+from kvgateway import cli
+from kvgateway.engine import wire
 from kvgateway.simulator import Faults, SimulatedEngine, Workload, add_arguments, build_engines, encode
 from tests.support import Proc, free_ports, sim_endpoints
 

@@ -10,14 +10,14 @@ from typing import Any
 
 import zmq
 
-from kvgateway import wire
 from kvgateway.config import StreamConfig
-from kvgateway.ingest import StreamReader
-from kvgateway.log import BatchRecord, MemoryLog, NoticeRecord
-from kvgateway.occupancy import OccupancyIndex
-from kvgateway.outlet import StreamOutlet
-from kvgateway.ring import Entry
+from kvgateway.engine import wire
+from kvgateway.ingest.outlet import StreamOutlet
+from kvgateway.ingest.reader import StreamReader
+from kvgateway.log.ordered import BatchRecord, MemoryLog, NoticeRecord
+from kvgateway.log.ring import Entry
 from kvgateway.simulator import encode
+from kvgateway.state.occupancy import OccupancyIndex
 
 TOPIC = b"kv"
 

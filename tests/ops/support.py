@@ -15,10 +15,10 @@ from prometheus_client import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
 from kvgateway.config import StreamConfig
-from kvgateway.log import MemoryLog
-from kvgateway.metrics import STREAM, STREAM_METRICS, Metrics
-from kvgateway.occupancy import StreamIndex
-from kvgateway.outlet import StreamOutlet
+from kvgateway.ingest.outlet import StreamOutlet
+from kvgateway.log.ordered import MemoryLog
+from kvgateway.runtime.metrics import STREAM, STREAM_METRICS, Metrics
+from kvgateway.state.occupancy import StreamIndex
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

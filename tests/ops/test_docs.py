@@ -75,7 +75,7 @@ def test_operations_covers_the_topics() -> None:
 
 
 def test_protocol_lists_what_each_route_accepts_as_the_code_declares_it() -> None:
-    from kvgateway.query import ROUTE_PARAMETERS
+    from kvgateway.serve.query import ROUTE_PARAMETERS
 
     text = (OPERATIONS_DOC.parent / "protocol.md").read_text(encoding="utf-8")
     section = text.split("### What each route accepts", 1)[1].split("\n#", 1)[0]

@@ -1,6 +1,6 @@
 """Every metric the rules, the dashboard and the docs use exists, and every metric is documented.
 
-The catalogue is kvgateway/metrics.py's ``Metrics``, read back from its registry with one
+The catalogue is kvgateway/runtime/metrics.py's ``Metrics``, read back from its registry with one
 stream's outlet registered; families without series yet are named from their type (counter:
 ``_total``; histogram: ``_bucket``/``_sum``/``_count``).
 """
@@ -13,8 +13,8 @@ from typing import get_args
 
 import pytest
 
-from kvgateway.metrics import REPLAY_OUTCOMES, TRANSPORTS
-from kvgateway.subscription import CloseReason
+from kvgateway.runtime.metrics import REPLAY_OUTCOMES, TRANSPORTS
+from kvgateway.serve.subscription import CloseReason
 from tests.ops.support import (
     DASHBOARD,
     METRICS_DOC,

@@ -40,7 +40,7 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
-# --- the rules of docs/protocol.md, written out independently of kvgateway.hub -----------------
+# --- the rules of docs/protocol.md, written out independently of kvgateway.serve.hub -----------------
 
 PARAMETERS = ("source", "dp_rank", "type", "medium", "last_event_id", "token")
 ACCEPTS = {

@@ -3,7 +3,7 @@ app defines without (or with a wrong) token, foreign origins and hosts, oversize
 inbound messages, too many clients, clients that never read, path traversal on the dashboard
 files, secrets in error bodies and logs, and the refusal to serve the network unauthenticated.
 
-The routes are taken from ``kvgateway.app.create_app`` itself, so a route added later is covered
+The routes are taken from ``kvgateway.serve.app.create_app`` itself, so a route added later is covered
 without touching this file (and must be either protected or deliberately listed as open here).
 """
 
@@ -25,10 +25,10 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from kvgateway.app import create_app, static_dir
 from kvgateway.config import Settings, SourceConfig
 from kvgateway.gateway import Gateway as GatewayCore
-from kvgateway.server import SEND_TIMEOUT_SECONDS
+from kvgateway.serve.app import create_app, static_dir
+from kvgateway.serve.server import SEND_TIMEOUT_SECONDS
 from tests.support import REPO, Gateway, Proc, Start, free_ports, start_gateway, start_sim, wait_until
 
 from ._support import ResumingClient, run_async, sim_ports, source_spec, wait_for

@@ -1,4 +1,4 @@
-"""Rendering the resident blocks for routers (kvgateway.blocks) and the index's frozen snapshots."""
+"""Rendering the resident blocks for routers (kvgateway.state.blocks) and the index's frozen snapshots."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvgateway.blocks import (
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
+from kvgateway.log.render import hash_text
+from kvgateway.state.blocks import (
     StreamBlocks,
     block_json,
     blocks_document,
@@ -20,9 +22,7 @@ from kvgateway.blocks import (
     iter_ndjson,
     state_messages,
 )
-from kvgateway.occupancy import OccupancyIndex, StreamIndex
-from kvgateway.render import hash_text
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
+from kvgateway.state.occupancy import OccupancyIndex, StreamIndex
 
 BIG = 2**64 - 12345
 

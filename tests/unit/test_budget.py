@@ -7,7 +7,8 @@ import resource
 import pytest
 import zmq
 
-from kvgateway.budget import (
+from kvgateway.config import Settings, parse_source_flag
+from kvgateway.runtime.fd_budget import (
     DESCRIPTORS_PER_STREAM,
     SOCKETS_PER_STREAM,
     Budget,
@@ -16,7 +17,6 @@ from kvgateway.budget import (
     raise_open_files,
     soft_limit_target,
 )
-from kvgateway.config import Settings, parse_source_flag
 
 INF = resource.RLIM_INFINITY
 

@@ -1,13 +1,13 @@
-"""kvgateway.cache_analytics: sampled block lifetimes, refetches after eviction, prefix spread."""
+"""kvgateway.state.analytics: sampled block lifetimes, refetches after eviction, prefix spread."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvgateway.cache_analytics import MAX_TRACKED, SAMPLE, CacheAnalytics, Stream
-from kvgateway.log import MemoryLog, NoticeRecord, batch_record
-from kvgateway.occupancy import OccupancyIndex
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
+from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
+from kvgateway.state.analytics import MAX_TRACKED, SAMPLE, CacheAnalytics, Stream
+from kvgateway.state.occupancy import OccupancyIndex
 
 A: Stream = ("a", 0)
 B: Stream = ("b", 0)

@@ -9,7 +9,7 @@ import pytest
 
 from kvgateway import config
 from kvgateway.config import ConfigError, Settings, parse_source_flag
-from kvgateway.endpoints import binds, endpoint_problem, is_ipv6, offset_endpoint, rank_endpoints
+from kvgateway.engine.endpoints import binds, endpoint_problem, is_ipv6, offset_endpoint, rank_endpoints
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.exposition import generate_latest
 
-from kvgateway.exposition import family_text, number_text
-from kvgateway.metrics import LOSS_REASONS, STREAM_METRICS, LagHistogram, Metrics, StreamFamilies
+from kvgateway.runtime.exposition import family_text, number_text
+from kvgateway.runtime.metrics import LOSS_REASONS, STREAM_METRICS, LagHistogram, Metrics, StreamFamilies
 
 
 class _Stream:

@@ -1,7 +1,7 @@
 """What the garbage collector walks: start-up's heap frozen, the resume ring's entries untracked.
 
 A full collection walks every tracked object; the ring's ten thousand entries (and before
-kvgateway.heap, start-up's 55,000 objects) made it a pause of tens of milliseconds for every
+kvgateway.runtime.memory, start-up's 55,000 objects) made it a pause of tens of milliseconds for every
 client. These tests keep them out of its reach."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import gc
 import subprocess
 import sys
 
-from kvgateway.heap import CollectionTimer
-from kvgateway.log import MemoryLog, NoticeRecord, batch_record
-from kvgateway.metrics import Metrics
-from kvgateway.wire import Batch, BlockRemoved, BlockStored
+from kvgateway.engine.wire import Batch, BlockRemoved, BlockStored
+from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
+from kvgateway.runtime.memory import CollectionTimer
+from kvgateway.runtime.metrics import Metrics
 
 STREAM = ("engine", 0)
 
@@ -62,8 +62,8 @@ def test_a_fuller_ring_gives_the_collector_nothing_more_to_walk() -> None:
 def test_freezing_start_up_leaves_the_collector_little_to_walk() -> None:
     # In a child process: freezing the test runner's own heap would outlive this test.
     script = (
-        "import gc, kvgateway.app, kvgateway.server\n"
-        "from kvgateway.heap import freeze_startup_heap\n"
+        "import gc, kvgateway.serve.app, kvgateway.serve.server\n"
+        "from kvgateway.runtime.memory import freeze_startup_heap\n"
         "frozen = freeze_startup_heap()\n"
         "print(frozen, gc.get_freeze_count(), len(gc.get_objects()))\n"
     )

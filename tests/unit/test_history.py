@@ -1,4 +1,4 @@
-"""kvgateway.history: bounded rings per stream and medium, sampling alignment, filters, JSON."""
+"""kvgateway.state.history: bounded rings per stream and medium, sampling alignment, filters, JSON."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from kvgateway.filters import ClientFilter
-from kvgateway.history import History, MediumReading, StreamReading
+from kvgateway.log.filters import ClientFilter
+from kvgateway.state.history import History, MediumReading, StreamReading
 
 GPU = MediumReading(blocks=10, tokens=160, stores_per_s=2.5, removes_per_s=1.0, capacity_blocks=100)
 
@@ -126,7 +126,7 @@ def test_bad_bounds_are_refused() -> None:
 
 
 def test_a_big_answer_takes_a_coarser_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvgateway import history as module
+    from kvgateway.state import history as module
 
     monkeypatch.setattr(module, "MAX_POINTS", 10)
     history = History(interval=5, horizon=600)

@@ -13,15 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.datastructures import QueryParams
 
-from kvgateway import messages, render, wire
 from kvgateway.config import StreamConfig
-from kvgateway.filters import ClientFilter
-from kvgateway.hub import Hub, TooManyClients
-from kvgateway.log import MemoryLog, NoticeRecord, batch_record
-from kvgateway.messages import OutMessage
-from kvgateway.metrics import Metrics
-from kvgateway.pump import Pump
-from kvgateway.query import (
+from kvgateway.engine import wire
+from kvgateway.log import messages, render
+from kvgateway.log.filters import ClientFilter
+from kvgateway.log.messages import OutMessage
+from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
+from kvgateway.log.resume import resume_after
+from kvgateway.log.ring import Ring
+from kvgateway.log.status import StreamStatus
+from kvgateway.runtime.metrics import Metrics
+from kvgateway.serve.hub import Hub, TooManyClients
+from kvgateway.serve.query import (
     MAX_VALUES,
     PARAMETERS,
     ROUTE_PARAMETERS,
@@ -30,10 +33,8 @@ from kvgateway.query import (
     parse_query,
     route_query,
 )
-from kvgateway.resume import resume_after
-from kvgateway.ring import Ring
-from kvgateway.status import StreamStatus
-from kvgateway.subscription import Subscription
+from kvgateway.serve.sessions import Pump
+from kvgateway.serve.subscription import Subscription
 
 T = TypeVar("T")
 STREAMS = [("a", 0), ("a", 1), ("b", 0)]
@@ -382,8 +383,8 @@ def test_medium_filter_takes_a_medium_name_or_a_tier_name(query: str, expected: 
 
 def test_medium_filter_and_occupancy_index_agree_on_every_event() -> None:
     """One normaliser: an event passes ``medium=M`` exactly when the index counts it under M (or M's tier)."""
-    from kvgateway.mediums import TIER_NAMES, TIERS
-    from kvgateway.occupancy import OccupancyIndex
+    from kvgateway.engine.mediums import TIER_NAMES, TIERS
+    from kvgateway.state.occupancy import OccupancyIndex
 
     blocks = [e for e in TIERED if isinstance(e, wire.BlockStored)]
     index = OccupancyIndex()
@@ -1045,7 +1046,7 @@ def test_every_message_validates_against_the_schema() -> None:
 
 def test_tiers_lenient_fields_and_a_real_snapshot_validate_against_the_schema() -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    from kvgateway.occupancy import OccupancyIndex
+    from kvgateway.state.occupancy import OccupancyIndex
 
     validator = jsonschema.Draft202012Validator(json.loads(messages.schema_bytes()))
     index = OccupancyIndex({("a", 0): {"GPU": 10, "cpu_pinned": 20}})
@@ -1089,7 +1090,7 @@ def test_tiers_lenient_fields_and_a_real_snapshot_validate_against_the_schema() 
 
 
 def test_every_v1_route_declares_what_it_accepts_and_its_400_lists_exactly_that() -> None:
-    from kvgateway.app import ROUTES
+    from kvgateway.serve.app import ROUTES
 
     assert {route.path for route in ROUTES if route.path.startswith("/v1/")} == set(ROUTE_PARAMETERS)
     for route, accepted in ROUTE_PARAMETERS.items():

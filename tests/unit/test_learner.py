@@ -1,4 +1,4 @@
-"""The chain learner's table (kvgateway/learner.py): eviction order, the entries of blocks no
+"""The chain learner's table (kvgateway/state/learner.py): eviction order, the entries of blocks no
 engine holds aged out first, the cap following the fleet, O(1) work per block at the cap, and
 exact lookups through growth, compaction, eviction and shrinking."""
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvgateway.learner import _SECOND_CHANCES, ChainLearner, block_digests
-from kvgateway.wire import BlockStored, Hash
+from kvgateway.engine.wire import BlockStored, Hash
+from kvgateway.state.learner import _SECOND_CHANCES, ChainLearner, block_digests
 
 SIZE = 2
 
@@ -287,8 +287,8 @@ def test_same_answers_as_a_dict_without_eviction_through_growth_and_compaction()
 
 
 def test_a_growing_ring_gives_the_heaps_free_pages_back() -> None:
-    from kvgateway.heap import release_free_heap
-    from kvgateway.learner import _TRIM_FROM
+    from kvgateway.runtime.memory import release_free_heap
+    from kvgateway.state.learner import _TRIM_FROM
 
     assert release_free_heap() in (True, False)  # glibc's malloc_trim, or nothing to call
     learner = ChainLearner(max_blocks=10**6, floor=10**6)

@@ -1,4 +1,4 @@
-"""Prefix lookup by hashes and by tokens, the chain learner, fleet facts, request limits (kvgateway.lookup)."""
+"""Prefix lookup by hashes and by tokens, the chain learner, fleet facts, request limits (kvgateway.state.lookup)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvgateway.lookup import (
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
+from kvgateway.log.render import hash_text
+from kvgateway.state.lookup import (
     BadLookup,
     ChainLearner,
     FleetCount,
@@ -25,9 +27,7 @@ from kvgateway.lookup import (
     parse_hash,
     parse_request,
 )
-from kvgateway.occupancy import OccupancyIndex, StreamIndex
-from kvgateway.render import hash_text
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
+from kvgateway.state.occupancy import OccupancyIndex, StreamIndex
 
 BIG = 2**64 - 12345
 
@@ -401,7 +401,7 @@ def test_extra_keys_of_the_wrong_length_are_ignored() -> None:
 
 
 def _digests(tokens: list[int], size: int, lora: str | None = None) -> list[int]:
-    from kvgateway.lookup import block_digests
+    from kvgateway.state.lookup import block_digests
 
     return block_digests(tokens, size, lora)
 
@@ -603,7 +603,7 @@ def test_fleet_facts_match_a_plain_count(blocks: list[tuple[int, str, int, int]]
 
 
 def test_block_digests_fast_path_and_odd_tokens() -> None:
-    from kvgateway.lookup import block_digests
+    from kvgateway.state.lookup import block_digests
 
     tokens = [5, 6, 7, 8, 9, 10, 11, 12, 13]  # two full blocks of 4, a partial one dropped
     plain = block_digests(tokens, 4)

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvgateway import mediums
-from kvgateway.mediums import TIERS, medium_tier, normalise_medium, tier_rank
+from kvgateway.engine import mediums
+from kvgateway.engine.mediums import TIERS, medium_tier, normalise_medium, tier_rank
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvgateway.occupancy import RATE_WINDOW_SECONDS, MediumStats, OccupancyIndex, StreamIndex
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, UnknownEvent
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, UnknownEvent
+from kvgateway.state.occupancy import RATE_WINDOW_SECONDS, MediumStats, OccupancyIndex, StreamIndex
 
 BIG = 2**64 - 12345  # a u64 hash above 2^63, as vLLM sends them
 
@@ -601,7 +601,7 @@ def test_tier_capacity_is_null_unless_every_medium_of_the_tier_has_one() -> None
 
 
 def test_empty_medium_counts_as_gpu_like_the_hub_filter() -> None:
-    from kvgateway import hub
+    from kvgateway.serve import hub
 
     occ = OccupancyIndex()
     events = [stored(1, medium=""), stored(2, medium=None), stored(3, medium="gPu")]

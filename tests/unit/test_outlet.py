@@ -10,12 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from kvgateway.config import StreamConfig
-from kvgateway.log import BatchRecord, MemoryLog, NoticeRecord
-from kvgateway.metrics import LAG_BUCKETS, LagHistogram, Metrics
-from kvgateway.occupancy import OccupancyIndex
-from kvgateway.outlet import StreamOutlet
-from kvgateway.ring import Entry
-from kvgateway.sequencer import (
+from kvgateway.engine.sequencer import (
     CancelReplay,
     Deliver,
     Duplicate,
@@ -26,7 +21,12 @@ from kvgateway.sequencer import (
     Restart,
     Unrecovered,
 )
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
+from kvgateway.ingest.outlet import StreamOutlet
+from kvgateway.log.ordered import BatchRecord, MemoryLog, NoticeRecord
+from kvgateway.log.ring import Entry
+from kvgateway.runtime.metrics import LAG_BUCKETS, LagHistogram, Metrics
+from kvgateway.state.occupancy import OccupancyIndex
 
 NOW = 1000.0
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvgateway.occupancy import OccupancyIndex, StreamIndex
-from kvgateway.wire import Batch, BlockRemoved, BlockStored
+from kvgateway.engine.wire import Batch, BlockRemoved, BlockStored
+from kvgateway.state.occupancy import OccupancyIndex, StreamIndex
 
 
 def _stored(*hashes: int) -> BlockStored:

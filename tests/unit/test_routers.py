@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from kvgateway.blocks import blocks_document, capture, encoded_state_messages, state_messages
 from kvgateway.config import Settings, SourceConfig
-from kvgateway.filters import ClientFilter
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event
 from kvgateway.gateway import Gateway
-from kvgateway.log import batch_record
-from kvgateway.lookup import TokenQuery, block_digests
-from kvgateway.pump import _hello, _state
-from kvgateway.query import BadRequest, ClientRequest, parse_query
-from kvgateway.routers import TooManySnapshots, without_gc
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event
+from kvgateway.log.filters import ClientFilter
+from kvgateway.log.ordered import batch_record
+from kvgateway.serve.query import BadRequest, ClientRequest, parse_query
+from kvgateway.serve.router_state import TooManySnapshots, without_gc
+from kvgateway.serve.sessions import _hello, _state
+from kvgateway.state.blocks import blocks_document, capture, encoded_state_messages, state_messages
+from kvgateway.state.lookup import TokenQuery, block_digests
 
 SIZE = 4
 
@@ -183,8 +183,8 @@ def test_the_learner_follows_the_log_and_answers_by_tokens() -> None:
 
 
 def test_the_learners_cap_follows_the_fleets_resident_blocks() -> None:
-    from kvgateway.learner import LEARNED_FLOOR, LEARNED_PER_RESIDENT
-    from kvgateway.routers import LEARNER_FOLLOWS_EVERY
+    from kvgateway.serve.router_state import LEARNER_FOLLOWS_EVERY
+    from kvgateway.state.learner import LEARNED_FLOOR, LEARNED_PER_RESIDENT
 
     gateway = make_gateway()
     learner = gateway.routers.learner

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from kvgateway import messages
-from kvgateway.query import COMPATS
+from kvgateway.log import messages
+from kvgateway.serve.query import COMPATS
 from tests.support import REPO
 
 ENVELOPES = ("hello", "batch", "state")

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvgateway.sequencer import (
+from kvgateway.engine.sequencer import (
     Action,
     CancelReplay,
     Deliver,
@@ -20,7 +20,7 @@ from kvgateway.sequencer import (
     Unrecovered,
     clock_seeded,
 )
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved
 
 CLOCK = 1_700_000_000_000_000_000  # a TensorRT-LLM seq: time.time_ns() at start
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvgateway.sequencer import (
+from kvgateway.engine.sequencer import (
     Action,
     CancelReplay,
     Deliver,
@@ -33,7 +33,7 @@ from kvgateway.sequencer import (
     Unrecovered,
     clock_seeded,
 )
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved
 
 CLOCK = 1_700_000_000_000_000_000
 

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvgateway import render, wire
-from kvgateway.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, DecodeError, Event, UnknownEvent
+from kvgateway.engine import wire
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, DecodeError, Event, UnknownEvent
+from kvgateway.log import render
 
 enc = msgspec.msgpack.encode
 

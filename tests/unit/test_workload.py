@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvgateway import wire
+from kvgateway.engine import wire
 from kvgateway.simulator import (
     MAX_SEQ,
     Faults,

@@ -1,4 +1,4 @@
-"""kvgateway.zsocket on real ZeroMQ sockets (inproc pairs): waiting and receiving whole messages."""
+"""kvgateway.engine.sockets on real ZeroMQ sockets (inproc pairs): waiting and receiving whole messages."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from kvgateway.zsocket import Readiness, has_message, monitor_event, receiver
+from kvgateway.engine.sockets import Readiness, has_message, monitor_event, receiver
 
 Pair = tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
 

@@ -1,0 +1,327 @@
+"""The asyncio layer around the sequencer: one reader per stream, its replays and its monitor.
+
+ZeroMQ sockets are plain (non-asyncio) sockets whose file descriptor is watched by the event
+loop. The descriptor is edge-triggered, so a wake-up drains the socket, but at most a budget of
+messages at a time: a flooding engine then takes turns with the others instead of starving them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import zmq
+
+from kvgateway.config import StreamConfig
+from kvgateway.engine import wire
+from kvgateway.engine.endpoints import is_ipv6
+from kvgateway.engine.sequencer import Action, CancelReplay, RequestReplay, Sequencer
+from kvgateway.engine.sockets import Readiness, has_message, monitor_event, receiver
+from kvgateway.ingest.outlet import StreamOutlet
+from kvgateway.runtime.tasks import cancel_and_wait
+
+log = logging.getLogger("kvgateway.ingest")
+
+BUDGET = 64
+"""Messages one stream may process before the loop serves another stream."""
+
+TURN_SECONDS = 0.005
+"""...and the time it may take for them: huge batches must not turn 64 messages into a second."""
+
+MAX_REPLAY_SECONDS_FACTOR = 20
+"""A replay attempt may run this many replay timeouts in all, however steadily it trickles."""
+
+QUIET_SECONDS = 2.0
+"""Batches wait this long for a live stream that is behind a replay before the hole below them is
+settled by another replay (the live stream cannot be relied on to bring it: it may be idle)."""
+
+
+class StreamReader:
+    """One (source, dp_rank) stream: its SUB socket, its sequencer and its replays."""
+
+    def __init__(
+        self,
+        config: StreamConfig,
+        context: zmq.Context[zmq.Socket[bytes]],
+        outlet: StreamOutlet,
+        *,
+        replay_slots: asyncio.Semaphore,
+        replay_timeout: float = 5.0,
+        restart_window: int = 1024,
+        hold_limit: int = 10_000,
+        quiet_seconds: float = QUIET_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.key = config.key
+        self.labels = (config.source, str(config.dp_rank))
+        self._context = context
+        self._outlet = outlet
+        self._clock = clock
+        self._replay_slots = replay_slots
+        self._replay_timeout = replay_timeout
+        self._quiet_seconds = quiet_seconds
+        self._quiet: asyncio.TimerHandle | None = None
+        self._live_count = 0  # live messages so far, to tell a quiet stream from a busy one
+        self._quiet_seen = 0  # the live count at the last quiet check that found the stream quiet
+        self.sequencer = Sequencer(
+            has_replay=config.replay is not None, restart_window=restart_window, hold_limit=hold_limit
+        )
+        self._sub: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._replays: dict[int, asyncio.Task[None]] = {}
+        self._peers = 0
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        sub = self._context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.SUBSCRIBE, self.config.topic.encode())
+        sub.setsockopt(zmq.IPV6, is_ipv6(self.config.endpoint))  # ZeroMQ refuses IPv6 addresses without it
+        # Reconnect quickly after an engine restart, but back off against a dead address.
+        sub.setsockopt(zmq.RECONNECT_IVL, 100)
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        self._monitor = sub.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_BIND_FAILED
+        )
+        if self.config.bind:
+            sub.bind(self.config.endpoint)
+        else:
+            sub.connect(self.config.endpoint)
+        self._sub = sub
+        loop = asyncio.get_running_loop()
+        self._spawn(self._read_loop(sub, Readiness(sub, loop)))
+        self._spawn(self._monitor_loop(Readiness(self._monitor, loop)))
+
+    async def stop(self) -> None:
+        if self._quiet is not None:
+            self._quiet.cancel()
+        await cancel_and_wait(*self._tasks, *self._replays.values())
+        if self._sub is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sub.disable_monitor()
+            self._sub.close(linger=0)
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("stream %s[%d]: reader task failed: %r", *self.key, task.exception())
+
+    # --- live -------------------------------------------------------------------------------
+
+    async def _read_loop(self, sub: zmq.Socket[bytes], readiness: Readiness) -> None:
+        try:
+            await self._read_live(sub, readiness)
+        finally:
+            readiness.close()  # before the socket closes: its descriptor leaves the loop first
+
+    async def _read_live(self, sub: zmq.Socket[bytes], readiness: Readiness) -> None:
+        clock = asyncio.get_running_loop().time
+        receive = receiver(sub)
+        while True:
+            await readiness.wait()  # one wait per burst: it returns at once while messages are queued
+            # Connection changes first: a batch of a new connection must not be read before the
+            # sequencer has heard of that connection (see _on_monitor_event).
+            self._poll_monitor()
+            deadline = clock() + TURN_SECONDS
+            count = 0
+            try:
+                for _ in range(BUDGET):
+                    frames = receive()
+                    if frames is None:
+                        break
+                    count += 1
+                    self._on_live(frames)
+                    if clock() >= deadline:
+                        break
+            finally:
+                if count:  # counted once a burst: the same figures, one metric update instead of 64
+                    self._outlet.received(count)
+            # Yield even when more is waiting, so other streams and the web side get their turn.
+            await asyncio.sleep(0)
+
+    def _drain_live(self) -> None:
+        """Read every message queued on the SUB socket now (at a disconnect: they are the old connection's)."""
+        sub = self._sub
+        if sub is None:
+            return
+        receive = receiver(sub)
+        while (frames := receive()) is not None:
+            self._outlet.received()
+            self._on_live(frames)
+
+    def _on_live(self, frames: list[bytes]) -> None:
+        """One live message (its receipt is counted by the caller)."""
+        received = self._clock()
+        self._live_count += 1
+        try:
+            seq, payload = wire.split_message(frames)
+        except wire.DecodeError as exc:
+            self._outlet.decode_error(None, str(exc))
+            return
+        batch = self._decode(seq, payload)
+        self._apply(self.sequencer.on_live(seq, batch, payload), received)
+
+    def _decode(self, seq: int, payload: bytes) -> wire.Batch | None:
+        try:
+            return wire.decode_batch(payload)
+        except wire.DecodeError as exc:
+            # Counted and skipped; the seq still counts as received, so it is no gap.
+            self._outlet.decode_error(seq, str(exc))
+            return None
+
+    def _apply(self, actions: list[Action], received: float) -> None:
+        """The outlet takes every action; the reader acts on those that are I/O (replays)."""
+        self._outlet.apply(actions, received, self.sequencer.held)
+        for action in actions:
+            if type(action) is RequestReplay:
+                self._start_replay(action.token, action.start)
+            elif type(action) is CancelReplay:
+                task = self._replays.pop(action.token, None)
+                if task is not None:
+                    task.cancel()
+        if self._quiet is None and (self.sequencer.waiting_for_live or self._live_count != self._quiet_seen):
+            # One timer per quiet period, not per message: it re-arms itself while batches flow.
+            self._quiet = asyncio.get_running_loop().call_later(
+                self._quiet_seconds, self._quiet_check, self._live_count
+            )
+
+    def _quiet_check(self, live_count: int) -> None:
+        """The live stream was quiet for ``quiet_seconds``: let the sequencer settle holes below
+        waiting batches, or probe the engine for a burst's dropped tail (sequencer rule 10)."""
+        self._quiet = None
+        if self._live_count != live_count:  # still flowing: look again later
+            self._quiet = asyncio.get_running_loop().call_later(
+                self._quiet_seconds, self._quiet_check, self._live_count
+            )
+            return
+        self._quiet_seen = live_count
+        self._apply(self.sequencer.on_quiet(), self._clock())
+
+    # --- replay -----------------------------------------------------------------------------
+
+    def _start_replay(self, token: int, start: int) -> None:
+        task = asyncio.ensure_future(self._replay(token, start))
+        self._replays[token] = task
+
+        def done(finished: asyncio.Task[None], token: int = token) -> None:
+            if self._replays.get(token) is finished:
+                del self._replays[token]
+            if not finished.cancelled() and finished.exception() is not None:
+                log.error("stream %s[%d]: replay task failed: %r", *self.key, finished.exception())
+
+        task.add_done_callback(done)
+
+    async def _replay(self, token: int, start: int) -> None:
+        assert self.config.replay is not None
+        async with self._replay_slots:
+            dealer = self._context.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.RCVHWM, 0)
+            dealer.setsockopt(zmq.IPV6, is_ipv6(self.config.replay))
+            readiness = Readiness(dealer, asyncio.get_running_loop())
+            try:
+                dealer.connect(self.config.replay)
+                # A fresh DEALER per request: late replies to an abandoned request can never mix in.
+                dealer.send_multipart([b"", wire.seq_bytes(start)])
+                outcome = await self._read_replay(dealer, readiness, token)
+            finally:
+                readiness.close()
+                dealer.close(linger=0)
+        if outcome is not None:
+            self._apply(self.sequencer.on_replay_failed(token, outcome), self._clock())
+
+    async def _read_replay(self, dealer: zmq.Socket[bytes], readiness: Readiness, token: int) -> str | None:
+        """Feed replayed batches to the sequencer; None when the end marker came, else the failure."""
+        loop = asyncio.get_running_loop()
+        receive = receiver(dealer)
+        hard_deadline = loop.time() + self._replay_timeout * MAX_REPLAY_SECONDS_FACTOR
+        first = True
+        while True:
+            idle = min(self._replay_timeout, hard_deadline - loop.time())
+            if idle <= 0 or not await readiness.wait(idle):
+                log.warning("stream %s[%d]: replay from token %d timed out", *self.key, token)
+                return "timeout"
+            deadline = loop.time() + TURN_SECONDS
+            for _ in range(BUDGET):
+                if loop.time() >= deadline:
+                    break
+                frames = receive()
+                if frames is None:
+                    break
+                received = self._clock()
+                parsed = wire.parse_replay_reply(frames)
+                if parsed is None:
+                    log.warning("stream %s[%d]: malformed replay reply of %d frames", *self.key, len(frames))
+                    self._outlet.decode_error(None, "malformed replay reply")
+                    return "failed"
+                seq, payload = parsed
+                if seq == wire.END_SEQ:
+                    self._apply(self.sequencer.on_replay_end(token), received)
+                    return None
+                if not (first and seq == self.sequencer.check_seq):
+                    self._outlet.received()  # the anchor a reply begins with is no batch received anew
+                first = False
+                batch = self._decode(seq, payload)
+                self._apply(self.sequencer.on_replay_item(token, seq, batch, payload), received)
+                if self.sequencer.replay_token != token:
+                    return None  # the sequencer gave this replay up (restart, overflow)
+            await asyncio.sleep(0)
+
+    # --- connection monitor -----------------------------------------------------------------
+
+    async def _monitor_loop(self, readiness: Readiness) -> None:
+        try:
+            while True:
+                await readiness.wait()
+                self._poll_monitor()
+        finally:
+            readiness.close()
+
+    def _poll_monitor(self) -> None:
+        """Handle every connection event queued now (cheap when there is none)."""
+        monitor = self._monitor
+        if monitor is None:
+            return
+        while has_message(monitor):  # cheaper than a receive raising Again
+            try:
+                frames = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = monitor_event(frames)
+            if event is not None:
+                self._on_monitor_event(event)
+
+    def _on_monitor_event(self, event: int) -> None:
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._peers += 1
+            if self._peers == 1:
+                self._outlet.connection(True, "connected")
+                # Catch up, or check that the engine behind the socket is the one we were reading.
+                self._apply(self.sequencer.on_connected(), self._clock())
+        elif event == zmq.EVENT_DISCONNECTED:
+            self._peers = max(0, self._peers - 1)
+            if self._peers == 0:
+                # What the old connection delivered is queued before this event: read it as the
+                # old connection's, so a restarted engine's batches are never mistaken for it.
+                self._drain_live()
+                self.sequencer.on_disconnected()
+                self._outlet.connection(False, "disconnected")
+        elif event == zmq.EVENT_CONNECT_RETRIED and self._peers == 0:
+            self._outlet.connection(False, "connection refused, retrying")
+        elif event == zmq.EVENT_BIND_FAILED:
+            self._outlet.connection(False, "bind failed")

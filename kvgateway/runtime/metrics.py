@@ -1,0 +1,497 @@
+"""Every Prometheus metric of the gateway, defined once.
+
+Each gateway owns its own registry, so several can live in one process (tests, the demo).
+Label values come from configuration only (source names, ranks, fixed enumerations), never
+from clients or payloads, so cardinality is bounded by the config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Protocol, get_args
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from kvgateway.engine.sequencer import LossReason, Outcome, Purpose
+from kvgateway.runtime.exposition import family_text, number_text
+
+# The *_created series double the exposition and no dashboard or alert here reads them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+STREAM = ("source", "dp_rank")
+
+# The sequencer's own vocabulary, label values as they are.
+REPLAY_OUTCOMES: Final[tuple[Outcome, ...]] = get_args(Outcome)
+REPLAY_PURPOSES: Final[tuple[Purpose, ...]] = get_args(Purpose)
+LOSS_REASONS: Final[tuple[LossReason, ...]] = get_args(LossReason)
+TRANSPORTS = ("ws", "sse")
+DISCONNECT_REASONS = ("closed", "slow_consumer", "error", "shutdown")
+REJECTION_REASONS = (
+    "unauthorized",
+    "forbidden_origin",
+    "forbidden_host",
+    "too_many_clients",
+    "bad_request",
+    "too_many_snapshots",
+    "rate_limited",
+)
+REJECTION_TRANSPORTS = ("ws", "sse", "http")
+
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BROADCAST_BUCKETS = (0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
+LIFETIME_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+GC_PAUSE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+QUEUE_BYTES_BUCKETS = (0, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMetric:
+    """One per-stream family: its kind, name, help and labels after (source, dp_rank)."""
+
+    kind: Literal["counter", "gauge", "histogram"]
+    name: str
+    documentation: str
+    labels: tuple[str, ...] = ()
+
+
+STREAM_METRICS: Final[dict[str, StreamMetric]] = {
+    # ingest
+    "batches_received": StreamMetric(
+        "counter", "kvgateway_batches_received", "Batches received from engines, live and replayed."
+    ),
+    "events_received": StreamMetric(
+        "counter", "kvgateway_events_received", "Events in delivered batches, by event type.", ("type",)
+    ),
+    "sequence_gaps": StreamMetric(
+        "counter", "kvgateway_sequence_gaps", "Jumps in a stream's sequence numbers (each a missing range)."
+    ),
+    "missed_batches": StreamMetric(
+        "counter", "kvgateway_missed_batches", "Batches missing from the live stream when a gap was seen."
+    ),
+    "replay_requests": StreamMetric(
+        "counter",
+        "kvgateway_replay_requests",
+        "Recoveries from a replay socket (each one or more attempts), by outcome (recovered, partial, "
+        "failed: nothing came back, unavailable: no replay endpoint).",
+        ("outcome",),
+    ),
+    "replay_attempts": StreamMetric(
+        "counter",
+        "kvgateway_replay_attempts",
+        "Requests sent to replay sockets, by purpose (catch_up, gap, verify); a recovery asks again "
+        "while its attempts make progress.",
+        ("purpose",),
+    ),
+    "history_truncations": StreamMetric(
+        "counter",
+        "kvgateway_history_truncations",
+        "Catch-ups that found the start of the engine's history gone (the index lacks it: stale).",
+    ),
+    "index_stale": StreamMetric(
+        "gauge",
+        "kvgateway_index_stale",
+        "1 while the stream's index is known to be incomplete (until an AllBlocksCleared or restart).",
+    ),
+    "replayed_batches": StreamMetric(
+        "counter", "kvgateway_replayed_batches", "Batches delivered from an engine's replay socket."
+    ),
+    "unrecovered_batches": StreamMetric(
+        "counter",
+        "kvgateway_unrecovered_batches",
+        "Batches lost for good: neither live nor replayed, by reason (not_sent, evicted, transit, no_answer, "
+        "no_replay, restart, overflow).",
+        ("reason",),
+    ),
+    "publisher_restarts": StreamMetric(
+        "counter", "kvgateway_publisher_restarts", "Engine publisher restarts detected."
+    ),
+    "duplicate_batches": StreamMetric(
+        "counter", "kvgateway_duplicate_batches", "Batches dropped as already delivered."
+    ),
+    "decode_errors": StreamMetric(
+        "counter", "kvgateway_decode_errors", "Messages that could not be decoded (counted and skipped)."
+    ),
+    "rank_mismatches": StreamMetric(
+        "counter",
+        "kvgateway_rank_mismatches",
+        "Batches whose data_parallel_rank differs from the stream's configured rank.",
+    ),
+    "ingest_queue_depth": StreamMetric(
+        "gauge",
+        "kvgateway_ingest_queue_depth",
+        "Batches received but not yet delivered (held while a replay fills a gap).",
+    ),
+    "source_up": StreamMetric("gauge", "kvgateway_source_up", "1 while the stream's subscription socket is connected."),
+    "source_last_seq": StreamMetric(
+        "gauge", "kvgateway_source_last_seq", "The last sequence number delivered on the stream."
+    ),
+    "event_lag": StreamMetric(
+        "histogram",
+        "kvgateway_event_lag_seconds",
+        "Receive time minus the batch's own timestamp (clock skew included).",
+    ),
+    # occupancy
+    "cache_blocks": StreamMetric(
+        "gauge", "kvgateway_cache_blocks", "Resident blocks per stream and medium.", ("medium",)
+    ),
+    "cache_tokens": StreamMetric(
+        "gauge", "kvgateway_cache_tokens", "Resident tokens per stream and medium.", ("medium",)
+    ),
+    "unknown_removes": StreamMetric(
+        "counter",
+        "kvgateway_unknown_removes",
+        "BlockRemoved of a hash the index does not hold (expected for copies).",
+    ),
+}
+"""Every per-stream family. Each stream keeps these as plain numbers (no lock, no label lookup on
+the ingest hot path); :class:`StreamCollector` turns them into families when Prometheus scrapes."""
+
+# The bucket bounds as prometheus_client's own Histogram writes them.
+_LAG_BOUNDS: Final = (*(floatToGoString(bound) for bound in LAG_BUCKETS), "+Inf")  # type: ignore[no-untyped-call]
+
+
+class LagHistogram:
+    """A histogram of event lag as plain numbers: one list index and one addition per batch."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LAG_BUCKETS) + 1)  # per bucket, not cumulative; the last is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(LAG_BUCKETS, value)] += 1  # bucket i holds value <= LAG_BUCKETS[i]
+        self.total += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, running = [], 0
+        for bound, count in zip(_LAG_BOUNDS, self.counts, strict=True):
+            running += count
+            out.append((bound, float(running)))
+        return out
+
+
+class StreamFamilies:
+    """The per-stream samples of one scrape, which each stream fills with its own; written as
+    Prometheus text by :func:`kvgateway.runtime.exposition.stream_text`, or as families (``iter``)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[tuple[Sequence[str], Any]]] = {key: [] for key in STREAM_METRICS}
+        """Per family: (labels: source, dp_rank and the family's own; the value, or for a histogram
+        its cumulative buckets and sum)."""
+
+    def add(self, key: str, labels: Sequence[str], value: float) -> None:
+        """A counter or gauge sample (``labels``: source, dp_rank and the family's own)."""
+        self.rows[key].append((labels, value))
+
+    def add_histogram(self, key: str, labels: Sequence[str], histogram: LagHistogram) -> None:
+        self.rows[key].append((labels, (histogram.cumulative(), histogram.total)))
+
+    def __iter__(self) -> Iterator[Metric]:
+        for key, spec in STREAM_METRICS.items():
+            family = _family(spec)
+            for labels, value in self.rows[key]:
+                if isinstance(family, HistogramMetricFamily):
+                    family.add_metric(labels, value[0], value[1])
+                else:
+                    assert isinstance(family, CounterMetricFamily | GaugeMetricFamily)
+                    family.add_metric(labels, value)
+            yield family
+
+
+def _family(spec: StreamMetric) -> Metric:
+    labels = [*STREAM, *spec.labels]
+    if spec.kind == "counter":
+        return CounterMetricFamily(spec.name, spec.documentation, labels=labels)
+    if spec.kind == "gauge":
+        return GaugeMetricFamily(spec.name, spec.documentation, labels=labels)
+    return HistogramMetricFamily(spec.name, spec.documentation, labels=labels)
+
+
+class StreamExporter(Protocol):
+    """A stream's downstream, which holds its figures (:class:`kvgateway.ingest.outlet.StreamOutlet`)."""
+
+    def export(self, families: StreamFamilies) -> None: ...
+
+
+class StreamCollector(Collector):
+    """Collects every registered stream's figures at scrape time."""
+
+    def __init__(self) -> None:
+        self._streams: list[StreamExporter] = []
+        self._local = threading.local()
+
+    def add(self, stream: StreamExporter) -> None:
+        self._streams.append(stream)
+
+    def describe(self) -> Iterable[Metric]:
+        return list(StreamFamilies())
+
+    def families(self) -> StreamFamilies:
+        families = StreamFamilies()
+        for stream in self._streams:
+            stream.export(families)
+        return families
+
+    def collect(self) -> Iterable[Metric]:
+        if getattr(self._local, "muted", False):
+            return []  # Metrics.exposition writes these itself
+        return list(self.families())
+
+    def text(self) -> bytes:
+        """Every stream's families in the text format (:mod:`kvgateway.runtime.exposition`)."""
+        rows = self.families().rows
+        number = number_text()
+        pieces = itertools.chain.from_iterable(
+            family_text(s.kind, s.name, s.documentation, (*STREAM, *s.labels), rows=rows[key], number=number)
+            for key, s in STREAM_METRICS.items()
+        )
+        return "".join(pieces).encode()
+
+    @contextlib.contextmanager
+    def muted(self) -> Iterator[None]:
+        """The registry without this collector's families, in this thread, for the block."""
+        self._local.muted = True
+        try:
+            yield
+        finally:
+            self._local.muted = False
+
+
+class Metrics:
+    """The catalogue. docs/metrics.md describes each one; keep the two in step."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        # ingest and occupancy: plain numbers on each stream's outlet, exported at scrape time
+        self.streams = StreamCollector()
+        r.register(self.streams)
+        # web clients
+        self.clients = Gauge("kvgateway_clients", "Connected web clients.", ("transport",), registry=r)
+        self.messages_sent = Counter(
+            "kvgateway_messages_sent", "Messages written to web clients.", ("transport",), registry=r
+        )
+        self.client_disconnects = Counter(
+            "kvgateway_client_disconnects",
+            "Client disconnections by reason (closed, slow_consumer, error, shutdown).",
+            ("transport", "reason"),
+            registry=r,
+        )
+        self.client_rejections = Counter(
+            "kvgateway_client_rejections",
+            "Requests refused before streaming (unauthorized, forbidden_origin, forbidden_host, too_many_clients, "
+            "bad_request).",
+            ("transport", "reason"),
+            registry=r,
+        )
+        self.resumes = Counter(
+            "kvgateway_resumes",
+            "Reconnections that asked to resume, by whether they were recovered.",
+            ("transport", "recovered"),
+            registry=r,
+        )
+        self.client_queue_bytes = Histogram(
+            "kvgateway_client_queue_bytes",
+            "Bytes queued for a client, observed at each write.",
+            buckets=QUEUE_BYTES_BUCKETS,
+            registry=r,
+        )
+        self.broadcast_seconds = Histogram(
+            "kvgateway_broadcast_seconds",
+            "Time to hand one message to every client's queue.",
+            buckets=BROADCAST_BUCKETS,
+            registry=r,
+        )
+        self.asyncio_tasks = Gauge(
+            "kvgateway_asyncio_tasks", "Asyncio tasks alive in the gateway process (a leak shows here).", registry=r
+        )
+        self.gc_pause = Histogram(
+            "kvgateway_gc_pause_seconds",
+            "Garbage collections by generation and how long each held the event loop.",
+            ("generation",),
+            buckets=GC_PAUSE_BUCKETS,
+            registry=r,
+        )
+        self._gc_pauses = tuple(self.gc_pause.labels(str(generation)) for generation in range(3))
+        self.ring_messages = Gauge("kvgateway_ring_messages", "Messages held in the resume ring.", registry=r)
+        self.ring_bytes = Gauge("kvgateway_ring_bytes", "Encoded bytes held in the resume ring.", registry=r)
+        # Reported after every append of the log (HubMetrics.retained): plain numbers, read when scraped.
+        self.ring_held = [0, 0]
+        self.ring_messages.set_function(lambda: self.ring_held[0])
+        self.ring_bytes.set_function(lambda: self.ring_held[1])
+        # cache analytics (kvgateway/state/analytics.py: the blocks of 1 store event in 16)
+        self.block_lifetime = Histogram(
+            "kvgateway_block_lifetime_seconds",
+            "Sampled blocks' lifetime in the cache, stored to removed, by the engine's timestamps.",
+            (*STREAM, "tier"),
+            buckets=LIFETIME_BUCKETS,
+            registry=r,
+        )
+        self.sampled_evictions = Counter(
+            "kvgateway_sampled_evictions", "Removals of sampled blocks.", (*STREAM, "tier"), registry=r
+        )
+        self.block_refetches = Counter(
+            "kvgateway_block_refetches",
+            "Sampled blocks stored again within 60 s of their removal (the engine paid for them again).",
+            (*STREAM, "tier"),
+            registry=r,
+        )
+        self.prefix_engines_mean = Gauge(
+            "kvgateway_prefix_engines_mean",
+            "Engines holding a chain's first block, averaged over the first blocks resident somewhere.",
+            registry=r,
+        )
+        self.analytics_tracked = Gauge(
+            "kvgateway_analytics_tracked_blocks",
+            "Sampled blocks (stored, evicted) and first blocks the cache analytics hold; sampled every 5 s.",
+            registry=r,
+        )
+        self.analytics_tracked_bound = Gauge(
+            "kvgateway_analytics_tracked_blocks_bound",
+            "The bound of kvgateway_analytics_tracked_blocks for the streams and tiers seen so far.",
+            registry=r,
+        )
+        self.history_bytes = Gauge(
+            "kvgateway_history_bytes", "Bytes held by the /v1/history series (preallocated rings).", registry=r
+        )
+        self.cache_capacity_blocks = Gauge(
+            "kvgateway_cache_capacity_blocks",
+            "Configured capacity per stream and medium (only where capacity_blocks is set).",
+            (*STREAM, "medium"),
+            registry=r,
+        )
+        # cluster roles (kvgateway ingest / edge, docs/scaling.md); 0 in a single process
+        self.jetstream_published = Counter(
+            "kvgateway_jetstream_published", "Records the JetStream stream stored (ingest).", registry=r
+        )
+        self.jetstream_duplicates = Counter(
+            "kvgateway_jetstream_duplicates", "Records the stream dropped as already stored (ingest).", registry=r
+        )
+        self.jetstream_retries = Counter(
+            "kvgateway_jetstream_retries", "Records sent to the stream again after a failure (ingest).", registry=r
+        )
+        self.jetstream_pending = Gauge(
+            "kvgateway_jetstream_pending", "Records queued or unacknowledged by the stream (ingest).", registry=r
+        )
+        self.jetstream_applied_offset = Gauge(
+            "kvgateway_jetstream_applied_offset", "The last stream sequence applied (edge).", registry=r
+        )
+        # routers (kvgateway/serve/router_state.py)
+        self.learned_blocks = Gauge(
+            "kvgateway_learned_blocks", "Learned token-chain entries held for lookups by token_ids.", registry=r
+        )
+        self.learned_blocks_cap = Gauge(
+            "kvgateway_learned_blocks_cap",
+            "The learner's cap now: 1.25 per resident block, at least 65,536, at most max_learned_blocks.",
+            registry=r,
+        )
+        self.learned_evictions = Counter(
+            "kvgateway_learned_evictions", "Learned token-chain entries dropped at the cap.", registry=r
+        )
+        self.fleet_distinct_blocks = Gauge(
+            "kvgateway_fleet_distinct_blocks",
+            "Distinct resident blocks across every stream, by medium (all: any medium); refreshed every 15 s.",
+            ("medium",),
+            registry=r,
+        )
+        self.fleet_shared_blocks = Gauge(
+            "kvgateway_fleet_shared_blocks",
+            "Resident blocks held by more than one stream, by medium (all: any medium); refreshed every 15 s.",
+            ("medium",),
+            registry=r,
+        )
+        self.lookups = Counter(
+            "kvgateway_lookups", "POST /v1/lookup answers, by kind (hashes, tokens).", ("kind",), registry=r
+        )
+        self.block_snapshots = Counter(
+            "kvgateway_block_snapshots",
+            "Block snapshots served, by route (ws, sse, blocks: GET /v1/blocks).",
+            ("route",),
+            registry=r,
+        )
+        for kind in ("hashes", "tokens"):
+            self.lookups.labels(kind)
+        for route in ("ws", "sse", "blocks"):
+            self.block_snapshots.labels(route)
+        # Every client series exists from the start, so increase() sees the first event too.
+        for transport in TRANSPORTS:
+            self.clients.labels(transport).set(0)
+            self.messages_sent.labels(transport)
+            for recovered in ("true", "false"):
+                self.resumes.labels(transport, recovered)
+            for reason in DISCONNECT_REASONS:
+                self.client_disconnects.labels(transport, reason)
+        for transport in REJECTION_TRANSPORTS:
+            for reason in REJECTION_REASONS:
+                self.client_rejections.labels(transport, reason)
+
+    def observe_gc_pause(self, generation: int, seconds: float) -> None:
+        """One garbage collection (kvgateway.runtime.memory.CollectionTimer): generation 0, 1 or 2."""
+        self._gc_pauses[generation].observe(seconds)
+
+    def hub(self) -> HubMetrics:
+        """The narrow view the hub, the log and the client subscriptions report through."""
+        return HubMetrics(self)
+
+    def exposition(self) -> tuple[bytes, str]:
+        # The per-stream families (most of the samples) by the cheaper writer, the rest as usual.
+        streams = self.streams.text()
+        with self.streams.muted():
+            return streams + generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class HubMetrics:
+    """What the hub, the log and the subscriptions report: their children, resolved once."""
+
+    __slots__ = (
+        "_broadcast",
+        "_clients",
+        "_disconnects",
+        "_held",
+        "_queue_bytes",
+        "_resumes",
+        "sent",
+    )
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._clients = {t: metrics.clients.labels(t) for t in TRANSPORTS}
+        self._disconnects = metrics.client_disconnects
+        self._resumes = metrics.resumes
+        self._queue_bytes = metrics.client_queue_bytes
+        self._broadcast = metrics.broadcast_seconds
+        self._held = metrics.ring_held  # shared by every view of these metrics
+        self.sent = {t: metrics.messages_sent.labels(t) for t in TRANSPORTS}
+        """Messages handed to a client's writer, by transport (a subscription keeps its own child)."""
+
+    def queued(self, nbytes: int) -> None:
+        """Bytes queued for a client when its writer takes a chunk."""
+        self._queue_bytes.observe(nbytes)
+
+    def broadcast(self, seconds: float) -> None:
+        self._broadcast.observe(seconds)
+
+    def retained(self, messages: int, nbytes: int) -> None:
+        """What the resume ring holds now (after every append: plain numbers, read at scrape time)."""
+        held = self._held
+        held[0] = messages
+        held[1] = nbytes
+
+    def resumed(self, transport: str, recovered: bool) -> None:
+        self._resumes.labels(transport, "true" if recovered else "false").inc()
+
+    def joined(self, transport: str) -> None:
+        self._clients[transport].inc()
+
+    def left(self, transport: str, reason: str) -> None:
+        self._clients[transport].dec()
+        self._disconnects.labels(transport, reason).inc()

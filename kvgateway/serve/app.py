@@ -1,0 +1,222 @@
+"""The web app: module-level Starlette routes, thin adapters from HTTP, WebSocket and SSE to the
+gateway on ``app.state``; the lifespan starts and stops it; guard.py's middleware checks first."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from http import HTTPStatus
+from pathlib import Path
+from typing import Final
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket
+
+from kvgateway.gateway import Gateway
+from kvgateway.log.messages import schema_bytes
+from kvgateway.serve.dashboard_api import DashboardData, analytics_endpoint, history_endpoint
+from kvgateway.serve.http_query import bad_request, route_query
+from kvgateway.serve.hub import TooManyClients
+from kvgateway.serve.middleware import PROTECTED_PREFIX, Authentication, HostCheck, SecurityHeaders, json_error
+from kvgateway.serve.query import BadRequest, ClientRequest
+from kvgateway.serve.router_api import ROUTER_ROUTES
+from kvgateway.serve.sessions import WS_CLOSE, sse_stream, ws_session
+from kvgateway.serve.subscription import Subscription, Transport
+
+log = logging.getLogger("kvgateway.web")
+
+SCHEMA: Final = schema_bytes()
+
+
+def static_dir() -> Path:
+    """The dashboard files: inside the installed package, or the checkout's top-level static/."""
+    package = Path(__file__).resolve().parent.parent  # this module lives in kvgateway/serve/
+    packaged = package / "static"
+    if (packaged / "index.html").is_file():
+        return packaged
+    return package.parent / "static"
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    """The gateway (on ``app.state``) runs while the app does: started before the first request."""
+    gateway: Gateway = app.state.gateway
+    dashboard_data: DashboardData = app.state.dashboard_data
+    try:
+        await gateway.start()
+        dashboard_data.start()
+        yield
+    finally:
+        await dashboard_data.stop()
+        await gateway.stop()
+
+
+def _gateway(conn: HTTPConnection) -> Gateway:
+    gateway: Gateway = conn.app.state.gateway
+    return gateway
+
+
+# --- routes (the token is checked before them: guard.Authentication) ------------------------
+
+
+async def healthz(request: Request) -> Response:
+    gateway = _gateway(request)
+    return JSONResponse(
+        {"status": "ok", "epoch": gateway.hub.epoch, "uptime_seconds": gateway.clock() - gateway.started_at}
+    )
+
+
+async def readyz(request: Request) -> Response:
+    gateway = _gateway(request)
+    ready, not_ready = gateway.readiness()
+    return JSONResponse(
+        {"ready": ready, "streams": len(gateway.outlets), "not_ready": not_ready}, status_code=200 if ready else 503
+    )
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    gateway = _gateway(request)
+    gateway.refresh_gauges()
+    body, content_type = gateway.metrics.exposition()
+    return Response(body, media_type=content_type)
+
+
+async def sources(request: Request) -> Response:
+    gateway = _gateway(request)
+    try:
+        client, _ = route_query(request, "/v1/sources")
+    except BadRequest as exc:
+        return bad_request(gateway, exc)
+    statuses = gateway.statuses(client.filter)
+    return JSONResponse({"offset": gateway.hub.offset, "epoch": gateway.hub.epoch, "sources": statuses})
+
+
+async def occupancy(request: Request) -> Response:
+    gateway = _gateway(request)
+    try:
+        client, _ = route_query(request, "/v1/occupancy")
+    except BadRequest as exc:
+        return bad_request(gateway, exc)
+    body = gateway.snapshot(client_filter=client.filter)
+    # the whole fleet whatever the filter: counted every 15 s in the background (kvgateway/serve/router_state.py)
+    body["fleet"] = gateway.routers.fleet
+    return Response(msgspec.json.encode(body), media_type="application/json")
+
+
+async def schema(request: Request) -> Response:
+    try:
+        route_query(request, "/v1/schema")
+    except BadRequest as exc:
+        return bad_request(_gateway(request), exc)
+    return Response(SCHEMA, media_type="application/schema+json")
+
+
+def _client_request(conn: HTTPConnection, transport: str) -> ClientRequest:
+    # EventSource resends the page's original URL on reconnect: its Last-Event-ID header wins.
+    header = conn.headers.get("last-event-id") if transport == "sse" else None
+    route = "/v1/events" if transport == "sse" else "/v1/ws"
+    return _gateway(conn).hub.route_query(route, conn.query_params, last_event_id=header)[0]
+
+
+async def _subscribe(gateway: Gateway, client: ClientRequest, transport: Transport) -> Subscription:
+    """A gateway that may need to fetch or wait before a client subscribes (a cluster edge) says so
+    with ``subscribe_async``."""
+    subscribe_async = getattr(gateway, "subscribe_async", None)
+    if subscribe_async is not None:
+        subscription: Subscription = await subscribe_async(client, transport)
+        return subscription
+    return gateway.subscribe(client, transport)
+
+
+async def events(request: Request) -> Response:
+    gateway = _gateway(request)
+    metrics = gateway.metrics
+    try:
+        client = _client_request(request, "sse")
+    except BadRequest as exc:
+        metrics.client_rejections.labels("sse", "bad_request").inc()
+        return json_error(400, str(exc))
+    try:
+        subscription = await _subscribe(gateway, client, "sse")
+    except TooManyClients:
+        metrics.client_rejections.labels("sse", "too_many_clients").inc()
+        return json_error(503, "too many clients", **{"Retry-After": "5"})
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
+    return StreamingResponse(
+        sse_stream(subscription, gateway.settings.keepalive_seconds),
+        media_type="text/event-stream; charset=utf-8",
+        headers=headers,
+    )
+
+
+async def websocket_endpoint(websocket: WebSocket) -> None:
+    gateway = _gateway(websocket)
+    metrics = gateway.metrics
+    try:
+        client = _client_request(websocket, "ws")
+    except BadRequest as exc:
+        metrics.client_rejections.labels("ws", "bad_request").inc()
+        await websocket.send_denial_response(json_error(400, str(exc)))
+        return
+    try:
+        subscription = await _subscribe(gateway, client, "ws")
+    except TooManyClients:
+        metrics.client_rejections.labels("ws", "too_many_clients").inc()
+        code, reason = WS_CLOSE["too_many_clients"]
+        await websocket.accept()
+        await websocket.close(code, reason)
+        return
+    await ws_session(websocket, subscription)
+
+
+ROUTES: Final[list[Route | WebSocketRoute]] = [
+    Route("/healthz", healthz),
+    Route("/readyz", readyz),
+    Route("/metrics", metrics_endpoint),
+    Route("/v1/sources", sources),
+    Route("/v1/occupancy", occupancy),
+    Route("/v1/history", history_endpoint),
+    Route("/v1/analytics", analytics_endpoint),
+    Route("/v1/schema", schema),
+    Route("/v1/events", events),
+    WebSocketRoute("/v1/ws", websocket_endpoint),
+    *ROUTER_ROUTES,
+]
+_KNOWN_V1: Final = {
+    route.path: ", ".join(sorted(getattr(route, "methods", None) or {"GET", "HEAD"}))
+    for route in ROUTES
+    if route.path.startswith(PROTECTED_PREFIX)
+}
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    """404 and 405 (raised by the dashboard's static mount): JSON under /v1/, like every API answer."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 404
+    path = request.url.path
+    if not path.startswith(PROTECTED_PREFIX):
+        return PlainTextResponse(HTTPStatus(status).phrase, status_code=status)
+    if path == "/v1/ws":
+        return json_error(426, "/v1/ws is a WebSocket endpoint: use a WebSocket client", Upgrade="websocket")
+    if path in _KNOWN_V1:
+        return json_error(405, f"method {request.method} not allowed on {path}", Allow=_KNOWN_V1[path])
+    return json_error(404, f"no such endpoint: {path[:200]} (see docs/protocol.md)")
+
+
+def create_app(gateway: Gateway) -> Starlette:
+    """The web app of ``gateway``, which its lifespan starts and stops."""
+    routes = [*ROUTES, Mount("/", app=StaticFiles(directory=static_dir(), html=True), name="static")]
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
+    app.state.gateway = gateway
+    app.state.dashboard_data = DashboardData(gateway)
+    # The last added runs first: headers on every answer, then the Host, then Origin and token.
+    app.add_middleware(Authentication, settings=gateway.settings, metrics=gateway.metrics)
+    app.add_middleware(HostCheck, settings=gateway.settings, metrics=gateway.metrics)
+    app.add_middleware(SecurityHeaders)
+    return app

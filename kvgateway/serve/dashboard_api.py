@@ -1,0 +1,208 @@
+"""What the dashboard reads beyond the stream: ``GET /v1/history`` (fed by a sampler task) and
+``GET /v1/analytics``.
+
+Thin: the series live in :mod:`kvgateway.state.history` and the analytics in
+:mod:`kvgateway.state.analytics` (both sans-I/O). This module follows the ordered log (the time of
+each stream's last batch, the analytics), reads the index and statuses every interval, and serves
+the documents. The app creates one :class:`DashboardData` per gateway; its lifespan starts and
+stops the sampler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from kvgateway.log.ordered import BatchRecord
+from kvgateway.log.ring import Entry
+from kvgateway.runtime.metrics import Metrics
+from kvgateway.runtime.tasks import cancel_and_wait
+from kvgateway.serve.http_query import bad_request, route_query
+from kvgateway.serve.query import BadRequest
+from kvgateway.state.analytics import CacheAnalytics, Stream
+from kvgateway.state.history import History, MediumReading, StreamReading
+from kvgateway.state.occupancy import StreamIndex
+
+if TYPE_CHECKING:
+    from kvgateway.gateway import Gateway
+
+log = logging.getLogger("kvgateway.web")
+
+PREFIX_EVERY: Final = 6
+"""The prefix-spread gauge is refreshed every this many samples (30 s): it looks blocks up in every stream."""
+
+
+class MetricsSink:
+    """The analytics' observations into the Prometheus catalogue (children resolved once)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._children: dict[tuple[Stream, str], tuple[Any, Any, Any]] = {}
+
+    def _of(self, stream: Stream, tier: str) -> tuple[Any, Any, Any]:
+        children = self._children.get((stream, tier))
+        if children is None:
+            labels = (stream[0], str(stream[1]), tier)
+            m = self._metrics
+            children = (
+                m.block_lifetime.labels(*labels),
+                m.sampled_evictions.labels(*labels),
+                m.block_refetches.labels(*labels),
+            )
+            self._children[(stream, tier)] = children
+        return children
+
+    def lifetime(self, stream: Stream, tier: str, seconds: float) -> None:
+        self._of(stream, tier)[0].observe(seconds)
+
+    def eviction(self, stream: Stream, tier: str, refetched: bool) -> None:
+        children = self._of(stream, tier)
+        (children[2] if refetched else children[1]).inc()
+
+
+class Activity:
+    """Follows the log: when each stream's last batch (and last live batch) was received."""
+
+    __slots__ = ("last_batch", "last_live")
+
+    def __init__(self) -> None:
+        self.last_batch: dict[tuple[str, int], float] = {}
+        self.last_live: dict[tuple[str, int], float] = {}
+
+    def follow(self, entry: Entry) -> None:
+        record = entry.record
+        if type(record) is BatchRecord:
+            self.last_batch[record.stream] = record.received
+            if not record.replayed:
+                self.last_live[record.stream] = record.received
+
+
+class DashboardData:
+    """The history of one gateway, its sampler task, and what follows the log for it."""
+
+    def __init__(self, gateway: Gateway, history: History | None = None) -> None:
+        self.gateway = gateway
+        self.history = history if history is not None else History()
+        self.activity = Activity()
+        self.analytics = CacheAnalytics(MetricsSink(gateway.metrics))
+        gateway.log.follow(self.activity.follow)
+        gateway.log.follow(self.analytics.follow)
+        self._task: asyncio.Task[None] | None = None
+        self._samples = 0
+
+    def readings(self, now: float) -> list[StreamReading]:
+        gateway = self.gateway
+        out = []
+        for (source, dp_rank), outlet in sorted(gateway.outlets.items()):
+            status, index = outlet.status, outlet.index
+            last = self.activity.last_batch.get((source, dp_rank))
+            live = self.activity.last_live.get((source, dp_rank))
+            # Lag means something only for a batch that arrived live within this interval.
+            fresh = status.connected and live is not None and now - live <= self.history.interval
+            mediums = {
+                name: MediumReading(s.blocks, s.tokens, s.stores_per_s, s.removes_per_s, s.capacity_blocks)
+                for name, s in index.medium_stats(now).items()
+            }
+            out.append(
+                StreamReading(
+                    source,
+                    dp_rank,
+                    status.state(now, index.stale),
+                    status.lag_seconds if fresh else None,
+                    None if last is None else max(0.0, now - last),
+                    status.counters["restarts"],
+                    mediums,
+                )
+            )
+        return out
+
+    def up_streams(self, indexes: Iterable[StreamIndex]) -> list[StreamIndex]:
+        """The streams whose engine is connected: a down engine's blocks are not a prefix's home."""
+        outlets = self.gateway.outlets
+        return [
+            index
+            for index in indexes
+            if (outlet := outlets.get((index.source, index.dp_rank))) is not None and outlet.status.connected
+        ]
+
+    def sample(self) -> None:
+        now = self.gateway.clock()
+        self.history.sample(now, self.readings(now))
+        self.gateway.metrics.history_bytes.set(self.history.nbytes())
+        held, bound = self.analytics.tracked()
+        self.gateway.metrics.analytics_tracked.set(held)
+        self.gateway.metrics.analytics_tracked_bound.set(bound)
+        if self._samples % PREFIX_EVERY == 0:
+            spread = self.analytics.prefix_spread(self.up_streams(self.gateway.index.streams()))
+            if spread["mean_engines"] is not None:
+                self.gateway.metrics.prefix_engines_mean.set(spread["mean_engines"])
+        self._samples += 1
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
+
+    async def _run(self) -> None:
+        interval = self.history.interval
+        while True:
+            try:
+                self.sample()
+            except Exception:  # a bug here must not end the sampling for good
+                log.exception("history sampling failed")
+            now = self.gateway.clock()
+            await asyncio.sleep(max(0.05, interval - math.fmod(now, interval)))
+
+
+def parse_history_query(own: dict[str, list[str]], interval: float) -> tuple[float | None, int]:
+    """``since`` and ``step`` (in samples) of a /v1/history request, from its own parameters
+    (:func:`kvgateway.serve.query.route_query`); raises :class:`BadRequest`."""
+    since: float | None = None
+    step = 1
+    for value in own.get("since", []):
+        try:
+            since = float(value)
+        except ValueError:
+            since = math.nan
+        if not math.isfinite(since):
+            raise BadRequest(f"since: expected a time in seconds since the epoch, got {value[:64]!r}")
+    for value in own.get("step", []):
+        seconds = int(value) if value.isdigit() and len(value) < 7 else 0
+        if seconds <= 0 or seconds % interval:
+            raise BadRequest(f"step: expected a positive multiple of {interval:g} seconds, got {value[:64]!r}")
+        step = int(seconds // interval)
+    return since, step
+
+
+async def history_endpoint(request: Request) -> Response:
+    data: DashboardData = request.app.state.dashboard_data
+    gateway = data.gateway
+    try:
+        client, own = route_query(request, "/v1/history")
+        since, step = parse_history_query(own, data.history.interval)
+    except BadRequest as exc:
+        return bad_request(gateway, exc)
+    body = data.history.to_json(gateway.log.epoch, client.filter, since, step)
+    return Response(msgspec.json.encode(body), media_type="application/json")
+
+
+async def analytics_endpoint(request: Request) -> Response:
+    data: DashboardData = request.app.state.dashboard_data
+    gateway = data.gateway
+    try:
+        client, _ = route_query(request, "/v1/analytics")
+    except BadRequest as exc:
+        return bad_request(gateway, exc)
+    streams = gateway.routers.matching(list(gateway.outlets), client.filter)
+    body = {"epoch": gateway.log.epoch, **data.analytics.to_json(streams, up=data.up_streams(streams))}
+    return Response(msgspec.json.encode(body), media_type="application/json")

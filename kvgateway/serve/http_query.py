@@ -1,0 +1,29 @@
+"""A request's query parameters read against its route's declaration
+(:data:`kvgateway.serve.query.ROUTE_PARAMETERS`), and the 400 that answers a bad one: the same on every
+``/v1/`` route that is not a stream."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from starlette.requests import HTTPConnection
+from starlette.responses import Response
+
+from kvgateway.serve.middleware import json_error
+from kvgateway.serve.query import BadRequest, ClientRequest
+
+if TYPE_CHECKING:
+    from kvgateway.gateway import Gateway
+
+
+def route_query(conn: HTTPConnection, route: str) -> tuple[ClientRequest, dict[str, list[str]]]:
+    """The stream filter (source, dp_rank, ...) of a request to ``route`` and the route's own
+    parameters; raises :class:`BadRequest`."""
+    gateway: Gateway = conn.app.state.gateway
+    return gateway.hub.route_query(route, conn.query_params)
+
+
+def bad_request(gateway: Gateway, exc: BadRequest) -> Response:
+    """A 400 with the one-line reason, counted as a rejected HTTP request."""
+    gateway.metrics.client_rejections.labels("http", "bad_request").inc()
+    return json_error(400, exc.message)

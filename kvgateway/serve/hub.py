@@ -1,0 +1,193 @@
+"""The hub: follows the ordered log and hands each entry to the queue of every client that wants it.
+
+Publishing never awaits a client: each client has its own queue (:class:`~kvgateway.serve.subscription.
+Subscription`), bounded by bytes, and a client that lets it overflow is cut ("slow_consumer"). The
+hub does no I/O and knows no transport: the web layer writes what the subscriptions hand out.
+
+Subscribing is two synchronous steps with no append in between: :meth:`Hub.resume_point` decides
+where the client starts (recovered from the log, or fresh at the last offset), the caller builds
+the hello for that point (the index's snapshot is exact at the log's last offset, because the
+index follows the log before the hub does), and :meth:`Hub.subscribe` queues the backlog and
+registers the client for what comes next: no gap, no duplicate.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from time import perf_counter
+from typing import TypeAlias
+
+from kvgateway.log import messages
+from kvgateway.log.messages import OutMessage
+from kvgateway.log.ordered import Log
+from kvgateway.log.resume import resume_after
+from kvgateway.log.ring import Entry
+from kvgateway.runtime.metrics import HubMetrics
+from kvgateway.serve.query import GAP_LAST, ClientRequest, QueryInput, parse_query, route_query
+from kvgateway.serve.subscription import CloseReason, Subscription, Transport
+
+log = logging.getLogger("kvgateway.hub")
+
+Stream: TypeAlias = tuple[str, int]
+
+
+class TooManyClients(Exception):
+    """No room for another client (HTTP 503 before the upgrade, or close 1013 after)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """Where a new client starts: after ``offset``; ``recovered`` when it resumes its own position."""
+
+    offset: int
+    recovered: bool
+
+
+class Hub:
+    """The clients of one gateway process (use from the event loop's thread)."""
+
+    def __init__(
+        self,
+        log: Log,
+        *,
+        metrics: HubMetrics,
+        sources: Sequence[Stream],
+        client_queue_bytes: int = 2**20,
+        max_clients: int = 1000,
+    ) -> None:
+        if client_queue_bytes <= 0 or max_clients < 0:
+            raise ValueError("client_queue_bytes must be > 0 and max_clients >= 0")
+        self.log = log
+        self.metrics = metrics
+        self.client_queue_bytes = client_queue_bytes
+        self.max_clients = max_clients
+        self.source_names = frozenset(name for name, _ in sources)
+        self.slow_consumer_notice = messages.encode_slow_consumer(client_queue_bytes)
+        self._closed = False
+        self._clients: dict[Subscription, None] = {}
+        # subscribers per stream, so an entry visits only the clients that want it
+        self._by_stream: dict[Stream, dict[Subscription, None]] = {stream: {} for stream in sources}
+        log.follow(self._on_entry)
+
+    @property
+    def epoch(self) -> str:
+        return self.log.epoch
+
+    @property
+    def offset(self) -> int:
+        """The last offset of the log (0 before any message)."""
+        return self.log.last_offset
+
+    @property
+    def client_count(self) -> int:
+        return len(self._clients)
+
+    def can_accept(self) -> bool:
+        return not self._closed and len(self._clients) < self.max_clients
+
+    def parse_query(self, params: QueryInput, *, last_event_id: str | None = None) -> ClientRequest:
+        """:func:`kvgateway.serve.query.parse_query` against this hub's configured source names."""
+        return parse_query(params, sources=self.source_names, last_event_id=last_event_id)
+
+    def route_query(
+        self, route: str, params: QueryInput, *, last_event_id: str | None = None
+    ) -> tuple[ClientRequest, dict[str, list[str]]]:
+        """:func:`kvgateway.serve.query.route_query` against this hub's configured source names."""
+        return route_query(route, params, sources=self.source_names, last_event_id=last_event_id)
+
+    # following the log
+
+    def _on_entry(self, entry: Entry) -> None:
+        started = perf_counter()
+        subscribers = self._by_stream.get(entry.stream)
+        if subscribers is None:  # a stream outside the configuration: index it on first use
+            subscribers = self._by_stream[entry.stream] = {
+                sub: None for sub in self._clients if sub.filter.matches_stream(*entry.stream)
+            }
+        message_for = self.log.message_for
+        slow: list[Subscription] | None = None
+        for sub in subscribers:
+            key = sub.event_key
+            message = entry.message if key is None else message_for(entry, key)
+            if message is not None and not sub.push(message):
+                if slow is None:
+                    slow = []
+                slow.append(sub)
+        if slow is not None:  # not inside the loop: closing edits the dict being iterated
+            for sub in slow:
+                log.warning(
+                    "%s client cut off as a slow consumer: %d bytes queued, limit %d",
+                    sub.transport,
+                    sub.queued_bytes,
+                    self.client_queue_bytes,
+                )
+                sub.close("slow_consumer")
+        self.metrics.broadcast(perf_counter() - started)
+
+    # clients
+
+    def resume_point(self, request: ClientRequest, transport: Transport) -> ResumePoint:
+        """Where a client asking ``request`` starts; raises :class:`TooManyClients` (the route
+        counts the rejection). Call :meth:`subscribe` before anything is appended to the log."""
+        if self._closed:
+            raise TooManyClients("the gateway is shutting down")
+        if len(self._clients) >= self.max_clients:
+            raise TooManyClients(f"the gateway already serves {self.max_clients} clients")
+        last = self.log.last_offset
+        if request.last_event_id is None:
+            return ResumePoint(last, False)
+        after = resume_after(
+            request.last_event_id, epoch=self.log.epoch, first_offset=self.log.first_offset, last_offset=last
+        )
+        self.metrics.resumed(transport, after is not None)
+        return ResumePoint(last, False) if after is None else ResumePoint(after, True)
+
+    def subscribe(
+        self, request: ClientRequest, transport: Transport, hello: OutMessage, point: ResumePoint
+    ) -> Subscription:
+        """Register a client whose ``hello`` is for ``point``. When recovered, the messages it
+        missed that match its filter are queued already."""
+        client_filter = request.filter
+        sub = Subscription(
+            self,
+            client_filter=client_filter,
+            transport=transport,
+            hello=hello,
+            offset=point.offset,
+            recovered=point.recovered,
+            limit=self.client_queue_bytes,
+            metrics=self.metrics,
+            deprecated_copies=GAP_LAST in request.compat,
+        )
+        if point.recovered:
+            key = sub.event_key
+            message_for = self.log.message_for
+            backlog: list[OutMessage] = []
+            for entry in self.log.read(point.offset):
+                if client_filter.matches_stream(*entry.stream):
+                    message = message_for(entry, key)
+                    if message is not None:
+                        backlog.append(message)
+            sub.prime(backlog)
+        self._clients[sub] = None
+        for stream, subscribers in self._by_stream.items():
+            if client_filter.matches_stream(*stream):
+                subscribers[sub] = None
+        self.metrics.joined(transport)
+        return sub
+
+    def forget(self, sub: Subscription, reason: CloseReason) -> None:
+        """Unregister ``sub`` (its :meth:`~Subscription.close` calls this)."""
+        if sub in self._clients:
+            del self._clients[sub]
+            for subscribers in self._by_stream.values():
+                subscribers.pop(sub, None)
+            self.metrics.left(sub.transport, reason)
+
+    def close(self) -> None:
+        """Refuse new clients and close every subscription with reason "shutdown"."""
+        self._closed = True
+        for sub in list(self._clients):
+            sub.close("shutdown")

@@ -1,0 +1,226 @@
+"""What the gateway keeps for KV-aware routers, beside the index: the learned token chains (a
+follower of the ordered log), the lookup rate limit, the cached fleet facts, and the block snapshots
+in flight (``snapshot=blocks`` and ``GET /v1/blocks``).
+
+The routes (kvgateway/serve/router_api.py) and the client writers (kvgateway/serve/sessions.py) use it; the
+rendering and the lookups themselves are the I/O-free kvgateway/state/blocks.py and kvgateway/state/lookup.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final
+
+from kvgateway.config import Settings
+from kvgateway.engine.wire import Hash
+from kvgateway.log import messages
+from kvgateway.log.filters import ClientFilter
+from kvgateway.log.messages import OutMessage
+from kvgateway.log.ordered import BatchRecord
+from kvgateway.log.ring import Entry
+from kvgateway.runtime.metrics import Metrics
+from kvgateway.runtime.tasks import cancel_and_wait
+from kvgateway.serve.hub import TooManyClients
+from kvgateway.serve.subscription import Subscription
+from kvgateway.state import blocks
+from kvgateway.state.blocks import StreamBlocks
+from kvgateway.state.lookup import ChainLearner, FleetCount, HashQuery, TokenBucket, TokenQuery, lookup
+from kvgateway.state.occupancy import OccupancyIndex, StreamIndex
+
+log = logging.getLogger("kvgateway.routers")
+
+LEARNER_FOLLOWS_EVERY: Final = 256
+"""Batches between two counts of the fleet's resident blocks for the learner's cap (O(groups))."""
+
+FLEET_REFRESH_SECONDS: Final = 15.0
+"""How often the fleet facts are counted again: O(resident blocks), so never per request."""
+
+
+def without_gc(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    """``pieces``, each rendered with the garbage collector paused.
+
+    Rendering a chunk allocates a dict per block; those allocations would trigger collections
+    that walk the whole heap (the index's sets: hundreds of milliseconds at a million blocks)
+    again and again during a snapshot. Paused for the chunk, and the chunk's dicts freed before
+    it resumes, they trigger none. Safe: one chunk is rendered synchronously on the event loop.
+    """
+    while True:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            piece = next(pieces, None)
+        finally:
+            if enabled:
+                gc.enable()
+        if piece is None:
+            return
+        yield piece
+
+
+class TooManySnapshots(TooManyClients):
+    """``max_snapshots`` block snapshots are being served already (HTTP 503, or close 1013): a
+    kind of :class:`~kvgateway.serve.hub.TooManyClients`, refused where those are."""
+
+
+class BlockSnapshot:
+    """One client's frozen block state: the ``state`` messages of its hello's offset, rendered
+    lazily, chunk by chunk, while the client's writer sends them (kvgateway/serve/sessions.py)."""
+
+    __slots__ = ("_release", "hello_id", "offset", "streams")
+
+    def __init__(
+        self, streams: list[StreamBlocks], offset: int, hello_id: str | None, release: Callable[[], None]
+    ) -> None:
+        self.streams = streams
+        self.offset = offset
+        self.hello_id = hello_id
+        self._release: Callable[[], None] | None = release
+
+    def messages(self, chunk_blocks: int = blocks.DEFAULT_CHUNK_BLOCKS) -> Iterator[OutMessage]:
+        """The ``state`` messages; the very last one carries the hello's id (its SSE ``id:``
+        line), so an EventSource that drops mid-snapshot cannot resume into a partial state."""
+        rendered = blocks.encoded_state_messages(self.streams, self.offset, chunk_blocks)
+        pending: bytes | None = None
+        for data in without_gc(rendered):
+            if pending is not None:
+                yield OutMessage(pending, messages.STATE)
+            pending = data
+        if pending is not None:
+            yield OutMessage(pending, messages.STATE, self.hello_id)
+
+    def release(self) -> None:
+        """The snapshot is sent (or abandoned): its slot is free (idempotent)."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def __del__(self) -> None:
+        # A response dropped before its body was iterated never runs the body's finally.
+        self.release()
+
+
+class Routers:
+    """The routers' side of one gateway (use from the event loop's thread)."""
+
+    def __init__(self, settings: Settings, index: OccupancyIndex, metrics: Metrics) -> None:
+        self.index = index
+        self.metrics = metrics
+        self.max_snapshots = settings.max_snapshots
+        self.snapshot_queue_bytes = settings.snapshot_queue_bytes
+        self.learner = ChainLearner(settings.max_learned_blocks, resident=self.resident)
+        self.bucket = TokenBucket(settings.lookup_rate, settings.lookup_burst)
+        self.fleet: dict[str, Any] | None = None
+        """The last fleet facts (:func:`kvgateway.state.lookup.fleet_facts`) with their ``offset`` and ``at``."""
+        self._snapshots = 0
+        self._evicted = 0
+        self._batches = 0
+        self._task: asyncio.Task[None] | None = None
+
+    # --- the learner follows the ordered log -------------------------------------------------
+
+    def follow(self, entry: Entry) -> None:
+        """Learn the chains of a delivered batch (live and replayed alike)."""
+        record = entry.record
+        if type(record) is BatchRecord:
+            learner = self.learner
+            self._batches += 1
+            if self._batches % LEARNER_FOLLOWS_EVERY == 0:
+                learner.follow_fleet(self.index.resident_blocks())
+            learner.learn_batch(record.stream[0], record.stream[1], record.batch)
+            if learner.evicted != self._evicted:
+                self.metrics.learned_evictions.inc(learner.evicted - self._evicted)
+                self._evicted = learner.evicted
+
+    def resident(self, stream: tuple[str, int], block_hash: Hash) -> bool:
+        """Whether ``stream`` still holds ``block_hash`` in some medium and group (the learner
+        keeps such chains at its cap: a long-lived prefix survives churn elsewhere). O(1) in the
+        fleet's size: the stream that announced the block is asked, not every stream."""
+        return self.index.stream(*stream).holds(block_hash)
+
+    # --- lookups ------------------------------------------------------------------------------
+
+    def allow_lookup(self) -> bool:
+        return self.bucket.allow(time.monotonic())
+
+    def lookup(self, streams: Sequence[StreamIndex], query: HashQuery | TokenQuery, offset: int) -> dict[str, Any]:
+        """The answer at ``offset`` (synchronous: exactly the state after it)."""
+        self.metrics.lookups.labels("hashes" if isinstance(query, HashQuery) else "tokens").inc()
+        return lookup(streams, self.learner, query, offset)
+
+    # --- snapshots ----------------------------------------------------------------------------
+
+    def matching(self, keys: Sequence[tuple[str, int]], client_filter: ClientFilter) -> list[StreamIndex]:
+        """The indexes of the configured streams ``client_filter`` selects, sorted."""
+        return [self.index.stream(*key) for key in sorted(keys) if client_filter.matches_stream(*key)]
+
+    def reserve(self) -> None:
+        """Take a snapshot slot; raises :class:`TooManySnapshots`."""
+        if self._snapshots >= self.max_snapshots:
+            raise TooManySnapshots(f"{self.max_snapshots} block snapshots are being served already")
+        self._snapshots += 1
+
+    def _free(self) -> None:
+        self._snapshots -= 1
+
+    def capture(self, streams: Sequence[StreamIndex], offset: int, hello_id: str | None, route: str) -> BlockSnapshot:
+        """Freeze ``streams`` now (call it at ``offset``, with no await since) in a reserved slot."""
+        self.metrics.block_snapshots.labels(route).inc()
+        return BlockSnapshot(blocks.capture(streams), offset, hello_id, self._free)
+
+    def attach(self, sub: Subscription, streams: Sequence[StreamIndex]) -> None:
+        """Give a new ``snapshot=blocks`` client (a reserved slot) the state at its hello's
+        offset; its live messages queue behind the state, up to ``snapshot_queue_bytes``."""
+        sub.snapshot = self.capture(streams, sub.offset, sub.hello_message.id, sub.transport)
+        sub.hold(self.snapshot_queue_bytes)
+
+    @property
+    def snapshots(self) -> int:
+        """Snapshots being served now."""
+        return self._snapshots
+
+    # --- fleet facts, counted in the background --------------------------------------------
+
+    def start(self, offset: Callable[[], int]) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._refresh_fleet(offset))
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
+
+    async def count_fleet(self, offset: int) -> dict[str, Any]:
+        """Fleet facts at ``offset`` (frozen now), counted one stream and group per event-loop turn."""
+        count = FleetCount(self.index.streams())
+        for _ in iter(count.step, True):  # one stream and group, then a turn for everything else
+            await asyncio.sleep(0)
+        facts = count.result()
+        self.fleet = {"offset": offset, "at": time.time(), **facts}
+        self._set_fleet_gauges(facts)
+        return self.fleet
+
+    async def _refresh_fleet(self, offset: Callable[[], int]) -> None:
+        while True:
+            try:
+                await self.count_fleet(offset())
+            except Exception:  # a bug here must not end the refreshes for good
+                log.exception("counting the fleet's blocks failed")
+            await asyncio.sleep(FLEET_REFRESH_SECONDS)
+
+    def _set_fleet_gauges(self, facts: dict[str, Any]) -> None:
+        distinct, shared = self.metrics.fleet_distinct_blocks, self.metrics.fleet_shared_blocks
+        distinct.clear()  # a medium no stream holds any more leaves the exposition
+        shared.clear()
+        distinct.labels("all").set(facts["distinct_blocks"])
+        shared.labels("all").set(facts["shared_blocks"])
+        for medium, counts in facts["mediums"].items():
+            distinct.labels(medium).set(counts["distinct_blocks"])
+            shared.labels(medium).set(counts["shared_blocks"])
+
+    def refresh_gauges(self) -> None:
+        self.learner.follow_fleet(self.index.resident_blocks())
+        self.metrics.learned_blocks.set(len(self.learner))
+        self.metrics.learned_blocks_cap.set(self.learner.cap)

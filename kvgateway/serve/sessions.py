@@ -1,0 +1,185 @@
+"""The writers of the web layer: one per client, between its :class:`~kvgateway.serve.subscription.Subscription`
+(I/O-free) and its socket. Here live the waiting (a future per wait, no task per chunk), the SSE
+keepalive timer, the WebSocket close codes, and the marking of a chunk as in flight while it is
+written, which is what the subscription's slow-client rule looks at."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Final
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from kvgateway.log.messages import SSE_PING, OutMessage, sse_bytes, sse_preamble, ws_text
+from kvgateway.serve.subscription import CHUNK_BYTES, Subscription
+
+SSE_RETRY_MS = 2000
+
+WS_CLOSE: Final[dict[str, tuple[int, str]]] = {
+    "slow_consumer": (1013, "slow consumer"),
+    "too_many_clients": (1013, "too many clients"),
+    "shutdown": (1012, "gateway shutting down"),
+}
+"""WebSocket close code and reason for each way the gateway ends a connection (docs/protocol.md)."""
+
+
+class Pump:
+    """Waits on one subscription for its chunks."""
+
+    __slots__ = ("_waiter", "subscription")
+
+    def __init__(self, subscription: Subscription) -> None:
+        self.subscription = subscription
+        self._waiter: asyncio.Future[None] | None = None
+        subscription.wakeup = self._wake
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def next_chunk(self, max_bytes: int = CHUNK_BYTES, idle: float | None = None) -> list[OutMessage] | None:
+        """Wait for at least one message, then take every queued one up to ``max_bytes``; the
+        caller writes it and calls ``subscription.written()``.
+
+        None once the subscription is closed (by the route, the hub's shutdown, or for
+        slowness); a closed subscription's queue is dropped, not flushed. With ``idle``: an empty
+        list when nothing came for that many seconds (the SSE keepalive).
+        """
+        sub = self.subscription
+        while not sub.pending:
+            if sub.closed_reason is not None:
+                return None
+            if self._waiter is not None:
+                raise RuntimeError("next_chunk() is already being awaited")
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiter = waiter
+            timer = None if idle is None else loop.call_later(idle, _wake_idle, waiter)
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if idle is not None and not sub.pending and sub.closed_reason is None:
+                return []
+        return sub.take(max_bytes)
+
+
+def _wake_idle(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _hello(subscription: Subscription) -> OutMessage:
+    """The hello to send. Over SSE with a block snapshot it has no ``id:`` line (the last state
+    message has it): an EventSource that drops mid-snapshot must not resume a partial state."""
+    hello = subscription.hello_message
+    if subscription.snapshot is not None and subscription.transport == "sse":
+        return OutMessage(hello.data, hello.type)
+    return hello
+
+
+def _drop_state(subscription: Subscription) -> None:
+    """A client that left before its state was sent frees its snapshot slot now."""
+    snapshot, subscription.snapshot = subscription.snapshot, None
+    if snapshot is not None:
+        snapshot.release()
+
+
+def _state(subscription: Subscription) -> Iterator[OutMessage]:
+    """The ``state`` messages of a ``snapshot=blocks`` client, one chunk per step (the writer
+    yields to the event loop between steps); stops early when the subscription is closed. Live
+    messages wait in the queue meanwhile, which the hold bounds (:meth:`Subscription.hold`)."""
+    snapshot = subscription.snapshot
+    if snapshot is None:
+        return
+    try:
+        for message in snapshot.messages():
+            if subscription.closed_reason is not None:
+                return
+            yield message
+    finally:
+        snapshot.release()
+        subscription.snapshot = None
+        subscription.unhold()
+
+
+async def ws_session(websocket: WebSocket, subscription: Subscription) -> None:
+    await websocket.accept()
+    pump = Pump(subscription)
+    # The reader closes the subscription when the client leaves, which wakes the pump: the pump
+    # awaits next_chunk() itself, with no task and no asyncio.wait() per chunk (they cost more
+    # than the write).
+    reader = asyncio.ensure_future(_drain_inbound(websocket, subscription))
+    try:
+        await websocket.send_text(subscription.hello_message.text)
+        for state in _state(subscription):
+            await websocket.send_text(state.text)
+            await asyncio.sleep(0)  # one chunk per turn: other clients keep their latency
+        while True:
+            chunk = await pump.next_chunk()
+            if chunk is None:
+                if not reader.done():  # cut by the gateway (slow, shutdown), not gone by itself
+                    code, reason = WS_CLOSE.get(subscription.closed_reason or "", (1000, ""))
+                    await websocket.close(code, reason)
+                return
+            # Several messages in one frame, newline-delimited: one frame per message would
+            # collapse throughput under load.
+            try:
+                await websocket.send_text(ws_text(chunk))
+            finally:
+                subscription.written()
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        pass
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await reader
+        subscription.close("closed")
+        _drop_state(subscription)
+
+
+async def _drain_inbound(websocket: WebSocket, subscription: Subscription) -> None:
+    """Clients have nothing to say: what they send (at most 64 KiB a frame) is read and dropped,
+    which is also how a departure is noticed: the subscription is closed, waking the pump."""
+    try:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+    finally:
+        subscription.close("closed")
+
+
+async def sse_stream(subscription: Subscription, keepalive: float) -> AsyncIterator[bytes]:
+    pump = Pump(subscription)
+    try:
+        yield sse_preamble(SSE_RETRY_MS) + _hello(subscription).sse
+        for state in _state(subscription):
+            yield state.sse
+            await asyncio.sleep(0)
+        while True:
+            # One timer per wait for the keepalive, none when messages are already queued.
+            chunk = await pump.next_chunk(idle=keepalive)
+            if chunk == []:
+                yield SSE_PING  # nothing for `keepalive` seconds: keeps proxies from closing the stream
+                continue
+            if chunk is None:
+                farewell = subscription.farewell()
+                if farewell is not None:
+                    yield farewell.sse
+                return
+            try:
+                yield sse_bytes(chunk)
+            finally:
+                subscription.written()
+    finally:
+        subscription.close("closed")
+        _drop_state(subscription)

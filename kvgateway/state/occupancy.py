@@ -1,0 +1,569 @@
+"""The reference-counted cache index: which blocks each engine holds, per medium and KV-cache group.
+
+Sans-I/O: the caller passes ``now`` (seconds, any monotonic clock) into every time-dependent call.
+
+A stream is ``(source, dp_rank)``. Within a stream a block is ``(medium, group_idx, hash)``:
+the medium is the engine's own name normalised by :func:`kvgateway.engine.mediums.normalise_medium`
+(upper case; absent, None or empty = ``"GPU"``), a missing group_idx is group 0. Every medium
+belongs to one tier (GPU, CPU, DISK, EXTERNAL: :func:`kvgateway.engine.mediums.medium_tier`); the
+snapshots sum the mediums of each tier too.
+
+Engines announce every physical copy, so the index counts references: a store adds one per hash,
+a remove takes one away and the block leaves at zero. A remove of a hash the index does not hold
+is normal (the gateway joined late, a gap) and only counted.
+
+Memory: nearly every block has a single reference, so the resident hashes live in a ``set`` and
+only hashes with more than one reference get an entry in a side ``dict`` of extra references,
+about 60-80 bytes per resident u64 block including the int object itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+from kvgateway.engine.mediums import DEFAULT_MEDIUM, medium_tier, normalise_medium, tier_rank
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Hash
+from kvgateway.log.ordered import BatchRecord, NoticeRecord
+from kvgateway.log.ring import Entry
+
+__all__ = ["DEFAULT_MEDIUM", "BlockGroup", "MediumStats", "OccupancyIndex", "StreamIndex", "normalise_medium"]
+
+RATE_WINDOW_SECONDS: Final = 60
+"""``stores_per_s``/``removes_per_s`` average the 60 one-second buckets ending with the current one,
+or the time since the index started when that is shorter (no ramp-up after a start)."""
+
+RATE_DECIMALS: Final = 3
+"""Rates are rounded to this many decimals where they are rendered into JSON (a thousandth of a
+block per second): a sum of floats is otherwise written as ``1185.1999999999998``."""
+
+_NEVER: Final = -(2**62)
+_ROUTE_CACHE_MAX: Final = 256
+"""Bound on cached (raw medium, group_idx) routes: the wire's medium strings are not trusted."""
+
+BlockGroup: TypeAlias = tuple[str, int, int, "set[Hash]", "dict[Hash, int]"]
+"""One (medium, group_idx) of a stream, from :meth:`StreamIndex.block_groups`: ``(medium name,
+group_idx, the medium's last announced block size (0: unknown), resident hashes, extra references)``;
+a hash's reference count is ``1 + extra.get(hash, 0)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class MediumStats:
+    """One medium of one stream. ``stores``/``removes`` count announced blocks (duplicates included)."""
+
+    blocks: int
+    tokens: int
+    block_size: int
+    stores: int
+    removes: int
+    stores_per_s: float
+    removes_per_s: float
+    capacity_blocks: int | None
+
+    tier: str
+    """The medium's tier (GPU, CPU, DISK, EXTERNAL)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tier": self.tier,
+            "blocks": self.blocks,
+            "tokens": self.tokens,
+            "capacity_blocks": self.capacity_blocks,
+            "block_size": self.block_size,
+            "stores": self.stores,
+            "removes": self.removes,
+            "stores_per_s": self.stores_per_s,
+            "removes_per_s": self.removes_per_s,
+        }
+
+
+class _Group:
+    """Resident hashes of one (medium, group_idx): refcount = 1 + ``extra.get(hash, 0)``.
+
+    ``shared``: ``blocks`` and ``extra`` were handed out by :meth:`StreamIndex.block_groups` with
+    ``freeze=True``; the group copies them before its next change (copy on write)."""
+
+    __slots__ = ("blocks", "extra", "medium", "shared")
+
+    def __init__(self, medium: _Medium) -> None:
+        self.blocks: set[Hash] = set()
+        self.extra: dict[Hash, int] = {}
+        self.medium = medium
+        self.shared = False
+
+    def _own(self) -> None:
+        self.blocks = set(self.blocks)
+        self.extra = dict(self.extra)
+        self.shared = False
+
+    def store(self, hashes: list[Hash]) -> None:
+        if self.shared:
+            self._own()
+        blocks = self.blocks
+        if blocks.isdisjoint(hashes):
+            # Fast path (the common case): all new. A length mismatch means repeats inside the list.
+            before = len(blocks)
+            blocks.update(hashes)
+            if len(blocks) - before != len(hashes):
+                extra = self.extra
+                for h, n in Counter(hashes).items():
+                    if n > 1:
+                        extra[h] = extra.get(h, 0) + n - 1
+            return
+        extra = self.extra
+        for h in hashes:
+            if h in blocks:
+                extra[h] = extra.get(h, 0) + 1
+            else:
+                blocks.add(h)
+
+    def remove(self, hashes: list[Hash]) -> int:
+        """Take one reference per hash; returns how many hashes were not resident."""
+        if self.shared:
+            self._own()
+        blocks = self.blocks
+        extra = self.extra
+        if not extra or extra.keys().isdisjoint(hashes):
+            # No extra references involved: a set difference has the sequential semantics
+            # (a repeated hash drops the block once; its second mention is unknown).
+            before = len(blocks)
+            blocks.difference_update(hashes)
+            return len(hashes) - (before - len(blocks))
+        unknown = 0
+        for h in hashes:
+            n = extra.get(h)
+            if n is not None:
+                if n == 1:
+                    del extra[h]
+                else:
+                    extra[h] = n - 1
+            elif h in blocks:
+                blocks.remove(h)
+            else:
+                unknown += 1
+        return unknown
+
+    def refcount(self, h: Hash) -> int:
+        return 1 + self.extra.get(h, 0) if h in self.blocks else 0
+
+    def clear(self) -> None:
+        # New objects rather than .clear(): frees the tables, and the dict would otherwise keep its size.
+        self.blocks = set()
+        self.extra = {}
+        self.shared = False
+
+
+class _Medium:
+    """Counters, block size and per-second rate buckets of one medium of one stream."""
+
+    __slots__ = (
+        "block_size",
+        "bucket_removes",
+        "bucket_sec",
+        "bucket_stores",
+        "cur_removes",
+        "cur_sec",
+        "cur_stores",
+        "groups",
+        "removes",
+        "stores",
+    )
+
+    def __init__(self) -> None:
+        self.groups: dict[int, _Group] = {}
+        self.block_size = 0
+        self.stores = 0
+        self.removes = 0
+        # Ring of one-second buckets indexed by second % window; bucket_sec says which second a slot holds.
+        self.bucket_sec = [_NEVER] * RATE_WINDOW_SECONDS
+        self.bucket_stores = [0] * RATE_WINDOW_SECONDS
+        self.bucket_removes = [0] * RATE_WINDOW_SECONDS
+        # The current second is counted in plain attributes (cheap to bump) and rolled into the ring.
+        self.cur_sec = _NEVER
+        self.cur_stores = 0
+        self.cur_removes = 0
+
+    def group(self, group_idx: int) -> _Group:
+        grp = self.groups.get(group_idx)
+        if grp is None:
+            grp = self.groups[group_idx] = _Group(self)
+        return grp
+
+    def roll(self, sec: int) -> None:
+        """Close the current second's bucket and open ``sec``'s."""
+        if sec < self.cur_sec:  # a clock step backwards: keep filling the newest bucket
+            return
+        i = self.cur_sec % RATE_WINDOW_SECONDS
+        self.bucket_sec[i] = self.cur_sec
+        self.bucket_stores[i] = self.cur_stores
+        self.bucket_removes[i] = self.cur_removes
+        self.cur_sec = sec
+        self.cur_stores = self.cur_removes = 0
+
+    def rates(self, now: float, started: float | None = None) -> tuple[float, float]:
+        """Per-second rates over the window, or over the time since ``started`` (at least one
+        second) when the index has not watched a whole window yet: the last 60 s divided by 60
+        would ramp up for a minute after every gateway start."""
+        covered: float = RATE_WINDOW_SECONDS
+        if started is not None:
+            covered = min(float(RATE_WINDOW_SECONDS), max(1.0, now - started))
+        now_sec = math.floor(now)
+        oldest = now_sec - RATE_WINDOW_SECONDS
+        stores = removes = 0
+        if oldest < self.cur_sec <= now_sec:
+            stores, removes = self.cur_stores, self.cur_removes
+        for sec, s, r in zip(self.bucket_sec, self.bucket_stores, self.bucket_removes, strict=True):
+            if oldest < sec <= now_sec:  # the ring never holds cur_sec: roll() only moves forward
+                stores += s
+                removes += r
+        return stores / covered, removes / covered
+
+    def resident(self) -> int:
+        return sum(len(grp.blocks) for grp in self.groups.values())
+
+
+class StreamIndex:
+    """The index of one stream ``(source, dp_rank)``.
+
+    ``capacity_blocks`` (medium -> blocks, any case) is the configured cache size, shown beside
+    the occupancy; its mediums are listed from the start. Other mediums are listed from their first
+    stored block on, and stay listed when they empty; a medium only ever removed from (SGLang
+    removes offloaded hashes from DISK and EXTERNAL it never announced) is not listed: it never
+    held a block, and its removes are counted in ``unknown_removes``.
+    Cumulative counters (``stores``, ``removes``, ``unknown_removes``) and each medium's last known
+    block size survive clears and resets; only the resident blocks are dropped.
+    """
+
+    __slots__ = (
+        "_capacity",
+        "_mediums",
+        "_routes",
+        "dp_rank",
+        "source",
+        "stale",
+        "stale_reason",
+        "started",
+        "unknown_removes",
+    )
+
+    def __init__(
+        self,
+        source: str,
+        dp_rank: int,
+        capacity_blocks: Mapping[str, int] | None = None,
+        started: float | None = None,
+    ) -> None:
+        self.source = source
+        self.started = started
+        """When counting began (the gateway's start): rates divide by the time since, up to the
+        window. None: as if a whole window had been watched."""
+        self.dp_rank = dp_rank
+        self.stale = False
+        """Set by :meth:`mark_stale` (events lost for good); cleared by AllBlocksCleared or :meth:`reset`."""
+        self.stale_reason: str | None = None
+        """Why the index is stale (the latest cause): unrecovered, history_truncated, undecodable."""
+        self.unknown_removes = 0
+        self._capacity = {normalise_medium(m): n for m, n in (capacity_blocks or {}).items()}
+        self._mediums: dict[str, _Medium] = {m: _Medium() for m in sorted(self._capacity)}
+        # (raw medium, raw group_idx) -> group: one dict lookup per event on the hot path.
+        self._routes: dict[tuple[str | None, int | None], _Group] = {}
+
+    def _group(self, medium: str | None, group_idx: int | None) -> _Group:
+        """The group of a (raw medium, raw group_idx) not yet in the route cache."""
+        name = normalise_medium(medium)
+        med = self._mediums.get(name)
+        if med is None:
+            med = self._mediums[name] = _Medium()
+        grp = med.group(0 if group_idx is None else group_idx)
+        if len(self._routes) < _ROUTE_CACHE_MAX:
+            self._routes[(medium, group_idx)] = grp
+        return grp
+
+    def apply(self, batch: Batch, now: float, replayed: bool = False) -> None:
+        """Apply one delivered batch in order; unknown event types are ignored.
+
+        A ``replayed`` batch is history (a catch-up or a gap filled late): it changes the blocks and
+        the cumulative counts, but not the per-second rates, which would otherwise spike after
+        every start and every recovered gap."""
+        # The ingest hot path: inlined lookups, one route-cache hit per event in the common case.
+        sec = math.floor(now)
+        live = not replayed
+        routes = self._routes
+        for event in batch.events:
+            if type(event) is BlockStored or type(event) is BlockRemoved:
+                extra = event.extra
+                group_idx = extra.get("group_idx") if extra else None
+                if group_idx is not None and type(group_idx) is not int:
+                    group_idx = None
+                grp = routes.get((event.medium, group_idx))
+                if grp is None:
+                    grp = self._group(event.medium, group_idx)
+                hashes = event.block_hashes
+                med = grp.medium
+                if live and sec != med.cur_sec:
+                    med.roll(sec)
+                if type(event) is BlockStored:
+                    grp.store(hashes)
+                    if event.block_size > 0:
+                        med.block_size = event.block_size
+                    med.stores += len(hashes)
+                    if live:
+                        med.cur_stores += len(hashes)
+                else:
+                    self.unknown_removes += grp.remove(hashes)
+                    med.removes += len(hashes)
+                    if live:
+                        med.cur_removes += len(hashes)
+            elif type(event) is AllBlocksCleared:
+                self._clear()
+                self.stale = False
+                self.stale_reason = None
+
+    def _clear(self) -> None:
+        for med in self._mediums.values():
+            for grp in med.groups.values():
+                grp.clear()
+
+    def reset(self) -> None:
+        """The publisher restarted: its cache is gone, and so is any doubt about the old state."""
+        self._clear()
+        self.stale = False
+        self.stale_reason = None
+
+    def mark_stale(self, reason: str = "unrecovered") -> None:
+        """Events were lost for good: counts may be wrong until the next AllBlocksCleared or reset."""
+        self.stale = True
+        self.stale_reason = reason
+
+    def refcount(self, block_hash: Hash, medium: str | None = None, group_idx: int | None = None) -> int:
+        """References to one block (0 when not resident)."""
+        med = self._mediums.get(normalise_medium(medium))
+        grp = None if med is None else med.groups.get(0 if group_idx is None else group_idx)
+        return 0 if grp is None else grp.refcount(block_hash)
+
+    def holds(self, block_hash: Hash) -> bool:
+        """Whether some medium and group of the stream holds ``block_hash``: one set lookup each."""
+        for med in self._mediums.values():
+            for grp in med.groups.values():
+                if block_hash in grp.blocks:
+                    return True
+        return False
+
+    def resident_blocks(self) -> int:
+        """Resident blocks of every medium and group summed: O(groups)."""
+        return sum(med.resident() for med in self._mediums.values())
+
+    def groups(self, medium: str | None = None) -> dict[int, int]:
+        """Resident blocks per group_idx of one medium (groups seen stay listed)."""
+        med = self._mediums.get(normalise_medium(medium))
+        return {} if med is None else {g: len(grp.blocks) for g, grp in sorted(med.groups.items())}
+
+    def block_groups(self, *, freeze: bool = False) -> list[BlockGroup]:
+        """Every (medium, group_idx) the stream has seen, sorted, with its resident hashes.
+
+        O(groups), nothing is copied. ``freeze=False``: the live set and dict, valid until the
+        next :meth:`apply` (a synchronous reader such as a lookup); never change them.
+        ``freeze=True``: a snapshot that stays as it is for good: the index copies a group before
+        its next change (copy on write), so the copy costs only a group that changes while a
+        snapshot holds it, once, on the ingest path (about 30 ms per million blocks).
+        """
+        out: list[BlockGroup] = []
+        for name in sorted(self._mediums):
+            med = self._mediums[name]
+            for group_idx in sorted(med.groups):
+                grp = med.groups[group_idx]
+                if freeze:
+                    grp.shared = True
+                out.append((name, group_idx, med.block_size, grp.blocks, grp.extra))
+        return out
+
+    def iter_blocks(self) -> Iterator[tuple[Hash, int, str, int, int]]:
+        """Every resident block as ``(hash, refs, medium, group_idx, block_size)`` (block size 0:
+        unknown), as they are when it is called (a frozen snapshot, :meth:`block_groups`): safe
+        to interleave with applies."""
+        groups = self.block_groups(freeze=True)
+        return (
+            (block_hash, 1 + extra.get(block_hash, 0), medium, group_idx, block_size)
+            for medium, group_idx, block_size, blocks, extra in groups
+            for block_hash in blocks
+        )
+
+    def medium_stats(self, now: float) -> dict[str, MediumStats]:
+        out: dict[str, MediumStats] = {}
+        for name in sorted(self._mediums):
+            med = self._mediums[name]
+            if med.stores == 0 and name not in self._capacity:
+                continue  # never held a block: only removes of hashes it never had
+            blocks = med.resident()
+            stores_per_s, removes_per_s = med.rates(now, self.started)
+            out[name] = MediumStats(
+                blocks=blocks,
+                tokens=blocks * med.block_size,
+                block_size=med.block_size,
+                stores=med.stores,
+                removes=med.removes,
+                stores_per_s=stores_per_s,
+                removes_per_s=removes_per_s,
+                capacity_blocks=self._capacity.get(name),
+                tier=medium_tier(name),
+            )
+        return out
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """One entry of :meth:`OccupancyIndex.snapshot`'s ``streams``.
+
+        ``mediums`` by the engine's own names; ``tiers`` sums them per tier (see :func:`tier_totals`).
+        """
+        mediums = {name: stats.to_json() for name, stats in self.medium_stats(now).items()}
+        return {
+            "source": self.source,
+            "dp_rank": self.dp_rank,
+            "stale": self.stale,
+            "stale_reason": self.stale_reason,
+            "unknown_removes": self.unknown_removes,
+            "mediums": mediums,
+            "tiers": tier_totals(mediums),
+        }
+
+
+def tier_totals(mediums: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Medium entries (``MediumStats.to_json``, or fleet totals per medium) summed per tier.
+
+    Tiers in GPU, CPU, DISK, EXTERNAL order, only those with a medium listed. Each gives
+    ``mediums`` (the names summed, sorted), ``blocks``, ``tokens``, ``stores_per_s``,
+    ``removes_per_s``, and ``capacity_blocks``: the sum, or null unless every medium of the tier
+    has one (a partial sum would mislead).
+    """
+    tiers: dict[str, dict[str, Any]] = {}
+    for name in sorted(mediums, key=lambda m: (tier_rank(medium_tier(m)), m)):
+        stats = mediums[name]
+        tier = medium_tier(name)
+        total = tiers.get(tier)
+        if total is None:
+            total = tiers[tier] = {
+                "mediums": [],
+                "blocks": 0,
+                "tokens": 0,
+                "capacity_blocks": 0,
+                "stores_per_s": 0.0,
+                "removes_per_s": 0.0,
+            }
+        total["mediums"].append(name)
+        total["blocks"] += stats["blocks"]
+        total["tokens"] += stats["tokens"]
+        total["stores_per_s"] += stats["stores_per_s"]
+        total["removes_per_s"] += stats["removes_per_s"]
+        if stats["capacity_blocks"] is None or total["capacity_blocks"] is None:
+            total["capacity_blocks"] = None
+        else:
+            total["capacity_blocks"] += stats["capacity_blocks"]
+    return tiers
+
+
+def _round_rates(entries: Mapping[str, dict[str, Any]]) -> None:
+    """Rates (and sums of them) rounded in place to :data:`RATE_DECIMALS`, once every sum is made."""
+    for entry in entries.values():
+        entry["stores_per_s"] = round(entry["stores_per_s"], RATE_DECIMALS)
+        entry["removes_per_s"] = round(entry["removes_per_s"], RATE_DECIMALS)
+
+
+class OccupancyIndex:
+    """Every stream's index. ``capacity`` maps a stream key ``(source, dp_rank)`` to its
+    configured ``capacity_blocks`` (medium -> blocks), as ``config.StreamConfig`` holds them."""
+
+    __slots__ = ("_capacity", "_started", "_streams")
+
+    def __init__(
+        self, capacity: Mapping[tuple[str, int], Mapping[str, int]] | None = None, started: float | None = None
+    ) -> None:
+        self._capacity = dict(capacity or {})
+        self._started = started
+        self._streams: dict[tuple[str, int], StreamIndex] = {}
+        for source, dp_rank in sorted(self._capacity):
+            self.stream(source, dp_rank)
+
+    def stream(self, source: str, dp_rank: int) -> StreamIndex:
+        """The index of one stream, created on first use."""
+        key = (source, dp_rank)
+        index = self._streams.get(key)
+        if index is None:
+            index = self._streams[key] = StreamIndex(source, dp_rank, self._capacity.get(key), self._started)
+        return index
+
+    def streams(self) -> Iterator[StreamIndex]:
+        """Every stream, sorted by (source, dp_rank)."""
+        for key in sorted(self._streams):
+            yield self._streams[key]
+
+    def apply(self, source: str, dp_rank: int, batch: Batch, now: float, replayed: bool = False) -> None:
+        self.stream(source, dp_rank).apply(batch, now, replayed)
+
+    def resident_blocks(self) -> int:
+        """Resident blocks of every stream, medium and group summed: O(groups), no hash visited."""
+        return sum(index.resident_blocks() for index in self._streams.values())
+
+    def follow(self, entry: Entry) -> None:
+        """Apply what the ordered log says (a batch, a restart, a stale mark): the index follows the log."""
+        record = entry.record
+        if type(record) is BatchRecord:
+            # replayed history stays out of the rates
+            self.stream(*record.stream).apply(record.batch, record.received, record.replayed)
+        elif type(record) is NoticeRecord:
+            if record.kind == "restart":
+                self.stream(*record.stream).reset()
+            elif record.kind == "stale":
+                self.stream(*record.stream).mark_stale(record.fields["reason"])
+
+    def snapshot(self, offset: int, now: float, select: Callable[[str, int], bool] | None = None) -> dict[str, Any]:
+        """The /v1/occupancy document. ``offset`` is the hub offset the index reflects; ``select``
+        (source, dp_rank): the streams listed and summed (None: every stream).
+
+        ``totals`` sums every stream per medium; its ``capacity_blocks`` is null unless every
+        stream listing that medium has one configured (a partial sum would mislead). ``tiers``
+        sums ``totals`` per tier (:func:`tier_totals`), with ``streams``: how many streams list
+        a medium of that tier.
+        """
+        streams = [
+            index.snapshot(now) for index in self.streams() if select is None or select(index.source, index.dp_rank)
+        ]
+        totals: dict[str, dict[str, Any]] = {}
+        for entry in streams:
+            for name, stats in entry["mediums"].items():
+                total = totals.get(name)
+                if total is None:
+                    total = totals[name] = {
+                        "tier": stats["tier"],
+                        "blocks": 0,
+                        "tokens": 0,
+                        "capacity_blocks": 0,
+                        "stores_per_s": 0.0,
+                        "removes_per_s": 0.0,
+                        "streams": 0,
+                    }
+                total["blocks"] += stats["blocks"]
+                total["tokens"] += stats["tokens"]
+                total["stores_per_s"] += stats["stores_per_s"]
+                total["removes_per_s"] += stats["removes_per_s"]
+                total["streams"] += 1
+                if stats["capacity_blocks"] is None or total["capacity_blocks"] is None:
+                    total["capacity_blocks"] = None
+                else:
+                    total["capacity_blocks"] += stats["capacity_blocks"]
+        tiers = tier_totals(totals)
+        for tier, total in tiers.items():
+            total["streams"] = sum(tier in entry["tiers"] for entry in streams)
+        # rounded as rendered, after every sum (a sum of rounded parts would drift from the total)
+        for entry in streams:
+            _round_rates(entry["mediums"])
+            _round_rates(entry["tiers"])
+        _round_rates(totals)
+        _round_rates(tiers)
+        return {
+            "offset": offset,
+            "streams": streams,
+            "totals": {name: totals[name] for name in sorted(totals)},
+            "tiers": tiers,
+        }
