@@ -62,9 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "simulate":
             return simulator.run(args)
         if args.command == "serve":
+            from kvgateway.gateway import Gateway
             from kvgateway.serve import server
 
-            return server.run(config.settings_from_args(args))
+            return server.run(config.settings_from_args(args), Gateway)
         if args.command == "demo":
             return demo.run(args)
     except (simulator.UsageError, config.ConfigError) as exc:

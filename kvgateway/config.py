@@ -33,6 +33,7 @@ from kvgateway.engine.endpoints import (
     tcp_endpoint,
     vllm_binds,
 )
+from kvgateway.engine.wire import Stream
 
 CONFIG_ENV = "KVGATEWAY_CONFIG"
 TOKEN_ENV = "KVGATEWAY_TOKEN"
@@ -87,7 +88,7 @@ class StreamConfig:
     capacity_blocks: Mapping[str, int]
 
     @property
-    def key(self) -> tuple[str, int]:
+    def key(self) -> Stream:
         return (self.source, self.dp_rank)
 
 

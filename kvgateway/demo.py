@@ -15,6 +15,7 @@ import zmq.asyncio
 from kvgateway import config
 from kvgateway.config import SourceConfig
 from kvgateway.engine.endpoints import rank_endpoints
+from kvgateway.engine.wire import Stream
 from kvgateway.runtime import logging_setup
 from kvgateway.simulator import Faults, HashKind, SimulatedEngine, Workload
 
@@ -127,7 +128,7 @@ def _source(sockets: Path, name: str, *, dp_size: int = 1, capacity: dict[str, i
     )
 
 
-def demo_roles(sources: tuple[SourceConfig, ...]) -> dict[tuple[str, int], Role]:
+def demo_roles(sources: tuple[SourceConfig, ...]) -> dict[Stream, Role]:
     roles = {
         ("vllm-a", 0): Role(),
         ("vllm-a", 1): Role(rate_factor=0.5, clear_every=CLEAR_EVERY),
@@ -156,7 +157,7 @@ def rank_rate(args: argparse.Namespace) -> float:
     return DEFAULT_RATE
 
 
-def fleet_roles(sources: tuple[SourceConfig, ...]) -> dict[tuple[str, int], Role]:
+def fleet_roles(sources: tuple[SourceConfig, ...]) -> dict[Stream, Role]:
     keys = [(s.name, r) for s in sources for r in range(s.dp_size)]
     roles = {key: Role(rate_factor=0.5 + (n % 4) / 4) for n, key in enumerate(keys)}
     roles[keys[0]] = Role(restarts=True)
@@ -167,7 +168,7 @@ def fleet_roles(sources: tuple[SourceConfig, ...]) -> dict[tuple[str, int], Role
 def build_engines(
     args: argparse.Namespace,
     sources: tuple[SourceConfig, ...],
-    roles: dict[tuple[str, int], Role],
+    roles: dict[Stream, Role],
     context: zmq.asyncio.Context,
 ) -> list[tuple[SimulatedEngine, Role]]:
     """One engine per rank, all on ``context``: one ZeroMQ I/O thread for the whole demo, not one
@@ -225,6 +226,7 @@ async def run_engine(engine: SimulatedEngine, role: Role, silence: tuple[float, 
 
 
 async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
+    from kvgateway.gateway import Gateway
     from kvgateway.runtime.memory import freeze_startup_heap
     from kvgateway.serve.server import serve
 
@@ -256,7 +258,7 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
             for engine in engines:
                 await engine.start()
             runners = [asyncio.ensure_future(run_engine(engine, role, silence)) for engine, role in pairs]
-            await serve(settings, ready=ready, listening=listening)
+            await serve(settings, make_service=Gateway, ready=ready, listening=listening)
         finally:
             for engine in engines:
                 engine.stop()
@@ -274,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     settings = config.settings_from_args(args)
     logging_setup.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
-    from kvgateway.gateway import StartupError
+    from kvgateway.runtime.startup import StartupError
     from kvgateway.serve.server import loop_factory
 
     try:

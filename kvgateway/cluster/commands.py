@@ -13,9 +13,7 @@ from typing import Any
 
 from kvgateway import config
 from kvgateway.cluster import options as nats_options
-from kvgateway.gateway import StartupError
-from kvgateway.runtime import logging_setup
-from kvgateway.runtime.memory import freeze_startup_heap
+from kvgateway.runtime.startup import StartupError
 
 log = logging.getLogger("kvgateway.cluster")
 
@@ -89,55 +87,45 @@ def require_nats() -> None:
 
 def run_ingest(args: argparse.Namespace) -> int:
     require_nats()
-    from kvgateway.cluster.ingest_role import run_ingest as run
+    from kvgateway.cluster.ingest_role import IngestService, ingest_app
+    from kvgateway.serve import server
 
     settings = config.settings_from_args(args)
     if not settings.sources:
         raise config.ConfigError("no sources: give --source, or a config file with [[sources]]")
     options = _options(args, "kvgateway-ingest")
-    logging_setup.setup(settings.log_level, settings.log_format)
     if args.exit_with_parent:
         exit_with_parent()
-    from kvgateway.serve.server import loop_factory
 
-    try:
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            runner.run(run(settings, options))
-    except StartupError as exc:
-        log.error("%s", exc)
-        return 1
-    return 0
+    def make(settings: config.Settings, **kwargs: Any) -> IngestService:
+        return IngestService(settings, options, **kwargs)
+
+    return server.run(settings, make, make_app=ingest_app, announce=IngestService.ready_line)
 
 
 def run_edge(args: argparse.Namespace) -> int:
     require_nats()
-    from kvgateway.cluster.edge import EdgeGateway
+    from kvgateway.cluster.edge import EdgeService
     from kvgateway.serve import server
 
     settings = config.settings_from_args(args)
     options = _options(args, "kvgateway-edge")
-    logging_setup.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
     if args.exit_with_parent:
         exit_with_parent()
-    made: list[EdgeGateway] = []
 
-    def make(settings: config.Settings, **kwargs: Any) -> EdgeGateway:
-        made.append(EdgeGateway(settings, options, **kwargs))
-        return made[-1]
+    def make(settings: config.Settings, **kwargs: Any) -> EdgeService:
+        return EdgeService(settings, options, **kwargs)
 
-    def ready(url: str) -> None:
-        freeze_startup_heap()
-        log.info("edge serving on %s", url)
+    async def discover(settings: config.Settings) -> config.Settings:
+        return settings if settings.sources else await _discover_sources(settings, options)
 
-    try:
-        with asyncio.Runner(loop_factory=server.loop_factory()) as runner:
-            if not settings.sources:
-                settings = runner.run(_discover_sources(settings, options))
-            runner.run(server.serve(settings, ready=ready, make_gateway=make, reuse_port=args.reuse_port))
-    except StartupError as exc:
-        log.error("%s", exc)
-        return 1
-    return 1 if made and made[0].fatal else 0
+    return server.run(
+        settings,
+        make,
+        prepare=discover,
+        reuse_port=args.reuse_port,
+        announce=lambda _, url: f"edge serving on {url}",
+    )
 
 
 def _options(args: argparse.Namespace, name: str) -> nats_options.NatsOptions:

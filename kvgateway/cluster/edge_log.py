@@ -1,34 +1,52 @@
-"""The log as an edge holds it: JetStream's stream sequences as offsets, the stream's identity as
-the epoch, the recent part in a ring; older parts are fetched from JetStream on demand and lent to
-the log for one synchronous subscribe (:meth:`EdgeLog.extended`)."""
+"""The log as an edge holds it (a :class:`~kvgateway.log.ordered.Log`): JetStream's stream
+sequences as offsets, the stream's identity as the epoch, the recent part in a ring. An older part
+a client resumes from is fetched from JetStream and lent to the log for one synchronous subscribe
+(:meth:`EdgeLog.holding`), so the hub has one resume path whatever the log."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from itertools import chain
 
+from kvgateway.log import messages
 from kvgateway.log.filters import EventFilterKey
 from kvgateway.log.messages import OutMessage
-from kvgateway.log.ordered import MemoryLog, Record
+from kvgateway.log.ordered import Follower, Record, make_entry
 from kvgateway.log.ring import Entry, Ring
+
+AHEAD_WAIT_SECONDS = 5.0
+"""A client whose id is ahead of this edge (it read a faster edge) waits this long for it."""
+
+MAX_STREAM_RESUME = 200_000
+"""A resume further back than this many messages before the ring is not recovered: the backlog is
+held in memory for the client (exempt from its queue bound, as a ring backlog is)."""
+
+Fetch = Callable[[int, int], Awaitable[list[Entry]]]
+"""Entries ``first..last`` (or fewer: an empty list when ``first`` has expired) read back from the stream."""
 
 
 class OffsetGap(Exception):
     """A record did not come at the next offset (the stream lost messages under this edge)."""
 
 
-class EdgeLog(MemoryLog):
+class EdgeLog:
     def __init__(
         self, max_messages: int, max_bytes: int, *, retained: Callable[[int, int], None] | None = None
     ) -> None:
-        super().__init__(max_messages, max_bytes, retained=retained)
         self.epoch = "unknown"
         self._bounds = (max_messages, max_bytes)
+        self.ring = Ring(max_messages, max_bytes)
+        self._offset = 0
+        self._followers: list[Follower] = []
+        self._retained = retained  # reports (messages, bytes) held after each append
         self._lent: Sequence[Entry] = ()
         self._scratch = Ring(0, 0)  # filtered variants of lent entries: cached on them, not counted
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self.fetch: Fetch | None = None
+        """How older entries are read back from JetStream (the edge sets it once connected)."""
 
     def report_to(self, retained: Callable[[int, int], None]) -> None:
         """Where the ring's size goes after each append (the hub's gauges, made after this log)."""
@@ -39,6 +57,34 @@ class EdgeLog(MemoryLog):
         self.epoch = epoch
         self.ring = Ring(*self._bounds, first_offset=first_offset)
         self._offset = first_offset - 1
+
+    @property
+    def last_offset(self) -> int:
+        return self._offset
+
+    @property
+    def first_offset(self) -> int:
+        if self._lent:
+            return self._lent[0].offset
+        return self.ring.first_offset
+
+    def follow(self, follower: Follower) -> None:
+        self._followers.append(follower)
+
+    def append(self, record: Record) -> int:
+        """The next offset's record (an edge appends with :meth:`append_at`)."""
+        offset = self._offset + 1
+        entry = make_entry(self.epoch, offset, record)
+        self._offset = offset
+        ring = self.ring
+        ring.append(entry)
+        for follower in self._followers:
+            follower(entry)
+        entry.record = None  # as the memory log: the ring keeps messages only
+        ring.trim()
+        if self._retained is not None:
+            self._retained(len(ring), ring.bytes)
+        return offset
 
     def append_at(self, offset: int, record: Record) -> None:
         """Append the record JetStream stored at ``offset``; raises :class:`OffsetGap`."""
@@ -66,23 +112,7 @@ class EdgeLog(MemoryLog):
             return False
         return True
 
-    # --- entries lent from JetStream ----------------------------------------------------------
-
-    @contextlib.contextmanager
-    def extended(self, entries: Sequence[Entry]) -> Iterator[None]:
-        """Within the block, the log also holds ``entries`` (contiguous, ending where the ring
-        begins or inside it): a client subscribed here gets its backlog from them and the ring."""
-        self._lent = entries
-        try:
-            yield
-        finally:
-            self._lent = ()
-
-    @property
-    def first_offset(self) -> int:
-        if self._lent:
-            return self._lent[0].offset
-        return self.ring.first_offset
+    # --- reading back -----------------------------------------------------------------------
 
     def read(self, after: int) -> Iterator[Entry]:
         if not self._lent:
@@ -92,6 +122,41 @@ class EdgeLog(MemoryLog):
         return chain(lent, self.ring.since(max(after, ring_first - 1)))
 
     def message_for(self, entry: Entry, key: EventFilterKey | None) -> OutMessage | None:
-        if entry.offset < self.ring.first_offset:
-            return self._scratch.message_for(entry, key)
-        return super().message_for(entry, key)
+        ring = self.ring if entry.offset >= self.ring.first_offset else self._scratch
+        held = ring.bytes
+        message = ring.message_for(entry, key)
+        if ring is self.ring and ring.bytes != held and self._retained is not None:
+            self._retained(len(ring), ring.bytes)  # a new variant counts towards the bound
+        return message
+
+    def holding(self, last_event_id: str | None) -> AbstractAsyncContextManager[None]:
+        return self._holding(last_event_id)
+
+    @contextlib.asynccontextmanager
+    async def _holding(self, last_event_id: str | None) -> AsyncIterator[None]:
+        """An id ahead of this edge waits for the edge to reach it; an id older than the ring has
+        its range fetched from JetStream and lent to the log for the block (no await inside it:
+        nothing is appended between the fetch and the subscribe)."""
+        parsed = None if last_event_id is None else messages.parse_message_id(last_event_id)
+        if parsed is None or parsed[0] != self.epoch:
+            yield
+            return
+        offset = parsed[1]
+        if offset > self._offset:
+            await self.reached(offset, AHEAD_WAIT_SECONDS)
+            yield
+            return
+        lent: list[Entry] = []
+        if self.fetch is not None and self.ring.first_offset - 1 - offset <= MAX_STREAM_RESUME:
+            while offset + len(lent) < self.ring.first_offset - 1:
+                wanted = offset + len(lent) + 1
+                more = await self.fetch(wanted, self.ring.first_offset - 1)
+                if not more or more[0].offset != wanted:  # expired from the stream: not recovered
+                    lent = []
+                    break
+                lent.extend(more)
+        self._lent = lent
+        try:
+            yield
+        finally:
+            self._lent = ()

@@ -1,98 +1,67 @@
 """``kvgateway ingest``: the engines' streams in, records out to JetStream; HTTP for probes only.
 
-The gateway's reader, sequencer and sink run exactly as in one process; only the log differs
-(:class:`~kvgateway.cluster.publisher.PublishingLog`)."""
+The ingest half (:class:`~kvgateway.ingest.streams.Ingest`: readers, sequencers, outlets) runs
+exactly as in one process; only the log differs (:class:`~kvgateway.cluster.publisher.PublishingLog`).
+The command runner and HTTP runner are the single process's (:mod:`kvgateway.serve.server`)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
-import socket
-from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
-import uvicorn
+import zmq
+from nats.aio.client import Client
+from starlette.applications import Starlette
 
 from kvgateway.cluster import nats_link
 from kvgateway.cluster.options import NatsOptions
+from kvgateway.cluster.probes import probe_app
 from kvgateway.cluster.publisher import PublishingLog
 from kvgateway.cluster.sources import publish_sources
 from kvgateway.config import Settings
 from kvgateway.engine.sequencer import Unrecovered
-from kvgateway.gateway import Gateway, StartupError
-from kvgateway.runtime.memory import freeze_startup_heap
+from kvgateway.engine.wire import Stream
+from kvgateway.ingest.streams import Ingest
+from kvgateway.runtime.metrics import Metrics, StreamFamilies
+from kvgateway.runtime.startup import StartupError
 
 log = logging.getLogger("kvgateway.cluster")
 
 
-class IngestGateway(Gateway):
-    """The single process's gateway whose log is the JetStream stream."""
+class IngestService:
+    """The ingest half over the JetStream log, started and stopped by its probe app's lifespan."""
 
-    def __init__(self, settings: Settings, publishing: PublishingLog) -> None:
-        super().__init__(settings, log=publishing)
-        self.publishing = publishing
-        publishing.index = self.index  # its stale marks decide the gateway's own notices
+    def __init__(self, settings: Settings, options: NatsOptions, *, context: zmq.Context[zmq.Socket[bytes]]) -> None:
+        self.settings = settings
+        self.options = options
+        self.context = context
+        self.metrics = Metrics()
+        self.startup_error: StartupError | None = None
+        self.fatal: str | None = None
+        self.publishing: PublishingLog | None = None
+        self.ingest: Ingest | None = None
+        self._nc: Client | None = None
+        self._stopped = False
 
-    last_seqs: dict[tuple[str, int], int] = {}
+    async def start(self) -> None:
+        try:
+            await self._start()
+        except StartupError as exc:
+            self.startup_error = exc
+            raise
 
-    def _start_readers(self) -> None:
-        """A takeover: each stream goes on after the last batch the stream holds, as after a
-        reconnect (a gap replay from there, losses counted exactly), not from seq 0. The
-        sequencers are told before their readers handle any event."""
-        super()._start_readers()
-        for reader in self.readers:
-            seq = self.last_seqs.get(reader.key)
-            if seq is not None:
-                reader.sequencer.resume_after(seq)
-                log.info("stream %s[%d]: continuing after seq %d (the stream's last)", *reader.key, seq)
-
-    def publishes_lost(self, lost: dict[tuple[str, int], list[int]]) -> None:
-        """Batches the stream will never hold in order: counted and noticed as any loss."""
-        for key, seqs in lost.items():
-            outlet = self.outlets.get(key)
-            if outlet is None:
-                continue
-            losses = [Unrecovered(first, last, "transit") for first, last in seq_ranges(seqs)]
-            outlet.apply(losses, self.clock(), outlet.held)
-
-    def refresh_gauges(self) -> None:
-        super().refresh_gauges()
-        self.metrics.jetstream_pending.set(self.publishing.pending)
-
-    def ingest_readiness(self, nats_connected: bool) -> tuple[bool, dict[str, Any]]:
-        ready, not_ready = self.readiness()
-        body = {"streams": len(self.outlets), "not_ready": not_ready, "nats_connected": nats_connected}
-        return ready and nats_connected, body
-
-
-async def run_ingest(settings: Settings, options: NatsOptions, *, ready_line: bool = True) -> None:
-    """Until SIGINT/SIGTERM. Raises :class:`StartupError` (one line)."""
-    try:  # the probes' port first: a taken one fails at once, and the start-up line shows the real one
-        listener = socket.create_server((settings.host, settings.port), reuse_port=False)
-    except OSError as exc:
-        raise StartupError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}") from None
-    settings = replace(settings, port=int(listener.getsockname()[1]))
-    try:
-        await _run(settings, options, listener, ready_line=ready_line)
-    finally:
-        listener.close()
-
-
-async def _run(settings: Settings, options: NatsOptions, listener: socket.socket, *, ready_line: bool) -> None:
-    try:
-        nc = await nats_link.connect(options)
-    except Exception as exc:
-        raise StartupError(f"cannot connect to NATS {','.join(options.servers)}: {exc}") from None
-    js = nc.jetstream()
-    try:
+    async def _start(self) -> None:
+        options, settings = self.options, self.settings
+        try:
+            nc = self._nc = await nats_link.connect(options)
+        except Exception as exc:
+            raise StartupError(f"cannot connect to NATS {','.join(options.servers)}: {exc}") from None
+        js = nc.jetstream()
         state = await nats_link.ensure_stream(js, options)
         await publish_sources(js, options, settings.sources)  # for edges started without --source
-        publishing = PublishingLog(nc, js, options.subject_prefix, options.stream)
-        gateway = IngestGateway(settings, publishing)
-        publishing.metrics = gateway.metrics
+        publishing = self.publishing = PublishingLog(nc, js, options.subject_prefix, options.stream)
+        publishing.metrics = self.metrics
         publishing.epoch = state.epoch
         await publishing.load_positions([s.key for s in settings.streams()])
 
@@ -105,14 +74,24 @@ async def _run(settings: Settings, options: NatsOptions, listener: socket.socket
                 await publish_sources(js, options, settings.sources)  # the bucket went with the store
 
         publishing.on_failure = recreate
-        publishing.on_lost = gateway.publishes_lost
+        publishing.on_lost = self.publishes_lost
+        ingest = self.ingest = Ingest(settings, publishing, self.metrics, context=self.context)
+        # No serving half here: the statuses' figures are the outlets' own (an edge shows the same).
+        self.metrics.streams.add(_StatusFigures(ingest))
         publishing.start()
-        gateway.last_seqs = publishing.last_seqs()
-        await gateway.start()
-        try:
-            await _serve_probes(gateway, settings, nc, listener, ready_line=ready_line)
-        finally:
-            await gateway.stop()
+        # A takeover: each stream goes on after the last batch the stream holds, as after a
+        # reconnect (a gap replay from there, losses counted exactly), not from seq 0.
+        ingest.resume_after = publishing.last_seqs()
+        ingest.start()
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.ingest is not None:
+            await self.ingest.stop()
+        publishing = self.publishing
+        if publishing is not None:
             await publishing.stop()
             log.info(
                 "ingest stopped: %d published, %d duplicates dropped by the server, %d retries",
@@ -120,52 +99,63 @@ async def _run(settings: Settings, options: NatsOptions, listener: socket.socket
                 publishing.stats.duplicates,
                 publishing.stats.retries,
             )
-    finally:
-        await nats_link.close(nc)  # the publishes were waited for: no drain
+        if self._nc is not None:
+            await nats_link.close(self._nc)  # the publishes were waited for: no drain
+
+    def close_clients(self) -> None:
+        """An ingest serves no clients."""
+
+    def publishes_lost(self, lost: dict[Stream, list[int]]) -> None:
+        """Batches the stream will never hold in order: counted and noticed as any loss."""
+        assert self.ingest is not None
+        for key, seqs in lost.items():
+            outlet = self.ingest.outlets.get(key)
+            if outlet is None:
+                continue
+            losses = [Unrecovered(first, last, "transit") for first, last in seq_ranges(seqs)]
+            outlet.apply(losses, self.ingest.clock(), outlet.held)
+
+    # --- the probes ---------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        publishing = self.publishing
+        return {
+            "epoch": None if publishing is None else publishing.epoch,
+            "role": "ingest",
+            "pending_publishes": 0 if publishing is None else publishing.pending,
+        }
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        connected = self._nc is not None and bool(self._nc.is_connected)
+        not_ready = [] if self.ingest is None else self.ingest.not_ready()
+        streams = len(self.settings.streams())
+        body = {"streams": streams, "not_ready": not_ready, "nats_connected": connected}
+        return not not_ready and connected and self.ingest is not None, body
+
+    def refresh_gauges(self) -> None:
+        self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
+        self.metrics.jetstream_pending.set(0 if self.publishing is None else self.publishing.pending)
+
+    def ready_line(self, url: str) -> str:
+        return f"ingest publishing to {options_text(self._nc)}; probes on {url}"
 
 
-class _ProbeServer(uvicorn.Server):
-    """The role handles the signals (stop publishing cleanly), not uvicorn."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
+def ingest_app(service: IngestService) -> Starlette:
+    """The probes and metrics, whose lifespan starts and stops ``service``."""
+    return probe_app(service, health=service.health, readiness=service.readiness, metrics=service.metrics)
 
 
-async def _serve_probes(
-    gateway: IngestGateway, settings: Settings, nc: Any, listener: socket.socket, *, ready_line: bool
-) -> None:
-    from kvgateway.cluster.probes import probe_app
-    from kvgateway.serve.server import uvicorn_config
+class _StatusFigures:
+    def __init__(self, ingest: Ingest) -> None:
+        self._ingest = ingest
 
-    publishing = gateway.publishing
-    app = probe_app(
-        health=lambda: {"epoch": publishing.epoch, "role": "ingest", "pending_publishes": publishing.pending},
-        readiness=lambda: gateway.ingest_readiness(bool(nc.is_connected)),
-        metrics=gateway.metrics,
-        refresh=gateway.refresh_gauges,
-    )
-    config = uvicorn_config(app, settings)
-    config.lifespan = "off"
-    server = _ProbeServer(config)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
-    try:
-        task = asyncio.create_task(server.serve(sockets=[listener]))
-        while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn offers no start event
-            await asyncio.sleep(0.02)
-        if ready_line and server.started:  # the command's own process (ready_line=False embeds it)
-            freeze_startup_heap()
-            log.info("ingest publishing to %s; probes on http://%s:%d/", options_text(nc), settings.host, settings.port)
-        await task
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+    def export(self, families: StreamFamilies) -> None:
+        for outlet in self._ingest.outlets.values():
+            outlet.status.export(families)
 
 
 def options_text(nc: Any) -> str:
-    url = nc.connected_url
+    url = None if nc is None else nc.connected_url
     return "nats" if url is None else f"{url.scheme}://{url.hostname}:{url.port}"
 
 

@@ -12,7 +12,8 @@ resume read back from JetStream renders the same message.
 from __future__ import annotations
 
 from kvgateway.cluster.records import WireBatch, WireRecord, to_record
-from kvgateway.log.ordered import NoticeRecord, Record, Stream
+from kvgateway.engine.wire import Stream
+from kvgateway.log.ordered import NoticeRecord, Record
 
 
 class OrderGuard:

@@ -1,9 +1,11 @@
-"""The little HTTP side of a process that serves no clients (ingest): probes and metrics."""
+"""The little HTTP side of a process that serves no clients (ingest): probes and metrics, and a
+lifespan that starts and stops the process's service (as the web app's does for a gateway)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -13,11 +15,20 @@ from starlette.routing import Route
 from kvgateway.runtime.metrics import Metrics
 
 
+class Probed(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def refresh_gauges(self) -> None: ...
+
+
 def probe_app(
+    service: Probed,
+    *,
     health: Callable[[], dict[str, Any]],
     readiness: Callable[[], tuple[bool, dict[str, Any]]],
     metrics: Metrics,
-    refresh: Callable[[], None],
 ) -> Starlette:
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", **health()})
@@ -27,8 +38,17 @@ def probe_app(
         return JSONResponse({"ready": ready, **body}, status_code=200 if ready else 503)
 
     async def metrics_endpoint(request: Request) -> Response:
-        refresh()
+        service.refresh_gauges()
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type)
 
-    return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics_endpoint)])
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            await service.start()
+            yield
+        finally:
+            await service.stop()
+
+    routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics_endpoint)]
+    return Starlette(routes=routes, lifespan=lifespan)

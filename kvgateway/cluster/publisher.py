@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Final
 
@@ -23,11 +24,13 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from kvgateway.cluster import records
-from kvgateway.engine import wire
-from kvgateway.log.ordered import BatchRecord, MemoryLog, NoticeRecord, Record, Stream
+from kvgateway.engine.wire import Stream
+from kvgateway.log.filters import EventFilterKey
+from kvgateway.log.messages import OutMessage
+from kvgateway.log.ordered import HELD, BatchRecord, Follower, NoticeRecord, Record, make_entry
+from kvgateway.log.ring import Entry
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.tasks import cancel_and_wait
-from kvgateway.state.occupancy import OccupancyIndex
 
 log = logging.getLogger("kvgateway.cluster.ingest")
 
@@ -74,11 +77,10 @@ which fails on any subject with messages: a probe is never stored out of order."
 WRONG_LAST_SEQUENCE: Final = b"10071"
 
 
-class PublishingLog(MemoryLog):
-    """What the ingest gateway appends to: each record is encoded once and published.
-
-    It keeps no ring (nothing is read back here); the index is told only what decides the
-    gateway's own notices (stale marks, resets), not every block."""
+class PublishingLog:
+    """The ingest half's log in the cluster (a :class:`~kvgateway.log.ordered.Log`): each record is
+    encoded once and published; JetStream assigns its offset. It keeps no ring: nothing is read
+    back here (the edges read the stream)."""
 
     def __init__(
         self,
@@ -87,9 +89,9 @@ class PublishingLog(MemoryLog):
         prefix: str,
         stream_name: str,
     ) -> None:
-        super().__init__(0, 0)
-        self.metrics = Metrics()  # the gateway's, once it exists
-        self.index = OccupancyIndex()  # the gateway's, once it exists
+        self.epoch = "unknown"  # the stream's, once known (nats_link.ensure_stream)
+        self.metrics = Metrics()  # the process's, once it exists
+        self._followers: list[Follower] = []
         self._nc = nc
         self._js = js
         self._prefix = prefix
@@ -154,35 +156,46 @@ class PublishingLog(MemoryLog):
         position = self._positions.get(record.stream)
         if position is None:
             position = self._positions[record.stream] = _Position()
-        if type(record) is NoticeRecord:
-            if record.kind == "restart":
-                position.generation += 1  # the engine's seqs start again: new ids
-                position.after_seq = -1
-            self._track_notice(record)
+        if type(record) is NoticeRecord and record.kind == "restart":
+            position.generation += 1  # the engine's seqs start again: new ids
+            position.after_seq = -1
         ident = records.msg_id(record, position.generation, position.after_seq)
         if type(record) is BatchRecord:
             position.after_seq = record.seq
-            self._track_batch(record.stream, record.batch)
         payload = records.encode_record(record, position.generation, position.after_seq)
         subject = records.subject(self._prefix, record.stream)
         seq = record.seq if type(record) is BatchRecord else None
         self._queue.append(_Outgoing(subject, payload, {"Nats-Msg-Id": ident}, record.stream, position.generation, seq))
         self._wake.set()
         self._count += 1
+        if self._followers:
+            entry = make_entry(self.epoch, self._count, record)
+            for follower in self._followers:
+                follower(entry)
         return self._count
 
-    # The gateway's own notices depend on the index's stale flag: keep it as the edges will.
-    def _track_notice(self, record: NoticeRecord) -> None:
-        if record.kind == "restart":
-            self.index.stream(*record.stream).reset()
-        elif record.kind == "stale":
-            self.index.stream(*record.stream).mark_stale(record.fields["reason"])
+    # --- the rest of the Log protocol: nothing is read back here -----------------------------
 
-    def _track_batch(self, stream: Stream, batch: wire.Batch) -> None:
-        index = self.index.stream(*stream)
-        if index.stale and any(type(event) is wire.AllBlocksCleared for event in batch.events):
-            index.stale = False
-            index.stale_reason = None
+    @property
+    def last_offset(self) -> int:
+        """Records appended by this process (JetStream assigns the offsets edges see)."""
+        return self._count
+
+    @property
+    def first_offset(self) -> int:
+        return self._count + 1
+
+    def follow(self, follower: Follower) -> None:
+        self._followers.append(follower)
+
+    def read(self, after: int) -> Iterator[Entry]:
+        return iter(())
+
+    def message_for(self, entry: Entry, key: EventFilterKey | None) -> OutMessage | None:
+        return entry.message
+
+    def holding(self, last_event_id: str | None) -> AbstractAsyncContextManager[None]:
+        return HELD
 
     async def _pump(self) -> None:
         """Send in order with at most :data:`MAX_IN_FLIGHT` unacknowledged; after a failure (an

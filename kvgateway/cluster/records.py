@@ -20,9 +20,10 @@ from typing import Any, Final, TypeAlias
 import msgspec
 
 from kvgateway.engine import wire
+from kvgateway.engine.wire import Stream
 from kvgateway.log.filters import EventKey
 from kvgateway.log.messages import EncodedEvents
-from kvgateway.log.ordered import BatchRecord, NoticeRecord, Record, Stream
+from kvgateway.log.ordered import BatchRecord, NoticeRecord, Record
 
 _STORE: Final = 0
 _REMOVE: Final = 1

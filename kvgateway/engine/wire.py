@@ -25,6 +25,9 @@ from kvgateway.engine.mediums import remote_medium
 
 Hash: TypeAlias = int | bytes
 
+Stream: TypeAlias = tuple[str, int]
+"""A stream of events: one engine publisher, named by (source, dp_rank) in the configuration."""
+
 MAX_PAYLOAD_BYTES: Final = 64 * 1024 * 1024
 """Payloads above this are refused before decoding (a real batch is a few KiB to a few MiB)."""
 

@@ -1,10 +1,11 @@
 """One stream's downstream: the sequencer's actions applied to its status, figures and the log.
 
 A :class:`StreamOutlet` takes the actions of :mod:`kvgateway.engine.sequencer` as they are (one
-vocabulary from the sequencer to the log) and owns everything the gateway knows about its stream:
-the :class:`~kvgateway.log.status.StreamStatus` (/v1/sources, hello, /readyz), the stream's metric
-figures and its handle on the occupancy index. Delivered batches and stream notices become
-records of the ordered log; the index and the hub follow the log, never the outlet.
+vocabulary from the sequencer to the log) and owns what the ingest half knows about its stream:
+its :class:`~kvgateway.log.status.StreamStatus` and its ingest figures. Delivered batches, stream
+notices and the status itself (a ``status`` notice whenever it changes in a way the batches do not
+say) become records of the ordered log; everything the serving half shows follows the log, never
+the outlet, so one process and an edge of a cluster show the same.
 
 No I/O: the reader (:mod:`kvgateway.ingest.reader`) starts and cancels the replays the actions ask for,
 and the gateway decides what to do about a stream that stays down (``on_connection``).
@@ -35,10 +36,10 @@ from kvgateway.engine.sequencer import (
     Restart,
     Unrecovered,
 )
-from kvgateway.log.ordered import Log, NoticeRecord, batch_record
+from kvgateway.log.ordered import STATUS, Log, NoticeRecord, batch_record
+from kvgateway.log.staleness import Staleness
 from kvgateway.log.status import QUIET_LOSSES, StreamStatus
-from kvgateway.runtime.metrics import LOSS_REASONS, REPLAY_OUTCOMES, REPLAY_PURPOSES, LagHistogram, StreamFamilies
-from kvgateway.state.occupancy import StreamIndex
+from kvgateway.runtime.metrics import REPLAY_OUTCOMES, REPLAY_PURPOSES, LagHistogram, StreamFamilies
 
 log = logging.getLogger("kvgateway")
 
@@ -53,7 +54,6 @@ class StreamOutlet:
         self,
         config: StreamConfig,
         log: Log,
-        index: StreamIndex,
         *,
         clock: Callable[[], float],
         on_connection: ConnectionHook | None = None,
@@ -62,7 +62,8 @@ class StreamOutlet:
         self.key = config.key
         self.name = f"{config.source}[{config.dp_rank}]"
         self.status = StreamStatus(config)
-        self.index = index
+        self.staleness = Staleness()  # as the serving half's index will say, from the same notices
+        self._reported = False  # the status changed since the last status notice
         self._log = log
         self._clock = clock
         self._on_connection = on_connection
@@ -89,6 +90,7 @@ class StreamOutlet:
                     self._deliver(seq, batch, replayed, received)
                 case Duplicate():
                     self.status.counters["duplicates"] += 1
+                    self._reported = False
                 case GapDetected():
                     self._gap(action)
                 case RequestReplay():
@@ -104,17 +106,30 @@ class StreamOutlet:
                 case Restart():
                     self._restart(action)
         self.held = held
+        self.report()
 
     def received(self, count: int = 1) -> None:
         self.status.counters["batches"] += count
 
     def decode_error(self, seq: int | None, reason: str) -> None:
         self.status.counters["decode_errors"] += 1
+        self._reported = False
         where = "" if seq is None else f" seq {seq}"
         log.warning("stream %s:%s skipped undecodable message: %s", self.name, where, reason[:300])
+        self.report()
+
+    def report(self) -> None:
+        """A ``status`` notice, when the status changed since the last one in a way that the
+        batches do not say (a delivered batch's seq, lag and count the serving half and a client
+        take from the batch itself)."""
+        if not self._reported:
+            self._reported = True
+            report = self.status.report(self.staleness.reason, self._clock())
+            self._log.append(NoticeRecord(self.key, STATUS, report))
 
     def connection(self, connected: bool, reason: str) -> None:
         status = self.status
+        before = (status.connected, status.down_reason)
         changed = status.connected != connected
         status.connected = connected
         if changed:
@@ -125,15 +140,22 @@ class StreamOutlet:
             status.down_reason = reason
         if changed:
             self._notice("up" if connected else "down", reason=reason)
+        if (status.connected, status.down_reason) != before:
+            self._reported = False
+            self.report()
         if self._on_connection is not None:
             self._on_connection(self, connected, changed, reason)
 
     def diagnosed(self, reason: str) -> None:
         """Why the stream stays down, as the gateway found out (DNS, refused, no answer): kept as its
         reason until the connection changes or the next diagnosis."""
-        if not self.status.connected:
-            self.status.down_reason = reason
+        status = self.status
+        if not status.connected:
             self._diagnosed = True
+            if status.down_reason != reason:
+                status.down_reason = reason
+                self._reported = False
+                self.report()
 
     # --- the actions ------------------------------------------------------------------------
 
@@ -159,18 +181,21 @@ class StreamOutlet:
         for event in batch.events:
             kind = event.type
             counts[kind] = counts.get(kind, 0) + 1
-        # The index and the hub follow the log: both have applied the batch when append returns.
+        self.staleness.batch(batch)
+        # The serving half follows the log: it has applied the batch when append returns.
         self._log.append(batch_record(self.key, seq, batch, received=received, replayed=replayed))
 
     def _skipped(self, seq: int) -> None:
         """An undecodable batch took its place in the order: the index now misses its events."""
         self.status.last_seq = seq
+        self._reported = False
         self._mark_stale("undecodable", seq=seq, detail="the batch could not be decoded; see the log")
 
     def _gap(self, gap: GapDetected) -> None:
         counters = self.status.counters
         counters["gaps"] += 1
         counters["missed"] += gap.count
+        self._reported = False
         log.warning("stream %s: gap, seq %d..%d missing (%d batches)", self.name, gap.first, gap.last, gap.count)
 
     def _replay_requested(self, request: RequestReplay) -> None:
@@ -213,6 +238,7 @@ class StreamOutlet:
             status.last_loss_at = now
         status.counters["unrecovered"] += count
         status.losses[reason] = status.losses.get(reason, 0) + count
+        self._reported = False
         log.warning(
             "stream %s: %d batches lost for good (seq %d..%d, %s)", self.name, count, loss.first, loss.last, reason
         )
@@ -225,6 +251,7 @@ class StreamOutlet:
 
     def _history_truncated(self, first: int) -> None:
         self.status.counters["history_truncations"] += 1
+        self._reported = False
         log.warning(
             "stream %s: the engine no longer holds its history before seq %d; the index lacks it until the "
             "next AllBlocksCleared or restart",
@@ -235,6 +262,7 @@ class StreamOutlet:
 
     def _restart(self, restart: Restart) -> None:
         self.status.counters["restarts"] += 1
+        self._reported = False
         log.warning(
             "stream %s: publisher restart (%s): seq %d after %d; its cache state was reset",
             self.name,
@@ -247,59 +275,28 @@ class StreamOutlet:
     # --- notices ----------------------------------------------------------------------------
 
     def _notice(self, kind: str, **fields: Any) -> None:
+        self.staleness.notice(kind, fields)
         self._log.append(NoticeRecord(self.key, kind, fields))
 
     def _mark_stale(self, reason: str, *, seq: int | None = None, detail: str | None = None) -> None:
         """The index is incomplete: say so once per cause (a notice to every client)."""
-        index = self.index
-        if index.stale and index.stale_reason == reason:
+        if self.staleness.reason == reason:
             return  # already said; a second loss of the same kind changes nothing for a client
         self._notice("stale", reason=reason, seq=seq, detail=detail)  # the index follows: now stale
 
     # --- views ------------------------------------------------------------------------------
 
-    def to_json(self, now: float) -> dict[str, Any]:
-        """The stream's entry in /v1/sources and a hello."""
-        return self.status.to_json(now, self.index.stale, self.index.stale_reason)
-
     def export(self, families: StreamFamilies) -> None:
-        """The stream's figures as Prometheus samples (at scrape time)."""
+        """The stream's ingest figures as Prometheus samples (at scrape time); its status figures
+        are the serving half's (:meth:`kvgateway.log.status.StreamStatus.export`)."""
         labels = self._labels
-        status = self.status
-        counters = status.counters
         add = families.add
-        for key, counter in _STATUS_COUNTERS:
-            add(key, labels, counters[counter])
         for kind, count in list(self.events.items()):
             add("events_received", (*labels, kind), count)
         for outcome, count in self.replay_requests.items():
             add("replay_requests", (*labels, outcome), count)
         for purpose, count in self.replay_attempts.items():
             add("replay_attempts", (*labels, purpose), count)
-        losses = status.losses
-        for reason in LOSS_REASONS:
-            add("unrecovered_batches", (*labels, reason), losses.get(reason, 0))
         add("rank_mismatches", labels, self.rank_mismatches)
         add("ingest_queue_depth", labels, self.held)
-        add("source_up", labels, 1 if status.connected else 0)
-        add("source_last_seq", labels, -1 if status.last_seq is None else status.last_seq)
         families.add_histogram("event_lag", labels, self.lag)
-        index = self.index
-        add("index_stale", labels, 1 if index.stale else 0)
-        add("unknown_removes", labels, index.unknown_removes)
-        for medium, stats in index.medium_stats(self._clock()).items():
-            add("cache_blocks", (*labels, medium), stats.blocks)
-            add("cache_tokens", (*labels, medium), stats.tokens)
-
-
-_STATUS_COUNTERS = (
-    ("batches_received", "batches"),
-    ("sequence_gaps", "gaps"),
-    ("missed_batches", "missed"),
-    ("replayed_batches", "replayed"),
-    ("publisher_restarts", "restarts"),
-    ("duplicate_batches", "duplicates"),
-    ("decode_errors", "decode_errors"),
-    ("history_truncations", "history_truncations"),
-)
-"""Metric families read from the status counters (one number serves /v1/sources and Prometheus)."""

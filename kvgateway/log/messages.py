@@ -24,6 +24,8 @@ from typing import Annotated, Any, Final, Literal, TypeAlias
 
 import msgspec
 
+from kvgateway.engine.wire import Stream
+
 MessageType: TypeAlias = Literal["hello", "batch", "notice", "state"]
 StreamNoticeKind: TypeAlias = Literal["restart", "unrecovered_gap", "degraded", "up", "down"]
 
@@ -51,7 +53,7 @@ def message_id(epoch: str, offset: int) -> str:
     return f"{epoch}:{offset}"
 
 
-def parse_message_id(text: str) -> tuple[str, int] | None:
+def parse_message_id(text: str) -> Stream | None:
     """``(epoch, offset)`` from a message id, or None when it is not one (never raises)."""
     match = _ID_RE.fullmatch(text)
     if match is None:
@@ -280,7 +282,12 @@ class _StaleFields(msgspec.Struct, forbid_unknown_fields=True):
     detail: _Reason | None = None
 
 
+class _StatusFields(msgspec.Struct, forbid_unknown_fields=True):
+    status: dict[str, Any]  # the stream's /v1/sources entry (kvgateway.log.status.StreamStatus.to_json)
+
+
 _NOTICE_FIELDS: Final[dict[str, type[msgspec.Struct]]] = {
+    "status": _StatusFields,
     "restart": _RestartFields,
     "unrecovered_gap": _GapFields,
     "degraded": _DegradedFields,

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Final, Protocol, TypeAlias
 
 from kvgateway.engine import wire
+from kvgateway.engine.wire import Stream
 from kvgateway.log import messages, render
 from kvgateway.log.filters import EventFilterKey, EventKey, event_key
 from kvgateway.log.messages import EncodedEvents, OutMessage
 from kvgateway.log.ring import Entry, Ring
-
-Stream: TypeAlias = tuple[str, int]
+from kvgateway.log.status import StreamStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +46,21 @@ class BatchRecord:
 @dataclass(frozen=True, slots=True)
 class NoticeRecord:
     """Something happened to a stream (restart, unrecovered_gap, stale, degraded, up, down);
-    ``fields`` are the kind's own (:func:`kvgateway.log.messages.encode_stream_notice`)."""
+    ``fields`` are the kind's own (:func:`kvgateway.log.messages.encode_stream_notice`).
+
+    One kind carries the ingest's whole view of the stream: ``status``
+    (:meth:`kvgateway.log.status.StreamStatus.report`), appended whenever that view changes in a
+    way batches and other notices do not say (a connection, a diagnosis, a counter). The serving
+    half's status board takes it as it is; a client gets the stream's /v1/sources entry at that
+    moment (a ``status`` notice)."""
 
     stream: Stream
     kind: str
     fields: dict[str, Any]
+
+
+STATUS: Final = "status"
+"""The notice kind that carries a stream's status through the log."""
 
 
 Record: TypeAlias = BatchRecord | NoticeRecord
@@ -88,8 +99,13 @@ def make_entry(epoch: str, offset: int, record: Record) -> Entry:
         message = encoded.message
         return Entry(offset, record.stream, message, encoded, record.keys, len(message.data), record)
     assert type(record) is NoticeRecord
+    fields = record.fields
+    if record.kind == STATUS:  # the client's form: the stream's /v1/sources entry at that moment
+        status = StreamStatus.from_report(source, dp_rank, fields)
+        stale_reason = fields["stale_reason"]
+        fields = {"status": status.to_json(fields["at"], stale_reason is not None, stale_reason)}
     message = messages.encode_stream_notice(
-        record.kind, epoch=epoch, offset=offset, source=source, dp_rank=dp_rank, fields=record.fields
+        record.kind, epoch=epoch, offset=offset, source=source, dp_rank=dp_rank, fields=fields
     )
     return Entry(offset, record.stream, message, None, (), len(message.data), record)
 
@@ -120,6 +136,11 @@ class Log(Protocol):
 
     def follow(self, follower: Follower) -> None:
         """Call ``follower`` with every entry appended from now on, in offset order."""
+
+    def holding(self, last_event_id: str | None) -> AbstractAsyncContextManager[None]:
+        """Within the block, :meth:`read` serves a client resuming after ``last_event_id``: a log
+        whose older part lives elsewhere fetches it, one behind the id waits to reach it. Use no
+        await inside the block (what is held is lent for one synchronous subscribe)."""
 
 
 class MemoryLog:
@@ -170,6 +191,9 @@ class MemoryLog:
     def read(self, after: int) -> Iterator[Entry]:
         return self.ring.since(after)
 
+    def holding(self, last_event_id: str | None) -> AbstractAsyncContextManager[None]:
+        return HELD  # everything this log can serve is in its ring already
+
     def message_for(self, entry: Entry, key: EventFilterKey | None) -> OutMessage | None:
         ring = self.ring
         held = ring.bytes
@@ -177,3 +201,13 @@ class MemoryLog:
         if ring.bytes != held and self._retained is not None:
             self._retained(len(ring), ring.bytes)  # a new variant counts towards the bound
         return message
+
+
+class _Held(AbstractAsyncContextManager[None]):
+    """A log that holds everything it serves: entering waits for nothing (and allocates nothing)."""
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+
+HELD: Final = _Held()

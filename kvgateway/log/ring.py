@@ -6,14 +6,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from itertools import islice
-from typing import Any, TypeAlias
+from typing import Any
 
 import msgspec
 
+from kvgateway.engine.wire import Stream
 from kvgateway.log.filters import EventFilterKey, EventKey, select
 from kvgateway.log.messages import EncodedBatch, OutMessage
-
-Stream: TypeAlias = tuple[str, int]
 
 
 class Entry(msgspec.Struct, gc=False, eq=False):

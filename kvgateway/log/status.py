@@ -1,4 +1,11 @@
-"""What the gateway knows about each stream's health, for /v1/sources, hello and /readyz."""
+"""What the gateway knows about each stream's health, for /v1/sources, hello and /readyz.
+
+The ingest half keeps one :class:`StreamStatus` per stream as its outlet sees it, and reports it
+into the ordered log (a ``status`` notice, :meth:`StreamStatus.report`) whenever it changes in a
+way that batches and notices do not say. The serving half's status board keeps its own copy from
+those reports and the batches after them (:meth:`StreamStatus.take_report`,
+:meth:`StreamStatus.batch`), the same in one process and on every edge of a cluster.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvgateway.config import StreamConfig
+from kvgateway.runtime.metrics import LOSS_REASONS, StreamFamilies
 
 DEGRADED_SECONDS = 60.0
 """A stream that lost batches for good shows as degraded for this long after the last loss."""
@@ -49,6 +57,80 @@ class StreamStatus:
             return "degraded"
         return "stale" if stale else "up"
 
+    # --- through the log ----------------------------------------------------------------------
+
+    def report(self, stale_reason: str | None, at: float) -> dict[str, Any]:
+        """The fields of a ``status`` record: this view at ``at`` (with the stream's staleness, as
+        the ingest's own notices made it), and where the stream is read from (an edge that was not
+        given the sources lists the stream from it)."""
+        cfg = self.config
+        return {
+            "at": at,
+            "stale_reason": stale_reason,
+            "endpoint": cfg.endpoint,
+            "replay": cfg.replay,
+            "bind": cfg.bind,
+            "connected": self.connected,
+            "reason": self.down_reason,
+            "last_seq": self.last_seq,
+            "lag_seconds": self.lag_seconds,
+            "last_loss_at": self.last_loss_at,
+            "counters": dict(self.counters),
+            "losses": dict(self.losses),
+        }
+
+    @classmethod
+    def from_report(cls, source: str, dp_rank: int, fields: dict[str, Any]) -> StreamStatus:
+        """The status a ``status`` record describes (its stream's config from the record too)."""
+        config = StreamConfig(
+            source=source,
+            dp_rank=dp_rank,
+            endpoint=str(fields.get("endpoint", "")),
+            replay=fields.get("replay"),
+            topic="",
+            bind=bool(fields.get("bind", False)),
+            capacity_blocks={},
+        )
+        status = cls(config)
+        status.take_report(fields)
+        return status
+
+    def take_report(self, fields: dict[str, Any]) -> None:
+        """A ``status`` notice's fields (:meth:`report`): the ingest's view replaces this one."""
+        self.connected = bool(fields["connected"])
+        self.down_reason = str(fields["reason"])
+        self.last_seq = fields["last_seq"]
+        self.lag_seconds = fields["lag_seconds"]
+        self.last_loss_at = fields["last_loss_at"]
+        counters = fields["counters"]
+        self.counters = {name: int(counters.get(name, 0)) for name in COUNTERS}
+        self.losses = {str(reason): int(count) for reason, count in fields["losses"].items()}
+
+    def batch(self, seq: int, replayed: bool, lag: float) -> None:
+        """A delivered batch (``lag``: received minus its timestamp; unused when replayed)."""
+        self.last_seq = seq
+        counters = self.counters
+        counters["batches"] += 1
+        if replayed:
+            counters["replayed"] += 1
+        else:
+            self.lag_seconds = lag
+
+    # --- views ------------------------------------------------------------------------------
+
+    def export(self, families: StreamFamilies) -> None:
+        """The stream's status figures as Prometheus samples (at scrape time)."""
+        labels = (self.config.source, str(self.config.dp_rank))
+        counters = self.counters
+        add = families.add
+        for key, counter in STATUS_FAMILIES:
+            add(key, labels, counters[counter])
+        losses = self.losses
+        for reason in LOSS_REASONS:
+            add("unrecovered_batches", (*labels, reason), losses.get(reason, 0))
+        add("source_up", labels, 1 if self.connected else 0)
+        add("source_last_seq", labels, -1 if self.last_seq is None else self.last_seq)
+
     def to_json(self, now: float, stale: bool, stale_reason: str | None = None) -> dict[str, Any]:
         cfg = self.config
         return {
@@ -67,3 +149,16 @@ class StreamStatus:
             "counters": dict(self.counters),
             "unrecovered_by_reason": dict(sorted(self.losses.items())),
         }
+
+
+STATUS_FAMILIES = (
+    ("batches_received", "batches"),
+    ("sequence_gaps", "gaps"),
+    ("missed_batches", "missed"),
+    ("replayed_batches", "replayed"),
+    ("publisher_restarts", "restarts"),
+    ("duplicate_batches", "duplicates"),
+    ("decode_errors", "decode_errors"),
+    ("history_truncations", "history_truncations"),
+)
+"""Metric families read from the status counters (one number serves /v1/sources and Prometheus)."""

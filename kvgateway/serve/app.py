@@ -19,7 +19,6 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
-from kvgateway.gateway import Gateway
 from kvgateway.log.messages import schema_bytes
 from kvgateway.serve.dashboard_api import DashboardData, analytics_endpoint, history_endpoint
 from kvgateway.serve.http_query import bad_request, route_query
@@ -27,6 +26,7 @@ from kvgateway.serve.hub import TooManyClients
 from kvgateway.serve.middleware import PROTECTED_PREFIX, Authentication, HostCheck, SecurityHeaders, json_error
 from kvgateway.serve.query import BadRequest, ClientRequest
 from kvgateway.serve.router_api import ROUTER_ROUTES
+from kvgateway.serve.serving import Service, Serving
 from kvgateway.serve.sessions import WS_CLOSE, sse_stream, ws_session
 from kvgateway.serve.subscription import Subscription, Transport
 
@@ -46,21 +46,21 @@ def static_dir() -> Path:
 
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    """The gateway (on ``app.state``) runs while the app does: started before the first request."""
-    gateway: Gateway = app.state.gateway
+    """The service (on ``app.state``) runs while the app does: started before the first request."""
+    service: Service = app.state.service
     dashboard_data: DashboardData = app.state.dashboard_data
     try:
-        await gateway.start()
+        await service.start()
         dashboard_data.start()
         yield
     finally:
         await dashboard_data.stop()
-        await gateway.stop()
+        await service.stop()
 
 
-def _gateway(conn: HTTPConnection) -> Gateway:
-    gateway: Gateway = conn.app.state.gateway
-    return gateway
+def _gateway(conn: HTTPConnection) -> Serving:
+    serving: Serving = conn.app.state.serving
+    return serving
 
 
 # --- routes (the token is checked before them: guard.Authentication) ------------------------
@@ -74,17 +74,16 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    gateway = _gateway(request)
-    ready, not_ready = gateway.readiness()
-    return JSONResponse(
-        {"ready": ready, "streams": len(gateway.outlets), "not_ready": not_ready}, status_code=200 if ready else 503
-    )
+    service: Service = request.app.state.service
+    ready, not_ready = service.readiness()
+    streams = len(service.serving.board.streams)
+    return JSONResponse({"ready": ready, "streams": streams, "not_ready": not_ready}, status_code=200 if ready else 503)
 
 
 async def metrics_endpoint(request: Request) -> Response:
-    gateway = _gateway(request)
-    gateway.refresh_gauges()
-    body, content_type = gateway.metrics.exposition()
+    service: Service = request.app.state.service
+    service.refresh_gauges()
+    body, content_type = service.serving.metrics.exposition()
     return Response(body, media_type=content_type)
 
 
@@ -125,14 +124,8 @@ def _client_request(conn: HTTPConnection, transport: str) -> ClientRequest:
     return _gateway(conn).hub.route_query(route, conn.query_params, last_event_id=header)[0]
 
 
-async def _subscribe(gateway: Gateway, client: ClientRequest, transport: Transport) -> Subscription:
-    """A gateway that may need to fetch or wait before a client subscribes (a cluster edge) says so
-    with ``subscribe_async``."""
-    subscribe_async = getattr(gateway, "subscribe_async", None)
-    if subscribe_async is not None:
-        subscription: Subscription = await subscribe_async(client, transport)
-        return subscription
-    return gateway.subscribe(client, transport)
+async def _subscribe(gateway: Serving, client: ClientRequest, transport: Transport) -> Subscription:
+    return await gateway.subscribe(client, transport)
 
 
 async def events(request: Request) -> Response:
@@ -209,11 +202,12 @@ async def not_found(request: Request, exc: Exception) -> Response:
     return json_error(404, f"no such endpoint: {path[:200]} (see docs/protocol.md)")
 
 
-def create_app(gateway: Gateway) -> Starlette:
-    """The web app of ``gateway``, which its lifespan starts and stops."""
+def create_app(service: Service) -> Starlette:
+    """The web app of ``service`` (one process, or an edge), which its lifespan starts and stops."""
     routes = [*ROUTES, Mount("/", app=StaticFiles(directory=static_dir(), html=True), name="static")]
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
-    app.state.gateway = gateway
+    app.state.service = service
+    gateway = app.state.serving = service.serving
     app.state.dashboard_data = DashboardData(gateway)
     # The last added runs first: headers on every answer, then the Host, then Origin and token.
     app.add_middleware(Authentication, settings=gateway.settings, metrics=gateway.metrics)

@@ -20,18 +20,19 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kvgateway.engine.wire import Stream
 from kvgateway.log.ordered import BatchRecord
 from kvgateway.log.ring import Entry
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.tasks import cancel_and_wait
 from kvgateway.serve.http_query import bad_request, route_query
 from kvgateway.serve.query import BadRequest
-from kvgateway.state.analytics import CacheAnalytics, Stream
+from kvgateway.state.analytics import CacheAnalytics
 from kvgateway.state.history import History, MediumReading, StreamReading
 from kvgateway.state.occupancy import StreamIndex
 
 if TYPE_CHECKING:
-    from kvgateway.gateway import Gateway
+    from kvgateway.serve.serving import Serving
 
 log = logging.getLogger("kvgateway.web")
 
@@ -73,8 +74,8 @@ class Activity:
     __slots__ = ("last_batch", "last_live")
 
     def __init__(self) -> None:
-        self.last_batch: dict[tuple[str, int], float] = {}
-        self.last_live: dict[tuple[str, int], float] = {}
+        self.last_batch: dict[Stream, float] = {}
+        self.last_live: dict[Stream, float] = {}
 
     def follow(self, entry: Entry) -> None:
         record = entry.record
@@ -87,7 +88,7 @@ class Activity:
 class DashboardData:
     """The history of one gateway, its sampler task, and what follows the log for it."""
 
-    def __init__(self, gateway: Gateway, history: History | None = None) -> None:
+    def __init__(self, gateway: Serving, history: History | None = None) -> None:
         self.gateway = gateway
         self.history = history if history is not None else History()
         self.activity = Activity()
@@ -100,8 +101,9 @@ class DashboardData:
     def readings(self, now: float) -> list[StreamReading]:
         gateway = self.gateway
         out = []
-        for (source, dp_rank), outlet in sorted(gateway.outlets.items()):
-            status, index = outlet.status, outlet.index
+        for source, dp_rank in gateway.board.streams:
+            status, index = gateway.board.status((source, dp_rank)), gateway.index.stream(source, dp_rank)
+            assert status is not None
             last = self.activity.last_batch.get((source, dp_rank))
             live = self.activity.last_live.get((source, dp_rank))
             # Lag means something only for a batch that arrived live within this interval.
@@ -125,11 +127,11 @@ class DashboardData:
 
     def up_streams(self, indexes: Iterable[StreamIndex]) -> list[StreamIndex]:
         """The streams whose engine is connected: a down engine's blocks are not a prefix's home."""
-        outlets = self.gateway.outlets
+        board = self.gateway.board
         return [
             index
             for index in indexes
-            if (outlet := outlets.get((index.source, index.dp_rank))) is not None and outlet.status.connected
+            if (status := board.status((index.source, index.dp_rank))) is not None and status.connected
         ]
 
     def sample(self) -> None:
@@ -203,6 +205,6 @@ async def analytics_endpoint(request: Request) -> Response:
         client, _ = route_query(request, "/v1/analytics")
     except BadRequest as exc:
         return bad_request(gateway, exc)
-    streams = gateway.routers.matching(list(gateway.outlets), client.filter)
+    streams = gateway.routers.matching(gateway.board.streams, client.filter)
     body = {"epoch": gateway.log.epoch, **data.analytics.to_json(streams, up=data.up_streams(streams))}
     return Response(msgspec.json.encode(body), media_type="application/json")

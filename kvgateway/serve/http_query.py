@@ -13,17 +13,17 @@ from kvgateway.serve.middleware import json_error
 from kvgateway.serve.query import BadRequest, ClientRequest
 
 if TYPE_CHECKING:
-    from kvgateway.gateway import Gateway
+    from kvgateway.serve.serving import Serving
 
 
 def route_query(conn: HTTPConnection, route: str) -> tuple[ClientRequest, dict[str, list[str]]]:
     """The stream filter (source, dp_rank, ...) of a request to ``route`` and the route's own
     parameters; raises :class:`BadRequest`."""
-    gateway: Gateway = conn.app.state.gateway
+    gateway: Serving = conn.app.state.serving
     return gateway.hub.route_query(route, conn.query_params)
 
 
-def bad_request(gateway: Gateway, exc: BadRequest) -> Response:
+def bad_request(gateway: Serving, exc: BadRequest) -> Response:
     """A 400 with the one-line reason, counted as a rejected HTTP request."""
     gateway.metrics.client_rejections.labels("http", "bad_request").inc()
     return json_error(400, exc.message)

@@ -17,8 +17,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
-from typing import TypeAlias
 
+from kvgateway.engine.wire import Stream
 from kvgateway.log import messages
 from kvgateway.log.messages import OutMessage
 from kvgateway.log.ordered import Log
@@ -29,8 +29,6 @@ from kvgateway.serve.query import GAP_LAST, ClientRequest, QueryInput, parse_que
 from kvgateway.serve.subscription import CloseReason, Subscription, Transport
 
 log = logging.getLogger("kvgateway.hub")
-
-Stream: TypeAlias = tuple[str, int]
 
 
 class TooManyClients(Exception):

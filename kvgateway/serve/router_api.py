@@ -23,18 +23,18 @@ from kvgateway.state.lookup import DEFAULT_LIMITS, BadLookup, parse_request
 from kvgateway.state.occupancy import StreamIndex
 
 if TYPE_CHECKING:
-    from kvgateway.gateway import Gateway
+    from kvgateway.serve.serving import Serving
 
 NDJSON: Final = "application/x-ndjson"
 FORMATS: Final = ("json", "ndjson")
 
 
-def _gateway(conn: HTTPConnection) -> Gateway:
-    gateway: Gateway = conn.app.state.gateway
+def _gateway(conn: HTTPConnection) -> Serving:
+    gateway: Serving = conn.app.state.serving
     return gateway
 
 
-def _streams(request: Request, gateway: Gateway, route: str) -> tuple[list[StreamIndex], dict[str, str]]:
+def _streams(request: Request, gateway: Serving, route: str) -> tuple[list[StreamIndex], dict[str, str]]:
     """The configured streams that ``source``/``dp_rank`` select, and the value of each of the
     route's own parameters; raises :class:`BadRequest` (what ``route`` accepts:
     :data:`kvgateway.serve.query.ROUTE_PARAMETERS`)."""
@@ -43,7 +43,7 @@ def _streams(request: Request, gateway: Gateway, route: str) -> tuple[list[Strea
     for name, values in own.items():
         check_once(name, values)
         found[name] = values[0]
-    return gateway.routers.matching(list(gateway.outlets), client.filter), found
+    return gateway.routers.matching(gateway.board.streams, client.filter), found
 
 
 async def _paced(pieces: Iterator[bytes], snapshot: BlockSnapshot) -> AsyncIterator[bytes]:

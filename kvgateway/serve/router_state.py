@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 from kvgateway.config import Settings
-from kvgateway.engine.wire import Hash
+from kvgateway.engine.wire import Hash, Stream
 from kvgateway.log import messages
 from kvgateway.log.filters import ClientFilter
 from kvgateway.log.messages import OutMessage
@@ -135,7 +135,7 @@ class Routers:
                 self.metrics.learned_evictions.inc(learner.evicted - self._evicted)
                 self._evicted = learner.evicted
 
-    def resident(self, stream: tuple[str, int], block_hash: Hash) -> bool:
+    def resident(self, stream: Stream, block_hash: Hash) -> bool:
         """Whether ``stream`` still holds ``block_hash`` in some medium and group (the learner
         keeps such chains at its cap: a long-lived prefix survives churn elsewhere). O(1) in the
         fleet's size: the stream that announced the block is asked, not every stream."""
@@ -153,7 +153,7 @@ class Routers:
 
     # --- snapshots ----------------------------------------------------------------------------
 
-    def matching(self, keys: Sequence[tuple[str, int]], client_filter: ClientFilter) -> list[StreamIndex]:
+    def matching(self, keys: Sequence[Stream], client_filter: ClientFilter) -> list[StreamIndex]:
         """The indexes of the configured streams ``client_filter`` selects, sorted."""
         return [self.index.stream(*key) for key in sorted(keys) if client_filter.matches_stream(*key)]
 

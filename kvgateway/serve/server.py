@@ -1,5 +1,6 @@
-"""The runner: binds the HTTP port, serves the app with uvicorn (uvloop when installed) until a
-signal, and turns start-up failures into one line and exit code 1."""
+"""The one runner of every command that serves HTTP (``serve``, ``edge``, ``ingest``, the demo):
+binds the HTTP port, sizes the ZeroMQ context, serves the app with uvicorn (uvloop when installed)
+until a signal, and turns start-up failures into one line and exit code 1."""
 
 from __future__ import annotations
 
@@ -9,17 +10,17 @@ import errno
 import logging
 import signal
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 
 from kvgateway.config import Settings, unresolved_hosts
-from kvgateway.gateway import Gateway, StartupError
 from kvgateway.runtime import logging_setup
 from kvgateway.runtime.fd_budget import Budget, BudgetError, open_context, raise_open_files
 from kvgateway.runtime.memory import freeze_startup_heap
+from kvgateway.runtime.startup import StartupError
 from kvgateway.serve.app import create_app
 
 log = logging.getLogger("kvgateway")
@@ -93,16 +94,39 @@ def _listen(settings: Settings, reuse_port: bool = False) -> socket.socket:
     return listener
 
 
+class Runnable(Protocol):
+    """What the runner runs: one process's gateway, an edge, or an ingest (whose app serves probes)."""
+
+    @property
+    def startup_error(self) -> StartupError | None:
+        """Why :meth:`start` failed (said in one line), or None."""
+
+    @property
+    def fatal(self) -> str | None:
+        """Why the process stopped on its own (exit code 1), or None."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def close_clients(self) -> None:
+        """On a signal, before uvicorn stops: clients get our own close code, nothing half-sent."""
+
+
 async def serve(
     settings: Settings,
     *,
+    make_service: Callable[..., Runnable],
+    make_app: Callable[[Any], Any] = create_app,
     ready: Callable[[str], None] | None = None,
-    make_gateway: Callable[..., Gateway] = Gateway,
     reuse_port: bool = False,
     listening: Callable[[str], None] = lambda url: None,
+    made: Callable[[Runnable], None] = lambda service: None,
 ) -> None:
-    """Run the gateway and its HTTP server until SIGINT/SIGTERM: the port is bound (``listening``), the
-    app's lifespan starts the gateway, HTTP is served (``ready``); a failure is a :class:`StartupError`."""
+    """The one HTTP runner (``serve``, ``edge``, ``ingest``, the demo): the port is bound
+    (``listening``), the ZeroMQ context sized, the service ``make_service(settings, context=...)``
+    made (``made``) and its app ``make_app(service)`` served until SIGINT/SIGTERM; the app's lifespan
+    starts and stops the service, HTTP is served (``ready``); a failure is a :class:`StartupError`."""
     listener = _listen(settings, reuse_port)
     settings = replace(settings, port=int(listener.getsockname()[1]))  # --port 0: the port it got
     listening(base_url(settings))
@@ -114,45 +138,52 @@ async def serve(
         listener.close()
         raise StartupError(str(exc)) from None
     try:
-        gateway = make_gateway(settings, context=context)
-        app = create_app(gateway)
-        server = _Server(uvicorn_config(app, settings))
-        loop = asyncio.get_running_loop()
-
-        def shut_down() -> None:
-            # Clients first, with our own close code (1012) and nothing half-sent; then uvicorn.
-            gateway.hub.close()
-            server.should_exit = True
-
+        service = make_service(settings, context=context)
+        made(service)
+        server = _Server(uvicorn_config(make_app(service), settings))
         for host in unresolved_hosts(settings):
             log.warning("host %r does not resolve (yet): its streams stay down until it does", host)
-        # A failed start is the gateway's own one line: uvicorn's echo of it (a traceback) is dropped.
-        uvicorn_errors = logging.getLogger("uvicorn.error")
-        quiet_failure = _QuietStartupFailure(gateway)
-        uvicorn_errors.addFilter(quiet_failure)
         try:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, shut_down)
-            task = asyncio.create_task(server.serve(sockets=[listener]))
-            while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn offers no start event
-                await asyncio.sleep(0.02)
-            if not server.started:
-                with contextlib.suppress(Exception):
-                    await task
-                if gateway.startup_error is not None:
-                    raise gateway.startup_error
-                raise StartupError(f"cannot serve HTTP on {settings.host}:{settings.port}")
-            if ready is not None:
-                ready(base_url(settings))
-            await task
+            await _serve_until_signal(server, service, listener, settings, ready)
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-            uvicorn_errors.removeFilter(quiet_failure)
-            await gateway.stop()  # idempotent: the lifespan has stopped it unless start-up failed
+            await service.stop()  # idempotent: the lifespan has stopped it unless start-up failed
     finally:
         listener.close()
-        context.destroy(linger=0)  # destroy, not term: see Gateway.stop
+        context.destroy(linger=0)  # destroy, not term: a failed bind leaves a socket open
+
+
+async def _serve_until_signal(
+    server: _Server, service: Runnable, listener: socket.socket, settings: Settings, ready: Callable[[str], None] | None
+) -> None:
+    loop = asyncio.get_running_loop()
+
+    def shut_down() -> None:
+        service.close_clients()  # clients first, with our own close code (1012); then uvicorn
+        server.should_exit = True
+
+    # A failed start is the service's own one line: uvicorn's echo of it (a traceback) is dropped.
+    uvicorn_errors = logging.getLogger("uvicorn.error")
+    quiet_failure = _QuietStartupFailure(service)
+    uvicorn_errors.addFilter(quiet_failure)
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, shut_down)
+        task = asyncio.create_task(server.serve(sockets=[listener]))
+        while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn offers no start event
+            await asyncio.sleep(0.02)
+        if not server.started:
+            with contextlib.suppress(Exception):
+                await task
+            if service.startup_error is not None:
+                raise service.startup_error
+            raise StartupError(f"cannot serve HTTP on {settings.host}:{settings.port}")
+        if ready is not None:
+            ready(base_url(settings))
+        await task
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        uvicorn_errors.removeFilter(quiet_failure)
 
 
 def base_url(settings: Settings) -> str:
@@ -161,12 +192,12 @@ def base_url(settings: Settings) -> str:
 
 
 class _QuietStartupFailure(logging.Filter):
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, service: Runnable) -> None:
         super().__init__()
-        self.gateway = gateway
+        self.service = service
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.gateway.startup_error is None
+        return self.service.startup_error is None
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -179,19 +210,43 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def run(settings: Settings) -> int:
+def run(
+    settings: Settings,
+    make_service: Callable[..., Runnable],
+    *,
+    make_app: Callable[[Any], Any] = create_app,
+    announce: Callable[[Any, str], str] = lambda service, url: f"serving on {url}",
+    prepare: Callable[[Settings], Coroutine[Any, Any, Settings]] | None = None,
+    reuse_port: bool = False,
+) -> int:
+    """The one command runner (``serve``, ``edge``, ``ingest``): logging, the event loop (uvloop when
+    installed), ``prepare`` (an edge that lists announced sources), :func:`serve` (``announce``: its
+    ready line, from the service and the URL), and the exit code:
+    0 after a signal, 1 with one line when it could not start or stopped on its own."""
     logging_setup.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
-    if settings.allow_unauthenticated and settings.token is None:
+    if settings.allow_unauthenticated and settings.token is None and make_app is create_app:
         log.warning("authentication is OFF on %s:%d (--allow-unauthenticated)", settings.host, settings.port)
+    services: list[Runnable] = []
 
     def ready(url: str) -> None:
         freeze_startup_heap()  # the process's own heap: not for a serve() embedded in another program
-        log.info("serving on %s", url)
+        log.info("%s", announce(services[0], url))
 
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            runner.run(serve(settings, ready=ready))
+            if prepare is not None:
+                settings = runner.run(prepare(settings))
+            runner.run(
+                serve(
+                    settings,
+                    make_service=make_service,
+                    make_app=make_app,
+                    ready=ready,
+                    reuse_port=reuse_port,
+                    made=services.append,
+                )
+            )
     except StartupError as exc:
         log.error("%s", exc)
         return 1
-    return 0
+    return 1 if services and services[0].fatal else 0

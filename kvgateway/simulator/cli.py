@@ -14,6 +14,7 @@ import zmq
 import zmq.asyncio
 
 from kvgateway.engine.endpoints import endpoint_problem
+from kvgateway.engine.wire import Stream
 from kvgateway.simulator.engine import (
     ENGINE_FLAVOURS,
     EVENT_FORMS,
@@ -97,7 +98,7 @@ def _events_arg(value: str) -> tuple[int, int]:
     return low, high
 
 
-def _times(value: str) -> tuple[str, int]:
+def _times(value: str) -> Stream:
     """``TEXT[xN]`` -> (TEXT, N), N = 1 when absent."""
     text, sep, times_text = value.partition("x")
     if not sep:

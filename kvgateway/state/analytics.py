@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from kvgateway.engine.mediums import medium_tier, normalise_medium
-from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored, Hash
+from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored, Hash, Stream
 from kvgateway.log.ordered import BatchRecord, NoticeRecord
 from kvgateway.log.render import hash_text
 from kvgateway.log.ring import Entry
@@ -45,8 +45,6 @@ MAX_TRACKED: Final = 20_000
 MAX_ROOTS: Final = 256
 MAX_ROOTS_COUNTED: Final = 2_048
 """Distinct first blocks :meth:`CacheAnalytics.prefix_spread` looks up (each in every stream)."""
-
-Stream = tuple[str, int]
 
 
 class Sink(Protocol):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from kvgateway.engine.mediums import medium_tier
+from kvgateway.engine.wire import Stream
 from kvgateway.log.filters import ClientFilter
 
 INTERVAL_SECONDS: Final = 5.0
@@ -192,7 +193,7 @@ class History:
             raise ValueError(f"history: need 0 < interval <= horizon, got {interval} and {horizon}")
         self.interval = interval
         self.size = int(horizon // interval)
-        self._streams: dict[tuple[str, int], StreamSeries] = {}
+        self._streams: dict[Stream, StreamSeries] = {}
 
     def slot_time(self, now: float) -> float:
         """The sample time of ``now``: the start of its interval (points of all streams line up)."""

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import msgspec
 
-from kvgateway.engine.wire import Batch, BlockStored, Hash
+from kvgateway.engine.wire import Batch, BlockStored, Hash, Stream
 from kvgateway.runtime.memory import release_free_heap
 
 __all__ = [
@@ -210,7 +210,7 @@ class ChainLearner:
     def __init__(
         self,
         max_blocks: int = DEFAULT_MAX_LEARNED_BLOCKS,
-        resident: Callable[[tuple[str, int], Hash], bool] | None = None,
+        resident: Callable[[Stream, Hash], bool] | None = None,
         *,
         floor: int = LEARNED_FLOOR,
         per_resident: float = LEARNED_PER_RESIDENT,
@@ -225,10 +225,10 @@ class ChainLearner:
         self.cap = min(max_blocks, floor)
         """Entries held at most now (see :meth:`follow_fleet`)."""
         self.resident = resident
-        self._roots: dict[tuple[str, int], int] = {}
-        self._sizes: dict[tuple[str, int], list[int]] = {}
-        self._streams: list[tuple[str, int]] = []
-        self._stream_ids: dict[tuple[str, int], int] = {}
+        self._roots: dict[Stream, int] = {}
+        self._sizes: dict[Stream, list[int]] = {}
+        self._streams: list[Stream] = []
+        self._stream_ids: dict[Stream, int] = {}
         self.learned = 0
         """Entries taught so far (re-announcements included)."""
         self.evicted = 0
@@ -430,13 +430,13 @@ class ChainLearner:
 
     # --- learning ------------------------------------------------------------------------------
 
-    def _root(self, stream: tuple[str, int]) -> int:
+    def _root(self, stream: Stream) -> int:
         root = self._roots.get(stream)
         if root is None:
             root = self._roots[stream] = _digest(_encode(stream), b"kvgw-root") & _M64
         return root
 
-    def _stream_id(self, stream: tuple[str, int]) -> int:
+    def _stream_id(self, stream: Stream) -> int:
         sid = self._stream_ids.get(stream)
         if sid is None:
             sid = len(self._streams) if len(self._streams) < _NO_STREAM else _NO_STREAM
@@ -459,7 +459,7 @@ class ChainLearner:
                 taught += self.learn(source, dp_rank, event)
         return taught
 
-    def _note_block_size(self, stream: tuple[str, int], size: int) -> None:
+    def _note_block_size(self, stream: Stream, size: int) -> None:
         """The stream's block sizes, most recent first (at most :data:`_MAX_SIZES`)."""
         sizes = self._sizes.get(stream)
         if sizes is None:
@@ -571,11 +571,11 @@ class ChainLearner:
             mix = _mix(block_hash)
         return out
 
-    def entries(self) -> list[tuple[tuple[str, int], Hash]]:
+    def entries(self) -> list[tuple[Stream, Hash]]:
         """Every live entry as (announcing stream, block hash), oldest announcement first (for tests
         and diagnostics: O(entries))."""
         keys, vals, sids, size = self._keys, self._vals, self._sids, len(self._keys)
-        out: list[tuple[tuple[str, int], Hash]] = []
+        out: list[tuple[Stream, Hash]] = []
         for n in range(self._count):
             at = (self._head + n) % size
             block_hash = vals[at]

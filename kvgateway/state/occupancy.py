@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 from kvgateway.engine.mediums import DEFAULT_MEDIUM, medium_tier, normalise_medium, tier_rank
-from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Hash
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Hash, Stream
 from kvgateway.log.ordered import BatchRecord, NoticeRecord
 from kvgateway.log.ring import Entry
+from kvgateway.log.staleness import Staleness
 
 __all__ = ["DEFAULT_MEDIUM", "BlockGroup", "MediumStats", "OccupancyIndex", "StreamIndex", "normalise_medium"]
 
@@ -243,8 +244,7 @@ class StreamIndex:
         "_routes",
         "dp_rank",
         "source",
-        "stale",
-        "stale_reason",
+        "staleness",
         "started",
         "unknown_removes",
     )
@@ -261,10 +261,9 @@ class StreamIndex:
         """When counting began (the gateway's start): rates divide by the time since, up to the
         window. None: as if a whole window had been watched."""
         self.dp_rank = dp_rank
-        self.stale = False
-        """Set by :meth:`mark_stale` (events lost for good); cleared by AllBlocksCleared or :meth:`reset`."""
-        self.stale_reason: str | None = None
-        """Why the index is stale (the latest cause): unrecovered, history_truncated, undecodable."""
+        self.staleness = Staleness()
+        """Whether events are missing, and why (unrecovered, history_truncated, undecodable): set by
+        a stale notice, cleared by AllBlocksCleared or a restart (the one rule of the ingest too)."""
         self.unknown_removes = 0
         self._capacity = {normalise_medium(m): n for m, n in (capacity_blocks or {}).items()}
         self._mediums: dict[str, _Medium] = {m: _Medium() for m in sorted(self._capacity)}
@@ -319,8 +318,7 @@ class StreamIndex:
                         med.cur_removes += len(hashes)
             elif type(event) is AllBlocksCleared:
                 self._clear()
-                self.stale = False
-                self.stale_reason = None
+                self.staleness.cleared()
 
     def _clear(self) -> None:
         for med in self._mediums.values():
@@ -330,13 +328,19 @@ class StreamIndex:
     def reset(self) -> None:
         """The publisher restarted: its cache is gone, and so is any doubt about the old state."""
         self._clear()
-        self.stale = False
-        self.stale_reason = None
+        self.staleness.cleared()
 
     def mark_stale(self, reason: str = "unrecovered") -> None:
         """Events were lost for good: counts may be wrong until the next AllBlocksCleared or reset."""
-        self.stale = True
-        self.stale_reason = reason
+        self.staleness.mark(reason)
+
+    @property
+    def stale(self) -> bool:
+        return self.staleness.reason is not None
+
+    @property
+    def stale_reason(self) -> str | None:
+        return self.staleness.reason
 
     def refcount(self, block_hash: Hash, medium: str | None = None, group_idx: int | None = None) -> int:
         """References to one block (0 when not resident)."""
@@ -477,11 +481,11 @@ class OccupancyIndex:
     __slots__ = ("_capacity", "_started", "_streams")
 
     def __init__(
-        self, capacity: Mapping[tuple[str, int], Mapping[str, int]] | None = None, started: float | None = None
+        self, capacity: Mapping[Stream, Mapping[str, int]] | None = None, started: float | None = None
     ) -> None:
         self._capacity = dict(capacity or {})
         self._started = started
-        self._streams: dict[tuple[str, int], StreamIndex] = {}
+        self._streams: dict[Stream, StreamIndex] = {}
         for source, dp_rank in sorted(self._capacity):
             self.stream(source, dp_rank)
 
@@ -515,7 +519,7 @@ class OccupancyIndex:
             if record.kind == "restart":
                 self.stream(*record.stream).reset()
             elif record.kind == "stale":
-                self.stream(*record.stream).mark_stale(record.fields["reason"])
+                self.stream(*record.stream).staleness.notice(record.kind, record.fields)
 
     def snapshot(self, offset: int, now: float, select: Callable[[str, int], bool] | None = None) -> dict[str, Any]:
         """The /v1/occupancy document. ``offset`` is the hub offset the index reflects; ``select``

@@ -3,12 +3,15 @@ the single process had (same message bytes at the same offset, same index)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from kvgateway.cluster import records
 from kvgateway.cluster.edge_log import EdgeLog, OffsetGap
 from kvgateway.engine import wire
 from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
+from kvgateway.log.ring import Entry
 from kvgateway.state.occupancy import OccupancyIndex
 
 EVENTS: list[wire.Event] = [
@@ -70,10 +73,23 @@ def test_the_edge_log_refuses_a_hole_ignores_a_repeat_and_lends_older_entries() 
     assert log.first_offset == 11 and log.last_offset == 12
     from kvgateway.log.ordered import make_entry
 
-    lent = [make_entry("e", 10, record), make_entry("e", 11, record)]
-    with log.extended(lent):
-        assert log.first_offset == 10
-        assert [e.offset for e in log.read(9)] == [10, 11, 12]
+    asked: list[tuple[int, int]] = []
+
+    async def fetch(first: int, last: int) -> list[Entry]:
+        asked.append((first, last))
+        # The stream holds 10 on (as JetStream after retention): from ``first`` on, or nothing.
+        return [make_entry("e", offset, record) for offset in range(first, last + 1)] if first >= 10 else []
+
+    async def resume(last_event_id: str | None) -> tuple[int, list[int]]:
+        async with log.holding(last_event_id):
+            return log.first_offset, [e.offset for e in log.read(log.first_offset - 1)]
+
+    assert asyncio.run(resume("e:9")) == (11, [11, 12]), "no fetch before one is set: the ring only"
+    log.fetch = fetch
+    assert asyncio.run(resume("e:9")) == (10, [10, 11, 12]), "older than the ring: fetched and lent"
+    assert asyncio.run(resume("e:11")) == (11, [11, 12]) and asked == [(10, 10)], "in the ring: nothing fetched"
+    assert asyncio.run(resume("other:9")) == (11, [11, 12]) and asked == [(10, 10)], "another epoch: nothing"
+    assert asyncio.run(resume("e:8")) == (11, [11, 12]), "expired from the stream too: nothing lent"
     assert log.first_offset == 11
 
 

@@ -551,6 +551,26 @@ class Clients:
             conn.ended = True
 
 
+def check_status_notices(statuses: list[dict[str, Any]], history: list[dict[str, Any]]) -> None:
+    """Each ``status`` notice is its stream's /v1/sources entry as the messages before it say: the
+    connection as the last up/down notice left it, the restarts counted, the last batch's seq."""
+    assert {(m["source"], m["dp_rank"]) for m in statuses} == {
+        (m["source"], m["dp_rank"]) for m in history if m["type"] == "batch"
+    }, "every stream that delivered a batch came up, and said so in a status notice"
+    for notice in statuses:
+        stream = (notice["source"], notice["dp_rank"])
+        status = notice["status"]
+        before = [m for m in history if m["offset"] < notice["offset"] and (m["source"], m["dp_rank"]) == stream]
+        assert (status["source"], status["dp_rank"]) == stream
+        links = [m["kind"] for m in before if m["type"] == "notice" and m["kind"] in ("up", "down")]
+        assert status["connected"] == (links[-1:] == ["up"]), notice
+        restarts = sum(1 for m in before if m["type"] == "notice" and m["kind"] == "restart")
+        assert status["counters"]["restarts"] == restarts, notice
+        seqs = [m["seq"] for m in before if m["type"] == "batch"]
+        if seqs and status["counters"]["decode_errors"] == 0:
+            assert status["last_seq"] == seqs[-1], notice
+
+
 def check_sse_framing(conn: Conn, retry: int | None = 2000) -> None:
     """Each SSE event: ``event:`` the message type, ``id:`` the message id (the hello's too), one data line."""
     assert conn.sse_parser is not None
@@ -735,7 +755,7 @@ def check_fresh_hello(conn: Conn, gateway_epoch: str, not_before: int) -> None:
 # --- fan-out with filters ---------------------------------------------------------------------
 
 FILTERS = {
-    # query: the stream notices (3 up, 2 restarts in all) it lets through
+    # query: the stream notices (3 up, 2 restarts in all; status notices aside) it lets through
     "source=qwen": 1,
     "dp_rank=1": 2,
     "type=BlockStored": 5,
@@ -787,8 +807,12 @@ def test_every_batch_reaches_every_matching_client_in_order(live: Gateway) -> No
         assert [m for m in plain_sse.after_hello if m["offset"] <= end] == history
         check_sse_framing(plain_sse)
 
-        # The history has the notices the test relies on: 3 up, 2 restarts, nothing else.
-        notices = [(m["kind"], m["source"], m["dp_rank"]) for m in history if m["type"] == "notice"]
+        # The history has the notices the test relies on: 3 up, 2 restarts, and the statuses.
+        statuses = [m for m in history if m["type"] == "notice" and m["kind"] == "status"]
+        check_status_notices(statuses, history)
+        notices = [
+            (m["kind"], m["source"], m["dp_rank"]) for m in history if m["type"] == "notice" and m["kind"] != "status"
+        ]
         assert Counter(notices) == Counter(
             [
                 ("up", "llama", 0),
@@ -818,7 +842,8 @@ def test_every_batch_reaches_every_matching_client_in_order(live: Gateway) -> No
             assert all(m["type"] != "batch" or m["events"] for m in got), "a batch with no events was sent"
             if conn.transport == "sse":
                 check_sse_framing(conn)
-            assert sum(1 for m in got if m["type"] == "notice") == FILTERS[flt.query], conn.label
+            stream_notices = [m for m in got if m["type"] == "notice" and m["kind"] != "status"]
+            assert len(stream_notices) == FILTERS[flt.query], conn.label
             if flt.query.startswith("dp_rank=0&dp_rank=1"):
                 assert got == history  # the values of one parameter are alternatives
                 continue
@@ -1052,7 +1077,10 @@ def test_the_gap_notice_has_no_last_unless_the_client_asks_with_compat_gap_last_
             return live_conns, resumed, plain_ws
 
     live_conns, resumed, reference = arun(body())
-    by_offset = reference.by_offset()
+    # What a plain client gets at each offset: live from its hello on, and from the ring before it
+    # (a status notice may come before the first client: the engine is not up yet).
+    by_offset = {**resumed[0].by_offset(), **reference.by_offset()}
+    assert all(by_offset[offset] == m for offset, m in resumed[0].by_offset().items()), "plain clients agree"
     notice = gap_of(reference)
     assert notice is not None
     assert (notice["first"], notice["until"], notice["count"], notice["reason"]) == (first, until_, 3, "not_sent")

@@ -23,10 +23,11 @@ from kvgateway.engine.sequencer import (
 )
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
 from kvgateway.ingest.outlet import StreamOutlet
-from kvgateway.log.ordered import BatchRecord, MemoryLog, NoticeRecord
+from kvgateway.log.ordered import STATUS, BatchRecord, MemoryLog, NoticeRecord
 from kvgateway.log.ring import Entry
 from kvgateway.runtime.metrics import LAG_BUCKETS, LagHistogram, Metrics
 from kvgateway.state.occupancy import OccupancyIndex
+from kvgateway.state.status_board import BoardFigures, StatusBoard
 
 NOW = 1000.0
 
@@ -54,19 +55,27 @@ class Rig:
         self.outlet = StreamOutlet(
             config,
             self.log,
-            self.index.stream("e", dp_rank),
             clock=self.clock,
             on_connection=lambda _, up, changed, why: self.connections.append((up, changed, why)),
         )
+        # The serving half's view, from the log alone: what /v1/sources and the metrics show.
+        self.board = StatusBoard([config], self.index)
+        self.log.follow(self.board.follow)
         self.metrics = Metrics()
         self.metrics.streams.add(self.outlet)
+        self.metrics.streams.add(BoardFigures(self.board, self.clock))
+
+    def status(self, now: float) -> dict[str, Any]:
+        """The stream's entry in /v1/sources, as the status board derives it from the log."""
+        (entry,) = self.board.to_json(now)
+        return entry
 
     def _keep(self, entry: Entry) -> None:
         assert entry.record is not None
         self.records.append(entry.record)
 
     def notices(self) -> list[tuple[str, dict[str, Any]]]:
-        return [(r.kind, r.fields) for r in self.records if isinstance(r, NoticeRecord)]
+        return [(r.kind, r.fields) for r in self.records if isinstance(r, NoticeRecord) and r.kind != STATUS]
 
     def seqs(self) -> list[int]:
         return [r.seq for r in self.records if isinstance(r, BatchRecord)]
@@ -98,7 +107,7 @@ def test_a_delivered_batch_is_one_record_the_index_applies_and_counts_in_status_
     rig.outlet.received()
     rig.outlet.apply([Deliver(0, batch(stored(1, 2), BlockRemoved([9])), replayed=False)], NOW, held=0)
     assert rig.seqs() == [0]
-    status = rig.outlet.to_json(NOW)
+    status = rig.status(NOW)
     assert status["last_seq"] == 0
     assert status["lag_seconds"] == pytest.approx(0.5)
     assert status["counters"]["batches"] == 1
@@ -119,7 +128,7 @@ def test_a_delivered_batch_is_one_record_the_index_applies_and_counts_in_status_
 def test_a_replayed_batch_counts_as_replayed_and_leaves_the_lag_alone() -> None:
     rig = Rig()
     rig.outlet.apply([Deliver(4, batch(stored(1), ts=NOW - 100), replayed=True)], NOW, held=3)
-    status = rig.outlet.to_json(NOW)
+    status = rig.status(NOW)
     assert status["counters"]["replayed"] == 1
     assert status["lag_seconds"] is None
     assert rig.sample("kvgateway_replayed_batches_total") == 1
@@ -142,7 +151,7 @@ def test_an_undecodable_batch_takes_its_seq_and_makes_the_index_stale_once() -> 
     assert rig.seqs() == []
     assert [kind for kind, _ in rig.notices()] == ["stale"]
     assert rig.notices()[0][1]["reason"] == "undecodable"
-    status = rig.outlet.to_json(NOW)
+    status = rig.status(NOW)
     assert (status["last_seq"], status["stale"], status["stale_reason"]) == (4, True, "undecodable")
     assert status["counters"]["decode_errors"] == 1
     assert rig.sample("kvgateway_decode_errors_total") == 1
@@ -154,7 +163,7 @@ def test_a_gap_and_its_replay_count_once_with_the_purpose_of_the_request() -> No
     rig.outlet.apply([GapDetected(5, 7), RequestReplay(1, 5, "gap")], NOW, held=1)
     rig.outlet.apply([RequestReplay(2, 6, "gap", attempt=2)], NOW, held=1)
     rig.outlet.apply([ReplayFinished(2, "recovered", 3, attempts=2)], NOW, held=0)
-    counters = rig.outlet.to_json(NOW)["counters"]
+    counters = rig.status(NOW)["counters"]
     assert (counters["gaps"], counters["missed"]) == (1, 3)
     assert rig.sample("kvgateway_sequence_gaps_total") == 1
     assert rig.sample("kvgateway_missed_batches_total") == 3
@@ -183,14 +192,14 @@ def test_unrecovered_batches_are_noticed_make_the_stream_degraded_and_stale() ->
     assert kinds == ["up", "unrecovered_gap", "stale", "degraded", "unrecovered_gap"]
     assert rig.notices()[1][1] == {"first": 3, "until": 5, "count": 3, "reason": "evicted"}
     assert rig.notices()[3][1] == {"reason": "3 batches unrecovered (evicted)", "reason_code": "evicted"}
-    status = rig.outlet.to_json(NOW)
+    status = rig.status(NOW)
     assert status["state"] == "degraded"
     assert status["unrecovered_by_reason"] == {"evicted": 4}
     assert status["counters"]["unrecovered"] == 4
     assert rig.sample("kvgateway_unrecovered_batches_total", reason="evicted") == 4
     assert rig.sample("kvgateway_unrecovered_batches_total", reason="transit") == 0
     rig.clock.now = NOW + 61
-    assert rig.outlet.to_json(rig.clock.now)["state"] == "stale"
+    assert rig.status(rig.clock.now)["state"] == "stale"
 
 
 def test_losses_at_a_restart_or_fenced_by_the_engine_are_quiet() -> None:
@@ -201,7 +210,7 @@ def test_losses_at_a_restart_or_fenced_by_the_engine_are_quiet() -> None:
     # restart: stale but not degraded; not_sent: degraded but not stale (the engine cleared its cache)
     assert kinds == ["up", "unrecovered_gap", "stale", "unrecovered_gap", "degraded"]
     assert rig.notices()[-1][1]["reason_code"] == "not_sent"
-    assert rig.outlet.to_json(NOW)["state"] == "degraded"
+    assert rig.status(NOW)["state"] == "degraded"
 
 
 def test_a_restart_is_noticed_and_resets_the_index() -> None:
@@ -220,7 +229,11 @@ def test_a_restart_is_noticed_and_resets_the_index() -> None:
 def test_duplicates_and_cancels_change_only_their_counter() -> None:
     rig = Rig()
     rig.outlet.apply([Duplicate(3), Duplicate(4), CancelReplay(1)], NOW, held=0)
-    assert rig.records == []
+    assert rig.notices() == [] and rig.seqs() == [], "nothing a client sees"
+    (report,) = rig.records
+    assert isinstance(report, NoticeRecord) and report.kind == STATUS, "one status notice for the whole apply"
+    assert report.fields["counters"]["duplicates"] == 2
+    assert rig.status(NOW)["counters"]["duplicates"] == 2
     assert rig.sample("kvgateway_duplicate_batches_total") == 2
 
 
@@ -246,7 +259,7 @@ def test_connection_changes_are_noticed_once_and_handed_to_the_hook() -> None:
         (False, True, "disconnected"),
         (False, False, "connection refused, retrying"),
     ]
-    status = rig.outlet.to_json(NOW)
+    status = rig.status(NOW)
     assert (status["state"], status["reason"]) == ("down", "connection refused, retrying")
     assert rig.sample("kvgateway_source_up") == 0
     rig.outlet.connection(True, "connected")
@@ -261,14 +274,14 @@ def test_a_diagnosed_down_reason_stays_until_the_connection_changes() -> None:
     rig.outlet.diagnosed("cannot resolve host 'x.invalid': name or service not known")
     for _ in range(3):
         rig.outlet.connection(False, "connection refused, retrying")
-    assert rig.outlet.to_json(NOW)["reason"] == "cannot resolve host 'x.invalid': name or service not known"
+    assert rig.status(NOW)["reason"] == "cannot resolve host 'x.invalid': name or service not known"
     rig.outlet.diagnosed("connection refused, retrying")  # the cause changed: the next diagnosis says so
-    assert rig.outlet.to_json(NOW)["reason"] == "connection refused, retrying"
+    assert rig.status(NOW)["reason"] == "connection refused, retrying"
     rig.outlet.connection(True, "connected")
     rig.outlet.diagnosed("late")  # a diagnosis that finishes after the stream came up changes nothing
     rig.outlet.connection(False, "disconnected")
     rig.outlet.connection(False, "connection refused, retrying")  # undiagnosed: the latest word wins
-    assert rig.outlet.to_json(NOW)["reason"] == "connection refused, retrying"
+    assert rig.status(NOW)["reason"] == "connection refused, retrying"
 
 
 def test_every_stream_series_exists_before_anything_happens() -> None:

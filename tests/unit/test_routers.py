@@ -1,4 +1,4 @@
-"""The routers' wiring without sockets: a Gateway built but not started, fed through its ordered log.
+"""The routers' wiring without sockets: a Serving built but not started, fed through its ordered log.
 
 The snapshot hand-over (state at the hello's offset, then exactly the live messages after it), the
 snapshot slots and the queue bound while the state is written, the learner following the log and
@@ -17,11 +17,12 @@ import pytest
 
 from kvgateway.config import Settings, SourceConfig
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event
-from kvgateway.gateway import Gateway
 from kvgateway.log.filters import ClientFilter
-from kvgateway.log.ordered import batch_record
+from kvgateway.log.ordered import MemoryLog, batch_record
+from kvgateway.runtime.metrics import Metrics
 from kvgateway.serve.query import BadRequest, ClientRequest, parse_query
 from kvgateway.serve.router_state import TooManySnapshots, without_gc
+from kvgateway.serve.serving import Serving
 from kvgateway.serve.sessions import _hello, _state
 from kvgateway.state.blocks import blocks_document, capture, encoded_state_messages, state_messages
 from kvgateway.state.lookup import TokenQuery, block_digests
@@ -29,13 +30,14 @@ from kvgateway.state.lookup import TokenQuery, block_digests
 SIZE = 4
 
 
-def make_gateway(**changes: Any) -> Gateway:
+def make_gateway(**changes: Any) -> Serving:
+    """The serving half over a memory log that the tests append to (no ingest, no sockets)."""
     source = SourceConfig(name="a", endpoint="tcp://127.0.0.1:1", dp_size=2)
     other = SourceConfig(name="b", endpoint="tcp://127.0.0.1:3")
-    return Gateway(Settings(sources=(source, other), **changes))
+    return Serving(Settings(sources=(source, other), **changes), MemoryLog(), Metrics())
 
 
-def feed(gateway: Gateway, stream: tuple[str, int], *events: Event) -> int:
+def feed(gateway: Serving, stream: tuple[str, int], *events: Event) -> int:
     seq = gateway.log.last_offset
     batch = Batch(0.0, list(events), stream[1])
     return gateway.log.append(batch_record(stream, seq, batch, received=0.0, replayed=False))
@@ -46,7 +48,7 @@ def stored(hashes: list[int], parent: int | None = None, tokens: list[int] | Non
     return BlockStored(hashes, parent, body, SIZE, None, kw.pop("medium", None), None, kw)
 
 
-def churn(gateway: Gateway, rng: random.Random, steps: int) -> None:
+def churn(gateway: Serving, rng: random.Random, steps: int) -> None:
     pool = [rng.getrandbits(64) for _ in range(40)]
     streams = [("a", 0), ("a", 1), ("b", 0)]
     for _ in range(steps):
@@ -95,7 +97,7 @@ def test_state_then_live_equals_the_index_at_every_later_offset(seed: int) -> No
     rng = random.Random(seed)
     gateway = make_gateway()
     churn(gateway, rng, 80)
-    sub = gateway.subscribe(ClientRequest(ClientFilter(), snapshot="blocks"), "ws")
+    sub = gateway.subscribe_held(ClientRequest(ClientFilter(), snapshot="blocks"), "ws")
     assert sub.snapshot is not None and sub.snapshot.offset == sub.offset == gateway.log.last_offset
     churn(gateway, rng, 40)  # live, queued while the state is (not yet) written
     states = lines(_state(sub))
@@ -115,11 +117,11 @@ def test_state_then_live_equals_the_index_at_every_later_offset(seed: int) -> No
 def test_a_resumed_client_gets_no_state_and_sse_hello_hides_its_id() -> None:
     gateway = make_gateway()
     feed(gateway, ("a", 0), stored([1, 2]))
-    sse = gateway.subscribe(ClientRequest(ClientFilter(sources=frozenset({"a"})), snapshot="blocks"), "sse")
+    sse = gateway.subscribe_held(ClientRequest(ClientFilter(sources=frozenset({"a"})), snapshot="blocks"), "sse")
     assert _hello(sse).id is None and b"id:" not in _hello(sse).sse
     states = list(_state(sse))
     assert [m.id for m in states] == [None, sse.hello_message.id]  # a[0] then a[1]; the last has the id
-    resumed = gateway.subscribe(
+    resumed = gateway.subscribe_held(
         ClientRequest(ClientFilter(), last_event_id=sse.hello_message.id, snapshot="blocks"), "sse"
     )
     assert resumed.recovered and resumed.snapshot is None and _hello(resumed) is resumed.hello_message
@@ -130,13 +132,13 @@ def test_a_resumed_client_gets_no_state_and_sse_hello_hides_its_id() -> None:
 def test_snapshot_slots_are_bounded_and_freed() -> None:
     gateway = make_gateway(max_snapshots=2)
     request = ClientRequest(ClientFilter(), snapshot="blocks")
-    first = gateway.subscribe(request, "ws")
-    second = gateway.subscribe(request, "ws")
+    first = gateway.subscribe_held(request, "ws")
+    second = gateway.subscribe_held(request, "ws")
     with pytest.raises(TooManySnapshots):
-        gateway.subscribe(request, "ws")
+        gateway.subscribe_held(request, "ws")
     assert gateway.hub.client_count == 2
     list(_state(first))  # sent: its slot is free
-    third = gateway.subscribe(request, "sse")
+    third = gateway.subscribe_held(request, "sse")
     assert gateway.routers.snapshots == 2
     second.close()
     for message in _state(second):  # a closed client's state stops at once and frees its slot
@@ -148,7 +150,7 @@ def test_snapshot_slots_are_bounded_and_freed() -> None:
 
 def test_live_messages_behind_the_state_are_bounded_by_snapshot_queue_bytes() -> None:
     gateway = make_gateway(snapshot_queue_bytes=4096, client_queue_bytes=1024)
-    sub = gateway.subscribe(ClientRequest(ClientFilter(), snapshot="blocks"), "ws")
+    sub = gateway.subscribe_held(ClientRequest(ClientFilter(), snapshot="blocks"), "ws")
     n = 0
     while sub.closed_reason is None:
         feed(gateway, ("a", 0), stored([n]))

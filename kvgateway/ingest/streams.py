@@ -1,0 +1,201 @@
+"""The ingest half: every engine stream read into an ordered log.
+
+One :class:`~kvgateway.ingest.reader.StreamReader` and one
+:class:`~kvgateway.ingest.outlet.StreamOutlet` per stream, appending to whatever log it is given
+(the single process's memory log, or the cluster's JetStream stream), and the diagnosis of a
+stream that stays down. It shows nothing itself: the serving half follows the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+
+import zmq
+
+from kvgateway.config import SUMMARY_STREAMS, Settings, StreamConfig, stream_lines, summary
+from kvgateway.engine.endpoints import is_ipv6, split_tcp
+from kvgateway.engine.wire import Stream
+from kvgateway.ingest.outlet import StreamOutlet
+from kvgateway.ingest.reader import StreamReader
+from kvgateway.log.ordered import Log
+from kvgateway.runtime.metrics import Metrics
+from kvgateway.runtime.startup import StartupError
+
+logger = logging.getLogger("kvgateway")
+
+DIAGNOSE_INTERVAL_SECONDS = 30.0
+"""A stream that stays down has its reason re-checked (DNS, refused, no answer) at most this often;
+a changed reason is logged."""
+
+
+class Ingest:
+    """Readers and outlets for every configured stream, appending to ``log``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        log: Log,
+        metrics: Metrics,
+        *,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.streams = sorted(settings.streams(), key=lambda s: s.key)
+        self.outlets: dict[Stream, StreamOutlet] = {}
+        """Each stream's downstream, in (source, dp_rank) order."""
+        for stream in self.streams:
+            outlet = StreamOutlet(stream, log, clock=clock, on_connection=self._connection)
+            self.outlets[stream.key] = outlet
+            metrics.streams.add(outlet)
+        self._own_context = context is None
+        self.context: zmq.Context[zmq.Socket[bytes]] = context if context is not None else zmq.Context()
+        self.readers: list[StreamReader] = []
+        self.resume_after: dict[Stream, int] = {}
+        """Where a stream goes on, when this process takes it over from another (the cluster)."""
+        self._logged: dict[Stream, tuple[bool, str]] = {}  # last connection state logged
+        self._diagnoses: dict[Stream, asyncio.Task[None]] = {}
+        self._diagnosed_at: dict[Stream, float] = {}  # time.monotonic() of the last diagnosis
+
+    def start(self) -> None:
+        """Open every stream's sockets; raises :class:`StartupError`."""
+        slots = asyncio.Semaphore(self.settings.max_concurrent_replays)
+        for stream in self.streams:
+            reader = StreamReader(
+                stream,
+                self.context,
+                self.outlets[stream.key],
+                replay_slots=slots,
+                replay_timeout=self.settings.replay_timeout,
+                restart_window=self.settings.restart_window,
+                hold_limit=self.settings.hold_limit,
+                clock=self.clock,
+            )
+            seq = self.resume_after.get(stream.key)
+            if seq is not None:  # told before the reader handles any event
+                reader.sequencer.resume_after(seq)
+                logger.info("stream %s[%d]: continuing after seq %d (the stream's last)", *stream.key, seq)
+            try:
+                reader.start()
+            except zmq.ZMQError as exc:
+                raise StartupError(_zmq_failure(stream, exc)) from None
+            self.readers.append(reader)
+        logger.info("gateway started: %s", summary(self.settings))
+        if len(self.streams) > SUMMARY_STREAMS:
+            for line in stream_lines(self.settings):
+                logger.debug("stream %s", line)
+
+    async def stop(self) -> None:
+        for task in list(self._diagnoses.values()):
+            task.cancel()
+        # Every reader at once: one after the other, each waited for the loop's next turn while
+        # the others went on ingesting (a backlogged fleet of 64 took minutes to stop).
+        await asyncio.gather(*(reader.stop() for reader in self.readers))
+        self.readers.clear()
+        if self._own_context:
+            # destroy, not term: a reader whose bind failed left its socket open, and term() would wait
+            # for it forever.
+            self.context.destroy(linger=0)
+
+    def not_ready(self) -> list[dict[str, object]]:
+        """The streams that are down, with why, as this process reads them (the ingest's /readyz)."""
+        return [
+            {"source": key[0], "dp_rank": key[1], "reason": outlet.status.down_reason}
+            for key, outlet in self.outlets.items()
+            if not outlet.status.connected
+        ]
+
+    # --- a stream that stays down -------------------------------------------------------------
+
+    def _connection(self, outlet: StreamOutlet, connected: bool, changed: bool, reason: str) -> None:
+        """Log connection changes; find out why a TCP engine stays unreachable (off the loop's path)."""
+        config = outlet.config
+        if connected or config.bind or not config.endpoint.startswith("tcp://"):
+            self._log_connection(outlet, connected, reason)
+            return
+        key = outlet.key
+        now = time.monotonic()
+        if changed:  # the engine went away: say so at once, find out more on the next retries
+            self._diagnosed_at[key] = now
+            self._log_connection(outlet, connected, reason)
+        elif key not in self._diagnoses and now - self._diagnosed_at.get(key, -1e9) >= DIAGNOSE_INTERVAL_SECONDS:
+            # ZeroMQ only says "retrying": find out why (DNS, refused, no answer).
+            self._diagnosed_at[key] = now
+            task = asyncio.ensure_future(self._diagnose(outlet, reason))
+            self._diagnoses[key] = task
+            task.add_done_callback(lambda _: self._diagnoses.pop(key, None))
+
+    async def _diagnose(self, outlet: StreamOutlet, reason: str) -> None:
+        why = await diagnose_connect(outlet.config.endpoint)
+        if outlet.status.connected:
+            return  # it came up meanwhile
+        outlet.diagnosed(why or reason)
+        self._log_connection(outlet, False, outlet.status.down_reason)
+
+    def _log_connection(self, outlet: StreamOutlet, connected: bool, reason: str) -> None:
+        """The first failure and every later change at WARNING; a first connection at INFO."""
+        previous = self._logged.get(outlet.key)
+        if previous == (connected, reason) or (previous is not None and previous[0] == connected and connected):
+            return
+        self._logged[outlet.key] = (connected, reason)
+        level = logging.INFO if connected and previous is None else logging.WARNING
+        logger.log(level, "stream %s %s (%s)", outlet.name, "up" if connected else "down", reason)
+
+
+def _zmq_failure(stream: StreamConfig, exc: zmq.ZMQError) -> str:
+    """One line naming the stream, the address and the OS's reason.
+
+    ZeroMQ's errno after a failed bind is unreliable with a monitor attached (it reports
+    "Resource temporarily unavailable" for a port in use), so a TCP bind is tried once more with a
+    plain socket, whose error is the OS's own."""
+    code = exc.errno
+    if stream.bind and (parts := split_tcp(stream.endpoint)) is not None and parts[1].isdigit():
+        host = "" if parts[0] in ("*", "") else parts[0]
+        try:
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind((host, int(parts[1])))
+        except OSError as probe_error:
+            code = probe_error.errno or code
+    # Codes from ZMQ_HAUSNUMERO (156384712) up are ZeroMQ's own, which the OS cannot name.
+    reason = os.strerror(code).lower() if code and code < 156384712 else str(exc).split(" (addr=")[0]
+    if code == errno.ENODEV and is_ipv6(stream.endpoint):
+        reason = "no interface has this IPv6 address"
+    verb = "bind" if stream.bind else "connect to"
+    hint = " (another process or source holds it)" if code == errno.EADDRINUSE else ""
+    return f"source {stream.source!r} rank {stream.dp_rank}: cannot {verb} {stream.endpoint}: {reason}{hint}"
+
+
+async def diagnose_connect(endpoint: str, within: float = 3.0) -> str | None:
+    """Why a TCP connection to ``endpoint`` fails, as the OS says it: the name does not resolve,
+    connection refused, no answer... None when a TCP connection works (the engine is up again,
+    or speaks no ZeroMQ)."""
+    parts = split_tcp(endpoint)
+    if parts is None or not parts[1].isdigit():
+        return None
+    host, port = parts
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await asyncio.wait_for(loop.getaddrinfo(host, int(port), type=socket.SOCK_STREAM), within)
+    except TimeoutError:
+        return f"cannot resolve host {host!r}: no answer from DNS within {within:g} s"
+    except socket.gaierror as exc:
+        return f"cannot resolve host {host!r}: {str(exc.strerror or exc).lower()}"
+    # As ZeroMQ does without IPV6 set: IPv4 addresses of a name, the address itself for a literal.
+    family = socket.AF_INET6 if is_ipv6(endpoint) else socket.AF_INET
+    addresses = [info[4] for info in infos if info[0] == family] or [infos[0][4]]
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(str(addresses[0][0]), int(port)), within)
+    except TimeoutError:
+        return f"no answer from {endpoint} within {within:g} s, retrying"
+    except OSError as exc:
+        text = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        return f"{text}, retrying"
+    writer.close()
+    return None

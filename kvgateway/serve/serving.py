@@ -1,0 +1,150 @@
+"""The serving half: everything clients see, derived from an ordered log it follows.
+
+The index, the status board, the routers' state and the hub follow any
+:class:`~kvgateway.log.ordered.Log`: the single process's memory log (fed by the ingest half in
+the same process) or an edge's JetStream log. Nothing here knows which: one process and every
+edge of a cluster serve the same statuses, snapshots, lookups and resumes from the same records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from kvgateway.config import Settings
+from kvgateway.log import messages
+from kvgateway.log.filters import ClientFilter
+from kvgateway.log.ordered import Log
+from kvgateway.runtime.memory import CollectionTimer
+from kvgateway.runtime.metrics import Metrics
+from kvgateway.runtime.startup import StartupError
+from kvgateway.serve.hub import Hub
+from kvgateway.serve.query import ClientRequest
+from kvgateway.serve.router_state import Routers
+from kvgateway.serve.subscription import Subscription, Transport
+from kvgateway.state.occupancy import OccupancyIndex
+from kvgateway.state.status_board import BoardFigures, StatusBoard
+
+
+class Serving:
+    """The serving half over ``log`` (its followers are wired here, in the order that matters)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        log: Log,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.log = log
+        self.metrics = metrics
+        self.clock = clock
+        self.started_at = clock()
+        streams = settings.streams()
+        self.index = OccupancyIndex(
+            capacity={s.key: s.capacity_blocks for s in streams if s.capacity_blocks}, started=self.started_at
+        )
+        for stream in streams:
+            for medium, blocks in stream.capacity_blocks.items():
+                metrics.cache_capacity_blocks.labels(stream.source, str(stream.dp_rank), medium).set(blocks)
+        self.board = StatusBoard(streams, self.index)
+        metrics.streams.add(BoardFigures(self.board, clock))
+        # The index follows the log before the hub: a hello's snapshot is exact at its offset.
+        log.follow(self.index.follow)
+        log.follow(self.board.follow)
+        self.routers = Routers(settings, self.index, metrics)
+        log.follow(self.routers.follow)  # the learned token chains
+        self.hub = Hub(
+            log,
+            metrics=metrics.hub(),
+            sources=[s.key for s in streams],
+            client_queue_bytes=settings.client_queue_bytes,
+            max_clients=settings.max_clients,
+        )
+        self.collections = CollectionTimer(metrics.observe_gc_pause)
+        """Times the garbage collector's pauses while the gateway runs (kvgateway_gc_pause_seconds)."""
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """What runs beside the log once it is fed: the routers' fleet count and the garbage
+        collector's pause timing; :meth:`stop` ends both."""
+        self.routers.start(lambda: self.log.last_offset)
+        self.collections.install()
+
+    async def stop(self) -> None:
+        self.collections.uninstall()
+        self.hub.close()
+        await self.routers.stop()
+
+    # --- views ------------------------------------------------------------------------------
+
+    def snapshot(self, offset: int | None = None, client_filter: ClientFilter | None = None) -> dict[str, Any]:
+        """The occupancy snapshot; ``client_filter``: only the streams its source/dp_rank select."""
+        select = None if client_filter is None else client_filter.matches_stream
+        return self.index.snapshot(self.log.last_offset if offset is None else offset, self.clock(), select)
+
+    def statuses(self, client_filter: ClientFilter | None = None) -> list[dict[str, Any]]:
+        """Every stream's status; ``client_filter``: only the streams its source/dp_rank select."""
+        return self.board.to_json(self.clock(), None if client_filter is None else client_filter.matches_stream)
+
+    async def subscribe(self, request: ClientRequest, transport: Transport) -> Subscription:
+        """A new client, on whatever log: the log first holds what a resume reads (an edge waits
+        for an id ahead of it, or fetches a range older than its ring), then one synchronous
+        step makes the hello and the subscription. Raises :class:`~kvgateway.serve.hub.TooManyClients`."""
+        async with self.log.holding(request.last_event_id):
+            return self.subscribe_held(request, transport)
+
+    def subscribe_held(self, request: ClientRequest, transport: Transport) -> Subscription:
+        """:meth:`subscribe`'s synchronous step: its hello (statuses, and the snapshot unless it
+        resumes) and its subscription, with nothing appended in between."""
+        point = self.hub.resume_point(request, transport)
+        with_state = request.snapshot is not None and not point.recovered
+        if with_state:
+            self.routers.reserve()  # raises TooManySnapshots, a TooManyClients
+        hello = messages.encode_hello(
+            epoch=self.log.epoch,
+            offset=point.offset,
+            recovered=point.recovered,
+            sources=self.statuses(),
+            occupancy=None if point.recovered else self.snapshot(point.offset),
+        )
+        sub = self.hub.subscribe(request, transport, hello, point)
+        if with_state:  # nothing was appended since point.offset: the state is the hello's
+            self.routers.attach(sub, self.routers.matching(self.board.streams, request.filter))
+        return sub
+
+    def refresh_gauges(self) -> None:
+        """Gauges read at scrape time (each stream's figures are collected then)."""
+        self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
+        self.routers.refresh_gauges()
+
+
+class Service(Protocol):
+    """A process that serves the web protocol: its serving half, how it starts and stops, and
+    whether it is ready (one process: its streams are up; an edge: it has caught up)."""
+
+    @property
+    def serving(self) -> Serving: ...
+
+    @property
+    def startup_error(self) -> StartupError | None:
+        """Why :meth:`start` failed (the runner says it in one line), or None."""
+
+    @property
+    def fatal(self) -> str | None:
+        """Why the process stopped on its own, or None."""
+
+    def close_clients(self) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def readiness(self) -> tuple[bool, list[dict[str, Any]]]: ...
+
+    def refresh_gauges(self) -> None: ...

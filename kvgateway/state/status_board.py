@@ -1,0 +1,101 @@
+"""Every stream's status as the serving half shows it (/v1/sources, hello, /readyz, metrics),
+derived from the ordered log alone: the same records give the same statuses in one process and
+on every edge of a cluster.
+
+A ``status`` notice (the ingest's view, :meth:`kvgateway.log.status.StreamStatus.report`) replaces
+a stream's status; each delivered batch after it moves its seq, count and lag on; staleness is the
+index's (:class:`kvgateway.log.staleness.Staleness`, from the same notices). A stream the
+configuration does not list (an edge started without sources, a source added later) is listed
+from its first status notice on. Sans-I/O: the caller passes ``now``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kvgateway.config import StreamConfig
+from kvgateway.engine.wire import Stream
+from kvgateway.log.ordered import STATUS, BatchRecord, NoticeRecord
+from kvgateway.log.ring import Entry
+from kvgateway.log.status import StreamStatus
+from kvgateway.runtime.metrics import StreamFamilies
+from kvgateway.state.occupancy import OccupancyIndex
+
+
+class StatusBoard:
+    """The statuses of every stream, following the log (call :meth:`follow` for every entry)."""
+
+    def __init__(self, streams: Iterable[StreamConfig], index: OccupancyIndex) -> None:
+        self._index = index
+        self._statuses: dict[Stream, StreamStatus] = {s.key: StreamStatus(s) for s in sorted(streams, key=_key)}
+
+    def follow(self, entry: Entry) -> None:
+        record = entry.record
+        if type(record) is BatchRecord:
+            status = self._statuses.get(record.stream)
+            if status is not None:  # a stream is listed from its first status notice on
+                status.batch(record.seq, record.replayed, record.received - record.batch.ts)
+        elif type(record) is NoticeRecord and record.kind == STATUS:
+            status = self._statuses.get(record.stream)
+            if status is None:
+                status = self._add(record.stream, record.fields)
+            status.take_report(record.fields)
+
+    def _add(self, stream: Stream, fields: dict[str, Any]) -> StreamStatus:
+        status = self._statuses[stream] = StreamStatus.from_report(stream[0], stream[1], fields)
+        self._statuses = dict(sorted(self._statuses.items()))  # listed in (source, dp_rank) order
+        return status
+
+    # --- views ------------------------------------------------------------------------------
+
+    @property
+    def streams(self) -> list[Stream]:
+        return list(self._statuses)
+
+    def status(self, stream: Stream) -> StreamStatus | None:
+        return self._statuses.get(stream)
+
+    def to_json(self, now: float, select: Callable[[str, int], bool] | None = None) -> list[dict[str, Any]]:
+        """Every stream's entry in /v1/sources and a hello; ``select`` (source, dp_rank): only those."""
+        out = []
+        for (source, dp_rank), status in self._statuses.items():
+            if select is None or select(source, dp_rank):
+                index = self._index.stream(source, dp_rank)
+                out.append(status.to_json(now, index.stale, index.stale_reason))
+        return out
+
+    def not_ready(self) -> list[dict[str, Any]]:
+        """The streams that are down, with why (/readyz)."""
+        return [
+            {"source": key[0], "dp_rank": key[1], "reason": status.down_reason}
+            for key, status in self._statuses.items()
+            if not status.connected
+        ]
+
+    def export(self, families: StreamFamilies, now: float) -> None:
+        """Every stream's status and index figures as Prometheus samples (at scrape time)."""
+        for (source, dp_rank), status in self._statuses.items():
+            status.export(families)
+            index = self._index.stream(source, dp_rank)
+            labels = (source, str(dp_rank))
+            families.add("index_stale", labels, 1 if index.stale else 0)
+            families.add("unknown_removes", labels, index.unknown_removes)
+            for medium, stats in index.medium_stats(now).items():
+                families.add("cache_blocks", (*labels, medium), stats.blocks)
+                families.add("cache_tokens", (*labels, medium), stats.tokens)
+
+
+class BoardFigures:
+    """A board's figures for the metrics' stream collector, at scrape time."""
+
+    def __init__(self, board: StatusBoard, clock: Callable[[], float]) -> None:
+        self._board = board
+        self._clock = clock
+
+    def export(self, families: StreamFamilies) -> None:
+        self._board.export(families, self._clock())
+
+
+def _key(config: StreamConfig) -> Stream:
+    return config.key
