@@ -145,8 +145,8 @@ def code_identity() -> dict[str, Any]:
 
     source = Path(os.environ.get(SOURCE_ENV) or REPO)
     digest = hashlib.sha256()
-    for path in sorted((source / "kvgateway").glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted((source / "kvgateway").rglob("*.py")):
+        digest.update(path.relative_to(source).as_posix().encode() + b"\0" + path.read_bytes())
     commit = dirty = None
     with contextlib.suppress(Exception):
         commit = subprocess.run(

@@ -20,7 +20,7 @@ every block once, below its cap.
 holds ``--cap-resident`` blocks in all and churns (stores a new 16-block chain, drops its oldest);
 each learner is capped at 1.25 entries per resident block (the current one follows the fleet
 there by itself, as in the gateway), with the gateway's residency question
-(previous: ``Routers.resident`` of REV, every stream's every group per evicted entry; current:
+(previous: ``Routers.resident`` of REV (now RouterState), every stream's every group per evicted entry; current:
 the announcing stream's groups), is filled past its cap, then timed for ``--cap-blocks``
 announced blocks: microseconds per announced block, index work included and reported apart.
 """
@@ -226,7 +226,7 @@ class _CapRun:
             self.learn_s += clock() - mark
         self.steps += 1
         if self.kind == "current" and self.steps % 256 == 0:
-            self.learner.follow_fleet(self.index.resident_blocks())  # as Routers.follow does
+            self.learner.follow_fleet(self.index.resident_blocks())  # as RouterState.follow does
 
     def full(self, cap: int, resident: int) -> bool:
         """Past the cap, the fleet at its size (and the current learner's ring grown to its cap: a

@@ -143,8 +143,8 @@ async def _serve(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(out)
     result["server"] = pauses.report()  # over the whole run, baseline included
     result["fill_seconds"] = round(fill_seconds, 2)
-    result["resident_blocks"] = sum(len(b) for s in gateway.index.streams() for *_, b, _ in s.block_groups())
-    result["learned_blocks"] = len(gateway.routers.learner)
+    result["resident_blocks"] = sum(len(b) for s in gateway.serving.index.streams() for *_, b, _ in s.block_groups())
+    result["learned_blocks"] = len(gateway.serving.routers.learner)
     return result
 
 

@@ -19,7 +19,7 @@ from kvgateway.engine.wire import Stream
 from kvgateway.runtime import logging_setup
 from kvgateway.simulator import Faults, HashKind, SimulatedEngine, Workload
 
-log = logging.getLogger("kvgateway.demo")
+logger = logging.getLogger("kvgateway.demo")
 
 
 SILENT_SOURCE = "vllm-c"

@@ -76,7 +76,7 @@ class Gateway:
 
     def readiness(self) -> tuple[bool, list[dict[str, Any]]]:
         """Ready when every stream is up, as the serving half shows it."""
-        not_ready = self.serving.board.not_ready()
+        not_ready = self.serving.board.not_ready(self.serving.clock())
         return not not_ready, not_ready
 
     def refresh_gauges(self) -> None:

@@ -778,8 +778,29 @@ function tokenCount(ev) {
 
 const NOTICE_STATE = { up: "up", down: "down", degraded: "degraded", stale: "stale" };
 
+/**
+ * A status notice: the stream's /v1/sources entry as it is now. It replaces that stream's entry
+ * (no poll needed for it) and is not listed with the notices: it says what changed, not an event.
+ */
+function onStatus(msg) {
+  const status = msg.status;
+  if (!status || typeof status !== "object" || !Array.isArray(state.sources)) return;
+  const key = streamKey(String(status.source), status.dp_rank ?? 0);
+  const i = state.sources.findIndex((s) => streamKey(String(s.source), s.dp_rank ?? 0) === key);
+  if (i >= 0) state.sources[i] = status;
+  else state.sources.push(status);
+  state.overrides.delete(key);
+  state.knownSources.add(String(status.source));
+  invalidate("sources");
+  invalidate("counters");
+}
+
 function onNotice(msg) {
   noteId(msg);
+  if (msg.kind === "status") {
+    onStatus(msg);
+    return;
+  }
   const kind = String(msg.kind ?? "notice");
   const hasStream = msg.source !== undefined && msg.source !== null;
   const source = hasStream ? String(msg.source) : "";

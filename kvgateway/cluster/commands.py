@@ -15,7 +15,7 @@ from kvgateway import config
 from kvgateway.cluster import options as nats_options
 from kvgateway.runtime.startup import StartupError
 
-log = logging.getLogger("kvgateway.cluster")
+logger = logging.getLogger("kvgateway.cluster")
 
 INGEST_DESCRIPTION = """Read the engines' KV-event streams (as `kvgateway serve` does) and publish every
 batch and notice to a NATS JetStream stream, once (deduplicated by id), for `kvgateway edge`
@@ -124,6 +124,7 @@ def run_edge(args: argparse.Namespace) -> int:
         make,
         prepare=discover,
         reuse_port=args.reuse_port,
+        engines=False,  # an edge reads the stream, never an engine: no ZeroMQ context
         announce=lambda _, url: f"edge serving on {url}",
     )
 
@@ -159,5 +160,5 @@ async def _discover_sources(settings: config.Settings, options: nats_options.Nat
         raise StartupError(f"cannot follow stream {options.stream}: {exc}") from None
     finally:
         await nats_link.close(nc)
-    log.info("sources announced by ingest: %s", ", ".join(s.name for s in sources) or "none yet")
+    logger.info("sources announced by ingest: %s", ", ".join(s.name for s in sources) or "none yet")
     return replace(settings, sources=sources)

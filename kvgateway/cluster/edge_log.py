@@ -24,6 +24,9 @@ MAX_STREAM_RESUME = 200_000
 """A resume further back than this many messages before the ring is not recovered: the backlog is
 held in memory for the client (exempt from its queue bound, as a ring backlog is)."""
 
+Load = Callable[[], Awaitable[tuple[str, int, bytes] | None]]
+"""The latest checkpoint in the stream's store: (epoch, offset, bytes), or None."""
+
 Fetch = Callable[[int, int], Awaitable[list[Entry]]]
 """Entries ``first..last`` (or fewer: an empty list when ``first`` has expired) read back from the stream."""
 
@@ -40,6 +43,7 @@ class EdgeLog:
         self._bounds = (max_messages, max_bytes)
         self.ring = Ring(max_messages, max_bytes)
         self._offset = 0
+        self._followers_fed = False  # a checkpoint loads only into followers that applied nothing
         self._followers: list[Follower] = []
         self._retained = retained  # reports (messages, bytes) held after each append
         self._lent: Sequence[Entry] = ()
@@ -47,6 +51,8 @@ class EdgeLog:
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.fetch: Fetch | None = None
         """How older entries are read back from JetStream (the edge sets it once connected)."""
+        self.load: Load | None = None
+        """How the latest checkpoint is read (the edge sets it when checkpoints are on)."""
 
     def report_to(self, retained: Callable[[int, int], None]) -> None:
         """Where the ring's size goes after each append (the hub's gauges, made after this log)."""
@@ -74,6 +80,7 @@ class EdgeLog:
     def append(self, record: Record) -> int:
         """The next offset's record (an edge appends with :meth:`append_at`)."""
         offset = self._offset + 1
+        self._followers_fed = True
         entry = make_entry(self.epoch, offset, record)
         self._offset = offset
         ring = self.ring
@@ -131,6 +138,21 @@ class EdgeLog:
 
     def holding(self, last_event_id: str | None) -> AbstractAsyncContextManager[None]:
         return self._holding(last_event_id)
+
+    async def checkpoint(self) -> bytes | None:
+        """After :meth:`start_at`, before any record: the latest checkpoint of this stream (its
+        epoch) whose offset the stream still holds everything after; the log then starts right
+        after it."""
+        if self.load is None or self._followers_fed:
+            return None
+        found = await self.load()
+        if found is None:
+            return None
+        epoch, offset, data = found
+        if epoch != self.epoch or offset < self.ring.first_offset - 1:
+            return None  # another stream's, or older than what the stream still holds after it
+        self.start_at(epoch, offset + 1)
+        return data
 
     @contextlib.asynccontextmanager
     async def _holding(self, last_event_id: str | None) -> AsyncIterator[None]:

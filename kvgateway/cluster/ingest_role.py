@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from starlette.applications import Starlette
 
 from kvgateway.cluster import nats_link
-from kvgateway.cluster.options import NatsOptions
+from kvgateway.cluster.options import HEARTBEAT_SECONDS, NatsOptions
 from kvgateway.cluster.probes import probe_app
 from kvgateway.cluster.publisher import PublishingLog
 from kvgateway.cluster.sources import publish_sources
@@ -25,8 +25,9 @@ from kvgateway.engine.wire import Stream
 from kvgateway.ingest.streams import Ingest
 from kvgateway.runtime.metrics import Metrics, StreamFamilies
 from kvgateway.runtime.startup import StartupError
+from kvgateway.runtime.tasks import cancel_and_wait
 
-log = logging.getLogger("kvgateway.cluster")
+logger = logging.getLogger("kvgateway.cluster")
 
 
 class IngestService:
@@ -42,6 +43,7 @@ class IngestService:
         self.publishing: PublishingLog | None = None
         self.ingest: Ingest | None = None
         self._nc: Client | None = None
+        self._beats: asyncio.Task[None] | None = None
         self._stopped = False
 
     async def start(self) -> None:
@@ -69,7 +71,7 @@ class IngestService:
             # A lost store (or a deleted stream) is a new stream: a new epoch for every edge.
             again = await nats_link.ensure_stream(js, options)
             if again.epoch != publishing.epoch:
-                log.warning("stream %s is new (epoch %s): publishing to it", options.stream, again.epoch)
+                logger.warning("stream %s is new (epoch %s): publishing to it", options.stream, again.epoch)
                 publishing.epoch = again.epoch
                 await publish_sources(js, options, settings.sources)  # the bucket went with the store
 
@@ -83,17 +85,25 @@ class IngestService:
         # reconnect (a gap replay from there, losses counted exactly), not from seq 0.
         ingest.resume_after = publishing.last_seqs()
         ingest.start()
+        self._beats = asyncio.ensure_future(self._beat(ingest))
+
+    async def _beat(self, ingest: Ingest) -> None:
+        """Every stream's status every few seconds: what tells the edges this process is alive."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            ingest.heartbeat()
 
     async def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
+        await cancel_and_wait(self._beats)
         if self.ingest is not None:
             await self.ingest.stop()
         publishing = self.publishing
         if publishing is not None:
             await publishing.stop()
-            log.info(
+            logger.info(
                 "ingest stopped: %d published, %d duplicates dropped by the server, %d retries",
                 publishing.stats.published,
                 publishing.stats.duplicates,

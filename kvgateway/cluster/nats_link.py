@@ -19,7 +19,7 @@ from nats.js.errors import NotFoundError
 from kvgateway.cluster.options import NatsOptions
 from kvgateway.cluster.records import epoch_of
 
-log = logging.getLogger("kvgateway.cluster")
+logger = logging.getLogger("kvgateway.cluster")
 
 
 def _tls(options: NatsOptions) -> ssl.SSLContext | None:
@@ -53,16 +53,16 @@ async def connect(options: NatsOptions, within: float = 15.0) -> Client:
     async def error_cb(exc: Exception) -> None:
         text = str(exc) or type(exc).__name__
         if not last_error or last_error[-1] != text:
-            log.warning("nats: %s", text)
+            logger.warning("nats: %s", text)
         last_error[:] = [text]
 
     async def disconnected_cb() -> None:
         if not client or not (client[0].is_closed or client[0].is_draining):  # closing is no warning
-            log.warning("nats: disconnected, reconnecting")
+            logger.warning("nats: disconnected, reconnecting")
 
     async def reconnected_cb() -> None:
         last_error.clear()
-        log.info("nats: reconnected")
+        logger.info("nats: reconnected")
 
     kwargs.update(error_cb=error_cb, disconnected_cb=disconnected_cb, reconnected_cb=reconnected_cb)
     client: list[Client] = []
@@ -84,7 +84,7 @@ async def close(nc: Client, within: float = 5.0) -> None:
     try:
         await asyncio.wait_for(nc.close(), within)
     except (RuntimeError, OSError, TimeoutError) as exc:
-        log.debug("nats: closed with the connection already gone (%s)", exc)
+        logger.debug("nats: closed with the connection already gone (%s)", exc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +124,7 @@ async def ensure_stream(js: JetStreamContext, options: NatsOptions) -> StreamSta
         allow_direct=True,
     )
     info = await js.add_stream(config)
-    log.info("created stream %s (subjects %s.>)", options.stream, options.subject_prefix)
+    logger.info("created stream %s (subjects %s.>)", options.stream, options.subject_prefix)
     return _state(options, info)
 
 

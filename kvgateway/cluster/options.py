@@ -14,6 +14,7 @@ class NatsOptions:
     subject_prefix: str = "kvgateway"
     retention_seconds: float = 600.0
     duplicate_window_seconds: float = 120.0
+    checkpoint_seconds: float = 30.0  # an edge's index checkpoints (0: none); see cluster/checkpoints.py
     replicas: int = 1
     creds: str | None = None
     tls_ca: str | None = None
@@ -22,6 +23,14 @@ class NatsOptions:
     token_file: str | None = None
     name: str = "kvgateway"
 
+
+HEARTBEAT_SECONDS = 5.0
+"""An ingest process reports every stream it reads this often, changed or not (a ``status`` record):
+a late edge learns each stream's status within this time, and every edge that the ingest is alive."""
+
+INGEST_SILENCE_SECONDS = 15.0
+"""An edge that has heard no status of a stream for this long shows it down, reason ``ingest
+unreachable`` (three heartbeats missed: the ingest process reading it is gone or cut off)."""
 
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 """The URL schemes nats-py connects with (a URL without one is nats://)."""
@@ -51,6 +60,11 @@ def add_nats_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long a batch id is remembered against duplicates (default 120)",
     )
+    group.add_argument(
+        "--nats-checkpoint",
+        metavar="SECONDS",
+        help="edge: write an index checkpoint this often, for edges started later (0: never; default 30)",
+    )
     group.add_argument("--nats-replicas", metavar="N", help="stream replicas (1, 3 or 5; default 1)")
     group.add_argument("--nats-creds", metavar="FILE", help="a NATS credentials file (JWT + nkey seed)")
     group.add_argument("--nats-token-file", metavar="FILE", help="read a NATS token from FILE")
@@ -70,6 +84,9 @@ def options_from_args(args: argparse.Namespace, name: str) -> NatsOptions:
         raise ValueError("--nats-retention and --nats-duplicate-window must be > 0")
     if window > retention:
         raise ValueError("--nats-duplicate-window cannot exceed --nats-retention")
+    every = default.checkpoint_seconds if args.nats_checkpoint is None else args.nats_checkpoint
+    if every < 0:
+        raise ValueError("--nats-checkpoint must be >= 0 (0: no checkpoints)")
     servers = tuple(url.strip() for value in args.nats for url in value.split(",") if url.strip())
     for url in servers:
         scheme, sep, _ = url.partition("://")
@@ -83,6 +100,7 @@ def options_from_args(args: argparse.Namespace, name: str) -> NatsOptions:
         subject_prefix=args.nats_subject_prefix or default.subject_prefix,
         retention_seconds=retention,
         duplicate_window_seconds=window,
+        checkpoint_seconds=every,
         replicas=default.replicas if args.nats_replicas is None else args.nats_replicas,
         creds=args.nats_creds,
         tls_ca=args.nats_tls_ca,
@@ -98,7 +116,7 @@ def options_to_argv(options: NatsOptions) -> list[str]:
     argv = [
         *(arg for url in options.servers for arg in ("--nats", url)),
         *("--nats-stream", options.stream, "--nats-subject-prefix", options.subject_prefix),
-        *("--nats-retention", str(options.retention_seconds)),
+        *("--nats-retention", str(options.retention_seconds), "--nats-checkpoint", str(options.checkpoint_seconds)),
         *("--nats-duplicate-window", str(options.duplicate_window_seconds), "--nats-replicas", str(options.replicas)),
     ]
     for flag, value in (

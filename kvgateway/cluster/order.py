@@ -11,6 +11,8 @@ resume read back from JetStream renders the same message.
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvgateway.cluster.records import WireBatch, WireRecord, to_record
 from kvgateway.engine.wire import Stream
 from kvgateway.log.ordered import NoticeRecord, Record
@@ -19,7 +21,7 @@ from kvgateway.log.ordered import NoticeRecord, Record
 class OrderGuard:
     def __init__(self) -> None:
         self._last: dict[Stream, tuple[int, int]] = {}  # (generation, seq) of the last batch applied
-        self.replaced: dict[int, Record] = {}  # offset -> what was applied there instead
+        self.replaced: dict[int, NoticeRecord] = {}  # offset -> what was applied there instead
 
     def admit(self, offset: int, wire_record: WireRecord) -> Record:
         """The record to apply at ``offset``."""
@@ -33,6 +35,21 @@ class OrderGuard:
                 return notice
             self._last[stream] = (generation, seq)
         return to_record(wire_record)
+
+    def state(self) -> dict[str, Any]:
+        """What an edge started from a checkpoint needs to decide as this one does from there."""
+        return {
+            "last": [[source, rank, generation, seq] for (source, rank), (generation, seq) in self._last.items()],
+            "replaced": [
+                [offset, *record.stream, record.kind, record.fields] for offset, record in self.replaced.items()
+            ],
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        for source, rank, generation, seq in state.get("last", []):
+            self._last[(source, rank)] = (generation, seq)
+        for offset, source, rank, kind, fields in state.get("replaced", []):
+            self.replaced[offset] = NoticeRecord((source, rank), kind, fields)
 
     def at(self, offset: int, wire_record: WireRecord) -> Record:
         """The record applied at ``offset`` (an offset the edge has applied already)."""

@@ -32,7 +32,7 @@ from kvgateway.log.ring import Entry
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.tasks import cancel_and_wait
 
-log = logging.getLogger("kvgateway.cluster.ingest")
+logger = logging.getLogger("kvgateway.cluster.ingest")
 
 RETRY_SECONDS = 0.5
 MAX_IN_FLIGHT = 4096
@@ -129,7 +129,7 @@ class PublishingLog:
             position.generation = last.generation
             position.after_seq = last.seq if isinstance(last, records.WireBatch) else last.after_seq
         known = {f"{s}[{r}]": (p.generation, p.after_seq) for (s, r), p in self._positions.items()}
-        log.info("ingest continues (generation, last seq) from the stream: %s", known)
+        logger.info("ingest continues (generation, last seq) from the stream: %s", known)
 
     def last_seqs(self) -> dict[Stream, int]:
         """Each stream's last batch seq in the stream (of its current generation), where known."""
@@ -196,6 +196,9 @@ class PublishingLog:
 
     def holding(self, last_event_id: str | None) -> AbstractAsyncContextManager[None]:
         return HELD
+
+    async def checkpoint(self) -> bytes | None:
+        return None  # nothing follows this log in this process
 
     async def _pump(self) -> None:
         """Send in order with at most :data:`MAX_IN_FLIGHT` unacknowledged; after a failure (an
@@ -273,7 +276,7 @@ class PublishingLog:
         """Everything unacknowledged goes back in front of the queue, in its order. A batch older
         than what the stream already holds of its stream (a later publish got through while this
         one was lost with a broken connection) is sent as a probe: stored already, or lost."""
-        log.warning("publish failed (%s): sending %d again", self._failed, len(self._in_flight))
+        logger.warning("publish failed (%s): sending %d again", self._failed, len(self._in_flight))
         await asyncio.sleep(RETRY_SECONDS)
         if self.on_failure is not None:
             with contextlib.suppress(Exception):

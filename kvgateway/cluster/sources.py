@@ -13,7 +13,7 @@ from kvgateway.cluster.options import NatsOptions
 from kvgateway.cluster.records import subject_token
 from kvgateway.config import SourceConfig
 
-log = logging.getLogger("kvgateway.cluster")
+logger = logging.getLogger("kvgateway.cluster")
 
 
 def bucket_name(options: NatsOptions) -> str:
@@ -42,5 +42,5 @@ async def read_sources(js: JetStreamContext, options: NatsOptions) -> tuple[Sour
         try:
             found.append(msgspec.json.decode(entry.value or b"", type=SourceConfig))
         except msgspec.DecodeError as exc:
-            log.warning("sources bucket: entry %s skipped: %s", key, exc)
+            logger.warning("sources bucket: entry %s skipped: %s", key, exc)
     return tuple(found)

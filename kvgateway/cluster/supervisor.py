@@ -33,7 +33,7 @@ from kvgateway.cluster.commands import exit_with_parent, require_nats
 from kvgateway.cluster.options import NatsOptions, options_to_argv
 from kvgateway.runtime import logging_setup
 
-log = logging.getLogger("kvgateway.cluster")
+logger = logging.getLogger("kvgateway.cluster")
 
 RESTART_DELAY_SECONDS = 1.0
 START_GRACE_SECONDS = 10.0
@@ -59,7 +59,7 @@ class Child:
         self.due = None
         self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=exit_with_parent)  # noqa: PLW1509 - prctl
         self.started_at = time.monotonic()
-        log.info("started %s (pid %d)", self.name, self.proc.pid)
+        logger.info("started %s (pid %d)", self.name, self.proc.pid)
 
     def exited(self, now: float) -> float | None:
         """Count an exit: the pause before the next start, or None to give up."""
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.nats:
         nats_urls = tuple(args.nats)
     elif shutil.which("nats-server") is None and not Path("/usr/sbin/nats-server").exists():
-        log.error("--workers needs nats-server on PATH (Debian: apt-get install nats-server), or --nats URL")
+        logger.error("--workers needs nats-server on PATH (Debian: apt-get install nats-server), or --nats URL")
         return 1
     else:
         store = Path(args.state_dir or "kvgateway-state") / "nats"
@@ -159,8 +159,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         if child.name == "nats-server":
             time.sleep(0.5)  # it listens within milliseconds; the roles retry anyway
     if store is not None:
-        log.info("nats-server log: %s", nats_log(store))
-    log.info("serving on http://%s:%d/ with %d edge processes", settings.host, port, args.workers)
+        logger.info("nats-server log: %s", nats_log(store))
+    logger.info("serving on http://%s:%d/ with %d edge processes", settings.host, port, args.workers)
     code = _supervise(procs, stopping)
     _stop_all([c for c in procs if c.name != "nats-server"], [c for c in procs if c.name == "nats-server"])
     return code
@@ -181,7 +181,7 @@ def _supervise(procs: list[Child], stopping: list[int]) -> int:
                 continue
             pause = child.exited(now)
             if pause is None:
-                log.error(
+                logger.error(
                     "%s failed to start %d times in a row (exit code %d; %s): giving up",
                     child.name,
                     child.failed_starts,
@@ -189,7 +189,7 @@ def _supervise(procs: list[Child], stopping: list[int]) -> int:
                     child.output,
                 )
                 return 1
-            log.warning("%s exited (code %d): starting it again in %g s", child.name, code, pause)
+            logger.warning("%s exited (code %d): starting it again in %g s", child.name, code, pause)
             child.due = now + pause
         time.sleep(0.2)
     return 0
@@ -208,7 +208,7 @@ def _stop_all(roles: list[Child], servers: list[Child]) -> None:
             try:
                 child.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in %g s: killed", child.name, STOP_SECONDS)
+                logger.warning("%s did not stop in %g s: killed", child.name, STOP_SECONDS)
                 child.proc.kill()
                 child.proc.wait()
-    log.info("stopped (pid %d)", os.getpid())
+    logger.info("stopped (pid %d)", os.getpid())

@@ -41,7 +41,7 @@ from kvgateway.log.staleness import Staleness
 from kvgateway.log.status import QUIET_LOSSES, StreamStatus
 from kvgateway.runtime.metrics import REPLAY_OUTCOMES, REPLAY_PURPOSES, LagHistogram, StreamFamilies
 
-log = logging.getLogger("kvgateway")
+logger = logging.getLogger("kvgateway")
 
 ConnectionHook = Callable[["StreamOutlet", bool, bool, str], None]
 """Called with (outlet, connected, changed, reason) after each connection report."""
@@ -115,7 +115,13 @@ class StreamOutlet:
         self.status.counters["decode_errors"] += 1
         self._reported = False
         where = "" if seq is None else f" seq {seq}"
-        log.warning("stream %s:%s skipped undecodable message: %s", self.name, where, reason[:300])
+        logger.warning("stream %s:%s skipped undecodable message: %s", self.name, where, reason[:300])
+        self.report()
+
+    def heartbeat(self) -> None:
+        """A ``status`` notice even if nothing changed: in a cluster, the proof that this stream is
+        still read (and a late edge's first word of it)."""
+        self._reported = False
         self.report()
 
     def report(self) -> None:
@@ -164,7 +170,7 @@ class StreamOutlet:
         status.last_seq = seq
         if batch.dp_rank is not None and batch.dp_rank != self.config.dp_rank:
             self.rank_mismatches += 1
-            log.warning(
+            logger.warning(
                 "stream %s: seq %d carries data_parallel_rank %d, expected %d",
                 self.name,
                 seq,
@@ -196,31 +202,31 @@ class StreamOutlet:
         counters["gaps"] += 1
         counters["missed"] += gap.count
         self._reported = False
-        log.warning("stream %s: gap, seq %d..%d missing (%d batches)", self.name, gap.first, gap.last, gap.count)
+        logger.warning("stream %s: gap, seq %d..%d missing (%d batches)", self.name, gap.first, gap.last, gap.count)
 
     def _replay_requested(self, request: RequestReplay) -> None:
         self._purpose = request.purpose
         self.replay_attempts[request.purpose] += 1
         if request.attempt > 1:
-            log.info("stream %s: replay again from seq %d (attempt %d)", self.name, request.start, request.attempt)
+            logger.info("stream %s: replay again from seq %d (attempt %d)", self.name, request.start, request.attempt)
 
     def _replay_finished(self, finished: ReplayFinished) -> None:
         if self._purpose == "tail" and finished.outcome == "recovered" and finished.replayed == 0:
             # A quiet stream's tail probe that found nothing dropped: no recovery took place.
-            log.debug("stream %s: tail probe found nothing missing", self.name)
+            logger.debug("stream %s: tail probe found nothing missing", self.name)
             return
         self.replay_requests[finished.outcome] += 1
         if finished.by_restart and finished.outcome != "recovered":
             # Routine: the engine restarted mid-recovery. What the old process still owed is logged
             # as a loss (reason restart) on its own line; the replay socket did not fail.
-            log.info(
+            logger.info(
                 "stream %s: replay ended by the publisher's restart, %d batches replayed in %d attempt(s)",
                 self.name,
                 finished.replayed,
                 finished.attempts,
             )
             return
-        log.log(
+        logger.log(
             logging.INFO if finished.outcome == "recovered" else logging.WARNING,
             "stream %s: replay %s, %d batches replayed in %d attempt(s)",
             self.name,
@@ -239,7 +245,7 @@ class StreamOutlet:
         status.counters["unrecovered"] += count
         status.losses[reason] = status.losses.get(reason, 0) + count
         self._reported = False
-        log.warning(
+        logger.warning(
             "stream %s: %d batches lost for good (seq %d..%d, %s)", self.name, count, loss.first, loss.last, reason
         )
         self._notice("unrecovered_gap", first=loss.first, until=loss.last, count=count, reason=reason)
@@ -252,7 +258,7 @@ class StreamOutlet:
     def _history_truncated(self, first: int) -> None:
         self.status.counters["history_truncations"] += 1
         self._reported = False
-        log.warning(
+        logger.warning(
             "stream %s: the engine no longer holds its history before seq %d; the index lacks it until the "
             "next AllBlocksCleared or restart",
             self.name,
@@ -263,7 +269,7 @@ class StreamOutlet:
     def _restart(self, restart: Restart) -> None:
         self.status.counters["restarts"] += 1
         self._reported = False
-        log.warning(
+        logger.warning(
             "stream %s: publisher restart (%s): seq %d after %d; its cache state was reset",
             self.name,
             restart.reason,

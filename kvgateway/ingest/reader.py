@@ -24,7 +24,7 @@ from kvgateway.engine.sockets import Readiness, has_message, monitor_event, rece
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.runtime.tasks import cancel_and_wait
 
-log = logging.getLogger("kvgateway.ingest")
+logger = logging.getLogger("kvgateway.ingest")
 
 BUDGET = 64
 """Messages one stream may process before the loop serves another stream."""
@@ -119,7 +119,7 @@ class StreamReader:
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("stream %s[%d]: reader task failed: %r", *self.key, task.exception())
+            logger.error("stream %s[%d]: reader task failed: %r", *self.key, task.exception())
 
     # --- live -------------------------------------------------------------------------------
 
@@ -222,7 +222,7 @@ class StreamReader:
             if self._replays.get(token) is finished:
                 del self._replays[token]
             if not finished.cancelled() and finished.exception() is not None:
-                log.error("stream %s[%d]: replay task failed: %r", *self.key, finished.exception())
+                logger.error("stream %s[%d]: replay task failed: %r", *self.key, finished.exception())
 
         task.add_done_callback(done)
 
@@ -254,7 +254,7 @@ class StreamReader:
         while True:
             idle = min(self._replay_timeout, hard_deadline - loop.time())
             if idle <= 0 or not await readiness.wait(idle):
-                log.warning("stream %s[%d]: replay from token %d timed out", *self.key, token)
+                logger.warning("stream %s[%d]: replay from token %d timed out", *self.key, token)
                 return "timeout"
             deadline = loop.time() + TURN_SECONDS
             for _ in range(BUDGET):
@@ -266,7 +266,7 @@ class StreamReader:
                 received = self._clock()
                 parsed = wire.parse_replay_reply(frames)
                 if parsed is None:
-                    log.warning("stream %s[%d]: malformed replay reply of %d frames", *self.key, len(frames))
+                    logger.warning("stream %s[%d]: malformed replay reply of %d frames", *self.key, len(frames))
                     self._outlet.decode_error(None, "malformed replay reply")
                     return "failed"
                 seq, payload = parsed

@@ -104,6 +104,11 @@ class Ingest:
             # for it forever.
             self.context.destroy(linger=0)
 
+    def heartbeat(self) -> None:
+        """Every stream's status, changed or not (see :meth:`StreamOutlet.heartbeat`)."""
+        for outlet in self.outlets.values():
+            outlet.heartbeat()
+
     def not_ready(self) -> list[dict[str, object]]:
         """The streams that are down, with why, as this process reads them (the ingest's /readyz)."""
         return [

@@ -142,6 +142,12 @@ class Log(Protocol):
         whose older part lives elsewhere fetches it, one behind the id waits to reach it. Use no
         await inside the block (what is held is lent for one synchronous subscribe)."""
 
+    async def checkpoint(self) -> bytes | None:
+        """Before anything is followed: the latest checkpoint of what its followers derived
+        (:mod:`kvgateway.state.checkpoint`) that this log can go on from, the log then positioned
+        right after it; None when there is none (the followers start from the log's first
+        record)."""
+
 
 class MemoryLog:
     """The log of one process, readable back as far as its ring holds (bounded by count and bytes)."""
@@ -193,6 +199,9 @@ class MemoryLog:
 
     def holding(self, last_event_id: str | None) -> AbstractAsyncContextManager[None]:
         return HELD  # everything this log can serve is in its ring already
+
+    async def checkpoint(self) -> bytes | None:
+        return None  # a process's own log starts with the process
 
     def message_for(self, entry: Entry, key: EventFilterKey | None) -> OutMessage | None:
         ring = self.ring

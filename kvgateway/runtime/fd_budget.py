@@ -22,7 +22,7 @@ import zmq
 
 from kvgateway.config import Settings
 
-log = logging.getLogger("kvgateway")
+logger = logging.getLogger("kvgateway")
 
 SOCKETS_PER_STREAM = 3
 """The SUB, the monitor's PAIR inside libzmq, and the PAIR end read here."""
@@ -94,7 +94,7 @@ def raise_open_files(budget: Budget) -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             soft = target
         except (ValueError, OSError) as exc:  # e.g. above fs.nr_open
-            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, target, exc)
+            logger.warning("cannot raise the open-file limit from %d to %d: %s", soft, target, exc)
     limit = soft if soft != resource.RLIM_INFINITY else budget.descriptors
     if limit < budget.engine_descriptors:
         raise BudgetError(
@@ -102,7 +102,7 @@ def raise_open_files(budget: Budget) -> int:
             f"(hard limit {_show(hard)}): raise it (ulimit -n, systemd LimitNOFILE=) or configure fewer streams"
         )
     if limit < budget.descriptors:
-        log.warning(
+        logger.warning(
             "the open-file limit %d leaves room for about %d web clients, not --max-clients %d",
             limit,
             limit - budget.engine_descriptors,

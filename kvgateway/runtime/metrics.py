@@ -386,6 +386,19 @@ class Metrics:
         self.jetstream_applied_offset = Gauge(
             "kvgateway_jetstream_applied_offset", "The last stream sequence applied (edge).", registry=r
         )
+        self.checkpoints_written = Counter(
+            "kvgateway_checkpoints_written",
+            "Index checkpoints this edge wrote (it held the writer's lease).",
+            registry=r,
+        )
+        self.checkpoint_bytes = Gauge(
+            "kvgateway_checkpoint_bytes", "The size of the last index checkpoint this edge wrote.", registry=r
+        )
+        self.checkpoint_loaded_offset = Gauge(
+            "kvgateway_checkpoint_loaded_offset",
+            "The stream sequence of the checkpoint this edge started from (0: none).",
+            registry=r,
+        )
         # routers (kvgateway/serve/router_state.py)
         self.learned_blocks = Gauge(
             "kvgateway_learned_blocks", "Learned token-chain entries held for lookups by token_ids.", registry=r

@@ -1,5 +1,5 @@
 """The web app: module-level Starlette routes, thin adapters from HTTP, WebSocket and SSE to the
-gateway on ``app.state``; the lifespan starts and stops it; guard.py's middleware checks first."""
+gateway on ``app.state``; the lifespan starts and stops it; middleware.py's gates check first."""
 
 from __future__ import annotations
 
@@ -21,16 +21,17 @@ from starlette.websockets import WebSocket
 
 from kvgateway.log.messages import schema_bytes
 from kvgateway.serve.dashboard_api import DashboardData, analytics_endpoint, history_endpoint
+from kvgateway.serve.errors import json_error
 from kvgateway.serve.http_query import bad_request, route_query
 from kvgateway.serve.hub import TooManyClients
-from kvgateway.serve.middleware import PROTECTED_PREFIX, Authentication, HostCheck, SecurityHeaders, json_error
+from kvgateway.serve.middleware import PROTECTED_PREFIX, Authentication, HostCheck, SecurityHeaders
 from kvgateway.serve.query import BadRequest, ClientRequest
 from kvgateway.serve.router_api import ROUTER_ROUTES
 from kvgateway.serve.serving import Service, Serving
 from kvgateway.serve.sessions import WS_CLOSE, sse_stream, ws_session
 from kvgateway.serve.subscription import Subscription, Transport
 
-log = logging.getLogger("kvgateway.web")
+logger = logging.getLogger("kvgateway.web")
 
 SCHEMA: Final = schema_bytes()
 
@@ -63,7 +64,7 @@ def _gateway(conn: HTTPConnection) -> Serving:
     return serving
 
 
-# --- routes (the token is checked before them: guard.Authentication) ------------------------
+# --- routes (the token is checked before them: middleware.Authentication) ------------------------
 
 
 async def healthz(request: Request) -> Response:

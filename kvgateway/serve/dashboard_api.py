@@ -34,7 +34,7 @@ from kvgateway.state.occupancy import StreamIndex
 if TYPE_CHECKING:
     from kvgateway.serve.serving import Serving
 
-log = logging.getLogger("kvgateway.web")
+logger = logging.getLogger("kvgateway.web")
 
 PREFIX_EVERY: Final = 6
 """The prefix-spread gauge is refreshed every this many samples (30 s): it looks blocks up in every stream."""
@@ -102,7 +102,7 @@ class DashboardData:
         gateway = self.gateway
         out = []
         for source, dp_rank in gateway.board.streams:
-            status, index = gateway.board.status((source, dp_rank)), gateway.index.stream(source, dp_rank)
+            status, index = gateway.board.status((source, dp_rank), now), gateway.index.stream(source, dp_rank)
             assert status is not None
             last = self.activity.last_batch.get((source, dp_rank))
             live = self.activity.last_live.get((source, dp_rank))
@@ -127,11 +127,11 @@ class DashboardData:
 
     def up_streams(self, indexes: Iterable[StreamIndex]) -> list[StreamIndex]:
         """The streams whose engine is connected: a down engine's blocks are not a prefix's home."""
-        board = self.gateway.board
+        board, now = self.gateway.board, self.gateway.clock()
         return [
             index
             for index in indexes
-            if (status := board.status((index.source, index.dp_rank))) is not None and status.connected
+            if (status := board.status((index.source, index.dp_rank), now)) is not None and status.connected
         ]
 
     def sample(self) -> None:
@@ -161,7 +161,7 @@ class DashboardData:
             try:
                 self.sample()
             except Exception:  # a bug here must not end the sampling for good
-                log.exception("history sampling failed")
+                logger.exception("history sampling failed")
             now = self.gateway.clock()
             await asyncio.sleep(max(0.05, interval - math.fmod(now, interval)))
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
-from kvgateway.serve.middleware import json_error
+from kvgateway.serve.errors import json_error
 from kvgateway.serve.query import BadRequest, ClientRequest
 
 if TYPE_CHECKING:

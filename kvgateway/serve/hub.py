@@ -28,7 +28,7 @@ from kvgateway.runtime.metrics import HubMetrics
 from kvgateway.serve.query import GAP_LAST, ClientRequest, QueryInput, parse_query, route_query
 from kvgateway.serve.subscription import CloseReason, Subscription, Transport
 
-log = logging.getLogger("kvgateway.hub")
+logger = logging.getLogger("kvgateway.hub")
 
 
 class TooManyClients(Exception):
@@ -115,7 +115,7 @@ class Hub:
                 slow.append(sub)
         if slow is not None:  # not inside the loop: closing edits the dict being iterated
             for sub in slow:
-                log.warning(
+                logger.warning(
                     "%s client cut off as a slow consumer: %d bytes queued, limit %d",
                     sub.transport,
                     sub.queued_bytes,

@@ -15,18 +15,15 @@ from starlette.websockets import WebSocket
 
 from kvgateway.config import Settings, is_loopback
 from kvgateway.runtime.metrics import Metrics
+from kvgateway.serve.errors import json_error
 
-log = logging.getLogger("kvgateway.web")
+logger = logging.getLogger("kvgateway.web")
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 """Probes and scrapes: no token, no Host check (they carry no events and come by pod address)."""
 
 PROTECTED_PREFIX = "/v1/"
 """Every path under it needs the token (when one is set), whether a route serves it or not."""
-
-
-def json_error(status: int, message: str, **headers: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, response: JSONResponse) -> None:
@@ -111,7 +108,7 @@ class HostCheck:
             return
         transport = "ws" if scope["type"] == "websocket" else "http"
         self.metrics.client_rejections.labels(transport, "forbidden_host").inc()
-        log.warning("request for a foreign host refused: %r", (raw or b"").decode("latin-1")[:200])
+        logger.warning("request for a foreign host refused: %r", (raw or b"").decode("latin-1")[:200])
         await _refuse(scope, receive, send, json_error(400, "host not allowed (see --allowed-host)"))
 
 
@@ -155,7 +152,7 @@ class Authentication:
         conn = HTTPConnection(scope)
         if scope["type"] == "websocket" and not self.origin_allowed(conn):
             self.metrics.client_rejections.labels("ws", "forbidden_origin").inc()
-            log.warning("websocket from foreign origin %r refused", conn.headers.get("origin", "")[:200])
+            logger.warning("websocket from foreign origin %r refused", conn.headers.get("origin", "")[:200])
             await _refuse(scope, receive, send, json_error(403, "origin not allowed"))
             return
         if self.authorized(conn):
@@ -164,7 +161,7 @@ class Authentication:
         transport = _transport(scope)
         self.metrics.client_rejections.labels(transport, "unauthorized").inc()
         client = conn.client.host if conn.client else "?"
-        log.warning("auth failure: %s %s from %s", transport, conn.url.path, client)
+        logger.warning("auth failure: %s %s from %s", transport, conn.url.path, client)
         response = json_error(401, "missing or invalid token", **{"WWW-Authenticate": 'Bearer realm="kvgateway"'})
         await _refuse(scope, receive, send, response)
 

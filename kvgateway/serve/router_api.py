@@ -1,7 +1,7 @@
 """The routes for KV-aware routers: ``GET /v1/blocks`` (the resident blocks as one JSON document or
 NDJSON, with the epoch and offset they reflect) and ``POST /v1/lookup`` (the resident prefix of a
 chain per stream). Module-level Starlette functions, thin: the work is in kvgateway/state/blocks.py,
-kvgateway/state/lookup.py and kvgateway/serve/router_state.py; the token is checked before them (guard.py)."""
+kvgateway/state/lookup.py and kvgateway/serve/router_state.py; the token is checked before them (middleware.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from kvgateway.serve.errors import json_error
 from kvgateway.serve.http_query import bad_request, route_query
-from kvgateway.serve.middleware import json_error
 from kvgateway.serve.query import BadRequest, check_once
 from kvgateway.serve.router_state import BlockSnapshot, TooManySnapshots, without_gc
 from kvgateway.state import blocks

@@ -31,7 +31,7 @@ from kvgateway.state.blocks import StreamBlocks
 from kvgateway.state.lookup import ChainLearner, FleetCount, HashQuery, TokenBucket, TokenQuery, lookup
 from kvgateway.state.occupancy import OccupancyIndex, StreamIndex
 
-log = logging.getLogger("kvgateway.routers")
+logger = logging.getLogger("kvgateway.routers")
 
 LEARNER_FOLLOWS_EVERY: Final = 256
 """Batches between two counts of the fleet's resident blocks for the learner's cap (O(groups))."""
@@ -103,7 +103,7 @@ class BlockSnapshot:
         self.release()
 
 
-class Routers:
+class RouterState:
     """The routers' side of one gateway (use from the event loop's thread)."""
 
     def __init__(self, settings: Settings, index: OccupancyIndex, metrics: Metrics) -> None:
@@ -207,7 +207,7 @@ class Routers:
             try:
                 await self.count_fleet(offset())
             except Exception:  # a bug here must not end the refreshes for good
-                log.exception("counting the fleet's blocks failed")
+                logger.exception("counting the fleet's blocks failed")
             await asyncio.sleep(FLEET_REFRESH_SECONDS)
 
     def _set_fleet_gauges(self, facts: dict[str, Any]) -> None:

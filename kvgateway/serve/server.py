@@ -23,7 +23,7 @@ from kvgateway.runtime.memory import freeze_startup_heap
 from kvgateway.runtime.startup import StartupError
 from kvgateway.serve.app import create_app
 
-log = logging.getLogger("kvgateway")
+logger = logging.getLogger("kvgateway")
 
 
 def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
@@ -122,34 +122,40 @@ async def serve(
     reuse_port: bool = False,
     listening: Callable[[str], None] = lambda url: None,
     made: Callable[[Runnable], None] = lambda service: None,
+    engines: bool = True,
 ) -> None:
     """The one HTTP runner (``serve``, ``edge``, ``ingest``, the demo): the port is bound
-    (``listening``), the ZeroMQ context sized, the service ``make_service(settings, context=...)``
-    made (``made``) and its app ``make_app(service)`` served until SIGINT/SIGTERM; the app's lifespan
-    starts and stops the service, HTTP is served (``ready``); a failure is a :class:`StartupError`."""
+    (``listening``); for a process that reads ``engines`` the descriptor limit is raised and the
+    ZeroMQ context sized for its streams; the service ``make_service(settings, context=...)`` is
+    made (``made``) and its app ``make_app(service)`` served until SIGINT/SIGTERM; the app's
+    lifespan starts and stops the service, HTTP is served (``ready``); a failure is a
+    :class:`StartupError`."""
     listener = _listen(settings, reuse_port)
     settings = replace(settings, port=int(listener.getsockname()[1]))  # --port 0: the port it got
     listening(base_url(settings))
+    context = None
     try:
-        budget = Budget.of(settings)
-        raise_open_files(budget)
-        context = open_context(budget)
+        if engines:
+            budget = Budget.of(settings)
+            raise_open_files(budget)
+            context = open_context(budget)
     except BudgetError as exc:
         listener.close()
         raise StartupError(str(exc)) from None
     try:
-        service = make_service(settings, context=context)
+        service = make_service(settings, context=context) if context is not None else make_service(settings)
         made(service)
         server = _Server(uvicorn_config(make_app(service), settings))
         for host in unresolved_hosts(settings):
-            log.warning("host %r does not resolve (yet): its streams stay down until it does", host)
+            logger.warning("host %r does not resolve (yet): its streams stay down until it does", host)
         try:
             await _serve_until_signal(server, service, listener, settings, ready)
         finally:
             await service.stop()  # idempotent: the lifespan has stopped it unless start-up failed
     finally:
         listener.close()
-        context.destroy(linger=0)  # destroy, not term: a failed bind leaves a socket open
+        if context is not None:
+            context.destroy(linger=0)  # destroy, not term: a failed bind leaves a socket open
 
 
 async def _serve_until_signal(
@@ -218,6 +224,7 @@ def run(
     announce: Callable[[Any, str], str] = lambda service, url: f"serving on {url}",
     prepare: Callable[[Settings], Coroutine[Any, Any, Settings]] | None = None,
     reuse_port: bool = False,
+    engines: bool = True,
 ) -> int:
     """The one command runner (``serve``, ``edge``, ``ingest``): logging, the event loop (uvloop when
     installed), ``prepare`` (an edge that lists announced sources), :func:`serve` (``announce``: its
@@ -225,12 +232,12 @@ def run(
     0 after a signal, 1 with one line when it could not start or stopped on its own."""
     logging_setup.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
     if settings.allow_unauthenticated and settings.token is None and make_app is create_app:
-        log.warning("authentication is OFF on %s:%d (--allow-unauthenticated)", settings.host, settings.port)
+        logger.warning("authentication is OFF on %s:%d (--allow-unauthenticated)", settings.host, settings.port)
     services: list[Runnable] = []
 
     def ready(url: str) -> None:
         freeze_startup_heap()  # the process's own heap: not for a serve() embedded in another program
-        log.info("%s", announce(services[0], url))
+        logger.info("%s", announce(services[0], url))
 
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
@@ -244,9 +251,10 @@ def run(
                     ready=ready,
                     reuse_port=reuse_port,
                     made=services.append,
+                    engines=engines,
                 )
             )
     except StartupError as exc:
-        log.error("%s", exc)
+        logger.error("%s", exc)
         return 1
     return 1 if services and services[0].fatal else 0

@@ -22,8 +22,9 @@ from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.startup import StartupError
 from kvgateway.serve.hub import Hub
 from kvgateway.serve.query import ClientRequest
-from kvgateway.serve.router_state import Routers
+from kvgateway.serve.router_state import RouterState
 from kvgateway.serve.subscription import Subscription, Transport
+from kvgateway.state import checkpoint
 from kvgateway.state.occupancy import OccupancyIndex
 from kvgateway.state.status_board import BoardFigures, StatusBoard
 
@@ -38,7 +39,10 @@ class Serving:
         metrics: Metrics,
         *,
         clock: Callable[[], float] = time.time,
+        silence: float | None = None,
     ) -> None:
+        """``silence``: in a cluster, how long a stream may go unreported before it shows down
+        (:class:`~kvgateway.state.status_board.StatusBoard`)."""
         self.settings = settings
         self.log = log
         self.metrics = metrics
@@ -51,12 +55,12 @@ class Serving:
         for stream in streams:
             for medium, blocks in stream.capacity_blocks.items():
                 metrics.cache_capacity_blocks.labels(stream.source, str(stream.dp_rank), medium).set(blocks)
-        self.board = StatusBoard(streams, self.index)
+        self.board = StatusBoard(streams, self.index, silence=silence, clock=clock)
         metrics.streams.add(BoardFigures(self.board, clock))
         # The index follows the log before the hub: a hello's snapshot is exact at its offset.
         log.follow(self.index.follow)
         log.follow(self.board.follow)
-        self.routers = Routers(settings, self.index, metrics)
+        self.routers = RouterState(settings, self.index, metrics)
         log.follow(self.routers.follow)  # the learned token chains
         self.hub = Hub(
             log,
@@ -80,6 +84,25 @@ class Serving:
         self.collections.uninstall()
         self.hub.close()
         await self.routers.stop()
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    async def load_checkpoint(self) -> checkpoint.Checkpoint | None:
+        """Before anything is followed: what the log's latest checkpoint held (the log goes on right
+        after it), or None. Raises :class:`~kvgateway.state.checkpoint.CheckpointError`."""
+        data = await self.log.checkpoint()
+        if data is None:
+            return None
+        taken = checkpoint.decode(data)
+        checkpoint.restore(taken, self.index, self.board)
+        return taken
+
+    def capture_checkpoint(self, extra: dict[str, Any]) -> checkpoint.Checkpoint:
+        """The state at the log's last offset (synchronous: nothing is applied meanwhile)."""
+        log = self.log
+        return checkpoint.capture(
+            self.index, self.board, epoch=log.epoch, offset=log.last_offset, now=self.clock(), extra=extra
+        )
 
     # --- views ------------------------------------------------------------------------------
 

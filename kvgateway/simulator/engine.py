@@ -37,7 +37,7 @@ from kvgateway.simulator import encode
 from kvgateway.simulator.workload import HASH_KINDS, HashKind, Workload
 
 # One logger for the whole simulator package (tests filter on it).
-log = logging.getLogger("kvgateway.simulator")
+logger = logging.getLogger("kvgateway.simulator")
 
 ReplayLayout: TypeAlias = Literal["topic", "plain"]
 EngineFlavour: TypeAlias = Literal["vllm", "sglang", "trtllm"]
@@ -548,7 +548,7 @@ class SimulatedEngine:
         replay_endpoint = self._replay_bound
         self._close_sockets()
         loop = asyncio.get_running_loop()
-        log.info("rank %d: restarting, down for %.3g s", self.dp_rank, down)
+        logger.info("rank %d: restarting, down for %.3g s", self.dp_rank, down)
         back = loop.time() + down
         for _ in range(math.ceil(down / _IDLE_SLICE) + 1):
             if self._stopping or loop.time() >= back:
@@ -601,7 +601,7 @@ class SimulatedEngine:
                 break
             served += 1
             if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != wire.SEQ_BYTES:
-                log.warning(
+                logger.warning(
                     "rank %d: ignored a replay request of %d frames (%s); expected identity, empty, 8-byte seq",
                     self.dp_rank,
                     len(frames),
@@ -610,7 +610,7 @@ class SimulatedEngine:
                 continue
             identity, start = frames[0], int.from_bytes(frames[2], "big")
             if self.faults.replay_dead:
-                log.debug("rank %d: dropped a replay request from seq %d (replay_dead)", self.dp_rank, start)
+                logger.debug("rank %d: dropped a replay request from seq %d (replay_dead)", self.dp_rank, start)
                 continue
             if self.faults.replay_delay > 0:
                 self._pending.append((loop.time() + self.faults.replay_delay, identity, start))
@@ -666,14 +666,14 @@ class SimulatedEngine:
             else:
                 reply.end_marker = end and bool(self._send_now(end_frames))
         if reply.hwm_dropped:
-            log.info(
+            logger.info(
                 "rank %d: replay from seq %d: the ROUTER dropped %d of %d batches at its HWM",
                 self.dp_rank,
                 start,
                 len(reply.hwm_dropped),
                 len(items),
             )
-        log.debug("rank %d: replayed %d batches from seq %d", self.dp_rank, reply.sent, start)
+        logger.debug("rank %d: replayed %d batches from seq %d", self.dp_rank, reply.sent, start)
 
     def _send_now(self, frames: list[bytes]) -> bool | None:
         """One non-blocking send: True if queued, False if dropped at the HWM, None if the peer is gone."""

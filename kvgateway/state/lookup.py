@@ -18,7 +18,11 @@ By tokens
 The answer (both kinds)::
 
     {"offset": N, "streams": [{"source": "a", "dp_rank": 0, "blocks": 3, "tokens": 48,
-      "mediums": {"GPU": {"blocks": 3, "tokens": 48}, "CPU": {"blocks": 1, "tokens": 16}}}, ...]}
+      "mediums": {"GPU": {"blocks": 3, "tokens": 48}, "CPU": {"blocks": 1, "tokens": 16}},
+      "stale": false}, ...]}
+
+- ``stale``: the stream's index misses events (``/v1/occupancy`` says why): its count may be short
+  or long. A router should not trust it over a whole stream's.
 
 - ``blocks``: leading blocks of the chain resident in *some* medium (block 0 on GPU, block 1 only
   on CPU: 2); each medium's ``blocks``: leading blocks resident in that medium. ``mediums`` lists
@@ -283,6 +287,7 @@ def _stream_answer(
         "blocks": best,
         "tokens": _tokens(best, stream_size),
         "mediums": listed,
+        "stale": index.stale,
     }
 
 
@@ -326,7 +331,14 @@ def lookup_tokens(
             if best is None or (entry["blocks"], entry["tokens"]) > (best["blocks"], best["tokens"]):
                 best = entry
         if best is None:
-            best = {"source": index.source, "dp_rank": index.dp_rank, "blocks": 0, "tokens": 0, "mediums": {}}
+            best = {
+                "source": index.source,
+                "dp_rank": index.dp_rank,
+                "blocks": 0,
+                "tokens": 0,
+                "mediums": {},
+                "stale": index.stale,
+            }
         entries.append(best)
     return {"offset": offset, "streams": _sorted(entries)}
 

@@ -384,6 +384,25 @@ class StreamIndex:
                 out.append((name, group_idx, med.block_size, grp.blocks, grp.extra))
         return out
 
+    def medium_counts(self) -> dict[str, tuple[int, int, int]]:
+        """Each medium's (block size, stores, removes): what a checkpoint keeps beside the blocks."""
+        return {name: (med.block_size, med.stores, med.removes) for name, med in sorted(self._mediums.items())}
+
+    def restore_medium(self, name: str, block_size: int, stores: int, removes: int) -> None:
+        """A medium as a checkpoint had it (its blocks come with :meth:`restore_group`)."""
+        med = self._mediums.get(name)
+        if med is None:
+            med = self._mediums[name] = _Medium()
+        med.block_size, med.stores, med.removes = block_size, stores, removes
+
+    def restore_group(self, name: str, group_idx: int, blocks: set[Hash], extra: dict[Hash, int]) -> None:
+        """One (medium, group_idx)'s resident hashes as a checkpoint had them."""
+        med = self._mediums.get(name)
+        if med is None:
+            med = self._mediums[name] = _Medium()
+        grp = med.group(group_idx)
+        grp.blocks, grp.extra, grp.shared = blocks, extra, False
+
     def iter_blocks(self) -> Iterator[tuple[Hash, int, str, int, int]]:
         """Every resident block as ``(hash, refs, medium, group_idx, block_size)`` (block size 0:
         unknown), as they are when it is called (a frozen snapshot, :meth:`block_groups`): safe
@@ -478,13 +497,14 @@ class OccupancyIndex:
     """Every stream's index. ``capacity`` maps a stream key ``(source, dp_rank)`` to its
     configured ``capacity_blocks`` (medium -> blocks), as ``config.StreamConfig`` holds them."""
 
-    __slots__ = ("_capacity", "_started", "_streams")
+    __slots__ = ("_capacity", "_missing_history", "_started", "_streams")
 
     def __init__(
         self, capacity: Mapping[Stream, Mapping[str, int]] | None = None, started: float | None = None
     ) -> None:
         self._capacity = dict(capacity or {})
         self._started = started
+        self._missing_history: str | None = None  # see history_missing
         self._streams: dict[Stream, StreamIndex] = {}
         for source, dp_rank in sorted(self._capacity):
             self.stream(source, dp_rank)
@@ -495,7 +515,17 @@ class OccupancyIndex:
         index = self._streams.get(key)
         if index is None:
             index = self._streams[key] = StreamIndex(source, dp_rank, self._capacity.get(key), self._started)
+            if self._missing_history is not None:
+                index.mark_stale(self._missing_history)
         return index
+
+    def history_missing(self, reason: str) -> None:
+        """The log this index follows no longer holds its beginning, and nothing restored what it
+        held: every stream, those known now and those seen later, is stale (``reason``) until its
+        next AllBlocksCleared or restart makes it whole."""
+        self._missing_history = reason
+        for index in self._streams.values():
+            index.mark_stale(reason)
 
     def streams(self) -> Iterator[StreamIndex]:
         """Every stream, sorted by (source, dp_rank)."""

@@ -14,7 +14,7 @@ from kvgateway.config import StreamConfig
 from kvgateway.engine import wire
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.ingest.reader import StreamReader
-from kvgateway.log.ordered import BatchRecord, MemoryLog, NoticeRecord
+from kvgateway.log.ordered import STATUS, BatchRecord, MemoryLog, NoticeRecord
 from kvgateway.log.ring import Entry
 from kvgateway.simulator import encode
 from kvgateway.state.occupancy import OccupancyIndex
@@ -75,7 +75,7 @@ async def until(condition: Callable[[], bool], engine: Engine, within: float = 1
         await asyncio.sleep(0.01)
 
 
-def run(scenario: Callable[[Engine, StreamReader, list[Any]], Coroutine[Any, Any, None]]) -> None:
+def run(scenario: Callable[[Engine, StreamReader, list[Any], OccupancyIndex], Coroutine[Any, Any, None]]) -> None:
     async def main() -> None:
         context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         engine = Engine(context)
@@ -87,14 +87,16 @@ def run(scenario: Callable[[Engine, StreamReader, list[Any]], Coroutine[Any, Any
         records: list[Any] = []
 
         def keep(entry: Entry) -> None:
-            records.append(entry.record)
+            record = entry.record
+            if not (isinstance(record, NoticeRecord) and record.kind == STATUS):  # status: test_status_board
+                records.append(record)
 
         log.follow(keep)
-        outlet = StreamOutlet(config, log, index.stream("e", 0), clock=time.time)
+        outlet = StreamOutlet(config, log, clock=time.time)
         reader = StreamReader(config, context, outlet, replay_slots=asyncio.Semaphore(1), replay_timeout=2.0)
         reader.start()
         try:
-            await scenario(engine, reader, records)
+            await scenario(engine, reader, records, index)
         finally:
             await reader.stop()
             engine.close()
@@ -108,7 +110,7 @@ def delivered(records: list[Any]) -> list[int]:
 
 
 def test_a_batch_the_live_stream_dropped_is_replayed_and_all_arrive_in_order() -> None:
-    async def scenario(engine: Engine, reader: StreamReader, records: list[Any]) -> None:
+    async def scenario(engine: Engine, reader: StreamReader, records: list[Any], index: OccupancyIndex) -> None:
         outlet = reader._outlet
         # the catch-up at connect asks the engine's whole buffer (nothing yet)
         await until(lambda: engine.requests == [0] and reader.sequencer.replay_token is None, engine)
@@ -122,14 +124,14 @@ def test_a_batch_the_live_stream_dropped_is_replayed_and_all_arrive_in_order() -
         assert (counters["gaps"], counters["missed"], counters["replayed"]) == (1, 1, 1)
         assert outlet.replay_requests["recovered"] >= 1
         assert reader.sequencer.held == 0 and outlet.held == 0
-        assert reader._outlet.index.medium_stats(time.time())["GPU"].blocks == 4
+        assert index.stream("e", 0).medium_stats(time.time())["GPU"].blocks == 4
         assert [r.kind for r in records if isinstance(r, NoticeRecord)] == ["up"]
 
     run(scenario)
 
 
 def test_an_undecodable_and_a_malformed_message_are_counted_and_skipped() -> None:
-    async def scenario(engine: Engine, reader: StreamReader, records: list[Any]) -> None:
+    async def scenario(engine: Engine, reader: StreamReader, records: list[Any], index: OccupancyIndex) -> None:
         outlet = reader._outlet
         await until(lambda: engine.requests == [0] and reader.sequencer.replay_token is None, engine)
         await until(_subscribed(engine, records), engine)

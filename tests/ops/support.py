@@ -18,7 +18,8 @@ from kvgateway.config import StreamConfig
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.log.ordered import MemoryLog
 from kvgateway.runtime.metrics import STREAM, STREAM_METRICS, Metrics
-from kvgateway.state.occupancy import StreamIndex
+from kvgateway.state.occupancy import OccupancyIndex
+from kvgateway.state.status_board import BoardFigures, StatusBoard
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -128,7 +129,10 @@ class Catalogue:
 def build_catalogue() -> Catalogue:
     metrics = Metrics()
     stream = StreamConfig("a", 0, "tcp://127.0.0.1:5557", None, "", False, {})
-    metrics.streams.add(StreamOutlet(stream, MemoryLog(), StreamIndex("a", 0), clock=lambda: 0.0))
+    # One stream as one process exposes it: the ingest's figures (its outlet) and the serving half's
+    # (the status board and the index).
+    metrics.streams.add(StreamOutlet(stream, MemoryLog(), clock=lambda: 0.0))
+    metrics.streams.add(BoardFigures(StatusBoard([stream], OccupancyIndex()), lambda: 0.0))
     exposition = generate_latest(metrics.registry).decode()
     exposed = {
         re.split(r"[{ ]", line, maxsplit=1)[0] for line in exposition.splitlines() if line and not line.startswith("#")

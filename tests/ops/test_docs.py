@@ -85,3 +85,37 @@ def test_protocol_lists_what_each_route_accepts_as_the_code_declares_it() -> Non
         for route in re.findall(r"`(?:GET|POST) (/v1/\w+)`", routes):
             documented[route] = names
     assert documented == dict(ROUTE_PARAMETERS)
+
+
+def test_the_architecture_doc_names_every_module_and_no_module_that_is_gone() -> None:
+    """docs/architecture.md's module table: every module of the package, by its path under
+    kvgateway/ (a folder's own table row may name several), and no path that does not exist."""
+    repo = Path(__file__).resolve().parents[2]
+    text = (repo / "docs/architecture.md").read_text(encoding="utf-8")
+    table = text[text.index("## Modules, one concept each") : text.index("## What may import what")]
+    named = set(re.findall(r"`((?:[a-z_]+/)?[a-z_]+\.py)`", table))
+    package = repo / "kvgateway"
+    folders = {p.parent.name for p in package.rglob("__init__.py") if p.parent != package}
+    modules = {
+        p.relative_to(package).as_posix()
+        for p in package.rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py") and p.parent.name not in ("cluster", "simulator")
+    }
+    assert folders >= {"engine", "ingest", "log", "state", "serve", "runtime", "cluster", "simulator"}
+    assert modules - named == set(), "modules the table does not describe"
+    gone = {name for name in named if not (package / name).is_file()}
+    assert not gone, f"the table names modules that do not exist: {sorted(gone)}"
+    for folder in ("cluster", "simulator"):  # described together in one row each
+        assert f"`{folder}/`" in table
+
+
+def test_the_readme_layout_names_every_folder_of_the_package_and_the_repository() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    text = (repo / "README.md").read_text(encoding="utf-8")
+    layout = text[text.index("## Layout") : text.index("## Dependencies")]
+    package = repo / "kvgateway"
+    folders = {p.parent.name for p in package.rglob("__init__.py") if p.parent != package}
+    missing = sorted(f for f in folders if f"  {f}/" not in layout)
+    assert not missing, f"package folders the README's layout leaves out: {missing}"
+    for top in ("kvgateway/", "static/", "tests/", "bench/", "deploy/", "docs/", "examples/"):
+        assert (repo / top).is_dir() and f"\n{top}" in layout, top

@@ -215,6 +215,7 @@ def test_leading_blocks_per_medium_and_in_any_medium() -> None:
                 "blocks": 3,  # 1 (GPU), 2 (GPU, CPU), 3 (CPU)
                 "tokens": 48,
                 "mediums": {"GPU": {"blocks": 2, "tokens": 32}},  # CPU misses block 1: 0 leading
+                "stale": False,
             }
         ],
     }
@@ -240,7 +241,14 @@ def test_streams_sorted_best_first_zero_last_ties_by_name() -> None:
         ("b", 1, 1),
         ("a", 0, 0),
     ]
-    assert answer["streams"][-1] == {"source": "a", "dp_rank": 0, "blocks": 0, "tokens": 0, "mediums": {}}
+    assert answer["streams"][-1] == {
+        "source": "a",
+        "dp_rank": 0,
+        "blocks": 0,
+        "tokens": 0,
+        "mediums": {},
+        "stale": False,
+    }
 
 
 def test_refcounts_and_removals() -> None:
@@ -315,7 +323,14 @@ def test_lookup_by_tokens_walks_what_the_engine_announced() -> None:
     assert answer == {
         "offset": 3,
         "streams": [
-            {"source": "a", "dp_rank": 0, "blocks": 4, "tokens": 16, "mediums": {"GPU": {"blocks": 4, "tokens": 16}}}
+            {
+                "source": "a",
+                "dp_rank": 0,
+                "blocks": 4,
+                "tokens": 16,
+                "mediums": {"GPU": {"blocks": 4, "tokens": 16}},
+                "stale": False,
+            }
         ],
     }
     assert entry(lookup_tokens(fleet.streams(), fleet.learner, TokenQuery(tokens[:7]), 0), "a")["blocks"] == 1
@@ -615,3 +630,14 @@ def test_block_digests_fast_path_and_odd_tokens() -> None:
     assert block_digests([6, 5, 7, 8], 4) != plain[:1]  # order counts
     odd = [-1, 2**64, 2**61 - 1, 0]  # negative and huge ids (no engine sends them) still digest
     assert len(block_digests(odd, 4)) == 1 and 0 <= block_digests(odd, 4)[0] < 2**64
+
+
+def test_a_stale_stream_says_so_in_both_kinds_of_answer() -> None:
+    fleet = Fleet()
+    fleet.apply("a", 0, stored([1, 2], block_size=16))
+    fleet.apply("b", 0, stored([1, 2], block_size=16))
+    fleet.occupancy.stream("b", 0).mark_stale("history_truncated")
+    by_hashes = lookup_hashes(fleet.streams(), chain_of(1, 2), 7)
+    assert [(e["source"], e["blocks"], e["stale"]) for e in by_hashes["streams"]] == [("a", 2, False), ("b", 2, True)]
+    by_tokens = lookup_tokens(fleet.streams(), fleet.learner, TokenQuery(list(range(32))), 7)
+    assert [(e["source"], e["stale"]) for e in by_tokens["streams"]] == [("a", False), ("b", True)]

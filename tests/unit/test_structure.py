@@ -116,3 +116,100 @@ def test_no_function_over_60_lines_outside_the_tables() -> None:
                 long.append(f"{key} ({lines} lines)")
     assert not long, "functions over 60 lines: " + ", ".join(long)
     assert seen >= DECLARATIVE, f"allow-list names functions that are gone: {sorted(DECLARATIVE - seen)}"
+
+
+# --- the layers -----------------------------------------------------------------------------
+
+MAY_IMPORT: dict[str, set[str]] = {
+    # the engines' side: the wire format, the sequencer, sockets (nothing else of the package)
+    "engine": set(),
+    "config": {"engine"},
+    # process plumbing every layer may use: metrics, logging, the heap, the descriptor budget
+    "runtime": {"engine", "config"},
+    # the seam: the ordered log, its records and messages, the resume ring, statuses as records
+    "log": {"engine", "config", "runtime"},
+    # the two halves, each knowing only the log between them
+    "ingest": {"engine", "config", "runtime", "log"},
+    "state": {"engine", "config", "runtime", "log"},
+    "serve": {"engine", "config", "runtime", "log", "state"},
+    # what composes them: one process, the cluster's roles, the simulated engines
+    "simulator": {"engine"},
+    "gateway": {"engine", "config", "runtime", "log", "ingest", "state", "serve"},
+    "cluster": {"engine", "config", "runtime", "log", "ingest", "state", "serve"},
+    "demo": {"engine", "config", "runtime", "log", "serve", "gateway", "simulator"},
+    "cli": {"engine", "config", "runtime", "serve", "gateway", "cluster", "demo", "simulator"},
+    "__main__": {"cli"},
+}
+"""Which part of the package each part may import (besides its own folder and ``kvgateway``
+itself): one-way, from the engines to the clients, and neither half imports the other."""
+
+
+def part_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_import_goes_down_the_layers_and_never_between_the_halves() -> None:
+    graph = import_graph()
+    parts = {part_of(name) for name in graph} - {""}
+    assert parts == set(MAY_IMPORT), f"parts without a rule, or rules without a part: {parts ^ set(MAY_IMPORT)}"
+    wrong = [
+        f"{name} -> {target}"
+        for name, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if part_of(name)
+        and part_of(target)
+        and part_of(target) != part_of(name)
+        and part_of(target) not in MAY_IMPORT[part_of(name)]
+    ]
+    assert not wrong, "imports against the layers: " + ", ".join(wrong)
+
+
+def test_the_layer_rule_catches_an_upward_and_a_sideways_import() -> None:
+    assert "serve" not in MAY_IMPORT["log"] and "ingest" not in MAY_IMPORT["serve"]
+    assert "state" not in MAY_IMPORT["ingest"] and "gateway" not in MAY_IMPORT["cluster"]
+
+
+# --- composition, not inheritance -------------------------------------------------------------
+
+
+def _is_stateless_mixin(node: ast.ClassDef) -> bool:
+    """``__slots__ = ()`` and nothing but methods, properties and annotations: adds behaviour only."""
+    slots = [
+        stmt
+        for stmt in node.body
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in stmt.targets)
+    ]
+    return bool(slots) and all(isinstance(s.value, ast.Tuple) and not s.value.elts for s in slots)
+
+
+def package_classes() -> dict[str, list[ast.ClassDef]]:
+    found: dict[str, list[ast.ClassDef]] = {}
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(node)
+    return found
+
+
+def _abstract(node: ast.ClassDef, classes: dict[str, list[ast.ClassDef]]) -> bool:
+    """A protocol, an ABC, an exception (a hierarchy of errors is what lets callers catch a kind),
+    or a stateless mixin."""
+    names = {ast.unparse(base).split("[")[0].rpartition(".")[2] for base in node.bases}
+    if names & {"Protocol", "ABC", "Exception", "ValueError", "RuntimeError"} or _is_stateless_mixin(node):
+        return True
+    return any(_abstract(parent, classes) for name in names for parent in classes.get(name, []) if name != node.name)
+
+
+def test_no_concrete_class_of_the_package_subclasses_another() -> None:
+    classes = package_classes()
+    wrong = [
+        f"{node.name}({ast.unparse(base)})"
+        for nodes in classes.values()
+        for node in nodes
+        for base in node.bases
+        for parent in classes.get(ast.unparse(base).split("[")[0].rpartition(".")[2], [])
+        if not _abstract(parent, classes)
+    ]
+    assert not wrong, "concrete package classes subclassed (compose them instead): " + ", ".join(wrong)
+    assert "Gateway" in classes and "Serving" in classes and "EdgeService" in classes

@@ -1,0 +1,143 @@
+"""Index checkpoints in JetStream: the bytes in an object store, the pointer to the latest and the
+writer's lease in a key-value bucket (both named after the stream, ``<stream>_checkpoints``).
+
+One edge at a time writes (the lease: a key updated with compare-and-set on its revision, renewed
+on every write, taken over when its holder let it lapse); every edge reads the latest at start.
+A checkpoint names the stream's epoch and the offset it reflects: an edge uses it only for the
+same stream (a recreated stream has a new epoch) and only while the stream still holds every
+record after that offset.
+
+On nats-server 2.9 (Debian's) key-value entries have no per-key TTL, hence a lease that carries
+its own expiry, read against the reader's clock; 2.11's per-message TTL would let the server
+expire it instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+    ObjectNotFoundError,
+)
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from kvgateway.cluster.options import NatsOptions
+
+logger = logging.getLogger("kvgateway.cluster.edge")
+
+LATEST = "latest"
+WRITER = "writer"
+
+
+class Pointer(msgspec.Struct, frozen=True):
+    epoch: str
+    offset: int
+    object: str
+    size: int
+    at: float
+
+
+class Lease(msgspec.Struct, frozen=True):
+    owner: str
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    pointer: Pointer
+    data: bytes
+
+
+def bucket_name(options: NatsOptions) -> str:
+    return f"{options.stream}_checkpoints"
+
+
+class CheckpointStore:
+    """The checkpoints of one stream (use from the event loop's thread)."""
+
+    def __init__(self, js: JetStreamContext, options: NatsOptions, owner: str, lease_seconds: float) -> None:
+        self._js = js
+        self._bucket = bucket_name(options)
+        self._replicas = options.replicas
+        self.owner = owner
+        self.lease_seconds = lease_seconds
+        self._kv: KeyValue | None = None
+        self._objects: ObjectStore | None = None
+
+    async def open(self) -> None:
+        """The bucket and the object store, created by the first edge that needs them."""
+        try:
+            self._kv = await self._js.key_value(self._bucket)
+        except BucketNotFoundError:
+            self._kv = await self._js.create_key_value(bucket=self._bucket, history=1, replicas=self._replicas)
+        try:
+            self._objects = await self._js.object_store(self._bucket)
+        except (BucketNotFoundError, NotFoundError):
+            self._objects = await self._js.create_object_store(self._bucket)
+
+    async def latest(self) -> Found | None:
+        """The latest checkpoint written, or None (none yet, or its object was replaced meanwhile)."""
+        assert self._kv is not None and self._objects is not None
+        try:
+            entry = await self._kv.get(LATEST)
+            pointer = msgspec.json.decode(entry.value or b"", type=Pointer)
+            result = await self._objects.get(pointer.object)
+        except (KeyNotFoundError, NotFoundError, ObjectNotFoundError):
+            return None
+        except msgspec.DecodeError as exc:
+            logger.warning("checkpoint pointer unreadable, starting without: %s", exc)
+            return None
+        data = result.data or b""
+        if len(data) != pointer.size:
+            return None  # replaced while it was read: the next start reads the new one
+        return Found(pointer, data)
+
+    async def hold_lease(self, now: float | None = None) -> bool:
+        """Take or renew the writer's lease; False while another edge holds it."""
+        assert self._kv is not None
+        now = time.time() if now is None else now
+        mine = msgspec.json.encode(Lease(self.owner, now + self.lease_seconds))
+        try:
+            entry = await self._kv.get(WRITER)
+        except KeyNotFoundError:
+            try:
+                await self._kv.create(WRITER, mine)
+            except KeyWrongLastSequenceError:
+                return False  # another edge created it first
+            return True
+        try:
+            held = msgspec.json.decode(entry.value or b"", type=Lease)
+        except msgspec.DecodeError:
+            held = Lease("", 0.0)
+        if held.owner != self.owner and held.until > now:
+            return False
+        try:
+            await self._kv.update(WRITER, mine, last=entry.revision)
+        except KeyWrongLastSequenceError:
+            return False  # another edge took it in between
+        return True
+
+    async def write(self, epoch: str, offset: int, data: bytes) -> Pointer:
+        """Store ``data`` as the checkpoint at ``offset``, point to it, drop the one it replaces."""
+        assert self._kv is not None and self._objects is not None
+        name = f"{epoch}-{offset}"
+        await self._objects.put(name, data)
+        previous = None
+        with contextlib.suppress(KeyNotFoundError, msgspec.DecodeError):
+            previous = msgspec.json.decode((await self._kv.get(LATEST)).value or b"", type=Pointer)
+        pointer = Pointer(epoch, offset, name, len(data), time.time())
+        await self._kv.put(LATEST, msgspec.json.encode(pointer))
+        if previous is not None and previous.object != name:
+            with contextlib.suppress(NotFoundError, ObjectNotFoundError):
+                await self._objects.delete(previous.object)
+        return pointer

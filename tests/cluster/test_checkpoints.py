@@ -1,0 +1,122 @@
+"""Index checkpoints on a real nats-server: an edge started after the stream's retention dropped
+its beginning starts from the latest checkpoint and holds exactly what an edge that ran from the
+start holds at the same offset; with checkpoints off it says, everywhere, that its index is
+incomplete (``stale``, ``history_truncated``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+
+from tests.cluster._nats import NatsServer
+from tests.support import Gateway, Start, free_ports, start_sim, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+RETENTION = 4.0  # seconds: the stream drops its beginning while the engine still publishes
+RATE = 100
+BATCHES = 1000
+
+
+def _edge(procs: Start, nats: NatsServer, port: int, *flags: str) -> Gateway:
+    proc = procs("edge", "--nats", nats.url, "--host", "127.0.0.1", "--port", str(port), *flags)
+    proc.wait_for("edge serving on", timeout=30)
+    return Gateway(proc, port)
+
+
+def _same_offset(a: Gateway, b: Gateway, path: str, within: float = 30.0) -> tuple[Any, Any]:
+    """``path`` of both edges, read until both answers are at the same offset (status heartbeats
+    keep the stream moving a little after the engine stopped)."""
+    found: list[tuple[Any, Any]] = []
+
+    def same() -> bool:
+        first, second = a.get(path).json(), b.get(path).json()
+        if first["offset"] != second["offset"]:
+            return False
+        found.append((first, second))
+        return True
+
+    wait_until(same, timeout=within, interval=0.05, what=f"{path} of both edges at one offset")
+    return found[-1]
+
+
+def _blocks(document: dict[str, Any]) -> dict[str, Any]:
+    """/v1/blocks with each stream's blocks as a sorted list: their order is a set's, which depends
+    on how each process's set grew."""
+    streams = [{**s, "blocks": sorted(json.dumps(b, sort_keys=True) for b in s["blocks"])} for s in document["streams"]]
+    return {**document, "streams": streams}
+
+
+def _without_rates(value: Any) -> Any:
+    """A document without its per-second rates (each edge counts them since its own start) and the
+    fleet facts (counted in the background, each edge at its own moment)."""
+    if isinstance(value, dict):
+        return {k: _without_rates(v) for k, v in value.items() if not k.endswith("_per_s") and k != "fleet"}
+    if isinstance(value, list):
+        return [_without_rates(v) for v in value]
+    return value
+
+
+def _hello(gateway: Gateway) -> dict[str, Any]:
+    async def first() -> dict[str, Any]:
+        async with websockets.connect(gateway.ws_url, open_timeout=10) as ws:
+            message: dict[str, Any] = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            return message
+
+    return asyncio.run(first())
+
+
+def test_a_late_edge_starts_from_the_checkpoint_and_one_without_checkpoints_says_it_is_stale(
+    procs: Start, nats_server: NatsServer
+) -> None:
+    early_port, late_port, blind_port, pub, replay = free_ports(5, spacing=2)
+    source = f"name=sim,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{replay}"
+    retention = ["--nats-retention", str(RETENTION), "--nats-duplicate-window", "1"]
+    ingest = procs("ingest", "--source", source, "--nats", nats_server.url, "--port", "0", *retention)
+    ingest.wait_for("ingest publishing to", timeout=30)
+    early = _edge(procs, nats_server, early_port, "--nats-checkpoint", "0.5")
+    start_sim(
+        procs, "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{replay}", f"--rate={RATE}",
+        f"--batches={BATCHES}", "--linger=600", "--cpu-offload", "--seed=11",
+    )  # fmt: skip
+    # Once the stream has dropped its first records, and the early edge has written checkpoints:
+    wait_until(
+        lambda: early.metric("kvgateway_checkpoints_written_total") >= 2 and early.offset() > RATE * RETENTION * 1.5,
+        timeout=30,
+        what="the early edge writing checkpoints past the retention",
+    )
+    late = _edge(procs, nats_server, late_port)
+    blind = _edge(procs, nats_server, blind_port, "--nats-checkpoint", "0")
+    late.proc.wait_for(r"edge starts from the checkpoint at seq \d+", timeout=10)
+    assert late.metric("kvgateway_checkpoint_loaded_offset") > 1
+
+    # Both whole edges, at one offset after the engine's last batch: the same index, block for block.
+    wait_until(lambda: late.sources()["sources"][0]["last_seq"] == BATCHES - 1, timeout=60, what="the last batch")
+    blocks_early, blocks_late = _same_offset(early, late, "/v1/blocks")
+    assert _blocks(blocks_late) == _blocks(blocks_early)
+    assert sum(len(state["blocks"]) for state in blocks_late["streams"]) > 100, "the engine holds blocks"
+    occupancy_early, occupancy_late = _same_offset(early, late, "/v1/occupancy")
+    assert _without_rates(occupancy_late) == _without_rates(occupancy_early)
+    assert all(not s["stale"] for s in occupancy_late["streams"])
+    (status,) = late.sources()["sources"]
+    assert (status["state"], status["stale"]) == ("up", False)
+
+    # Without checkpoints the late edge cannot know what the dropped records did: it says so.
+    (blind_status,) = blind.sources()["sources"]
+    assert (blind_status["stale"], blind_status["stale_reason"]) == (True, "history_truncated")
+    assert blind_status["state"] == "stale"
+    (occupancy_stream,) = blind.get("/v1/occupancy").json()["streams"]
+    assert (occupancy_stream["stale"], occupancy_stream["stale_reason"]) == (True, "history_truncated")
+    (hello_status,) = _hello(blind)["sources"]
+    assert hello_status["stale_reason"] == "history_truncated"
+    answer = httpx.post(f"{blind.base}/v1/lookup", json={"block_hashes": ["1"]}, timeout=10).json()
+    assert [s["stale"] for s in answer["streams"]] == [True]
+    assert all(s["stale"] for s in blind.get("/v1/blocks").json()["streams"])
+    assert blind.metric("kvgateway_index_stale", source="sim", dp_rank="0") == 1
+    assert blind.metric("kvgateway_checkpoint_loaded_offset") == 0
+    blind.proc.wait_for("no checkpoint covers them", timeout=5)
