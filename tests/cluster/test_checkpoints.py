@@ -120,3 +120,32 @@ def test_a_late_edge_starts_from_the_checkpoint_and_one_without_checkpoints_says
     assert blind.metric("kvgateway_index_stale", source="sim", dp_rank="0") == 1
     assert blind.metric("kvgateway_checkpoint_loaded_offset") == 0
     blind.proc.wait_for("no checkpoint covers them", timeout=5)
+
+
+def test_one_writer_at_a_time_holds_the_lease_and_another_takes_it_once_it_lapses(nats_server: NatsServer) -> None:
+    from kvgateway.cluster import nats_link
+    from kvgateway.cluster.checkpoints import CheckpointStore
+    from kvgateway.cluster.options import NatsOptions
+
+    options = NatsOptions(servers=(nats_server.url,), stream="LEASES")
+
+    async def scenario() -> None:
+        nc = await nats_link.connect(options)
+        try:
+            js = nc.jetstream()
+            first, second = (CheckpointStore(js, options, owner, lease_seconds=10) for owner in ("a", "b"))
+            await first.open()
+            await second.open()
+            assert await first.hold_lease(now=100) and not await second.hold_lease(now=101)
+            assert await first.hold_lease(now=105), "the holder renews"
+            assert not await second.hold_lease(now=114.9), "renewed at 105: held until 115"
+            assert await second.hold_lease(now=115.1) and not await first.hold_lease(now=116), "lapsed: taken over"
+            assert await second.latest() is None
+            await second.write("epoch", 41, b"one")
+            await second.write("epoch", 42, b"two")
+            found = await first.latest()
+            assert found is not None and (found.pointer.offset, found.data) == (42, b"two")
+        finally:
+            await nats_link.close(nc)
+
+    asyncio.run(scenario())
