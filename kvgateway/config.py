@@ -527,6 +527,7 @@ CLUSTER_OPTIONS: tuple[Option, ...] = (
     Option("nats_retention", float, "cluster", "the stream's max_age"),
     Option("nats_duplicate_window", float, "cluster", "the stream's duplicate window"),
     Option("nats_checkpoint", float, "cluster", "edge: seconds between index checkpoints (0: none)"),
+    Option("nats_leases", bool, "cluster", "ingest: share the sources with the other ingest processes"),
     Option("nats_replicas", int, "cluster", "stream replicas", (1, 5)),
     Option("nats_creds", str, "cluster", "a NATS credentials file"),
     Option("nats_token_file", str, "cluster", "a NATS token file"),

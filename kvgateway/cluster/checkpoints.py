@@ -7,9 +7,7 @@ A checkpoint names the stream's epoch and the offset it reflects: an edge uses i
 same stream (a recreated stream has a new epoch) and only while the stream still holds every
 record after that offset.
 
-On nats-server 2.9 (Debian's) key-value entries have no per-key TTL, hence a lease that carries
-its own expiry, read against the reader's clock; 2.11's per-message TTL would let the server
-expire it instead.
+The lease is a :class:`~kvgateway.cluster.leases.Leases` key, as the ingest processes' shard leases are.
 """
 
 from __future__ import annotations
@@ -24,13 +22,13 @@ from nats.js import JetStreamContext
 from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
-    KeyWrongLastSequenceError,
     NotFoundError,
     ObjectNotFoundError,
 )
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from kvgateway.cluster.leases import Leases
 from kvgateway.cluster.options import NatsOptions
 
 logger = logging.getLogger("kvgateway.cluster.edge")
@@ -45,11 +43,6 @@ class Pointer(msgspec.Struct, frozen=True):
     object: str
     size: int
     at: float
-
-
-class Lease(msgspec.Struct, frozen=True):
-    owner: str
-    until: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +66,7 @@ class CheckpointStore:
         self.lease_seconds = lease_seconds
         self._kv: KeyValue | None = None
         self._objects: ObjectStore | None = None
+        self._leases: Leases | None = None
 
     async def open(self) -> None:
         """The bucket and the object store, created by the first edge that needs them."""
@@ -80,6 +74,7 @@ class CheckpointStore:
             self._kv = await self._js.key_value(self._bucket)
         except BucketNotFoundError:
             self._kv = await self._js.create_key_value(bucket=self._bucket, history=1, replicas=self._replicas)
+        self._leases = Leases(self._kv, self.owner, self.lease_seconds)
         try:
             self._objects = await self._js.object_store(self._bucket)
         except (BucketNotFoundError, NotFoundError):
@@ -104,28 +99,8 @@ class CheckpointStore:
 
     async def hold_lease(self, now: float | None = None) -> bool:
         """Take or renew the writer's lease; False while another edge holds it."""
-        assert self._kv is not None
-        now = time.time() if now is None else now
-        mine = msgspec.json.encode(Lease(self.owner, now + self.lease_seconds))
-        try:
-            entry = await self._kv.get(WRITER)
-        except KeyNotFoundError:
-            try:
-                await self._kv.create(WRITER, mine)
-            except KeyWrongLastSequenceError:
-                return False  # another edge created it first
-            return True
-        try:
-            held = msgspec.json.decode(entry.value or b"", type=Lease)
-        except msgspec.DecodeError:
-            held = Lease("", 0.0)
-        if held.owner != self.owner and held.until > now:
-            return False
-        try:
-            await self._kv.update(WRITER, mine, last=entry.revision)
-        except KeyWrongLastSequenceError:
-            return False  # another edge took it in between
-        return True
+        assert self._leases is not None
+        return await self._leases.hold(WRITER, now)
 
     async def write(self, epoch: str, offset: int, data: bytes) -> Pointer:
         """Store ``data`` as the checkpoint at ``offset``, point to it, drop the one it replaces."""

@@ -7,19 +7,27 @@ The command runner and HTTP runner are the single process's (:mod:`kvgateway.ser
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import secrets
+import socket
 from typing import Any
 
 import zmq
 from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError
 from starlette.applications import Starlette
 
 from kvgateway.cluster import nats_link
+from kvgateway.cluster.leases import Leases
 from kvgateway.cluster.options import HEARTBEAT_SECONDS, NatsOptions
 from kvgateway.cluster.probes import probe_app
 from kvgateway.cluster.publisher import PublishingLog
+from kvgateway.cluster.shards import LEASE_SECONDS, ROUND_SECONDS, Shards
 from kvgateway.cluster.sources import publish_sources
-from kvgateway.config import Settings
+from kvgateway.config import Settings, StreamConfig
 from kvgateway.engine.sequencer import Unrecovered
 from kvgateway.engine.wire import Stream
 from kvgateway.ingest.streams import Ingest
@@ -44,6 +52,8 @@ class IngestService:
         self.ingest: Ingest | None = None
         self._nc: Client | None = None
         self._beats: asyncio.Task[None] | None = None
+        self.shards: Shards | None = None
+        self.owner = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self._stopped = False
 
     async def start(self) -> None:
@@ -77,7 +87,10 @@ class IngestService:
 
         publishing.on_failure = recreate
         publishing.on_lost = self.publishes_lost
-        ingest = self.ingest = Ingest(settings, publishing, self.metrics, context=self.context)
+        shared = options.leases
+        ingest = self.ingest = Ingest(
+            settings, publishing, self.metrics, context=self.context, streams=[] if shared else None
+        )
         # No serving half here: the statuses' figures are the outlets' own (an edge shows the same).
         self.metrics.streams.add(_StatusFigures(ingest))
         publishing.start()
@@ -85,19 +98,51 @@ class IngestService:
         # reconnect (a gap replay from there, losses counted exactly), not from seq 0.
         ingest.resume_after = publishing.last_seqs()
         ingest.start()
+        if shared:
+            self.shards = await self._shards(js, ingest, publishing)
+            await self.shards.round()  # before the ready line: a lone process holds every stream
         self._beats = asyncio.ensure_future(self._beat(ingest))
 
+    async def _shards(self, js: JetStreamContext, ingest: Ingest, publishing: PublishingLog) -> Shards:
+        bucket = f"{self.options.stream}_leases"
+        try:
+            kv = await js.key_value(bucket)
+        except BucketNotFoundError:
+            kv = await js.create_key_value(bucket=bucket, history=1, replicas=self.options.replicas)
+
+        async def take(stream: StreamConfig) -> None:
+            await publishing.load_positions([stream.key])  # what the last reader left in the stream
+            ingest.add(stream, publishing.last_seqs().get(stream.key))
+
+        leases = Leases(kv, self.owner, LEASE_SECONDS)
+        return Shards(leases, self.settings.streams(), take, ingest.remove)
+
     async def _beat(self, ingest: Ingest) -> None:
-        """Every stream's status every few seconds: what tells the edges this process is alive."""
+        """Every stream's status every few seconds: what tells the edges this process is alive; and
+        with shared sources, the leases' rounds."""
+        beat = rounds = asyncio.get_running_loop().time()
         while True:
-            await asyncio.sleep(HEARTBEAT_SECONDS)
-            ingest.heartbeat()
+            now = asyncio.get_running_loop().time()
+            await asyncio.sleep(max(0.0, min(beat + HEARTBEAT_SECONDS, rounds + ROUND_SECONDS) - now))
+            now = asyncio.get_running_loop().time()
+            if self.shards is not None and now >= rounds + ROUND_SECONDS:
+                rounds = now
+                try:
+                    await self.shards.round()
+                except Exception as exc:  # NATS away: the leases run out, another process takes them
+                    logger.warning("leases not renewed: %s", exc)
+            if now >= beat + HEARTBEAT_SECONDS:
+                beat = now
+                ingest.heartbeat()
 
     async def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
         await cancel_and_wait(self._beats)
+        if self.shards is not None:
+            with contextlib.suppress(Exception):  # NATS away: the leases run out instead
+                await self.shards.release_all()
         if self.ingest is not None:
             await self.ingest.stop()
         publishing = self.publishing

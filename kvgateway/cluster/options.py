@@ -15,6 +15,7 @@ class NatsOptions:
     retention_seconds: float = 600.0
     duplicate_window_seconds: float = 120.0
     checkpoint_seconds: float = 30.0  # an edge's index checkpoints (0: none); see cluster/checkpoints.py
+    leases: bool = True  # ingest: share the sources with the other ingest processes (cluster/shards.py)
     replicas: int = 1
     creds: str | None = None
     tls_ca: str | None = None
@@ -65,6 +66,12 @@ def add_nats_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="edge: write an index checkpoint this often, for edges started later (0: never; default 30)",
     )
+    group.add_argument(
+        "--nats-leases",
+        metavar="BOOL",
+        help="ingest: share the sources with the other ingest processes through leases, each stream read "
+        "by one (default true; false: read them all, e.g. a hot standby)",
+    )
     group.add_argument("--nats-replicas", metavar="N", help="stream replicas (1, 3 or 5; default 1)")
     group.add_argument("--nats-creds", metavar="FILE", help="a NATS credentials file (JWT + nkey seed)")
     group.add_argument("--nats-token-file", metavar="FILE", help="read a NATS token from FILE")
@@ -101,6 +108,7 @@ def options_from_args(args: argparse.Namespace, name: str) -> NatsOptions:
         retention_seconds=retention,
         duplicate_window_seconds=window,
         checkpoint_seconds=every,
+        leases=default.leases if args.nats_leases is None else bool(args.nats_leases),
         replicas=default.replicas if args.nats_replicas is None else args.nats_replicas,
         creds=args.nats_creds,
         tls_ca=args.nats_tls_ca,
@@ -117,6 +125,7 @@ def options_to_argv(options: NatsOptions) -> list[str]:
         *(arg for url in options.servers for arg in ("--nats", url)),
         *("--nats-stream", options.stream, "--nats-subject-prefix", options.subject_prefix),
         *("--nats-retention", str(options.retention_seconds), "--nats-checkpoint", str(options.checkpoint_seconds)),
+        *("--nats-leases", "true" if options.leases else "false"),
         *("--nats-duplicate-window", str(options.duplicate_window_seconds), "--nats-replicas", str(options.replicas)),
     ]
     for flag, value in (

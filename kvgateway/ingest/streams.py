@@ -45,52 +45,90 @@ class Ingest:
         *,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         clock: Callable[[], float] = time.time,
+        streams: list[StreamConfig] | None = None,
     ) -> None:
+        """``streams``: the ones to read from the start (None: every configured stream); a cluster
+        ingest that shares its streams with others through leases adds and removes them later."""
         self.settings = settings
         self.clock = clock
-        self.streams = sorted(settings.streams(), key=lambda s: s.key)
+        self._log = log
+        self._metrics = metrics
+        self.streams = sorted(settings.streams() if streams is None else streams, key=lambda s: s.key)
         self.outlets: dict[Stream, StreamOutlet] = {}
         """Each stream's downstream, in (source, dp_rank) order."""
         for stream in self.streams:
-            outlet = StreamOutlet(stream, log, clock=clock, on_connection=self._connection)
-            self.outlets[stream.key] = outlet
-            metrics.streams.add(outlet)
+            self._outlet(stream)
         self._own_context = context is None
         self.context: zmq.Context[zmq.Socket[bytes]] = context if context is not None else zmq.Context()
         self.readers: list[StreamReader] = []
+        self._slots = asyncio.Semaphore(settings.max_concurrent_replays)
         self.resume_after: dict[Stream, int] = {}
         """Where a stream goes on, when this process takes it over from another (the cluster)."""
         self._logged: dict[Stream, tuple[bool, str]] = {}  # last connection state logged
         self._diagnoses: dict[Stream, asyncio.Task[None]] = {}
         self._diagnosed_at: dict[Stream, float] = {}  # time.monotonic() of the last diagnosis
 
+    def _outlet(self, stream: StreamConfig) -> StreamOutlet:
+        outlet = self.outlets[stream.key] = StreamOutlet(
+            stream, self._log, clock=self.clock, on_connection=self._connection
+        )
+        self._metrics.streams.add(outlet)
+        return outlet
+
     def start(self) -> None:
         """Open every stream's sockets; raises :class:`StartupError`."""
-        slots = asyncio.Semaphore(self.settings.max_concurrent_replays)
         for stream in self.streams:
-            reader = StreamReader(
-                stream,
-                self.context,
-                self.outlets[stream.key],
-                replay_slots=slots,
-                replay_timeout=self.settings.replay_timeout,
-                restart_window=self.settings.restart_window,
-                hold_limit=self.settings.hold_limit,
-                clock=self.clock,
-            )
-            seq = self.resume_after.get(stream.key)
-            if seq is not None:  # told before the reader handles any event
-                reader.sequencer.resume_after(seq)
-                logger.info("stream %s[%d]: continuing after seq %d (the stream's last)", *stream.key, seq)
-            try:
-                reader.start()
-            except zmq.ZMQError as exc:
-                raise StartupError(_zmq_failure(stream, exc)) from None
-            self.readers.append(reader)
+            self._start_reader(stream)
         logger.info("gateway started: %s", summary(self.settings))
         if len(self.streams) > SUMMARY_STREAMS:
             for line in stream_lines(self.settings):
                 logger.debug("stream %s", line)
+
+    def _start_reader(self, stream: StreamConfig) -> None:
+        reader = StreamReader(
+            stream,
+            self.context,
+            self.outlets[stream.key],
+            replay_slots=self._slots,
+            replay_timeout=self.settings.replay_timeout,
+            restart_window=self.settings.restart_window,
+            hold_limit=self.settings.hold_limit,
+            clock=self.clock,
+        )
+        seq = self.resume_after.get(stream.key)
+        if seq is not None:  # told before the reader handles any event
+            reader.sequencer.resume_after(seq)
+            logger.info("stream %s[%d]: continuing after seq %d (the stream's last)", *stream.key, seq)
+        try:
+            reader.start()
+        except zmq.ZMQError as exc:
+            raise StartupError(_zmq_failure(stream, exc)) from None
+        self.readers.append(reader)
+
+    def add(self, stream: StreamConfig, after_seq: int | None) -> None:
+        """Start reading ``stream`` (taken over in a cluster), after ``after_seq`` when the log holds
+        that much of it already. Raises :class:`StartupError`."""
+        if stream.key in self.outlets:
+            return
+        if after_seq is not None:
+            self.resume_after[stream.key] = after_seq
+        self._outlet(stream)
+        self.streams = sorted([*self.streams, stream], key=lambda s: s.key)
+        self._start_reader(stream)
+
+    async def remove(self, key: Stream) -> None:
+        """Stop reading a stream (another process reads it now)."""
+        outlet = self.outlets.pop(key, None)
+        if outlet is None:
+            return
+        self._metrics.streams.remove(outlet)
+        self.streams = [s for s in self.streams if s.key != key]
+        task = self._diagnoses.pop(key, None)
+        if task is not None:
+            task.cancel()
+        for reader in [r for r in self.readers if r.key == key]:
+            self.readers.remove(reader)
+            await reader.stop()
 
     async def stop(self) -> None:
         for task in list(self._diagnoses.values()):

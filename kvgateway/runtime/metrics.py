@@ -233,6 +233,9 @@ class StreamCollector(Collector):
     def add(self, stream: StreamExporter) -> None:
         self._streams.append(stream)
 
+    def remove(self, stream: StreamExporter) -> None:
+        self._streams.remove(stream)
+
     def describe(self) -> Iterable[Metric]:
         return list(StreamFamilies())
 

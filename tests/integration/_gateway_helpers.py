@@ -116,7 +116,7 @@ class WsCollector:
         return [
             m
             for m in self.of(source, dp_rank)
-            if m["type"] == "notice" and m["kind"] not in ("up", "down") and (not kinds or m["kind"] in kinds)
+            if m["type"] == "notice" and m["kind"] not in ("up", "down", "status") and (not kinds or m["kind"] in kinds)
         ]
 
 

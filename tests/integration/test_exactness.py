@@ -77,12 +77,13 @@ def gap_attempts(base: str) -> dict[str, int]:
 
 
 def story(ws: WsCollector) -> list[tuple[Any, ...]]:
-    """("batch", seq) and ("notice", kind, reason) in the order the client got them (up/down left out)."""
+    """("batch", seq) and ("notice", kind, reason) in the order the client got them (up/down and
+    statuses left out)."""
     out: list[tuple[Any, ...]] = []
     for m in ws.of("a", 0):
         if m["type"] == "batch":
             out.append(("batch", m["seq"]))
-        elif m["kind"] not in ("up", "down", "degraded"):
+        elif m["kind"] not in ("up", "down", "degraded", "status"):
             out.append(("notice", m["kind"], m.get("reason")))
     return out
 

@@ -118,7 +118,7 @@ def stream_story(ws: WsCollector, source: str, dp_rank: int = 0) -> list[tuple[A
     for m in ws.of(source, dp_rank):
         if m["type"] == "batch":
             out.append(("batch", m["seq"]))
-        elif m["kind"] not in ("up", "down"):
+        elif m["kind"] not in ("up", "down", "status"):
             fields = {k: v for k, v in m.items() if k not in ("type", "kind", "id", "offset", "source", "dp_rank")}
             out.append(("notice", m["kind"], fields))
     return out

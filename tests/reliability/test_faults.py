@@ -47,14 +47,18 @@ def batches_of(messages: list[dict[str, Any]], source: str = "e") -> list[dict[s
 
 
 def kinds(messages: list[dict[str, Any]]) -> list[str]:
-    return [m["kind"] for m in messages if m["type"] == "notice"]
+    """The stream notices' kinds (status notices aside: they restate the status, see test_status_board)."""
+    return [m["kind"] for m in messages if m["type"] == "notice" and m["kind"] != "status"]
 
 
 def story(messages: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """("batch", seq) and ("notice", kind, fields): what a client saw, without ids and offsets."""
+    """("batch", seq) and ("notice", kind, fields): what a client saw, without ids and offsets
+    (status notices aside)."""
     out: list[tuple[Any, ...]] = []
     envelope = ("type", "kind", "id", "offset", "source", "dp_rank")
     for m in messages:
+        if m["type"] == "notice" and m["kind"] == "status":
+            continue
         if m["type"] == "batch":
             out.append(("batch", m["seq"]))
         else:

@@ -1,0 +1,84 @@
+"""Ingest processes share one source list through leases: the plan each makes (no I/O), and real
+processes on a real nats-server sharing, then taking over, engine streams."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvgateway.cluster.shards import LEASE_SECONDS, ROUND_SECONDS, member_key, plan, stream_key
+from tests.cluster._nats import NatsServer
+from tests.support import Gateway, Proc, Start, free_ports, start_sim, wait_until
+
+KEYS = [stream_key(("e", rank)) for rank in range(4)]
+
+
+def test_a_lone_process_takes_every_stream() -> None:
+    step = plan(KEYS, {}, "a")
+    assert (step.fair, step.keep, step.give_back, step.take) == (4, [], [], KEYS)
+
+
+def test_a_second_member_makes_the_first_give_back_half_and_takes_it() -> None:
+    holders = {member_key("a"): "a", member_key("b"): "b", **dict.fromkeys(KEYS, "a")}
+    first = plan(KEYS, holders, "a")
+    assert (first.fair, first.keep, first.give_back, first.take) == (2, KEYS[:2], KEYS[2:], [])
+    after = {member_key("a"): "a", member_key("b"): "b", KEYS[0]: "a", KEYS[1]: "a"}
+    second = plan(KEYS, after, "b")
+    assert (second.fair, second.keep, second.take) == (2, [], KEYS[2:])
+
+
+def test_streams_of_a_member_whose_leases_ran_out_are_free_and_the_share_rounds_up() -> None:
+    holders = {member_key("a"): "a", KEYS[0]: "a"}  # b's presence and leases ran out: not listed
+    step = plan(KEYS, holders, "a")
+    assert (step.fair, step.keep, step.take) == (4, [KEYS[0]], KEYS[1:])
+    three = {member_key(m): m for m in "abc"}
+    assert plan(KEYS, three, "c").fair == 2, "4 streams over 3 members: 2 at most each"
+    assert plan([], {}, "a").fair == 0
+
+
+def test_member_keys_are_valid_key_value_keys() -> None:
+    assert member_key("host.example-1:42") == "member.host_example-1_42"
+    assert stream_key(("a b", 3)).startswith("stream.x") and stream_key(("vllm", 3)) == "stream.vllm.3"
+
+
+@pytest.mark.timeout(150)
+def test_two_ingests_share_the_streams_and_one_takes_over_when_the_other_is_killed(
+    procs: Start, nats_server: NatsServer
+) -> None:
+    http, pub, replay = free_ports(3, spacing=2)
+    ranks = 4
+    source = f"name=pool,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{replay},dp_size={ranks}"
+    start_sim(
+        procs, "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{replay}", f"--dp-size={ranks}",
+        "--rate=20", ranks=ranks,
+    )  # fmt: skip
+    nats = ["--nats", nats_server.url]
+    first = procs("ingest", "--source", source, *nats, "--port", "0")
+    first.wait_for("ingest publishing to", timeout=30)
+    second = procs("ingest", "--source", source, *nats, "--port", "0")
+    second.wait_for("ingest publishing to", timeout=30)
+    edge_proc = procs("edge", *nats, "--host", "127.0.0.1", "--port", str(http))
+    edge_proc.wait_for("edge serving on", timeout=30)
+    edge = Gateway(edge_proc, http)
+
+    def taken(proc: Proc) -> int:
+        return sum(1 for line in proc.lines if "taken (lease" in line)
+
+    wait_until(lambda: taken(first) + taken(second) >= ranks + 2, timeout=40, what="the streams shared")
+    wait_until(lambda: taken(second) >= 2, timeout=40, what="the second process holding its half")
+
+    def up() -> int:
+        return sum(1 for s in edge.sources()["sources"] if s["state"] == "up")
+
+    wait_until(lambda: up() == ranks, timeout=30, what="every stream up on the edge")
+    offsets = [s["last_seq"] for s in edge.sources()["sources"]]
+    first.kill()
+    # Within a lease and a round, the survivor reads every stream: each goes on past where it was.
+    bound = LEASE_SECONDS + 2 * ROUND_SECONDS + 10
+    wait_until(
+        lambda: (
+            [s["last_seq"] > seq for s, seq in zip(edge.sources()["sources"], offsets, strict=True)] == [True] * ranks
+            and up() == ranks
+        ),
+        timeout=bound,
+        what="every stream read again by the survivor",
+    )
