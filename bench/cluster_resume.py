@@ -5,8 +5,9 @@
 A simulated engine publishes N batches through ``kvgateway ingest`` into a private nats-server; an
 edge with a 100-message ring follows. Then WebSocket clients resume 1,000 / 10,000 / 100,000
 messages back (every one read back from JetStream), timed to their hello and to their last
-message; and a second edge is started and timed until its /readyz says it has caught up.
-Prints one JSON object per measurement.
+message; and a second edge is started and timed until its /readyz says it has caught up: once
+from the first edge's latest index checkpoint (written every ``--checkpoint`` seconds), once with
+checkpoints off (it applies the whole stream). Prints one JSON object per measurement.
 """
 
 from __future__ import annotations
@@ -42,14 +43,28 @@ def _resume(port: int, epoch: str, last: int, missed: int) -> dict[str, float | 
     }
 
 
+def _checkpoint_offset(metrics_url: str) -> int:
+    """The stream sequence of the last checkpoint the edge wrote (0: none), from its log of writes."""
+    import urllib.request
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as answer:
+        text = answer.read().decode()
+    written = [line for line in text.splitlines() if line.startswith("kvgateway_checkpoints_written_total ")]
+    applied = [line for line in text.splitlines() if line.startswith("kvgateway_jetstream_applied_offset ")]
+    if not written or float(written[0].split()[1]) < 1 or not applied:
+        return 0
+    return int(float(applied[0].split()[1]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cluster_resume", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=110_000)
     parser.add_argument("--rate", type=float, default=4_000.0, help="the engine's batches/s while filling the stream")
+    parser.add_argument("--checkpoint", type=float, default=5.0, help="the first edge's checkpoint interval (s)")
     args = parser.parse_args(argv)
     logs = Path(tempfile.mkdtemp(prefix="bench-cluster-resume-"))
     store = logs / "nats"
-    nats_port, pub, rep, port_a, port_b = (free_port() for _ in range(5))
+    nats_port, pub, rep, port_a = (free_port() for _ in range(4))
     spec = f"name=sim,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep}"
     nats = ["--nats", f"nats://127.0.0.1:{nats_port}", "--log-level", "warning"]
     procs = [
@@ -58,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         time.sleep(0.3)
         engine = ["--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", "--rate", str(args.rate)]
-        engine += ["--batches", str(args.batches), "--start-delay", "3"]
+        engine += ["--batches", str(args.batches), "--start-delay", "3", "--linger=-1"]  # stays up: streams ready
         procs.append(Process(python_command("kvgateway", "simulate", *engine), logs / "engine.log"))
         procs.append(
             Process(python_command("kvgateway", "ingest", "--source", spec, *nats, "--port", "0"), logs / "ingest.log")
@@ -67,7 +82,17 @@ def main(argv: list[str] | None = None) -> int:
         edge = ["edge", "--source", spec, *nats, "--client-queue-bytes", str(2**30)]
         procs.append(
             Process(
-                python_command("kvgateway", *edge, "--port", str(port_a), "--ring-messages", "100"), logs / "edge-a.log"
+                python_command(
+                    "kvgateway",
+                    *edge,
+                    "--port",
+                    str(port_a),
+                    "--ring-messages",
+                    "100",
+                    "--nats-checkpoint",
+                    str(args.checkpoint),
+                ),
+                logs / "edge-a.log",
             )
         )
 
@@ -81,10 +106,18 @@ def main(argv: list[str] | None = None) -> int:
         for missed in (1_000, 10_000, 100_000):
             if missed < last:
                 print(json.dumps(_resume(port_a, epoch, last, missed)))
-        started = time.perf_counter()
-        procs.append(Process(python_command("kvgateway", *edge, "--port", str(port_b)), logs / "edge-b.log"))
-        wait_until(lambda: get_json(f"http://127.0.0.1:{port_b}/readyz")["ready"], 600, "edge B ready")
-        print(json.dumps({"new_edge_ready_s": time.perf_counter() - started, "stream_length": last}))
+        # A checkpoint of the whole stream first: the first edge writes one within an interval.
+        metrics = f"http://127.0.0.1:{port_a}/metrics"
+        wait_until(lambda: _checkpoint_offset(metrics) >= last, args.checkpoint * 3 + 30, "a checkpoint at the end")
+        for name, flags in (("new_edge_ready_from_checkpoint_s", []), ("new_edge_ready_whole_stream_s", ["0"])):
+            port = free_port()
+            started = time.perf_counter()
+            checkpoint = ["--nats-checkpoint", *flags] if flags else []
+            edge_b = Process(python_command("kvgateway", *edge, "--port", str(port), *checkpoint), logs / f"{name}.log")
+            procs.append(edge_b)
+            wait_until(lambda port=port: get_json(f"http://127.0.0.1:{port}/readyz")["ready"], 600, "edge B ready")
+            print(json.dumps({name: time.perf_counter() - started, "stream_length": last}))
+            edge_b.stop()
     finally:
         for process in reversed(procs):
             process.stop()

@@ -466,3 +466,30 @@ def test_keeps_up_with_a_fast_stream(start_demo: Callable[..., Demo], new_page: 
     assert rate > 0.5 * gateway_rate, f"the page received {rate:.0f} messages/s of {gateway_rate:.0f}"
     assert page.locator(tid("conn-state")).get_attribute("data-value") == "live"
     wait_page_matches_occupancy(page, recorder)
+
+
+def test_a_status_notice_updates_its_stream_without_a_poll_and_is_not_listed(
+    shared_demo: Demo, new_page: Callable[..., Any]
+) -> None:
+    """The page stops getting fresh /v1/sources answers (each poll gets the first one again): a
+    restart must still reach the stream's status, through the stream's ``status`` notice."""
+    page = new_page()
+    first: list[Any] = []
+
+    def frozen(route: Any) -> None:
+        if not first:
+            first.append(route.fetch())
+        route.fulfill(response=first[0])
+
+    page.route("**/v1/sources*", frozen)
+    open_dashboard(page, shared_demo)
+    read = """() => {
+      const s = (kvgatewayDashboard.state.sources || []).find((x) => x.source === "sglang-b");
+      return s ? s.counters.restarts : null;
+    }"""
+    wait_until(page, lambda: page.evaluate(read) is not None, what="sglang-b listed")
+    before = page.evaluate(read)
+    # sglang-b restarts every 60 batches in the shared demo: its status notice carries the count.
+    wait_until(page, lambda: page.evaluate(read) > before, timeout=30, what="a restart counted from the stream")
+    listed = page.evaluate("() => kvgatewayDashboard.state.noticeList.map((n) => n.notice)")
+    assert "restart" in listed and "status" not in listed

@@ -1,40 +1,43 @@
-"""The web protocol's own tests (tests/integration/test_web.py) against the cluster: the same
-engines behind ``kvgateway ingest`` and a real nats-server, served by ``kvgateway edge``.
+"""The web protocol's whole suite (tests/integration/test_web.py) against the cluster: every test
+there that serves clients runs again here, with the gateway it starts replaced by the same engines
+behind ``kvgateway ingest`` and a real nats-server, served by the second of two ``kvgateway edge``
+processes (started after the first).
 
 Offsets +1 with no duplicate, exact per-engine seqs, every filter, resume by WebSocket and SSE,
-each route's parameters and 400s, rounded rates: the edge must pass them as the single process
-does."""
+tokens, origins, client limits, slow clients and stalls, each route's parameters and 400s, rounded
+rates, the schema: an edge must pass them as the single process does."""
 
 from __future__ import annotations
 
+import inspect
+import itertools
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.cluster._nats import NatsServer
-from tests.integration.test_web import (  # noqa: F401 - pytest collects what is imported
-    LIVE_RESTART_AT,
+from tests.integration import test_web as single
+from tests.integration.test_web import (  # noqa: F401 - pytest collects the fixtures imported
     Gateway,
+    Serve,
     Starter,
     _every_message_follows_the_schema,
-    free_ports,
-    gap_source,
+    gap_gateway,
+    guarded,
+    live,
     module_procs,
-    source_spec,
-    start_simulator,
-    test_every_batch_reaches_every_matching_client_in_order,
-    test_every_per_stream_route_applies_the_streams_source_and_dp_rank,
-    test_every_route_refuses_a_parameter_it_does_not_take_and_lists_what_it_takes,
-    test_invalid_query_parameters_are_a_400_before_any_stream,
-    test_rates_are_rounded_to_thousandths_in_the_occupancy_snapshot,
-    test_sse_resume_with_last_event_id_header_or_query_and_the_header_wins,
-    test_the_gap_notice_has_no_last_unless_the_client_asks_with_compat_gap_last_live_and_on_resume,
-    test_websocket_resume_inside_the_ring_replays_exactly_the_missed_messages,
-    wait_streams,
 )
+from tests.support import free_ports
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(180)
+
+SERVES = ("live", "guarded", "gap_gateway", "serve")
+"""A test of test_web that takes one of these serves clients: it runs here too."""
+
+for _name, _test in vars(single).items():
+    if _name.startswith("test_") and set(inspect.signature(_test).parameters) & set(SERVES):
+        globals()[_name] = _test
 
 
 @pytest.fixture(scope="module")
@@ -46,49 +49,48 @@ def nats_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
 
 
 @pytest.fixture(scope="module")
-def live(module_procs: Starter, nats_module: NatsServer) -> Gateway:  # noqa: F811 - the cluster's own
-    """test_web's ``live`` gateway as a cluster: the same simulated engines, one ingest process,
-    two edges; the tests talk to the second edge, started after the first."""
-    ports = free_ports(6, spacing=2)
-    http_a, http_b, llama_pub, llama_replay, qwen_pub, qwen_replay = ports
-    sources = [source_spec("llama", llama_pub, llama_replay, 2), source_spec("qwen", qwen_pub, qwen_replay)]
-    flags = [arg for spec in sources for arg in ("--source", spec)]
-    nats = ["--nats", nats_module.url]
-    ingest = module_procs("ingest", *flags, *nats, "--port", "0")
-    ingest.wait_for("ingest publishing to", timeout=30)
-    edges = []
-    for port in (http_a, http_b):
-        proc = module_procs(
-            "edge", *flags, *nats, "--host", "127.0.0.1", "--port", str(port),
-            "--ring-messages", "1000000", "--ring-bytes", str(2**30),
-        )  # fmt: skip
-        proc.wait_for("edge serving on", timeout=30)
-        edges.append(Gateway(proc, port))
-    start_simulator(
-        module_procs, llama_pub, llama_replay, "--dp-size=2", "--cpu-offload", "--rate=25",
-        f"--restart-at={LIVE_RESTART_AT}", "--clear-every=37", "--gpu-blocks=256", "--cpu-blocks=512",
-        "--seed=3", ranks=2,
-    )  # fmt: skip
-    start_simulator(module_procs, qwen_pub, qwen_replay, "--rate=15", "--gpu-blocks=256", "--seed=4")
-    for gateway in edges:
-        wait_streams(gateway, [("llama", 0), ("llama", 1), ("qwen", 0)])
-    return edges[1]
+def serve(nats_module: NatsServer) -> Serve:
+    """test_web's gateway as a cluster: one ingest for its sources and two edges with its flags on a
+    stream of its own (one nats-server for the module); the test talks to the second edge."""
+    streams = itertools.count()
+
+    def start(
+        start: Starter,
+        port: int,
+        sources: list[str],
+        *flags: str,
+        token: str | None = None,
+        client_queue_bytes: int | None = None,
+        timeout: float = 30.0,
+    ) -> Gateway:
+        n = next(streams)
+        nats = ["--nats", nats_module.url, "--nats-stream", f"WEB{n}", "--nats-subject-prefix", f"web{n}"]
+        specs = [arg for spec in sources for arg in ("--source", spec)]
+        ingest = start("ingest", *specs, *nats, "--port", "0")
+        ingest.wait_for("ingest publishing to", timeout=timeout)
+        edge_flags: list[Any] = [*specs, *nats, "--host", "127.0.0.1", *flags]
+        if client_queue_bytes is not None:
+            edge_flags += ["--client-queue-bytes", str(client_queue_bytes)]
+        env = {"KVGATEWAY_TOKEN": token} if token else None
+        (first_port,) = free_ports(1)
+        for edge_port in (first_port, port):
+            proc = start("edge", *edge_flags, "--port", str(edge_port), env=env)
+            proc.wait_for("edge serving on", timeout=timeout)
+        return Gateway(proc, port, token)
+
+    return start
 
 
-@pytest.fixture
-def gap_gateway(procs: Starter, tmp_path: Path) -> Iterator[tuple[Gateway, list[str]]]:
-    """test_web's ``gap_gateway`` as a cluster: one ingest and one edge on a nats-server of its own
-    (the module's carries the ``live`` streams), and the flags of the engine, not started yet."""
-    server = NatsServer(tmp_path)
-    server.start()
-    http_port, pub, replay = free_ports(3)
-    spec, engine = gap_source(pub, replay)
-    flags = ["--source", spec, "--nats", server.url]
-    ingest = procs("ingest", *flags, "--port", "0")
-    ingest.wait_for("ingest publishing to", timeout=30)
-    edge = procs("edge", *flags, "--host", "127.0.0.1", "--port", str(http_port))
-    edge.wait_for("edge serving on", timeout=30)
-    yield Gateway(edge, http_port), engine
-    for proc in (edge, ingest):  # before their nats-server (procs would stop them after it)
-        proc.stop()
-    server.stop()
+@pytest.fixture(scope="module")
+def recovery_window() -> str:
+    return "stream"
+
+
+def test_the_cluster_runs_every_test_of_the_single_process_that_serves_clients() -> None:
+    here = {name for name in globals() if name.startswith("test_")}
+    serving = {
+        name
+        for name, test in vars(single).items()
+        if name.startswith("test_") and set(inspect.signature(test).parameters) & set(SERVES)
+    }
+    assert len(serving) >= 18 and serving <= here, sorted(serving - here)

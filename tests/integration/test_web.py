@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 from urllib.parse import parse_qsl
 
 import httpx
@@ -235,13 +235,30 @@ def wait_streams(gateway: Gateway, streams: list[tuple[str, int]]) -> None:
 LIVE_RESTART_AT = 50
 
 
+Serve: TypeAlias = Callable[..., Gateway]
+"""How the module starts a gateway: ``serve(start, port, sources, *flags, token=..., ...)``."""
+
+
 @pytest.fixture(scope="module")
-def live(module_procs: Starter) -> Gateway:
+def serve() -> Serve:
+    """One process here; tests/cluster/test_cluster_web.py runs every test of this module that
+    serves clients again with an edge of a two-edge cluster instead."""
+    return start_gateway
+
+
+@pytest.fixture(scope="module")
+def recovery_window() -> str:
+    """How far back a client resumes: the ring here; the stream's retention on an edge."""
+    return "ring"
+
+
+@pytest.fixture(scope="module")
+def live(module_procs: Starter, serve: Serve) -> Gateway:
     """Two sources: ``llama`` (2 DP ranks, GPU + CPU offload, a restart, clears) and ``qwen``
     (1 rank, GPU only), behind a gateway whose ring keeps everything this module sees, so a
     client that resumes from ``<epoch>:0`` gets the whole history from offset 1."""
     http_port, llama_pub, llama_replay, qwen_pub, qwen_replay = free_ports(5, spacing=2)
-    gateway = start_gateway(
+    gateway = serve(
         module_procs,
         http_port,
         [source_spec("llama", llama_pub, llama_replay, 2), source_spec("qwen", qwen_pub, qwen_replay)],
@@ -270,10 +287,10 @@ def live(module_procs: Starter) -> Gateway:
 
 
 @pytest.fixture(scope="module")
-def guarded(module_procs: Starter) -> Gateway:
+def guarded(module_procs: Starter, serve: Serve) -> Gateway:
     """A gateway with a token, an Origin allow-list, room for 2 clients and a 20-message ring."""
     http_port, pub, replay = free_ports(3)
-    gateway = start_gateway(
+    gateway = serve(
         module_procs,
         http_port,
         [source_spec("llama", pub, replay)],
@@ -1029,11 +1046,11 @@ def gap_source(pub: int, replay: int) -> tuple[str, list[str]]:
 
 
 @pytest.fixture
-def gap_gateway(procs: Starter) -> tuple[Gateway, list[str]]:
+def gap_gateway(procs: Starter, serve: Serve) -> tuple[Gateway, list[str]]:
     """A gateway serving one source, ``gap``, and the flags of its engine, not started yet."""
     http_port, pub, replay = free_ports(3)
     spec, engine = gap_source(pub, replay)
-    return start_gateway(procs, http_port, [spec]), engine
+    return serve(procs, http_port, [spec]), engine
 
 
 def test_the_gap_notice_has_no_last_unless_the_client_asks_with_compat_gap_last_live_and_on_resume(
@@ -1096,16 +1113,20 @@ def test_the_gap_notice_has_no_last_unless_the_client_asks_with_compat_gap_last_
     assert [conn.hello["recovered"] for conn in resumed] == [True, True, True]
 
 
-def test_resume_is_refused_for_another_epoch_an_id_outside_the_ring_or_a_malformed_id(guarded: Gateway) -> None:
-    """All or nothing: recovered false, a fresh snapshot and no replay (the ring holds 20 messages)."""
+def test_resume_is_refused_for_another_epoch_an_id_outside_the_ring_or_a_malformed_id(
+    guarded: Gateway, recovery_window: str
+) -> None:
+    """All or nothing: recovered false, a fresh snapshot and no replay (the ring holds 20 messages;
+    on an edge the stream is the window, and an id older than the ring is read back from it)."""
 
     async def body() -> None:
         epoch = guarded.epoch()
         before = await resumes(guarded)
         now = await guarded.offset_async()
+        older = [f"{epoch}:{now - 30}"] if recovery_window == "ring" else []  # fell out of the ring
         bad_ids = [
             f"{UNKNOWN_EPOCH}:{now}",  # another epoch (a restarted gateway, another replica)
-            f"{epoch}:{now - 30}",  # fell out of the ring
+            *older,
             f"{epoch}:{now + 1000}",  # beyond the latest offset
             "not-an-id",
             f"{epoch}:",
@@ -1140,6 +1161,11 @@ def test_resume_is_refused_for_another_epoch_an_id_outside_the_ring_or_a_malform
         assert after[("sse", "false")] - before[("sse", "false")] == len(bad_ids)
         assert after[("ws", "true")] == before[("ws", "true")]
         assert after[("sse", "true")] == before[("sse", "true")]
+        if recovery_window == "stream":  # an edge reads what fell out of its ring back from the stream
+            async with Clients(guarded) as clients:
+                conn, _ = await clients.ws(f"last_event_id={epoch}:{now - 30}", label="older than the ring")
+                await conn.wait_offset(now, 30)
+                assert conn.hello["recovered"] is True and conn.offsets()[:30] == list(range(now - 29, now + 1))
 
     arun(body())
 
@@ -1198,12 +1224,12 @@ def sse_conn_from_text(text: str, label: str) -> Conn:
 
 
 @pytest.mark.slow
-def test_slow_clients_are_cut_off_while_50_others_keep_receiving_every_batch(procs: Starter) -> None:
+def test_slow_clients_are_cut_off_while_50_others_keep_receiving_every_batch(procs: Starter, serve: Serve) -> None:
     """A WebSocket client and an SSE client that never read are cut (1013 "slow consumer"; the
     slow_consumer notice, then the end of the response) and resume from the ring; 50 WebSocket
     clients that read get every batch, in order, all along."""
     http_port, pub, replay = free_ports(3)
-    gateway = start_gateway(
+    gateway = serve(
         procs, http_port, [source_spec("llama", pub, replay)], "--client-queue-bytes", str(SLOW_QUEUE_BYTES)
     )
     start_simulator(procs, pub, replay, "--rate=20", "--events-per-batch=8-12", "--seed=6")
@@ -1308,7 +1334,7 @@ async def wait_digest_offset(conn: Conn, offset: int, within: float = 30.0) -> N
 
 
 @pytest.mark.slow
-def test_clients_that_keep_reading_survive_a_stall_of_the_gateway(procs: Starter) -> None:
+def test_clients_that_keep_reading_survive_a_stall_of_the_gateway(procs: Starter, serve: Serve) -> None:
     """A reading client is not a slow consumer just because the gateway itself was descheduled.
 
     The gateway is paused for a second (SIGSTOP: what a loaded machine, a GC pause or a VM
@@ -1316,7 +1342,7 @@ def test_clients_that_keep_reading_survive_a_stall_of_the_gateway(procs: Starter
     idle and writable, and each client drains whatever is queued for it at once. None may be cut.
     """
     http_port, pub, replay = free_ports(3)
-    gateway = start_gateway(
+    gateway = serve(
         procs, http_port, [source_spec("llama", pub, replay)], "--client-queue-bytes", str(SLOW_QUEUE_BYTES)
     )
     start_simulator(procs, pub, replay, "--rate=40", "--events-per-batch=8-12", "--seed=7")
@@ -1370,14 +1396,14 @@ timeout, Centrifugo: a 1 s write timeout; docs/protocol.md: such a client "is di
 
 
 @pytest.mark.slow
-def test_a_cut_client_that_never_reads_again_is_disconnected(procs: Starter) -> None:
+def test_a_cut_client_that_never_reads_again_is_disconnected(procs: Starter, serve: Serve) -> None:
     """A client that stops reading for good is not only dropped from the hub: its connection is
     closed, so it stops holding a socket, a task and the gateway's send buffer (it no longer counts
     against --max-clients, so nothing else would bound how many such connections pile up)."""
     if not Path("/proc/net/tcp").exists():
         pytest.skip("reads the gateway's sockets from Linux /proc/net/tcp")
     http_port, pub, replay = free_ports(3)
-    gateway = start_gateway(
+    gateway = serve(
         procs, http_port, [source_spec("llama", pub, replay)], "--client-queue-bytes", str(SLOW_QUEUE_BYTES)
     )
     start_simulator(procs, pub, replay, "--rate=20", "--events-per-batch=8-12", "--seed=8")
