@@ -64,6 +64,10 @@ class StreamOutlet:
         self.status = StreamStatus(config)
         self.staleness = Staleness()  # as the serving half's index will say, from the same notices
         self._reported = False  # the status changed since the last status notice
+        # The batches the serving half counts: those of the last status notice, plus one for each
+        # batch delivered since (a received message not delivered, a duplicate, one held for later,
+        # is counted only by the next status notice: see settle).
+        self._shown_batches = 0
         self._log = log
         self._clock = clock
         self._on_connection = on_connection
@@ -130,8 +134,18 @@ class StreamOutlet:
         take from the batch itself)."""
         if not self._reported:
             self._reported = True
-            report = self.status.report(self.staleness.reason, self._clock())
+            status = self.status
+            report = status.report(self.staleness.reason, self._clock())
+            self._shown_batches = status.counters["batches"]
             self._log.append(NoticeRecord(self.key, STATUS, report))
+
+    def settle(self) -> None:
+        """The reader's burst (or replay reply) is applied and counted: when the serving half's
+        count of received batches is off (a message received that delivered nothing, or was held),
+        a status notice sets it right; when every message delivered a batch, nothing is appended."""
+        if self._shown_batches != self.status.counters["batches"]:
+            self._reported = False
+            self.report()
 
     def connection(self, connected: bool, reason: str) -> None:
         status = self.status
@@ -188,6 +202,7 @@ class StreamOutlet:
             kind = event.type
             counts[kind] = counts.get(kind, 0) + 1
         self.staleness.batch(batch)
+        self._shown_batches += 1
         # The serving half follows the log: it has applied the batch when append returns.
         self._log.append(batch_record(self.key, seq, batch, received=received, replayed=replayed))
 

@@ -151,6 +151,7 @@ class StreamReader:
             finally:
                 if count:  # counted once a burst: the same figures, one metric update instead of 64
                     self._outlet.received(count)
+                    self._outlet.settle()
             # Yield even when more is waiting, so other streams and the web side get their turn.
             await asyncio.sleep(0)
 
@@ -163,6 +164,7 @@ class StreamReader:
         while (frames := receive()) is not None:
             self._outlet.received()
             self._on_live(frames)
+        self._outlet.settle()
 
     def _on_live(self, frames: list[bytes]) -> None:
         """One live message (its receipt is counted by the caller)."""
@@ -242,6 +244,7 @@ class StreamReader:
             finally:
                 readiness.close()
                 dealer.close(linger=0)
+                self._outlet.settle()
         if outcome is not None:
             self._apply(self.sequencer.on_replay_failed(token, outcome), self._clock())
 

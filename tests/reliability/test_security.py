@@ -50,7 +50,7 @@ def app_routes() -> tuple[list[tuple[str, set[str]]], list[str], list[Mount]]:
     try:
         app = create_app(core)
     finally:
-        core.context.term()
+        core.ingest.context.term()
     http: list[tuple[str, set[str]]] = []
     ws: list[str] = []
     mounts: list[Mount] = []
@@ -309,8 +309,8 @@ TRAVERSALS = [
     "/vendor/../../pyproject.toml",
     "/vendor/%2e%2e/%2e%2e/pyproject.toml",
     "/v1/../../pyproject.toml",
-    "/./../kvgateway/app.py",
-    "/%2e%2e/kvgateway/app.py",
+    "/./../kvgateway/serve/app.py",
+    "/%2e%2e/kvgateway/serve/app.py",
     "/..%2f.git%2fconfig",
     "/../.git/config",
     "/static/../../etc/passwd",
@@ -330,7 +330,7 @@ def test_path_traversal_never_serves_a_file_outside_static(guarded: tuple[Gatewa
     gateway, _ = guarded
     secrets = [
         (REPO / "pyproject.toml").read_bytes()[:60],
-        (REPO / "kvgateway" / "app.py").read_bytes()[:60],
+        (REPO / "kvgateway" / "serve" / "app.py").read_bytes()[:60],
         b"[core]",
         b"root:",
     ]

@@ -252,6 +252,7 @@ type StreamAnswer struct {
 	Blocks  int                     `json:"blocks"`
 	Tokens  *int                    `json:"tokens"`
 	Mediums map[string]MediumAnswer `json:"mediums"`
+	Stale   bool                    `json:"stale"` // the stream's state is incomplete: prefer another
 }
 
 // Answer is the lookup answer, as POST /v1/lookup gives it.
@@ -325,7 +326,7 @@ func (ix *Index) Lookup(chain []string, group int) Answer {
 			}
 			listed[medium] = MediumAnswer{n, times(n, size)}
 		}
-		answers = append(answers, StreamAnswer{key.Source, key.DPRank, best, times(best, streamSize), listed})
+		answers = append(answers, StreamAnswer{key.Source, key.DPRank, best, times(best, streamSize), listed, s.Stale})
 	}
 	sort.Slice(answers, func(i, j int) bool {
 		a, b := answers[i], answers[j]

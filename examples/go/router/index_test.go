@@ -172,10 +172,10 @@ func TestLongestPrefix(t *testing.T) {
 	answer := r.index.Lookup([]string{"1", "2", "3", "4"}, -1)
 	got, _ := json.Marshal(answer)
 	want := `{"offset":6,"streams":[` +
-		`{"source":"b","dp_rank":0,"blocks":4,"tokens":128,"mediums":{"GPU":{"blocks":4,"tokens":128}}},` +
-		`{"source":"a","dp_rank":0,"blocks":3,"tokens":48,"mediums":{"GPU":{"blocks":2,"tokens":32}}},` +
-		`{"source":"z","dp_rank":0,"blocks":1,"tokens":null,"mediums":{"CPU":{"blocks":1,"tokens":null}}},` +
-		`{"source":"c","dp_rank":0,"blocks":0,"tokens":0,"mediums":{}}]}`
+		`{"source":"b","dp_rank":0,"blocks":4,"tokens":128,"mediums":{"GPU":{"blocks":4,"tokens":128}},"stale":false},` +
+		`{"source":"a","dp_rank":0,"blocks":3,"tokens":48,"mediums":{"GPU":{"blocks":2,"tokens":32}},"stale":false},` +
+		`{"source":"z","dp_rank":0,"blocks":1,"tokens":null,"mediums":{"CPU":{"blocks":1,"tokens":null}},"stale":false},` +
+		`{"source":"c","dp_rank":0,"blocks":0,"tokens":0,"mediums":{},"stale":false}]}`
 	if string(got) != want {
 		t.Fatalf("lookup\n got %s\nwant %s", got, want)
 	}
