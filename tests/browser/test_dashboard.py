@@ -25,7 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.demo import Demo, free_port
+from tests.support import free_port
+from tests.support.demo import Demo
 
 pytestmark = pytest.mark.browser
 

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import CHROMIUM
-from tests.browser.demo import ARTIFACTS, Demo, free_port
 from tests.browser.test_dashboard import (
     OccupancyRecorder,
     card,
@@ -22,6 +21,8 @@ from tests.browser.test_dashboard import (
     wait_page_matches_occupancy,
     wait_until,
 )
+from tests.support import ARTIFACTS, free_port
+from tests.support.demo import Demo
 
 pytestmark = pytest.mark.browser
 

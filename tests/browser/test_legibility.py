@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import CHROMIUM
-from tests.browser.demo import ARTIFACTS, Demo
 from tests.browser.test_dashboard import card, open_dashboard, tid, wait_until
-from tests.support import Gateway, Proc, start_half_fleet
+from tests.support import ARTIFACTS, Gateway, Proc, start_half_fleet
+from tests.support.demo import Demo
 
 pytestmark = pytest.mark.browser
 

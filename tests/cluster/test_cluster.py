@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.cluster._nats import NatsServer
-from tests.integration._gateway_helpers import BIG_QUEUE, WsCollector
-from tests.support import Proc, free_port, metric, start_sim, wait_until
+from tests.support import BIG_QUEUE, Proc, free_port, metric, start_sim, wait_until
+from tests.support.clients import WsCollector
+from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -225,7 +225,7 @@ def _gone(pids: list[int]) -> bool:
 
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
 def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Callable[..., Proc], tmp_path: Path, how: str) -> None:
-    from tests.cluster._nats import nats_binary
+    from tests.support.nats import nats_binary
 
     nats_binary()
     pub, rep, port = free_port(), free_port(), free_port()

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster._nats import NatsServer
 from tests.integration.test_web import (  # noqa: F401 - pytest collects what is imported
     LIVE_RESTART_AT,
     Gateway,
@@ -33,6 +32,7 @@ from tests.integration.test_web import (  # noqa: F401 - pytest collects what is
     test_websocket_resume_inside_the_ring_replays_exactly_the_missed_messages,
     wait_streams,
 )
+from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(120)
 

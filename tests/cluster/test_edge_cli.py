@@ -13,9 +13,9 @@ import pytest
 from nats.js import api as js_api
 
 from kvgateway.cluster.edge import EPOCH_CHECK_SECONDS
-from tests.cluster._nats import NatsServer
 from tests.cluster.test_cluster import edge, ingest, probe_port, sim, source
 from tests.support import Proc, free_port
+from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from kvgateway.cluster.supervisor import MAX_FAILED_STARTS
-from tests.cluster._nats import NatsServer, nats_binary
 from tests.cluster.test_cluster import ready, sim, source
 from tests.support import Proc, free_port, wait_until
+from tests.support.nats import NatsServer, nats_binary
 
 pytestmark = pytest.mark.timeout(120)
 

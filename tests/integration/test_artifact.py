@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cluster._nats import NatsServer
 from tests.support import REPO, Proc, free_ports, sim_endpoints, wait_until
+from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(300)
 

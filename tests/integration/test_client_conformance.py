@@ -28,9 +28,7 @@ import zmq
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from tests.support import Proc, free_ports, wait_until
-
-from ._gateway_helpers import start_gateway
+from tests.support import BIG_QUEUE, Proc, free_ports, start_gateway, wait_until
 
 Stream = tuple[str, int]
 Key = tuple[str, int, str]  # (medium, group_idx, hash)
@@ -341,7 +339,7 @@ def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Callab
         f"name=b,endpoint=tcp://127.0.0.1:{idle}",
     ]
     engine = ScriptedEngine(pub, rep, random.Random(25))
-    gw = start_gateway(procs, http, specs, "--replay-timeout", "0.5")
+    gw = start_gateway(procs, http, specs, "--replay-timeout", "0.5", client_queue_bytes=BIG_QUEUE)
     base = f"http://127.0.0.1:{http}"
     client: DocClient | None = None
     try:
@@ -448,7 +446,7 @@ def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Callab
         # A gateway restart: another epoch, so the client starts over from a fresh state.
         hellos = len(client.hellos)
         gw.proc.stop()
-        gw = start_gateway(procs, http, specs, "--replay-timeout", "0.5")
+        gw = start_gateway(procs, http, specs, "--replay-timeout", "0.5", client_queue_bytes=BIG_QUEUE)
         wait_until(lambda: len(client.hellos) > hellos and client.view()[1], timeout=20, what="a fresh state")
         assert client.hellos[-1] is False
         engine.run(range(9, 15))

@@ -32,9 +32,7 @@ from kvgateway.log.render import hash_text, render_events
 from kvgateway.state.blocks import blocks_document, capture, state_messages
 from kvgateway.state.lookup import lookup_hashes, parse_hash
 from kvgateway.state.occupancy import OccupancyIndex
-from tests.support import REPO, Proc, free_ports, start_sim, wait_until
-
-from ._gateway_helpers import start_gateway, warmup
+from tests.support import BIG_QUEUE, REPO, Proc, free_ports, start_gateway, start_sim, wait_until, warmup
 
 ROUTER = REPO / "examples" / "go" / "router"
 GOPATH = Path("/usr/share/gocode")
@@ -339,7 +337,7 @@ def test_router_follows_a_live_gateway_through_churn_restart_gap_and_gateway_res
     http, router_port = free_ports(2)
     pub, rep = free_ports(2, spacing=2)
     spec = f"name=a,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep},dp_size=2"
-    gw = start_gateway(procs, http, [spec], "--token", TOKEN, "--replay-timeout", "0.5")
+    gw = start_gateway(procs, http, [spec], "--token", TOKEN, "--replay-timeout", "0.5", client_queue_bytes=BIG_QUEUE)
     engine = ["--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", "--dp-size", "2"]
     churn = ["--rate", "40", "--cpu-offload", "--gpu-blocks", "256", "--cpu-blocks", "512", "--clear-every", "97"]
     faults = ["--restart-at", "120", "--skip", "160-163", "--replay-drop", "160-163x1000"]
@@ -366,7 +364,7 @@ def test_router_follows_a_live_gateway_through_churn_restart_gap_and_gateway_res
 
     # A new gateway process: another epoch, so the router's last id is not recovered: a new snapshot.
     gw.proc.stop()
-    gw = start_gateway(procs, http, [spec], "--token", TOKEN, "--replay-timeout", "0.5")
+    gw = start_gateway(procs, http, [spec], "--token", TOKEN, "--replay-timeout", "0.5", client_queue_bytes=BIG_QUEUE)
     epoch = httpx.get(f"{gw.base}/healthz", timeout=10).json()["epoch"]
     wait_until(lambda: httpx.get(f"{checks.router}/blocks", timeout=10).json()["epoch"] == epoch, timeout=15)
     paused_check()

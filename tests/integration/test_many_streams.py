@@ -15,9 +15,7 @@ import time
 
 import httpx
 
-from tests.support import REPO, Start, free_port, free_ports
-
-from ._gateway_helpers import start_gateway
+from tests.support import BIG_QUEUE, REPO, Start, free_port, free_ports, start_gateway
 
 
 def _fleet(count: int, per_source: int = 1000) -> list[str]:
@@ -32,7 +30,7 @@ def _fleet(count: int, per_source: int = 1000) -> list[str]:
 def test_a_thousand_streams_start_are_listed_and_stop_cleanly(procs: Start) -> None:
     port = free_port()
     started = time.monotonic()
-    gateway = start_gateway(procs, port, _fleet(1000), timeout=60)
+    gateway = start_gateway(procs, port, _fleet(1000), timeout=60, client_queue_bytes=BIG_QUEUE)
     sources = httpx.get(f"{gateway.base}/v1/sources", timeout=30).json()["sources"]
     assert len(sources) == 1000
     assert {(s["source"], s["dp_rank"]) for s in sources} == {("fleet0", r) for r in range(1000)}

@@ -14,9 +14,8 @@ import httpx
 import msgspec
 import pytest
 
-from tests.support import Proc, free_ports, start_sim, wait_until
-
-from ._gateway_helpers import fetch_history, start_gateway, stream_metrics
+from tests.support import BIG_QUEUE, Proc, free_ports, start_gateway, start_sim, stream_metrics, wait_until
+from tests.support.replay import fetch_history
 
 
 def loopback(port: int) -> str:
@@ -51,7 +50,9 @@ def test_rates_count_live_batches_over_the_uptime(procs: Start) -> None:
     )
     started = time.monotonic()
     time.sleep(0.5)
-    gw = start_gateway(procs, http, [f"name=a,endpoint={loopback(pub)},replay={loopback(rep)}"])
+    gw = start_gateway(
+        procs, http, [f"name=a,endpoint={loopback(pub)},replay={loopback(rep)}"], client_queue_bytes=BIG_QUEUE
+    )
     assert time.monotonic() - started < history / rate - 0.2, "the gateway started too late for this test"
     got = wait_until(
         lambda: (m := stream_metrics(gw.base, "a"))["last_seq"] == total - 1 and m["replay"] and m,

@@ -16,9 +16,8 @@ import httpx
 import pytest
 from jsonschema import Draft202012Validator
 
-from tests.support import REPO, free_ports, start_sim, wait_until
-
-from ._gateway_helpers import WsCollector, start_gateway, warmup
+from tests.support import BIG_QUEUE, REPO, free_ports, start_gateway, start_sim, wait_until, warmup
+from tests.support.clients import WsCollector
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -86,7 +85,7 @@ def fleet(procs: Any) -> str:
     args = ["--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", "--dp-size", "2"]
     spec = f"name=a,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep},dp_size=2"
     extra = ["--token", TOKEN, "--lookup-burst", "40", "--lookup-rate", "0.01", "--max-snapshots", "3"]
-    gw = start_gateway(procs, http, [spec], *extra)
+    gw = start_gateway(procs, http, [spec], *extra, client_queue_bytes=BIG_QUEUE)
     sim_args = [*args, "--rate", "200", "--batches", str(BATCHES), "--cpu-offload", *warmup(1.0)]
     start_sim(procs, *sim_args, ranks=2)
     return gw.base

@@ -20,9 +20,8 @@ import zmq.asyncio
 from kvgateway import cli
 from kvgateway.engine import wire
 from kvgateway.simulator import Faults, SimulatedEngine, Workload, add_arguments, build_engines, encode
-from tests.support import Proc, free_ports, sim_endpoints
-
-from ._sim_helpers import Layout, connectable, parse_replay_reply, replay_async, replay_sync
+from tests.support import Proc, connectable, free_ports, sim_endpoints
+from tests.support.replay import Layout, parse_replay_reply, replay_async, replay_sync
 
 pytestmark = pytest.mark.timeout(60)
 

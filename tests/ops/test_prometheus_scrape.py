@@ -18,8 +18,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.ops.support import RULES, all_promql
 from tests.support import Proc, free_port, wait_until
+from tests.support.deploy import RULES, all_promql
 
 pytestmark = pytest.mark.prometheus
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import free_port
+from tests.support.ports import free_port
+from tests.support.waits import wait_until
 
 
 def nats_binary() -> str:
@@ -39,14 +39,14 @@ class NatsServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError("nats-server did not start listening")
+        wait_until(self.listening, timeout=10, interval=0.05, what="nats-server listening")
+
+    def listening(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+        except OSError:
+            return False
+        return True
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
