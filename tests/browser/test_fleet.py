@@ -5,7 +5,6 @@ to test-artifacts/ (docs/img/ holds copies for the README)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from tests.browser.test_dashboard import (
     wait_until,
 )
 from tests.support import ARTIFACTS, free_port
+from tests.support import wait_until as support_wait_until
 from tests.support.demo import Demo
 
 pytestmark = pytest.mark.browser
@@ -51,10 +51,12 @@ def screenshot(page: Any, name: str) -> None:
 
 def test_charts_full_on_first_paint(shared_demo: Demo, new_page: Callable[..., Any]) -> None:
     # the gateway samples every 5 s from its start: wait until it holds a few points per stream
-    wait_until_api = time.monotonic() + 30
-    while min(len(s["points"]) for s in get_json(shared_demo, "v1/history")["streams"]) < 3:
-        assert time.monotonic() < wait_until_api, "the gateway's history did not grow"
-        time.sleep(0.5)
+    support_wait_until(
+        lambda: min(len(s["points"]) for s in get_json(shared_demo, "v1/history")["streams"]) >= 3,
+        timeout=30,
+        interval=0.5,
+        what="the gateway's history to grow",
+    )
     page = new_page()
     open_dashboard(page, shared_demo)
     # right after the hello, before the page could have sampled anything itself

@@ -227,15 +227,16 @@ class ScriptedEngine:
     def _socket(self, kind: int, port: int) -> zmq.Socket[bytes]:
         sock = self.context.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        deadline = time.monotonic() + 10
-        while True:
+
+        def bound() -> bool:
             try:
                 sock.bind(f"tcp://127.0.0.1:{port}")
-                return sock
             except zmq.ZMQError:  # the old process's port, still closing
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+                return False
+            return True
+
+        wait_until(bound, timeout=10, interval=0.05, what=f"port {port} free to bind")
+        return sock
 
     def _answer(self) -> None:
         while not self._stop.is_set():

@@ -28,6 +28,7 @@ from tests.support import (
     free_ports,
     occupancy_counts,
     occupancy_stream,
+    sim_done,
     source_status,
     start_gateway,
     start_sim,
@@ -165,7 +166,7 @@ def test_holes_in_a_replay_reply_are_asked_again_until_every_batch_arrives(
             *engine_args(pub, rep, "--rate", "1000", "--batches", str(total), "--hwm", "10", *hwm),
             *("--buffer-steps", "10000", "--start-delay", "1.5", "--replay-drop", "3000-3050"),
         )
-        time.sleep(1.7)  # the engine's first 200 batches or so
+        wait_until(lambda: len(ws.seqs("a")) >= 200, timeout=30, what="the engine's first 200 batches")
         pause(gw.proc, 4.0)
         try:
             wait_until(lambda: ws.last_seq("a") == total - 1, timeout=120, what="the last batch on the WebSocket")
@@ -186,15 +187,15 @@ def test_a_reply_cut_short_without_its_end_marker_is_asked_again(procs: Start) -
     timeout it asks again from the first missing seq. Nothing is lost."""
     http, pub, rep = free_ports(3)
     total = 3001
-    start_sim(
+    sim = start_sim(
         procs,
         *engine_args(pub, rep, "--engine", "sglang", "--rate", "0", "--batches", str(total)),
         *("--replay-cut", "2500", "--replay-hwm", "0"),
     )
-    time.sleep(2.0)  # flat out: the engine is done and idle (no request may reach it first: it would be cut)
+    sim_done(sim)  # flat out, then idle; no request of ours may reach it first: that one would be cut
     gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "1", client_queue_bytes=BIG_QUEUE)
     wait_until(lambda: source_status(gw.base, "a")["last_seq"] >= total - 1, timeout=30, what="the catch-up")
-    time.sleep(0.5)
+    wait_until(lambda: stream_metrics(gw.base, "a")["replay"], what="the catch-up's outcome counted")
     history = fetch_history(f"tcp://127.0.0.1:{rep}", layout="plain")
     seqs = [seq for seq, _ in history]
     assert seqs == list(range(len(seqs))) and len(seqs) >= total
@@ -246,7 +247,7 @@ def test_a_reply_ahead_of_the_lagging_live_stream_is_kept_and_only_the_truly_los
         wait_until(lambda: len(ws.seqs("a")) >= 20, timeout=30, what="the first batches")
         pause(gw.proc, 4.5)
         wait_until(lambda: ws.last_seq("a") == total - 1, timeout=60, what="the last batch on the WebSocket")
-        time.sleep(0.5)  # any late notice would show now
+        time.sleep(0.5)  # not a wait for something: a late notice, were there one, would show meanwhile
         assert ws.seqs("a") == [s for s in range(total) if s != lost]
         gaps = ws.notices("a", 0, "unrecovered_gap")
         assert [(g["first"], g["until"], g["count"], g["reason"]) for g in gaps] == [(lost, lost, 1, "evicted")]
@@ -287,10 +288,11 @@ def test_a_young_engine_restart_is_recognised_and_the_new_process_caught_up(
             gw.proc.popen.send_signal(signal.SIGSTOP)
         try:
             old.kill()
+            # The scenario, not a wait: the engine stays down this long (the gateway's SUB backs off).
             time.sleep(6.0 if not paused else 1.0)
-            start_sim(procs, *engine_args(pub, rep, "--rate", "3000", "--batches", "600", "--seed", "2", *common))
+            new = start_sim(procs, *engine_args(pub, rep, "--rate", "3000", "--batches", "600", "--seed", "2", *common))
             if paused:
-                time.sleep(3.0)  # the new process publishes all it has while the gateway sleeps
+                sim_done(new)  # the new process publishes all it has while the gateway sleeps
         finally:
             gw.proc.popen.send_signal(signal.SIGCONT)
         history = wait_history(rep, 600, layout, "the new process's whole history")
@@ -358,8 +360,7 @@ def test_a_clock_seeded_engine_restart_catches_up_the_new_process(procs: Start) 
             *("--batches", "400", "--restart-at", str(first + 99), "--restart-down", "1", "--start-delay", "1"),
         )
         wait_until(lambda: len(ws.notices("a", 0, "restart")) == 1, timeout=60, what="the restart")
-        time.sleep(1.5)
-        history = fetch_history(f"tcp://127.0.0.1:{rep}")
+        history = wait_history(rep, 1, what="the new process's batches")
         new_seqs = [seq for seq, _ in history]
         assert new_seqs and new_seqs[0] > first + 99
         wait_until(lambda: batches_after_last_restart(ws)[: len(new_seqs)] == new_seqs, timeout=30, what="new seqs")
@@ -498,7 +499,7 @@ def test_a_tail_probe_answered_by_a_young_new_process_before_the_reconnect_is_a_
         old.kill()
         old_seqs = ws.seqs("a")
         wait_until(lambda: gap_attempts(gw.base).get("tail", 0) >= 1, timeout=30, what="the tail probe")
-        time.sleep(1.0)  # the SUB socket's reconnect interval grows towards its 2 s ceiling
+        time.sleep(1.0)  # the scenario: the engine stays down while the SUB's reconnects back off to 2 s
         start_sim(procs, *engine_args(pub, rep, "--rate", "500", "--batches", "1000", "--seed", "2"))
         assert_both_epochs_exact(gw, ws, rep, old_seqs, 1000)
 
@@ -528,7 +529,7 @@ def test_a_gateway_paused_across_a_counting_trtllm_restart_does_not_take_the_new
         gw.proc.popen.send_signal(signal.SIGSTOP)
         try:
             start_sim(procs, *engine_args(pub, rep, "--rate", "200", "--batches", "350", "--seed", "2", *trt))
-            time.sleep(0.8)  # the new process passes the old cursor while the gateway sleeps
+            wait_history(rep, len(old_seqs) + 1, what="the new process past the old cursor while the gateway sleeps")
         finally:
             gw.proc.popen.send_signal(signal.SIGCONT)
         assert_both_epochs_exact(gw, ws, rep, old_seqs, 350)

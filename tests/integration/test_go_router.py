@@ -321,6 +321,10 @@ class Checks:
         raise AssertionError(f"the router and the gateway never lined up: router (ready, epoch, offset, id) {state}")
 
 
+def _offset(base: str) -> int:
+    return int(httpx.get(f"{base}/v1/sources", headers=AUTH, timeout=10).json()["offset"])
+
+
 def _counters(base: str) -> dict[str, int]:
     sources = httpx.get(f"{base}/v1/sources", headers=AUTH, timeout=10).json()["sources"]
     total: dict[str, int] = {}
@@ -359,7 +363,7 @@ def test_router_follows_a_live_gateway_through_churn_restart_gap_and_gateway_res
     paused_check()
     wait_until(lambda: _counters(gw.base)["unrecovered"] >= 2, timeout=20, what="the forced gap on both ranks")
     paused_check()
-    time.sleep(1.0)
+    wait_until(lambda: _offset(gw.base) >= checks.offsets[-1] + 50, timeout=20, what="more churn since the last check")
     paused_check()
 
     # A new gateway process: another epoch, so the router's last id is not recovered: a new snapshot.

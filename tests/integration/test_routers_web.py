@@ -8,7 +8,6 @@ The Go router's end-to-end run is in test_go_router.py.
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from typing import Any
 
@@ -93,7 +92,11 @@ def fleet(procs: Any) -> str:
 
 def test_snapshot_then_stream_equals_the_blocks_document_and_lookups_answer(fleet: str, procs: Any) -> None:
     base = fleet
-    time.sleep(1.6)  # some history before the client connects
+    wait_until(
+        lambda: httpx.get(f"{base}/v1/sources", headers=AUTH, timeout=10).json()["offset"] >= 200,
+        timeout=30,
+        what="some history before the client connects",
+    )
     ws_url = base.replace("http", "ws") + "/v1/ws"
     with WsCollector(ws_url, query=f"snapshot=blocks&token={TOKEN}") as ws:
         _quiet_offset(base)

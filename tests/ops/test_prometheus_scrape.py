@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -180,7 +179,10 @@ def test_prometheus_reads_gaps_and_occupancy(
         )
     except AssertionError as exc:
         raise AssertionError(f"{exc}\ngateway output:\n{gateway.output()}\nprometheus:\n{prometheus.log()}") from None
-    time.sleep(1.5)  # at least one more scrape of the final state
+    # At least one more scrape of the final state: a sample later than the one read now.
+    stamp = f"timestamp(kvgateway_source_last_seq{{{stream}}})"
+    shown = prometheus.value(stamp)
+    wait_until(lambda: (prometheus.value(stamp) or 0) > (shown or 0), timeout=15, interval=0.2, what="one more scrape")
 
     occupancy = httpx.get(f"{base}/v1/occupancy", timeout=5).json()
     (entry,) = [s for s in occupancy["streams"] if s["source"] == SOURCE and s["dp_rank"] == 0]

@@ -28,7 +28,7 @@ from tests.support.gateway import (
 from tests.support.metrics import STREAM_SERIES, metric, metric_values, scrape, stream_metrics
 from tests.support.ports import free_port, free_ports
 from tests.support.processes import ARTIFACTS, REPO, Proc, Procs, Start
-from tests.support.simulator import SIM_READY, WARMUP_BASE, sim_endpoints, sim_ready, start_sim, warmup
+from tests.support.simulator import SIM_READY, WARMUP_BASE, sim_done, sim_endpoints, sim_ready, start_sim, warmup
 from tests.support.sources import connectable, sim_flags, source_spec
 from tests.support.waits import arun, until, wait_until
 
@@ -53,6 +53,7 @@ __all__ = [
     "occupancy_stream",
     "proc_status",
     "scrape",
+    "sim_done",
     "sim_endpoints",
     "sim_flags",
     "sim_ready",

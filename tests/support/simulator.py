@@ -38,6 +38,13 @@ def sim_endpoints(proc: Proc, ranks: int = 1, timeout: float = 30.0) -> list[tup
     return found
 
 
+def sim_done(proc: Proc, ranks: int = 1, timeout: float = 30.0) -> None:
+    """Until every rank of a ``kvgateway simulate --batches N`` published its last batch (it says
+    so when it lingers, answering replays, as it does unless ``--linger 0``)."""
+    for rank in range(ranks):
+        proc.wait_for(rf"^simulate: rank {rank} done after \d+ batches", timeout=timeout)
+
+
 def warmup(seconds: float) -> list[str]:
     """Simulator flags for a silent start of ``seconds`` before the run a test watches.
 
