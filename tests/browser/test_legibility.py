@@ -15,7 +15,7 @@ import pytest
 
 from tests.browser.conftest import CHROMIUM
 from tests.browser.test_dashboard import card, open_dashboard, tid, wait_until
-from tests.support import ARTIFACTS, Gateway, Proc, start_half_fleet
+from tests.support import ARTIFACTS, Gateway, Start, start_half_fleet
 from tests.support.demo import Demo
 
 pytestmark = pytest.mark.browser
@@ -105,7 +105,7 @@ def test_a_tier_whose_medium_has_its_name_says_it_once(shared_demo: Demo, new_pa
 
 
 @pytest.fixture
-def half_fleet(procs: Callable[..., Proc]) -> Iterator[Gateway]:
+def half_fleet(procs: Start) -> Iterator[Gateway]:
     """One engine up, one (`gone`) down from the start: :func:`tests.support.start_half_fleet`."""
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing: the dashboard tests drive the system Chromium")

@@ -6,29 +6,24 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support import BIG_QUEUE, Proc, free_port, metric, start_sim, wait_until
+from tests.support import BIG_QUEUE, Proc, Start, free_port, metric, sim_flags, source_spec, start_sim, wait_until
 from tests.support.clients import WsCollector
 from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def source(pub: int, rep: int) -> str:
-    return f"name=sim,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep}"
+def sim(start: Start, pub: int, rep: int, *more: str) -> Proc:
+    return start_sim(start, *sim_flags(pub, rep), *more)
 
 
-def sim(start: Callable[..., Proc], pub: int, rep: int, *more: str) -> Proc:
-    return start_sim(start, "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", *more)
-
-
-def ingest(start: Callable[..., Proc], nats: NatsServer, spec: str) -> Proc:
+def ingest(start: Start, nats: NatsServer, spec: str) -> Proc:
     proc = start("ingest", "--source", spec, "--nats", nats.url, "--port", "0")
     proc.wait_for("ingest publishing to", timeout=30)
     return proc
@@ -38,7 +33,7 @@ def probe_port(proc: Proc) -> int:
     return int(proc.wait_for(r"probes on http://127\.0\.0\.1:(\d+)/").group(1))
 
 
-def edge(start: Callable[..., Proc], nats: NatsServer, spec: str | None, port: int, *more: str) -> Proc:
+def edge(start: Start, nats: NatsServer, spec: str | None, port: int, *more: str) -> Proc:
     """An edge; without ``spec`` it lists the sources the ingest processes announced."""
     sources = [] if spec is None else ["--source", spec]
     proc = start(
@@ -91,16 +86,14 @@ def occupancy_blocks(port: int) -> tuple[int, list[Any]]:
     return doc["offset"], streams
 
 
-def test_resume_across_edges_every_batch_once_and_same_index(
-    procs: Callable[..., Proc], nats_server: NatsServer
-) -> None:
+def test_resume_across_edges_every_batch_once_and_same_index(procs: Start, nats_server: NatsServer) -> None:
     """Two ingest processes read the same engine (every batch once in the stream); a client reads
     edge A, A is SIGKILLed, the client resumes on edge B whose ring no longer holds its position
     (served from JetStream): no gap, no duplicate. A late edge and the single process reach the
     same index."""
     total = 1500
     pub, rep, port_a, port_b, port_c, port_single = (free_port() for _ in range(6))
-    spec = source(pub, rep)
+    spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "300", "--batches", str(total), "--start-delay", "3")
     ingests = [ingest(procs, nats_server, spec), ingest(procs, nats_server, spec)]
     single = procs("serve", "--source", spec, "--port", str(port_single))
@@ -157,11 +150,9 @@ def test_resume_across_edges_every_batch_once_and_same_index(
     assert [s["source"] for s in get(port_c, "/v1/sources")["sources"]] == ["sim"]
 
 
-def test_nats_restart_keeps_the_epoch_and_a_lost_store_is_a_new_one(
-    procs: Callable[..., Proc], nats_server: NatsServer
-) -> None:
+def test_nats_restart_keeps_the_epoch_and_a_lost_store_is_a_new_one(procs: Start, nats_server: NatsServer) -> None:
     pub, rep, port_a, port_b = (free_port() for _ in range(4))
-    spec = source(pub, rep)
+    spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "200", "--batches", "100000", "--start-delay", "1")
     ingest(procs, nats_server, spec)
     edge_a = edge(procs, nats_server, spec, port_a)
@@ -228,12 +219,12 @@ def _gone(pids: list[int]) -> bool:
 
 
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
-def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Callable[..., Proc], tmp_path: Path, how: str) -> None:
+def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Start, tmp_path: Path, how: str) -> None:
     from tests.support.nats import nats_binary
 
     nats_binary()
     pub, rep, port = free_port(), free_port(), free_port()
-    spec = source(pub, rep)
+    spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "100", "--batches", "100000")
     parent = procs("serve", "--source", spec, "--port", str(port), "--workers", "2", "--state-dir", str(tmp_path))
     parent.wait_for("with 2 edge processes", timeout=30)
@@ -261,7 +252,7 @@ def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Callable[..., P
 
 
 def take_over(
-    procs: Callable[..., Proc], nats: NatsServer, spec: str, port: int, *, after: int, pause: float
+    procs: Start, nats: NatsServer, spec: str, port: int, *, after: int, pause: float
 ) -> tuple[WsCollector, Proc]:
     """An ingest and an edge with a reader; once the reader has ``after`` batches the ingest is
     SIGKILLed and, ``pause`` seconds later, another one starts (returned with the reader)."""
@@ -276,14 +267,14 @@ def take_over(
 
 
 def test_an_ingest_taken_over_after_sigkill_and_a_resume_ahead_of_a_new_edge(
-    procs: Callable[..., Proc], nats_server: NatsServer
+    procs: Start, nats_server: NatsServer
 ) -> None:
     """SIGKILL the ingest process mid-stream, start another: it continues after the last batch
     the stream holds (a gap replay from the engine): every batch once, in order. A client whose id
     is ahead of a just-started edge waits for it and resumes exactly."""
     total = 2400
     pub, rep, port_a, port_b = (free_port() for _ in range(4))
-    spec = source(pub, rep)
+    spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "400", "--batches", str(total), "--start-delay", "2")
     reader, _ = take_over(procs, nats_server, spec, port_a, after=300, pause=0.5)
     wait_until(lambda: batches(reader) and batches(reader)[-1]["seq"] == total - 1, timeout=40, what="the end")
@@ -310,13 +301,13 @@ def test_an_ingest_taken_over_after_sigkill_and_a_resume_ahead_of_a_new_edge(
 
 
 def test_an_ingest_outage_longer_than_the_engine_buffer_is_one_exact_loss(
-    procs: Callable[..., Proc], nats_server: NatsServer
+    procs: Start, nats_server: NatsServer
 ) -> None:
     """The new ingest process continues after the last batch the stream holds (not from seq 0):
     what the engine no longer holds is one ``unrecovered_gap`` with the exact count."""
     total = 1800
     pub, rep, port = free_port(), free_port(), free_port()
-    spec = source(pub, rep)
+    spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "400", "--batches", str(total), "--buffer-steps", "200", "--start-delay", "2")
     # 1.5 s: about 600 batches, more than the engine's buffer of 200
     reader, second = take_over(procs, nats_server, spec, port, after=200, pause=1.5)
@@ -334,9 +325,9 @@ def test_an_ingest_outage_longer_than_the_engine_buffer_is_one_exact_loss(
     second.wait_for("continuing after seq")
 
 
-def test_serve_workers_on_an_existing_nats_server(procs: Callable[..., Proc], nats_server: NatsServer) -> None:
+def test_serve_workers_on_an_existing_nats_server(procs: Start, nats_server: NatsServer) -> None:
     pub, rep, port = free_port(), free_port(), free_port()
-    spec = source(pub, rep)
+    spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "100", "--batches", "100000")
     parent = procs("serve", "--source", spec, "--port", str(port), "--workers", "1", "--nats", nats_server.url)
     wait_until(lambda: ready(port), timeout=40, what="the edge ready")

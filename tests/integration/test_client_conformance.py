@@ -18,7 +18,6 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -28,7 +27,7 @@ import zmq
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from tests.support import BIG_QUEUE, Proc, free_ports, start_gateway, wait_until
+from tests.support import BIG_QUEUE, Start, free_ports, source_spec, start_gateway, wait_until
 
 Stream = tuple[str, int]
 Key = tuple[str, int, str]  # (medium, group_idx, hash)
@@ -332,12 +331,12 @@ def check(client: DocClient, base: str, what: str) -> int:
 
 
 @pytest.mark.timeout(90)
-def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Callable[..., Proc]) -> None:
+def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Start) -> None:
     http, idle = free_ports(2)
     pub, rep = free_ports(2, spacing=2)
     specs = [
-        f"name=a,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep}",
-        f"name=b,endpoint=tcp://127.0.0.1:{idle}",
+        source_spec("a", pub, rep),
+        source_spec("b", idle),
     ]
     engine = ScriptedEngine(pub, rep, random.Random(25))
     gw = start_gateway(procs, http, specs, "--replay-timeout", "0.5", client_queue_bytes=BIG_QUEUE)

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,10 +25,12 @@ import pytest
 from tests.support import (
     BIG_QUEUE,
     Proc,
+    Start,
     free_ports,
     occupancy_counts,
     occupancy_stream,
     sim_done,
+    source_spec,
     source_status,
     start_gateway,
     start_sim,
@@ -40,8 +42,6 @@ from tests.support.oracles import RefModel
 from tests.support.replay import Layout, fetch_history
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
-
-Start = Callable[..., Proc]
 
 
 @pytest.fixture
@@ -62,11 +62,6 @@ def engine_args(pub: int, rep: int | None, *args: str) -> list[str]:
     if rep is not None:
         out += ["--replay-endpoint", f"tcp://*:{rep}"]
     return [*out, "--linger", "600", *args]
-
-
-def source(pub: int, rep: int | None) -> str:
-    spec = f"name=a,endpoint=tcp://127.0.0.1:{pub}"
-    return spec if rep is None else f"{spec},replay=tcp://127.0.0.1:{rep}"
 
 
 def gap_attempts(base: str) -> dict[str, int]:
@@ -159,7 +154,7 @@ def test_holes_in_a_replay_reply_are_asked_again_until_every_batch_arrives(
     hwm = [] if load else ["--replay-hwm", "0"]
     http, pub, rep = free_ports(3)
     total = 6031
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         sim = start_sim(
             procs,
@@ -193,7 +188,7 @@ def test_a_reply_cut_short_without_its_end_marker_is_asked_again(procs: Start) -
         *("--replay-cut", "2500", "--replay-hwm", "0"),
     )
     sim_done(sim)  # flat out, then idle; no request of ours may reach it first: that one would be cut
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "1", client_queue_bytes=BIG_QUEUE)
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "1", client_queue_bytes=BIG_QUEUE)
     wait_until(lambda: source_status(gw.base, "a")["last_seq"] >= total - 1, timeout=30, what="the catch-up")
     wait_until(lambda: stream_metrics(gw.base, "a")["replay"], what="the catch-up's outcome counted")
     history = fetch_history(f"tcp://127.0.0.1:{rep}", layout="plain")
@@ -212,7 +207,7 @@ def test_a_burst_whose_tail_never_came_live_is_fetched_once_the_engine_is_quiet(
     the replay socket for anything after its cursor and gets the tail."""
     http, pub, rep = free_ports(3)
     total = 1000
-    gw = start_gateway(procs, http, [source(pub, rep)], client_queue_bytes=BIG_QUEUE)
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         start_sim(
             procs,
@@ -237,7 +232,7 @@ def test_a_reply_ahead_of_the_lagging_live_stream_is_kept_and_only_the_truly_los
     only 5970-6019: that reply is ahead of the live stream and is kept; 2030 alone is lost."""
     http, pub, rep = free_ports(3)
     total, lost = 6020, 2030
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         start_sim(
             procs,
@@ -278,7 +273,7 @@ def test_a_young_engine_restart_is_recognised_and_the_new_process_caught_up(
         request.getfixturevalue("loaded")
     http, pub, rep = free_ports(3)
     layout = "plain" if engine == "sglang" else "topic"
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
     common = ["--engine", engine, "--start-delay", "1"]
     with WsCollector(gw.ws_url) as ws:
         old = start_sim(procs, *engine_args(pub, rep, "--rate", "50", "--batches", "5", "--seed", "1", *common))
@@ -318,7 +313,7 @@ def test_an_idle_engine_is_caught_up_as_soon_as_the_gateway_connects(procs: Star
     history = wait_history(rep, total, what="the engine's 1,500 batches")
     assert len(history) == total
     started = time.monotonic()
-    gw = start_gateway(procs, http, [source(pub, rep)], client_queue_bytes=BIG_QUEUE)
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     wait_until(lambda: source_status(gw.base, "a")["last_seq"] == total - 1, timeout=10, what="the catch-up")
     assert time.monotonic() - started < 10
     assert_index_is(gw.base, model_of(history))
@@ -333,7 +328,7 @@ def test_history_older_than_the_engine_buffer_marks_the_stream_stale(procs: Star
     http, pub, rep = free_ports(3)
     start_sim(procs, *engine_args(pub, rep, "--rate", "0", "--batches", "300", "--buffer-steps", "100"))
     wait_until(lambda: len(fetch_history(f"tcp://127.0.0.1:{rep}")) == 100, timeout=30, what="the engine's batches")
-    gw = start_gateway(procs, http, [source(pub, rep)], client_queue_bytes=BIG_QUEUE)
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     wait_until(lambda: source_status(gw.base, "a")["last_seq"] == 299, timeout=10, what="the catch-up")
     with WsCollector(gw.ws_url) as ws:
         status = source_status(gw.base, "a")
@@ -352,7 +347,7 @@ def test_history_older_than_the_engine_buffer_marks_the_stream_stale(procs: Star
 def test_a_clock_seeded_engine_restart_catches_up_the_new_process(procs: Start) -> None:
     http, pub, rep = free_ports(3)
     first = 1_700_000_000_000_000_000
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         start_sim(
             procs,
@@ -375,7 +370,7 @@ def test_a_clock_seeded_engine_restart_catches_up_the_new_process(procs: Start) 
 def test_sglang_metadata_field_is_kept_and_no_batch_is_lost(procs: Start) -> None:
     http, pub, rep = free_ports(3)
     total = 300
-    gw = start_gateway(procs, http, [source(pub, rep)], client_queue_bytes=BIG_QUEUE)
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         start_sim(
             procs,
@@ -399,7 +394,7 @@ def test_sglang_metadata_field_is_kept_and_no_batch_is_lost(procs: Start) -> Non
 def test_batches_the_engine_dropped_before_a_clear_fence_are_counted_not_sent(procs: Start) -> None:
     http, pub, rep = free_ports(3)
     first = 1_700_000_000_000_000_000
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         start_sim(
             procs,
@@ -429,7 +424,7 @@ def test_batches_lost_around_a_restart_without_replay_carry_the_restart_reason(p
     back 0.3 s later) and publishes its first batches before the gateway's SUB reconnects: they
     are counted under ``restart``, and the stream does not turn degraded for it."""
     http, pub = free_ports(2)
-    gw = start_gateway(procs, http, [source(pub, None)], client_queue_bytes=BIG_QUEUE)
+    gw = start_gateway(procs, http, [source_spec("a", pub, None)], client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         start_sim(
             procs,
@@ -492,7 +487,9 @@ def test_a_tail_probe_answered_by_a_young_new_process_before_the_reconnect_is_a_
     if load:
         request.getfixturevalue("loaded")
     http, pub, rep = free_ports(3)
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "10", client_queue_bytes=BIG_QUEUE)
+    gw = start_gateway(
+        procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "10", client_queue_bytes=BIG_QUEUE
+    )
     with WsCollector(gw.ws_url) as ws:
         old = start_sim(procs, *engine_args(pub, rep, "--rate", "50", "--batches", "5", "--seed", "1", *LATE))
         wait_until(lambda: len(ws.seqs("a")) >= 5, timeout=30, what="the old process's batches")
@@ -519,7 +516,9 @@ def test_a_gateway_paused_across_a_counting_trtllm_restart_does_not_take_the_new
         request.getfixturevalue("loaded")
     http, pub, rep = free_ports(3)
     trt = ["--engine", "trtllm", "--start-seq", "0", "--heartbeat", "0"]
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "10", client_queue_bytes=BIG_QUEUE)
+    gw = start_gateway(
+        procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "10", client_queue_bytes=BIG_QUEUE
+    )
     with WsCollector(gw.ws_url) as ws:
         old = start_sim(procs, *engine_args(pub, rep, "--rate", "200", "--batches", "100", "--seed", "1", *trt, *LATE))
         wait_until(lambda: len(ws.seqs("a")) >= 100, timeout=30, what="the old process's batches")

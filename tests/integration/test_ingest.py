@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -30,10 +30,12 @@ import pytest
 from tests.support import (
     BIG_QUEUE,
     Proc,
+    Start,
     free_ports,
     occupancy_counts,
     occupancy_stream,
     sim_ready,
+    source_spec,
     source_status,
     start_gateway,
     start_sim,
@@ -47,8 +49,6 @@ from tests.support.replay import fetch_history
 
 pytestmark = pytest.mark.timeout(150)
 
-Start = Callable[..., Proc]
-
 
 def loopback(port: int) -> str:
     return f"tcp://127.0.0.1:{port}"
@@ -56,8 +56,7 @@ def loopback(port: int) -> str:
 
 def bound_source(name: str, pub: int, replay: int | None = None, dp_size: int = 1) -> str:
     """A ``--source`` the gateway binds (the simulator connects to it)."""
-    spec = f"name={name},endpoint={loopback(pub)},bind=true,dp_size={dp_size}"
-    return spec if replay is None else f"{spec},replay={loopback(replay)}"
+    return source_spec(name, pub, replay, dp_size, bind="true")
 
 
 def connecting_sim(
@@ -527,9 +526,7 @@ def test_gateway_started_late_catches_up_the_history_by_replay(procs: Start) -> 
     )
     started = time.monotonic()
     time.sleep(0.5)  # let the engine publish about 500 batches first (no count depends on this)
-    gw = start_gateway(
-        procs, http, [f"name=a,endpoint={loopback(pub)},replay={loopback(rep)}"], client_queue_bytes=BIG_QUEUE
-    )
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     assert time.monotonic() - started < history / rate - replay_delay - 0.2, (
         "the gateway started too late for this test"
     )

@@ -15,7 +15,7 @@ import time
 
 import httpx
 
-from tests.support import BIG_QUEUE, REPO, Start, free_port, free_ports, start_gateway
+from tests.support import BIG_QUEUE, REPO, Start, free_port, free_ports, source_spec, start_gateway
 
 
 def _fleet(count: int, per_source: int = 1000) -> list[str]:
@@ -23,7 +23,7 @@ def _fleet(count: int, per_source: int = 1000) -> list[str]:
     specs = []
     for index, base in enumerate(free_ports((count + per_source - 1) // per_source, spacing=per_source)):
         size = min(per_source, count - index * per_source)
-        specs.append(f"name=fleet{index},endpoint=tcp://127.0.0.1:{base},dp_size={size}")
+        specs.append(source_spec(f"fleet{index}", base, dp_size=size))
     return specs
 
 

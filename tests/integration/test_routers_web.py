@@ -15,7 +15,7 @@ import httpx
 import pytest
 from jsonschema import Draft202012Validator
 
-from tests.support import BIG_QUEUE, REPO, free_ports, start_gateway, start_sim, wait_until, warmup
+from tests.support import BIG_QUEUE, REPO, free_ports, source_spec, start_gateway, start_sim, wait_until, warmup
 from tests.support.clients import WsCollector
 
 pytestmark = pytest.mark.timeout(120)
@@ -82,7 +82,7 @@ def _apply(index: dict[tuple[Any, ...], int], message: dict[str, Any]) -> None:
 def fleet(procs: Any) -> str:
     http, pub, rep = free_ports(3, spacing=2)
     args = ["--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", "--dp-size", "2"]
-    spec = f"name=a,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep},dp_size=2"
+    spec = source_spec("a", pub, rep, 2)
     extra = ["--token", TOKEN, "--lookup-burst", "40", "--lookup-rate", "0.01", "--max-snapshots", "3"]
     gw = start_gateway(procs, http, [spec], *extra, client_queue_bytes=BIG_QUEUE)
     sim_args = [*args, "--rate", "200", "--batches", str(BATCHES), "--cpu-offload", *warmup(1.0)]

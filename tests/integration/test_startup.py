@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import zmq
@@ -17,7 +17,7 @@ import zmq
 from tests.support import (
     BIG_QUEUE,
     REPO,
-    Proc,
+    Start,
     free_port,
     free_ports,
     start_gateway,
@@ -25,8 +25,6 @@ from tests.support import (
     stream_metrics,
     wait_until,
 )
-
-Start = Callable[..., Proc]
 
 
 @pytest.fixture

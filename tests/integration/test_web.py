@@ -42,6 +42,7 @@ from tests.support import (
     arun,
     free_ports,
     metric_values,
+    sim_flags,
     source_spec,
     start_gateway,
     start_sim,
@@ -196,9 +197,7 @@ def module_procs() -> Iterator[Starter]:
 
 
 def start_simulator(start: Starter, pub: int, replay: int, *extra: str, ranks: int = 1) -> Proc:
-    return start_sim(
-        start, "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{replay}", *extra, ranks=ranks
-    )
+    return start_sim(start, *sim_flags(pub, replay), *extra, ranks=ranks)
 
 
 def wait_streams(gateway: Gateway, streams: list[tuple[str, int]]) -> None:
@@ -980,7 +979,7 @@ neither live nor replay brings them, however late the gateway connects."""
 
 def gap_source(pub: int, replay: int) -> tuple[str, list[str]]:
     """The gap test's source, and its engine's endpoints."""
-    return source_spec("gap", pub, replay), ["--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{replay}"]
+    return source_spec("gap", pub, replay), sim_flags(pub, replay)
 
 
 @pytest.fixture

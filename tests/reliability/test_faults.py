@@ -21,6 +21,7 @@ import pytest
 import zmq
 
 from tests.support import (
+    BIG_QUEUE,
     Gateway,
     Start,
     arun,
@@ -37,9 +38,6 @@ from tests.support.fake_engine import END_SEQ, FakeEngine, good_replies, payload
 from tests.support.oracles import WorkloadOracle, event_hashes
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
-
-BIG_QUEUE = 256 * 1024 * 1024
-"""``--client-queue-bytes`` where the test's own client must never be cut off."""
 
 
 def batches_of(messages: list[dict[str, Any]], source: str = "e") -> list[dict[str, Any]]:
@@ -188,7 +186,7 @@ def test_hwm_drops_under_a_flood_are_replayed_and_counted_exactly(procs: Start) 
     engine.pub.setsockopt(zmq.XPUB_NODROP, 1)
     try:
         gateway = start_gateway(
-            procs, http, [source_spec("e", pub, rep)], "--replay-timeout", "60", "--client-queue-bytes", str(BIG_QUEUE)
+            procs, http, [source_spec("e", pub, rep)], "--replay-timeout", "60", client_queue_bytes=BIG_QUEUE
         )
         engine.wait_subscribed()
         gateway.wait_up("e")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import shutil
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.processes import Proc
 from tests.support.waits import wait_until
 
 
@@ -27,18 +27,15 @@ class NatsServer:
         self.binary = nats_binary()
         self.store = store
         self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Proc | None = None
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.binary, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        args = ("-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store))
+        self.proc = Proc(*args, command=(self.binary,))
         wait_until(self.listening, timeout=10, interval=0.05, what="nats-server listening")
 
     def listening(self) -> bool:
@@ -49,9 +46,8 @@ class NatsServer:
         return True
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        if self.proc is not None:
+            self.proc.stop(10)
         self.proc = None
 
     def wipe(self) -> None:
