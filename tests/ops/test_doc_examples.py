@@ -249,7 +249,7 @@ def test_bench_duration_matches_the_results() -> None:
 
 
 def test_metrics_doc_lists_every_rejection_reason() -> None:
-    code = "".join(path.read_text(encoding="utf-8") for path in (REPO / "kvgateway").glob("*.py"))
+    code = "".join(path.read_text(encoding="utf-8") for path in (REPO / "kvgateway").rglob("*.py"))
     reasons = set(re.findall(r'client_rejections\.labels\([^,]+, "([a-z_]+)"\)', code))
     assert "forbidden_host" in reasons
     doc = (REPO / "docs" / "metrics.md").read_text(encoding="utf-8")

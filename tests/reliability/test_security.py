@@ -321,8 +321,8 @@ TRAVERSALS = [
     "/vendor/../../pyproject.toml",
     "/vendor/%2e%2e/%2e%2e/pyproject.toml",
     "/v1/../../pyproject.toml",
-    "/./../kvgateway/app.py",
-    "/%2e%2e/kvgateway/app.py",
+    "/./../kvgateway/serve/app.py",
+    "/%2e%2e/kvgateway/serve/app.py",
     "/..%2f.git%2fconfig",
     "/../.git/config",
     "/static/../../etc/passwd",
@@ -342,7 +342,7 @@ def test_path_traversal_never_serves_a_file_outside_static(guarded: tuple[Gatewa
     gateway, _ = guarded
     secrets = [
         (REPO / "pyproject.toml").read_bytes()[:60],
-        (REPO / "kvgateway" / "app.py").read_bytes()[:60],
+        (REPO / "kvgateway" / "serve" / "app.py").read_bytes()[:60],
         b"[core]",
         b"root:",
     ]

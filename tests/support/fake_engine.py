@@ -66,6 +66,7 @@ class FakeEngine:
         self.history: dict[int, bytes] = {}
         self.requests: list[int] = []
         self.items_sent = 0  # replayed batches sent (end markers and malformed replies excluded)
+        self.replied: list[tuple[int, int]] = []  # (start, items sent) of each request answered
         self.errors: list[Exception] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -102,9 +103,12 @@ class FakeEngine:
                 self.requests.append(start)
                 snapshot = dict(self.history)
             try:
+                items = 0
                 for reply in self.replies(start, snapshot):
-                    self.items_sent += is_item(reply)
+                    items += is_item(reply)
                     self._router.send_multipart([identity, *reply])
+                self.items_sent += items
+                self.replied.append((start, items))
             except Exception as exc:  # reported by close(): the thread must go on serving
                 self.errors.append(exc)
 
