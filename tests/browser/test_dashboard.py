@@ -432,7 +432,7 @@ def test_keeps_up_with_a_fast_stream(start_demo: Callable[..., Demo], new_page: 
     page = new_page()
     recorder = OccupancyRecorder()
     open_dashboard(page, demo, recorder)
-    page.wait_for_timeout(4000)
+    page.wait_for_timeout(4000)  # the scenario: the page streams fast for a while, then must still draw
     frames = page.evaluate(
         """() => new Promise(done => {
              let n = 0; const t0 = performance.now();
@@ -452,7 +452,7 @@ def test_keeps_up_with_a_fast_stream(start_demo: Callable[..., Demo], new_page: 
     received = "() => kvgatewayDashboard.state.msgTotal"
     t0, n0 = delivered()
     m0 = page.evaluate(received)
-    page.wait_for_timeout(3000)
+    page.wait_for_timeout(3000)  # the measuring window
     t1, n1 = delivered()
     m1 = page.evaluate(received)
     gateway_rate = (n1 - n0) / (t1 - t0)

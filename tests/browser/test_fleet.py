@@ -151,8 +151,12 @@ def test_fleet_of_64_streams(fleet_demo: Demo, new_page: Callable[..., Any]) -> 
     page.click(".fleet-table th[data-sort='fill']")
     page.click(".fleet-table th[data-sort='fill']")
     page.uncheck(tid("group-by-source"))
-    page.wait_for_timeout(400)
-    fills = rows.evaluate_all("els => els.map(e => Number(e.querySelector('[data-testid=cell-fill]').dataset.value))")
+    script = "els => els.map(e => Number(e.querySelector('[data-testid=cell-fill]').dataset.value))"
+    fills = wait_until(
+        page,
+        lambda: (f := rows.evaluate_all(script)) and len(f) == 64 and f == sorted(f, reverse=True) and f,
+        what="64 rows sorted by fill, descending",
+    )
     assert len(fills) == 64 and fills == sorted(fills, reverse=True)
     page.check(tid("group-by-source"))
 

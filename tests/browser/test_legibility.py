@@ -137,7 +137,7 @@ def test_a_down_engine_says_why_once_without_an_empty_chart(half_fleet: Gateway,
     page.screenshot(path=str(ARTIFACTS / "dashboard-down-1440x900.png"))
     # the prefix spread asks only the engine that is up: with one, there is no spread to show
     wait_until(page, lambda: page.evaluate("() => kvgatewayDashboard.state.analytics !== null"), timeout=20)
-    page.wait_for_timeout(300)  # a frame or two to render it
+    page.wait_for_timeout(300)  # not a wait for something: a frame or two in which it would show
     assert "prefix spread" not in page.locator(tid("fleet-facts")).inner_text()
 
 

@@ -54,7 +54,7 @@ def test_rates_count_live_batches_over_the_uptime(procs: Start) -> None:
         "60",
     )
     started = time.monotonic()
-    time.sleep(0.5)
+    time.sleep(0.5)  # the scenario: the engine publishes a while before the gateway starts (no count depends on it)
     gw = start_gateway(procs, http, [source_spec("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     assert time.monotonic() - started < history / rate - 0.2, "the gateway started too late for this test"
     got = wait_until(
