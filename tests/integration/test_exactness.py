@@ -29,6 +29,7 @@ from tests.support import (
     free_ports,
     occupancy_counts,
     occupancy_stream,
+    scrape,
     sim_done,
     source_spec,
     source_status,
@@ -65,8 +66,7 @@ def engine_args(pub: int, rep: int | None, *args: str) -> list[str]:
 
 
 def gap_attempts(base: str) -> dict[str, int]:
-    from tests.support import scrape
-
+    """Replay requests of stream ``a`` by purpose."""
     return {
         labels["purpose"]: int(v)
         for labels, v in scrape(base).get("kvgateway_replay_attempts_total", [])
