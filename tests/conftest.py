@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
-from tests.support import Proc
+from tests.support import Procs, Start
 
 
 @pytest.fixture
-def procs() -> Iterator[Callable[..., Proc]]:
+def procs() -> Iterator[Start]:
     """Start CLI subprocesses; every one is stopped at the end of the test."""
-    started: list[Proc] = []
-
-    def start(*args: str, env: dict[str, str] | None = None) -> Proc:
-        proc = Proc(*args, env=env)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in reversed(started):
-        proc.stop()
+    started = Procs()
+    yield started
+    started.stop_all()

@@ -483,6 +483,11 @@ async def _simulate(args: argparse.Namespace) -> int:
             await asyncio.gather(*(engine.serve_replays(args.start_delay) for engine in engines))
         await asyncio.gather(*(engine.run() for engine in engines))
         if not stopped and args.linger != 0:
+            for engine in engines:
+                # Said so that whoever waits for the whole run (a test) waits for this line.
+                print(
+                    f"simulate: rank {engine.dp_rank} done after {engine.batches_done} batches; lingering", flush=True
+                )
             seconds = None if args.linger < 0 else args.linger
             await asyncio.gather(*(engine.serve_replays(seconds) for engine in engines))
         for engine in engines:

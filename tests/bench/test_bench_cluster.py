@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.bench._smoke import run_bench
-from tests.cluster._nats import nats_binary
+from tests.support.bench_runs import run_bench
+from tests.support.nats import nats_binary
 
 
 def _run(*args: str) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.bench._smoke import smoke_result
+from tests.support.bench_runs import smoke_result
 
 
 def number(value: Any) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.bench._smoke import smoke_result
+from tests.support.bench_runs import smoke_result
 
 
 def test_snapshot_bench_smoke(tmp_path: Path) -> None:

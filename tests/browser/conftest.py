@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.browser.demo import CHROMIUM, CHROMIUM_ARGS, Demo, free_port
+from tests.support import free_port
+from tests.support.demo import CHROMIUM, CHROMIUM_ARGS, Demo
 
 
 @pytest.fixture(scope="module")

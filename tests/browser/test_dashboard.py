@@ -25,7 +25,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.demo import Demo, free_port
+from tests.support import free_port
+from tests.support import wait_until as support_wait_until
+from tests.support.demo import Demo
 
 pytestmark = pytest.mark.browser
 
@@ -167,35 +169,29 @@ def same_numbers(shown: dict[str, Any], expected: dict[str, Any]) -> bool:
 
 
 def wait_until(page: Any, check: Callable[[], Any], timeout: float = SETTLE_TIMEOUT_S, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what or check}")
-        page.wait_for_timeout(200)
+    """:func:`tests.support.wait_until`, pausing with the page's own timer (see above)."""
+    return support_wait_until(check, timeout, 0.2, what, pause=lambda seconds: page.wait_for_timeout(seconds * 1000))
 
 
 def wait_page_matches_occupancy(
     page: Any, recorder: OccupancyRecorder, timeout: float = SETTLE_TIMEOUT_S
 ) -> dict[str, Any]:
     """Poll until the DOM equals the /v1/occupancy body it was rendered from; return it."""
-    deadline = time.monotonic() + timeout
-    last: tuple[Any, Any] = (None, None)
-    while time.monotonic() < deadline:
+    last: list[Any] = [None, None]
+
+    def matches() -> dict[str, Any] | None:
         shown = page.evaluate(READ_DOM)
-        if shown["offset"]:
-            body = recorder.bodies.get(int(shown["offset"]))
-            if body is not None:
-                expected = expected_from(body)
-                if same_numbers(shown, expected) and body["streams"]:
-                    return shown
-                last = (shown, expected)
-        page.wait_for_timeout(250)
-    shown, expected = last
-    pytest.fail(f"the page never showed its /v1/occupancy numbers exactly:\nshown    {shown}\nexpected {expected}")
+        body = recorder.bodies.get(int(shown["offset"])) if shown["offset"] else None
+        if body is None:
+            return None
+        last[:] = [shown, expected_from(body)]
+        return shown if same_numbers(shown, last[1]) and body["streams"] else None
+
+    try:
+        found: dict[str, Any] = wait_until(page, matches, timeout, "the page's numbers")
+    except AssertionError:
+        pytest.fail(f"the page never showed its /v1/occupancy numbers exactly:\nshown    {last[0]}\nexpected {last[1]}")
+    return found
 
 
 def open_dashboard(page: Any, demo: Demo, recorder: OccupancyRecorder | None = None) -> None:
@@ -436,7 +432,7 @@ def test_keeps_up_with_a_fast_stream(start_demo: Callable[..., Demo], new_page: 
     page = new_page()
     recorder = OccupancyRecorder()
     open_dashboard(page, demo, recorder)
-    page.wait_for_timeout(4000)
+    page.wait_for_timeout(4000)  # the scenario: the page streams fast for a while, then must still draw
     frames = page.evaluate(
         """() => new Promise(done => {
              let n = 0; const t0 = performance.now();
@@ -456,7 +452,7 @@ def test_keeps_up_with_a_fast_stream(start_demo: Callable[..., Demo], new_page: 
     received = "() => kvgatewayDashboard.state.msgTotal"
     t0, n0 = delivered()
     m0 = page.evaluate(received)
-    page.wait_for_timeout(3000)
+    page.wait_for_timeout(3000)  # the measuring window
     t1, n1 = delivered()
     m1 = page.evaluate(received)
     gateway_rate = (n1 - n0) / (t1 - t0)

@@ -5,14 +5,12 @@ to test-artifacts/ (docs/img/ holds copies for the README)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from tests.browser.conftest import CHROMIUM
-from tests.browser.demo import ARTIFACTS, Demo, free_port
 from tests.browser.test_dashboard import (
     OccupancyRecorder,
     card,
@@ -22,6 +20,9 @@ from tests.browser.test_dashboard import (
     wait_page_matches_occupancy,
     wait_until,
 )
+from tests.support import ARTIFACTS, free_port
+from tests.support import wait_until as support_wait_until
+from tests.support.demo import Demo
 
 pytestmark = pytest.mark.browser
 
@@ -50,10 +51,12 @@ def screenshot(page: Any, name: str) -> None:
 
 def test_charts_full_on_first_paint(shared_demo: Demo, new_page: Callable[..., Any]) -> None:
     # the gateway samples every 5 s from its start: wait until it holds a few points per stream
-    wait_until_api = time.monotonic() + 30
-    while min(len(s["points"]) for s in get_json(shared_demo, "v1/history")["streams"]) < 3:
-        assert time.monotonic() < wait_until_api, "the gateway's history did not grow"
-        time.sleep(0.5)
+    support_wait_until(
+        lambda: min(len(s["points"]) for s in get_json(shared_demo, "v1/history")["streams"]) >= 3,
+        timeout=30,
+        interval=0.5,
+        what="the gateway's history to grow",
+    )
     page = new_page()
     open_dashboard(page, shared_demo)
     # right after the hello, before the page could have sampled anything itself
@@ -148,8 +151,12 @@ def test_fleet_of_64_streams(fleet_demo: Demo, new_page: Callable[..., Any]) -> 
     page.click(".fleet-table th[data-sort='fill']")
     page.click(".fleet-table th[data-sort='fill']")
     page.uncheck(tid("group-by-source"))
-    page.wait_for_timeout(400)
-    fills = rows.evaluate_all("els => els.map(e => Number(e.querySelector('[data-testid=cell-fill]').dataset.value))")
+    script = "els => els.map(e => Number(e.querySelector('[data-testid=cell-fill]').dataset.value))"
+    fills = wait_until(
+        page,
+        lambda: (f := rows.evaluate_all(script)) and len(f) == 64 and f == sorted(f, reverse=True) and f,
+        what="64 rows sorted by fill, descending",
+    )
     assert len(fills) == 64 and fills == sorted(fills, reverse=True)
     page.check(tid("group-by-source"))
 

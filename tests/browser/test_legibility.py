@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import CHROMIUM
-from tests.browser.demo import ARTIFACTS, Demo
 from tests.browser.test_dashboard import card, open_dashboard, tid, wait_until
-from tests.support import Gateway, Proc, start_half_fleet
+from tests.support import ARTIFACTS, Gateway, Start, start_half_fleet
+from tests.support.demo import Demo
 
 pytestmark = pytest.mark.browser
 
@@ -105,7 +105,7 @@ def test_a_tier_whose_medium_has_its_name_says_it_once(shared_demo: Demo, new_pa
 
 
 @pytest.fixture
-def half_fleet(procs: Callable[..., Proc]) -> Iterator[Gateway]:
+def half_fleet(procs: Start) -> Iterator[Gateway]:
     """One engine up, one (`gone`) down from the start: :func:`tests.support.start_half_fleet`."""
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing: the dashboard tests drive the system Chromium")
@@ -137,7 +137,7 @@ def test_a_down_engine_says_why_once_without_an_empty_chart(half_fleet: Gateway,
     page.screenshot(path=str(ARTIFACTS / "dashboard-down-1440x900.png"))
     # the prefix spread asks only the engine that is up: with one, there is no spread to show
     wait_until(page, lambda: page.evaluate("() => kvgatewayDashboard.state.analytics !== null"), timeout=20)
-    page.wait_for_timeout(300)  # a frame or two to render it
+    page.wait_for_timeout(300)  # not a wait for something: a frame or two in which it would show
     assert "prefix spread" not in page.locator(tid("fleet-facts")).inner_text()
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster._nats import NatsServer
+from tests.support.nats import NatsServer
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import httpx
 import pytest
 import websockets
 
-from tests.cluster._nats import NatsServer
 from tests.support import Gateway, Start, free_ports, start_sim, wait_until
+from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,29 +6,24 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.cluster._nats import NatsServer
-from tests.integration._gateway_helpers import BIG_QUEUE, WsCollector
-from tests.support import Proc, free_port, metric, start_sim, wait_until
+from tests.support import BIG_QUEUE, Proc, Start, free_port, metric, sim_flags, source_spec, start_sim, wait_until
+from tests.support.clients import WsCollector
+from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def source(pub: int, rep: int) -> str:
-    return f"name=sim,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep}"
+def sim(start: Start, pub: int, rep: int, *more: str) -> Proc:
+    return start_sim(start, *sim_flags(pub, rep), *more)
 
 
-def sim(start: Callable[..., Proc], pub: int, rep: int, *more: str) -> Proc:
-    return start_sim(start, "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", *more)
-
-
-def ingest(start: Callable[..., Proc], nats: NatsServer, spec: str) -> Proc:
+def ingest(start: Start, nats: NatsServer, spec: str) -> Proc:
     proc = start("ingest", "--source", spec, "--nats", nats.url, "--port", "0")
     proc.wait_for("ingest publishing to", timeout=30)
     return proc
@@ -38,7 +33,7 @@ def probe_port(proc: Proc) -> int:
     return int(proc.wait_for(r"probes on http://127\.0\.0\.1:(\d+)/").group(1))
 
 
-def edge(start: Callable[..., Proc], nats: NatsServer, spec: str | None, port: int, *more: str) -> Proc:
+def edge(start: Start, nats: NatsServer, spec: str | None, port: int, *more: str) -> Proc:
     """An edge; without ``spec`` it lists the sources the ingest processes announced."""
     sources = [] if spec is None else ["--source", spec]
     proc = start(
@@ -91,16 +86,14 @@ def occupancy_blocks(port: int) -> tuple[int, list[Any]]:
     return doc["offset"], streams
 
 
-def test_resume_across_edges_every_batch_once_and_same_index(
-    procs: Callable[..., Proc], nats_server: NatsServer
-) -> None:
+def test_resume_across_edges_every_batch_once_and_same_index(procs: Start, nats_server: NatsServer) -> None:
     """Two ingest processes read the same engine (every batch once in the stream); a client reads
     edge A, A is SIGKILLed, the client resumes on edge B whose ring no longer holds its position
     (served from JetStream): no gap, no duplicate. A late edge and the single process reach the
     same index."""
     total = 1500
     pub, rep, port_a, port_b, port_c, port_single = (free_port() for _ in range(6))
-    spec = source(pub, rep)
+    spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "300", "--batches", str(total), "--start-delay", "3")
     ingests = [ingest(procs, nats_server, spec), ingest(procs, nats_server, spec)]
     single = procs("serve", "--source", spec, "--port", str(port_single))
@@ -114,7 +107,11 @@ def test_resume_across_edges_every_batch_once_and_same_index(
     edge_a.popen.wait(5)
     reader.close()
     seen = with_offsets(reader)
-    time.sleep(1.0)  # more than B's ring of 50 messages goes by meanwhile
+    wait_until(
+        lambda: get(port_b, "/v1/sources")["offset"] > seen[-1]["offset"] + 50,
+        timeout=30,
+        what="more than B's ring of 50 messages past the client's position",
+    )
     resumed = ws(port_b, f"last_event_id={seen[-1]['id']}")
     assert resumed.hello["recovered"] is True
     wait_until(lambda: batches(resumed) and batches(resumed)[-1]["seq"] == total - 1, timeout=40, what="the end")
@@ -130,7 +127,7 @@ def test_resume_across_edges_every_batch_once_and_same_index(
     everything = ws(port_b, f"last_event_id={epoch}:0")
     assert everything.hello["recovered"] is True
     wait_until(lambda: len(batches(everything)) >= total, timeout=60, what="the whole stream")
-    time.sleep(0.3)
+    time.sleep(0.3)  # not a wait for something: a duplicate, were there one, would arrive meanwhile
     everything.close()
     assert [m["seq"] for m in batches(everything)] == list(range(total))
     # Both processes sent every batch: the stream stored one copy and dropped the other by id.
@@ -153,11 +150,9 @@ def test_resume_across_edges_every_batch_once_and_same_index(
     assert [s["source"] for s in get(port_c, "/v1/sources")["sources"]] == ["sim"]
 
 
-def test_nats_restart_keeps_the_epoch_and_a_lost_store_is_a_new_one(
-    procs: Callable[..., Proc], nats_server: NatsServer
-) -> None:
+def test_nats_restart_keeps_the_epoch_and_a_lost_store_is_a_new_one(procs: Start, nats_server: NatsServer) -> None:
     pub, rep, port_a, port_b = (free_port() for _ in range(4))
-    spec = source(pub, rep)
+    spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "200", "--batches", "100000", "--start-delay", "1")
     ingest(procs, nats_server, spec)
     edge_a = edge(procs, nats_server, spec, port_a)
@@ -166,7 +161,7 @@ def test_nats_restart_keeps_the_epoch_and_a_lost_store_is_a_new_one(
     wait_until(lambda: len(batches(reader)) >= 100, timeout=30, what="100 batches")
 
     nats_server.stop()
-    time.sleep(1.0)
+    time.sleep(1.0)  # the scenario: NATS stays down this long
     nats_server.start()
     before = len(batches(reader))
     wait_until(lambda: len(batches(reader)) >= before + 300, timeout=40, what="batches after the restart")
@@ -224,12 +219,12 @@ def _gone(pids: list[int]) -> bool:
 
 
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
-def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Callable[..., Proc], tmp_path: Path, how: str) -> None:
-    from tests.cluster._nats import nats_binary
+def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Start, tmp_path: Path, how: str) -> None:
+    from tests.support.nats import nats_binary
 
     nats_binary()
     pub, rep, port = free_port(), free_port(), free_port()
-    spec = source(pub, rep)
+    spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "100", "--batches", "100000")
     parent = procs("serve", "--source", spec, "--port", str(port), "--workers", "2", "--state-dir", str(tmp_path))
     parent.wait_for("with 2 edge processes", timeout=30)
@@ -257,7 +252,7 @@ def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Callable[..., P
 
 
 def take_over(
-    procs: Callable[..., Proc], nats: NatsServer, spec: str, port: int, *, after: int, pause: float
+    procs: Start, nats: NatsServer, spec: str, port: int, *, after: int, pause: float
 ) -> tuple[WsCollector, Proc]:
     """An ingest and an edge with a reader; once the reader has ``after`` batches the ingest is
     SIGKILLed and, ``pause`` seconds later, another one starts (returned with the reader)."""
@@ -267,23 +262,23 @@ def take_over(
     wait_until(lambda: len(batches(reader)) >= after, timeout=30, what=f"{after} batches")
     first.popen.send_signal(signal.SIGKILL)
     first.popen.wait(5)
-    time.sleep(pause)
+    time.sleep(pause)  # the scenario: no ingest process this long
     return reader, ingest(procs, nats, spec)
 
 
 def test_an_ingest_taken_over_after_sigkill_and_a_resume_ahead_of_a_new_edge(
-    procs: Callable[..., Proc], nats_server: NatsServer
+    procs: Start, nats_server: NatsServer
 ) -> None:
     """SIGKILL the ingest process mid-stream, start another: it continues after the last batch
     the stream holds (a gap replay from the engine): every batch once, in order. A client whose id
     is ahead of a just-started edge waits for it and resumes exactly."""
     total = 2400
     pub, rep, port_a, port_b = (free_port() for _ in range(4))
-    spec = source(pub, rep)
+    spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "400", "--batches", str(total), "--start-delay", "2")
     reader, _ = take_over(procs, nats_server, spec, port_a, after=300, pause=0.5)
     wait_until(lambda: batches(reader) and batches(reader)[-1]["seq"] == total - 1, timeout=40, what="the end")
-    time.sleep(0.5)
+    time.sleep(0.5)  # not a wait for something: a duplicate, were there one, would arrive meanwhile
     seqs = [m["seq"] for m in batches(reader)]
     # The new process replays what it missed from the engine's ROUTER, which may drop some of it
     # under load (as vLLM's does): that is accounted for, exactly, never silently missing.
@@ -292,7 +287,7 @@ def test_an_ingest_taken_over_after_sigkill_and_a_resume_ahead_of_a_new_edge(
     assert set(range(seqs[0], total)) - set(seqs) == lost, "a gap no notice accounts for"
     whole = ws(port_a, f"last_event_id={reader.hello['epoch']}:0")
     wait_until(lambda: len(batches(whole)) >= total, timeout=60, what="the whole stream")
-    time.sleep(0.3)
+    time.sleep(0.3)  # not a wait for something: a duplicate, were there one, would arrive meanwhile
     whole.close()
     assert [m["seq"] for m in batches(whole)] == sorted(set(range(total)) - lost)
 
@@ -306,18 +301,18 @@ def test_an_ingest_taken_over_after_sigkill_and_a_resume_ahead_of_a_new_edge(
 
 
 def test_an_ingest_outage_longer_than_the_engine_buffer_is_one_exact_loss(
-    procs: Callable[..., Proc], nats_server: NatsServer
+    procs: Start, nats_server: NatsServer
 ) -> None:
     """The new ingest process continues after the last batch the stream holds (not from seq 0):
     what the engine no longer holds is one ``unrecovered_gap`` with the exact count."""
     total = 1800
     pub, rep, port = free_port(), free_port(), free_port()
-    spec = source(pub, rep)
+    spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "400", "--batches", str(total), "--buffer-steps", "200", "--start-delay", "2")
     # 1.5 s: about 600 batches, more than the engine's buffer of 200
     reader, second = take_over(procs, nats_server, spec, port, after=200, pause=1.5)
     wait_until(lambda: batches(reader) and batches(reader)[-1]["seq"] == total - 1, timeout=40, what="the end")
-    time.sleep(0.3)
+    time.sleep(0.3)  # not a wait for something: a duplicate or a late notice would arrive meanwhile
     reader.close()
     seqs = [m["seq"] for m in batches(reader)]
     assert seqs == sorted(set(seqs))
@@ -330,9 +325,9 @@ def test_an_ingest_outage_longer_than_the_engine_buffer_is_one_exact_loss(
     second.wait_for("continuing after seq")
 
 
-def test_serve_workers_on_an_existing_nats_server(procs: Callable[..., Proc], nats_server: NatsServer) -> None:
+def test_serve_workers_on_an_existing_nats_server(procs: Start, nats_server: NatsServer) -> None:
     pub, rep, port = free_port(), free_port(), free_port()
-    spec = source(pub, rep)
+    spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "100", "--batches", "100000")
     parent = procs("serve", "--source", spec, "--port", str(port), "--workers", "1", "--nats", nats_server.url)
     wait_until(lambda: ready(port), timeout=40, what="the edge ready")

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from tests.cluster._nats import NatsServer
 from tests.integration import test_web as single
 from tests.integration.test_web import (  # noqa: F401 - pytest collects the fixtures imported
     Gateway,
@@ -29,6 +28,7 @@ from tests.integration.test_web import (  # noqa: F401 - pytest collects the fix
     module_procs,
 )
 from tests.support import free_ports
+from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(180)
 

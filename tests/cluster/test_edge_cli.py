@@ -6,16 +6,15 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
 
 import nats
 import pytest
 from nats.js import api as js_api
 
 from kvgateway.cluster.edge import EPOCH_CHECK_SECONDS
-from tests.cluster._nats import NatsServer
-from tests.cluster.test_cluster import edge, ingest, probe_port, sim, source
-from tests.support import Proc, free_port
+from tests.cluster.test_cluster import edge, ingest, probe_port, sim
+from tests.support import Proc, Start, free_port, source_spec
+from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -24,10 +23,10 @@ def _error_lines(lines: list[str]) -> list[str]:
     return [line for line in lines if " ERROR " in line or "error:" in line]
 
 
-def test_edge_stops_cleanly_after_nats_is_gone(procs: Callable[..., Proc], nats_server: NatsServer) -> None:
+def test_edge_stops_cleanly_after_nats_is_gone(procs: Start, nats_server: NatsServer) -> None:
     pub, rep, port = free_port(), free_port(), free_port()
     sim(procs, pub, rep, "--rate", "50", "--batches", "100000")
-    publisher = ingest(procs, nats_server, source(pub, rep))
+    publisher = ingest(procs, nats_server, source_spec("sim", pub, rep))
     # --port 0: the start-up line shows the probes' real port (it said 127.0.0.1:0 before the bind)
     assert publisher.wait_for(r"gateway started: http 127\.0\.0\.1:(\d+),").group(1) == str(probe_port(publisher))
     follower = edge(procs, nats_server, None, port)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kvgateway import cli
-from tests.ops.support import K8S, load_yaml_all
+from tests.support.deploy import K8S, load_yaml_all
 
 CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "k8s-cluster"
 KUBERNETES_VERSION = "1.29.0"

@@ -18,8 +18,8 @@ import pytest
 import websockets
 
 from kvgateway.cluster.options import INGEST_SILENCE_SECONDS
-from tests.cluster._nats import NatsServer
 from tests.support import Gateway, Start, free_ports, start_gateway, start_sim, wait_until
+from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(120)
 

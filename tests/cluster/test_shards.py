@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kvgateway.cluster.shards import LEASE_SECONDS, ROUND_SECONDS, member_key, plan, stream_key
-from tests.cluster._nats import NatsServer
 from tests.support import Gateway, Proc, Start, free_ports, start_sim, wait_until
+from tests.support.nats import NatsServer
 
 KEYS = [stream_key(("e", rank)) for rank in range(4)]
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 import socket
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from kvgateway.cluster.supervisor import MAX_FAILED_STARTS
-from tests.cluster._nats import NatsServer, nats_binary
-from tests.cluster.test_cluster import ready, sim, source
-from tests.support import Proc, free_port, wait_until
+from tests.cluster.test_cluster import ready, sim
+from tests.support import Proc, Start, free_port, source_spec, wait_until
+from tests.support.nats import NatsServer, nats_binary
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,7 +21,7 @@ AS_INSTALLED = (sys.executable, "-P", "-m", "kvgateway")
 """The parent as the installed ``kvgateway`` script runs: the working directory not on sys.path."""
 
 
-def test_a_kvgateway_folder_in_the_working_directory_is_ignored(procs: Callable[..., Proc], tmp_path: Path) -> None:
+def test_a_kvgateway_folder_in_the_working_directory_is_ignored(procs: Start, tmp_path: Path) -> None:
     """From a directory holding a ``kvgateway/`` folder (a clone's parent; an editable install's
     finder comes after it on the path) the roles still import the package the parent runs; the
     private nats-server's banner goes to its log, not the terminal."""
@@ -33,7 +32,7 @@ def test_a_kvgateway_folder_in_the_working_directory_is_ignored(procs: Callable[
     pub, rep, port = free_port(), free_port(), free_port()
     sim(procs, pub, rep, "--rate", "50", "--batches", "100000")
     parent = Proc(
-        "serve", "--source", source(pub, rep), "--port", str(port), "--workers", "2",
+        "serve", "--source", source_spec("sim", pub, rep), "--port", str(port), "--workers", "2",
         command=AS_INSTALLED, cwd=tmp_path,
     )  # fmt: skip
     try:
@@ -51,7 +50,7 @@ def test_a_kvgateway_folder_in_the_working_directory_is_ignored(procs: Callable[
         parent.stop()
 
 
-def test_a_child_that_cannot_start_ends_the_supervisor(procs: Callable[..., Proc], nats_server: NatsServer) -> None:
+def test_a_child_that_cannot_start_ends_the_supervisor(procs: Start, nats_server: NatsServer) -> None:
     """Edges that cannot bind their port fail at start: started again after growing pauses, then
     the supervisor stops everything and exits 1 with one line."""
     pub, rep = free_port(), free_port()
@@ -62,7 +61,15 @@ def test_a_child_that_cannot_start_ends_the_supervisor(procs: Callable[..., Proc
         port = taken.getsockname()[1]
         began = time.monotonic()
         parent = procs(
-            "serve", "--source", source(pub, rep), "--port", str(port), "--workers", "1", "--nats", nats_server.url
+            "serve",
+            "--source",
+            source_spec("sim", pub, rep),
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--nats",
+            nats_server.url,
         )
         code = parent.popen.wait(90)
     lines = parent.finished_output()
@@ -78,7 +85,7 @@ def test_a_child_that_cannot_start_ends_the_supervisor(procs: Callable[..., Proc
 
 
 def test_workers_from_the_environment_and_nats_from_the_file(
-    procs: Callable[..., Proc], nats_server: NatsServer, tmp_path: Path
+    procs: Start, nats_server: NatsServer, tmp_path: Path
 ) -> None:
     """KVGATEWAY_WORKERS and the file's [cluster] nats: serve runs the roles, no flag needed."""
     pub, rep, port = free_port(), free_port(), free_port()
@@ -86,7 +93,7 @@ def test_workers_from_the_environment_and_nats_from_the_file(
     path = tmp_path / "kvgateway.toml"
     path.write_text(f'[cluster]\nnats = "{nats_server.url}"\n')
     parent = procs(
-        "serve", "--source", source(pub, rep), "--port", str(port), "--config", str(path),
+        "serve", "--source", source_spec("sim", pub, rep), "--port", str(port), "--config", str(path),
         env={"KVGATEWAY_WORKERS": "1"},
     )  # fmt: skip
     parent.wait_for("with 1 edge processes", timeout=30)
@@ -95,12 +102,14 @@ def test_workers_from_the_environment_and_nats_from_the_file(
     assert parent.stop(20) == 0
 
 
-def test_a_private_nats_server_that_cannot_start_points_at_its_log(procs: Callable[..., Proc], tmp_path: Path) -> None:
+def test_a_private_nats_server_that_cannot_start_points_at_its_log(procs: Start, tmp_path: Path) -> None:
     """Its words are in its log (not the terminal): the one line says where."""
     nats_binary()
     state = tmp_path / "state"
     (state / "nats-server.log").mkdir(parents=True)  # a log it cannot open: it exits at once
-    parent = procs("serve", "--source", source(free_port(), free_port()), "--workers", "1", "--state-dir", str(state))
+    parent = procs(
+        "serve", "--source", source_spec("sim", free_port(), free_port()), "--workers", "1", "--state-dir", str(state)
+    )
     code = parent.popen.wait(90)
     lines = parent.finished_output()
     assert code == 1, lines
@@ -114,7 +123,9 @@ def test_a_state_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
     nats_binary()
     state = tmp_path / "state"
     state.write_text("not a directory\n")
-    proc = Proc("serve", "--source", source(free_port(), free_port()), "--workers", "1", "--state-dir", str(state))
+    proc = Proc(
+        "serve", "--source", source_spec("sim", free_port(), free_port()), "--workers", "1", "--state-dir", str(state)
+    )
     lines = proc.finished_output(timeout=60)
     assert proc.popen.returncode == 2, lines
     assert len(lines) == 1 and f"--state-dir {str(state)!r}" in lines[0], lines

@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cluster._nats import NatsServer
-from tests.support import REPO, Proc, free_ports, sim_endpoints, wait_until
+from tests.support import REPO, Proc, free_ports, sim_endpoints, source_spec, wait_until
+from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -193,7 +193,7 @@ def test_installed_gateway_serves_dashboard(artifacts: Artifacts) -> None:
         command=_kvgateway(venv), cwd=artifacts.elsewhere, env=ENV,
     )  # fmt: skip
     gateway = Proc(
-        "serve", "--source", f"name=sim,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep}",
+        "serve", "--source", source_spec("sim", pub, rep),
         "--port", str(port), command=_kvgateway(venv), cwd=artifacts.elsewhere, env=ENV,
     )  # fmt: skip
     try:
@@ -221,7 +221,7 @@ def test_installed_ingest_and_edge_on_nats(artifacts: Artifacts) -> None:
     nats = NatsServer(artifacts.root / "nats")
     nats.start()
     pub, rep, port = free_ports(3)
-    spec = f"name=sim,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep}"
+    spec = source_spec("sim", pub, rep)
     run = {"command": _kvgateway(venv), "cwd": artifacts.elsewhere, "env": ENV}
     procs = [Proc("simulate", "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", **run)]
     try:

@@ -18,7 +18,6 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -28,9 +27,7 @@ import zmq
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from tests.support import Proc, free_ports, wait_until
-
-from ._gateway_helpers import start_gateway
+from tests.support import BIG_QUEUE, Start, free_ports, source_spec, start_gateway, wait_until
 
 Stream = tuple[str, int]
 Key = tuple[str, int, str]  # (medium, group_idx, hash)
@@ -229,15 +226,16 @@ class ScriptedEngine:
     def _socket(self, kind: int, port: int) -> zmq.Socket[bytes]:
         sock = self.context.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        deadline = time.monotonic() + 10
-        while True:
+
+        def bound() -> bool:
             try:
                 sock.bind(f"tcp://127.0.0.1:{port}")
-                return sock
             except zmq.ZMQError:  # the old process's port, still closing
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+                return False
+            return True
+
+        wait_until(bound, timeout=10, interval=0.05, what=f"port {port} free to bind")
+        return sock
 
     def _answer(self) -> None:
         while not self._stop.is_set():
@@ -333,15 +331,15 @@ def check(client: DocClient, base: str, what: str) -> int:
 
 
 @pytest.mark.timeout(90)
-def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Callable[..., Proc]) -> None:
+def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Start) -> None:
     http, idle = free_ports(2)
     pub, rep = free_ports(2, spacing=2)
     specs = [
-        f"name=a,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep}",
-        f"name=b,endpoint=tcp://127.0.0.1:{idle}",
+        source_spec("a", pub, rep),
+        source_spec("b", idle),
     ]
     engine = ScriptedEngine(pub, rep, random.Random(25))
-    gw = start_gateway(procs, http, specs, "--replay-timeout", "0.5")
+    gw = start_gateway(procs, http, specs, "--replay-timeout", "0.5", client_queue_bytes=BIG_QUEUE)
     base = f"http://127.0.0.1:{http}"
     client: DocClient | None = None
     try:
@@ -448,7 +446,7 @@ def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Callab
         # A gateway restart: another epoch, so the client starts over from a fresh state.
         hellos = len(client.hellos)
         gw.proc.stop()
-        gw = start_gateway(procs, http, specs, "--replay-timeout", "0.5")
+        gw = start_gateway(procs, http, specs, "--replay-timeout", "0.5", client_queue_bytes=BIG_QUEUE)
         wait_until(lambda: len(client.hellos) > hellos and client.view()[1], timeout=20, what="a fresh state")
         assert client.hellos[-1] is False
         engine.run(range(9, 15))

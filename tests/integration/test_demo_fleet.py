@@ -13,12 +13,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 
 import httpx
 import pytest
 
-from tests.support import Proc, free_port, metric_values, proc_status
+from tests.support import Start, free_port, metric_values, proc_status
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -57,7 +56,7 @@ def lag_buckets(base: str) -> tuple[float, float]:
     return total, within
 
 
-def test_fleet_of_64_stays_light_and_stops_at_once(procs: Callable[..., Proc]) -> None:
+def test_fleet_of_64_stays_light_and_stops_at_once(procs: Start) -> None:
     port = free_port()
     demo = procs("demo", "--host", "127.0.0.1", "--port", str(port), "--streams", "64")
     base = demo.wait_for(r"dashboard at (http://\S+)", timeout=30).group(1).rstrip("/")

@@ -17,28 +17,32 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.support import Proc, free_ports, start_sim, wait_until
-
-from ._gateway_helpers import (
-    RefModel,
-    WsCollector,
-    fetch_history,
+from tests.support import (
+    BIG_QUEUE,
+    Proc,
+    Start,
+    free_ports,
     occupancy_counts,
     occupancy_stream,
+    scrape,
+    sim_done,
+    source_spec,
     source_status,
     start_gateway,
+    start_sim,
     stream_metrics,
+    wait_until,
 )
-from ._sim_helpers import Layout
+from tests.support.clients import WsCollector
+from tests.support.oracles import RefModel
+from tests.support.replay import Layout, fetch_history
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
-
-Start = Callable[..., Proc]
 
 
 @pytest.fixture
@@ -61,14 +65,8 @@ def engine_args(pub: int, rep: int | None, *args: str) -> list[str]:
     return [*out, "--linger", "600", *args]
 
 
-def source(pub: int, rep: int | None) -> str:
-    spec = f"name=a,endpoint=tcp://127.0.0.1:{pub}"
-    return spec if rep is None else f"{spec},replay=tcp://127.0.0.1:{rep}"
-
-
 def gap_attempts(base: str) -> dict[str, int]:
-    from ._gateway_helpers import scrape
-
+    """Replay requests of stream ``a`` by purpose."""
     return {
         labels["purpose"]: int(v)
         for labels, v in scrape(base).get("kvgateway_replay_attempts_total", [])
@@ -157,14 +155,14 @@ def test_holes_in_a_replay_reply_are_asked_again_until_every_batch_arrives(
     hwm = [] if load else ["--replay-hwm", "0"]
     http, pub, rep = free_ports(3)
     total = 6031
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "2")
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         sim = start_sim(
             procs,
             *engine_args(pub, rep, "--rate", "1000", "--batches", str(total), "--hwm", "10", *hwm),
             *("--buffer-steps", "10000", "--start-delay", "1.5", "--replay-drop", "3000-3050"),
         )
-        time.sleep(1.7)  # the engine's first 200 batches or so
+        wait_until(lambda: len(ws.seqs("a")) >= 200, timeout=30, what="the engine's first 200 batches")
         pause(gw.proc, 4.0)
         try:
             wait_until(lambda: ws.last_seq("a") == total - 1, timeout=120, what="the last batch on the WebSocket")
@@ -185,15 +183,15 @@ def test_a_reply_cut_short_without_its_end_marker_is_asked_again(procs: Start) -
     timeout it asks again from the first missing seq. Nothing is lost."""
     http, pub, rep = free_ports(3)
     total = 3001
-    start_sim(
+    sim = start_sim(
         procs,
         *engine_args(pub, rep, "--engine", "sglang", "--rate", "0", "--batches", str(total)),
         *("--replay-cut", "2500", "--replay-hwm", "0"),
     )
-    time.sleep(2.0)  # flat out: the engine is done and idle (no request may reach it first: it would be cut)
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "1")
+    sim_done(sim)  # flat out, then idle; no request of ours may reach it first: that one would be cut
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "1", client_queue_bytes=BIG_QUEUE)
     wait_until(lambda: source_status(gw.base, "a")["last_seq"] >= total - 1, timeout=30, what="the catch-up")
-    time.sleep(0.5)
+    wait_until(lambda: stream_metrics(gw.base, "a")["replay"], what="the catch-up's outcome counted")
     history = fetch_history(f"tcp://127.0.0.1:{rep}", layout="plain")
     seqs = [seq for seq, _ in history]
     assert seqs == list(range(len(seqs))) and len(seqs) >= total
@@ -210,7 +208,7 @@ def test_a_burst_whose_tail_never_came_live_is_fetched_once_the_engine_is_quiet(
     the replay socket for anything after its cursor and gets the tail."""
     http, pub, rep = free_ports(3)
     total = 1000
-    gw = start_gateway(procs, http, [source(pub, rep)])
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         start_sim(
             procs,
@@ -235,7 +233,7 @@ def test_a_reply_ahead_of_the_lagging_live_stream_is_kept_and_only_the_truly_los
     only 5970-6019: that reply is ahead of the live stream and is kept; 2030 alone is lost."""
     http, pub, rep = free_ports(3)
     total, lost = 6020, 2030
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "2")
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         start_sim(
             procs,
@@ -245,7 +243,7 @@ def test_a_reply_ahead_of_the_lagging_live_stream_is_kept_and_only_the_truly_los
         wait_until(lambda: len(ws.seqs("a")) >= 20, timeout=30, what="the first batches")
         pause(gw.proc, 4.5)
         wait_until(lambda: ws.last_seq("a") == total - 1, timeout=60, what="the last batch on the WebSocket")
-        time.sleep(0.5)  # any late notice would show now
+        time.sleep(0.5)  # not a wait for something: a late notice, were there one, would show meanwhile
         assert ws.seqs("a") == [s for s in range(total) if s != lost]
         gaps = ws.notices("a", 0, "unrecovered_gap")
         assert [(g["first"], g["until"], g["count"], g["reason"]) for g in gaps] == [(lost, lost, 1, "evicted")]
@@ -276,7 +274,7 @@ def test_a_young_engine_restart_is_recognised_and_the_new_process_caught_up(
         request.getfixturevalue("loaded")
     http, pub, rep = free_ports(3)
     layout = "plain" if engine == "sglang" else "topic"
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "2")
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
     common = ["--engine", engine, "--start-delay", "1"]
     with WsCollector(gw.ws_url) as ws:
         old = start_sim(procs, *engine_args(pub, rep, "--rate", "50", "--batches", "5", "--seed", "1", *common))
@@ -286,10 +284,11 @@ def test_a_young_engine_restart_is_recognised_and_the_new_process_caught_up(
             gw.proc.popen.send_signal(signal.SIGSTOP)
         try:
             old.kill()
+            # The scenario, not a wait: the engine stays down this long (the gateway's SUB backs off).
             time.sleep(6.0 if not paused else 1.0)
-            start_sim(procs, *engine_args(pub, rep, "--rate", "3000", "--batches", "600", "--seed", "2", *common))
+            new = start_sim(procs, *engine_args(pub, rep, "--rate", "3000", "--batches", "600", "--seed", "2", *common))
             if paused:
-                time.sleep(3.0)  # the new process publishes all it has while the gateway sleeps
+                sim_done(new)  # the new process publishes all it has while the gateway sleeps
         finally:
             gw.proc.popen.send_signal(signal.SIGCONT)
         history = wait_history(rep, 600, layout, "the new process's whole history")
@@ -315,7 +314,7 @@ def test_an_idle_engine_is_caught_up_as_soon_as_the_gateway_connects(procs: Star
     history = wait_history(rep, total, what="the engine's 1,500 batches")
     assert len(history) == total
     started = time.monotonic()
-    gw = start_gateway(procs, http, [source(pub, rep)])
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     wait_until(lambda: source_status(gw.base, "a")["last_seq"] == total - 1, timeout=10, what="the catch-up")
     assert time.monotonic() - started < 10
     assert_index_is(gw.base, model_of(history))
@@ -330,7 +329,7 @@ def test_history_older_than_the_engine_buffer_marks_the_stream_stale(procs: Star
     http, pub, rep = free_ports(3)
     start_sim(procs, *engine_args(pub, rep, "--rate", "0", "--batches", "300", "--buffer-steps", "100"))
     wait_until(lambda: len(fetch_history(f"tcp://127.0.0.1:{rep}")) == 100, timeout=30, what="the engine's batches")
-    gw = start_gateway(procs, http, [source(pub, rep)])
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     wait_until(lambda: source_status(gw.base, "a")["last_seq"] == 299, timeout=10, what="the catch-up")
     with WsCollector(gw.ws_url) as ws:
         status = source_status(gw.base, "a")
@@ -349,7 +348,7 @@ def test_history_older_than_the_engine_buffer_marks_the_stream_stale(procs: Star
 def test_a_clock_seeded_engine_restart_catches_up_the_new_process(procs: Start) -> None:
     http, pub, rep = free_ports(3)
     first = 1_700_000_000_000_000_000
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "2")
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         start_sim(
             procs,
@@ -357,8 +356,7 @@ def test_a_clock_seeded_engine_restart_catches_up_the_new_process(procs: Start) 
             *("--batches", "400", "--restart-at", str(first + 99), "--restart-down", "1", "--start-delay", "1"),
         )
         wait_until(lambda: len(ws.notices("a", 0, "restart")) == 1, timeout=60, what="the restart")
-        time.sleep(1.5)
-        history = fetch_history(f"tcp://127.0.0.1:{rep}")
+        history = wait_history(rep, 1, what="the new process's batches")
         new_seqs = [seq for seq, _ in history]
         assert new_seqs and new_seqs[0] > first + 99
         wait_until(lambda: batches_after_last_restart(ws)[: len(new_seqs)] == new_seqs, timeout=30, what="new seqs")
@@ -373,7 +371,7 @@ def test_a_clock_seeded_engine_restart_catches_up_the_new_process(procs: Start) 
 def test_sglang_metadata_field_is_kept_and_no_batch_is_lost(procs: Start) -> None:
     http, pub, rep = free_ports(3)
     total = 300
-    gw = start_gateway(procs, http, [source(pub, rep)])
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         start_sim(
             procs,
@@ -397,7 +395,7 @@ def test_sglang_metadata_field_is_kept_and_no_batch_is_lost(procs: Start) -> Non
 def test_batches_the_engine_dropped_before_a_clear_fence_are_counted_not_sent(procs: Start) -> None:
     http, pub, rep = free_ports(3)
     first = 1_700_000_000_000_000_000
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "2")
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "2", client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         start_sim(
             procs,
@@ -427,7 +425,7 @@ def test_batches_lost_around_a_restart_without_replay_carry_the_restart_reason(p
     back 0.3 s later) and publishes its first batches before the gateway's SUB reconnects: they
     are counted under ``restart``, and the stream does not turn degraded for it."""
     http, pub = free_ports(2)
-    gw = start_gateway(procs, http, [source(pub, None)])
+    gw = start_gateway(procs, http, [source_spec("a", pub, None)], client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         start_sim(
             procs,
@@ -490,14 +488,16 @@ def test_a_tail_probe_answered_by_a_young_new_process_before_the_reconnect_is_a_
     if load:
         request.getfixturevalue("loaded")
     http, pub, rep = free_ports(3)
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "10")
+    gw = start_gateway(
+        procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "10", client_queue_bytes=BIG_QUEUE
+    )
     with WsCollector(gw.ws_url) as ws:
         old = start_sim(procs, *engine_args(pub, rep, "--rate", "50", "--batches", "5", "--seed", "1", *LATE))
         wait_until(lambda: len(ws.seqs("a")) >= 5, timeout=30, what="the old process's batches")
         old.kill()
         old_seqs = ws.seqs("a")
         wait_until(lambda: gap_attempts(gw.base).get("tail", 0) >= 1, timeout=30, what="the tail probe")
-        time.sleep(1.0)  # the SUB socket's reconnect interval grows towards its 2 s ceiling
+        time.sleep(1.0)  # the scenario: the engine stays down while the SUB's reconnects back off to 2 s
         start_sim(procs, *engine_args(pub, rep, "--rate", "500", "--batches", "1000", "--seed", "2"))
         assert_both_epochs_exact(gw, ws, rep, old_seqs, 1000)
 
@@ -517,7 +517,9 @@ def test_a_gateway_paused_across_a_counting_trtllm_restart_does_not_take_the_new
         request.getfixturevalue("loaded")
     http, pub, rep = free_ports(3)
     trt = ["--engine", "trtllm", "--start-seq", "0", "--heartbeat", "0"]
-    gw = start_gateway(procs, http, [source(pub, rep)], "--replay-timeout", "10")
+    gw = start_gateway(
+        procs, http, [source_spec("a", pub, rep)], "--replay-timeout", "10", client_queue_bytes=BIG_QUEUE
+    )
     with WsCollector(gw.ws_url) as ws:
         old = start_sim(procs, *engine_args(pub, rep, "--rate", "200", "--batches", "100", "--seed", "1", *trt, *LATE))
         wait_until(lambda: len(ws.seqs("a")) >= 100, timeout=30, what="the old process's batches")
@@ -527,7 +529,7 @@ def test_a_gateway_paused_across_a_counting_trtllm_restart_does_not_take_the_new
         gw.proc.popen.send_signal(signal.SIGSTOP)
         try:
             start_sim(procs, *engine_args(pub, rep, "--rate", "200", "--batches", "350", "--seed", "2", *trt))
-            time.sleep(0.8)  # the new process passes the old cursor while the gateway sleeps
+            wait_history(rep, len(old_seqs) + 1, what="the new process past the old cursor while the gateway sleeps")
         finally:
             gw.proc.popen.send_signal(signal.SIGCONT)
         assert_both_epochs_exact(gw, ws, rep, old_seqs, 350)

@@ -32,9 +32,18 @@ from kvgateway.log.render import hash_text, render_events
 from kvgateway.state.blocks import blocks_document, capture, state_messages
 from kvgateway.state.lookup import lookup_hashes, parse_hash
 from kvgateway.state.occupancy import OccupancyIndex
-from tests.support import REPO, Proc, free_ports, start_sim, wait_until
-
-from ._gateway_helpers import start_gateway, warmup
+from tests.support import (
+    BIG_QUEUE,
+    REPO,
+    Proc,
+    Start,
+    free_ports,
+    source_spec,
+    start_gateway,
+    start_sim,
+    wait_until,
+    warmup,
+)
 
 ROUTER = REPO / "examples" / "go" / "router"
 GOPATH = Path("/usr/share/gocode")
@@ -250,20 +259,18 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
-def router_proc(router_bin: Path) -> Iterator[Callable[[str, int], subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
+def router_proc(router_bin: Path) -> Iterator[Callable[[str, int], Proc]]:
+    started: list[Proc] = []
 
-    def start(gateway: str, port: int) -> subprocess.Popen[str]:
-        args = [str(router_bin), "-gateway", gateway, "-listen", f"127.0.0.1:{port}"]
-        env = {**os.environ, "KVGATEWAY_TOKEN": TOKEN}
-        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    def start(gateway: str, port: int) -> Proc:
+        args = ("-gateway", gateway, "-listen", f"127.0.0.1:{port}")
+        proc = Proc(*args, env={"KVGATEWAY_TOKEN": TOKEN}, command=(str(router_bin),))
         started.append(proc)
         return proc
 
     yield start
     for proc in started:
-        proc.terminate()
-        proc.wait(5)
+        proc.stop(5)
 
 
 class Checks:
@@ -323,6 +330,10 @@ class Checks:
         raise AssertionError(f"the router and the gateway never lined up: router (ready, epoch, offset, id) {state}")
 
 
+def _offset(base: str) -> int:
+    return int(httpx.get(f"{base}/v1/sources", headers=AUTH, timeout=10).json()["offset"])
+
+
 def _counters(base: str) -> dict[str, int]:
     sources = httpx.get(f"{base}/v1/sources", headers=AUTH, timeout=10).json()["sources"]
     total: dict[str, int] = {}
@@ -334,12 +345,12 @@ def _counters(base: str) -> dict[str, int]:
 
 @pytest.mark.timeout(90)
 def test_router_follows_a_live_gateway_through_churn_restart_gap_and_gateway_restart(
-    procs: Callable[..., Proc], router_proc: Callable[[str, int], subprocess.Popen[str]]
+    procs: Start, router_proc: Callable[[str, int], Proc]
 ) -> None:
     http, router_port = free_ports(2)
     pub, rep = free_ports(2, spacing=2)
-    spec = f"name=a,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep},dp_size=2"
-    gw = start_gateway(procs, http, [spec], "--token", TOKEN, "--replay-timeout", "0.5")
+    spec = source_spec("a", pub, rep, 2)
+    gw = start_gateway(procs, http, [spec], "--token", TOKEN, "--replay-timeout", "0.5", client_queue_bytes=BIG_QUEUE)
     engine = ["--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", "--dp-size", "2"]
     churn = ["--rate", "40", "--cpu-offload", "--gpu-blocks", "256", "--cpu-blocks", "512", "--clear-every", "97"]
     faults = ["--restart-at", "120", "--skip", "160-163", "--replay-drop", "160-163x1000"]
@@ -361,12 +372,12 @@ def test_router_follows_a_live_gateway_through_churn_restart_gap_and_gateway_res
     paused_check()
     wait_until(lambda: _counters(gw.base)["unrecovered"] >= 2, timeout=20, what="the forced gap on both ranks")
     paused_check()
-    time.sleep(1.0)
+    wait_until(lambda: _offset(gw.base) >= checks.offsets[-1] + 50, timeout=20, what="more churn since the last check")
     paused_check()
 
     # A new gateway process: another epoch, so the router's last id is not recovered: a new snapshot.
     gw.proc.stop()
-    gw = start_gateway(procs, http, [spec], "--token", TOKEN, "--replay-timeout", "0.5")
+    gw = start_gateway(procs, http, [spec], "--token", TOKEN, "--replay-timeout", "0.5", client_queue_bytes=BIG_QUEUE)
     epoch = httpx.get(f"{gw.base}/healthz", timeout=10).json()["epoch"]
     wait_until(lambda: httpx.get(f"{checks.router}/blocks", timeout=10).json()["epoch"] == epoch, timeout=15)
     paused_check()

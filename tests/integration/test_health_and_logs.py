@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 
-from tests.support import Proc, free_port, free_ports, wait_until
+from tests.support import Proc, Start, free_port, free_ports, source_spec, wait_until
 
 TOKEN = "tok-3f9a1c77e2"
 
 
-def test_json_logs_health_and_readiness(procs: Callable[..., Proc]) -> None:
+def test_json_logs_health_and_readiness(procs: Start) -> None:
     http = free_port()
     pub, dead = free_ports(2)
     # One engine that is up (a simulator) and one that never answers.
@@ -29,9 +28,9 @@ def test_json_logs_health_and_readiness(procs: Callable[..., Proc]) -> None:
         "--log-format",
         "json",
         "--source",
-        f"name=live,endpoint=tcp://127.0.0.1:{pub}",
+        source_spec("live", pub),
         "--source",
-        f"name=gone,endpoint=tcp://127.0.0.1:{dead}",
+        source_spec("gone", dead),
     )
     gateway.wait_for(r"serving on")
     base = f"http://127.0.0.1:{http}"
@@ -66,12 +65,12 @@ def test_json_logs_health_and_readiness(procs: Callable[..., Proc]) -> None:
     assert TOKEN not in gateway.output()
 
 
-def test_ready_when_every_stream_is_connected(procs: Callable[..., Proc]) -> None:
+def test_ready_when_every_stream_is_connected(procs: Start) -> None:
     http = free_port()
     (pub,) = free_ports(1, spacing=2)
     engine = procs("simulate", "--endpoint", f"tcp://*:{pub}", "--dp-size", "2", "--rate", "20")
     engine.wait_for(r"rank 1 publishing")
-    gateway = procs("serve", "--port", str(http), "--source", f"name=e,endpoint=tcp://127.0.0.1:{pub},dp_size=2")
+    gateway = procs("serve", "--port", str(http), "--source", source_spec("e", pub, dp_size=2))
     gateway.wait_for(r"serving on")
     response = wait_until(
         lambda: (r := httpx.get(f"http://127.0.0.1:{http}/readyz", timeout=5)).status_code == 200 and r,
@@ -92,7 +91,7 @@ def _records(proc: Proc) -> list[dict[str, Any]]:
     return [json.loads(line) for line in list(proc.lines) if line.startswith("{")]
 
 
-def test_streams_that_never_connect_are_logged_with_the_true_reason(procs: Callable[..., Proc]) -> None:
+def test_streams_that_never_connect_are_logged_with_the_true_reason(procs: Start) -> None:
     """An unresolvable host and a closed port: each stream's first failure is a WARNING with its
     own reason, /readyz gives the same reasons, and later changes (up, down) are WARNINGs too."""
     http = free_port()
@@ -106,7 +105,7 @@ def test_streams_that_never_connect_are_logged_with_the_true_reason(procs: Calla
         "--source",
         "name=dns,endpoint=tcp://no-such-engine.invalid:5557",
         "--source",
-        f"name=closed,endpoint=tcp://127.0.0.1:{closed}",
+        source_spec("closed", closed),
     )
     gateway.wait_for(r"serving on")
 
@@ -151,7 +150,7 @@ def test_streams_that_never_connect_are_logged_with_the_true_reason(procs: Calla
     gateway.stop()
 
 
-def test_uvicorn_lines_share_the_format_and_access_lines_are_debug_only(procs: Callable[..., Proc]) -> None:
+def test_uvicorn_lines_share_the_format_and_access_lines_are_debug_only(procs: Start) -> None:
     (pub,) = free_ports(1)
     outputs: dict[str, list[dict[str, Any]]] = {}
     for level in ("info", "debug"):
@@ -165,7 +164,7 @@ def test_uvicorn_lines_share_the_format_and_access_lines_are_debug_only(procs: C
             "--log-level",
             level,
             "--source",
-            f"name=e,endpoint=tcp://127.0.0.1:{pub}",
+            source_spec("e", pub),
         )
         gateway.wait_for(r"serving on")
         base = f"http://127.0.0.1:{http}"

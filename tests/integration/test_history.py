@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 from jsonschema import Draft202012Validator
 
-from tests.support import REPO, Proc, free_port, metric, start_half_fleet, wait_until
+from tests.support import REPO, Start, free_port, metric, start_half_fleet, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_history_route(procs: Callable[..., Proc]) -> None:
+def test_history_route(procs: Start) -> None:
     port = free_port()
     demo = procs("demo", "--host", "127.0.0.1", "--port", str(port), "--rate", "20")
     base = demo.wait_for(r"dashboard at (http://\S+)", timeout=30).group(1).rstrip("/")
@@ -89,7 +88,7 @@ def test_history_route(procs: Callable[..., Proc]) -> None:
     assert httpx.get(f"{base}/v1/analytics?x=1", timeout=5).status_code == 400
 
 
-def test_prefix_spread_counts_only_the_engines_that_are_up(procs: Callable[..., Proc]) -> None:
+def test_prefix_spread_counts_only_the_engines_that_are_up(procs: Start) -> None:
     # two configured streams, one engine running: "of 2 engines" would count one that holds nothing
     gateway = start_half_fleet(procs)
 

@@ -22,28 +22,32 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from tests.support import Proc, free_ports, sim_ready, start_sim, wait_until
-
-from ._gateway_helpers import (
-    RefModel,
-    WsCollector,
-    fetch_history,
+from tests.support import (
+    BIG_QUEUE,
+    Proc,
+    Start,
+    free_ports,
     occupancy_counts,
     occupancy_stream,
+    sim_ready,
+    source_spec,
     source_status,
     start_gateway,
+    start_sim,
     stream_metrics,
+    wait_until,
     warmup,
 )
+from tests.support.clients import WsCollector
+from tests.support.oracles import RefModel
+from tests.support.replay import fetch_history
 
 pytestmark = pytest.mark.timeout(150)
-
-Start = Callable[..., Proc]
 
 
 def loopback(port: int) -> str:
@@ -52,8 +56,7 @@ def loopback(port: int) -> str:
 
 def bound_source(name: str, pub: int, replay: int | None = None, dp_size: int = 1) -> str:
     """A ``--source`` the gateway binds (the simulator connects to it)."""
-    spec = f"name={name},endpoint={loopback(pub)},bind=true,dp_size={dp_size}"
-    return spec if replay is None else f"{spec},replay={loopback(replay)}"
+    return source_spec(name, pub, replay, dp_size, bind="true")
 
 
 def connecting_sim(
@@ -149,7 +152,7 @@ def test_skipped_range_is_replayed_and_every_batch_delivered_once_in_order(procs
     """
     http, pub, rep = free_ports(3)
     total, first, last, rate = 10_000, 8000, 8499, 3000
-    gw = start_gateway(procs, http, [bound_source("a", pub, rep)])
+    gw = start_gateway(procs, http, [bound_source("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         connecting_sim(
             procs,
@@ -199,7 +202,7 @@ def test_history_evicted_before_the_replay_is_reported_unrecovered(procs: Start)
     the reply starts at 350, so 100-349 are lost for good, 350-399 come back, 400-499 follow."""
     http, pub, rep = free_ports(3)
     rate, total, keep = 1000, 500, 150
-    gw = start_gateway(procs, http, [bound_source("a", pub, rep)])
+    gw = start_gateway(procs, http, [bound_source("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         connecting_sim(
             procs,
@@ -243,7 +246,7 @@ def test_publisher_restart_resets_the_stream_and_loses_nothing_after_it(procs: S
     and the stream's index holds exactly what the new process announced."""
     http, pub, rep = free_ports(3)
     rate, before, after = 1000, 300, 200
-    gw = start_gateway(procs, http, [bound_source("a", pub, rep)])
+    gw = start_gateway(procs, http, [bound_source("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         connecting_sim(
             procs,
@@ -324,6 +327,7 @@ def test_failed_replays_lose_only_the_gap_and_do_not_hold_up_other_streams(procs
         ],
         "--replay-timeout",
         str(timeout),
+        client_queue_bytes=BIG_QUEUE,
     )
     warm = WARM
     skip = ["--skip", "100-199"]
@@ -383,7 +387,7 @@ def test_undecodable_payloads_are_counted_and_skipped_without_a_gap(procs: Start
     http, pub, rep = free_ports(3)
     rate, total = 1000, 300
     garbage = [7, 8, 150, total - 1]
-    gw = start_gateway(procs, http, [bound_source("a", pub, rep)])
+    gw = start_gateway(procs, http, [bound_source("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     with WsCollector(gw.ws_url) as ws:
         extra = [arg for seq in garbage for arg in ("--garbage-at", str(seq))]
         connecting_sim(procs, pub, rep, rate=rate, batches=total, warm=WARM, extra=extra)
@@ -430,7 +434,10 @@ def test_flooding_engine_does_not_delay_a_modest_one(procs: Start) -> None:
     http, p_flood, p_modest = free_ports(3, spacing=2)
     rate, total, max_lag, median_lag = 100, 150, 1.5, 0.5
     gw = start_gateway(
-        procs, http, [bound_source("flood", p_flood, dp_size=2), bound_source("modest", p_modest, dp_size=2)]
+        procs,
+        http,
+        [bound_source("flood", p_flood, dp_size=2), bound_source("modest", p_modest, dp_size=2)],
+        client_queue_bytes=BIG_QUEUE,
     )
     # Cheap to generate, costly to ingest (offload copies, evictions): hundreds of hashes per event batch.
     flood = ["--events-per-batch", "400-700", "--cpu-offload", "--gpu-blocks", "512", "--cpu-blocks", "1024"]
@@ -519,7 +526,7 @@ def test_gateway_started_late_catches_up_the_history_by_replay(procs: Start) -> 
     )
     started = time.monotonic()
     time.sleep(0.5)  # let the engine publish about 500 batches first (no count depends on this)
-    gw = start_gateway(procs, http, [f"name=a,endpoint={loopback(pub)},replay={loopback(rep)}"])
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     assert time.monotonic() - started < history / rate - replay_delay - 0.2, (
         "the gateway started too late for this test"
     )

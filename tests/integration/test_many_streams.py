@@ -15,9 +15,7 @@ import time
 
 import httpx
 
-from tests.support import REPO, Start, free_port, free_ports
-
-from ._gateway_helpers import start_gateway
+from tests.support import BIG_QUEUE, REPO, Start, free_port, free_ports, source_spec, start_gateway
 
 
 def _fleet(count: int, per_source: int = 1000) -> list[str]:
@@ -25,14 +23,14 @@ def _fleet(count: int, per_source: int = 1000) -> list[str]:
     specs = []
     for index, base in enumerate(free_ports((count + per_source - 1) // per_source, spacing=per_source)):
         size = min(per_source, count - index * per_source)
-        specs.append(f"name=fleet{index},endpoint=tcp://127.0.0.1:{base},dp_size={size}")
+        specs.append(source_spec(f"fleet{index}", base, dp_size=size))
     return specs
 
 
 def test_a_thousand_streams_start_are_listed_and_stop_cleanly(procs: Start) -> None:
     port = free_port()
     started = time.monotonic()
-    gateway = start_gateway(procs, port, _fleet(1000), timeout=60)
+    gateway = start_gateway(procs, port, _fleet(1000), timeout=60, client_queue_bytes=BIG_QUEUE)
     sources = httpx.get(f"{gateway.base}/v1/sources", timeout=30).json()["sources"]
     assert len(sources) == 1000
     assert {(s["source"], s["dp_rank"]) for s in sources} == {("fleet0", r) for r in range(1000)}

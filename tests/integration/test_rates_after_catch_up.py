@@ -8,22 +8,26 @@ live batches over the gateway's uptime, not 3,500 batches, and not anything divi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import httpx
 import msgspec
 import pytest
 
-from tests.support import Proc, free_ports, start_sim, wait_until
-
-from ._gateway_helpers import fetch_history, start_gateway, stream_metrics
+from tests.support import (
+    BIG_QUEUE,
+    Start,
+    free_ports,
+    source_spec,
+    start_gateway,
+    start_sim,
+    stream_metrics,
+    wait_until,
+)
+from tests.support.replay import fetch_history
 
 
 def loopback(port: int) -> str:
     return f"tcp://127.0.0.1:{port}"
-
-
-Start = Callable[..., Proc]
 
 
 @pytest.mark.slow
@@ -50,8 +54,8 @@ def test_rates_count_live_batches_over_the_uptime(procs: Start) -> None:
         "60",
     )
     started = time.monotonic()
-    time.sleep(0.5)
-    gw = start_gateway(procs, http, [f"name=a,endpoint={loopback(pub)},replay={loopback(rep)}"])
+    time.sleep(0.5)  # the scenario: the engine publishes a while before the gateway starts (no count depends on it)
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
     assert time.monotonic() - started < history / rate - 0.2, "the gateway started too late for this test"
     got = wait_until(
         lambda: (m := stream_metrics(gw.base, "a"))["last_seq"] == total - 1 and m["replay"] and m,

@@ -8,7 +8,6 @@ The Go router's end-to-end run is in test_go_router.py.
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from typing import Any
 
@@ -16,9 +15,8 @@ import httpx
 import pytest
 from jsonschema import Draft202012Validator
 
-from tests.support import REPO, free_ports, start_sim, wait_until
-
-from ._gateway_helpers import WsCollector, start_gateway, warmup
+from tests.support import BIG_QUEUE, REPO, free_ports, source_spec, start_gateway, start_sim, wait_until, warmup
+from tests.support.clients import WsCollector
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,9 +82,9 @@ def _apply(index: dict[tuple[Any, ...], int], message: dict[str, Any]) -> None:
 def fleet(procs: Any) -> str:
     http, pub, rep = free_ports(3, spacing=2)
     args = ["--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", "--dp-size", "2"]
-    spec = f"name=a,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{rep},dp_size=2"
+    spec = source_spec("a", pub, rep, 2)
     extra = ["--token", TOKEN, "--lookup-burst", "40", "--lookup-rate", "0.01", "--max-snapshots", "3"]
-    gw = start_gateway(procs, http, [spec], *extra)
+    gw = start_gateway(procs, http, [spec], *extra, client_queue_bytes=BIG_QUEUE)
     sim_args = [*args, "--rate", "200", "--batches", str(BATCHES), "--cpu-offload", *warmup(1.0)]
     start_sim(procs, *sim_args, ranks=2)
     return gw.base
@@ -94,7 +92,11 @@ def fleet(procs: Any) -> str:
 
 def test_snapshot_then_stream_equals_the_blocks_document_and_lookups_answer(fleet: str, procs: Any) -> None:
     base = fleet
-    time.sleep(1.6)  # some history before the client connects
+    wait_until(
+        lambda: httpx.get(f"{base}/v1/sources", headers=AUTH, timeout=10).json()["offset"] >= 200,
+        timeout=30,
+        what="some history before the client connects",
+    )
     ws_url = base.replace("http", "ws") + "/v1/ws"
     with WsCollector(ws_url, query=f"snapshot=blocks&token={TOKEN}") as ws:
         _quiet_offset(base)

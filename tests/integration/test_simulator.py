@@ -8,7 +8,7 @@ import itertools
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -20,22 +20,13 @@ import zmq.asyncio
 from kvgateway import cli
 from kvgateway.engine import wire
 from kvgateway.simulator import Faults, SimulatedEngine, Workload, add_arguments, build_engines, encode
-from tests.support import Proc, free_ports, sim_endpoints
-
-from ._sim_helpers import Layout, connectable, parse_replay_reply, replay_async, replay_sync
+from tests.support import Proc, arun, connectable, free_ports, sim_done, sim_endpoints, until
+from tests.support.replay import Layout, parse_replay_reply, replay_async, replay_sync
 
 pytestmark = pytest.mark.timeout(60)
 
 T = TypeVar("T")
 _names = itertools.count()
-
-
-def arun(coro: Coroutine[Any, Any, T], timeout: float = 20.0) -> T:
-    async def bounded() -> T:
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    return asyncio.run(bounded())
 
 
 # --- the real CLI ---------------------------------------------------------------------------
@@ -255,6 +246,20 @@ def test_defaults_match_the_brief() -> None:
 # --- SimulatedEngine in-process (inproc transport, one shared context) ----------------------
 
 
+def inproc_sub(context: zmq.asyncio.Context, endpoint: str) -> zmq.asyncio.Socket:
+    """A SUB to everything of an inproc PUB, subscribed before the PUB's first send, with no wait:
+    an inproc connect writes the subscription into the new pipe and posts the pipe to the PUB,
+    which attaches it, reading the subscription, when it next processes its commands, at the
+    latest on its first send. (Over TCP the subscription travels on its own: see the restart test.)"""
+    assert endpoint.startswith("inproc://"), endpoint
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.RCVHWM, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    return sub
+
+
 @asynccontextmanager
 async def engine_and_sub(
     **kwargs: Any,
@@ -265,12 +270,7 @@ async def engine_and_sub(
     kwargs.setdefault("replay_endpoint", f"inproc://{name}-replay")
     engine = SimulatedEngine(f"inproc://{name}", context=context, **kwargs)
     await engine.start()
-    sub = context.socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.RCVHWM, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(engine.bound_endpoint)
-    await asyncio.sleep(0.05)  # let the subscription reach the PUB socket
+    sub = inproc_sub(context, engine.bound_endpoint)
     try:
         yield context, engine, sub
     finally:
@@ -432,7 +432,7 @@ def test_replay_delay_answers_late_while_live_goes_on() -> None:
         async with engine_and_sub(rate=100, faults=Faults(replay_delay=0.4)) as (context, engine, sub):
             runner = asyncio.ensure_future(engine.run())
             try:
-                await asyncio.sleep(0.1)
+                await until(lambda: engine.published, what="the run under way")
                 assert engine.replay_endpoint is not None
                 started = time.monotonic()
                 reply = asyncio.ensure_future(replay_async(context, engine.replay_endpoint, 0, within=5))
@@ -506,7 +506,7 @@ def test_stop_ends_an_unbounded_run_promptly() -> None:
     async def scenario() -> None:
         async with engine_and_sub(rate=500) as (_, engine, _sub):
             runner = asyncio.ensure_future(engine.run())
-            await asyncio.sleep(0.1)
+            await until(lambda: engine.published, what="the run under way")
             engine.stop()
             stopped = time.monotonic()
             await runner
@@ -601,7 +601,7 @@ def test_long_reply_through_the_default_hwm_loses_batches_the_engine_still_holds
             got = list(first)
             for _ in range(10):
                 await dealer.send_multipart([b"", wire.seq_bytes(got[-1] + 1)])
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # the same slow DEALER: not reading while the engine answers
                 more, ended = await _read_reply(dealer)
                 assert more and more[0] == got[-1] + 1
                 got += more
@@ -681,6 +681,8 @@ def test_real_restart_disconnects_subscribers_and_starts_a_new_process() -> None
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sub.connect(pub)
+        # Over TCP a PUB does not tell when a subscription has reached it, and this engine's PUB
+        # (vLLM's, not an XPUB) cannot: the one wait with nothing to await (the slow joiner).
         await asyncio.sleep(0.2)
         try:
             runner = asyncio.ensure_future(engine.run())
@@ -727,7 +729,7 @@ def test_lose_tail_consumes_seqs_that_are_never_sent_nor_buffered() -> None:
     async def scenario() -> None:
         async with engine_and_sub(rate=200, faults=Faults(lose_tail=3)) as (_, engine, sub):
             runner = asyncio.ensure_future(engine.run())
-            await asyncio.sleep(0.2)
+            await until(lambda: len(engine.published) >= 10, what="ten batches published")
             engine.stop()
             await runner
             live = seqs_of([await sub.recv_multipart() for _ in range(len(engine.published))])
@@ -777,12 +779,7 @@ def test_sglang_flavour() -> None:
         )
         assert (engine.form, engine.replay_layout, engine.workload.hash_kind) == ("array", "plain", "signed")
         await engine.start()
-        sub = context.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, 0)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(engine.bound_endpoint)
-        await asyncio.sleep(0.05)
+        sub = inproc_sub(context, engine.bound_endpoint)
         try:
             live = await live_until(sub, engine)
             assert seqs_of(live) == [*range(80), *range(40)]
@@ -906,7 +903,7 @@ def test_cli_sglang_replay_plain_and_wrong_shapes_get_no_answer() -> None:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         ((_, _, replay),) = sim_endpoints(sim, 1)
-        time.sleep(0.5)  # 30 batches flat out
+        sim_done(sim)  # 30 batches flat out
         dealer = context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(connectable(replay))

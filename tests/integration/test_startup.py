@@ -9,16 +9,22 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import zmq
 
-from tests.support import REPO, Proc, free_port, free_ports, start_sim, wait_until
-
-from ._gateway_helpers import start_gateway, stream_metrics
-
-Start = Callable[..., Proc]
+from tests.support import (
+    BIG_QUEUE,
+    REPO,
+    Start,
+    free_port,
+    free_ports,
+    start_gateway,
+    start_sim,
+    stream_metrics,
+    wait_until,
+)
 
 
 @pytest.fixture
@@ -106,7 +112,9 @@ def test_an_ipv6_engine_is_connected_to_and_replayed_from(procs: Start) -> None:
         "--linger",
         "60",
     )
-    gw = start_gateway(procs, http, [f"name=v6,endpoint=tcp://[::1]:{pub},replay=tcp://[::1]:{rep}"])
+    gw = start_gateway(
+        procs, http, [f"name=v6,endpoint=tcp://[::1]:{pub},replay=tcp://[::1]:{rep}"], client_queue_bytes=BIG_QUEUE
+    )
     assert "v6[0]=tcp://[::1]" in gw.proc.output()  # connect: the summary would say "bind"
     assert "v6[0]=bind" not in gw.proc.output()
 

@@ -18,6 +18,7 @@ from kvgateway.log.ordered import STATUS, BatchRecord, MemoryLog, NoticeRecord
 from kvgateway.log.ring import Entry
 from kvgateway.simulator import encode
 from kvgateway.state.occupancy import OccupancyIndex
+from tests.support import until as support_until
 
 TOPIC = b"kv"
 
@@ -68,11 +69,15 @@ class Engine:
 
 
 async def until(condition: Callable[[], bool], engine: Engine, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
+    """:func:`tests.support.until`, the engine answering replay requests between the tries."""
+
+    def answered() -> bool:
+        if condition():
+            return True
         engine.answer()
-        await asyncio.sleep(0.01)
+        return False
+
+    await support_until(answered, within, "the condition", interval=0.01)
 
 
 def run(scenario: Callable[[Engine, StreamReader, list[Any], OccupancyIndex], Coroutine[Any, Any, None]]) -> None:

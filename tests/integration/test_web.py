@@ -20,7 +20,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -35,7 +34,22 @@ from jsonschema import Draft202012Validator, validators
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.support import REPO, Gateway, Proc, free_ports, metric_values, start_gateway, start_sim, wait_until
+from tests.support import (
+    REPO,
+    Gateway,
+    Proc,
+    Procs,
+    arun,
+    free_ports,
+    metric_values,
+    sim_flags,
+    source_spec,
+    start_gateway,
+    start_sim,
+    until,
+    wait_until,
+)
+from tests.support import Start as Starter
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,26 +63,6 @@ TOKEN = "tk-5Qx9-web-tests-7Rv2"
 ALLOWED_ORIGIN = "http://dashboard.example"
 UNKNOWN_EPOCH = "ffffffffffffffff"
 U53 = 2**53
-
-
-def arun(coro: Coroutine[Any, Any, T], timeout: float = 90.0) -> T:
-    async def bounded() -> T:
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    return asyncio.run(bounded())
-
-
-async def until(predicate: Callable[[], Any], within: float = 20.0, what: str = "") -> Any:
-    """Poll ``predicate`` (sync, cheap) on the event loop until it is truthy; bounded."""
-    deadline = time.monotonic() + within
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what or predicate!r}; last {value!r}")
-        await asyncio.sleep(0.02)
 
 
 # --- the schema: every message received in this module is checked against it ----------------
@@ -194,32 +188,16 @@ def test_the_schema_check_rejects_what_the_schema_forbids() -> None:
 # --- processes --------------------------------------------------------------------------------
 
 
-Starter = Callable[..., Proc]
-
-
 @pytest.fixture(scope="module")
 def module_procs() -> Iterator[Starter]:
     """Like conftest's ``procs``, for the gateways this module's tests share."""
-    started: list[Proc] = []
-
-    def start(*args: str, env: dict[str, str] | None = None) -> Proc:
-        proc = Proc(*args, env=env)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in reversed(started):
-        proc.stop()
+    started = Procs()
+    yield started
+    started.stop_all()
 
 
 def start_simulator(start: Starter, pub: int, replay: int, *extra: str, ranks: int = 1) -> Proc:
-    return start_sim(
-        start, "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{replay}", *extra, ranks=ranks
-    )
-
-
-def source_spec(name: str, pub: int, replay: int, dp_size: int = 1) -> str:
-    return f"name={name},endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{replay},dp_size={dp_size}"
+    return start_sim(start, *sim_flags(pub, replay), *extra, ranks=ranks)
 
 
 def wait_streams(gateway: Gateway, streams: list[tuple[str, int]]) -> None:
@@ -913,12 +891,13 @@ def test_every_batch_reaches_every_matching_client_in_order(live: Gateway) -> No
 
 async def gateway_passes(gateway: Gateway, offset: int, within: float = 20.0) -> int:
     """Until the gateway's latest offset is at least ``offset``; that offset."""
-    deadline = time.monotonic() + within
-    while (current := await gateway.offset_async()) < offset:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the gateway is at offset {current}, expected {offset} by now")
-        await asyncio.sleep(0.05)
-    return current
+
+    async def passed() -> tuple[int] | None:
+        current = await gateway.offset_async()
+        return (current,) if current >= offset else None  # a tuple: truthy at offset 0 too
+
+    (current,) = await until(passed, within, f"the gateway at offset {offset}", interval=0.05)
+    return int(current)
 
 
 async def resumes(gateway: Gateway) -> dict[tuple[str, str], float]:
@@ -1042,7 +1021,7 @@ neither live nor replay brings them, however late the gateway connects."""
 
 def gap_source(pub: int, replay: int) -> tuple[str, list[str]]:
     """The gap test's source, and its engine's endpoints."""
-    return source_spec("gap", pub, replay), ["--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{replay}"]
+    return source_spec("gap", pub, replay), sim_flags(pub, replay)
 
 
 @pytest.fixture
@@ -1427,14 +1406,12 @@ def test_a_cut_client_that_never_reads_again_is_disconnected(procs: Starter, ser
                 )
             assert await gateway.metric_async("kvgateway_clients") == 0
             ports = {"ws": ws_sock.getsockname()[1], "sse": sse_sock.getsockname()[1]}
-            deadline = time.monotonic() + CUT_CLIENT_RELEASE_SECONDS
-            while held := [t for t, port in ports.items() if gateway_holds(http_port, port)]:
-                if time.monotonic() > deadline:
-                    raise AssertionError(
-                        f"{CUT_CLIENT_RELEASE_SECONDS:.0f} s after cutting them, the gateway still holds the "
-                        f"connections of {held} clients that never read again"
-                    )
-                await asyncio.sleep(0.2)
+            await until(
+                lambda: not [t for t, port in ports.items() if gateway_holds(http_port, port)],
+                CUT_CLIENT_RELEASE_SECONDS,
+                "the gateway to let go of the connections of clients that never read again",
+                interval=0.2,
+            )
         finally:
             ws_sock.close()
             sse_sock.close()

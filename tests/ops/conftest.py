@@ -1,4 +1,4 @@
-"""Fixtures of the deployment and operations tests (helpers: tests/ops/support.py)."""
+"""Fixtures of the deployment and operations tests (helpers: tests/support/deploy.py and catalogue.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import shutil
 
 import pytest
 
-from tests.ops.support import PROMTOOL_MISSING, Catalogue, build_catalogue
+from tests.support.catalogue import Catalogue, build_catalogue
+from tests.support.deploy import PROMTOOL_MISSING
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from kvgateway import config
-from tests.ops.support import DEPLOY, REPO, load_yaml, load_yaml_all
+from tests.support import REPO
+from tests.support.deploy import DEPLOY, load_yaml, load_yaml_all
 
 EXAMPLE_TOML = DEPLOY / "kvgateway.example.toml"
 COMPOSE = DEPLOY / "compose.yaml"

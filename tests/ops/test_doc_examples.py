@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 from kvgateway import cli, config
-from tests.ops.support import Catalogue, metric_names_in
 from tests.support import REPO, free_port, free_ports
+from tests.support.catalogue import Catalogue
+from tests.support.deploy import metric_names_in
 
 DOCUMENTS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
 VENV_BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ops.support import METRICS_DOC, OPERATIONS_DOC, RULES, load_yaml
+from tests.support.deploy import METRICS_DOC, OPERATIONS_DOC, RULES, load_yaml
 
 DOCS = [METRICS_DOC, OPERATIONS_DOC]
 LINK = re.compile(r"\]\(([^)\s]+)\)")

@@ -8,14 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.ops.support import (
-    DASHBOARD,
-    DEPLOY,
-    check_promql,
-    dashboard_queries,
-    grafana_to_promql,
-    load_yaml,
-)
+from tests.support.deploy import DASHBOARD, DEPLOY, check_promql, dashboard_queries, grafana_to_promql, load_yaml
 
 PROVISIONING = DEPLOY / "grafana" / "provisioning"
 DATASOURCE_REF = {"type": "prometheus", "uid": "${datasource}"}

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kvgateway import config
-from tests.ops.support import K8S, RULES, load_yaml_all
+from tests.support.deploy import K8S, RULES, load_yaml_all
 
 KUBERNETES_VERSION = "1.29.0"  # the oldest release the manifests are meant for
 CORE_KINDS = {"ConfigMap", "Deployment", "NetworkPolicy", "Secret", "Service"}

@@ -15,12 +15,12 @@ import pytest
 
 from kvgateway.runtime.metrics import REPLAY_OUTCOMES, TRANSPORTS
 from kvgateway.serve.subscription import CloseReason
-from tests.ops.support import (
+from tests.support.catalogue import Catalogue
+from tests.support.deploy import (
     DASHBOARD,
     METRICS_DOC,
     OPERATIONS_DOC,
     RULES,
-    Catalogue,
     all_promql,
     check_promql,
     dashboard_queries,

@@ -6,14 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.ops.support import (
-    PROMETHEUS_CONFIG,
-    PROMETHEUS_DIR,
-    RULES,
-    RULES_TEST,
-    load_yaml,
-    run_promtool,
-)
+from tests.support.deploy import PROMETHEUS_CONFIG, PROMETHEUS_DIR, RULES, RULES_TEST, load_yaml, run_promtool
 
 REQUIRED_ALERTS = {
     "KVGatewayStreamDown",

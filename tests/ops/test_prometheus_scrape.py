@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.ops.support import RULES, all_promql
-from tests.support import Proc, free_port, wait_until
+from tests.support import Proc, Start, free_port, source_spec, wait_until
+from tests.support.deploy import RULES, all_promql
 
 pytestmark = pytest.mark.prometheus
 
@@ -46,29 +45,22 @@ class Prometheus:
         config_path = workdir / "prometheus.yml"
         config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
         (workdir / "data").mkdir()
-        self.log_path = workdir / "prometheus.log"
-        self._log = self.log_path.open("wb")
-        self.popen = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config_path}",
-                f"--storage.tsdb.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--storage.tsdb.retention.time=1h",
-                "--log.level=warn",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+        self.proc = Proc(
+            f"--config.file={config_path}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--storage.tsdb.retention.time=1h",
+            "--log.level=warn",
+            command=(binary,),
             cwd=workdir,
         )
 
     def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
+        return self.proc.output()[-4000:]
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         def ready() -> bool:
-            assert self.popen.poll() is None, f"prometheus exited:\n{self.log()}"
+            assert self.proc.popen.poll() is None, f"prometheus exited:\n{self.log()}"
             try:
                 return httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200
             except httpx.HTTPError:
@@ -100,14 +92,7 @@ class Prometheus:
         return {rule["name"]: rule["health"] for group in groups for rule in group["rules"]}
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(5)
-        self._log.close()
+        self.proc.stop(15)
 
 
 @pytest.fixture
@@ -132,14 +117,12 @@ def start_prometheus(prometheus_binary: str, tmp_path: Path) -> Iterator[Callabl
         server.stop()
 
 
-def test_prometheus_reads_gaps_and_occupancy(
-    procs: Callable[..., Proc], start_prometheus: Callable[[str], Prometheus]
-) -> None:
+def test_prometheus_reads_gaps_and_occupancy(procs: Start, start_prometheus: Callable[[str], Prometheus]) -> None:
     http_port, pub_port, replay_port = free_port(), free_port(), free_port()
     gateway = procs(
         "serve",
         "--source",
-        f"name={SOURCE},endpoint=tcp://127.0.0.1:{pub_port},replay=tcp://127.0.0.1:{replay_port}",
+        source_spec(SOURCE, pub_port, replay_port),
         "--host",
         "127.0.0.1",
         "--port",
@@ -180,7 +163,10 @@ def test_prometheus_reads_gaps_and_occupancy(
         )
     except AssertionError as exc:
         raise AssertionError(f"{exc}\ngateway output:\n{gateway.output()}\nprometheus:\n{prometheus.log()}") from None
-    time.sleep(1.5)  # at least one more scrape of the final state
+    # At least one more scrape of the final state: a sample later than the one read now.
+    stamp = f"timestamp(kvgateway_source_last_seq{{{stream}}})"
+    shown = prometheus.value(stamp)
+    wait_until(lambda: (prometheus.value(stamp) or 0) > (shown or 0), timeout=15, interval=0.2, what="one more scrape")
 
     occupancy = httpx.get(f"{base}/v1/occupancy", timeout=5).json()
     (entry,) = [s for s in occupancy["streams"] if s["source"] == SOURCE and s["dp_rank"] == 0]

@@ -24,9 +24,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.support import Gateway, Proc, free_ports, wait_until
-
-from ._support import ResumingClient, run_async, source_spec, wait_for
+from tests.support import Gateway, Proc, arun, free_ports, source_spec, until, wait_until
+from tests.support.clients import ResumingClient
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -173,10 +172,10 @@ def gateway() -> Iterator[Gateway]:
 
         async def one_batch() -> None:
             await client.start()
-            await wait_for(lambda: any(m["type"] == "batch" for m in client.messages), 10, "a batch")
+            await until(lambda: any(m["type"] == "batch" for m in client.messages), 10, "a batch")
             await client.stop()
 
-        run_async(one_batch(), 30)
+        arun(one_batch(), 30)
         assert gw_proc.popen.poll() is None
         log = gw_proc.output()
         assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
@@ -331,7 +330,7 @@ def test_websocket_handshakes_with_random_queries_and_origins(
         wanted = {403}  # the Origin is checked first, before the token
     else:
         wanted = {101 if status == 200 else status for status in expected_statuses("/v1/events", headers, decoded)}
-    status, body = run_async(handshake(f"{gateway.ws_url}?{query}", headers, origin), 20)
+    status, body = arun(handshake(f"{gateway.ws_url}?{query}", headers, origin), 20)
     assert status in wanted, (status, wanted)
     want = status
     if want == 101:
@@ -403,7 +402,7 @@ def test_inbound_websocket_messages_are_ignored_up_to_64_kib_and_close_1009_abov
     gateway: Gateway, messages: list[tuple[str, int, int]]
 ) -> None:
     too_big = any(message_bytes(kind, frame_payload(kind, size, fill)) > LIMIT for kind, size, fill in messages)
-    open_, code = run_async(send_inbound(gateway.ws_url, gateway.headers(), messages), 30)
+    open_, code = arun(send_inbound(gateway.ws_url, gateway.headers(), messages), 30)
     if too_big:
         # 1009, or 1006 when the client was still sending as the gateway closed: the TCP reset
         # that answers its late bytes can destroy the close frame in flight (see the report).

@@ -29,9 +29,21 @@ from kvgateway.config import Settings, SourceConfig
 from kvgateway.gateway import Gateway as GatewayCore
 from kvgateway.serve.app import create_app, static_dir
 from kvgateway.serve.server import SEND_TIMEOUT_SECONDS
-from tests.support import REPO, Gateway, Proc, Start, free_ports, start_gateway, start_sim, wait_until
-
-from ._support import ResumingClient, run_async, sim_ports, source_spec, wait_for
+from tests.support import (
+    REPO,
+    Gateway,
+    Proc,
+    Start,
+    arun,
+    free_ports,
+    sim_flags,
+    source_spec,
+    start_gateway,
+    start_sim,
+    until,
+    wait_until,
+)
+from tests.support.clients import ResumingClient
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -230,16 +242,16 @@ def test_every_route_but_probes_metrics_and_dashboard_needs_the_token(guarded: t
     for path in ws_routes:
         url = f"ws://127.0.0.1:{gateway.port}{path}"
         for headers in BAD_HEADERS:
-            status, body = run_async(ws_status(url, headers))
+            status, body = arun(ws_status(url, headers))
             assert status == 401, (path, headers, status)
             assert_no_secret(body, gateway, endpoints)
             refused["ws"] += 1
         for query in BAD_QUERIES:
-            status, body = run_async(ws_status(f"{url}?{query}"))
+            status, body = arun(ws_status(f"{url}?{query}"))
             assert status == 401, (path, query, status)
             refused["ws"] += 1
-        assert run_async(ws_status(url, gateway.headers()))[0] == 101
-        assert run_async(ws_status(f"{url}?token={TOKEN}"))[0] == 101
+        assert arun(ws_status(url, gateway.headers()))[0] == 101
+        assert arun(ws_status(f"{url}?token={TOKEN}"))[0] == 101
     assert open_paths == OPEN_PATHS, "exactly the probes and /metrics are open"
 
     # The dashboard: one mount of the static files, every file served without a token, as is.
@@ -286,7 +298,7 @@ def test_error_bodies_and_open_endpoints_carry_no_secret(guarded: tuple[Gateway,
         assert got == 200
         assert_no_secret(body, gateway, endpoints)
         assert b"tcp://" not in body
-    status, body = run_async(ws_status(f"ws://127.0.0.1:{gateway.port}/v1/ws", gateway.headers(), "https://evil.test"))
+    status, body = arun(ws_status(f"ws://127.0.0.1:{gateway.port}/v1/ws", gateway.headers(), "https://evil.test"))
     assert (status, body) == (403, b'{"error":"origin not allowed"}')
 
 
@@ -351,11 +363,11 @@ def test_a_foreign_origin_is_refused_before_the_token_is_looked_at(guarded: tupl
         f"//127.0.0.1:{gateway.port}",
     ]:
         for headers in [gateway.headers(), {}]:
-            status, body = run_async(ws_status(url, headers, origin))
+            status, body = arun(ws_status(url, headers, origin))
             assert status == 403, origin
             assert_no_secret(body, gateway, endpoints)
-    assert run_async(ws_status(url, gateway.headers(), own))[0] == 101
-    assert run_async(ws_status(url, gateway.headers()))[0] == 101  # no Origin: not a browser
+    assert arun(ws_status(url, gateway.headers(), own))[0] == 101
+    assert arun(ws_status(url, gateway.headers()))[0] == 101  # no Origin: not a browser
 
 
 # --- inbound messages ---------------------------------------------------------------------------
@@ -385,7 +397,7 @@ def test_inbound_messages_up_to_64_kib_are_dropped_unread_and_cost_no_memory(
                     await asyncio.wait_for(ws.recv(), 10)
             return grown, ws.close_code
 
-    grown, code = run_async(body())
+    grown, code = arun(body())
     assert grown < 8 * 1024, f"RSS grew by {grown} KiB"
     assert code == 1009
 
@@ -402,7 +414,7 @@ def test_max_clients_counts_both_transports_and_frees_slots(procs: Start) -> Non
         async with httpx.AsyncClient(base_url=gateway.base, timeout=10, trust_env=False) as client:
             async with client.stream("GET", "/v1/events") as sse:
                 assert sse.status_code == 200
-                await wait_for(lambda: gateway.metric("kvgateway_clients") == 3, 10, "3 clients")
+                await until(lambda: gateway.metric("kvgateway_clients") == 3, 10, "3 clients")
                 refused = await client.get("/v1/events")
                 assert (refused.status_code, refused.json()) == (503, {"error": "too many clients"})
                 assert refused.headers["retry-after"] == "5"
@@ -411,12 +423,12 @@ def test_max_clients_counts_both_transports_and_frees_slots(procs: Start) -> Non
                         await asyncio.wait_for(extra.recv(), 10)  # accepted, then closed: no hello
                     assert (extra.close_code, extra.close_reason) == (1013, "too many clients")
             await ws_clients[0].stop()
-            await wait_for(lambda: gateway.metric("kvgateway_clients") == 1, 10, "slots freed")
+            await until(lambda: gateway.metric("kvgateway_clients") == 1, 10, "slots freed")
             async with client.stream("GET", "/v1/events") as again:
                 assert again.status_code == 200
         await ws_clients[1].stop()
 
-    run_async(body())
+    arun(body())
     for transport in ("sse", "ws"):
         assert gateway.metric("kvgateway_client_rejections_total", transport=transport, reason="too_many_clients") == 1
 
@@ -433,7 +445,7 @@ def test_clients_that_never_read_are_cut_closed_and_cost_bounded_memory(procs: S
     queues, the second, where a leak would show, almost nothing more), and the gateway drops the
     connections themselves (the kernel's send timeout) though the clients still hold them open."""
     http, pub, rep = free_ports(3)
-    start_sim(procs, *sim_ports(pub, rep), *SLOW_ENGINE)
+    start_sim(procs, *sim_flags(pub, rep), *SLOW_ENGINE)
     gateway = start_gateway(procs, http, [source_spec("e", pub, rep)], "--ring-bytes", str(8 << 20))
     gateway.wait_last_seq("e", 600)  # the ring has reached its 8 MiB bound: it grows no more
     queue = 1 << 20
@@ -449,8 +461,8 @@ def test_clients_that_never_read_are_cut_closed_and_cost_bounded_memory(procs: S
             )
             rss.append(gateway.rss_kib())
         ports = {sock.getsockname()[1] for sock in socks}
-        await wait_for(lambda: not open_connections(gateway.port, ports), SEND_TIMEOUT_SECONDS + 15, "closed")
-        await wait_for(lambda: gateway.metric("kvgateway_clients") == 1, 20, "only the reader left")
+        await until(lambda: not open_connections(gateway.port, ports), SEND_TIMEOUT_SECONDS + 15, "closed")
+        await until(lambda: gateway.metric("kvgateway_clients") == 1, 20, "only the reader left")
         slow = {
             t: gateway.metric("kvgateway_client_disconnects_total", transport=t, reason="slow_consumer")
             for t in ("ws", "sse")
@@ -465,7 +477,7 @@ def test_clients_that_never_read_are_cut_closed_and_cost_bounded_memory(procs: S
         assert second < 16 * 1024, f"second round: RSS +{second} KiB (a leak?)"
 
     try:
-        run_async(body(), 100)
+        arun(body(), 100)
     finally:
         for sock in socks:
             sock.close()
@@ -493,9 +505,9 @@ def test_a_token_in_a_percent_encoded_parameter_is_not_logged(procs: Start) -> N
     http, pub = free_ports(2)
     gateway = start_gateway(procs, http, [source_spec("e", pub)], token=TOKEN)
     encoded = "".join(f"%{byte:02X}" for byte in TOKEN.encode())
-    status, _ = run_async(ws_status(f"{gateway.ws_url}?%74oken={encoded}"))
+    status, _ = arun(ws_status(f"{gateway.ws_url}?%74oken={encoded}"))
     assert status == 101, "the encoded name and value are the token"
-    status, _ = run_async(ws_status(f"{gateway.ws_url}?%74oken=wrong-guess-314"))
+    status, _ = arun(ws_status(f"{gateway.ws_url}?%74oken=wrong-guess-314"))
     assert status == 401
     log = gateway.proc.output()
     assert encoded not in log and encoded.lower() not in log, "the token was logged, percent-encoded"

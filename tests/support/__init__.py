@@ -1,40 +1,69 @@
-"""What the tests share: free ports, the process helper, the gateway handle and waits.
+"""What the tests share, one of each, in modules named for what they hold:
 
-One of each: tests import them from here (``from tests.support import Proc, free_ports``)."""
+- :mod:`~tests.support.waits`: the polling helper (:func:`wait_until`, :func:`until` on an event
+  loop) and :func:`arun`;
+- :mod:`~tests.support.processes`: the process handle :class:`Proc`, :data:`Start` and
+  :class:`Procs` (what starts processes for a test and stops them);
+- :mod:`~tests.support.sources`: the ``--source`` builder and the simulator's matching flags;
+- :mod:`~tests.support.metrics`: the metrics scraper and its views;
+- :mod:`~tests.support.gateway`: :func:`start_gateway` and its :class:`Gateway` handle;
+- :mod:`~tests.support.simulator`, :mod:`~tests.support.replay`, :mod:`~tests.support.fake_engine`,
+  :mod:`~tests.support.oracles`: engines, their replay sockets and their truth;
+- :mod:`~tests.support.clients`: WebSocket clients; :mod:`~tests.support.ports`: free ports;
+- :mod:`~tests.support.nats`, :mod:`~tests.support.demo`, :mod:`~tests.support.deploy`,
+  :mod:`~tests.support.catalogue`, :mod:`~tests.support.bench_runs`: what one directory's tests use.
+
+The most used are re-exported here (``from tests.support import Proc, free_ports``)."""
 
 from tests.support.gateway import (
-    STREAM_SERIES,
+    BIG_QUEUE,
     Gateway,
-    Start,
-    metric,
-    metric_values,
+    occupancy_counts,
+    occupancy_stream,
     proc_status,
-    sim_ready,
+    source_status,
     start_gateway,
     start_half_fleet,
-    start_sim,
-    wait_until,
 )
+from tests.support.metrics import STREAM_SERIES, metric, metric_values, scrape, stream_metrics
 from tests.support.ports import free_port, free_ports
-from tests.support.processes import ARTIFACTS, REPO, SIM_READY, Proc, sim_endpoints
+from tests.support.processes import ARTIFACTS, REPO, Proc, Procs, Start
+from tests.support.simulator import SIM_READY, WARMUP_BASE, sim_done, sim_endpoints, sim_ready, start_sim, warmup
+from tests.support.sources import connectable, sim_flags, source_spec
+from tests.support.waits import arun, until, wait_until
 
 __all__ = [
     "ARTIFACTS",
+    "BIG_QUEUE",
     "REPO",
     "SIM_READY",
     "STREAM_SERIES",
+    "WARMUP_BASE",
     "Gateway",
     "Proc",
+    "Procs",
     "Start",
+    "arun",
+    "connectable",
     "free_port",
     "free_ports",
     "metric",
     "metric_values",
+    "occupancy_counts",
+    "occupancy_stream",
     "proc_status",
+    "scrape",
+    "sim_done",
     "sim_endpoints",
+    "sim_flags",
     "sim_ready",
+    "source_spec",
+    "source_status",
     "start_gateway",
     "start_half_fleet",
     "start_sim",
+    "stream_metrics",
+    "until",
     "wait_until",
+    "warmup",
 ]

@@ -1,75 +1,26 @@
-"""The one gateway handle of the tests: a ``kvgateway serve`` subprocess on a loopback port, its
-HTTP endpoints and metrics, and the simulator it reads; plus the waits they need."""
+"""The one way the tests start a gateway (:func:`start_gateway`) and its handle (:class:`Gateway`):
+a ``kvgateway serve`` subprocess on a loopback port, its HTTP endpoints and metrics and the waits
+on them; plus readers of /v1/sources and /v1/occupancy by base URL."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.metrics import Samples, scrape, stream_counters, total
 from tests.support.ports import free_ports
-from tests.support.processes import Proc
+from tests.support.processes import Proc, Start
+from tests.support.simulator import start_sim
+from tests.support.sources import sim_flags, source_spec
+from tests.support.waits import until, wait_until
 
-Start = Callable[..., Proc]
-"""The ``procs`` fixture: starts a :class:`Proc`, stopped at the end of the test."""
-
-STREAM_SERIES = frozenset(
-    {
-        "batches_received",
-        "sequence_gaps",
-        "missed_batches",
-        "replayed_batches",
-        "unrecovered_batches",
-        "publisher_restarts",
-        "duplicate_batches",
-        "decode_errors",
-        "rank_mismatches",
-        "unknown_removes",
-        "source_up",
-        "source_last_seq",
-        "ingest_queue_depth",
-    }
-)
-"""The per-stream metrics :meth:`Gateway.counters` reads (histograms and per-type counters aside)."""
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.1, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate!r}; last value {last!r}")
-
-
-def metric_values(base_url: str, name: str, *, token: str | None = None) -> dict[tuple[tuple[str, str], ...], float]:
-    """Every sample of ``name`` from the gateway's /metrics, keyed by its sorted labels."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    text = httpx.get(f"{base_url}/metrics", headers=headers, timeout=5).text
-    out: dict[tuple[tuple[str, str], ...], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                out[tuple(sorted(sample.labels.items()))] = sample.value
-    return out
-
-
-def metric(base_url: str, name: str, **labels: str) -> float:
-    """The sum of the samples of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for key, value in metric_values(base_url, name).items():
-        items = dict(key)
-        if all(items.get(k) == v for k, v in labels.items()):
-            total += value
-    return total
+BIG_QUEUE = 256 * 1024 * 1024
+"""``--client-queue-bytes`` for a gateway whose test clients must never be cut off."""
 
 
 # --- the gateway ------------------------------------------------------------------------------
@@ -118,38 +69,16 @@ class Gateway:
     def offset(self) -> int:
         return int(self.get("/v1/sources").json()["offset"])
 
-    def samples(self) -> dict[str, list[tuple[dict[str, str], float]]]:
-        text = httpx.get(self.base + "/metrics", timeout=10, trust_env=False).text
-        out: dict[str, list[tuple[dict[str, str], float]]] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-        return out
+    def samples(self) -> Samples:
+        return scrape(self.base, token=self.token)
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples of ``name`` whose labels include ``labels``."""
-        total = 0.0
-        for sample_labels, value in self.samples().get(name, []):
-            if all(sample_labels.get(k) == v for k, v in labels.items()):
-                total += value
-        return total
+        return total(self.samples(), name, **labels)
 
     def counters(self, source: str, dp_rank: int = 0) -> dict[str, int]:
-        """The per-stream ingest metrics of one scrape (without the ``kvgateway_`` prefix and the
-        ``_total`` suffix), plus ``replay_<outcome>`` for the replay requests."""
-        want = {"source": source, "dp_rank": str(dp_rank)}
-        out: dict[str, int] = {}
-        for name, samples in self.samples().items():
-            key = name.removeprefix("kvgateway_").removesuffix("_total")
-            if key not in STREAM_SERIES and key != "replay_requests":
-                continue
-            for labels, value in samples:
-                if {k: labels.get(k) for k in want} == want:
-                    if key == "unrecovered_batches":  # one series per reason: their sum
-                        out[key] = out.get(key, 0) + int(value)
-                    else:
-                        out[f"replay_{labels['outcome']}" if key == "replay_requests" else key] = int(value)
-        return out
+        """:func:`tests.support.metrics.stream_counters` of one scrape."""
+        return stream_counters(self.samples(), source, dp_rank)
 
     def wait_metric(self, name: str, value: int, timeout: float = 30.0, **labels: str) -> None:
         wait_until(lambda: self.metric(name, **labels) >= value, timeout, 0.1, f"{name}{labels} >= {value}")
@@ -179,20 +108,20 @@ class Gateway:
         return await asyncio.to_thread(self.metric, name, **labels)
 
     async def wait_metric_async(self, name: str, value: float, within: float = 20.0, **labels: str) -> None:
-        deadline = time.monotonic() + within
-        while (current := await self.metric_async(name, **labels)) != value:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{name}{labels} is {current}, expected {value}")
-            await asyncio.sleep(0.05)
+        async def equal() -> bool:
+            return await self.metric_async(name, **labels) == value
+
+        await until(equal, within, f"{name}{labels} == {value}", interval=0.05)
 
     async def wait_metric_reaches(self, name: str, value: float, within: float = 20.0, **labels: str) -> float:
         """Until the metric is at least ``value``; its value then."""
-        deadline = time.monotonic() + within
-        while (current := await self.metric_async(name, **labels)) < value:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{name}{labels} is {current}, expected {value} or more")
-            await asyncio.sleep(0.05)
-        return current
+
+        async def reached() -> tuple[float] | None:
+            current = await self.metric_async(name, **labels)
+            return (current,) if current >= value else None  # a tuple: truthy even when 0
+
+        (found,) = await until(reached, within, f"{name}{labels} >= {value}", interval=0.05)
+        return float(found)
 
     async def wait_clients(self, count: int, within: float = 20.0) -> None:
         await self.wait_metric_async("kvgateway_clients", count, within)
@@ -239,19 +168,6 @@ def start_gateway(
     return Gateway(proc, port, token)
 
 
-def start_sim(start: Start, *args: str, ranks: int = 1, timeout: float = 30.0, wait: bool = True) -> Proc:
-    """``kvgateway simulate ARGS``; returns once every rank printed its readiness line (or at once)."""
-    proc = start("simulate", *args)
-    if wait:
-        sim_ready(proc, ranks, timeout)
-    return proc
-
-
-def sim_ready(proc: Proc, ranks: int = 1, timeout: float = 30.0) -> None:
-    for rank in range(ranks):
-        proc.wait_for(rf"^simulate: rank {rank} publishing ", timeout=timeout)
-
-
 def start_half_fleet(start: Start) -> Gateway:
     """``kvgateway serve`` with two engines configured and one running: ``up`` (a simulator at 20
     batches/s, with its replay socket) and ``gone`` (nothing listens: down from the start)."""
@@ -259,10 +175,27 @@ def start_half_fleet(start: Start) -> Gateway:
     gateway = start_gateway(
         start,
         http_port,
-        [
-            f"name=up,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{replay}",
-            f"name=gone,endpoint=tcp://127.0.0.1:{dead_pub}",
-        ],
+        [source_spec("up", pub, replay), source_spec("gone", dead_pub)],
     )
-    start_sim(start, "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{replay}", "--rate=20")
+    start_sim(start, *sim_flags(pub, replay), "--rate=20")
     return gateway
+
+
+def source_status(base: str, source: str, dp_rank: int = 0) -> dict[str, Any]:
+    """The /v1/sources entry of one stream."""
+    body = httpx.get(f"{base}/v1/sources", timeout=10).json()
+    (entry,) = [s for s in body["sources"] if s["source"] == source and s["dp_rank"] == dp_rank]
+    return dict(entry)
+
+
+def occupancy_stream(base: str, source: str, dp_rank: int = 0) -> dict[str, Any]:
+    """The /v1/occupancy entry of one stream."""
+    body = httpx.get(f"{base}/v1/occupancy", timeout=10).json()
+    (entry,) = [s for s in body["streams"] if s["source"] == source and s["dp_rank"] == dp_rank]
+    return dict(entry)
+
+
+def occupancy_counts(entry: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """The exact (rate-free) numbers of an /v1/occupancy stream entry, per medium."""
+    keys = ("blocks", "tokens", "block_size", "stores", "removes")
+    return {medium: {k: stats[k] for k in keys} for medium, stats in entry["mediums"].items()}

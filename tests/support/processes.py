@@ -1,5 +1,6 @@
-"""The one process helper of the tests: a real ``python -m kvgateway ...`` subprocess whose
-output lines are collected by a thread."""
+"""The one process handle of the tests: a real ``python -m kvgateway ...`` subprocess whose
+output lines are collected by a thread; and :class:`Procs`, the processes one test (or module)
+started, stopped at its end."""
 
 from __future__ import annotations
 
@@ -11,13 +12,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
-
-SIM_READY = re.compile(r"^simulate: rank (\d+) publishing (?:on|to) (\S+)(?: \(connect\))? replay (\S+)$")
-"""The simulator's readiness line, one per rank."""
 
 
 class Proc:
@@ -106,13 +105,22 @@ class Proc:
             self.popen.wait(5)
 
 
-def sim_endpoints(proc: Proc, ranks: int = 1, timeout: float = 30.0) -> list[tuple[int, str, str]]:
-    """(rank, publish endpoint, replay endpoint) of each rank of a ``kvgateway simulate``, from
-    its readiness lines (returns once every rank printed one)."""
-    found = []
-    for rank in range(ranks):
-        match = proc.wait_for(rf"^simulate: rank {rank} publishing ", timeout=timeout)
-        ready = SIM_READY.match(match.string)
-        assert ready is not None, match.string
-        found.append((int(ready[1]), ready[2], ready[3]))
-    return found
+Start = Callable[..., Proc]
+"""What starts a :class:`Proc` for a test (the ``procs`` fixture, a :class:`Procs`): stopped at its end."""
+
+
+class Procs:
+    """The processes started through it (``procs(*args, env=...)``), stopped by :meth:`stop_all`,
+    the last started first."""
+
+    def __init__(self) -> None:
+        self.started: list[Proc] = []
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None) -> Proc:
+        proc = Proc(*args, env=env)
+        self.started.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.started):
+            proc.stop()

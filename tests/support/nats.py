@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import shutil
 import socket
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import free_port
+from tests.support.ports import free_port
+from tests.support.processes import Proc
+from tests.support.waits import wait_until
 
 
 def nats_binary() -> str:
@@ -27,31 +27,27 @@ class NatsServer:
         self.binary = nats_binary()
         self.store = store
         self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Proc | None = None
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.binary, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError("nats-server did not start listening")
+        args = ("-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store))
+        self.proc = Proc(*args, command=(self.binary,))
+        wait_until(self.listening, timeout=10, interval=0.05, what="nats-server listening")
+
+    def listening(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+        except OSError:
+            return False
+        return True
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        if self.proc is not None:
+            self.proc.stop(10)
         self.proc = None
 
     def wipe(self) -> None:

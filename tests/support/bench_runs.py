@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.support import REPO
+from tests.support.processes import REPO
 
 
 def run_bench(module: str, *args: str) -> Any:

@@ -1,10 +1,12 @@
-"""Helpers for talking to the simulator (or any vLLM-style publisher) from tests."""
+"""A replay client for the tests: ask an engine's ROUTER (the simulator's, or any vLLM-style
+publisher's) for its history with a DEALER, and parse its replies."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Literal
 
 import zmq
@@ -13,11 +15,6 @@ import zmq.asyncio
 from kvgateway.engine import wire
 
 Layout = Literal["topic", "plain"]
-
-
-def connectable(endpoint: str) -> str:
-    """A bound endpoint as a client dials it (wildcard hosts become loopback)."""
-    return endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:").replace("tcp://*:", "tcp://127.0.0.1:")
 
 
 def parse_replay_reply(frames: Sequence[bytes], layout: Layout) -> tuple[int, bytes]:
@@ -85,3 +82,44 @@ async def replay_async(
                 out.append((seq, payload))
     finally:
         dealer.close(linger=0)
+
+
+def fetch_history(
+    replay_endpoint: str, start: int = 0, timeout: float = 20.0, layout: Layout = "topic"
+) -> list[tuple[int, bytes]]:
+    """Every batch the engine's replay socket still holds from ``start``: (seq, raw payload).
+
+    The engine sends its reply through a ROUTER that drops past its high-water mark, so a long
+    reply can come back with holes or without its end marker: ask again from the first missing
+    seq, as the gateway does, until a reply comes back whole, or brings nothing new (a hole the
+    engine never buffered stays a hole)."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    got: dict[int, bytes] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        ask = start
+        while True:
+            dealer = context.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.RCVHWM, 0)
+            dealer.connect(replay_endpoint)
+            ended = False
+            before = len(got)
+            try:
+                dealer.send_multipart([b"", wire.seq_bytes(ask)])
+                while not ended and dealer.poll(2000):
+                    seq, payload = parse_replay_reply(dealer.recv_multipart(), layout)
+                    if seq == wire.END_SEQ:
+                        ended = True
+                    else:
+                        got.setdefault(seq, payload)
+            finally:
+                dealer.close(linger=0)
+            seqs = sorted(s for s in got if s >= start)
+            holes = [a + 1 for a, b in pairwise(seqs) if b != a + 1]
+            if (ended and not holes) or (len(got) == before and ask != start):
+                return [(seq, got[seq]) for seq in seqs]
+            assert time.monotonic() < deadline, f"replay from {start} on {replay_endpoint}: incomplete"
+            ask = holes[0] if holes else (seqs[-1] + 1 if seqs else start)
+    finally:
+        context.term()

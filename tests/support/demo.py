@@ -6,7 +6,8 @@ import re
 import shutil
 from pathlib import Path
 
-from tests.support import ARTIFACTS, Proc, free_port
+from tests.support.ports import free_port
+from tests.support.processes import ARTIFACTS, Proc
 
 __all__ = ["ARTIFACTS", "CHROMIUM", "CHROMIUM_ARGS", "Demo", "free_port"]
 

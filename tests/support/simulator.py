@@ -1,0 +1,57 @@
+"""``kvgateway simulate`` as the tests run it: started, ready (every rank printed its readiness
+line), its endpoints read from that line, and a silent warm-up before the run a test watches."""
+
+from __future__ import annotations
+
+import re
+
+from tests.support.processes import Proc, Start
+
+SIM_READY = re.compile(r"^simulate: rank (\d+) publishing (?:on|to) (\S+)(?: \(connect\))? replay (\S+)$")
+"""The simulator's readiness line, one per rank."""
+
+WARMUP_BASE = 1_000_000
+"""Seqs of the simulator's warm-up run (see :func:`warmup`), far above any seq a test reaches."""
+
+
+def start_sim(start: Start, *args: str, ranks: int = 1, timeout: float = 30.0, wait: bool = True) -> Proc:
+    """``kvgateway simulate ARGS``; returns once every rank printed its readiness line (or at once)."""
+    proc = start("simulate", *args)
+    if wait:
+        sim_ready(proc, ranks, timeout)
+    return proc
+
+
+def sim_ready(proc: Proc, ranks: int = 1, timeout: float = 30.0) -> None:
+    sim_endpoints(proc, ranks, timeout)
+
+
+def sim_endpoints(proc: Proc, ranks: int = 1, timeout: float = 30.0) -> list[tuple[int, str, str]]:
+    """(rank, publish endpoint, replay endpoint) of each rank of a ``kvgateway simulate``, from
+    its readiness lines (returns once every rank printed one)."""
+    found = []
+    for rank in range(ranks):
+        match = proc.wait_for(rf"^simulate: rank {rank} publishing ", timeout=timeout)
+        ready = SIM_READY.match(match.string)
+        assert ready is not None, match.string
+        found.append((int(ready[1]), ready[2], ready[3]))
+    return found
+
+
+def sim_done(proc: Proc, ranks: int = 1, timeout: float = 30.0) -> None:
+    """Until every rank of a ``kvgateway simulate --batches N`` published its last batch (it says
+    so when it lingers, answering replays, as it does unless ``--linger 0``)."""
+    for rank in range(ranks):
+        proc.wait_for(rf"^simulate: rank {rank} done after \d+ batches", timeout=timeout)
+
+
+def warmup(seconds: float) -> list[str]:
+    """Simulator flags for a silent start of ``seconds`` before the run a test watches.
+
+    ZeroMQ's PUB drops what it sends before a subscriber's subscription has arrived (the "slow
+    joiner"), and the gateway asks a connecting engine for its history: which seqs arrive live and
+    which by that catch-up would be left to chance. So the simulator opens its sockets and stays
+    silent (answering replays) for ``seconds``: the gateway connects, catches up on an empty buffer
+    (one ``recovered`` recovery that brings nothing), and the run begins at seq 0, received live.
+    """
+    return [] if seconds <= 0 else ["--start-delay", str(seconds)]
