@@ -24,7 +24,10 @@ def sim(start: Start, pub: int, rep: int, *more: str) -> Proc:
 
 
 def ingest(start: Start, nats: NatsServer, spec: str) -> Proc:
-    proc = start("ingest", "--source", spec, "--nats", nats.url, "--port", "0")
+    """An ingest process that reads every source it is given at once, whatever other processes do
+    (``--nats-leases false``: a hot standby, or a replacement that does not wait for a lease to run
+    out; test_shards.py covers the processes that share sources through leases)."""
+    proc = start("ingest", "--source", spec, "--nats", nats.url, "--port", "0", "--nats-leases", "false")
     proc.wait_for("ingest publishing to", timeout=30)
     return proc
 
@@ -49,10 +52,14 @@ def get(port: int, path: str) -> Any:
 
 
 def ready(port: int) -> bool:
+    """The edge has caught up with the stream and reaches NATS. (Its /readyz also answers 503 while
+    an engine is down, as one process's does: here the engines have finished and gone.)"""
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+        answer = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
     except httpx.TransportError:
         return False
+    edge_reasons = {"catching up with the stream", "NATS disconnected"}
+    return answer.status_code == 200 or not {e["reason"] for e in answer.json()["not_ready"]} & edge_reasons
 
 
 def ws(port: int, query: str = "") -> WsCollector:
