@@ -58,13 +58,16 @@ def _say(text: str) -> None:
     print(f"[bench.learner] {text}", file=sys.stderr, flush=True)
 
 
+MOVED: Final = {"wire": "engine.wire", "mediums": "engine.mediums", "occupancy": "state.occupancy"}
+"""The modules the lookup module of 9b2743e imports, by their names then and now (the folders)."""
+
 OLD_LOOKUP_PATHS = ("kvgateway/state/lookup.py", "kvgateway/lookup.py")
 """Where a revision keeps the lookup module: in the state/ folder, or at the top before the folders."""
 
 
 def load_old(rev: str) -> ModuleType:
-    """``rev``'s lookup module as a module of its own. It imports only the wire format, which has not
-    changed but has moved (kvgateway/wire.py became kvgateway/engine/wire.py)."""
+    """``rev``'s lookup module as a module of its own. What it imports has not changed but has moved
+    (:data:`MOVED`)."""
     for where in OLD_LOOKUP_PATHS:
         proc = subprocess.run(["git", "show", f"{rev}:{where}"], cwd=REPO, capture_output=True, text=True, check=False)
         if proc.returncode == 0:
@@ -73,9 +76,10 @@ def load_old(rev: str) -> ModuleType:
         raise SystemExit(f"bench.learner: cannot read {rev}'s lookup module from git: {proc.stderr.strip()}")
     folder = Path(tempfile.mkdtemp(prefix="kvgw-old-learner-"))
     path = folder / f"lookup_{rev}.py"
-    path.write_text(
-        proc.stdout.replace("from kvgateway.wire import", "from kvgateway.engine.wire import"), encoding="utf-8"
-    )
+    source = proc.stdout
+    for old, new in MOVED.items():  # the modules it imports, where they live now
+        source = source.replace(f"from kvgateway.{old} import", f"from kvgateway.{new} import")
+    path.write_text(source, encoding="utf-8")
     spec = importlib.util.spec_from_file_location(f"lookup_{rev}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
