@@ -22,21 +22,22 @@ one JSON object, with the load average before and after each figure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bench import ingest, latency, payloads
-from bench.common import REPO, SOURCE_ENV, BenchError, CpuMeter, Mode, median, pause, resume, say, wait_until
+from bench.common import REPO, SOURCE_ENV, BenchError, CpuMeter, Mode, Worker, median, pause, resume, say, wait_until
 from bench.context import Context
-from bench.harness import Fleet, Stream, fanout_step, start_publisher, start_target
+from bench.harness import Fleet, Stream, Target, fanout_step, start_publisher, start_target
 
 FANOUT_CLIENTS = 100
 
@@ -47,20 +48,30 @@ def _ingest(ctx: Context, side: str, run: int, args: argparse.Namespace) -> floa
     return float(ingest.gateway_trial(ctx, run, "map")["cpu_us_per_batch"])
 
 
-def _fanout(ctx: Context, side: str, run: int, args: argparse.Namespace) -> float:
-    clients = FANOUT_CLIENTS if ctx.mode != "smoke" else 3
-    rate = args.fanout_rate if ctx.mode != "smoke" else 50.0
-    logs = ctx.logs / "fanout" / f"run{run}"
+@contextlib.contextmanager
+def _served(ctx: Context, figure: str, run: int, extra: Sequence[str] = ()) -> Iterator[tuple[Worker, Target, Path]]:
+    """A publisher of the standard payloads and the gateway under test on it (stopped after)."""
+    logs = ctx.logs / figure / f"run{run}"
     spec = payloads.standard(ctx.pick(30_000, 30_000, 2_000))
     publisher = start_publisher(payloads.path_of(spec), logs, "publisher")
     try:
-        target = start_target("kvgateway", publisher, logs)
+        target = start_target("kvgateway", publisher, logs, extra)
         try:
-            step = fanout_step(publisher, target, logs, clients=clients, rate=rate, seconds=args.fanout_seconds)
+            yield publisher, target, logs
         finally:
             target.stop()
     finally:
         publisher.stop()
+
+
+def _clients(ctx: Context) -> int:
+    return FANOUT_CLIENTS if ctx.mode != "smoke" else 3
+
+
+def _fanout(ctx: Context, side: str, run: int, args: argparse.Namespace) -> float:
+    rate = args.fanout_rate if ctx.mode != "smoke" else 50.0
+    with _served(ctx, "fanout", run) as (publisher, target, logs):
+        step = fanout_step(publisher, target, logs, clients=_clients(ctx), rate=rate, seconds=args.fanout_seconds)
     if not step["complete"] or not step["deliveries_per_cpu_second"]:
         raise BenchError(f"fan-out at {rate:g}/s: {'; '.join(step['reasons'])}")
     return float(step["deliveries_per_cpu_second"])
@@ -71,36 +82,26 @@ def _flood(ctx: Context, side: str, run: int, args: argparse.Namespace) -> float
     then sent to 100 WebSocket clients as fast as it can; deliveries per CPU-second from SIGCONT
     until every client has every batch. Less at the mercy of the scheduler than a fixed rate,
     whose cost per delivery depends on how many messages each wake-up finds queued."""
-    clients = FANOUT_CLIENTS if ctx.mode != "smoke" else 3
+    clients = _clients(ctx)
     count = args.flood_batches if ctx.mode != "smoke" else 100
-    logs = ctx.logs / "flood" / f"run{run}"
-    spec = payloads.standard(ctx.pick(30_000, 30_000, 2_000))
-    publisher = start_publisher(payloads.path_of(spec), logs, "publisher")
-    try:
-        target = start_target("kvgateway", publisher, logs, extra=("--client-queue-bytes", str(ingest.CLIENT_QUEUE)))
-        fleet = None
+    queue = ("--client-queue-bytes", str(ingest.CLIENT_QUEUE))  # the clients fall behind: not cut
+    with _served(ctx, "flood", run, queue) as (publisher, target, logs):
+        fleet = Fleet(target.ws_url, "ws", clients, logs, f"flood-ws{clients}")
         try:
-            fleet = Fleet(target.ws_url, "ws", clients, logs, f"flood-ws{clients}")
             stream = Stream(publisher, target, fleet)
-            warm = stream.step(25, 1.0, drain=10, bound=1.0)
-            if not warm.report.all_complete:
-                raise BenchError(f"warm-up: {'; '.join(warm.reasons)}")
+            stream.warm()
             first = stream.next_seq
             fleet.window(first, first + count - 1)
             pause(target.process)
             publisher.request({"cmd": "send", "count": count, "rate": 0}, timeout=120)
-            time.sleep(0.3)
+            time.sleep(0.3)  # the batches on their way into the stopped gateway's socket
             cpu = CpuMeter(target.pid)
             cpu.start()
             resume(target.process)
-            wait_until(lambda: fleet is not None and fleet.report().all_complete, 120, "every client to get the flood")
+            wait_until(lambda: fleet.report().all_complete, 120, "every client to get the flood")
             cpu.stop()
         finally:
-            if fleet is not None:
-                fleet.stop()
-            target.stop()
-    finally:
-        publisher.stop()
+            fleet.stop()
     return count * clients / cpu.seconds
 
 

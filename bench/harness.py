@@ -310,6 +310,12 @@ class Stream:
             reasons=reasons,
         )
 
+    def warm(self) -> None:
+        """A slow step first (connections, caches, the first allocations); every client must get it."""
+        warm = self.step(25, 1.0, drain=10, bound=1.0)
+        if not warm.report.all_complete:
+            raise BenchError(f"warm-up: {'; '.join(warm.reasons)}")
+
     def settle(self, limit: float = 20.0) -> None:
         """After an overloaded step: wait until the backlog stops arriving, so the next step starts clean."""
         deadline = time.monotonic() + limit
@@ -336,9 +342,7 @@ def fanout_step(
     fleet = Fleet(target.ws_url, "ws", clients, logs, f"{target.kind}-ws{clients}")
     try:
         stream = Stream(publisher, target, fleet)
-        warm = stream.step(25, 1.0, drain=10, bound=1.0)
-        if not warm.report.all_complete:
-            raise BenchError(f"warm-up: {'; '.join(warm.reasons)}")
+        stream.warm()
         step = stream.step(rate, seconds, drain=10, bound=1.0)
         deliveries = step.achieved_rate * step.report.received / max(step.batches, 1)
         return {
