@@ -47,7 +47,7 @@ from bench.common import (
     python_command,
     wait_until,
 )
-from bench.harness import Fleet, Stream, Target, endpoint_of, start_publisher, start_target
+from bench.harness import Target, endpoint_of, fanout_step, start_publisher, start_target
 
 TOPIC_SPEC = "topic=kv-events"
 
@@ -230,28 +230,6 @@ def ingest_trial(data: Path, logs: Path, ingests: int, count: int, rate: float) 
             publisher.stop()
 
 
-def _fanout_step(publisher: Any, target: Target, logs: Path, clients: int, rate: float) -> dict[str, Any]:
-    """``clients`` WebSocket clients (:mod:`bench.clients`) on ``target``; one step at ``rate``."""
-    fleet = Fleet(target.ws_url, "ws", clients, logs, f"{target.kind}-ws{clients}")
-    try:
-        stream = Stream(publisher, target, fleet)
-        warm = stream.step(25, 1.0, drain=10, bound=1.0)
-        if not warm.report.all_complete:
-            raise BenchError(f"warm-up: {'; '.join(warm.reasons)}")
-        step = stream.step(rate, FANOUT_SECONDS, drain=10, bound=1.0)  # latency reported, not judged
-        deliveries = step.achieved_rate * step.report.received / max(step.batches, 1)
-        return {
-            "complete": step.report.all_complete,
-            "reasons": step.reasons,
-            "deliveries_per_s": round(deliveries),
-            "cpu_cores": round(step.target_cpu, 3),
-            "deliveries_per_cpu_second": round(deliveries / step.target_cpu) if step.target_cpu > 0 else None,
-            **step.report.hist.summary_ms(),
-        }
-    finally:
-        fleet.stop()
-
-
 FANOUT_SECONDS = 4.0
 
 
@@ -263,7 +241,7 @@ def fanout_trial(data: Path, logs: Path, clients: int, rate: float) -> dict[str,
     try:
         target = start_target("kvgateway", publisher, logs)
         try:
-            out["single"] = _fanout_step(publisher, target, logs, clients, rate)
+            out["single"] = fanout_step(publisher, target, logs, clients=clients, rate=rate, seconds=FANOUT_SECONDS)
         finally:
             target.stop()
     finally:
@@ -275,7 +253,7 @@ def fanout_trial(data: Path, logs: Path, clients: int, rate: float) -> dict[str,
         assert cluster.edge is not None
         publisher.request({"cmd": "wait_subscribers", "timeout": 30}, timeout=40)
         edge = Target("kvgateway", cluster.edge, cluster.base.replace("http://", "ws://") + "/v1/ws", None)
-        out["edge"] = _fanout_step(publisher, edge, logs, clients, rate)
+        out["edge"] = fanout_step(publisher, edge, logs, clients=clients, rate=rate, seconds=FANOUT_SECONDS)
     finally:
         if cluster is not None:
             cluster.stop()

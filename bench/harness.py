@@ -310,6 +310,12 @@ class Stream:
             reasons=reasons,
         )
 
+    def warm(self) -> None:
+        """A slow step first (connections, caches, the first allocations); every client must get it."""
+        warm = self.step(25, 1.0, drain=10, bound=1.0)
+        if not warm.report.all_complete:
+            raise BenchError(f"warm-up: {'; '.join(warm.reasons)}")
+
     def settle(self, limit: float = 20.0) -> None:
         """After an overloaded step: wait until the backlog stops arriving, so the next step starts clean."""
         deadline = time.monotonic() + limit
@@ -325,3 +331,27 @@ class Stream:
             elif time.monotonic() - quiet_since > 0.6:
                 return
             time.sleep(0.2)
+
+
+def fanout_step(
+    publisher: Worker, target: Target, logs: Path, *, clients: int, rate: float, seconds: float
+) -> dict[str, Any]:
+    """``clients`` WebSocket clients on ``target``, a warm-up, then one step of ``seconds`` at
+    ``rate``: the deliveries per CPU-second of the process serving them (latency reported, not
+    judged)."""
+    fleet = Fleet(target.ws_url, "ws", clients, logs, f"{target.kind}-ws{clients}")
+    try:
+        stream = Stream(publisher, target, fleet)
+        stream.warm()
+        step = stream.step(rate, seconds, drain=10, bound=1.0)
+        deliveries = step.achieved_rate * step.report.received / max(step.batches, 1)
+        return {
+            "complete": step.report.all_complete,
+            "reasons": step.reasons,
+            "deliveries_per_s": round(deliveries),
+            "cpu_cores": round(step.target_cpu, 3),
+            "deliveries_per_cpu_second": round(deliveries / step.target_cpu) if step.target_cpu > 0 else None,
+            **step.report.hist.summary_ms(),
+        }
+    finally:
+        fleet.stop()

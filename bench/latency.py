@@ -20,7 +20,7 @@ RATE = 1000.0
 CLIENTS = 10
 
 
-def _one(ctx: Context, kind: TargetKind, run: int) -> dict[str, Any]:
+def trial(ctx: Context, kind: TargetKind, run: int) -> dict[str, Any]:
     seconds = float(ctx.pick(15, 5, 1))
     rate = float(ctx.pick(RATE, RATE, 200))
     logs = ctx.logs / "latency" / f"{kind}-run{run}"
@@ -57,7 +57,7 @@ def run(ctx: Context) -> dict[str, Any]:
         kinds: tuple[TargetKind, ...] = ("kvgateway", "naive")
         for kind in kinds:
             say(f"latency run {run_index + 1}/{ctx.runs}: {kind}")
-            result = _one(ctx, kind, run_index)
+            result = trial(ctx, kind, run_index)
             say(f"  p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, p99.9 {result['p999_ms']} ms")
             runs[kind].append(result)
 
