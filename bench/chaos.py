@@ -209,6 +209,7 @@ class Client:
     want: int | None = None  # an offset at which to capture the model
     captured: asyncio.Future[Any] | None = None
     disconnects: Counter[str] = field(default_factory=Counter)
+    resume_seconds: list[float] = field(default_factory=list)  # from a disconnect to the next hello
 
     def _handle(self, line: str) -> None:
         message = json.loads(line)
@@ -219,6 +220,7 @@ class Client:
             self.want = None
 
     async def run(self) -> None:
+        dropped: float | None = None
         while True:
             url = self.urls[self.at]
             resume = self.view.last_id if self.view.offset is not None else None
@@ -228,6 +230,9 @@ class Client:
                     frame = await asyncio.wait_for(ws.recv(), 10)
                     lines = str(frame).split("\n")
                     self.view.hello(json.loads(lines[0]), resume, url)
+                    if dropped is not None:
+                        self.resume_seconds.append(time.monotonic() - dropped)
+                        dropped = None
                     for line in lines[1:]:
                         self._handle(line)
                     self.connected.set()
@@ -237,6 +242,7 @@ class Client:
                     self.disconnects["closed"] += 1
             except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as exc:
                 self.disconnects[type(exc).__name__] += 1
+            dropped = time.monotonic() if dropped is None else dropped
             self.at = 1 - self.at  # resume on the other edge
             await asyncio.sleep(0.2)
 
@@ -374,7 +380,11 @@ async def _index_checks(clients: list[Client], ports: list[int]) -> tuple[list[d
 
 
 def _deliveries(client: Client, engines: list[Engine], batches: int) -> tuple[dict[str, Any], list[str]]:
-    """Check 1 for one client: once-or-lost per stream and engine process."""
+    """Check 1 for one client: once-or-lost per stream and engine process, over 0..the last seq
+    the process's stream shows (the gateway's promise). Beyond it, an engine process that was
+    restarted may have published batches no consumer could see (queued when it closed its sockets,
+    or published while its stream was unread and gone with the process before a takeover): counted
+    as ``unseen``. The last process lingers, holding every batch: its whole run must be there."""
     out: dict[str, Any] = {}
     violations = []
     for engine in engines:
@@ -382,17 +392,27 @@ def _deliveries(client: Client, engines: list[Engine], batches: int) -> tuple[di
         for rank in range(engine.dp_size):
             stream = (engine.name, rank)
             processes = client.view.processes.get(stream, [])
-            name = f"{engine.name}[{rank}]"
+            name = f"{client.view.name} {engine.name}[{rank}]"
             if len(processes) != len(lasts):
-                seen = len(processes)
-                violations.append(f"{client.view.name} {name}: {seen} engine processes seen, {len(lasts)} ran")
+                violations.append(f"{name}: {len(processes)} engine processes seen, {len(lasts)} ran")
+            unseen: list[tuple[int, int, int]] = []  # process, first, last
             for i, process in enumerate(processes):
-                last = lasts[i] if len(processes) == len(lasts) else None
-                violations += [f"{client.view.name} {name} process {i}: {p}" for p in process.problems(last)]
-            out[name] = {
+                violations += [f"{name} process {i}: {p}" for p in process.problems(None)]
+                if len(processes) != len(lasts):
+                    continue
+                top, last = process.top, lasts[i]
+                if top > last:
+                    violations.append(f"{name} process {i}: seq {top} beyond its last, {last}")
+                elif top < last and i == len(lasts) - 1:
+                    violations.append(f"{name} process {i}: seqs {top + 1}..{last} never came (the engine holds them)")
+                elif top < last:
+                    unseen.append((i, top + 1, last))
+            out[f"{engine.name}[{rank}]"] = {
                 "processes": len(processes),
                 "batches": sum(len(p.seqs) for p in processes),
                 "lost": sum(until - first + 1 for p in processes for first, until, _ in p.gaps),
+                "unseen": sum(last - first + 1 for _, first, last in unseen),
+                "unseen_ranges": unseen,
             }
     return out, violations
 
@@ -462,10 +482,12 @@ async def soak(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
             "clients": args.clients,
             "resumes": resumes,
             "resumes_recovered": resumes - sum(c.view.counts["resumes_not_recovered"] for c in clients),
+            "resume_seconds_max": round(max((t for c in clients for t in c.resume_seconds), default=0.0), 2),
             "disconnects": dict(sum((c.disconnects for c in clients), Counter())),
             "batches_received": {c.view.name: c.view.counts["batches"] for c in clients},
             "messages_by_kind": {k: v for k, v in first.counts.items() if k.startswith(("notice_", "batches"))},
             "losses_by_reason": dict(first.losses),
+            "unseen": sum(stream["unseen"] for stream in deliveries[first.name].values()),
             "restarts_by_reason": dict(first.restarts),
             "stale_by_reason": dict(first.stale_notices),
             "deliveries": deliveries,
@@ -502,7 +524,7 @@ def summary(result: dict[str, Any]) -> str:
         f"chaos soak: {result['minutes']:g} min, seed {result['seed']}: {'OK' if result['ok'] else 'VIOLATIONS'}",
         f"  faults: {faults}",
         f"  resumes: {result['resumes']} ({result['resumes_recovered']} recovered); batches per client: "
-        f"{sorted(set(result['batches_received'].values()))}; lost: {losses}",
+        f"{sorted(set(result['batches_received'].values()))}; lost: {losses}; unseen: {result['unseen']}",
         f"  index checks: {equal} of {len(result['index_checks'])} equal",
     ]
     lines += [f"  ! {v}" for v in result["violations"][:20]]

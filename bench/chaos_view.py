@@ -27,6 +27,11 @@ class EngineProcess:
     seqs: list[int] = field(default_factory=list)
     gaps: list[tuple[int, int, str]] = field(default_factory=list)  # first, until, reason
 
+    @property
+    def top(self) -> int:
+        """The highest seq delivered or counted lost (-1: none)."""
+        return max([-1, *self.seqs, *(until for _, until, _ in self.gaps)])
+
     def problems(self, last: int | None) -> list[str]:
         """Once-or-lost over 0..last (``last`` None: the highest seq received or counted lost)."""
         seen: Counter[int] = Counter(self.seqs)
