@@ -319,6 +319,7 @@ class Sequencer:
 
     __slots__ = (
         "_anchor",
+        "_echoed",
         "_ever_connected",
         "_gen",
         "_has_replay",
@@ -375,6 +376,7 @@ class Sequencer:
         self._ever_connected = False
         self._reconnected = False
         self._suspect: set[int] = set()  # pending live seqs that may be the old process's (rule 11)
+        self._echoed: set[int] = set()  # pending live seqs a reply brought back, same bytes (rule 11)
 
     # --- views --------------------------------------------------------------------------
 
@@ -556,7 +558,12 @@ class Sequencer:
             self._restart(seq, "identity", True, out, by_reply=True)
             self._keep_revealing(seq, batch, raw)
             return out
-        if seq <= cursor or seq in self._pending:
+        if seq in self._pending:
+            held = self._pending[seq]
+            if not held[3] and raw and held[1] == raw:
+                self._echoed.add(seq)  # that live batch is the replying process's (see _restart)
+            return out
+        if seq <= cursor:
             return out
         if seq == cursor + 1:
             self._deliver(seq, (batch, raw, self._gen, True), out)
@@ -751,6 +758,7 @@ class Sequencer:
         """A replay item that gave a restart away is the new process's: kept for its epoch, and
         counted as brought by the catch-up the restart began (the engine may evict it before then)."""
         self._put(seq, (batch, raw, self._gen, True))
+        self._suspect.discard(seq)  # it replaces a suspect under its seq: this one is the new process's
         if self._rec is not None:
             self._rec.brought += 1
             self._rec.progress = True
@@ -763,7 +771,10 @@ class Sequencer:
         held = self._pending.get(seq)
         if held is not None and raw and held[1] and held[1] != raw:
             del self._pending[seq]
-        elif self.cursor is not None:
+            return
+        if held is not None and not held[3]:
+            self._live_top = max(self._live_top, seq)  # the new process's live stream passed it
+        if self.cursor is not None:
             self._drain(out)
 
     def _settle_suspects(self, rec: _Recovery) -> None:
@@ -863,14 +874,14 @@ class Sequencer:
         rec = self._rec
         assert rec is not None
         out.append(CancelReplay(rec.token))
-        self._flush("overflow", lambda item: True, out)
+        self._flush("overflow", lambda seq, item: True, out)
         self._finish(out)
 
-    def _flush(self, reason: LossReason, old: Callable[[_Item], bool], out: list[Action]) -> None:
+    def _flush(self, reason: LossReason, old: Callable[[int, _Item], bool], out: list[Action]) -> None:
         """Deliver the pending batches that ``old`` selects, holes counted as ``reason``."""
         for seq in sorted(self._pending):
             item = self._pending[seq]
-            if not old(item):
+            if not old(seq, item):
                 continue
             del self._pending[seq]
             if self.cursor is None:
@@ -910,12 +921,17 @@ class Sequencer:
         rec = self._rec
         if rec is not None:
             out.append(CancelReplay(rec.token))
+        # A verification is asked at the connect event: what the current connection brought came
+        # after it, so it is the new process's, no suspect (rule 11's suspects need late events).
+        suspects = by_reply and not (rec is not None and rec.purpose == "verify")
         current = self._gen
+        echoed = self._echoed
 
-        def old(item: _Item) -> bool:
+        def old(seq: int, item: _Item) -> bool:
             # A reply (not a verification) gave it away: the replies before it came from the old
-            # process, whatever the connection; only live batches may be the new one's (rule 11).
-            return not by_connection or item[2] < current or (by_reply and item[3])
+            # process, whatever the connection, and so did a live batch one of them brought back
+            # with the same bytes; only the other live batches may be the new one's (rule 11).
+            return not by_connection or item[2] < current or (by_reply and (item[3] or seq in echoed))
 
         self._flush("restart", old, out)
         if rec is not None:
@@ -927,13 +943,15 @@ class Sequencer:
                 if s not in self._pending:
                     self._put(s, (b, raw, current, False))
         # Rule 11: the new epoch's catch-up tells them apart (see _settle_suspects).
-        self._suspect = {s for s, item in self._pending.items() if not item[3]} if by_reply else set()
+        self._suspect = {s for s, item in self._pending.items() if not item[3]} if suspects else set()
+        self._echoed = set()
         out.append(Restart(seq, -1 if self.cursor is None else self.cursor, reason))
         self._reconnected = False  # the restart is found: the heuristic has done its work
         self.cursor = None
         self._anchor = None
         self._origin_zero = reason != "jump"
-        self._live_top = max(self._pending, default=-1)
+        # A suspect is not known to be the new process's live stream: counted once it is (_unsuspect).
+        self._live_top = max((s for s in self._pending if s not in self._suspect), default=-1)
         # A live seq 0 that gave the restart away is the new process's first batch: no history to fetch.
         if self._has_replay and not (first_live == 0 and not self._pending):
             self._begin("catch_up", 0, out)

@@ -1322,3 +1322,47 @@ def test_a_hole_right_after_the_anchor_is_proved_unheld_by_the_next_item() -> No
         Deliver(CLOCK + 3, fence, False),
         ReplayFinished(2, "failed", 0),
     ]
+
+
+def test_a_live_batch_an_old_reply_brought_back_stays_with_the_old_process() -> None:
+    """The old process's live 4 waits above a hole that its gap reply (the anchor matched) left: the
+    reply brought 4 back with the live one's bytes, so 4 is the old process's. When the retry's
+    empty reply (the engine restarted, connection events still to come) reveals the restart, 4 is
+    delivered in the old epoch, the hole counted ``restart``: not held as the new process's."""
+    s = running(0, 1)
+    assert feed(s, 4) == [GapDetected(2, 3), rr(2, 1)]
+    assert replay(s, 2, 1, 2, 4) == dr(2)  # 3 lost at the ROUTER
+    assert s.on_replay_end(2) == [rr(3, 2, attempt=2)]
+    assert s.on_replay_end(3) == [
+        CancelReplay(3),
+        Unrecovered(3, 3, "restart"),
+        d(4),
+        ReplayFinished(3, "partial", 1, 2),
+        Restart(2, 4, "identity"),
+        rr(4, 0, "catch_up"),
+    ]
+    assert s.held == 0
+
+
+def test_live_batches_after_a_verification_found_the_restart_are_the_new_process_s() -> None:
+    """A verification is asked at the connect event, so the live batches that came after it are the
+    new process's: not suspects waiting for the catch-up to confirm them one by one."""
+    s = running(0, 1, 2)
+    s.on_disconnected()
+    assert s.on_connected() == [rr(2, 2, "verify")]
+    assert feed(s, 0, 1, proc=1) == []  # held while verifying
+    assert replay(s, 2, 2, proc=1)[-2:] == [Restart(2, 2, "identity"), rr(3, 0, "catch_up")]
+    # The catch-up begins: the live 0 and 1 and the reply's 2 go on at once.
+    assert replay(s, 3, 0, proc=1) == [d(0), d(1), d(2, True)]
+
+
+def test_a_dropped_suspect_does_not_raise_the_live_top() -> None:
+    """The old process's live 5 was a suspect, dropped when the new process's catch-up ended below it:
+    the new process's live stream is not past 5, so its lagging live copies of the batches its
+    catch-up delivered are duplicates, not a reset to 0."""
+    s = running(0, 1, 2, 3)
+    assert feed(s, 5) == [GapDetected(4, 4), rr(2, 3)]
+    assert s.on_replay_end(2)[-2:] == [Restart(3, 3, "identity"), rr(3, 0, "catch_up")]
+    assert replay(s, 3, 0, 1, proc=1) == dr(0, 1)
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 2)]
+    assert feed(s, 0, 1, 2, proc=1) == [Duplicate(0), Duplicate(1), d(2)]
