@@ -926,8 +926,13 @@ class Sequencer:
         suspects = by_reply and not (rec is not None and rec.purpose == "verify")
         current = self._gen
         echoed = self._echoed
+        cursor = self.cursor
 
         def old(seq: int, item: _Item) -> bool:
+            if reason == "jump" and cursor is not None:
+                # The new process's seqs all lie far above the old cursor, whatever the connection
+                # (the connection events may come late): the batches near it are the old process's.
+                return seq - cursor <= self._jump_limit
             # A reply (not a verification) gave it away: the replies before it came from the old
             # process, whatever the connection, and so did a live batch one of them brought back
             # with the same bytes; only the other live batches may be the new one's (rule 11).

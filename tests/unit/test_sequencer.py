@@ -1366,3 +1366,25 @@ def test_a_dropped_suspect_does_not_raise_the_live_top() -> None:
     assert replay(s, 3, 0, 1, proc=1) == dr(0, 1)
     assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 2)]
     assert feed(s, 0, 1, 2, proc=1) == [Duplicate(0), Duplicate(1), d(2)]
+
+
+def test_a_jump_leaves_the_batches_near_the_old_cursor_to_the_old_process() -> None:
+    """TensorRT-LLM: after a reconnection, the old process sent live CLOCK + 2 and died; the monitor
+    reports nothing yet, and the verification's retry reaches the new process, whose buffer begins
+    at its own clock, far above. CLOCK + 2 came on the current connection, but a clock-seeded
+    process never publishes near the one before it: it is the old process's, delivered in its epoch."""
+    s = running(CLOCK, jump_limit=1000)
+    s.on_disconnected()
+    assert s.on_connected() == [rr(2, CLOCK, "verify")]
+    assert s.on_live(CLOCK + 2, b(CLOCK + 2), raw(CLOCK + 2)) == [GapDetected(CLOCK + 1, CLOCK + 1)]
+    assert s.on_replay_failed(2, "timeout") == [rr(3, CLOCK, "verify", 2)]
+    new = CLOCK + 50_000
+    assert s.on_replay_item(3, new, b(new), raw(new, 1)) == [
+        CancelReplay(3),
+        Unrecovered(CLOCK + 1, CLOCK + 1, "restart"),
+        d(CLOCK + 2),
+        ReplayFinished(3, "failed", 0, 2),
+        Restart(new, CLOCK + 2, "jump"),
+        rr(4, 0, "catch_up"),
+    ]
+    assert s.held == 1  # only the new process's batch, for its epoch
