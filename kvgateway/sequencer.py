@@ -482,11 +482,15 @@ class Sequencer:
                 else:
                     out.append(Duplicate(seq))
                 return out
-            if seq > self._live_top:  # a replay delivered it first; this is its live copy
+            # The last delivered seq again with other bytes: another process sent it (a publisher
+            # sends one payload per seq), whatever the monitor has reported yet.
+            anchor = self._anchor
+            other = anchor is not None and seq == anchor[0] and bool(raw and anchor[1]) and raw != anchor[1]
+            if seq > self._live_top and not other:  # a replay delivered it first; this is its live copy
                 self._live_top = seq
                 out.append(Duplicate(seq))
                 return out
-            reason = self._restart_reason(seq, cursor, batch, reconnected)
+            reason = self._restart_reason(seq, cursor, batch, reconnected) or ("identity" if other else None)
             if reason is None:
                 out.append(Duplicate(seq))
             else:

@@ -1388,3 +1388,13 @@ def test_a_jump_leaves_the_batches_near_the_old_cursor_to_the_old_process() -> N
         rr(4, 0, "catch_up"),
     ]
     assert s.held == 1  # only the new process's batch, for its epoch
+
+
+def test_the_last_delivered_seq_live_again_with_other_bytes_is_a_restart() -> None:
+    """vLLM, young restart, connection events late: the new process's live 2 comes at the cursor. A
+    live copy of the last delivered batch would carry its bytes; other bytes under that seq are
+    another process's, whatever the monitor has reported yet."""
+    s = running(0, 1, 2)
+    assert feed(s, 2) == [Duplicate(2)]  # the same process's copy
+    assert feed(s, 2, proc=1) == [Restart(2, 2, "identity"), rr(2, 0, "catch_up")]
+    assert replay(s, 2, 0, 1, 2, proc=1) == dr(0, 1) + dl(2)
