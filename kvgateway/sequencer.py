@@ -925,9 +925,11 @@ class Sequencer:
         rec = self._rec
         if rec is not None:
             out.append(CancelReplay(rec.token))
-        # A verification is asked at the connect event: what the current connection brought came
-        # after it, so it is the new process's, no suspect (rule 11's suspects need late events).
-        suspects = by_reply and not (rec is not None and rec.purpose == "verify")
+        # What the current connection brought and is kept for the new epoch may be the old process's
+        # if the connection events are late, or the restart came after them: suspects (rule 11).
+        # Not after a verification, asked at the connect event (what came since is the new
+        # process's), nor after a jump (the new process publishes far above the old).
+        suspects = by_connection and reason != "jump" and not (rec is not None and rec.purpose == "verify")
         current = self._gen
         echoed = self._echoed
         cursor = self.cursor
@@ -945,15 +947,15 @@ class Sequencer:
         self._flush("restart", old, out)
         if rec is not None:
             self._finish(out, by_restart=True)
+        # Rule 11: the new epoch's catch-up tells them apart (see _settle_suspects).
+        self._suspect = set(self._pending) if suspects else set()
+        self._echoed = set()
         # Live batches at or below the cursor since the reconnect are the new process's own.
         low_live, self._low_live = self._low_live, []
         if by_connection:
             for s, b, raw in low_live:
                 if s not in self._pending:
                     self._put(s, (b, raw, current, False))
-        # Rule 11: the new epoch's catch-up tells them apart (see _settle_suspects).
-        self._suspect = {s for s, item in self._pending.items() if not item[3]} if suspects else set()
-        self._echoed = set()
         out.append(Restart(seq, -1 if self.cursor is None else self.cursor, reason))
         self._reconnected = False  # the restart is found: the heuristic has done its work
         self.cursor = None
