@@ -93,17 +93,24 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
     retries, gaps, tail probes, verifications) asks from the last delivered seq, the anchor, and
     its reply must bring that batch back first, with the same bytes, before anything in it is used:
     other bytes, a first item below the anchor, or an end marker with nothing are a restart
-    (``identity``); a first item more than ``jump_limit`` above it is a ``jump``. What earlier
-    replies brought is the old process's (delivered in its epoch, as in rule 8); the live batches
-    of the current connection stay pending for the new epoch (the new process's that came before
-    the connection events; a gap they opened is what sent the request), but, unless a
-    verification found the restart, as *suspects*: some may be the old process's last ones. They
-    wait (none is delivered) for the new epoch's catch-up, a snapshot of the new process's buffer
-    taken after they came: one it brings with other bytes is replaced by its own; one above its
-    last item is dropped; without a whole reply, all are dropped (a later reply or gap brings the
-    new process's own again). A first item above the anchor means it left the buffer: as in rule
-    1, the engine cannot be told apart, and a new live batch at exactly ``cursor + 1`` before the
-    connection events is taken as the next.
+    (``identity``); a first item more than ``jump_limit`` above it is a ``jump``. So is a live
+    batch under the anchor's seq with other bytes (a publisher sends one payload per seq). What
+    earlier replies brought is the old process's (delivered in its epoch, as in rule 8), and so is
+    a live batch one of them brought back with the same bytes; after a ``jump``, so is every batch
+    within ``jump_limit`` of the old cursor (the new process counts from far above). The other
+    batches of the current connection stay pending for the new epoch (the new process's that came
+    before the connection events; a gap they opened is what sent the request), but, unless a
+    verification found the restart, as *suspects*: the restart may have come after them, the
+    connection events late (also when rule 7's heuristic found it: a verification's reply may
+    then be the old process's). They wait (none is delivered, none counts as live) for the new
+    epoch's catch-up, a snapshot of the new process's buffer taken after they came: one it brings
+    with other bytes is replaced by its own; one above its last item is dropped; without a whole
+    reply, all are dropped (a later reply or gap brings the new process's own again, unless it
+    has evicted them or never answers: then they are lost). A first item above the anchor means
+    it left the buffer: as in rule 1, the engine cannot be told apart (the gateway cannot bound
+    how many batches the engine published unseen, nor its buffer's length, so no reply can prove
+    that the engine should still hold the anchor), and a new live batch at exactly
+    ``cursor + 1`` before the connection events is taken as the next.
 
 Replay tokens start at 1 and increase by one per attempt. Items, ends and failures carrying any
 other token than the in-flight one are ignored.
@@ -273,8 +280,10 @@ class _Recovery:
         "floor",
         "heard",
         "items",
+        "kept",
         "lost",
         "mark",
+        "opened",
         "progress",
         "purpose",
         "silent",
@@ -291,11 +300,13 @@ class _Recovery:
         self.token = token
         self.start = start
         self.items = 0  # this attempt's items
+        self.kept: set[int] = set()  # the seqs this attempt's items added to the pending batches
         self.first: int | None = None  # this attempt's first item
         self.top = -1  # this attempt's highest item
         self.after_anchor = False  # the next item is the first after the anchor this attempt matched
         self.floor: int | None = None  # seqs below it (and >= start) are not in the engine's buffer
         self.progress = False  # this attempt brought something new
+        self.opened = False  # the live stream skipped seqs after this attempt was asked
         self.mark = start  # the first missing seq when this attempt was asked
         self.heard = False  # any item or end marker came back, in any attempt
         self.silent = 0  # attempts that got no answer at all
@@ -308,10 +319,11 @@ class _Recovery:
         self.token = token
         self.start = start
         self.items = 0
+        self.kept = set()
         self.top = -1
         self.after_anchor = False
         self.first = self.floor = None
-        self.progress = False
+        self.progress = self.opened = False
 
 
 class Sequencer:
@@ -395,6 +407,11 @@ class Sequencer:
         """The seq the in-flight attempt's reply must begin with (rule 11's anchor), if it checks one."""
         rec = self._rec
         return None if rec is None or rec.check is None else rec.check[0]
+
+    @property
+    def suspects(self) -> frozenset[int]:
+        """Pending seqs held back until a whole reply of the new process tells whose they are (rule 11)."""
+        return frozenset(self._suspect)
 
     @property
     def waiting_for_live(self) -> bool:
@@ -559,7 +576,8 @@ class Sequencer:
         cursor = self.cursor
         assert cursor is not None
         if seq in self._pending and self._other_process(seq, raw):
-            self._restart(seq, "identity", True, out, by_reply=True)
+            # The items this reply brought before are the same process's: the new one's.
+            self._restart(seq, "identity", True, out, by_reply=True, same=rec.kept)
             self._keep_revealing(seq, batch, raw)
             return out
         if seq in self._pending:
@@ -578,6 +596,7 @@ class Sequencer:
         if len(self._pending) >= self._hold_limit:
             return out  # not kept: the live stream or a later attempt brings it
         self._put(seq, (batch, raw, self._gen, True))
+        rec.kept.add(seq)
         rec.progress = True
         rec.brought += 1
         return out
@@ -684,13 +703,15 @@ class Sequencer:
         low = self._live_top + 1
         if self.cursor is not None:
             low = max(low, self.cursor + 1)
-        run = low
+        run, before = low, len(out)
         for held in sorted(s for s in self._pending if low <= s < seq):
             if held > run:
                 out.append(GapDetected(run, held - 1))
             run = held + 1
         if run < seq:
             out.append(GapDetected(run, seq - 1))
+        if self._rec is not None and len(out) > before:
+            self._rec.opened = True
 
     def _settle(self, out: list[Action]) -> None:
         """No replay in flight and something missing below a pending batch: recover or account it."""
@@ -796,11 +817,11 @@ class Sequencer:
         self._suspect.clear()
 
     def _other_process(self, seq: int, raw: bytes) -> bool:
-        """Rule 1's comparison, made by any batch: ``seq`` is pending from the connection before the
-        last disconnect, and the new connection brings it with other bytes. A publisher sends the
-        same payload for a seq live and replayed, so only another process does that."""
+        """Rule 1's comparison, made by any batch: ``seq`` is pending and comes again with other
+        bytes. A publisher sends the same payload for a seq live and replayed, so only another
+        process does that, on this connection too when the connection events are late (rule 11)."""
         held = self._pending[seq]
-        return held[2] != self._gen and bool(raw) and bool(held[1]) and held[1] != raw
+        return bool(raw) and bool(held[1]) and held[1] != raw
 
     def _unverifiable(self, out: list[Action]) -> None:
         """Rule 1's fallback: a live batch at or below the cursor after the reconnect is a restart."""
@@ -840,8 +861,10 @@ class Sequencer:
         self._drain(out)
         assert self.cursor is not None
         # Progress: something new came, or the first missing seq moved up (the reply brought what
-        # live had brought too): the next attempt starts higher, so the retries end.
-        progress = rec.progress or self.cursor + 1 > rec.mark
+        # live had brought too): the next attempt starts higher, so the retries end. A gap the live
+        # stream opened after this attempt was asked was never asked for: it gets its own attempt
+        # (with late connection events, that one may reach a new process, and its check tells).
+        progress = rec.progress or self.cursor + 1 > rec.mark or rec.opened
         while True:
             self._drain(out)
             assert self.cursor is not None
@@ -917,11 +940,13 @@ class Sequencer:
         *,
         first_live: int | None = None,
         by_reply: bool = False,
+        same: set[int] | None = None,
     ) -> None:
         """Rule 8. ``by_connection``: batches of the connection before the last disconnect are the
         old process's; without it (a live batch gave the restart away) everything pending is.
         ``by_reply``: a reply gave it away; the live batches of the current connection kept for the
-        new epoch may still be the old process's if the connection events are late (rule 11)."""
+        new epoch may still be the old process's if the connection events are late (rule 11).
+        ``same``: pending seqs known to be the new process's (its reply brought them)."""
         rec = self._rec
         if rec is not None:
             out.append(CancelReplay(rec.token))
@@ -933,6 +958,7 @@ class Sequencer:
         current = self._gen
         echoed = self._echoed
         cursor = self.cursor
+        same = set() if same is None else set(same)
 
         def old(seq: int, item: _Item) -> bool:
             if reason == "jump" and cursor is not None:
@@ -942,13 +968,15 @@ class Sequencer:
             # A reply (not a verification) gave it away: the replies before it came from the old
             # process, whatever the connection, and so did a live batch one of them brought back
             # with the same bytes; only the other live batches may be the new one's (rule 11).
+            if seq in same:
+                return False
             return not by_connection or item[2] < current or (by_reply and (item[3] or seq in echoed))
 
         self._flush("restart", old, out)
         if rec is not None:
             self._finish(out, by_restart=True)
         # Rule 11: the new epoch's catch-up tells them apart (see _settle_suspects).
-        self._suspect = set(self._pending) if suspects else set()
+        self._suspect = set(self._pending) - same if suspects else set()
         self._echoed = set()
         # Live batches at or below the cursor since the reconnect are the new process's own.
         low_live, self._low_live = self._low_live, []

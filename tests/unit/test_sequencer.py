@@ -1418,3 +1418,32 @@ def test_a_reply_before_a_late_restart_found_by_the_heuristic_is_a_suspect() -> 
     assert replay(s, 3, 0, 1, proc=1) == [d(0), d(1, True)]
     assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 1)]
     assert s.held == 0
+
+
+def test_a_reply_bringing_a_pending_seq_with_other_bytes_is_a_restart_on_the_same_connection() -> None:
+    """The old process's live 5 waits above a hole; the gap request reaches a new process (connection
+    events late) whose buffer no longer holds the anchor: its reply begins at 4, then brings 5 with
+    other bytes. Two payloads under one seq: two processes, whatever the monitor has reported. The
+    reply's 4 is the new process's (the same reply), kept for its epoch with the revealing 5."""
+    s = running(0, 1)
+    assert feed(s, 5) == [GapDetected(2, 4), rr(2, 1)]
+    assert replay(s, 2, 4, proc=1) == []  # above the anchor: the engine cannot be told yet
+    assert replay(s, 2, 5, proc=1) == [
+        CancelReplay(2),
+        ReplayFinished(2, "recovered", 1),
+        Restart(5, 1, "identity"),
+        rr(3, 0, "catch_up"),
+    ]
+    assert replay(s, 3, 0, 1, 2, 3, proc=1) == dr(0, 1, 2, 3, 4, 5)
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 5)]  # with the revealing 5
+
+
+def test_a_gap_opened_after_an_attempt_was_asked_gets_its_own_attempt() -> None:
+    """A live batch skips 3 and 4 while the attempt for 1 is in flight; that attempt fails. 3 and 4
+    were never asked for: one more attempt, not a give-up (with late connection events, it may be
+    the one that reaches the new process, and its check tells)."""
+    s = running(0)
+    assert feed(s, 2) == [GapDetected(1, 1), rr(2, 0)]
+    assert feed(s, 5, proc=1) == [GapDetected(3, 4)]
+    assert s.on_replay_failed(2, "failed") == [rr(3, 0, attempt=2)]
+    assert replay(s, 3, 0, proc=1)[-2:] == [Restart(0, 0, "identity"), rr(4, 0, "catch_up")]
