@@ -59,12 +59,13 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
 6. **End of an attempt** (end marker, timeout, malformed reply). For the lowest missing seq:
    evicted (this attempt's first item is above it) and below ``live_top`` (the live stream passed
    it): :class:`Unrecovered` ``evicted`` (``not_sent`` if the batch after them starts with
-   ``AllBlocksCleared``). Otherwise, if the attempt brought anything new: ask again from it (a new
-   :class:`RequestReplay`, at most ``max_attempts`` per recovery). Otherwise give up on what lies
-   below ``live_top``: ``transit`` (the engine answered but the batches never came through) or
-   ``no_answer``, never ``not_sent`` (the engine may hold them). Missing seqs above ``live_top``
-   are left to the live stream, which is behind: when it passes them a new gap replay settles
-   them; if it stays quiet, :meth:`Sequencer.on_quiet` treats it as passed. A recovery ends with
+   ``AllBlocksCleared``). Otherwise, if the attempt brought anything new, or the live stream
+   opened a gap after it was asked: ask again from it (a new :class:`RequestReplay`, at most
+   ``max_attempts`` per recovery). Otherwise give up on what lies below ``live_top``:
+   ``transit`` (the engine answered but the batches never came through) or ``no_answer``, never
+   ``not_sent`` (the engine may hold them). Missing seqs above ``live_top`` are left to the live
+   stream, which is behind: when it passes them a new gap replay settles them; if it stays
+   quiet, :meth:`Sequencer.on_quiet` treats it as passed. A recovery ends with
    :class:`ReplayFinished`: ``recovered`` (nothing lost), ``partial`` (some lost, some brought),
    ``failed`` (lost, and nothing came back, or no answer at all).
 7. **Live seq at or below the cursor**: above ``live_top``, it is the live copy of a batch a
@@ -484,7 +485,11 @@ class Sequencer:
             self._unsuspect(seq, raw, out)
         if seq in self._pending:
             if self._other_process(seq, raw):
-                self._restart(seq, "identity", True, out, first_live=seq)
+                # A replayed batch it contradicts came from another process than this live stream's,
+                # and so did every reply before (rule 11); so did a live one of this connection.
+                held = self._pending[seq]
+                by_reply = held[3] or held[2] == self._gen
+                self._restart(seq, "identity", True, out, first_live=seq, by_reply=by_reply)
                 self._start_epoch_live(seq, item, out)
             else:
                 out.append(Duplicate(seq))

@@ -1447,3 +1447,23 @@ def test_a_gap_opened_after_an_attempt_was_asked_gets_its_own_attempt() -> None:
     assert feed(s, 5, proc=1) == [GapDetected(3, 4)]
     assert s.on_replay_failed(2, "failed") == [rr(3, 0, attempt=2)]
     assert replay(s, 3, 0, proc=1)[-2:] == [Restart(0, 0, "identity"), rr(4, 0, "catch_up")]
+
+
+def test_a_live_batch_contradicting_a_replayed_one_leaves_the_replies_to_the_old_process() -> None:
+    """A tail probe brought the old process's 5 and 6 (its 4 lost at the ROUTER); before any
+    connection event the new process's live 5 comes with other bytes. Whoever sent the reply is not
+    this live stream's process, so what the replies brought is the old process's, delivered in its
+    epoch, not held for the new one."""
+    s = running(0, 1, 2, 3)
+    assert s.on_quiet() == [rr(2, 3, "tail")]
+    assert replay(s, 2, 3, 5, 6) == []
+    assert s.on_replay_failed(2, "timeout") == [rr(3, 3, "tail", 2)]
+    assert feed(s, 5, proc=1) == [
+        CancelReplay(3),
+        Unrecovered(4, 4, "restart"),
+        *dr(5, 6),
+        ReplayFinished(3, "partial", 2, 2),
+        Restart(5, 6, "identity"),
+        rr(4, 0, "catch_up"),
+    ]
+    assert replay(s, 4, 0, 1, 2, 3, 4, proc=1) == [*dr(0, 1, 2, 3, 4), d(5)]
