@@ -100,18 +100,19 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
     a live batch one of them brought back with the same bytes; after a ``jump``, so is every batch
     within ``jump_limit`` of the old cursor (the new process counts from far above). The other
     batches of the current connection stay pending for the new epoch (the new process's that came
-    before the connection events; a gap they opened is what sent the request), but, unless a
-    verification found the restart, as *suspects*: the restart may have come after them, the
-    connection events late (also when rule 7's heuristic found it: a verification's reply may
-    then be the old process's). They wait (none is delivered, none counts as live) for the new
-    epoch's catch-up, a snapshot of the new process's buffer taken after they came: one it brings
-    with other bytes is replaced by its own; one above its last item is dropped; without a whole
-    reply, all are dropped (a later reply or gap brings the new process's own again, unless it
-    has evicted them or never answers: then they are lost). A first item above the anchor means
-    it left the buffer: as in rule 1, the engine cannot be told apart (the gateway cannot bound
-    how many batches the engine published unseen, nor its buffer's length, so no reply can prove
-    that the engine should still hold the anchor), and a new live batch at exactly
-    ``cursor + 1`` before the connection events is taken as the next.
+    before the connection events; a gap they opened is what sent the request), but as
+    *suspects*: the restart may have come after them, the connection events late (also when a
+    verification or rule 7's heuristic found it: the process a reconnection reached may have
+    died since, and a verification's reply may be the old process's). They wait (none is
+    delivered, none counts as live) for the new epoch's catch-up, a snapshot of the new process's
+    buffer taken after they came: one it brings with other bytes is replaced by its own; one
+    above its last item is dropped; without a whole reply, all are dropped (a later reply or gap
+    brings the new process's own again, unless it has evicted them or never answers: then they
+    are lost). A first item above the anchor means it left the buffer: as in rule 1, the engine
+    cannot be told apart (the gateway cannot bound how many batches the engine published unseen,
+    nor its buffer's length, so no reply can prove that the engine should still hold the
+    anchor), and a new live batch at exactly ``cursor + 1`` before the connection events is taken
+    as the next.
 
 Replay tokens start at 1 and increase by one per attempt. Items, ends and failures carrying any
 other token than the in-flight one are ignored.
@@ -956,10 +957,10 @@ class Sequencer:
         if rec is not None:
             out.append(CancelReplay(rec.token))
         # What the current connection brought and is kept for the new epoch may be the old process's
-        # if the connection events are late, or the restart came after them: suspects (rule 11).
-        # Not after a verification, asked at the connect event (what came since is the new
-        # process's), nor after a jump (the new process publishes far above the old).
-        suspects = by_connection and reason != "jump" and not (rec is not None and rec.purpose == "verify")
+        # if the connection events are late, or the restart came after them (after a verification's
+        # connect event too: the process it reached may have died since): suspects (rule 11). Not
+        # after a jump: the new process publishes far above the old.
+        suspects = by_connection and reason != "jump"
         current = self._gen
         echoed = self._echoed
         cursor = self.cursor

@@ -1348,8 +1348,9 @@ def test_a_live_batch_an_old_reply_brought_back_stays_with_the_old_process() -> 
 
 
 def test_live_batches_after_a_verification_found_the_restart_are_the_new_process_s() -> None:
-    """A verification is asked at the connect event, so the live batches that came after it are the
-    new process's: not suspects waiting for the catch-up to confirm them one by one."""
+    """The live batches at or below the cursor that came while the verification was in flight are
+    the new process's (rule 7 would have taken them for a restart): not suspects waiting for the
+    catch-up to confirm them one by one."""
     s = running(0, 1, 2)
     s.on_disconnected()
     assert s.on_connected() == [rr(2, 2, "verify")]
@@ -1467,3 +1468,20 @@ def test_a_live_batch_contradicting_a_replayed_one_leaves_the_replies_to_the_old
         rr(4, 0, "catch_up"),
     ]
     assert replay(s, 4, 0, 1, 2, 3, 4, proc=1) == [*dr(0, 1, 2, 3, 4), d(5)]
+
+
+def test_a_live_batch_after_a_verification_s_connect_may_be_a_process_gone_since() -> None:
+    """Two restarts: the reconnection reached a process that sent its live 1 and died too, the next
+    connection events still to come. The verification's retry reaches the newest process, which
+    holds nothing: a restart, and 1 is a suspect, not the newest process's own. Its catch-up ends at
+    0, so 1 was not its: dropped, not delivered in its epoch."""
+    s = running(0)
+    s.on_disconnected()
+    assert s.on_connected() == [rr(2, 0, "verify")]
+    assert feed(s, 1, proc=1) == []
+    assert s.on_replay_failed(2, "timeout") == [rr(3, 0, "verify", 2)]
+    assert s.on_replay_end(3)[-2:] == [Restart(0, 0, "identity"), rr(4, 0, "catch_up")]
+    assert s.suspects == {1}
+    assert replay(s, 4, 0, proc=2) == [d(0, True)]
+    assert s.on_replay_end(4) == [ReplayFinished(4, "recovered", 1)]
+    assert s.held == 0

@@ -244,12 +244,13 @@ class PublisherModel(RuleBasedStateMachine):
             self.first_new_live = (seq, self.restart_frontier)
         above = self.frontier is None or seq > self.frontier
         known = seq in p.brought
-        received = max([-1 if self.frontier is None else self.frontier, *self.procs[self.epoch].brought])
-        if self.unseen and self.connection_due and proc != self.epoch and seq == received + 1:
+        frontier = -1 if self.frontier is None else self.frontier
+        received = max([frontier, *self.procs[self.epoch].brought])
+        if self.unseen and self.connection_due and proc != self.epoch and seq - 1 in (frontier, received):
             # Rule 11's limitation: before the connection events, the new process's batch at exactly
-            # the next seq after all the sequencer received opens no gap: it is taken for the old
-            # one's next, and the verification then checks it against itself. Nothing on the wire
-            # tells them apart.
+            # the next seq (after the cursor, or after all the sequencer received: it opens no gap)
+            # is taken for the old one's next, and the verification then checks it against itself.
+            # Nothing on the wire tells them apart.
             self.cannot_tell = True
         if proc != self.epoch and self.connection_due:
             self.read_early.add((proc, seq))
@@ -365,8 +366,12 @@ class PublisherModel(RuleBasedStateMachine):
             return
         suspects, p = self.seq.suspects, self.procs[self.epoch]
         actions = self.seq.on_replay_failed(req.token, kind)
-        if verify_to_new and req.sent == 0 and not any(isinstance(a, RequestReplay) for a in actions):
-            # No usable answer, and the sequencer stops asking: the check cannot tell (rule 1's
+        if (
+            verify_to_new
+            and req.sent == 0
+            and not any(isinstance(a, RequestReplay) and a.purpose == req.purpose for a in actions)
+        ):
+            # No usable answer, and the sequencer stops asking it: the check cannot tell (rule 1's
             # limitation, and rule 11's for a gap or a probe the new process never answered).
             self.cannot_tell = True
         # Rule 11's limitation: a suspect is a batch that came before the connection events and may be
