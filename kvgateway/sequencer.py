@@ -490,7 +490,7 @@ class Sequencer:
                 # and so did every reply before (rule 11); so did a live one of this connection.
                 held = self._pending[seq]
                 by_reply = held[3] or held[2] == self._gen
-                self._restart(seq, "identity", True, out, first_live=seq, by_reply=by_reply)
+                self._restart(seq, "identity", True, out, first_live=seq, by_reply=by_reply, other=seq)
                 self._start_epoch_live(seq, item, out)
             else:
                 out.append(Duplicate(seq))
@@ -583,7 +583,7 @@ class Sequencer:
         assert cursor is not None
         if seq in self._pending and self._other_process(seq, raw):
             # The items this reply brought before are the same process's: the new one's.
-            self._restart(seq, "identity", True, out, by_reply=True, same=rec.kept)
+            self._restart(seq, "identity", True, out, by_reply=True, same=rec.kept, other=seq)
             self._keep_revealing(seq, batch, raw)
             return out
         if seq in self._pending:
@@ -947,12 +947,14 @@ class Sequencer:
         first_live: int | None = None,
         by_reply: bool = False,
         same: set[int] | None = None,
+        other: int | None = None,
     ) -> None:
         """Rule 8. ``by_connection``: batches of the connection before the last disconnect are the
         old process's; without it (a live batch gave the restart away) everything pending is.
         ``by_reply``: a reply gave it away; the live batches of the current connection kept for the
         new epoch may still be the old process's if the connection events are late (rule 11).
-        ``same``: pending seqs known to be the new process's (its reply brought them)."""
+        ``same``: pending seqs known to be the new process's (its reply brought them); ``other``: the
+        pending seq the revealing batch contradicted, so the old process's."""
         rec = self._rec
         if rec is not None:
             out.append(CancelReplay(rec.token))
@@ -974,8 +976,14 @@ class Sequencer:
             # A reply (not a verification) gave it away: the replies before it came from the old
             # process, whatever the connection, and so did a live batch one of them brought back
             # with the same bytes; only the other live batches may be the new one's (rule 11).
+            if seq == other:
+                return True
             if seq in same:
                 return False
+            if first_live is not None and not item[3] and seq > first_live:
+                # Live before the live batch that revealed the restart, and above it: the new
+                # process's live stream goes up, so it was the old one's.
+                return True
             return not by_connection or item[2] < current or (by_reply and (item[3] or seq in echoed))
 
         self._flush("restart", old, out)

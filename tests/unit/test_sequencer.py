@@ -1425,14 +1425,17 @@ def test_a_reply_bringing_a_pending_seq_with_other_bytes_is_a_restart_on_the_sam
     """The old process's live 5 waits above a hole; the gap request reaches a new process (connection
     events late) whose buffer no longer holds the anchor: its reply begins at 4, then brings 5 with
     other bytes. Two payloads under one seq: two processes, whatever the monitor has reported. The
-    reply's 4 is the new process's (the same reply), kept for its epoch with the revealing 5."""
+    live 5 the reply contradicts is the old process's, delivered in its epoch; the reply's 4 is the
+    new process's (the same reply), kept for its epoch with the revealing 5."""
     s = running(0, 1)
     assert feed(s, 5) == [GapDetected(2, 4), rr(2, 1)]
     assert replay(s, 2, 4, proc=1) == []  # above the anchor: the engine cannot be told yet
     assert replay(s, 2, 5, proc=1) == [
         CancelReplay(2),
-        ReplayFinished(2, "recovered", 1),
-        Restart(5, 1, "identity"),
+        Unrecovered(2, 4, "restart"),
+        d(5),
+        ReplayFinished(2, "partial", 1),
+        Restart(5, 5, "identity"),
         rr(3, 0, "catch_up"),
     ]
     assert replay(s, 3, 0, 1, 2, 3, proc=1) == dr(0, 1, 2, 3, 4, 5)
@@ -1485,3 +1488,20 @@ def test_a_live_batch_after_a_verification_s_connect_may_be_a_process_gone_since
     assert replay(s, 4, 0, proc=2) == [d(0, True)]
     assert s.on_replay_end(4) == [ReplayFinished(4, "recovered", 1)]
     assert s.held == 0
+
+
+def test_live_batches_before_and_above_the_live_batch_that_revealed_a_restart_are_the_old_s() -> None:
+    """The old process's live 5 and 6 wait above a hole; the new process's live 5 comes with other
+    bytes before any connection event. 6 came before it on the same stream, and a process's live
+    stream goes up: 6 is the old process's too. Both are delivered in the old epoch, not held."""
+    s = running(0, 1, 2)
+    assert feed(s, 5, 6) == [GapDetected(3, 4), rr(2, 2)]
+    assert feed(s, 5, proc=1) == [
+        CancelReplay(2),
+        Unrecovered(3, 4, "restart"),
+        *dl(5, 6),
+        ReplayFinished(2, "failed", 0),
+        Restart(5, 6, "identity"),
+        rr(3, 0, "catch_up"),
+    ]
+    assert replay(s, 3, 0, 1, 2, 3, 4, proc=1) == [*dr(0, 1, 2, 3, 4), d(5)]
