@@ -106,7 +106,7 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
     died since, and a verification's reply may be the old process's). They wait (none is
     delivered, none counts as live) for the new epoch's catch-up, a snapshot of the new process's
     buffer taken after they came: one it brings with other bytes is replaced by its own; one
-    above its last item is dropped; without a whole reply, all are dropped (a later reply or gap
+    above its last item, or below its first, is dropped; without a whole reply, all are dropped (a later reply or gap
     brings the new process's own again, unless it has evicted them or never answers: then they
     are lost). A first item above the anchor means it left the buffer: as in rule 1, the engine
     cannot be told apart (the gateway cannot bound how many batches the engine published unseen,
@@ -812,13 +812,16 @@ class Sequencer:
         """Rule 11, after a whole reply of the new epoch: it is the new process's buffer as it was
         after every suspect arrived, so a suspect above its last item was published by the old one
         (dropped: the old epoch has ended; if it was the new one's after all, a gap replay fetches
-        it). Those it brought with other bytes were replaced as they came."""
-        self._drop_suspects(rec.top)
+        it). Those it brought with other bytes were replaced as they came. One below its first item
+        cannot be told: the new process no longer holds that seq, or never sent it. Dropped too,
+        rather than an old batch delivered as the new process's."""
+        self._drop_suspects(rec.top, below=-1 if rec.first is None else rec.first)
 
-    def _drop_suspects(self, above: int) -> None:
-        """Drop the suspects above ``above`` from the pending batches; none is left suspect."""
+    def _drop_suspects(self, above: int, below: int = -1) -> None:
+        """Drop the suspects above ``above`` or below ``below`` from the pending batches; none is
+        left suspect."""
         for seq in self._suspect:
-            if seq > above:
+            if seq > above or seq < below:
                 self._pending.pop(seq, None)
         self._suspect.clear()
 

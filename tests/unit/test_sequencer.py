@@ -1505,3 +1505,18 @@ def test_live_batches_before_and_above_the_live_batch_that_revealed_a_restart_ar
         rr(3, 0, "catch_up"),
     ]
     assert replay(s, 3, 0, 1, 2, 3, 4, proc=1) == [*dr(0, 1, 2, 3, 4), d(5)]
+
+
+def test_a_suspect_below_the_new_process_s_first_buffered_batch_is_dropped() -> None:
+    """The old process's live 5 is a suspect when a gap reply reveals the restart; the new process's
+    catch-up begins at 6: it no longer holds 5, or never sent it. Nothing tells which, so 5 is
+    dropped rather than delivered as the new process's; 4 and 5 are then evicted in its epoch."""
+    s = running(0, 1, 2, 3)
+    assert feed(s, 5) == [GapDetected(4, 4), rr(2, 3)]
+    assert replay(s, 2, 3, proc=1)[-2:] == [Restart(3, 3, "identity"), rr(3, 0, "catch_up")]
+    assert replay(s, 3, 6, 7, proc=1) == [Unrecovered(0, 2, "restart"), d(3, True)]
+    assert s.on_replay_end(3) == [ReplayFinished(3, "partial", 3)]
+    assert s.held == 2  # 6 and 7: 5 is gone
+    assert s.on_quiet() == [rr(4, 3)]
+    assert replay(s, 4, 6, 7, proc=1) == []
+    assert s.on_replay_end(4) == [Unrecovered(4, 5, "evicted"), *dr(6, 7), ReplayFinished(4, "failed", 0)]

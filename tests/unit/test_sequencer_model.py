@@ -93,6 +93,7 @@ class Request:
     items: list[int] | None = None  # the reply still to send, once the engine has answered
     held: set[int] | None = None  # the engine's buffer when it answered
     sent: int = 0  # items sent
+    first: int | None = None  # the first item sent
 
 
 class PublisherModel(RuleBasedStateMachine):
@@ -168,7 +169,12 @@ class PublisherModel(RuleBasedStateMachine):
         elif isinstance(a, Unrecovered):
             assert self.frontier is not None and a.first == self.frontier + 1 and a.last >= a.first, (a, self.frontier)
             seqs = set(range(a.first, a.last + 1))
-            assert not seqs & p.brought, (a, sorted(seqs & p.brought))
+            held = seqs & p.brought
+            if a.reason == "restart":
+                # Rule 11's limitation: what a restart keeps for the new epoch as a suspect (it may be
+                # either process's; the new process's catch-up tells) is lost to the old one.
+                held -= self.seq.suspects
+            assert not held, (a, sorted(held))
             if a.reason == "evicted" and not self.blurred:
                 req = self.request
                 assert req is not None and req.held is not None, a
@@ -302,6 +308,8 @@ class PublisherModel(RuleBasedStateMachine):
         p = self.procs[req.proc]
         # Judged before the sequencer sees it.
         kept = (self.frontier is None or seq > self.frontier) and req.proc == self.epoch and not self.unseen
+        if req.sent == 0:
+            req.first = seq
         req.sent += 1
         if kept and seq not in p.brought:
             self.recovery_new += 1  # a batch this recovery brought that nothing else had
@@ -362,7 +370,13 @@ class PublisherModel(RuleBasedStateMachine):
                 self.send(req, items.pop(0))
                 if self.request is not req:
                     return
-            self.apply(self.seq.on_replay_end(req.token))
+            suspects, p = self.seq.suspects, self.procs[self.epoch]
+            actions = self.seq.on_replay_end(req.token)
+            # Rule 11's limitation: a suspect below a whole reply's first item cannot be told (the new
+            # process evicted that seq, or never sent it): dropped, and lost if it was the new one's.
+            if req.first is not None:
+                p.brought -= {seq for seq in suspects - self.seq.suspects if seq < req.first}
+            self.apply(actions)
             return
         suspects, p = self.seq.suspects, self.procs[self.epoch]
         actions = self.seq.on_replay_failed(req.token, kind)
