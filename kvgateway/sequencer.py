@@ -106,7 +106,8 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
     died since, and a verification's reply may be the old process's). They wait (none is
     delivered, none counts as live) for the new epoch's catch-up, a snapshot of the new process's
     buffer taken after they came: one it brings with other bytes is replaced by its own; one
-    above its last item, or below its first, is dropped; without a whole reply, all are dropped (a later reply or gap
+    above its last item, or below its first, is dropped; without a whole reply, or if another
+    restart comes first, all are dropped (a later reply or gap
     brings the new process's own again, unless it has evicted them or never answers: then they
     are lost). A first item above the anchor means it left the buffer: as in rule 1, the engine
     cannot be told apart (the gateway cannot bound how many batches the engine published unseen,
@@ -989,6 +990,10 @@ class Sequencer:
                 return True
             return not by_connection or item[2] < current or (by_reply and (item[3] or seq in echoed))
 
+        # Suspects of the epoch that ends were never told to be its process's: neither epoch's.
+        for s in self._suspect:
+            self._pending.pop(s, None)
+        self._suspect = set()
         self._flush("restart", old, out)
         if rec is not None:
             self._finish(out, by_restart=True)
@@ -1037,8 +1042,9 @@ class Sequencer:
         self._last_token += 1
         mark = start if self.cursor is None else self.cursor + 1
         # Rule 11: ask from the last delivered seq, whatever the purpose; the reply may come from a
-        # process other than the one last read (its DEALER reaches whoever binds the port now).
-        check = self._anchor if self._anchor is not None and self._anchor[0] <= start else None
+        # process other than the one last read (its DEALER reaches whoever binds the port now). Also
+        # when a request is repeated after the cursor moved on: everything up to the anchor is here.
+        check = self._anchor
         if check is not None:
             start = check[0]
         rec.new_attempt(self._last_token, start)

@@ -1520,3 +1520,33 @@ def test_a_suspect_below_the_new_process_s_first_buffered_batch_is_dropped() -> 
     assert s.on_quiet() == [rr(4, 3)]
     assert replay(s, 4, 6, 7, proc=1) == []
     assert s.on_replay_end(4) == [Unrecovered(4, 5, "evicted"), *dr(6, 7), ReplayFinished(4, "failed", 0)]
+
+
+def test_a_repeated_request_asks_from_the_anchor_the_cursor_reached_since() -> None:
+    """A tail probe asked from 0 gets no answer; live 1 is delivered meanwhile. The repeated request
+    asks from 1, the last delivered seq, so its reply is checked against 1: a new process's 1 is a
+    restart, not an unchecked reply whose 2 would pass for the old process's next."""
+    s = running(0)
+    assert s.on_quiet() == [rr(2, 0, "tail")]
+    assert feed(s, 1) == [d(1)]
+    assert s.on_replay_failed(2, "timeout") == [rr(3, 1, "tail", 2)]
+    assert replay(s, 3, 1, 2, proc=1)[-2:] == [Restart(1, 1, "identity"), rr(4, 0, "catch_up")]
+
+
+def test_a_suspect_no_reply_told_yet_is_dropped_at_the_next_restart() -> None:
+    """The old process's live 5 is a suspect of the new epoch (a gap reply revealed the restart) and
+    its catch-up has not told whose it is when a third process restarts at 0: 5 is neither known to
+    be the second process's nor the first's, so it is dropped, not delivered in the second's run."""
+    s = running(0, 1, 2, 3)
+    assert feed(s, 5) == [GapDetected(4, 4), rr(2, 3)]
+    assert replay(s, 2, 3, proc=1)[-2:] == [Restart(3, 3, "identity"), rr(3, 0, "catch_up")]
+    assert replay(s, 3, 0, 1, 2, proc=1) == dr(0, 1, 2, 3)
+    assert feed(s, 4, proc=1) == [d(4)]
+    assert s.suspects == {5}
+    assert feed(s, 0, proc=2) == [
+        CancelReplay(3),
+        ReplayFinished(3, "recovered", 4, 1),
+        Restart(0, 4, "seq_reset"),
+        d(0),
+    ]
+    assert s.held == 0

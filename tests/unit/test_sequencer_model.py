@@ -129,6 +129,7 @@ class PublisherModel(RuleBasedStateMachine):
         self.restarts: list[Restart] = []
         self.taken_early: set[tuple[int, int]] = set()  # (process, seq) an older epoch delivered
         self.read_early: set[tuple[int, int]] = set()  # (process, seq) read live before its connection events
+        self.suspects: frozenset[int] = frozenset()  # the sequencer's suspects before the current call
         self.apply(self.seq.on_connected())
 
     @property
@@ -145,6 +146,7 @@ class PublisherModel(RuleBasedStateMachine):
     def apply(self, actions: list[Action]) -> None:
         for a in actions:
             self.audit(a)
+        self.suspects = self.seq.suspects  # as the next call finds them
 
     def audit(self, a: Action) -> None:
         p = self.procs[self.epoch]
@@ -172,8 +174,9 @@ class PublisherModel(RuleBasedStateMachine):
             held = seqs & p.brought
             if a.reason == "restart":
                 # Rule 11's limitation: what a restart keeps for the new epoch as a suspect (it may be
-                # either process's; the new process's catch-up tells) is lost to the old one.
-                held -= self.seq.suspects
+                # either process's; the new process's catch-up tells) is lost to the old one, and so
+                # is a suspect of the old epoch itself that nothing had told yet (dropped).
+                held -= self.seq.suspects | self.suspects
             assert not held, (a, sorted(held))
             if a.reason == "evicted" and not self.blurred:
                 req = self.request
