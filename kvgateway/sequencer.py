@@ -106,8 +106,8 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
     died since, and a verification's reply may be the old process's). They wait (none is
     delivered, none counts as live) for the new epoch's catch-up, a snapshot of the new process's
     buffer taken after they came: one it brings with other bytes is replaced by its own; one
-    above its last item, or below its first, is dropped; without a whole reply, or if another
-    restart comes first, all are dropped (a later reply or gap
+    it does not bring (above its last item, below its first, or in a hole of the reply) is
+    dropped; without a whole reply, or if another restart comes first, all are dropped (a later reply or gap
     brings the new process's own again, unless it has evicted them or never answers: then they
     are lost). A first item above the anchor means it left the buffer: as in rule 1, the engine
     cannot be told apart (the gateway cannot bound how many batches the engine published unseen,
@@ -813,17 +813,16 @@ class Sequencer:
         """Rule 11, after a whole reply of the new epoch: it is the new process's buffer as it was
         after every suspect arrived, so a suspect above its last item was published by the old one
         (dropped: the old epoch has ended; if it was the new one's after all, a gap replay fetches
-        it). Those it brought with other bytes were replaced as they came. One below its first item
-        cannot be told: the new process no longer holds that seq, or never sent it. Dropped too,
-        rather than an old batch delivered as the new process's."""
-        self._drop_suspects(rec.top, below=-1 if rec.first is None else rec.first)
+        it). Those it brought were told as they came (replaced, or confirmed). One it did not bring
+        cannot be told: below its first item, the new process no longer holds that seq, or never
+        sent it; between its items, the ROUTER may have dropped it. Dropped too, rather than an old
+        batch delivered as the new process's (the next attempt or a gap brings the new one's)."""
+        self._drop_suspects()
 
-    def _drop_suspects(self, above: int, below: int = -1) -> None:
-        """Drop the suspects above ``above`` or below ``below`` from the pending batches; none is
-        left suspect."""
+    def _drop_suspects(self) -> None:
+        """Drop every suspect from the pending batches."""
         for seq in self._suspect:
-            if seq > above or seq < below:
-                self._pending.pop(seq, None)
+            self._pending.pop(seq, None)
         self._suspect.clear()
 
     def _other_process(self, seq: int, raw: bytes) -> bool:
@@ -854,7 +853,7 @@ class Sequencer:
         assert rec is not None
         # Rule 11's suspects not told apart by a whole reply (this one failed) are dropped: the old
         # process's must not pass for the new one's, whose own a later reply or gap brings again.
-        self._drop_suspects(-1)
+        self._drop_suspects()
         # An engine busy publishing, or a request sent while its ROUTER was reconnecting, can leave
         # one attempt unanswered: that one is asked again; a second silence ends the recovery.
         retry_silence = silent and rec.silent == 0
@@ -991,9 +990,7 @@ class Sequencer:
             return not by_connection or item[2] < current or (by_reply and (item[3] or seq in echoed))
 
         # Suspects of the epoch that ends were never told to be its process's: neither epoch's.
-        for s in self._suspect:
-            self._pending.pop(s, None)
-        self._suspect = set()
+        self._drop_suspects()
         self._flush("restart", old, out)
         if rec is not None:
             self._finish(out, by_restart=True)
@@ -1020,7 +1017,7 @@ class Sequencer:
     def _finish(self, out: list[Action], *, by_restart: bool = False) -> None:
         rec = self._rec
         assert rec is not None
-        self._drop_suspects(-1)  # no whole reply told them apart (see _attempt_over)
+        self._drop_suspects()  # no whole reply told them apart (see _attempt_over)
         if rec.lost == 0 and (rec.heard or rec.brought > 0):
             outcome: Outcome = "recovered"
         elif rec.brought > 0:

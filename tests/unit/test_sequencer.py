@@ -1550,3 +1550,16 @@ def test_a_suspect_no_reply_told_yet_is_dropped_at_the_next_restart() -> None:
         d(0),
     ]
     assert s.held == 0
+
+
+def test_a_suspect_in_a_hole_of_the_new_process_s_catch_up_is_not_taken_for_its_own() -> None:
+    """The old process's live 5 is a suspect; the new process's catch-up brings 0-6 but its 5 is
+    lost at the ROUTER. The reply's end does not make the old 5 the new process's: it is dropped,
+    and the next attempt brings the new process's own 5."""
+    s = running(0, 1, 2, 3)
+    assert feed(s, 5) == [GapDetected(4, 4), rr(2, 3)]
+    assert replay(s, 2, 3, proc=1)[-2:] == [Restart(3, 3, "identity"), rr(3, 0, "catch_up")]
+    assert replay(s, 3, 0, 1, 2, 4, 6, proc=1) == dr(0, 1, 2, 3, 4)
+    assert s.on_replay_end(3) == [rr(4, 4, "catch_up", 2)]
+    assert replay(s, 4, 4, 5, 6, proc=1) == dr(5, 6)
+    assert s.on_replay_end(4) == [ReplayFinished(4, "recovered", 7, 2)]

@@ -93,7 +93,6 @@ class Request:
     items: list[int] | None = None  # the reply still to send, once the engine has answered
     held: set[int] | None = None  # the engine's buffer when it answered
     sent: int = 0  # items sent
-    first: int | None = None  # the first item sent
 
 
 class PublisherModel(RuleBasedStateMachine):
@@ -311,8 +310,6 @@ class PublisherModel(RuleBasedStateMachine):
         p = self.procs[req.proc]
         # Judged before the sequencer sees it.
         kept = (self.frontier is None or seq > self.frontier) and req.proc == self.epoch and not self.unseen
-        if req.sent == 0:
-            req.first = seq
         req.sent += 1
         if kept and seq not in p.brought:
             self.recovery_new += 1  # a batch this recovery brought that nothing else had
@@ -375,10 +372,10 @@ class PublisherModel(RuleBasedStateMachine):
                     return
             suspects, p = self.seq.suspects, self.procs[self.epoch]
             actions = self.seq.on_replay_end(req.token)
-            # Rule 11's limitation: a suspect below a whole reply's first item cannot be told (the new
-            # process evicted that seq, or never sent it): dropped, and lost if it was the new one's.
-            if req.first is not None:
-                p.brought -= {seq for seq in suspects - self.seq.suspects if seq < req.first}
+            # Rule 11's limitation: a suspect a whole reply did not bring cannot be told (the new
+            # process evicted that seq or never sent it, or the ROUTER dropped it): dropped, and lost
+            # if it was the new one's and no later reply brings it.
+            p.brought -= suspects - self.seq.suspects
             self.apply(actions)
             return
         suspects, p = self.seq.suspects, self.procs[self.epoch]
