@@ -706,7 +706,12 @@ class Sequencer:
     def _report_gaps(self, seq: int, out: list[Action]) -> None:
         """GapDetected for the seqs the live stream skipped that nothing else brought."""
         if self._live_top < 0:
-            return  # the first live batch of the epoch: what came before is history, not a gap
+            # The first live batch of the epoch: what came before is history, not a gap. But seqs it
+            # skips after the cursor while an attempt is in flight were never asked for (rule 6).
+            rec, cursor = self._rec, self.cursor
+            if rec is not None and cursor is not None and cursor < seq - 1 and seq - 1 not in self._pending:
+                rec.opened = True
+            return
         low = self._live_top + 1
         if self.cursor is not None:
             low = max(low, self.cursor + 1)

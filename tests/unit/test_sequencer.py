@@ -1563,3 +1563,17 @@ def test_a_suspect_in_a_hole_of_the_new_process_s_catch_up_is_not_taken_for_its_
     assert s.on_replay_end(3) == [rr(4, 4, "catch_up", 2)]
     assert replay(s, 4, 4, 5, 6, proc=1) == dr(5, 6)
     assert s.on_replay_end(4) == [ReplayFinished(4, "recovered", 7, 2)]
+
+
+def test_the_epoch_s_first_live_batch_skipping_seqs_during_an_attempt_gets_one_more() -> None:
+    """The catch-up delivered 0 and its retry gets no answer; meanwhile the first live batch, 2,
+    skips 1. No attempt was asked knowing of it: one more is (with late connection events, the one
+    that reaches a new process, whose check tells), not a give-up taking 2 for the next."""
+    s = Sequencer(has_replay=True)
+    s.on_connected()
+    assert replay(s, 1, 0) == [d(0, True)]
+    assert s.on_replay_failed(1, "timeout") == [rr(2, 0, "catch_up", 2)]
+    assert s.on_replay_failed(2, "timeout") == [rr(3, 0, "catch_up", 3)]
+    assert feed(s, 2, proc=1) == []
+    assert s.on_replay_failed(3, "timeout") == [rr(4, 0, "catch_up", 4)]
+    assert replay(s, 4, 0, proc=1)[-2:] == [Restart(0, 0, "identity"), rr(5, 0, "catch_up")]
