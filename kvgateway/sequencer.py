@@ -551,6 +551,12 @@ class Sequencer:
         out: list[Action] = []
         rec.items += 1
         rec.heard = True
+        if seq in self._pending and seq not in self._suspect and self._other_process(seq, raw):
+            # Before anything else (a first item's check may deliver the pending batch); a suspect
+            # is told below. The items this reply brought before are the same process's: the new one's.
+            self._restart(seq, "identity", True, out, by_reply=True, same=rec.kept, other=seq)
+            self._keep_revealing(seq, batch, raw)
+            return out
         if rec.first is None:
             rec.first = seq
             if rec.check is not None:
@@ -582,11 +588,6 @@ class Sequencer:
             self._unsuspect(seq, raw, out)
         cursor = self.cursor
         assert cursor is not None
-        if seq in self._pending and self._other_process(seq, raw):
-            # The items this reply brought before are the same process's: the new one's.
-            self._restart(seq, "identity", True, out, by_reply=True, same=rec.kept, other=seq)
-            self._keep_revealing(seq, batch, raw)
-            return out
         if seq in self._pending:
             held = self._pending[seq]
             if not held[3] and raw and held[1] == raw:

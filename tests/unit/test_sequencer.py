@@ -1577,3 +1577,14 @@ def test_the_epoch_s_first_live_batch_skipping_seqs_during_an_attempt_gets_one_m
     assert feed(s, 2, proc=1) == []
     assert s.on_replay_failed(3, "timeout") == [rr(4, 0, "catch_up", 4)]
     assert replay(s, 4, 0, proc=1)[-2:] == [Restart(0, 0, "identity"), rr(5, 0, "catch_up")]
+
+
+def test_a_verification_s_first_item_contradicting_a_held_live_batch_is_a_restart() -> None:
+    """While verifying, live 2 is held. The reply begins at 2 (above the anchor 1: the engine no
+    longer holds it, which alone cannot tell) with other bytes than the held 2: two processes. Found
+    before the fallback delivers the held 2 as the next."""
+    s = running(0, 1)
+    s.on_disconnected()
+    assert s.on_connected() == [rr(2, 1, "verify")]
+    assert feed(s, 2) == []
+    assert replay(s, 2, 2, proc=1)[-2:] == [Restart(2, 2, "identity"), rr(3, 0, "catch_up")]
