@@ -32,8 +32,8 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
    *anchor*) and compares that batch's payload with the one delivered; while it verifies, live
    batches are pending, none delivered. Same payload: the reply goes on as a gap replay. Another
    payload, or an end marker with nothing (the engine holds nothing that old), is a restart
-   (``identity``); so is any batch the new connection brings, live or replayed, under a seq still
-   pending from the old one with other bytes. No answer, or the anchor no longer in the buffer,
+   (``identity``); so is any batch, live or replayed, under a seq still pending with other bytes
+   (from either connection: rule 11). No answer, or the anchor no longer in the buffer,
    cannot tell: the reconnect heuristic of rule 7 applies to the live batches. A reconnection
    counts the cursor as passed by the live stream (``live_top``): the new connection brings only
    later batches.
