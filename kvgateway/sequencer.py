@@ -573,7 +573,8 @@ class Sequencer:
             elif seq > rec.start:
                 rec.floor = seq
             if self.cursor is None:
-                low = self._first_pending()
+                # Not from a suspect: one below the catch-up's first item is dropped (rule 11).
+                low = min((s for s in self._pending if s not in self._suspect), default=None)
                 if low is not None and low < seq:
                     self._establish(low, self._pending[low][0], out)
                 else:

@@ -1588,3 +1588,20 @@ def test_a_verification_s_first_item_contradicting_a_held_live_batch_is_a_restar
     assert s.on_connected() == [rr(2, 1, "verify")]
     assert feed(s, 2) == []
     assert replay(s, 2, 2, proc=1)[-2:] == [Restart(2, 2, "identity"), rr(3, 0, "catch_up")]
+
+
+def test_a_suspect_below_the_catch_up_s_first_item_does_not_start_the_epoch() -> None:
+    """TensorRT-LLM: the old process's live CLOCK + 1 is a suspect when an empty reply reveals the
+    restart; the new process's catch-up begins at its own clock, far above. The epoch starts there,
+    not at the suspect (which is dropped), so the new process's next live batch is its next, not a
+    jump from the old seq."""
+    s = Sequencer(has_replay=True, jump_limit=1000)
+    s.on_connected()
+    assert replay(s, 1, CLOCK) == [d(CLOCK, True)]
+    feed(s, CLOCK + 2)  # pending above a hole
+    assert s.on_replay_failed(1, "timeout") == [rr(2, CLOCK, "catch_up", 2)]
+    assert s.on_replay_end(2)[-2:] == [Restart(CLOCK, CLOCK, "identity"), rr(3, 0, "catch_up")]
+    new = CLOCK + 5000
+    assert s.on_replay_item(3, new, b(new), raw(new, 1)) == [d(new, True)]
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 1)]
+    assert s.on_live(new + 1, b(new + 1), raw(new + 1, 1)) == [d(new + 1)]
