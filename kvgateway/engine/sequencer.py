@@ -32,8 +32,8 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
    *anchor*) and compares that batch's payload with the one delivered; while it verifies, live
    batches are pending, none delivered. Same payload: the reply goes on as a gap replay. Another
    payload, or an end marker with nothing (the engine holds nothing that old), is a restart
-   (``identity``); so is any batch the new connection brings, live or replayed, under a seq still
-   pending from the old one with other bytes. No answer, or the anchor no longer in the buffer,
+   (``identity``); so is any batch, live or replayed, under a seq still pending with other bytes
+   (from either connection: rule 11). No answer, or the anchor no longer in the buffer,
    cannot tell: the reconnect heuristic of rule 7 applies to the live batches. A reconnection
    counts the cursor as passed by the live stream (``live_top``): the new connection brings only
    later batches.
@@ -59,12 +59,13 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
 6. **End of an attempt** (end marker, timeout, malformed reply). For the lowest missing seq:
    evicted (this attempt's first item is above it) and below ``live_top`` (the live stream passed
    it): :class:`Unrecovered` ``evicted`` (``not_sent`` if the batch after them starts with
-   ``AllBlocksCleared``). Otherwise, if the attempt brought anything new: ask again from it (a new
-   :class:`RequestReplay`, at most ``max_attempts`` per recovery). Otherwise give up on what lies
-   below ``live_top``: ``transit`` (the engine answered but the batches never came through) or
-   ``no_answer``, never ``not_sent`` (the engine may hold them). Missing seqs above ``live_top``
-   are left to the live stream, which is behind: when it passes them a new gap replay settles
-   them; if it stays quiet, :meth:`Sequencer.on_quiet` treats it as passed. A recovery ends with
+   ``AllBlocksCleared``). Otherwise, if the attempt brought anything new, or the live stream
+   opened a gap after it was asked: ask again from it (a new :class:`RequestReplay`, at most
+   ``max_attempts`` per recovery). Otherwise give up on what lies below ``live_top``:
+   ``transit`` (the engine answered but the batches never came through) or ``no_answer``, never
+   ``not_sent`` (the engine may hold them). Missing seqs above ``live_top`` are left to the live
+   stream, which is behind: when it passes them a new gap replay settles them; if it stays
+   quiet, :meth:`Sequencer.on_quiet` treats it as passed. A recovery ends with
    :class:`ReplayFinished`: ``recovered`` (nothing lost), ``partial`` (some lost, some brought),
    ``failed`` (lost, and nothing came back, or no answer at all).
 7. **Live seq at or below the cursor**: above ``live_top``, it is the live copy of a batch a
@@ -93,17 +94,26 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
     retries, gaps, tail probes, verifications) asks from the last delivered seq, the anchor, and
     its reply must bring that batch back first, with the same bytes, before anything in it is used:
     other bytes, a first item below the anchor, or an end marker with nothing are a restart
-    (``identity``); a first item more than ``jump_limit`` above it is a ``jump``. What earlier
-    replies brought is the old process's (delivered in its epoch, as in rule 8); the live batches
-    of the current connection stay pending for the new epoch (the new process's that came before
-    the connection events; a gap they opened is what sent the request), but, unless a
-    verification found the restart, as *suspects*: some may be the old process's last ones. They
-    wait (none is delivered) for the new epoch's catch-up, a snapshot of the new process's buffer
-    taken after they came: one it brings with other bytes is replaced by its own; one above its
-    last item is dropped; without a whole reply, all are dropped (a later reply or gap brings the
-    new process's own again). A first item above the anchor means it left the buffer: as in rule
-    1, the engine cannot be told apart, and a new live batch at exactly ``cursor + 1`` before the
-    connection events is taken as the next.
+    (``identity``); a first item more than ``jump_limit`` above it is a ``jump``. So is a live
+    batch under the anchor's seq with other bytes (a publisher sends one payload per seq). What
+    earlier replies brought is the old process's (delivered in its epoch, as in rule 8), and so is
+    a live batch one of them brought back with the same bytes; after a ``jump``, so is every batch
+    within ``jump_limit`` of the old cursor (the new process counts from far above). The other
+    batches of the current connection stay pending for the new epoch (the new process's that came
+    before the connection events; a gap they opened is what sent the request), but as
+    *suspects*: the restart may have come after them, the connection events late (also when a
+    verification or rule 7's heuristic found it: the process a reconnection reached may have
+    died since, and a verification's reply may be the old process's). They wait (none is
+    delivered, none counts as live) for the new epoch's catch-up, a snapshot of the new process's
+    buffer taken after they came: one it brings with other bytes is replaced by its own; one
+    it does not bring (above its last item, below its first, or in a hole of the reply) is
+    dropped; without a whole reply, or if another restart comes first, all are dropped (a later reply or gap
+    brings the new process's own again, unless it has evicted them or never answers: then they
+    are lost). A first item above the anchor means it left the buffer: as in rule 1, the engine
+    cannot be told apart (the gateway cannot bound how many batches the engine published unseen,
+    nor its buffer's length, so no reply can prove that the engine should still hold the
+    anchor), and a new live batch at exactly ``cursor + 1`` before the connection events is taken
+    as the next.
 
 Replay tokens start at 1 and increase by one per attempt. Items, ends and failures carrying any
 other token than the in-flight one are ignored.
@@ -273,8 +283,10 @@ class _Recovery:
         "floor",
         "heard",
         "items",
+        "kept",
         "lost",
         "mark",
+        "opened",
         "progress",
         "purpose",
         "silent",
@@ -291,11 +303,13 @@ class _Recovery:
         self.token = token
         self.start = start
         self.items = 0  # this attempt's items
+        self.kept: set[int] = set()  # the seqs this attempt's items added to the pending batches
         self.first: int | None = None  # this attempt's first item
         self.top = -1  # this attempt's highest item
         self.after_anchor = False  # the next item is the first after the anchor this attempt matched
         self.floor: int | None = None  # seqs below it (and >= start) are not in the engine's buffer
         self.progress = False  # this attempt brought something new
+        self.opened = False  # the live stream skipped seqs after this attempt was asked
         self.mark = start  # the first missing seq when this attempt was asked
         self.heard = False  # any item or end marker came back, in any attempt
         self.silent = 0  # attempts that got no answer at all
@@ -308,10 +322,11 @@ class _Recovery:
         self.token = token
         self.start = start
         self.items = 0
+        self.kept = set()
         self.top = -1
         self.after_anchor = False
         self.first = self.floor = None
-        self.progress = False
+        self.progress = self.opened = False
 
 
 class Sequencer:
@@ -319,6 +334,7 @@ class Sequencer:
 
     __slots__ = (
         "_anchor",
+        "_echoed",
         "_ever_connected",
         "_gen",
         "_has_replay",
@@ -375,6 +391,7 @@ class Sequencer:
         self._ever_connected = False
         self._reconnected = False
         self._suspect: set[int] = set()  # pending live seqs that may be the old process's (rule 11)
+        self._echoed: set[int] = set()  # pending live seqs a reply brought back, same bytes (rule 11)
 
     # --- views --------------------------------------------------------------------------
 
@@ -393,6 +410,11 @@ class Sequencer:
         """The seq the in-flight attempt's reply must begin with (rule 11's anchor), if it checks one."""
         rec = self._rec
         return None if rec is None or rec.check is None else rec.check[0]
+
+    @property
+    def suspects(self) -> frozenset[int]:
+        """Pending seqs held back until a whole reply of the new process tells whose they are (rule 11)."""
+        return frozenset(self._suspect)
 
     @property
     def waiting_for_live(self) -> bool:
@@ -465,7 +487,11 @@ class Sequencer:
             self._unsuspect(seq, raw, out)
         if seq in self._pending:
             if self._other_process(seq, raw):
-                self._restart(seq, "identity", True, out, first_live=seq)
+                # A replayed batch it contradicts came from another process than this live stream's,
+                # and so did every reply before (rule 11); so did a live one of this connection.
+                held = self._pending[seq]
+                by_reply = held[3] or held[2] == self._gen
+                self._restart(seq, "identity", True, out, first_live=seq, by_reply=by_reply, other=seq)
                 self._start_epoch_live(seq, item, out)
             else:
                 out.append(Duplicate(seq))
@@ -480,11 +506,15 @@ class Sequencer:
                 else:
                     out.append(Duplicate(seq))
                 return out
-            if seq > self._live_top:  # a replay delivered it first; this is its live copy
+            # The last delivered seq again with other bytes: another process sent it (a publisher
+            # sends one payload per seq), whatever the monitor has reported yet.
+            anchor = self._anchor
+            other = anchor is not None and seq == anchor[0] and bool(raw and anchor[1]) and raw != anchor[1]
+            if seq > self._live_top and not other:  # a replay delivered it first; this is its live copy
                 self._live_top = seq
                 out.append(Duplicate(seq))
                 return out
-            reason = self._restart_reason(seq, cursor, batch, reconnected)
+            reason = self._restart_reason(seq, cursor, batch, reconnected) or ("identity" if other else None)
             if reason is None:
                 out.append(Duplicate(seq))
             else:
@@ -521,6 +551,12 @@ class Sequencer:
         out: list[Action] = []
         rec.items += 1
         rec.heard = True
+        if seq in self._pending and seq not in self._suspect and self._other_process(seq, raw):
+            # Before anything else (a first item's check may deliver the pending batch); a suspect
+            # is told below. The items this reply brought before are the same process's: the new one's.
+            self._restart(seq, "identity", True, out, by_reply=True, same=rec.kept, other=seq)
+            self._keep_revealing(seq, batch, raw)
+            return out
         if rec.first is None:
             rec.first = seq
             if rec.check is not None:
@@ -537,7 +573,8 @@ class Sequencer:
             elif seq > rec.start:
                 rec.floor = seq
             if self.cursor is None:
-                low = self._first_pending()
+                # Not from a suspect: one below the catch-up's first item is dropped (rule 11).
+                low = min((s for s in self._pending if s not in self._suspect), default=None)
                 if low is not None and low < seq:
                     self._establish(low, self._pending[low][0], out)
                 else:
@@ -552,11 +589,12 @@ class Sequencer:
             self._unsuspect(seq, raw, out)
         cursor = self.cursor
         assert cursor is not None
-        if seq in self._pending and self._other_process(seq, raw):
-            self._restart(seq, "identity", True, out, by_reply=True)
-            self._keep_revealing(seq, batch, raw)
+        if seq in self._pending:
+            held = self._pending[seq]
+            if not held[3] and raw and held[1] == raw:
+                self._echoed.add(seq)  # that live batch is the replying process's (see _restart)
             return out
-        if seq <= cursor or seq in self._pending:
+        if seq <= cursor:
             return out
         if seq == cursor + 1:
             self._deliver(seq, (batch, raw, self._gen, True), out)
@@ -567,6 +605,7 @@ class Sequencer:
         if len(self._pending) >= self._hold_limit:
             return out  # not kept: the live stream or a later attempt brings it
         self._put(seq, (batch, raw, self._gen, True))
+        rec.kept.add(seq)
         rec.progress = True
         rec.brought += 1
         return out
@@ -669,17 +708,24 @@ class Sequencer:
     def _report_gaps(self, seq: int, out: list[Action]) -> None:
         """GapDetected for the seqs the live stream skipped that nothing else brought."""
         if self._live_top < 0:
-            return  # the first live batch of the epoch: what came before is history, not a gap
+            # The first live batch of the epoch: what came before is history, not a gap. But seqs it
+            # skips after the cursor while an attempt is in flight were never asked for (rule 6).
+            rec, cursor = self._rec, self.cursor
+            if rec is not None and cursor is not None and cursor < seq - 1 and seq - 1 not in self._pending:
+                rec.opened = True
+            return
         low = self._live_top + 1
         if self.cursor is not None:
             low = max(low, self.cursor + 1)
-        run = low
+        run, before = low, len(out)
         for held in sorted(s for s in self._pending if low <= s < seq):
             if held > run:
                 out.append(GapDetected(run, held - 1))
             run = held + 1
         if run < seq:
             out.append(GapDetected(run, seq - 1))
+        if self._rec is not None and len(out) > before:
+            self._rec.opened = True
 
     def _settle(self, out: list[Action]) -> None:
         """No replay in flight and something missing below a pending batch: recover or account it."""
@@ -751,6 +797,7 @@ class Sequencer:
         """A replay item that gave a restart away is the new process's: kept for its epoch, and
         counted as brought by the catch-up the restart began (the engine may evict it before then)."""
         self._put(seq, (batch, raw, self._gen, True))
+        self._suspect.discard(seq)  # it replaces a suspect under its seq: this one is the new process's
         if self._rec is not None:
             self._rec.brought += 1
             self._rec.progress = True
@@ -763,29 +810,34 @@ class Sequencer:
         held = self._pending.get(seq)
         if held is not None and raw and held[1] and held[1] != raw:
             del self._pending[seq]
-        elif self.cursor is not None:
+            return
+        if held is not None and not held[3]:
+            self._live_top = max(self._live_top, seq)  # the new process's live stream passed it
+        if self.cursor is not None:
             self._drain(out)
 
     def _settle_suspects(self, rec: _Recovery) -> None:
         """Rule 11, after a whole reply of the new epoch: it is the new process's buffer as it was
         after every suspect arrived, so a suspect above its last item was published by the old one
         (dropped: the old epoch has ended; if it was the new one's after all, a gap replay fetches
-        it). Those it brought with other bytes were replaced as they came."""
-        self._drop_suspects(rec.top)
+        it). Those it brought were told as they came (replaced, or confirmed). One it did not bring
+        cannot be told: below its first item, the new process no longer holds that seq, or never
+        sent it; between its items, the ROUTER may have dropped it. Dropped too, rather than an old
+        batch delivered as the new process's (the next attempt or a gap brings the new one's)."""
+        self._drop_suspects()
 
-    def _drop_suspects(self, above: int) -> None:
-        """Drop the suspects above ``above`` from the pending batches; none is left suspect."""
+    def _drop_suspects(self) -> None:
+        """Drop every suspect from the pending batches."""
         for seq in self._suspect:
-            if seq > above:
-                self._pending.pop(seq, None)
+            self._pending.pop(seq, None)
         self._suspect.clear()
 
     def _other_process(self, seq: int, raw: bytes) -> bool:
-        """Rule 1's comparison, made by any batch: ``seq`` is pending from the connection before the
-        last disconnect, and the new connection brings it with other bytes. A publisher sends the
-        same payload for a seq live and replayed, so only another process does that."""
+        """Rule 1's comparison, made by any batch: ``seq`` is pending and comes again with other
+        bytes. A publisher sends the same payload for a seq live and replayed, so only another
+        process does that, on this connection too when the connection events are late (rule 11)."""
         held = self._pending[seq]
-        return held[2] != self._gen and bool(raw) and bool(held[1]) and held[1] != raw
+        return bool(raw) and bool(held[1]) and held[1] != raw
 
     def _unverifiable(self, out: list[Action]) -> None:
         """Rule 1's fallback: a live batch at or below the cursor after the reconnect is a restart."""
@@ -808,7 +860,7 @@ class Sequencer:
         assert rec is not None
         # Rule 11's suspects not told apart by a whole reply (this one failed) are dropped: the old
         # process's must not pass for the new one's, whose own a later reply or gap brings again.
-        self._drop_suspects(-1)
+        self._drop_suspects()
         # An engine busy publishing, or a request sent while its ROUTER was reconnecting, can leave
         # one attempt unanswered: that one is asked again; a second silence ends the recovery.
         retry_silence = silent and rec.silent == 0
@@ -825,8 +877,10 @@ class Sequencer:
         self._drain(out)
         assert self.cursor is not None
         # Progress: something new came, or the first missing seq moved up (the reply brought what
-        # live had brought too): the next attempt starts higher, so the retries end.
-        progress = rec.progress or self.cursor + 1 > rec.mark
+        # live had brought too): the next attempt starts higher, so the retries end. A gap the live
+        # stream opened after this attempt was asked was never asked for: it gets its own attempt
+        # (with late connection events, that one may reach a new process, and its check tells).
+        progress = rec.progress or self.cursor + 1 > rec.mark or rec.opened
         while True:
             self._drain(out)
             assert self.cursor is not None
@@ -863,14 +917,14 @@ class Sequencer:
         rec = self._rec
         assert rec is not None
         out.append(CancelReplay(rec.token))
-        self._flush("overflow", lambda item: True, out)
+        self._flush("overflow", lambda seq, item: True, out)
         self._finish(out)
 
-    def _flush(self, reason: LossReason, old: Callable[[_Item], bool], out: list[Action]) -> None:
+    def _flush(self, reason: LossReason, old: Callable[[int, _Item], bool], out: list[Action]) -> None:
         """Deliver the pending batches that ``old`` selects, holes counted as ``reason``."""
         for seq in sorted(self._pending):
             item = self._pending[seq]
-            if not old(item):
+            if not old(seq, item):
                 continue
             del self._pending[seq]
             if self.cursor is None:
@@ -902,38 +956,67 @@ class Sequencer:
         *,
         first_live: int | None = None,
         by_reply: bool = False,
+        same: set[int] | None = None,
+        other: int | None = None,
     ) -> None:
         """Rule 8. ``by_connection``: batches of the connection before the last disconnect are the
         old process's; without it (a live batch gave the restart away) everything pending is.
         ``by_reply``: a reply gave it away; the live batches of the current connection kept for the
-        new epoch may still be the old process's if the connection events are late (rule 11)."""
+        new epoch may still be the old process's if the connection events are late (rule 11).
+        ``same``: pending seqs known to be the new process's (its reply brought them); ``other``: the
+        pending seq the revealing batch contradicted, so the old process's."""
         rec = self._rec
         if rec is not None:
             out.append(CancelReplay(rec.token))
+        # What the current connection brought and is kept for the new epoch may be the old process's
+        # if the connection events are late, or the restart came after them (after a verification's
+        # connect event too: the process it reached may have died since): suspects (rule 11). Not
+        # after a jump: the new process publishes far above the old.
+        suspects = by_connection and reason != "jump"
         current = self._gen
+        echoed = self._echoed
+        cursor = self.cursor
+        same = set() if same is None else set(same)
 
-        def old(item: _Item) -> bool:
+        def old(seq: int, item: _Item) -> bool:
+            if reason == "jump" and cursor is not None:
+                # The new process's seqs all lie far above the old cursor, whatever the connection
+                # (the connection events may come late): the batches near it are the old process's.
+                return seq - cursor <= self._jump_limit
             # A reply (not a verification) gave it away: the replies before it came from the old
-            # process, whatever the connection; only live batches may be the new one's (rule 11).
-            return not by_connection or item[2] < current or (by_reply and item[3])
+            # process, whatever the connection, and so did a live batch one of them brought back
+            # with the same bytes; only the other live batches may be the new one's (rule 11).
+            if seq == other:
+                return True
+            if seq in same:
+                return False
+            if first_live is not None and not item[3] and seq > first_live:
+                # Live before the live batch that revealed the restart, and above it: the new
+                # process's live stream goes up, so it was the old one's.
+                return True
+            return not by_connection or item[2] < current or (by_reply and (item[3] or seq in echoed))
 
+        # Suspects of the epoch that ends were never told to be its process's: neither epoch's.
+        self._drop_suspects()
         self._flush("restart", old, out)
         if rec is not None:
             self._finish(out, by_restart=True)
+        # Rule 11: the new epoch's catch-up tells them apart (see _settle_suspects).
+        self._suspect = set(self._pending) - same if suspects else set()
+        self._echoed = set()
         # Live batches at or below the cursor since the reconnect are the new process's own.
         low_live, self._low_live = self._low_live, []
         if by_connection:
             for s, b, raw in low_live:
                 if s not in self._pending:
                     self._put(s, (b, raw, current, False))
-        # Rule 11: the new epoch's catch-up tells them apart (see _settle_suspects).
-        self._suspect = {s for s, item in self._pending.items() if not item[3]} if by_reply else set()
         out.append(Restart(seq, -1 if self.cursor is None else self.cursor, reason))
         self._reconnected = False  # the restart is found: the heuristic has done its work
         self.cursor = None
         self._anchor = None
         self._origin_zero = reason != "jump"
-        self._live_top = max(self._pending, default=-1)
+        # A suspect is not known to be the new process's live stream: counted once it is (_unsuspect).
+        self._live_top = max((s for s in self._pending if s not in self._suspect), default=-1)
         # A live seq 0 that gave the restart away is the new process's first batch: no history to fetch.
         if self._has_replay and not (first_live == 0 and not self._pending):
             self._begin("catch_up", 0, out)
@@ -941,7 +1024,7 @@ class Sequencer:
     def _finish(self, out: list[Action], *, by_restart: bool = False) -> None:
         rec = self._rec
         assert rec is not None
-        self._drop_suspects(-1)  # no whole reply told them apart (see _attempt_over)
+        self._drop_suspects()  # no whole reply told them apart (see _attempt_over)
         if rec.lost == 0 and (rec.heard or rec.brought > 0):
             outcome: Outcome = "recovered"
         elif rec.brought > 0:
@@ -963,8 +1046,9 @@ class Sequencer:
         self._last_token += 1
         mark = start if self.cursor is None else self.cursor + 1
         # Rule 11: ask from the last delivered seq, whatever the purpose; the reply may come from a
-        # process other than the one last read (its DEALER reaches whoever binds the port now).
-        check = self._anchor if self._anchor is not None and self._anchor[0] <= start else None
+        # process other than the one last read (its DEALER reaches whoever binds the port now). Also
+        # when a request is repeated after the cursor moved on: everything up to the anchor is here.
+        check = self._anchor
         if check is not None:
             start = check[0]
         rec.new_attempt(self._last_token, start)

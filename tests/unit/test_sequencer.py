@@ -861,7 +861,10 @@ def test_verify_anchor_evicted_then_a_low_live_batch_is_a_restart() -> None:
         Restart(2, 4, "reconnect"),
         rr(3, 0, "catch_up"),
     ]
-    assert replay(s, 3, 2, 3, 4, 5, 6, proc=1) == [Unrecovered(0, 1, "restart"), d(2), *dr(3, 4, 5, 6, 7, 8)]
+    # 7 and 8 wait for the catch-up to bring them back: with late connection events, the restart may
+    # have come after the verification's reply (rule 11's suspects).
+    assert replay(s, 3, 2, 3, 4, 5, 6, proc=1) == [Unrecovered(0, 1, "restart"), d(2), *dr(3, 4, 5, 6)]
+    assert replay(s, 3, 7, 8, proc=1) == dr(7, 8)
 
 
 def test_reconnect_before_anything_delivered_uses_the_heuristic() -> None:
@@ -1322,3 +1325,283 @@ def test_a_hole_right_after_the_anchor_is_proved_unheld_by_the_next_item() -> No
         Deliver(CLOCK + 3, fence, False),
         ReplayFinished(2, "failed", 0),
     ]
+
+
+def test_a_live_batch_an_old_reply_brought_back_stays_with_the_old_process() -> None:
+    """The old process's live 4 waits above a hole that its gap reply (the anchor matched) left: the
+    reply brought 4 back with the live one's bytes, so 4 is the old process's. When the retry's
+    empty reply (the engine restarted, connection events still to come) reveals the restart, 4 is
+    delivered in the old epoch, the hole counted ``restart``: not held as the new process's."""
+    s = running(0, 1)
+    assert feed(s, 4) == [GapDetected(2, 3), rr(2, 1)]
+    assert replay(s, 2, 1, 2, 4) == dr(2)  # 3 lost at the ROUTER
+    assert s.on_replay_end(2) == [rr(3, 2, attempt=2)]
+    assert s.on_replay_end(3) == [
+        CancelReplay(3),
+        Unrecovered(3, 3, "restart"),
+        d(4),
+        ReplayFinished(3, "partial", 1, 2),
+        Restart(2, 4, "identity"),
+        rr(4, 0, "catch_up"),
+    ]
+    assert s.held == 0
+
+
+def test_live_batches_after_a_verification_found_the_restart_are_the_new_process_s() -> None:
+    """The live batches at or below the cursor that came while the verification was in flight are
+    the new process's (rule 7 would have taken them for a restart): not suspects waiting for the
+    catch-up to confirm them one by one."""
+    s = running(0, 1, 2)
+    s.on_disconnected()
+    assert s.on_connected() == [rr(2, 2, "verify")]
+    assert feed(s, 0, 1, proc=1) == []  # held while verifying
+    assert replay(s, 2, 2, proc=1)[-2:] == [Restart(2, 2, "identity"), rr(3, 0, "catch_up")]
+    # The catch-up begins: the live 0 and 1 and the reply's 2 go on at once.
+    assert replay(s, 3, 0, proc=1) == [d(0), d(1), d(2, True)]
+
+
+def test_a_dropped_suspect_does_not_raise_the_live_top() -> None:
+    """The old process's live 5 was a suspect, dropped when the new process's catch-up ended below it:
+    the new process's live stream is not past 5, so its lagging live copies of the batches its
+    catch-up delivered are duplicates, not a reset to 0."""
+    s = running(0, 1, 2, 3)
+    assert feed(s, 5) == [GapDetected(4, 4), rr(2, 3)]
+    assert s.on_replay_end(2)[-2:] == [Restart(3, 3, "identity"), rr(3, 0, "catch_up")]
+    assert replay(s, 3, 0, 1, proc=1) == dr(0, 1)
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 2)]
+    assert feed(s, 0, 1, 2, proc=1) == [Duplicate(0), Duplicate(1), d(2)]
+
+
+def test_a_jump_leaves_the_batches_near_the_old_cursor_to_the_old_process() -> None:
+    """TensorRT-LLM: after a reconnection, the old process sent live CLOCK + 2 and died; the monitor
+    reports nothing yet, and the verification's retry reaches the new process, whose buffer begins
+    at its own clock, far above. CLOCK + 2 came on the current connection, but a clock-seeded
+    process never publishes near the one before it: it is the old process's, delivered in its epoch."""
+    s = running(CLOCK, jump_limit=1000)
+    s.on_disconnected()
+    assert s.on_connected() == [rr(2, CLOCK, "verify")]
+    assert s.on_live(CLOCK + 2, b(CLOCK + 2), raw(CLOCK + 2)) == [GapDetected(CLOCK + 1, CLOCK + 1)]
+    assert s.on_replay_failed(2, "timeout") == [rr(3, CLOCK, "verify", 2)]
+    new = CLOCK + 50_000
+    assert s.on_replay_item(3, new, b(new), raw(new, 1)) == [
+        CancelReplay(3),
+        Unrecovered(CLOCK + 1, CLOCK + 1, "restart"),
+        d(CLOCK + 2),
+        ReplayFinished(3, "failed", 0, 2),
+        Restart(new, CLOCK + 2, "jump"),
+        rr(4, 0, "catch_up"),
+    ]
+    assert s.held == 1  # only the new process's batch, for its epoch
+
+
+def test_the_last_delivered_seq_live_again_with_other_bytes_is_a_restart() -> None:
+    """vLLM, young restart, connection events late: the new process's live 2 comes at the cursor. A
+    live copy of the last delivered batch would carry its bytes; other bytes under that seq are
+    another process's, whatever the monitor has reported yet."""
+    s = running(0, 1, 2)
+    assert feed(s, 2) == [Duplicate(2)]  # the same process's copy
+    assert feed(s, 2, proc=1) == [Restart(2, 2, "identity"), rr(2, 0, "catch_up")]
+    assert replay(s, 2, 0, 1, 2, proc=1) == dr(0, 1) + dl(2)
+
+
+def test_a_reply_before_a_late_restart_found_by_the_heuristic_is_a_suspect() -> None:
+    """The verification after a reconnection cannot tell (the anchor, 0, has left the buffer; its
+    reply brings the old process's 2). The old process then dies, the connection events come late,
+    and the new process's live 0 reveals the restart by rule 7's heuristic. Whether 2 came from the
+    new process (a restart before the reconnection) or the old one, the new process's catch-up
+    tells: here it ends at 1, so 2 was the old process's and is dropped, not delivered as the new's."""
+    s = running(0)
+    s.on_disconnected()
+    assert s.on_connected() == [rr(2, 0, "verify")]
+    assert replay(s, 2, 2) == []
+    assert s.on_replay_end(2) == [ReplayFinished(2, "recovered", 1)]
+    assert feed(s, 0, proc=1) == [Restart(0, 0, "reconnect"), rr(3, 0, "catch_up")]
+    assert replay(s, 3, 0, 1, proc=1) == [d(0), d(1, True)]
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 1)]
+    assert s.held == 0
+
+
+def test_a_reply_bringing_a_pending_seq_with_other_bytes_is_a_restart_on_the_same_connection() -> None:
+    """The old process's live 5 waits above a hole; the gap request reaches a new process (connection
+    events late) whose buffer no longer holds the anchor: its reply begins at 4, then brings 5 with
+    other bytes. Two payloads under one seq: two processes, whatever the monitor has reported. The
+    live 5 the reply contradicts is the old process's, delivered in its epoch; the reply's 4 is the
+    new process's (the same reply), kept for its epoch with the revealing 5."""
+    s = running(0, 1)
+    assert feed(s, 5) == [GapDetected(2, 4), rr(2, 1)]
+    assert replay(s, 2, 4, proc=1) == []  # above the anchor: the engine cannot be told yet
+    assert replay(s, 2, 5, proc=1) == [
+        CancelReplay(2),
+        Unrecovered(2, 4, "restart"),
+        d(5),
+        ReplayFinished(2, "partial", 1),
+        Restart(5, 5, "identity"),
+        rr(3, 0, "catch_up"),
+    ]
+    assert replay(s, 3, 0, 1, 2, 3, proc=1) == dr(0, 1, 2, 3, 4, 5)
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 5)]  # with the revealing 5
+
+
+def test_a_gap_opened_after_an_attempt_was_asked_gets_its_own_attempt() -> None:
+    """A live batch skips 3 and 4 while the attempt for 1 is in flight; that attempt fails. 3 and 4
+    were never asked for: one more attempt, not a give-up (with late connection events, it may be
+    the one that reaches the new process, and its check tells)."""
+    s = running(0)
+    assert feed(s, 2) == [GapDetected(1, 1), rr(2, 0)]
+    assert feed(s, 5, proc=1) == [GapDetected(3, 4)]
+    assert s.on_replay_failed(2, "failed") == [rr(3, 0, attempt=2)]
+    assert replay(s, 3, 0, proc=1)[-2:] == [Restart(0, 0, "identity"), rr(4, 0, "catch_up")]
+
+
+def test_a_live_batch_contradicting_a_replayed_one_leaves_the_replies_to_the_old_process() -> None:
+    """A tail probe brought the old process's 5 and 6 (its 4 lost at the ROUTER); before any
+    connection event the new process's live 5 comes with other bytes. Whoever sent the reply is not
+    this live stream's process, so what the replies brought is the old process's, delivered in its
+    epoch, not held for the new one."""
+    s = running(0, 1, 2, 3)
+    assert s.on_quiet() == [rr(2, 3, "tail")]
+    assert replay(s, 2, 3, 5, 6) == []
+    assert s.on_replay_failed(2, "timeout") == [rr(3, 3, "tail", 2)]
+    assert feed(s, 5, proc=1) == [
+        CancelReplay(3),
+        Unrecovered(4, 4, "restart"),
+        *dr(5, 6),
+        ReplayFinished(3, "partial", 2, 2),
+        Restart(5, 6, "identity"),
+        rr(4, 0, "catch_up"),
+    ]
+    assert replay(s, 4, 0, 1, 2, 3, 4, proc=1) == [*dr(0, 1, 2, 3, 4), d(5)]
+
+
+def test_a_live_batch_after_a_verification_s_connect_may_be_a_process_gone_since() -> None:
+    """Two restarts: the reconnection reached a process that sent its live 1 and died too, the next
+    connection events still to come. The verification's retry reaches the newest process, which
+    holds nothing: a restart, and 1 is a suspect, not the newest process's own. Its catch-up ends at
+    0, so 1 was not its: dropped, not delivered in its epoch."""
+    s = running(0)
+    s.on_disconnected()
+    assert s.on_connected() == [rr(2, 0, "verify")]
+    assert feed(s, 1, proc=1) == []
+    assert s.on_replay_failed(2, "timeout") == [rr(3, 0, "verify", 2)]
+    assert s.on_replay_end(3)[-2:] == [Restart(0, 0, "identity"), rr(4, 0, "catch_up")]
+    assert s.suspects == {1}
+    assert replay(s, 4, 0, proc=2) == [d(0, True)]
+    assert s.on_replay_end(4) == [ReplayFinished(4, "recovered", 1)]
+    assert s.held == 0
+
+
+def test_live_batches_before_and_above_the_live_batch_that_revealed_a_restart_are_the_old_s() -> None:
+    """The old process's live 5 and 6 wait above a hole; the new process's live 5 comes with other
+    bytes before any connection event. 6 came before it on the same stream, and a process's live
+    stream goes up: 6 is the old process's too. Both are delivered in the old epoch, not held."""
+    s = running(0, 1, 2)
+    assert feed(s, 5, 6) == [GapDetected(3, 4), rr(2, 2)]
+    assert feed(s, 5, proc=1) == [
+        CancelReplay(2),
+        Unrecovered(3, 4, "restart"),
+        *dl(5, 6),
+        ReplayFinished(2, "failed", 0),
+        Restart(5, 6, "identity"),
+        rr(3, 0, "catch_up"),
+    ]
+    assert replay(s, 3, 0, 1, 2, 3, 4, proc=1) == [*dr(0, 1, 2, 3, 4), d(5)]
+
+
+def test_a_suspect_below_the_new_process_s_first_buffered_batch_is_dropped() -> None:
+    """The old process's live 5 is a suspect when a gap reply reveals the restart; the new process's
+    catch-up begins at 6: it no longer holds 5, or never sent it. Nothing tells which, so 5 is
+    dropped rather than delivered as the new process's; 4 and 5 are then evicted in its epoch."""
+    s = running(0, 1, 2, 3)
+    assert feed(s, 5) == [GapDetected(4, 4), rr(2, 3)]
+    assert replay(s, 2, 3, proc=1)[-2:] == [Restart(3, 3, "identity"), rr(3, 0, "catch_up")]
+    assert replay(s, 3, 6, 7, proc=1) == [Unrecovered(0, 2, "restart"), d(3, True)]
+    assert s.on_replay_end(3) == [ReplayFinished(3, "partial", 3)]
+    assert s.held == 2  # 6 and 7: 5 is gone
+    assert s.on_quiet() == [rr(4, 3)]
+    assert replay(s, 4, 6, 7, proc=1) == []
+    assert s.on_replay_end(4) == [Unrecovered(4, 5, "evicted"), *dr(6, 7), ReplayFinished(4, "failed", 0)]
+
+
+def test_a_repeated_request_asks_from_the_anchor_the_cursor_reached_since() -> None:
+    """A tail probe asked from 0 gets no answer; live 1 is delivered meanwhile. The repeated request
+    asks from 1, the last delivered seq, so its reply is checked against 1: a new process's 1 is a
+    restart, not an unchecked reply whose 2 would pass for the old process's next."""
+    s = running(0)
+    assert s.on_quiet() == [rr(2, 0, "tail")]
+    assert feed(s, 1) == [d(1)]
+    assert s.on_replay_failed(2, "timeout") == [rr(3, 1, "tail", 2)]
+    assert replay(s, 3, 1, 2, proc=1)[-2:] == [Restart(1, 1, "identity"), rr(4, 0, "catch_up")]
+
+
+def test_a_suspect_no_reply_told_yet_is_dropped_at_the_next_restart() -> None:
+    """The old process's live 5 is a suspect of the new epoch (a gap reply revealed the restart) and
+    its catch-up has not told whose it is when a third process restarts at 0: 5 is neither known to
+    be the second process's nor the first's, so it is dropped, not delivered in the second's run."""
+    s = running(0, 1, 2, 3)
+    assert feed(s, 5) == [GapDetected(4, 4), rr(2, 3)]
+    assert replay(s, 2, 3, proc=1)[-2:] == [Restart(3, 3, "identity"), rr(3, 0, "catch_up")]
+    assert replay(s, 3, 0, 1, 2, proc=1) == dr(0, 1, 2, 3)
+    assert feed(s, 4, proc=1) == [d(4)]
+    assert s.suspects == {5}
+    assert feed(s, 0, proc=2) == [
+        CancelReplay(3),
+        ReplayFinished(3, "recovered", 4, 1),
+        Restart(0, 4, "seq_reset"),
+        d(0),
+    ]
+    assert s.held == 0
+
+
+def test_a_suspect_in_a_hole_of_the_new_process_s_catch_up_is_not_taken_for_its_own() -> None:
+    """The old process's live 5 is a suspect; the new process's catch-up brings 0-6 but its 5 is
+    lost at the ROUTER. The reply's end does not make the old 5 the new process's: it is dropped,
+    and the next attempt brings the new process's own 5."""
+    s = running(0, 1, 2, 3)
+    assert feed(s, 5) == [GapDetected(4, 4), rr(2, 3)]
+    assert replay(s, 2, 3, proc=1)[-2:] == [Restart(3, 3, "identity"), rr(3, 0, "catch_up")]
+    assert replay(s, 3, 0, 1, 2, 4, 6, proc=1) == dr(0, 1, 2, 3, 4)
+    assert s.on_replay_end(3) == [rr(4, 4, "catch_up", 2)]
+    assert replay(s, 4, 4, 5, 6, proc=1) == dr(5, 6)
+    assert s.on_replay_end(4) == [ReplayFinished(4, "recovered", 7, 2)]
+
+
+def test_the_epoch_s_first_live_batch_skipping_seqs_during_an_attempt_gets_one_more() -> None:
+    """The catch-up delivered 0 and its retry gets no answer; meanwhile the first live batch, 2,
+    skips 1. No attempt was asked knowing of it: one more is (with late connection events, the one
+    that reaches a new process, whose check tells), not a give-up taking 2 for the next."""
+    s = Sequencer(has_replay=True)
+    s.on_connected()
+    assert replay(s, 1, 0) == [d(0, True)]
+    assert s.on_replay_failed(1, "timeout") == [rr(2, 0, "catch_up", 2)]
+    assert s.on_replay_failed(2, "timeout") == [rr(3, 0, "catch_up", 3)]
+    assert feed(s, 2, proc=1) == []
+    assert s.on_replay_failed(3, "timeout") == [rr(4, 0, "catch_up", 4)]
+    assert replay(s, 4, 0, proc=1)[-2:] == [Restart(0, 0, "identity"), rr(5, 0, "catch_up")]
+
+
+def test_a_verification_s_first_item_contradicting_a_held_live_batch_is_a_restart() -> None:
+    """While verifying, live 2 is held. The reply begins at 2 (above the anchor 1: the engine no
+    longer holds it, which alone cannot tell) with other bytes than the held 2: two processes. Found
+    before the fallback delivers the held 2 as the next."""
+    s = running(0, 1)
+    s.on_disconnected()
+    assert s.on_connected() == [rr(2, 1, "verify")]
+    assert feed(s, 2) == []
+    assert replay(s, 2, 2, proc=1)[-2:] == [Restart(2, 2, "identity"), rr(3, 0, "catch_up")]
+
+
+def test_a_suspect_below_the_catch_up_s_first_item_does_not_start_the_epoch() -> None:
+    """TensorRT-LLM: the old process's live CLOCK + 1 is a suspect when an empty reply reveals the
+    restart; the new process's catch-up begins at its own clock, far above. The epoch starts there,
+    not at the suspect (which is dropped), so the new process's next live batch is its next, not a
+    jump from the old seq."""
+    s = Sequencer(has_replay=True, jump_limit=1000)
+    s.on_connected()
+    assert replay(s, 1, CLOCK) == [d(CLOCK, True)]
+    feed(s, CLOCK + 2)  # pending above a hole
+    assert s.on_replay_failed(1, "timeout") == [rr(2, CLOCK, "catch_up", 2)]
+    assert s.on_replay_end(2)[-2:] == [Restart(CLOCK, CLOCK, "identity"), rr(3, 0, "catch_up")]
+    new = CLOCK + 5000
+    assert s.on_replay_item(3, new, b(new), raw(new, 1)) == [d(new, True)]
+    assert s.on_replay_end(3) == [ReplayFinished(3, "recovered", 1)]
+    assert s.on_live(new + 1, b(new + 1), raw(new + 1, 1)) == [d(new + 1)]
