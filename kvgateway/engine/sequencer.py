@@ -486,40 +486,13 @@ class Sequencer:
         if seq in self._suspect:
             self._unsuspect(seq, raw, out)
         if seq in self._pending:
-            if self._other_process(seq, raw):
-                # A replayed batch it contradicts came from another process than this live stream's,
-                # and so did every reply before (rule 11); so did a live one of this connection.
-                held = self._pending[seq]
-                by_reply = held[3] or held[2] == self._gen
-                self._restart(seq, "identity", True, out, first_live=seq, by_reply=by_reply, other=seq)
-                self._start_epoch_live(seq, item, out)
-            else:
-                out.append(Duplicate(seq))
+            self._live_pending(seq, raw, item, out)
             return out
         cursor = self.cursor
         rec = self._rec
         verifying = rec is not None and rec.purpose == "verify"
         if cursor is not None and seq <= cursor:
-            if verifying:
-                if len(self._low_live) < self._hold_limit:
-                    self._low_live.append((seq, batch, raw))
-                else:
-                    out.append(Duplicate(seq))
-                return out
-            # The last delivered seq again with other bytes: another process sent it (a publisher
-            # sends one payload per seq), whatever the monitor has reported yet.
-            anchor = self._anchor
-            other = anchor is not None and seq == anchor[0] and bool(raw and anchor[1]) and raw != anchor[1]
-            if seq > self._live_top and not other:  # a replay delivered it first; this is its live copy
-                self._live_top = seq
-                out.append(Duplicate(seq))
-                return out
-            reason = self._restart_reason(seq, cursor, batch, reconnected) or ("identity" if other else None)
-            if reason is None:
-                out.append(Duplicate(seq))
-            else:
-                self._restart(seq, reason, reconnected, out, first_live=seq)
-                self._start_epoch_live(seq, item, out)
+            self._live_behind(seq, item, cursor, out, verifying=verifying, reconnected=reconnected)
             return out
         if cursor is None and rec is None:
             self._start_epoch_live(seq, item, out)
@@ -543,6 +516,45 @@ class Sequencer:
         self._forward(seq, item, verifying, out)
         return out
 
+    def _live_pending(self, seq: int, raw: bytes, item: _Item, out: list[Action]) -> None:
+        """A live batch under a seq already pending: its copy, or another process's (rule 11)."""
+        if self._other_process(seq, raw):
+            # A replayed batch it contradicts came from another process than this live stream's,
+            # and so did every reply before (rule 11); so did a live one of this connection.
+            held = self._pending[seq]
+            by_reply = held[3] or held[2] == self._gen
+            self._restart(seq, "identity", True, out, first_live=seq, by_reply=by_reply, other=seq)
+            self._start_epoch_live(seq, item, out)
+        else:
+            out.append(Duplicate(seq))
+
+    def _live_behind(
+        self, seq: int, item: _Item, cursor: int, out: list[Action], *, verifying: bool, reconnected: bool
+    ) -> None:
+        """A live batch at or below the cursor: held while a verification runs, a replayed batch's
+        live copy, or a restart (the engine went back, or another process sent the last seq)."""
+        batch, raw = item[0], item[1]
+        if verifying:
+            if len(self._low_live) < self._hold_limit:
+                self._low_live.append((seq, batch, raw))
+            else:
+                out.append(Duplicate(seq))
+            return
+        # The last delivered seq again with other bytes: another process sent it (a publisher
+        # sends one payload per seq), whatever the monitor has reported yet.
+        anchor = self._anchor
+        other = anchor is not None and seq == anchor[0] and bool(raw and anchor[1]) and raw != anchor[1]
+        if seq > self._live_top and not other:  # a replay delivered it first; this is its live copy
+            self._live_top = seq
+            out.append(Duplicate(seq))
+            return
+        reason = self._restart_reason(seq, cursor, batch, reconnected) or ("identity" if other else None)
+        if reason is None:
+            out.append(Duplicate(seq))
+        else:
+            self._restart(seq, reason, reconnected, out, first_live=seq)
+            self._start_epoch_live(seq, item, out)
+
     def on_replay_item(self, token: int, seq: int, batch: Batch | None, raw: bytes = b"") -> list[Action]:
         """One batch of the replay attempt ``token``."""
         rec = self._rec
@@ -558,30 +570,8 @@ class Sequencer:
             self._keep_revealing(seq, batch, raw)
             return out
         if rec.first is None:
-            rec.first = seq
-            if rec.check is not None:
-                if not self._check_identity(rec, rec.check, seq, raw, out):
-                    self._keep_revealing(seq, batch, raw)
-                    return out
-            elif self.cursor is not None and seq - self.cursor > self._jump_limit:
-                # A gap's reply far above the cursor: a clock-seeded engine restarted behind the
-                # replay socket (its live stream has not shown it yet). Rule 4's jump, seen here;
-                # with no reconnect in between, every batch pending came from the old process.
-                self._restart(seq, "jump", False, out)
-                self._keep_revealing(seq, batch, raw)
+            if not self._first_item(rec, seq, batch, raw, out):
                 return out
-            elif seq > rec.start:
-                rec.floor = seq
-            if self.cursor is None:
-                # Not from a suspect: one below the catch-up's first item is dropped (rule 11).
-                low = min((s for s in self._pending if s not in self._suspect), default=None)
-                if low is not None and low < seq:
-                    self._establish(low, self._pending[low][0], out)
-                else:
-                    self._establish(seq, batch, out)
-                # Also when the first item is the lowest pending batch itself (its live copy): without
-                # this it, and every later item then kept pending, waited for the end marker.
-                self._drain(out)
         elif rec.after_anchor:
             self._past_anchor(rec, seq, batch)
         rec.top = max(rec.top, seq)
@@ -609,6 +599,35 @@ class Sequencer:
         rec.progress = True
         rec.brought += 1
         return out
+
+    def _first_item(self, rec: _Recovery, seq: int, batch: Batch | None, raw: bytes, out: list[Action]) -> bool:
+        """A reply's first item: its anchor's check, a jump, where a catch-up starts the epoch.
+        False when it revealed a restart (the caller goes no further with this item)."""
+        rec.first = seq
+        if rec.check is not None:
+            if not self._check_identity(rec, rec.check, seq, raw, out):
+                self._keep_revealing(seq, batch, raw)
+                return False
+        elif self.cursor is not None and seq - self.cursor > self._jump_limit:
+            # A gap's reply far above the cursor: a clock-seeded engine restarted behind the
+            # replay socket (its live stream has not shown it yet). Rule 4's jump, seen here;
+            # with no reconnect in between, every batch pending came from the old process.
+            self._restart(seq, "jump", False, out)
+            self._keep_revealing(seq, batch, raw)
+            return False
+        elif seq > rec.start:
+            rec.floor = seq
+        if self.cursor is None:
+            # Not from a suspect: one below the catch-up's first item is dropped (rule 11).
+            low = min((s for s in self._pending if s not in self._suspect), default=None)
+            if low is not None and low < seq:
+                self._establish(low, self._pending[low][0], out)
+            else:
+                self._establish(seq, batch, out)
+            # Also when the first item is the lowest pending batch itself (its live copy): without
+            # this it, and every later item then kept pending, waited for the end marker.
+            self._drain(out)
+        return True
 
     def on_replay_end(self, token: int) -> list[Action]:
         """The end marker of the replay attempt ``token``."""
@@ -974,28 +993,10 @@ class Sequencer:
         # after a jump: the new process publishes far above the old.
         suspects = by_connection and reason != "jump"
         current = self._gen
-        echoed = self._echoed
-        cursor = self.cursor
         same = set() if same is None else set(same)
-
-        def old(seq: int, item: _Item) -> bool:
-            if reason == "jump" and cursor is not None:
-                # The new process's seqs all lie far above the old cursor, whatever the connection
-                # (the connection events may come late): the batches near it are the old process's.
-                return seq - cursor <= self._jump_limit
-            # A reply (not a verification) gave it away: the replies before it came from the old
-            # process, whatever the connection, and so did a live batch one of them brought back
-            # with the same bytes; only the other live batches may be the new one's (rule 11).
-            if seq == other:
-                return True
-            if seq in same:
-                return False
-            if first_live is not None and not item[3] and seq > first_live:
-                # Live before the live batch that revealed the restart, and above it: the new
-                # process's live stream goes up, so it was the old one's.
-                return True
-            return not by_connection or item[2] < current or (by_reply and (item[3] or seq in echoed))
-
+        old = self._old_process(
+            reason, by_connection=by_connection, by_reply=by_reply, first_live=first_live, same=same, other=other
+        )
         # Suspects of the epoch that ends were never told to be its process's: neither epoch's.
         self._drop_suspects()
         self._flush("restart", old, out)
@@ -1020,6 +1021,39 @@ class Sequencer:
         # A live seq 0 that gave the restart away is the new process's first batch: no history to fetch.
         if self._has_replay and not (first_live == 0 and not self._pending):
             self._begin("catch_up", 0, out)
+
+    def _old_process(
+        self,
+        reason: RestartReason,
+        *,
+        by_connection: bool,
+        by_reply: bool,
+        first_live: int | None,
+        same: set[int],
+        other: int | None,
+    ) -> Callable[[int, _Item], bool]:
+        """At a restart (:meth:`_restart`'s arguments): whether a pending batch is the old process's."""
+        current, echoed, cursor, jump_limit = self._gen, self._echoed, self.cursor, self._jump_limit
+
+        def old(seq: int, item: _Item) -> bool:
+            if reason == "jump" and cursor is not None:
+                # The new process's seqs all lie far above the old cursor, whatever the connection
+                # (the connection events may come late): the batches near it are the old process's.
+                return seq - cursor <= jump_limit
+            # A reply (not a verification) gave it away: the replies before it came from the old
+            # process, whatever the connection, and so did a live batch one of them brought back
+            # with the same bytes; only the other live batches may be the new one's (rule 11).
+            if seq == other:
+                return True
+            if seq in same:
+                return False
+            if first_live is not None and not item[3] and seq > first_live:
+                # Live before the live batch that revealed the restart, and above it: the new
+                # process's live stream goes up, so it was the old one's.
+                return True
+            return not by_connection or item[2] < current or (by_reply and (item[3] or seq in echoed))
+
+        return old
 
     def _finish(self, out: list[Action], *, by_restart: bool = False) -> None:
         rec = self._rec
