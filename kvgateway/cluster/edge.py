@@ -158,7 +158,7 @@ class EdgeService:
         while True:
             await asyncio.sleep(every)
             try:
-                if not await store.hold_lease() or self.edge_log.last_offset == written:
+                if not self.whole or not await store.hold_lease() or self.edge_log.last_offset == written:
                     continue
                 taken = self.serving.capture_checkpoint({"order": self._order.state()})
                 data = checkpoint.encode(taken)
@@ -206,10 +206,26 @@ class EdgeService:
     async def _on_message(self, msg: Msg) -> None:
         try:
             seq = msg.metadata.sequence.stream
+            if seq > self.edge_log.last_offset + 1 and not self.edge_log.fed:
+                self._expired_at_start(seq)
             if seq > self.edge_log.last_offset:  # (a repeat after a consumer reset is ignored)
                 self.edge_log.append_at(seq, self._order.admit(seq, records.decode(msg.data)))
         except (OffsetGap, records.RecordError, messages.NoticeError) as exc:
             self._die(str(exc))
+
+    def _expired_at_start(self, seq: int) -> None:
+        """The stream's retention removed the records this edge was to start from between its look
+        at the stream and its first delivery (a busy stream expires its oldest records all the
+        time): what they did is unknown, as for a stream that no longer holds its beginning."""
+        logger.warning(
+            "the stream expired seqs %d..%d before this edge read them: every engine's index is stale "
+            "(history_truncated) until it clears its cache or restarts",
+            self.edge_log.last_offset + 1,
+            seq - 1,
+        )
+        self.whole = False
+        self.serving.index.history_missing("history_truncated")
+        self.edge_log.start_at(self.edge_log.epoch, seq)
 
     # --- views ----------------------------------------------------------------------------
 

@@ -69,6 +69,11 @@ class EdgeLog:
         return self._offset
 
     @property
+    def fed(self) -> bool:
+        """Whether a record has been appended since the log started."""
+        return self._followers_fed
+
+    @property
     def first_offset(self) -> int:
         if self._lent:
             return self._lent[0].offset
