@@ -14,7 +14,7 @@ from itertools import chain
 from kvgateway.log import messages
 from kvgateway.log.filters import EventFilterKey
 from kvgateway.log.messages import OutMessage
-from kvgateway.log.ordered import Follower, Record, make_entry
+from kvgateway.log.ordered import Follower, Record, hand_over, make_entry
 from kvgateway.log.ring import Entry, Ring
 
 AHEAD_WAIT_SECONDS = 5.0
@@ -88,14 +88,7 @@ class EdgeLog:
         self._followers_fed = True
         entry = make_entry(self.epoch, offset, record)
         self._offset = offset
-        ring = self.ring
-        ring.append(entry)
-        for follower in self._followers:
-            follower(entry)
-        entry.record = None  # as the memory log: the ring keeps messages only
-        ring.trim()
-        if self._retained is not None:
-            self._retained(len(ring), ring.bytes)
+        hand_over(entry, self.ring, self._followers, self._retained)
         return offset
 
     def append_at(self, offset: int, record: Record) -> None:

@@ -81,6 +81,22 @@ def batch_record(stream: Stream, seq: int, batch: wire.Batch, *, received: float
     )
 
 
+def hand_over(
+    entry: Entry, ring: Ring, followers: list[Follower], retained: Callable[[int, int], None] | None
+) -> None:
+    """The one way a log that keeps a ring adds an entry: into the ring, to every follower, then
+    the ring trimmed to its bounds."""
+    ring.append(entry)
+    for follower in followers:
+        follower(entry)
+    # Followers have applied the record; the ring keeps the messages only (the decoded batch
+    # would hold memory and give the garbage collector thousands of lists to walk).
+    entry.record = None
+    ring.trim()  # after the followers: a message larger than the bound is still delivered live
+    if retained is not None:
+        retained(len(ring), ring.bytes)
+
+
 def make_entry(epoch: str, offset: int, record: Record) -> Entry:
     """``record``'s entry at ``offset`` of ``epoch``: its message rendered as every log renders it.
 
@@ -182,16 +198,7 @@ class MemoryLog:
         offset = self._offset + 1
         entry = make_entry(self.epoch, offset, record)
         self._offset = offset
-        ring = self.ring
-        ring.append(entry)
-        for follower in self._followers:
-            follower(entry)
-        # Followers have applied the record; the ring keeps the messages only (the decoded batch
-        # would hold memory and give the garbage collector thousands of lists to walk).
-        entry.record = None
-        ring.trim()  # after the followers: a message larger than the bound is still delivered live
-        if self._retained is not None:
-            self._retained(len(ring), ring.bytes)
+        hand_over(entry, self.ring, self._followers, self._retained)
         return offset
 
     def read(self, after: int) -> Iterator[Entry]:
