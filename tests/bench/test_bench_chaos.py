@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from bench.chaos_view import ClientView, EngineProcess, compare, edge_blocks
-from tests.cluster._nats import nats_binary
 from tests.support import REPO
+from tests.support.nats import nats_binary
 
 EPOCH = "e0"
 
