@@ -81,9 +81,7 @@ def batch_record(stream: Stream, seq: int, batch: wire.Batch, *, received: float
     )
 
 
-def hand_over(
-    entry: Entry, ring: Ring, followers: list[Follower], retained: Callable[[int, int], None] | None
-) -> None:
+def hand_over(entry: Entry, ring: Ring, followers: list[Follower], retained: Callable[[int, int], None] | None) -> None:
     """The one way a log that keeps a ring adds an entry: into the ring, to every follower, then
     the ring trimmed to its bounds."""
     ring.append(entry)
