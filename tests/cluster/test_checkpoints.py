@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
-import websockets
 
 from tests.support import Gateway, Start, free_ports, start_sim, wait_until
+from tests.support.clients import WsCollector
 from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -63,12 +63,8 @@ def _without_rates(value: Any) -> Any:
 
 
 def _hello(gateway: Gateway) -> dict[str, Any]:
-    async def first() -> dict[str, Any]:
-        async with websockets.connect(gateway.ws_url, open_timeout=10) as ws:
-            message: dict[str, Any] = json.loads(await asyncio.wait_for(ws.recv(), 10))
-            return message
-
-    return asyncio.run(first())
+    with WsCollector(gateway.ws_url) as ws:
+        return ws.hello
 
 
 def test_a_late_edge_starts_from_the_checkpoint_and_one_without_checkpoints_says_it_is_stale(

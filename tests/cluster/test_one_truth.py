@@ -10,15 +10,13 @@ undecodable payload), and an engine that is not there at all."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Any
 
 import pytest
-import websockets
 
 from kvgateway.cluster.options import INGEST_SILENCE_SECONDS
 from tests.support import Gateway, Start, free_ports, start_gateway, start_sim, wait_until
+from tests.support.clients import WsCollector
 from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,12 +34,8 @@ def _without_timing(status: dict[str, Any]) -> dict[str, Any]:
 
 
 def _hello(gateway: Gateway) -> dict[str, Any]:
-    async def first() -> dict[str, Any]:
-        async with websockets.connect(gateway.ws_url, open_timeout=10) as ws:
-            message: dict[str, Any] = json.loads(await asyncio.wait_for(ws.recv(), 10))
-            return message
-
-    return asyncio.run(first())
+    with WsCollector(gateway.ws_url) as ws:
+        return ws.hello
 
 
 def _streams(occupancy: dict[str, Any]) -> list[dict[str, Any]]:
