@@ -213,7 +213,8 @@ export class KVGatewayClient {
   async diagnose() {
     if (this.options.diagnose) return this.options.diagnose();
     try {
-      const res = await this.options.fetch(new URL("v1/sources", this.base), { headers: this.authHeaders() });
+      const signal = AbortSignal.timeout(this.options.helloTimeoutMs); // a half-open socket must not stall us
+      const res = await this.options.fetch(new URL("v1/sources", this.base), { headers: this.authHeaders(), signal });
       if (res.status === 401 || res.status === 403) return "auth";
       return res.ok ? "ws" : "down";
     } catch {
@@ -271,10 +272,13 @@ export class KVGatewayClient {
         if (line && this.receive(line)?.type === "hello") gotHello = true; // a frame may hold several messages
       }
     };
+    // Node 20's WebSocket reports a refused connection with an error and never a close.
+    ws.onerror = () => ws.onclose({ code: 1006, reason: "" });
     ws.onclose = (ev) => {
       clearTimeout(helloTimer);
       if (closed || this.current !== me) return;
       this.current = null;
+      closed = true;
       // The server closing an accepted socket on purpose (too many clients, shutting down)
       // proves that WebSocket works here: not a reason to fall back.
       const deliberate = opened && (ev.code === 1012 || ev.code === 1013);
