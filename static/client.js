@@ -57,6 +57,7 @@ export class KVGatewayClient {
     this.transport = this.options.transport === "sse" || !this.options.WebSocket ? "sse" : "ws";
     this.connection = "idle"; // connecting | live | reconnecting | stopped
     this.note = "";
+    this.said = ""; // the last connection event, not repeated
     this.everLive = false;
     this.messages = 0;
     this.reconnects = 0;
@@ -126,7 +127,9 @@ export class KVGatewayClient {
   }
 
   setConnection(state, note) {
-    if (this.connection === state && this.note === note) return;
+    const said = `${state}\n${note}\n${this.transport}`;
+    if (said === this.said) return;
+    this.said = said;
     this.connection = state;
     this.note = note;
     this.emit("connection", { state, note, transport: this.transport });

@@ -1,0 +1,127 @@
+"""static/client.js in Chromium: the paused-offset conformance, in the dashboard's own page.
+
+The page is the gateway's dashboard; the test imports ``./client.js`` into it (as any page that
+reaches the gateway can) and connects a ``snapshot=blocks`` client. tests/support/conformance.py's
+scripted engine then takes the gateway through a clear, a loss, restarts of every reason (one of
+them to TensorRT-LLM's ``time_ns`` seqs, beyond 2^53), a drop resumed and a gateway restart; at
+every pause the client's blocks and stale flags equal ``GET /v1/blocks`` at the same offset
+(test_client_conformance's own check), and every seq it received is exact. On a gateway that knows
+the ``digest`` parameter, every digest matches and a corrupted model is caught at the next one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.integration.test_client_conformance import Key, Stream, check
+from tests.support import Start, wait_until
+from tests.support.conformance import RESTART_REASONS, ConformanceScript, digest_supported
+
+CONNECT = """async (digest) => {
+  const m = await import("./client.js");
+  const client = new m.KVGatewayClient(document.baseURI, { digest, backoffMs: [50, 100, 200] });
+  const log = { hellos: [], restarts: [], gaps: [], digests: [] };
+  client.on("hello", (msg) => log.hellos.push(msg.recovered));
+  client.on("notice", (msg) => {
+    if (msg.kind === "restart") log.restarts.push(msg);
+    if (msg.kind === "unrecovered_gap") log.gaps.push(msg);
+  });
+  client.on("digest", (msg) => log.digests.push(msg.source));
+  window.kvtest = { client, log, m };
+  client.start();
+}"""
+
+
+STREAM_A = "kvtest.client.state.streams.get(kvtest.m.streamKey('a', 0))"
+
+
+class PageClient:
+    """The page's client, seen as test_client_conformance's ``check`` reads a client."""
+
+    def __init__(self, page: Any) -> None:
+        self.page = page
+
+    def view(self) -> tuple[int, bool, dict[Stream, dict[Key, int]], dict[Stream, bool]]:
+        v = self.page.evaluate("() => kvtest.client.state.view()")
+        blocks = {
+            (s["source"], s["dp_rank"]): {(m, g, h): refs for m, g, h, refs in s["blocks"]}
+            for s in v["streams"]
+            if s["blocks"]
+        }
+        return v["offset"], v["complete"], blocks, {(s["source"], s["dp_rank"]): s["stale"] for s in v["streams"]}
+
+    def log(self, name: str) -> Any:
+        return self.page.evaluate(f"() => kvtest.log.{name}")
+
+    def stream(self, expression: str) -> Any:
+        """``expression`` of stream ``a``'s state, ``s``."""
+        return self.page.evaluate(f"() => {{ const s = {STREAM_A}; return {expression}; }}")
+
+
+@pytest.mark.timeout(360)
+def test_the_javascript_client_follows_the_gateway_in_chromium(procs: Start, new_page: Callable[..., Any]) -> None:
+    script = ConformanceScript(procs)
+    try:
+        every = 1 if digest_supported(script.base) else 0
+        page = new_page()
+        page.goto(f"{script.base}/")
+        client = PageClient(page)
+        script.steps["history"]()
+        page.evaluate(CONNECT, every)
+        offsets = [check(client, script.base, "the snapshot")]
+        facts: dict[str, dict[str, Any]] = {}
+        for name in ["clear", "gap", "seq_reset", "cleared", "jump", "window"]:
+            facts[name] = script.steps[name]()
+            offsets.append(check(client, script.base, name))
+
+        # TensorRT-LLM's seqs, parsed in Chromium: exact, as strings.
+        jump = facts["jump"]
+        assert [n["seq"] for n in client.log("restarts") if n["reason"] == "jump"] == [jump["seq"]]
+        assert [(g["until"], g["count"]) for g in client.log("gaps") if g["first"] == jump["first"]] == [
+            (jump["until"], 3)
+        ]
+        exact = "() => kvtest.log.gaps.every((g) => kvtest.m.seqSpan(g.first, g.until) === BigInt(g.count))"
+        assert page.evaluate(exact)  # count == until - first + 1
+        assert client.stream("s.lastSeq") == str(int(jump["last_seq"]) - 2000 + 5)  # the window's last
+
+        hellos = len(client.log("hellos"))
+        page.evaluate("() => kvtest.client.stop()")
+        script.steps["while_dropped"]()
+        page.evaluate("() => kvtest.client.start()")
+        wait_until(lambda: len(client.log("hellos")) > hellos, timeout=15, what="the reconnection")
+        assert client.log("hellos")[-1] is True
+        offsets.append(check(client, script.base, "a resume"))
+
+        identity = script.steps["identity"]()
+        offsets.append(check(client, script.base, "identity"))
+        assert [(n["seq"], n["previous"]) for n in client.log("restarts") if n["reason"] == "identity"] == [
+            (identity["previous"], identity["previous"])
+        ]
+        script.steps["reconnect"]()
+        offsets.append(check(client, script.base, "reconnect"))
+
+        hellos = len(client.log("hellos"))
+        script.steps["gateway_restart"]()
+        wait_until(lambda: len(client.log("hellos")) > hellos and client.view()[1], timeout=30, what="a fresh state")
+        assert client.log("hellos")[-1] is False
+        script.steps["after_restart"]()
+        fresh = check(client, script.base, "a gateway restart")
+        assert client.stream("s.stale") is True
+
+        assert sorted({n["reason"] for n in client.log("restarts")}) == RESTART_REASONS
+        assert offsets == sorted(offsets) and fresh < offsets[-1]
+        if every:
+            assert page.evaluate("() => [kvtest.client.digestMismatches, kvtest.client.state.digestChecks > 0]") == [
+                0,
+                True,
+            ]
+            seen = len(client.log("digests"))
+            corrupt = "const k = kvtest.m.keyText('GPU', 0, '99'); s.blocks.set(k, 1); s.digest.add(k); return true"
+            assert client.stream(f"(() => {{ {corrupt}; }})()")
+            wait_until(lambda: "a" in client.log("digests")[seen:], timeout=15, what="the next digest of stream a")
+            assert page.evaluate("() => kvtest.client.digestMismatches") >= 1
+    finally:
+        script.close()
