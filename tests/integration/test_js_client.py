@@ -2,6 +2,7 @@
 
 - Its unit tests (tests/js/client-state.test.mjs), with digest vectors computed here by Python's
   own FNV-1a, so that the JavaScript digest is checked against an independent implementation.
+- The README's snippet, on the client as the gateway serves it, over WebSocket and over SSE.
 - The paused-offset conformance (tests/js/conformance.test.mjs) against a real gateway and
   tests/support/conformance.py's scripted engine: the client's blocks and stale flags equal
   ``GET /v1/blocks`` at every pause, TensorRT-LLM's ``time_ns`` seqs arrive exact, and, on a
@@ -14,13 +15,17 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
+import threading
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.support import REPO, Start
+from tests.support import REPO, Start, wait_until
 from tests.support.conformance import ConformanceScript, ControlServer, digest_supported
+from tests.support.metrics import metric
 from tests.support.node import node_command
 
 JS_TESTS = REPO / "tests" / "js"
@@ -88,4 +93,43 @@ def test_the_javascript_client_follows_the_gateway_in_node(procs: Start) -> None
         assert "# pass 1" in out
     finally:
         control.close()
+        script.close()
+
+
+def readme_snippet() -> str:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    (snippet,) = [b for b in re.findall(r"```js\n(.*?)```", readme, re.S) if "connect(" in b]
+    return snippet
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("websocket", [True, False], ids=["websocket", "sse"])
+def test_the_readme_snippet_runs_on_the_served_client(procs: Start, tmp_path: Path, websocket: bool) -> None:
+    """The README's three lines, as they are, with client.js and client-state.js fetched from the
+    gateway (their stable URLs): with a WebSocket, and on a Node without one (Node 20 without the
+    flag), over SSE. The block count it prints last is the gateway's."""
+    script = ConformanceScript(procs)
+    try:
+        for name in ("client.js", "client-state.js"):
+            response = httpx.get(f"{script.base}/{name}", timeout=10)
+            assert response.status_code == 200 and "javascript" in response.headers["content-type"]
+            (tmp_path / name).write_bytes(response.content)
+        (tmp_path / "readme.mjs").write_text(readme_snippet().replace("http://127.0.0.1:8080", script.base))
+        script.steps["history"]()
+        # node_command() adds --experimental-websocket where Node needs it: without it, no WebSocket
+        node = node_command() if websocket else node_command()[:1]
+        lines: list[str] = []
+        with subprocess.Popen([*node, "readme.mjs"], cwd=tmp_path, stdout=subprocess.PIPE, text=True) as proc:
+            assert proc.stdout is not None
+            reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+            reader.start()
+            try:
+                wait_until(lambda: metric(script.base, "kvgateway_clients") >= 1, timeout=20, what="node connected")
+                script.steps["clear"]()  # batches, after the state
+                doc = httpx.get(f"{script.base}/v1/blocks", params={"source": "a"}, timeout=10).json()
+                expected = f"a 0 {len(doc['streams'][0]['blocks'])} blocks\n"
+                wait_until(lambda: lines and lines[-1] == expected, timeout=20, what=expected)
+            finally:
+                proc.kill()
+    finally:
         script.close()
