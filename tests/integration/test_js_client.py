@@ -83,12 +83,14 @@ def test_the_javascript_state_and_digest(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(360)
-def test_the_javascript_client_follows_the_gateway_in_node(procs: Start) -> None:
+@pytest.mark.parametrize("transport", ["ws", "sse"])
+def test_the_javascript_client_follows_the_gateway_in_node(procs: Start, transport: str) -> None:
     script = ConformanceScript(procs)
     control = ControlServer(script)
     try:
         every = "1" if digest_supported(script.base) else ""
         env = {"KVGATEWAY_URL": script.base, "KVGATEWAY_CONTROL": control.url, "KVGATEWAY_DIGEST": every}
+        env["KVGATEWAY_TRANSPORT"] = transport
         out = run_node_test(JS_TESTS / "conformance.test.mjs", env, 330)
         assert "# pass 1" in out
     finally:

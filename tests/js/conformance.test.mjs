@@ -4,6 +4,7 @@
 //   KVGATEWAY_URL      the gateway
 //   KVGATEWAY_CONTROL  where to ask for the script's steps (POST /step/<name>)
 //   KVGATEWAY_DIGEST   seconds between digests, when the gateway knows the parameter ("" if not)
+//   KVGATEWAY_TRANSPORT "ws" or "sse"
 // After each step the gateway's offset holds still: the client's blocks and stale flags must
 // equal GET /v1/blocks at that offset (and its digests the gateway's).
 
@@ -15,6 +16,7 @@ import { KVGatewayClient, keyText, seqSpan, streamKey } from "../../static/clien
 const base = process.env.KVGATEWAY_URL;
 const control = process.env.KVGATEWAY_CONTROL;
 const digest = Number(process.env.KVGATEWAY_DIGEST || 0);
+const transport = process.env.KVGATEWAY_TRANSPORT || "ws";
 const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 async function step(name) {
@@ -53,7 +55,7 @@ async function check(client, what) {
 }
 
 test("the client follows the gateway exactly at every paused offset", { timeout: 300000 }, async () => {
-  const client = new KVGatewayClient(base, { digest, backoffMs: [50, 100, 200] });
+  const client = new KVGatewayClient(base, { digest, transport, backoffMs: [50, 100, 200] });
   const hellos = [];
   const restarts = [];
   const gaps = [];
@@ -66,6 +68,7 @@ test("the client follows the gateway exactly at every paused offset", { timeout:
   try {
     await step("history"); // history before the client: it learns it from the state messages
     client.start();
+    assert.equal(client.transport, transport);
     offsets.push(await check(client, "the snapshot"));
     for (const name of ["clear", "gap", "seq_reset", "cleared"]) {
       await step(name);
