@@ -252,6 +252,10 @@ export class BlockState {
     const s = this.stream(msg.source, msg.dp_rank, this.next);
     for (const b of msg.blocks) this.set(s, keyText(b.medium, b.group_idx, b.hash), b.refs, b.medium);
     s.stale = Boolean(msg.stale);
+    // A last chunk's digest (digest=SECONDS) is of every medium: comparable without a medium filter.
+    if (msg.last && typeof msg.digest === "string" && !this.filters.medium?.length) {
+      this.compare(s, msg.offset, msg.digest, s.digest.blocks);
+    }
     if (msg.last) {
       this.waiting.delete(streamKey(msg.source, msg.dp_rank));
       if (this.waiting.size === 0) this.swap();
@@ -315,9 +319,15 @@ export class BlockState {
   checkDigest(msg) {
     if (!this.keepBlocks) return null; // nothing to compare with
     const s = this.stream(msg.source, msg.dp_rank);
-    const ok = s.digest.hex === msg.digest && s.digest.blocks === msg.blocks;
+    const count = msg.block_count ?? msg.blocks; // (`blocks`: the name first proposed)
+    return this.compare(s, msg.offset, msg.digest, typeof count === "number" ? count : s.digest.blocks);
+  }
+
+  /** Counts a check of a stream's digest against the gateway's (and its key count). */
+  compare(s, offset, digest, count) {
+    const ok = s.digest.hex === digest && s.digest.blocks === count;
     this.digestChecks += 1;
-    const result = { source: msg.source, dp_rank: msg.dp_rank, offset: msg.offset, ok, ours: s.digest.hex, theirs: msg.digest };
+    const result = { source: s.source, dp_rank: s.dp_rank, offset, ok, ours: s.digest.hex, theirs: digest };
     if (!ok) {
       this.digestMismatches += 1;
       this.lastMismatch = result;

@@ -209,7 +209,8 @@ export interface DigestMessage {
   dp_rank: number;
   offset: number;
   digest: string;
-  blocks: number;
+  /** Resident keys (distinct (medium, group_idx, hash)) the digest sums. */
+  block_count: number;
 }
 
 export type Message = Hello | Batch | Notice | State | DigestMessage;

@@ -5,7 +5,7 @@ reaches the gateway can) and connects a ``snapshot=blocks`` client. tests/suppor
 scripted engine then takes the gateway through a clear, a loss, restarts of every reason (one of
 them to TensorRT-LLM's ``time_ns`` seqs, beyond 2^53), a drop resumed and a gateway restart; at
 every pause the client's blocks and stale flags equal ``GET /v1/blocks`` at the same offset
-(test_client_conformance's own check), and every seq it received is exact. On a gateway that knows
+(tests/support/conformance.py's check), and every seq it received is exact. On a gateway that knows
 the ``digest`` parameter, every digest matches and a corrupted model is caught at the next one.
 """
 
@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_client_conformance import Key, Stream, check
 from tests.support import Start, wait_until
-from tests.support.conformance import RESTART_REASONS, ConformanceScript, digest_supported
+from tests.support.conformance import RESTART_REASONS, ConformanceScript, client_matches, digest_supported
 
 CONNECT = """async (digest) => {
   const m = await import("./client.js");
@@ -39,19 +38,13 @@ STREAM_A = "kvtest.client.state.streams.get(kvtest.m.streamKey('a', 0))"
 
 
 class PageClient:
-    """The page's client, seen as test_client_conformance's ``check`` reads a client."""
+    """The page's client, as the test reads it."""
 
     def __init__(self, page: Any) -> None:
         self.page = page
 
-    def view(self) -> tuple[int, bool, dict[Stream, dict[Key, int]], dict[Stream, bool]]:
-        v = self.page.evaluate("() => kvtest.client.state.view()")
-        blocks = {
-            (s["source"], s["dp_rank"]): {(m, g, h): refs for m, g, h, refs in s["blocks"]}
-            for s in v["streams"]
-            if s["blocks"]
-        }
-        return v["offset"], v["complete"], blocks, {(s["source"], s["dp_rank"]): s["stale"] for s in v["streams"]}
+    def view(self) -> dict[str, Any]:
+        return dict(self.page.evaluate("() => kvtest.client.state.view()"))
 
     def log(self, name: str) -> Any:
         return self.page.evaluate(f"() => kvtest.log.{name}")
@@ -71,11 +64,11 @@ def test_the_javascript_client_follows_the_gateway_in_chromium(procs: Start, new
         client = PageClient(page)
         script.steps["history"]()
         page.evaluate(CONNECT, every)
-        offsets = [check(client, script.base, "the snapshot")]
+        offsets = [client_matches(client.view, script.base, "the snapshot")]
         facts: dict[str, dict[str, Any]] = {}
         for name in ["clear", "gap", "seq_reset", "cleared", "jump", "window"]:
             facts[name] = script.steps[name]()
-            offsets.append(check(client, script.base, name))
+            offsets.append(client_matches(client.view, script.base, name))
 
         # TensorRT-LLM's seqs, parsed in Chromium: exact, as strings.
         jump = facts["jump"]
@@ -93,22 +86,23 @@ def test_the_javascript_client_follows_the_gateway_in_chromium(procs: Start, new
         page.evaluate("() => kvtest.client.start()")
         wait_until(lambda: len(client.log("hellos")) > hellos, timeout=15, what="the reconnection")
         assert client.log("hellos")[-1] is True
-        offsets.append(check(client, script.base, "a resume"))
+        offsets.append(client_matches(client.view, script.base, "a resume"))
 
         identity = script.steps["identity"]()
-        offsets.append(check(client, script.base, "identity"))
+        offsets.append(client_matches(client.view, script.base, "identity"))
         assert [(n["seq"], n["previous"]) for n in client.log("restarts") if n["reason"] == "identity"] == [
             (identity["previous"], identity["previous"])
         ]
         script.steps["reconnect"]()
-        offsets.append(check(client, script.base, "reconnect"))
+        offsets.append(client_matches(client.view, script.base, "reconnect"))
 
         hellos = len(client.log("hellos"))
         script.steps["gateway_restart"]()
-        wait_until(lambda: len(client.log("hellos")) > hellos and client.view()[1], timeout=30, what="a fresh state")
+        fresh_state = lambda: len(client.log("hellos")) > hellos and client.view()["complete"]  # noqa: E731
+        wait_until(fresh_state, timeout=30, what="a fresh state")
         assert client.log("hellos")[-1] is False
         script.steps["after_restart"]()
-        fresh = check(client, script.base, "a gateway restart")
+        fresh = client_matches(client.view, script.base, "a gateway restart")
         assert client.stream("s.stale") is True
 
         assert sorted({n["reason"] for n in client.log("restarts")}) == RESTART_REASONS

@@ -24,6 +24,32 @@ test("FNV-1a 64 of the empty string is the offset basis; the empty set is zero",
   assert.equal(digestOf([]), "0000000000000000");
 });
 
+test("the digest of docs/protocol.md's vectors", () => {
+  const rows = [
+    ["GPU", 0, "15760518052499183552", "3507684041cdf1ef"],
+    ["GPU", 0, "42", "a35ca2b5829f0e51"],
+    ["GPU", 1, "-7", "271ae3ad40f2b726"],
+    ["CPU_PINNED", 0, "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", "e6678d1a36eb822a"],
+    ["DISK", 2, "18446744073709551615", "70808f1053f5217f"],
+  ];
+  for (const [m, g, h, element] of rows) assert.equal(hex64(...fnv1a64(keyText(m, g, h))), element);
+  const keys = rows.map(([m, g, h]) => keyText(m, g, h));
+  assert.equal(digestOf(keys.slice(0, 2)), "d8640af5c46d0040");
+  assert.equal(digestOf(keys), "56670acd90405b0f");
+  assert.equal(digestOf(keys.filter((_, i) => mediumFilter(["GPU"])(rows[i][0]))), "ff7eeea3055fb766");
+});
+
+test("a state's last chunk with a digest is checked when the state is complete", () => {
+  const s = new BlockState();
+  s.apply(hello(1, false));
+  const block = { hash: "42", refs: 3, medium: "GPU", group_idx: 0 };
+  s.apply({ type: "state", offset: 1, source: "a", dp_rank: 0, stale: false, last: true, blocks: [block], digest: "a35ca2b5829f0e51" });
+  assert.deepEqual([s.digestChecks, s.digestMismatches], [1, 0]);
+  s.apply(hello(2, false));
+  s.apply({ type: "state", offset: 2, source: "a", dp_rank: 0, stale: false, last: true, blocks: [block], digest: "0000000000000000" });
+  assert.deepEqual([s.digestChecks, s.digestMismatches], [2, 1]);
+});
+
 test("the digest does not depend on order, and removing undoes adding", () => {
   const keys = Array.from({ length: 200 }, (_, i) => keyText(i % 3 ? "GPU" : "CPU", i % 2, String(2n ** 63n + BigInt(i) * 7919n)));
   const shuffled = [...keys].reverse();
@@ -135,11 +161,11 @@ test("digest messages are compared and mismatches counted; a medium filter diges
   s.apply({ type: "state", offset: 1, source: "a", dp_rank: 0, stale: false, last: true, blocks: [{ hash: "1", refs: 1, medium: "CPU", group_idx: 0 }] });
   s.apply(batch(2, [stored(["2"])]));
   const right = digestOf([keyText("GPU", 0, "2")]);
-  const ok = s.apply({ type: "digest", source: "a", dp_rank: 0, offset: 2, digest: right, blocks: 1 });
+  const ok = s.apply({ type: "digest", source: "a", dp_rank: 0, offset: 2, digest: right, block_count: 1 });
   assert.equal(ok.ok, true);
   s.streams.get("a\u00000").blocks.set(keyText("GPU", 0, "666"), 1); // a corrupted model: the digest does not know
   s.streams.get("a\u00000").digest.add(keyText("GPU", 0, "666"));
-  const bad = s.apply({ type: "digest", source: "a", dp_rank: 0, offset: 2, digest: right, blocks: 1 });
+  const bad = s.apply({ type: "digest", source: "a", dp_rank: 0, offset: 2, digest: right, block_count: 1 });
   assert.equal(bad.ok, false);
   assert.deepEqual([s.digestChecks, s.digestMismatches], [2, 1]);
   assert.equal(s.lastMismatch.theirs, right);

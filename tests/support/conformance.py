@@ -202,6 +202,30 @@ class ConformanceScript:
         return {}
 
 
+def client_matches(view: Callable[[], dict[str, Any]], base: str, what: str) -> int:
+    """The client equals ``GET /v1/blocks`` at the same offset (blocks, stale flags, and digests
+    when the gateway gives them); that offset. ``view()`` is client.js's ``state.view()``:
+    ``{offset, complete, streams: [{source, dp_rank, stale, digest, blocks: [[medium, group_idx,
+    hash, refs], ...]}]}``."""
+
+    def aligned() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        doc: dict[str, Any] = httpx.get(f"{base}/v1/blocks", timeout=10).json()
+        mine = view()
+        return (mine, doc) if mine["complete"] and mine["offset"] == doc["offset"] else None
+
+    mine, doc = wait_until(aligned, timeout=20, interval=0.02, what=f"the client at the gateway's offset ({what})")
+    ours = {(s["source"], s["dp_rank"]): s for s in mine["streams"]}
+    for stream in doc["streams"]:
+        key = (stream["source"], stream["dp_rank"])
+        held = ours.get(key, {"stale": False, "blocks": [], "digest": "0000000000000000"})
+        theirs = sorted((b["medium"], b["group_idx"], b["hash"], b["refs"]) for b in stream["blocks"])
+        assert sorted(map(tuple, held["blocks"])) == theirs, f"blocks of {key} differ after {what}"
+        assert held["stale"] == stream["stale"], f"stale flag of {key} differs after {what}"
+        if "digest" in stream:
+            assert held["digest"] == stream["digest"], f"digest of {key} differs after {what}"
+    return int(doc["offset"])
+
+
 class ControlServer:
     """``POST /step/<name>`` runs that step of a script; the answer is its facts as JSON (or a
     500 with the error). On a free loopback port, in a thread, until :meth:`close`."""
