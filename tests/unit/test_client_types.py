@@ -24,7 +24,7 @@ SCHEMA = json.loads((REPO / "kvgateway" / "protocol.schema.json").read_text())
 DEFS: dict[str, Any] = SCHEMA["$defs"]
 
 INTERFACE = re.compile(r"/\*\*\s*@schema\s+(\w+)\s*\*/\s*export interface (\w+) \{\n(.*?)\n\}", re.S)
-ALIAS = re.compile(r"^export type (\w+) = ([^;]+);", re.M)
+ALIAS = re.compile(r"^export type (\w+) =\s*([^;]+);", re.M)
 FIELD = re.compile(r"^\s*(\w+)(\??): (.+);$")
 PRIMITIVES = {"string": "string", "number": "number", "boolean": "boolean", "null": "null", "object": "object"}
 
@@ -55,6 +55,8 @@ def ts_shape(expression: str, aliases: dict[str, str]) -> Shape:
     types: set[str] = set()
     literals: set[Any] = set()
     for part in (p.strip() for p in expression.split("|")):
+        if not part:  # a union's leading "|"
+            continue
         if part.startswith('"'):
             literals.add(json.loads(part))
             types.add("string")
