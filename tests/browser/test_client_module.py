@@ -6,11 +6,13 @@ scripted engine then takes the gateway through a clear, a loss, restarts of ever
 them to TensorRT-LLM's ``time_ns`` seqs, beyond 2^53), a drop resumed and a gateway restart; at
 every pause the client's blocks and stale flags equal ``GET /v1/blocks`` at the same offset
 (tests/support/conformance.py's check), and every seq it received is exact. On a gateway that knows
-the ``digest`` parameter, every digest matches and a corrupted model is caught at the next one.
+the ``digest`` parameter, every digest matches and a corrupted model is caught at the next one. The
+dashboard in the same page shows the ``time_ns`` seqs digit for digit.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -78,7 +80,12 @@ def test_the_javascript_client_follows_the_gateway_in_chromium(procs: Start, new
         ]
         exact = "() => kvtest.log.gaps.every((g) => kvtest.m.seqSpan(g.first, g.until) === BigInt(g.count))"
         assert page.evaluate(exact)  # count == until - first + 1
-        assert client.stream("s.lastSeq") == str(int(jump["last_seq"]) - 2000 + 5)  # the window's last
+        window_last = str(int(jump["last_seq"]) - 2000 + 5)
+        assert client.stream("s.lastSeq") == window_last
+        # The dashboard itself (its polls parsed by the client's parseMessage) shows that seq exactly.
+        seq = page.locator('[data-testid="card-a-0"] [data-testid="last-seq"]')
+        wait_until(lambda: seq.get_attribute("data-value") == window_last, timeout=15, what="the card's last seq")
+        assert re.sub(r"\D", "", seq.inner_text()) == window_last
 
         hellos = len(client.log("hellos"))
         page.evaluate("() => kvtest.client.stop()")
