@@ -15,16 +15,24 @@ export const SEQ_FIELDS = ["seq", "last_seq", "previous", "first", "until", "las
 // rounds it. Keyed on the field name, so hashes (strings already) and token ids are untouched.
 const WIDE_SEQ = /(?<!\\)"(seq|last_seq|previous|first|until|last)":(-?\d{16,})/g;
 
-/** One protocol message from one line of JSON, seqs as decimal strings (null when absent). */
+/** One protocol message from one line of JSON, seqs as decimal strings. */
 export function parseMessage(line) {
-  const text = line.length > 15 && WIDE_SEQ.test(line) ? line.replace(WIDE_SEQ, '"$1":"$2"') : line;
-  WIDE_SEQ.lastIndex = 0;
-  const msg = JSON.parse(text);
+  const msg = JSON.parse(exactSeqs(line));
   if (msg === null || typeof msg !== "object") throw new Error("not a JSON object");
   seqsAsStrings(msg);
   if (msg.status && typeof msg.status === "object") seqsAsStrings(msg.status);
   if (Array.isArray(msg.sources)) for (const s of msg.sources) if (s && typeof s === "object") seqsAsStrings(s);
   return msg;
+}
+
+// A batch's envelope comes before its events, which are most of its bytes and hold no seq:
+// only the envelope is searched.
+function exactSeqs(line) {
+  const events = line.startsWith('{"type":"batch"') ? line.indexOf('"events":') : -1;
+  const head = events < 0 ? line : line.slice(0, events);
+  if (!WIDE_SEQ.test(head)) return line;
+  WIDE_SEQ.lastIndex = 0;
+  return head.replace(WIDE_SEQ, '"$1":"$2"') + (events < 0 ? "" : line.slice(events));
 }
 
 function seqsAsStrings(obj) {
@@ -57,7 +65,10 @@ const encoder = new TextEncoder();
 export function fnv1a64(text) {
   let hi = 0xcbf29ce4;
   let lo = 0x84222325;
-  for (const byte of encoder.encode(text)) {
+  // Keys are ASCII but for an engine's exotic medium name: its UTF-8 bytes are its char codes.
+  const bytes = /^[\x00-\x7f]*$/.test(text) ? text : encoder.encode(text);
+  for (let i = 0; i < bytes.length; i++) {
+    const byte = typeof bytes === "string" ? bytes.charCodeAt(i) : bytes[i];
     lo = (lo ^ byte) >>> 0;
     // x * 0x100000001b3 = x * 0x1b3 + (x << 40), mod 2^64
     const low = lo * 0x1b3;
