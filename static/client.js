@@ -77,8 +77,18 @@ export class KVGatewayClient {
     return () => this.listeners.get(kind).delete(fn);
   }
 
+  /** Calls the listeners of `kind`; one that throws stops neither the others nor the stream. */
   emit(kind, value) {
-    for (const fn of this.listeners.get(kind) ?? []) fn(value);
+    for (const fn of this.listeners.get(kind) ?? []) {
+      try {
+        fn(value);
+      } catch (err) {
+        if (kind !== "error" && this.listeners.get("error")?.size) this.emit("error", err);
+        else queueMicrotask(() => {
+          throw err; // reported as uncaught, after the state is whole
+        });
+      }
+    }
   }
 
   get lastId() {

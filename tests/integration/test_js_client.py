@@ -1,6 +1,7 @@
 """static/client.js, the JavaScript client the dashboard uses, run by Node (``node --test``).
 
-- Its unit tests (tests/js/client-state.test.mjs), with digest vectors computed here by Python's
+- Its unit tests: the connection (tests/js/client.test.mjs, a fake WebSocket and fetch) and the
+  state (tests/js/client-state.test.mjs), with digest vectors computed here by Python's
   own FNV-1a, so that the JavaScript digest is checked against an independent implementation.
 - The README's snippet, on the client as the gateway serves it, over WebSocket and over SSE.
 - The paused-offset conformance (tests/js/conformance.test.mjs) against a real gateway and
@@ -72,6 +73,11 @@ def run_node_test(script: Path, env: dict[str, str], timeout: float) -> str:
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert "# fail 0" in result.stdout and "# skipped 0" in result.stdout, result.stdout[-3000:]
     return result.stdout
+
+
+def test_the_javascript_connection_logic() -> None:
+    out = run_node_test(JS_TESTS / "client.test.mjs", {}, 60)
+    assert "# pass 7" in out
 
 
 def test_the_javascript_state_and_digest(tmp_path: Path) -> None:
