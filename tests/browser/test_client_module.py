@@ -86,6 +86,10 @@ def test_the_javascript_client_follows_the_gateway_in_chromium(procs: Start, new
         seq = page.locator('[data-testid="card-a-0"] [data-testid="last-seq"]')
         wait_until(lambda: seq.get_attribute("data-value") == window_last, timeout=15, what="the card's last seq")
         assert re.sub(r"\D", "", seq.inner_text()) == window_last
+        # and so do its notices, from its own stream
+        lines = "() => kvgatewayDashboard.state.noticeList.map((n) => n.detail || '')"
+        wanted = [f"→ {jump['seq']}", f"lost seq {jump['first']}\u2013{jump['until']} (3)"]
+        wait_until(lambda: all(any(w in d for d in page.evaluate(lines)) for w in wanted), timeout=15, what=wanted)
 
         hellos = len(client.log("hellos"))
         page.evaluate("() => kvtest.client.stop()")
