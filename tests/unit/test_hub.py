@@ -1135,8 +1135,8 @@ def test_digest_messages_come_in_order_at_the_offset_per_selected_stream() -> No
     first = [decode(m) for m in drain(every)]
     assert first[0]["type"] == "batch"
     assert first[1:] == [
-        {"type": "digest", "source": "a", "dp_rank": 0, "offset": 1, "digest": hex_digest(both), "blocks": 2},
-        {"type": "digest", "source": "a", "dp_rank": 1, "offset": 1, "digest": EMPTY, "blocks": 0},
+        {"type": "digest", "source": "a", "dp_rank": 0, "offset": 1, "digest": hex_digest(both), "block_count": 2},
+        {"type": "digest", "source": "a", "dp_rank": 1, "offset": 1, "digest": EMPTY, "block_count": 0},
     ]
     assert [decode(m).get("digest") for m in drain(gpu)] == [None, hex_digest(gpu_part)]  # the medium filter's sum
     assert [decode(m)["type"] for m in drain(plain)] == ["batch"]  # only to those who asked
@@ -1146,7 +1146,7 @@ def test_digest_messages_come_in_order_at_the_offset_per_selected_stream() -> No
     now[0] += 0.1
     assert ticker.tick() == 3
     (notice, digest, _) = [decode(m) for m in drain(every)]
-    assert (notice["kind"], digest["offset"], digest["digest"], digest["blocks"]) == ("restart", 2, EMPTY, 0)
+    assert (notice["kind"], digest["offset"], digest["digest"], digest["block_count"]) == ("restart", 2, EMPTY, 0)
     assert [m.id for m in drain(gpu) if m.type == "digest"] == [None]  # not a resume point
 
 
