@@ -364,7 +364,14 @@ def with_deprecated_copies(message: OutMessage) -> OutMessage:
 def encode_digest(source: str, dp_rank: int, offset: int, digest: str, blocks: int) -> OutMessage:
     """A stream's state digest at ``offset`` (kvgateway/state/digest.py): per client, no ``id``
     (not a point to resume from)."""
-    body = {"type": DIGEST, "source": source, "dp_rank": dp_rank, "offset": offset, "digest": digest, "block_count": blocks}
+    body = {
+        "type": DIGEST,
+        "source": source,
+        "dp_rank": dp_rank,
+        "offset": offset,
+        "digest": digest,
+        "block_count": blocks,
+    }
     return OutMessage(_encoder.encode(body), DIGEST)
 
 
