@@ -127,10 +127,9 @@ def parse_query(
 ) -> ClientRequest:
     """The filter and resume point of a stream request; raises :class:`BadRequest`.
 
-    ``sources``: the configured source names (None: any name). ``last_event_id``: the SSE
-    ``Last-Event-ID`` header, which wins over the query parameter (EventSource sends it on
-    reconnect, the query parameter serves the first connection). A malformed id is not an error:
-    it just cannot be recovered.
+    ``sources``: the configured source names (None: any name). ``last_event_id``: the SSE ``Last-Event-ID``
+    header, which wins over the query parameter (EventSource sends it on reconnect, the query
+    parameter serves the first connection). A malformed id is not an error: it just cannot be recovered.
     """
     known = None if sources is None else frozenset(sources)
     chosen_sources: set[str] = set()
@@ -140,7 +139,7 @@ def parse_query(
     resume_ids: list[str] = []
     snapshots: list[str] = []
     compat: set[str] = set()
-    digests: list[int] = []
+    digests: list[str] = []
     for name, value in _query_items(params):
         if name == "source":
             if known is not None and value not in known:
@@ -165,12 +164,10 @@ def parse_query(
         elif name == "compat":
             compat.add(_one_of(name, value, COMPATS))
         elif name == "digest":
-            digests.append(_digest_seconds(value))
-            check_once(name, [str(n) for n in digests])
+            digests.append(value)
+            check_once(name, digests)
         elif name != "token":
             raise BadRequest(f"unknown query parameter {_show(name)} (accepted: {', '.join(PARAMETERS)})")
-    if digests and types and not types >= DIGEST_TYPES:
-        raise BadRequest(f"digest: needs every block event; a type filter must keep {', '.join(sorted(DIGEST_TYPES))}")
     resume = last_event_id or (resume_ids[0] if resume_ids else None)
     client_filter = ClientFilter(
         sources=frozenset(chosen_sources) or None,
@@ -183,14 +180,17 @@ def parse_query(
         last_event_id=resume or None,
         snapshot=snapshots[0] if snapshots else None,
         compat=frozenset(compat),
-        digest=digests[0] if digests else None,
+        digest=_digest_seconds(digests[0], types) if digests else None,
     )
 
 
-def _digest_seconds(value: str) -> int:
+def _digest_seconds(value: str, types: set[str]) -> int:
+    """``digest``'s value; a 400 for a bad one, or with a ``type`` filter that drops block events."""
     low, high = DIGEST_SECONDS
     if _SECONDS_RE.fullmatch(value) is None or not low <= int(value) <= high:
         raise BadRequest(f"digest: expected whole seconds from {low} to {high}, got {_show(value)}")
+    if types and not types >= DIGEST_TYPES:
+        raise BadRequest(f"digest: needs every block event; a type filter must keep {', '.join(sorted(DIGEST_TYPES))}")
     return int(value)
 
 
