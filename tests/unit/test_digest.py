@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kvgateway.engine.wire import AllBlocksCleared, Event, Hash
 from kvgateway.log.render import hash_text
-from kvgateway.state.digest import EMPTY, MASK, element, elements_sum, hex_digest, prefix_state
+from kvgateway.state.digest import EMPTY, MASK, WIDE_FROM, element, elements_sum, hex_digest, prefix_state
 from kvgateway.state.occupancy import StreamIndex
 from tests.unit.test_occupancy import BIG, batch, removed, stored
 
@@ -120,3 +120,20 @@ def test_upkeep_equals_recomputation(batches: list[list[Event]], ask_at: int, fr
         if n >= ask_at:
             assert index.digest() == scratch(index)
     assert index.digest() == scratch(index)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sets(
+        st.one_of(st.integers(-(2**63), 2**64 - 1), st.binary(min_size=0, max_size=40)),
+        min_size=WIDE_FROM,
+        max_size=600,
+    ),
+    st.sampled_from([("GPU", 0), ("CPU_PINNED", 3)]),
+)
+def test_many_hashes_side_by_side_equal_one_by_one(hashes: set[Hash], key: tuple[str, int]) -> None:
+    """The wide path (a group's first sum, a big batch) equals the element-by-element one."""
+    prefix = prefix_state(*key)
+    assert elements_sum(prefix, hashes) == sum(element(*key, h) for h in hashes) & MASK
+    few = list(hashes)[: WIDE_FROM - 1]  # the one-by-one path
+    assert elements_sum(prefix, few) == sum(element(*key, h) for h in few) & MASK
