@@ -70,7 +70,8 @@ class Serving:
             client_queue_bytes=settings.client_queue_bytes,
             max_clients=settings.max_clients,
         )
-        self.digests = DigestTicker(self.hub, self.index, lambda: self.board.streams, clock)
+        # monotonic: a step of the wall clock must not hold the digests back
+        self.digests = DigestTicker(self.hub, self.index, lambda: self.board.streams, time.monotonic)
         """The ``digest`` messages of the clients that asked for them (``digest=SECONDS``)."""
         self.collections = CollectionTimer(metrics.observe_gc_pause)
         """Times the garbage collector's pauses while the gateway runs (kvgateway_gc_pause_seconds)."""

@@ -116,7 +116,7 @@ class _Group:
             self._own()
         blocks = self.blocks
         if self.digest is not None:  # the hashes that become resident (refs 0 -> 1), counted once
-            self.digest += elements_sum(self.prefix, set(hashes).difference(blocks))
+            self.digest = (self.digest + elements_sum(self.prefix, set(hashes).difference(blocks))) & MASK
         if blocks.isdisjoint(hashes):
             # Fast path (the common case): all new. A length mismatch means repeats inside the list.
             before = len(blocks)
@@ -140,7 +140,7 @@ class _Group:
             return self._take(hashes)
         was = self.blocks.intersection(hashes)
         unknown = self._take(hashes)
-        self.digest -= elements_sum(self.prefix, was.difference(self.blocks))  # refs 1 -> 0
+        self.digest = (self.digest - elements_sum(self.prefix, was.difference(self.blocks))) & MASK  # refs 1 -> 0
         return unknown
 
     def _take(self, hashes: list[Hash]) -> int:
