@@ -260,13 +260,16 @@ def test_router_index_and_answers_equal_the_gateways(router_bin: Path, seed: int
         gateway.digests()
         checked += len(list(gateway.occupancy.streams()))
     gateway.lines.append(json.dumps({"type": "digests"}))
-    expected.append(("digests", {"digest_checks": checked, "digest_mismatches": 0}))
-    # One block dropped from the router's index, as a missed event would: the next digests tell.
+    expected.append(("digests", {"digest_checks": checked, "digest_mismatches": 0, "last_mismatch_check": 0}))
+    # One block dropped from the router's index (its first stream with one), as a missed event
+    # would: that stream's next digest tells.
     gateway.lines.append(json.dumps({"type": "corrupt"}))
     gateway.digests()
     gateway.lines.append(json.dumps({"type": "digests"}))
-    checked += len(list(gateway.occupancy.streams()))
-    expected.append(("digests", {"digest_checks": checked, "digest_mismatches": 1}))
+    streams = list(gateway.occupancy.streams())
+    found = checked + 1 + next(n for n, index in enumerate(streams) if index.resident_blocks())
+    checked += len(streams)
+    expected.append(("digests", {"digest_checks": checked, "digest_mismatches": 1, "last_mismatch_check": found}))
     proc = subprocess.run(
         [str(router_bin), "-replay"],
         input="\n".join(gateway.lines) + "\n",
@@ -351,25 +354,25 @@ class Checks:
                 return False
         return True
 
-    def digests(self) -> tuple[int, int]:
-        """The router's digest checks and mismatches so far."""
+    def digests(self) -> tuple[int, int, int]:
+        """The router's digest checks and mismatches so far, and the check that found the last."""
         doc = httpx.get(f"{self.router}/blocks", timeout=10).json()
-        return int(doc["digest_checks"]), int(doc["digest_mismatches"])
+        return int(doc["digest_checks"]), int(doc["digest_mismatches"]), int(doc["last_mismatch_check"])
 
     def digest_checked(self) -> None:
         """A digest message of the gateway's, come after now, matched the router's own sums."""
-        checks, mismatches = self.digests()
-        wait_until(lambda: self.digests()[0] > checks, timeout=15, what="the router's next digest check")
+        checks, mismatches, _ = self.digests()
+        wait_until(lambda: self.digests()[0] > checks, timeout=30, what="the router's next digest check")
         assert self.digests()[1] == mismatches, "the router's index differs from the gateway's digest"
 
     def drift_caught(self) -> None:
         """One block dropped from the router's index is caught by the next digest (one interval),
         and the router starts over from a fresh snapshot: equal again."""
-        checks, mismatches = self.digests()
+        checks, mismatches, _ = self.digests()
         dropped = httpx.post(f"{self.router}/corrupt", timeout=10).json()["dropped"]
         assert dropped, "no block to drop"
-        wait_until(lambda: self.digests()[1] == mismatches + 1, timeout=15, what="the drift caught")
-        assert self.digests()[0] <= checks + 4  # by the first round of digests after it (2 streams)
+        wait_until(lambda: self.digests()[1] == mismatches + 1, timeout=30, what="the drift caught")
+        assert self.digests()[2] <= checks + 2  # by the stream's next digest (2 streams a round)
         self.at_some_offset()
 
     def at_some_offset(self, within: float = 10.0) -> int:

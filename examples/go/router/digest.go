@@ -59,8 +59,9 @@ func (s *Stream) empty() {
 
 // DigestChecks counts the gateway's digest messages compared with the router's own sums.
 type DigestChecks struct {
-	Checks     int `json:"digest_checks"`
-	Mismatches int `json:"digest_mismatches"`
+	Checks       int `json:"digest_checks"`
+	Mismatches   int `json:"digest_mismatches"`
+	LastMismatch int `json:"last_mismatch_check"` // the number of the check that found the last one
 }
 
 // Check compares a `digest` message with the stream's own sum and block count; false on a mismatch.
@@ -71,6 +72,7 @@ func (ix *Index) Check(m *Message, counts *DigestChecks) bool {
 		return true
 	}
 	counts.Mismatches++
+	counts.LastMismatch = counts.Checks
 	return false
 }
 

@@ -76,14 +76,14 @@ func TestDigestMessagesAreCheckedAndADriftCounted(t *testing.T) {
 	feed(t, r, hello(1, false, "a"),
 		`{"type":"state","offset":1,"source":"a","dp_rank":0,"blocks":[{"hash":"`+key.Hash+`","refs":1,"medium":"GPU","tier":"GPU","group_idx":0,"block_size":16}],"last":true}`,
 		`{"type":"digest","source":"a","dp_rank":0,"offset":1,"digest":"3507684041cdf1ef","block_count":1}`)
-	if r.digests != (DigestChecks{1, 0}) {
+	if r.digests != (DigestChecks{1, 0, 0}) {
 		t.Fatalf("after a matching digest: %+v", r.digests)
 	}
 	if dropped := r.index.DropOne(); dropped != "a:0 GPU/0/"+key.Hash {
 		t.Fatalf("dropped %q", dropped)
 	}
 	feed(t, r, `{"type":"digest","source":"a","dp_rank":0,"offset":1,"digest":"3507684041cdf1ef","block_count":1}`)
-	if r.digests != (DigestChecks{2, 1}) {
+	if r.digests != (DigestChecks{2, 1, 2}) {
 		t.Fatalf("after a drift: %+v", r.digests)
 	}
 	r.resync = true // the live router starts over instead

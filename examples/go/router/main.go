@@ -273,6 +273,7 @@ func (r *Router) serveHTTP(w http.ResponseWriter, req *http.Request) {
 		doc["last_event_id"] = r.lastID
 		doc["digest_checks"] = r.digests.Checks
 		doc["digest_mismatches"] = r.digests.Mismatches
+		doc["last_mismatch_check"] = r.digests.LastMismatch
 		r.mu.Unlock()
 		_ = json.NewEncoder(w).Encode(doc)
 	case req.URL.Path == "/corrupt" && req.Method == http.MethodPost && r.testHooks:
