@@ -200,6 +200,8 @@ export interface State {
   blocks: Block[];
   last: boolean;
   block_sizes?: Record<string, number>;
+  /** Last chunk only, on a digest=SECONDS connection: the stream's digest at `offset`, every medium. */
+  digest?: string;
 }
 
 /** @schema digest */
