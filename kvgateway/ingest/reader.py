@@ -76,6 +76,10 @@ class StreamReader:
         self._tasks: set[asyncio.Task[None]] = set()
         self._replays: dict[int, asyncio.Task[None]] = {}
         self._peers = 0
+        self._readiness: Readiness | None = None  # the SUB socket's (see _begin_drain)
+        # Set while the old connection's batches are read after a disconnect: connection events
+        # queued after the disconnect wait until they are all read (see _begin_drain).
+        self._drained: asyncio.Event | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -97,7 +101,8 @@ class StreamReader:
             sub.connect(self.config.endpoint)
         self._sub = sub
         loop = asyncio.get_running_loop()
-        self._spawn(self._read_loop(sub, Readiness(sub, loop)))
+        self._readiness = Readiness(sub, loop)
+        self._spawn(self._read_loop(sub, self._readiness))
         self._spawn(self._monitor_loop(Readiness(self._monitor, loop)))
 
     async def stop(self) -> None:
@@ -139,6 +144,7 @@ class StreamReader:
             self._poll_monitor()
             deadline = clock() + TURN_SECONDS
             count = 0
+            frames: list[bytes] | None = None
             try:
                 for _ in range(BUDGET):
                     frames = receive()
@@ -152,19 +158,10 @@ class StreamReader:
                 if count:  # counted once a burst: the same figures, one metric update instead of 64
                     self._outlet.received(count)
                     self._outlet.settle()
+            if frames is None and self._drained is not None:
+                self._end_drain()  # the old connection's last batch is read
             # Yield even when more is waiting, so other streams and the web side get their turn.
             await asyncio.sleep(0)
-
-    def _drain_live(self) -> None:
-        """Read every message queued on the SUB socket now (at a disconnect: they are the old connection's)."""
-        sub = self._sub
-        if sub is None:
-            return
-        receive = receiver(sub)
-        while (frames := receive()) is not None:
-            self._outlet.received()
-            self._on_live(frames)
-        self._outlet.settle()
 
     def _on_live(self, frames: list[bytes]) -> None:
         """One live message (its receipt is counted by the caller)."""
@@ -291,16 +288,19 @@ class StreamReader:
         try:
             while True:
                 await readiness.wait()
+                if self._drained is not None:  # the events wait for the old connection's batches
+                    await self._drained.wait()
                 self._poll_monitor()
         finally:
             readiness.close()
 
     def _poll_monitor(self) -> None:
-        """Handle every connection event queued now (cheap when there is none)."""
+        """Handle every connection event queued now (cheap when there is none), up to a disconnect
+        whose batches are still being read."""
         monitor = self._monitor
         if monitor is None:
             return
-        while has_message(monitor):  # cheaper than a receive raising Again
+        while self._drained is None and has_message(monitor):  # cheaper than a receive raising Again
             try:
                 frames = monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -319,12 +319,34 @@ class StreamReader:
         elif event == zmq.EVENT_DISCONNECTED:
             self._peers = max(0, self._peers - 1)
             if self._peers == 0:
-                # What the old connection delivered is queued before this event: read it as the
-                # old connection's, so a restarted engine's batches are never mistaken for it.
-                self._drain_live()
-                self.sequencer.on_disconnected()
-                self._outlet.connection(False, "disconnected")
+                self._begin_drain()
         elif event == zmq.EVENT_CONNECT_RETRIED and self._peers == 0:
             self._outlet.connection(False, "connection refused, retrying")
         elif event == zmq.EVENT_BIND_FAILED:
             self._outlet.connection(False, "bind failed")
+
+    def _begin_drain(self) -> None:
+        """The publisher went away. What it delivered is queued before this event: it is read as
+        the old connection's (the sequencer hears of the disconnect after it), so a restarted
+        engine's batches are never mistaken for it. It is read in the live loop's turns, not at
+        once: 60,000 queued batches kept the event loop (and /healthz) busy for ten seconds.
+        Connection events after this one wait meanwhile (a new connection's batches queue behind
+        the old ones on the same pipe)."""
+        sub = self._sub
+        if sub is None or not has_message(sub):
+            self._disconnected()
+            return
+        self._drained = asyncio.Event()
+        if self._readiness is not None:
+            self._readiness.wake()  # has_message took the socket's wake-up: the read loop must look
+
+    def _end_drain(self) -> None:
+        drained, self._drained = self._drained, None
+        if drained is not None:
+            drained.set()
+        self._disconnected()
+        self._poll_monitor()  # what came after the disconnect (a new connection) before its batches
+
+    def _disconnected(self) -> None:
+        self.sequencer.on_disconnected()
+        self._outlet.connection(False, "disconnected")
