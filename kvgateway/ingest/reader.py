@@ -35,6 +35,17 @@ TURN_SECONDS = 0.005
 MAX_REPLAY_SECONDS_FACTOR = 20
 """A replay attempt may run this many replay timeouts in all, however steadily it trickles."""
 
+HANDSHAKE_MS = 5000
+"""A peer that accepts the TCP connection but sends no ZeroMQ greeting within this is no engine
+(ZeroMQ's default is 30 s; a real publisher's I/O thread answers in milliseconds)."""
+
+HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+NOT_ZEROMQ = "not_zeromq"
+"""The reason code of a stream whose endpoint answers TCP but fails ZeroMQ's handshake."""
+
 QUIET_SECONDS = 2.0
 """Batches wait this long for a live stream that is behind a replay before the hole below them is
 settled by another replay (the live stream cannot be relied on to bring it: it may be idle)."""
@@ -76,6 +87,7 @@ class StreamReader:
         self._tasks: set[asyncio.Task[None]] = set()
         self._replays: dict[int, asyncio.Task[None]] = {}
         self._peers = 0
+        self._handshake_failure: str | None = None  # why the last connection never became a peer
         self._readiness: Readiness | None = None  # the SUB socket's (see _begin_drain)
         # Set while the old connection's batches are read after a disconnect: connection events
         # queued after the disconnect wait until they are all read (see _begin_drain).
@@ -92,8 +104,13 @@ class StreamReader:
         # Reconnect quickly after an engine restart, but back off against a dead address.
         sub.setsockopt(zmq.RECONNECT_IVL, 100)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        sub.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
         self._monitor = sub.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_BIND_FAILED
+            zmq.EVENT_HANDSHAKE_SUCCEEDED
+            | zmq.EVENT_DISCONNECTED
+            | zmq.EVENT_CONNECT_RETRIED
+            | zmq.EVENT_BIND_FAILED
+            | HANDSHAKE_FAILED
         )
         if self.config.bind:
             sub.bind(self.config.endpoint)
@@ -311,17 +328,28 @@ class StreamReader:
 
     def _on_monitor_event(self, event: int) -> None:
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._handshake_failure = None
             self._peers += 1
             if self._peers == 1:
                 self._outlet.connection(True, "connected")
                 # Catch up, or check that the engine behind the socket is the one we were reading.
                 self._apply(self.sequencer.on_connected(), self._clock())
+        elif event & HANDSHAKE_FAILED:
+            # TCP works but the peer speaks no ZeroMQ (an HTTP port, most likely): ZeroMQ itself
+            # only retries, every few hundred ms, and never says why.
+            self._handshake_failure = not_zeromq_reason(self.config.endpoint)
+            if self._peers == 0:
+                self._outlet.connection(False, self._handshake_failure)
         elif event == zmq.EVENT_DISCONNECTED:
+            if self._handshake_failure is not None and self._peers == 0:
+                return  # the failed handshake's connection closing: it never was a peer
             self._peers = max(0, self._peers - 1)
             if self._peers == 0:
                 self._begin_drain()
         elif event == zmq.EVENT_CONNECT_RETRIED and self._peers == 0:
-            self._outlet.connection(False, "connection refused, retrying")
+            # A retry after a failed handshake is no refusal: keep saying what failed.
+            reason, self._handshake_failure = self._handshake_failure, None
+            self._outlet.connection(False, reason or "connection refused, retrying")
         elif event == zmq.EVENT_BIND_FAILED:
             self._outlet.connection(False, "bind failed")
 
@@ -350,3 +378,8 @@ class StreamReader:
     def _disconnected(self) -> None:
         self.sequencer.on_disconnected()
         self._outlet.connection(False, "disconnected")
+
+
+def not_zeromq_reason(endpoint: str) -> str:
+    """The down reason of a stream whose endpoint accepts TCP but fails ZeroMQ's handshake."""
+    return f"{endpoint} answers but does not speak ZeroMQ: is it the engine's HTTP port?"
