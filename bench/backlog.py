@@ -7,6 +7,7 @@ time, for the received count that tells when the backlog is read). The figures a
 and worst of /healthz and /metrics during that read, how many probes took over a second (a
 liveness probe's timeout is 3 s), and how long the read took.
 
+``--smoke``: 2,000 batches, one run (proves it works; ``tests/bench/test_bench_backlog.py``).
 ``--baseline DIR``: a checkout whose ``kvgateway`` package is measured in the same run, the two
 alternating (the machine is shared: only same-run ratios mean something). Not a scenario of
 ``python -m bench``.
@@ -15,9 +16,7 @@ alternating (the machine is shared: only same-run ratios mean something). Not a 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -25,7 +24,19 @@ from typing import Any
 
 import zmq
 
-from bench.common import REPO, SOURCE_ENV, TOPIC, Gateway, LogHistogram, free_port, median, say
+from bench.common import (
+    REPO,
+    RESULTS_DIR,
+    SOURCE_ENV,
+    TOPIC,
+    Gateway,
+    LogHistogram,
+    code_identity,
+    free_port,
+    median,
+    say,
+    write_run,
+)
 from bench.payloads import load_or_generate, standard
 
 SLOW_SECONDS = 1.0
@@ -59,6 +70,7 @@ def _publish_and_vanish(port: int, payloads: list[bytes]) -> None:
 
 def one_run(payloads: list[bytes], logs: Path) -> dict[str, Any]:
     """One gateway, one backlog: the probes' latencies while it is read."""
+    logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
     gateway = Gateway(logs / "gateway.log", endpoint=f"tcp://127.0.0.1:{port}")
     try:
@@ -90,40 +102,46 @@ def one_run(payloads: list[bytes], logs: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.backlog", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, default=60_000)
-    parser.add_argument("--runs", type=int, default=2, help="runs per side (default 2)")
+    parser.add_argument("--smoke", action="store_true", help="2,000 batches, one run: proves it works, means nothing")
+    parser.add_argument("--batches", type=int, help="batches left queued (default 60,000; smoke 2,000)")
+    parser.add_argument("--runs", type=int, help="runs per side (default 2; smoke 1)")
     parser.add_argument("--baseline", type=Path, help="a checkout whose kvgateway is measured alongside")
-    parser.add_argument("--logs", type=Path, default=REPO / "bench" / "results" / "backlog")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR / "backlog")
     args = parser.parse_args(argv)
-    payloads = load_or_generate(standard(args.batches)).stream(0)
+    batches = args.batches or (2_000 if args.smoke else 60_000)
+    runs = args.runs or (1 if args.smoke else 2)
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    payloads = load_or_generate(standard(batches)).stream(0)
     sides = {"this": str(REPO)} | ({"baseline": str(args.baseline.resolve())} if args.baseline else {})
     results: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
-    for run in range(args.runs):
-        order = list(sides) if run % 2 == 0 else list(reversed(sides))
-        for side in order:
+    for run in range(runs):
+        for side in list(sides) if run % 2 == 0 else list(reversed(sides)):
             os.environ[SOURCE_ENV] = sides[side]
-            logs = args.logs / side / str(run)
-            logs.mkdir(parents=True, exist_ok=True)
-            result = one_run(payloads, logs)
+            result = one_run(payloads, args.results_dir / "logs" / side / str(run))
             say(f"{side} run {run + 1}: {result}")
             results[side].append(result)
-    summary = {
-        side: {
-            "healthz_p99_ms": median(r["healthz_ms"]["p99_ms"] for r in runs),
-            "metrics_p99_ms": median(r["metrics_ms"]["p99_ms"] for r in runs),
-            "worst_ms": max(max(r["healthz_ms"]["max_ms"] or 0, r["metrics_ms"]["max_ms"] or 0) for r in runs),
-            "over_1s": sum(r["over_1s"] for r in runs),
-            "read_seconds": median(r["read_seconds"] for r in runs),
-        }
-        for side, runs in results.items()
+    out = {
+        "mode": "smoke" if args.smoke else "full",
+        "started": started,
+        "code": code_identity(),
+        "batches": batches,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "summary": {side: _summary(side_runs) for side, side_runs in results.items()},
+        "runs": results,
     }
-    json.dump(
-        {"batches": args.batches, "load_average": os.getloadavg(), "summary": summary, "runs": results},
-        sys.stdout,
-        indent=1,
-    )
-    print()
+    say(f"wrote {write_run(out, args.results_dir)}")
     return 0
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's runs: the median p99s and read time, the worst probe, the probes over a second."""
+    return {
+        "healthz_p99_ms": median(r["healthz_ms"]["p99_ms"] for r in runs),
+        "metrics_p99_ms": median(r["metrics_ms"]["p99_ms"] for r in runs),
+        "worst_ms": max(max(r["healthz_ms"]["max_ms"] or 0, r["metrics_ms"]["max_ms"] or 0) for r in runs),
+        "over_1s": sum(r["over_1s"] for r in runs),
+        "read_seconds": median(r["read_seconds"] for r in runs),
+    }
 
 
 if __name__ == "__main__":
