@@ -20,7 +20,7 @@ from kvgateway.config import StreamConfig
 from kvgateway.engine import wire
 from kvgateway.engine.endpoints import is_ipv6
 from kvgateway.engine.sequencer import Action, CancelReplay, RequestReplay, Sequencer
-from kvgateway.engine.sockets import Readiness, has_message, monitor_event, receiver
+from kvgateway.engine.sockets import FD, Readiness, has_message, monitor_event, receiver
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.runtime.tasks import cancel_and_wait
 
@@ -39,8 +39,16 @@ HANDSHAKE_MS = 5000
 """A peer that accepts the TCP connection but sends no ZeroMQ greeting within this is no engine
 (ZeroMQ's default is 30 s; a real publisher's I/O thread answers in milliseconds)."""
 
+# The monitor's events as plain ints: ``zmq.EVENT_*`` are enum.Flag members, whose ``&`` and
+# ``|`` go through enum's slow path (this runs at every reconnection attempt of every stream).
+HANDSHAKE_SUCCEEDED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
+CONNECT_RETRIED = int(zmq.EVENT_CONNECT_RETRIED)
+BIND_FAILED = int(zmq.EVENT_BIND_FAILED)
 HANDSHAKE_FAILED = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+    | int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+    | int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 )
 
 NOT_ZEROMQ = "not_zeromq"
@@ -89,6 +97,8 @@ class StreamReader:
         self._peers = 0
         self._handshake_failure: str | None = None  # why the last connection never became a peer
         self._readiness: Readiness | None = None  # the SUB socket's (see _begin_drain)
+        self._monitor_fd: int | None = None
+        self._monitor_receive: Callable[[], list[bytes] | None] = lambda: None
         # Set while the old connection's batches are read after a disconnect: connection events
         # queued after the disconnect wait until they are all read (see _begin_drain).
         self._drained: asyncio.Event | None = None
@@ -106,11 +116,7 @@ class StreamReader:
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         sub.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
         self._monitor = sub.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED
-            | zmq.EVENT_DISCONNECTED
-            | zmq.EVENT_CONNECT_RETRIED
-            | zmq.EVENT_BIND_FAILED
-            | HANDSHAKE_FAILED
+            HANDSHAKE_SUCCEEDED | DISCONNECTED | CONNECT_RETRIED | BIND_FAILED | HANDSHAKE_FAILED
         )
         if self.config.bind:
             sub.bind(self.config.endpoint)
@@ -120,11 +126,22 @@ class StreamReader:
         loop = asyncio.get_running_loop()
         self._readiness = Readiness(sub, loop)
         self._spawn(self._read_loop(sub, self._readiness))
-        self._spawn(self._monitor_loop(Readiness(self._monitor, loop)))
+        # The monitor is read straight from the loop's callback, not by a task waiting on it: an
+        # absent engine's monitor wakes at every reconnection attempt (1,000 a second with 2,000
+        # streams), and a task's future and step per wake were half the gateway's idle CPU.
+        self._monitor_receive = receiver(self._monitor)
+        self._monitor_fd = int(self._monitor.getsockopt(FD))
+        loop.add_reader(self._monitor_fd, self._poll_monitor)
+        # The descriptor signals only once ZeroMQ found the socket empty: until a first look, events
+        # already queued would wait for ever.
+        loop.call_soon(self._poll_monitor)
 
     async def stop(self) -> None:
         if self._quiet is not None:
             self._quiet.cancel()
+        if self._monitor_fd is not None:  # before the socket closes: its descriptor leaves the loop first
+            asyncio.get_running_loop().remove_reader(self._monitor_fd)
+            self._monitor_fd = None
         await cancel_and_wait(*self._tasks, *self._replays.values())
         if self._sub is not None:
             with contextlib.suppress(zmq.ZMQError):
@@ -132,6 +149,7 @@ class StreamReader:
             self._sub.close(linger=0)
         if self._monitor is not None:
             self._monitor.close(linger=0)
+            self._monitor = None  # a look already scheduled (start's) finds nothing to read
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -301,33 +319,28 @@ class StreamReader:
 
     # --- connection monitor -----------------------------------------------------------------
 
-    async def _monitor_loop(self, readiness: Readiness) -> None:
-        try:
-            while True:
-                await readiness.wait()
-                if self._drained is not None:  # the events wait for the old connection's batches
-                    await self._drained.wait()
-                self._poll_monitor()
-        finally:
-            readiness.close()
-
     def _poll_monitor(self) -> None:
         """Handle every connection event queued now (cheap when there is none), up to a disconnect
-        whose batches are still being read."""
+        whose batches are still being read (the events after it wait for them: _end_drain)."""
         monitor = self._monitor
         if monitor is None:
             return
-        while self._drained is None and has_message(monitor):  # cheaper than a receive raising Again
-            try:
-                frames = monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+        receive = self._monitor_receive
+        # has_message is cheaper than a receive raising Again, and it empties the descriptor's
+        # mailbox, which the loop's callback needs (it is level-triggered there).
+        while self._drained is None and has_message(monitor):
+            frames = receive()
+            if frames is None:
                 return
             event = monitor_event(frames)
             if event is not None:
                 self._on_monitor_event(event)
 
     def _on_monitor_event(self, event: int) -> None:
-        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+        if event == CONNECT_RETRIED:  # first: an absent engine's monitor says nothing else
+            if self._peers == 0:
+                self._retried()
+        elif event == HANDSHAKE_SUCCEEDED:
             self._handshake_failure = None
             self._peers += 1
             if self._peers == 1:
@@ -340,18 +353,20 @@ class StreamReader:
             self._handshake_failure = not_zeromq_reason(self.config.endpoint)
             if self._peers == 0:
                 self._outlet.connection(False, self._handshake_failure)
-        elif event == zmq.EVENT_DISCONNECTED:
+        elif event == DISCONNECTED:
             if self._handshake_failure is not None and self._peers == 0:
                 return  # the failed handshake's connection closing: it never was a peer
             self._peers = max(0, self._peers - 1)
             if self._peers == 0:
                 self._begin_drain()
-        elif event == zmq.EVENT_CONNECT_RETRIED and self._peers == 0:
-            # A retry after a failed handshake is no refusal: keep saying what failed.
-            reason, self._handshake_failure = self._handshake_failure, None
-            self._outlet.connection(False, reason or "connection refused, retrying")
-        elif event == zmq.EVENT_BIND_FAILED:
+        elif event == BIND_FAILED:
             self._outlet.connection(False, "bind failed")
+
+    def _retried(self) -> None:
+        """ZeroMQ tries again: say why the stream is down (a retry after a failed handshake is no
+        refusal: keep saying what failed)."""
+        reason, self._handshake_failure = self._handshake_failure, None
+        self._outlet.connection(False, reason or "connection refused, retrying")
 
     def _begin_drain(self) -> None:
         """The publisher went away. What it delivered is queued before this event: it is read as
