@@ -19,7 +19,10 @@ from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 NO_EXTENSIONS = os.environ.get("KVGATEWAY_NO_EXTENSIONS", "") not in ("", "0")
-SOURCES = {"kvgateway.state._learner_c": "kvgateway/state/_learner_c.pyx"}
+SOURCES = {
+    "kvgateway.state._learner_c": "kvgateway/state/_learner_c.pyx",
+    "kvgateway.log._render_c": "kvgateway/log/_render_c.pyx",  # includes kvgateway/log/_render_py.py
+}
 BUILD_ERRORS = (CCompilerError, ExecError, PlatformError, OSError, ValueError)
 """What a missing or broken compiler raises (distutils' CompileError and LinkError are
 CCompilerErrors; a compiler that cannot even start is an ExecError or an OSError)."""

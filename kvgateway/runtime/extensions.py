@@ -19,7 +19,7 @@ NO_EXTENSIONS_ENV: Final = "KVGATEWAY_NO_EXTENSIONS"
 COMPILED: Final = "compiled"
 PURE: Final = "pure-Python"
 
-COMPILED_MODULES: Final = ("kvgateway.state._learner_c",)
+COMPILED_MODULES: Final = ("kvgateway.state._learner_c", "kvgateway.log._render_c")
 """Every compiled module of the core: the core is compiled when all of them load."""
 
 _loaded: dict[str, ModuleType | None] = {}

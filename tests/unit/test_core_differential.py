@@ -1,8 +1,9 @@
 """The compiled core against the pure-Python reference, fed the same generated batches side by side in
-one process: the same learner answers, entries in the same eviction order, the same counters and
-slots, for every wire layout (positional and map events, u64, i64 and byte hashes, extra_keys,
-mediums, groups, locality, LoRA, clears, unknown events) and for the chains, caps, residency and
-re-announcements that make a table evict, second-chance, shrink and rebuild.
+one process: byte-identical rendered events; the same learner answers, entries in the same
+eviction order, the same counters and slots; for every wire layout (positional and map events,
+u64, i64 and byte hashes, extra_keys, mediums, groups, locality, LoRA, clears, unknown events) and
+for the chains, caps, residency and re-announcements that make a table evict, second-chance,
+shrink and rebuild.
 
 Skipped where the compiled core was not built (an install without a C compiler); ``make test`` runs
 it on the compiled build, and hypothesis shrinks any difference to a minimal batch."""
@@ -20,14 +21,16 @@ from hypothesis import strategies as st
 
 from kvgateway.engine import wire
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, UnknownEvent
+from kvgateway.log import _render_py
+from kvgateway.log.messages import encode_events
 from kvgateway.state import _learner_py as pure
 from kvgateway.state._learner_py import block_digests
 from tests.unit.test_wire import U64, encoded_event
 
 
-def _compiled() -> ModuleType:
+def _compiled(name: str = "kvgateway.state._learner_c") -> ModuleType:
     try:
-        return importlib.import_module("kvgateway.state._learner_c")
+        return importlib.import_module(name)
     except ImportError:
         pytest.skip("the compiled core is not built here (no C compiler at install)")
 
@@ -242,11 +245,68 @@ def test_hash_kinds_at_the_edges_of_fixed_width_integers() -> None:
 
 
 def test_both_cores_are_importable_side_by_side_and_the_public_one_is_chosen() -> None:
+    from kvgateway.log import render
     from kvgateway.runtime import extensions
     from kvgateway.state import learner
 
     compiled = _compiled()
+    compiled_render = _compiled("kvgateway.log._render_c")
     expected = pure.ChainLearner if extensions.forced_pure() else compiled.ChainLearner
     assert learner.ChainLearner is expected
+    assert render.render_events is (_render_py if extensions.forced_pure() else compiled_render).render_events
     assert extensions.core() == (extensions.PURE if extensions.forced_pure() else extensions.COMPILED)
     assert learner.block_digests is pure.block_digests
+
+
+# --- rendering -------------------------------------------------------------------------------------
+
+nested_st = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**63), U64),
+        st.floats(allow_nan=False),
+        st.text(max_size=4),
+        st.binary(max_size=4),
+        st.builds(msgspec.msgpack.Ext, st.integers(-128, 127), st.binary(max_size=4)),
+    ),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.one_of(st.text(max_size=3), st.integers(-3, 3), st.binary(max_size=2), st.none()), inner,
+                      max_size=3),
+    max_leaves=12,
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(encoded_event(), max_size=6), rank=st.sampled_from([0, 3]))
+def test_every_wire_layout_renders_to_the_same_bytes(
+    items: list[tuple[Any, Event, tuple[Any, ...]]], rank: int
+) -> None:
+    compiled = _compiled("kvgateway.log._render_c")
+    batch = wire.decode_batch(msgspec.msgpack.encode([1.0, [value for value, _, _ in items], rank]))
+    ours, theirs = (encode_events(m.render_events(batch.events)) for m in (_render_py, compiled))
+    assert ours.body == theirs.body and list(ours.ends) == list(theirs.ends)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=nested_st, extra=st.dictionaries(st.sampled_from(["extra_keys", "locality", "x"]), nested_st))
+def test_opaque_values_and_further_fields_render_alike(value: Any, extra: dict[str, Any]) -> None:
+    """Any msgpack value an engine may send (bytes, extensions, maps keyed by nil or arrays, deep
+    nesting) in the further fields of every event type, and in an unknown event's body."""
+    compiled = _compiled("kvgateway.log._render_c")
+    events: list[Event] = [
+        BlockStored([1, b"\x01"], None, [1, 2], 1, None, "cpu", "lora", extra),
+        BlockRemoved([-1], None, extra),
+        AllBlocksCleared(extra=extra),
+        UnknownEvent(type="BlockMoved", body=["BlockMoved", value]),
+        UnknownEvent(type="X", body={"type": "X", "v": value}),
+    ]
+    ours, theirs = (encode_events(m.render_events(events)).body for m in (_render_py, compiled))
+    assert ours == theirs
+    assert msgspec.json.encode(_render_py.plain(value)) == msgspec.json.encode(compiled.plain(value))
+    deep: Any = value
+    for _ in range(40):  # past MAX_RENDER_DEPTH: cut off alike
+        deep = [deep, {b"k": 1}]
+    assert msgspec.json.encode(_render_py.plain(deep)) == msgspec.json.encode(compiled.plain(deep))
+    for h in (0, -1, 2**63, U64, b"\x00\xff"):
+        assert _render_py.hash_text(h) == compiled.hash_text(h)
