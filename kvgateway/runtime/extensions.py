@@ -13,9 +13,10 @@ import os
 from types import ModuleType
 from typing import Final
 
+from kvgateway.config import NO_EXTENSIONS_ENV
+
 __all__ = ["COMPILED", "NO_EXTENSIONS_ENV", "PURE", "core", "forced_pure", "load"]
 
-NO_EXTENSIONS_ENV: Final = "KVGATEWAY_NO_EXTENSIONS"
 COMPILED: Final = "compiled"
 PURE: Final = "pure-Python"
 

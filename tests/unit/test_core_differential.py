@@ -310,3 +310,11 @@ def test_opaque_values_and_further_fields_render_alike(value: Any, extra: dict[s
     assert msgspec.json.encode(_render_py.plain(deep)) == msgspec.json.encode(compiled.plain(deep))
     for h in (0, -1, 2**63, U64, b"\x00\xff"):
         assert _render_py.hash_text(h) == compiled.hash_text(h)
+
+
+def test_the_pure_core_switch_is_no_unknown_setting() -> None:
+    """``KVGATEWAY_NO_EXTENSIONS`` is read by the process, and the settings accept it beside theirs
+    (an unknown ``KVGATEWAY_`` name is an error there)."""
+    from kvgateway.config import NO_EXTENSIONS_ENV, Settings, settings_from_env
+
+    assert settings_from_env({NO_EXTENSIONS_ENV: "1"}, Settings()) == Settings()
