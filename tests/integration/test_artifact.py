@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvgateway.runtime.extensions import COMPILED_MODULES
 from tests.support import REPO, Proc, free_ports, sim_endpoints, source_spec, wait_until
 from tests.support.nats import NatsServer
 
@@ -142,9 +143,11 @@ def test_wheel_holds_every_package(artifacts: Artifacts) -> None:
     static = {str(p.relative_to(REPO)) for p in (REPO / "static").rglob("*") if p.is_file()}
     assert {f"kvgateway/{name}" for name in static} <= names  # the dashboard and its vendor files
     assert not any(name.startswith(("tests/", "static/", "bench/")) for name in names)
-    # the compiled core (built here: a C compiler exists), beside its pure-Python reference
-    assert any(fnmatch.fnmatch(name, "kvgateway/state/_learner_c.*.so") for name in names), sorted(names)
-    assert "kvgateway/state/_learner_py.py" in names
+    # the compiled core (built here: a C compiler exists), every module beside its pure-Python reference
+    for module in COMPILED_MODULES:
+        path = module.replace(".", "/")
+        assert any(fnmatch.fnmatch(name, f"{path}.*.so") for name in names), (module, sorted(names))
+        assert f"{path.removesuffix('_c')}_py.py" in names
     metadata = zipfile.ZipFile(artifacts.wheel()).read("kvgateway-0.1.0.dist-info/METADATA").decode()
     assert "License-Expression: Apache-2.0" in metadata
 
@@ -273,7 +276,9 @@ def test_sdist_builds_and_installs(artifacts: Artifacts) -> None:
         members = {member.split("/", 1)[1] for member in tar.getnames() if "/" in member}
     assert {"pyproject.toml", "setup.py", "kvgateway/cluster/edge.py", "static/index.html"} <= members
     # the compiled core's sources, and its pure-Python reference; nothing built
-    assert {"kvgateway/state/_learner_c.pyx", "kvgateway/state/_learner_py.py"} <= members
+    for module in COMPILED_MODULES:
+        path = module.replace(".", "/")
+        assert {f"{path}.pyx", f"{path.removesuffix('_c')}_py.py"} <= members, module
     assert not [name for name in members if name.endswith((".so", "_c.c"))], members
     assert "static/vendor/uplot/uPlot.iife.min.js" in members
     venv = artifacts.venv("from-sdist", str(sdist))
