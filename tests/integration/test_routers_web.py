@@ -194,6 +194,8 @@ def test_sse_snapshot_limits_and_token(fleet: str) -> None:
         assert httpx.request(method, f"{base}{path}", timeout=10).status_code == 401
     bad = {
         b"{": "invalid JSON",
+        b'{"block_hashes": [1,2': "invalid JSON",
+        b'{"block_hashes": [1,2]}': "block_hashes[0]: hashes are decimal strings",
         b'{"block_hashes": ["1"], "token_ids": [1]}': "exactly one of",
         b'{"block_hashes": ["0x1"]}': "block_hashes[0]",
         b'{"block_hashes": ["1"], "x": 1}': "unknown field",
