@@ -1569,7 +1569,7 @@ def test_max_clients(guarded: Gateway) -> None:
     assert after[("ws", "too_many_clients")] - before[("ws", "too_many_clients")] == 1
 
 
-_ACCEPTED = "(accepted: source, dp_rank, type, medium, last_event_id, snapshot, compat, token)"
+_ACCEPTED = "(accepted: source, dp_rank, type, medium, last_event_id, snapshot, compat, digest, token)"
 BAD_QUERIES = [
     ("sources=llama", f"unknown query parameter 'sources' {_ACCEPTED}"),
     ("Source=llama", f"unknown query parameter 'Source' {_ACCEPTED}"),
@@ -1604,7 +1604,7 @@ def test_invalid_query_parameters_are_a_400_before_any_stream(live: Gateway) -> 
 
 
 ROUTES_ACCEPT = {
-    "/v1/events": "source, dp_rank, type, medium, last_event_id, snapshot, compat, token",
+    "/v1/events": "source, dp_rank, type, medium, last_event_id, snapshot, compat, digest, token",
     "/v1/sources": "source, dp_rank, token",
     "/v1/occupancy": "source, dp_rank, token",
     "/v1/analytics": "source, dp_rank, token",
