@@ -349,6 +349,13 @@ class Metrics:
             (*STREAM, "tier"),
             registry=r,
         )
+        # prefill attribution (kvgateway/state/attribution.py: every GPU-tier store, not sampled)
+        self.stored_tokens = Counter(
+            "kvgateway_stored_tokens",
+            "Tokens stored into a GPU tier, by origin: hit, offloaded, refetch, elsewhere (a routing miss), new.",
+            (*STREAM, "origin"),
+            registry=r,
+        )
         self.prefix_engines_mean = Gauge(
             "kvgateway_prefix_engines_mean",
             "Engines holding a chain's first block, averaged over the first blocks resident somewhere.",

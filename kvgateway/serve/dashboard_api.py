@@ -28,7 +28,8 @@ from kvgateway.runtime.tasks import cancel_and_wait
 from kvgateway.serve.http_query import bad_request, route_query
 from kvgateway.serve.query import BadRequest
 from kvgateway.state.analytics import CacheAnalytics
-from kvgateway.state.history import History, MediumReading, StreamReading
+from kvgateway.state.attribution import Attribution
+from kvgateway.state.history import ORIGINS, History, MediumReading, StreamReading
 from kvgateway.state.occupancy import StreamIndex
 
 if TYPE_CHECKING:
@@ -68,6 +69,22 @@ class MetricsSink:
         (children[2] if refetched else children[1]).inc()
 
 
+class StoredTokensSink:
+    """The attribution's counts into ``kvgateway_stored_tokens_total`` (children resolved once)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._children: dict[Stream, tuple[Any, ...]] = {}
+
+    def stored(self, stream: Stream, origin: int, tokens: int) -> None:
+        children = self._children.get(stream)
+        if children is None:
+            counter = self._metrics.stored_tokens
+            children = tuple(counter.labels(stream[0], str(stream[1]), name) for name in ORIGINS)
+            self._children[stream] = children
+        children[origin].inc(tokens)
+
+
 class Activity:
     """Follows the log: when each stream's last batch (and last live batch) was received."""
 
@@ -92,7 +109,9 @@ class DashboardData:
         self.gateway = gateway
         self.history = history if history is not None else History()
         self.activity = Activity()
-        self.analytics = CacheAnalytics(MetricsSink(gateway.metrics))
+        self.analytics = CacheAnalytics(MetricsSink(gateway.metrics), gateway.settings.refetch_window)
+        self.attribution = Attribution(gateway.settings.refetch_window, StoredTokensSink(gateway.metrics))
+        gateway.index.observe(self.attribution)
         gateway.log.follow(self.activity.follow)
         gateway.log.follow(self.analytics.follow)
         self._task: asyncio.Task[None] | None = None
@@ -121,6 +140,7 @@ class DashboardData:
                     None if last is None else max(0.0, now - last),
                     status.counters["restarts"],
                     mediums,
+                    tuple(self.attribution.account((source, dp_rank)).tokens),
                 )
             )
         return out
@@ -207,4 +227,8 @@ async def analytics_endpoint(request: Request) -> Response:
         return bad_request(gateway, exc)
     streams = gateway.routers.matching(gateway.board.streams, client.filter)
     body = {"epoch": gateway.log.epoch, **data.analytics.to_json(streams, up=data.up_streams(streams))}
+    now = gateway.clock()
+    for entry, index in zip(body["streams"], streams, strict=True):  # both sorted by stream
+        entry["prefill"] = data.attribution.stream_json(index, now)
+    body["prefill"] = data.attribution.to_json(streams, now)
     return Response(msgspec.json.encode(body), media_type="application/json")

@@ -43,10 +43,10 @@ from typing import Any, Final, Protocol
 
 from kvgateway.engine.mediums import medium_tier
 from kvgateway.engine.wire import BlockStored, Hash, Stream
+from kvgateway.state.history import ORIGINS
 from kvgateway.state.learner import block_digests
 from kvgateway.state.occupancy import StreamIndex
 
-ORIGINS: Final = ("hit", "offloaded", "refetch", "elsewhere", "new")
 HIT, OFFLOADED, REFETCH, ELSEWHERE, NEW = range(5)
 DEFAULT_REFETCH_WINDOW_SECONDS: Final = 60.0
 MAX_EVICTED: Final = 32_768

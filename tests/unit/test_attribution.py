@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
-from kvgateway.state.attribution import ORIGINS, Attribution
+from kvgateway.state.attribution import Attribution
+from kvgateway.state.history import ORIGINS
 from kvgateway.state.occupancy import OccupancyIndex
 
 SIZE = 4

@@ -68,8 +68,9 @@ def test_memory_is_reported_per_stream_and_medium() -> None:
     history = History(interval=5, horizon=3600)
     history.sample(0, [reading()])
     one = history.nbytes()
-    # 720 slots: t (8) + state (1) + lag, age (4 each) + restarts (4); blocks (4) + tokens (8) + rates (4 each)
-    assert one == 720 * (8 + 1 + 4 + 4 + 4) + 720 * (4 + 8 + 4 + 4)
+    # 720 slots: t (8) + state (1) + lag, age (4 each) + restarts (4) + tokens per origin (5 x 8);
+    # blocks (4) + tokens (8) + rates (4 each)
+    assert one == 720 * (8 + 1 + 4 + 4 + 4 + 5 * 8) + 720 * (4 + 8 + 4 + 4)
     history.sample(5, [reading(), reading("b")])
     assert history.nbytes() == 2 * one
 
