@@ -68,6 +68,12 @@ STREAM_METRICS: Final[dict[str, StreamMetric]] = {
     "batches_received": StreamMetric(
         "counter", "kvgateway_batches_received", "Batches received from engines, live and replayed."
     ),
+    "stored_tokens": StreamMetric(
+        "counter",
+        "kvgateway_stored_tokens",
+        "Tokens stored into a GPU tier, by origin: hit, offloaded, refetch, elsewhere (a routing miss), new.",
+        ("origin",),
+    ),
     "events_received": StreamMetric(
         "counter", "kvgateway_events_received", "Events in delivered batches, by event type.", ("type",)
     ),
@@ -347,13 +353,6 @@ class Metrics:
             "kvgateway_block_refetches",
             "Sampled blocks stored again within 60 s of their removal (the engine paid for them again).",
             (*STREAM, "tier"),
-            registry=r,
-        )
-        # prefill attribution (kvgateway/state/attribution.py: every GPU-tier store, not sampled)
-        self.stored_tokens = Counter(
-            "kvgateway_stored_tokens",
-            "Tokens stored into a GPU tier, by origin: hit, offloaded, refetch, elsewhere (a routing miss), new.",
-            (*STREAM, "origin"),
             registry=r,
         )
         self.prefix_engines_mean = Gauge(

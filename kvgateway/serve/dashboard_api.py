@@ -29,7 +29,7 @@ from kvgateway.serve.http_query import bad_request, route_query
 from kvgateway.serve.query import BadRequest
 from kvgateway.state.analytics import CacheAnalytics
 from kvgateway.state.attribution import Attribution
-from kvgateway.state.history import ORIGINS, History, MediumReading, StreamReading
+from kvgateway.state.history import History, MediumReading, StreamReading
 from kvgateway.state.occupancy import StreamIndex
 
 if TYPE_CHECKING:
@@ -69,22 +69,6 @@ class MetricsSink:
         (children[2] if refetched else children[1]).inc()
 
 
-class StoredTokensSink:
-    """The attribution's counts into ``kvgateway_stored_tokens_total`` (children resolved once)."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-        self._children: dict[Stream, tuple[Any, ...]] = {}
-
-    def stored(self, stream: Stream, origin: int, tokens: int) -> None:
-        children = self._children.get(stream)
-        if children is None:
-            counter = self._metrics.stored_tokens
-            children = tuple(counter.labels(stream[0], str(stream[1]), name) for name in ORIGINS)
-            self._children[stream] = children
-        children[origin].inc(tokens)
-
-
 class Activity:
     """Follows the log: when each stream's last batch (and last live batch) was received."""
 
@@ -110,8 +94,9 @@ class DashboardData:
         self.history = history if history is not None else History()
         self.activity = Activity()
         self.analytics = CacheAnalytics(MetricsSink(gateway.metrics), gateway.settings.refetch_window)
-        self.attribution = Attribution(gateway.settings.refetch_window, StoredTokensSink(gateway.metrics))
+        self.attribution = Attribution(gateway.settings.refetch_window)
         gateway.index.observe(self.attribution)
+        gateway.metrics.streams.add(self.attribution)
         gateway.log.follow(self.activity.follow)
         gateway.log.follow(self.analytics.follow)
         self._task: asyncio.Task[None] | None = None

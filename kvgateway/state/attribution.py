@@ -37,12 +37,13 @@ occupancy index's (one refcount per distinct resident block).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from kvgateway.engine.mediums import medium_tier
-from kvgateway.engine.wire import BlockStored, Hash, Stream
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Hash, Stream
+from kvgateway.runtime.metrics import StreamFamilies
 from kvgateway.state.history import ORIGINS
 from kvgateway.state.learner import block_digests
 from kvgateway.state.occupancy import StreamIndex
@@ -59,19 +60,56 @@ RECENT_SECONDS: Final = 300
 BUCKET_SECONDS: Final = 10
 _BUCKETS: Final = RECENT_SECONDS // BUCKET_SECONDS
 _SECOND_CHANCES: Final = 4
+_EVICTION_BUCKETS: Final = 6
 _HASHES_PER_CONTENT: Final = 4
 _M64: Final = (1 << 64) - 1
 
 
-class Sink(Protocol):
-    """Where counts go as they happen (the Prometheus counter)."""
+class Evictions:
+    """One stream's GPU evictions of the last window: ``hash -> engine time`` in buckets of a sixth
+    of the window, so that an eviction costs a C-level dict update and expiry drops whole buckets."""
 
-    def stored(self, stream: Stream, origin: int, tokens: int) -> None: ...
+    __slots__ = ("_buckets", "dropped", "size", "span")
 
+    def __init__(self, window: float) -> None:
+        self.span = window / _EVICTION_BUCKETS
+        self._buckets: deque[tuple[int, dict[Hash, float]]] = deque()
+        self.size = 0
+        """Entries held (a hash evicted twice within the window may count twice)."""
+        self.dropped = 0
+        """Evictions forgotten at the bound before the window ended."""
 
-class _NullSink:
-    def stored(self, stream: Stream, origin: int, tokens: int) -> None:
-        pass
+    def add(self, hashes: list[Hash], ts: float, window: float, bound: int) -> None:
+        buckets = self._buckets
+        at = int(ts // self.span)
+        if not buckets or buckets[-1][0] < at:
+            buckets.append((at, {}))
+        newest = buckets[-1][1]  # a clock that stepped back files into the newest bucket
+        before = len(newest)
+        newest.update(dict.fromkeys(hashes, ts))
+        self.size += len(newest) - before
+        while len(buckets) > 1 and (buckets[0][0] + 1) * self.span < ts - window:
+            self.size -= len(buckets.popleft()[1])
+        while self.size > bound:
+            oldest = buckets.popleft()[1] if len(buckets) > 1 else buckets[0][1]
+            self.size -= len(oldest)
+            self.dropped += len(oldest)
+            oldest.clear()
+
+    def none_of(self, hashes: list[Hash]) -> bool:
+        return all(table.keys().isdisjoint(hashes) for _at, table in self._buckets)
+
+    def take(self, h: Hash) -> float | None:
+        """When ``h`` was last evicted (None: not within the window, or forgotten); forgets it."""
+        for _at, table in reversed(self._buckets):
+            evicted_at = table.pop(h, None)
+            if evicted_at is not None:
+                self.size -= 1
+                return evicted_at
+        return None
+
+    def __len__(self) -> int:
+        return self.size
 
 
 def _zeros() -> list[int]:
@@ -87,20 +125,18 @@ class Account:
         "bucket_at",
         "buckets",
         "evicted",
-        "evicted_dropped",
         "tokens",
         "unattributed_blocks",
         "unattributed_tokens",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, window: float = DEFAULT_REFETCH_WINDOW_SECONDS) -> None:
         self.tokens = _zeros()
         self.blocks = _zeros()
         self.unattributed_tokens = 0
         self.unattributed_blocks = 0
         self.block_size = 0
-        self.evicted: OrderedDict[Hash, float] = OrderedDict()
-        self.evicted_dropped = 0
+        self.evicted = Evictions(window)
         self.bucket_at = [-1] * _BUCKETS
         self.buckets = [_zeros() for _ in range(_BUCKETS)]
 
@@ -239,21 +275,19 @@ class Attribution:
     def __init__(
         self,
         refetch_window: float = DEFAULT_REFETCH_WINDOW_SECONDS,
-        sink: Sink | None = None,
         max_evicted: int = MAX_EVICTED,
         max_content: int = MAX_CONTENT,
     ) -> None:
         self.refetch_window = refetch_window
         self.max_evicted = max_evicted
         self.content = ContentKeys(max_content)
-        self._sink: Sink = sink if sink is not None else _NullSink()
         self._accounts: dict[Stream, Account] = {}
         self._gpu: dict[str | None, bool] = {}
 
     def account(self, stream: Stream) -> Account:
         account = self._accounts.get(stream)
         if account is None:
-            account = self._accounts[stream] = Account()
+            account = self._accounts[stream] = Account(self.refetch_window)
         return account
 
     def _is_gpu(self, medium: str | None) -> bool:
@@ -263,6 +297,52 @@ class Attribution:
             if len(self._gpu) < 256:  # medium names are not trusted: a bounded cache
                 self._gpu[medium] = gpu
         return gpu
+
+    def batch(self, index: StreamIndex, batch: Batch, now: float) -> bool:
+        """The whole batch at once when every GPU store in it is ``new`` (or the stream is stale):
+        one pass over the events and a few C-level set tests, no call per event. False: the
+        index tells :meth:`stored` and :meth:`removed` of each event instead."""
+        stores: list[Hash] = []
+        evicted: list[Hash] = []
+        tokens = 0
+        account = self.account((index.source, index.dp_rank))
+        content = self.content
+        probe = len(self._accounts) > 1  # a second hash family needs a second stream
+        gpu_of = self._gpu
+        for event in batch.events:
+            if type(event) is BlockStored:
+                hashes = event.block_hashes
+                gpu = gpu_of.get(event.medium)
+                if hashes and (gpu if gpu is not None else self._is_gpu(event.medium)):
+                    if event.token_ids and (
+                        content.active or (probe and event.parent_block_hash is None and content.keys_of(event))
+                    ):
+                        return False  # contents to compare
+                    if event.block_size > 0:
+                        account.block_size = event.block_size
+                    stores += hashes
+                    tokens += len(hashes) * account.block_size
+            elif type(event) is BlockRemoved:
+                gpu = gpu_of.get(event.medium)
+                if gpu if gpu is not None else self._is_gpu(event.medium):
+                    evicted += event.block_hashes
+            elif type(event) is AllBlocksCleared:
+                return False
+        if index.stale:
+            account.unattributed_blocks += len(stores)
+            account.unattributed_tokens += tokens
+        elif stores:
+            if not (
+                index.fleet_holds_none(stores)
+                and (not account.evicted.size or account.evicted.none_of(stores))
+                and (not evicted or set(evicted).isdisjoint(stores))
+                and len(set(stores)) == len(stores)
+            ):
+                return False
+            account.add(NEW, len(stores), tokens, now)
+        if evicted:
+            account.evicted.add(evicted, batch.ts, self.refetch_window, self.max_evicted)
+        return True
 
     def stored(self, index: StreamIndex, event: BlockStored, ts: float, now: float) -> None:
         hashes = event.block_hashes
@@ -277,9 +357,9 @@ class Attribution:
             account.unattributed_blocks += len(hashes)
             account.unattributed_tokens += len(hashes) * size
             return
-        keys = self.content.keys_of(event) if event.token_ids else None
+        keys = self.content.keys_of(event) if event.token_ids and len(self._accounts) > 1 else None
         evicted = account.evicted
-        if keys is None and index.fleet_holds_none(hashes) and (not evicted or evicted.keys().isdisjoint(hashes)):
+        if keys is None and index.fleet_holds_none(hashes) and (not evicted.size or evicted.none_of(hashes)):
             self._count(stream, account, NEW, len(hashes), now)  # the common case, in C
             return
         counts = _zeros()
@@ -312,7 +392,7 @@ class Attribution:
                 own += 1
         if offloaded:
             return OFFLOADED
-        evicted_at = account.evicted.pop(h, None)
+        evicted_at = account.evicted.take(h)
         if evicted_at is not None and ts - evicted_at <= self.refetch_window:
             return REFETCH
         if index.fleet_holders(h) > own:
@@ -324,28 +404,25 @@ class Attribution:
         return NEW
 
     def _count(self, stream: Stream, account: Account, origin: int, blocks: int, now: float) -> None:
-        tokens = blocks * account.block_size
-        account.add(origin, blocks, tokens, now)
-        self._sink.stored(stream, origin, tokens)
+        account.add(origin, blocks, blocks * account.block_size, now)
 
     def removed(self, index: StreamIndex, medium: str | None, hashes: list[Hash], ts: float) -> None:
         """GPU evictions, remembered for the window (a block still held elsewhere in the stream is
         remembered too: it is a ``hit`` first when stored again)."""
         if not hashes or not self._is_gpu(medium):
             return
-        account = self.account((index.source, index.dp_rank))
-        evicted = account.evicted
-        evicted.update(dict.fromkeys(hashes, ts))
-        oldest = ts - self.refetch_window
-        while evicted and next(iter(evicted.values())) < oldest:
-            evicted.popitem(last=False)
-        while len(evicted) > self.max_evicted:
-            evicted.popitem(last=False)
-            account.evicted_dropped += 1
+        self.account((index.source, index.dp_rank)).evicted.add(hashes, ts, self.refetch_window, self.max_evicted)
+
+    def export(self, families: StreamFamilies) -> None:
+        """``kvgateway_stored_tokens_total`` per stream and origin, at scrape time (nothing per batch)."""
+        for (source, dp_rank), account in sorted(self._accounts.items()):
+            labels = (source, str(dp_rank))
+            for name, tokens in zip(ORIGINS, account.tokens, strict=True):
+                families.add("stored_tokens", (*labels, name), tokens)
 
     def tracked(self) -> tuple[int, int]:
         """(entries held, their bound): evictions per stream, content keys once comparing."""
-        held = sum(len(a.evicted) for a in self._accounts.values()) + len(self.content)
+        held = sum(a.evicted.size for a in self._accounts.values()) + len(self.content)
         bound = self.max_evicted * len(self._accounts) + (self.content.max_content if self.content.active else 0)
         return held, bound
 
@@ -370,8 +447,8 @@ class Attribution:
             "routing_miss_share": shares(recent)["elsewhere"],
             "unattributed_tokens": account.unattributed_tokens,
             "unattributed_blocks": account.unattributed_blocks,
-            "evicted_tracked": len(account.evicted),
-            "evicted_dropped": account.evicted_dropped,
+            "evicted_tracked": account.evicted.size,
+            "evicted_dropped": account.evicted.dropped,
         }
 
     def to_json(self, indexes: Iterable[StreamIndex], now: float) -> dict[str, Any]:

@@ -91,7 +91,11 @@ class MediumStats:
 
 class StoreObserver(Protocol):
     """Told of every store before the index applies it, and of every remove after (the prefill
-    attribution, :mod:`kvgateway.state.attribution`): it sees the state the event changes."""
+    attribution, :mod:`kvgateway.state.attribution`): it sees the state the event changes. First
+    of the whole batch: when :meth:`batch` returns True, it accounted for the batch at once (the
+    common case, cheaper) and is not told of its events."""
+
+    def batch(self, index: StreamIndex, batch: Batch, now: float) -> bool: ...
 
     def stored(self, index: StreamIndex, event: BlockStored, ts: float, now: float) -> None: ...
 
@@ -134,8 +138,12 @@ class _Group:
                     if n > 1:
                         extra[h] = extra.get(h, 0) + n - 1
                 hashes = list(dict.fromkeys(hashes))
-            if self.fleet is not None:
-                self.fleet.store(hashes)
+            fleet = self.fleet
+            if fleet is not None:
+                if fleet.blocks.isdisjoint(hashes):
+                    fleet.blocks.update(hashes)  # held nowhere else: one C call
+                else:
+                    fleet.store(hashes)
             return
         extra = self.extra
         entered = []
@@ -157,11 +165,19 @@ class _Group:
         if not extra or extra.keys().isdisjoint(hashes):
             # No extra references involved: a set difference has the sequential semantics
             # (a repeated hash drops the block once; its second mention is unknown).
-            gone = blocks.intersection(hashes)
-            blocks.difference_update(gone)
-            if self.fleet is not None and gone:
-                self.fleet.remove(list(gone))
-            return len(hashes) - len(gone)
+            before = len(blocks)
+            fleet = self.fleet
+            if fleet is None:
+                blocks.difference_update(hashes)
+            elif not fleet.extra and blocks.issuperset(hashes):
+                # the common case: every hash leaves, and no other group holds any: two C calls
+                blocks.difference_update(hashes)
+                fleet.blocks.difference_update(hashes)
+            else:
+                gone = blocks.intersection(hashes)
+                blocks.difference_update(gone)
+                fleet.remove(list(gone))
+            return len(hashes) - (before - len(blocks))
         unknown = 0
         left = []
         for h in hashes:
@@ -334,6 +350,8 @@ class StreamIndex:
         live = not replayed
         routes = self._routes
         observer = self.observer
+        if observer is not None and observer.batch(self, batch, now):
+            observer = None
         for event in batch.events:
             if type(event) is BlockStored or type(event) is BlockRemoved:
                 extra = event.extra

@@ -86,6 +86,14 @@ def test_hit_beats_offloaded_beats_refetch_beats_elsewhere() -> None:
     assert fleet.tokens("a") == {"elsewhere": 4, "offloaded": 4, "hit": 4}
 
 
+def test_events_of_one_batch_see_the_ones_before_them() -> None:
+    fleet = Fleet()
+    fleet.apply("a", stored(1, 2), removed(1), stored(1), stored(3), stored(3))
+    assert fleet.tokens("a") == {"new": 12, "refetch": 4, "hit": 4}
+    fleet.apply("b", stored(7), stored(8), removed(9, medium="CPU"))  # all new: accounted at once
+    assert fleet.tokens("b") == {"new": 8}
+
+
 def test_a_block_held_only_by_a_stream_that_evicted_it_is_new() -> None:
     fleet = Fleet()
     fleet.apply("b", stored(5))
@@ -96,12 +104,13 @@ def test_a_block_held_only_by_a_stream_that_evicted_it_is_new() -> None:
 
 def test_same_content_under_another_hash_family_is_elsewhere() -> None:
     fleet = Fleet()
+    fleet.apply("b", stored(99))  # new; one stream alone never looks for a second hash family
     prompt = list(range(100, 112))  # three blocks
     fleet.apply("a", stored(11, 12, 13, tokens=prompt))
     # b hashes with another seed: the same first block's content under another hash shows the second family
     fleet.apply("b", stored(21, 22, 23, tokens=prompt))
     assert fleet.attribution.content.active
-    assert fleet.tokens("b") == {"elsewhere": 4, "new": 8}  # a's chain before the start: its root only
+    assert fleet.tokens("b") == {"elsewhere": 4, "new": 12}  # a's chain before the start: its root only
     # from then on, every level meets: a chain announced in two events, under a third seed
     fleet.apply("a", stored(31, tokens=list(range(200, 204))))
     fleet.apply("a", stored(32, 33, parent=31, tokens=list(range(204, 212))))
@@ -153,14 +162,17 @@ def test_the_eviction_memory_is_bounded() -> None:
     fleet = Fleet(max_evicted=3)
     fleet.apply("a", stored(*range(1, 11)), ts=0.0)
     fleet.apply("a", removed(*range(1, 11)), ts=1.0)
+    fleet.apply("a", removed(*range(11, 14)), ts=20.0)  # the next bucket: the first is forgotten at the bound
     account = fleet.attribution.account(("a", 0))
-    assert list(account.evicted) == [8, 9, 10]
-    assert account.evicted_dropped == 7
+    assert (account.evicted.size, account.evicted.dropped) == (3, 10)
     assert fleet.attribution.tracked() == (3, 3)
+    fleet.apply("a", stored(5, 12), ts=21.0)
+    assert fleet.tokens("a") == {"new": 44, "refetch": 4}
 
 
 def test_the_content_table_is_bounded_and_keeps_blocks_still_held() -> None:
     fleet = Fleet(max_content=4)
+    fleet.apply("b", stored(99))
     fleet.apply("a", stored(1, tokens=[9, 9, 9, 9]))
     fleet.apply("b", stored(2, tokens=[9, 9, 9, 9]))  # second family: comparing
     for root in range(10, 20):
