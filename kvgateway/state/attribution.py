@@ -37,7 +37,8 @@ occupancy index's (one refcount per distinct resident block).
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import math
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -60,56 +61,48 @@ RECENT_SECONDS: Final = 300
 BUCKET_SECONDS: Final = 10
 _BUCKETS: Final = RECENT_SECONDS // BUCKET_SECONDS
 _SECOND_CHANCES: Final = 4
-_EVICTION_BUCKETS: Final = 6
 _HASHES_PER_CONTENT: Final = 4
 _M64: Final = (1 << 64) - 1
 
 
 class Evictions:
-    """One stream's GPU evictions of the last window: ``hash -> engine time`` in buckets of a sixth
-    of the window, so that an eviction costs a C-level dict update and expiry drops whole buckets."""
+    """One stream's GPU evictions of the last window: ``hash -> engine time`` in two generations of
+    one window each (the current one and the one before), so that an eviction costs a C-level dict
+    update, a lookup two, and expiry drops a whole generation."""
 
-    __slots__ = ("_buckets", "dropped", "size", "span")
+    __slots__ = ("current", "dropped", "previous", "since")
 
-    def __init__(self, window: float) -> None:
-        self.span = window / _EVICTION_BUCKETS
-        self._buckets: deque[tuple[int, dict[Hash, float]]] = deque()
-        self.size = 0
-        """Entries held (a hash evicted twice within the window may count twice)."""
+    def __init__(self) -> None:
+        self.current: dict[Hash, float] = {}
+        self.previous: dict[Hash, float] = {}
+        self.since = -math.inf
+        """The engine time the current generation started."""
         self.dropped = 0
         """Evictions forgotten at the bound before the window ended."""
 
+    @property
+    def size(self) -> int:
+        return len(self.current) + len(self.previous)
+
     def add(self, hashes: list[Hash], ts: float, window: float, bound: int) -> None:
-        buckets = self._buckets
-        at = int(ts // self.span)
-        if not buckets or buckets[-1][0] < at:
-            buckets.append((at, {}))
-        newest = buckets[-1][1]  # a clock that stepped back files into the newest bucket
-        before = len(newest)
-        newest.update(dict.fromkeys(hashes, ts))
-        self.size += len(newest) - before
-        while len(buckets) > 1 and (buckets[0][0] + 1) * self.span < ts - window:
-            self.size -= len(buckets.popleft()[1])
-        while self.size > bound:
-            oldest = buckets.popleft()[1] if len(buckets) > 1 else buckets[0][1]
-            self.size -= len(oldest)
-            self.dropped += len(oldest)
-            oldest.clear()
+        if ts - self.since > window:  # the previous generation is older than the window now
+            self.previous, self.current, self.since = self.current, {}, ts
+        self.current.update(dict.fromkeys(hashes, ts))
+        if len(self.current) + len(self.previous) > bound:
+            self.dropped += len(self.previous)
+            self.previous = {}
+            if len(self.current) > bound:
+                self.dropped += len(self.current)
+                self.current = {}
 
     def none_of(self, hashes: list[Hash]) -> bool:
-        return all(table.keys().isdisjoint(hashes) for _at, table in self._buckets)
+        return self.current.keys().isdisjoint(hashes) and self.previous.keys().isdisjoint(hashes)
 
     def take(self, h: Hash) -> float | None:
-        """When ``h`` was last evicted (None: not within the window, or forgotten); forgets it."""
-        for _at, table in reversed(self._buckets):
-            evicted_at = table.pop(h, None)
-            if evicted_at is not None:
-                self.size -= 1
-                return evicted_at
-        return None
-
-    def __len__(self) -> int:
-        return self.size
+        """When ``h`` was last evicted (None: not remembered); forgets it."""
+        evicted_at = self.current.pop(h, None)
+        previous = self.previous.pop(h, None)
+        return previous if evicted_at is None else evicted_at
 
 
 def _zeros() -> list[int]:
@@ -130,13 +123,13 @@ class Account:
         "unattributed_tokens",
     )
 
-    def __init__(self, window: float = DEFAULT_REFETCH_WINDOW_SECONDS) -> None:
+    def __init__(self) -> None:
         self.tokens = _zeros()
         self.blocks = _zeros()
         self.unattributed_tokens = 0
         self.unattributed_blocks = 0
         self.block_size = 0
-        self.evicted = Evictions(window)
+        self.evicted = Evictions()
         self.bucket_at = [-1] * _BUCKETS
         self.buckets = [_zeros() for _ in range(_BUCKETS)]
 
@@ -282,12 +275,13 @@ class Attribution:
         self.max_evicted = max_evicted
         self.content = ContentKeys(max_content)
         self._accounts: dict[Stream, Account] = {}
+        self._by_index: dict[StreamIndex, Account] = {}  # the same accounts, one lookup on the hot path
         self._gpu: dict[str | None, bool] = {}
 
     def account(self, stream: Stream) -> Account:
         account = self._accounts.get(stream)
         if account is None:
-            account = self._accounts[stream] = Account(self.refetch_window)
+            account = self._accounts[stream] = Account()
         return account
 
     def _is_gpu(self, medium: str | None) -> bool:
@@ -305,7 +299,9 @@ class Attribution:
         stores: list[Hash] = []
         evicted: list[Hash] = []
         tokens = 0
-        account = self.account((index.source, index.dp_rank))
+        account = self._by_index.get(index)
+        if account is None:
+            account = self._by_index[index] = self.account((index.source, index.dp_rank))
         content = self.content
         probe = len(self._accounts) > 1  # a second hash family needs a second stream
         gpu_of = self._gpu
@@ -332,11 +328,12 @@ class Attribution:
             account.unattributed_blocks += len(stores)
             account.unattributed_tokens += tokens
         elif stores:
+            distinct = set(stores)
             if not (
-                index.fleet_holds_none(stores)
-                and (not account.evicted.size or account.evicted.none_of(stores))
-                and (not evicted or set(evicted).isdisjoint(stores))
-                and len(set(stores)) == len(stores)
+                len(distinct) == len(stores)  # a block stored twice in one batch: the second sees the first
+                and index.fleet_holds_none(stores)
+                and account.evicted.none_of(stores)
+                and distinct.isdisjoint(evicted)
             ):
                 return False
             account.add(NEW, len(stores), tokens, now)
@@ -359,7 +356,7 @@ class Attribution:
             return
         keys = self.content.keys_of(event) if event.token_ids and len(self._accounts) > 1 else None
         evicted = account.evicted
-        if keys is None and index.fleet_holds_none(hashes) and (not evicted.size or evicted.none_of(hashes)):
+        if keys is None and index.fleet_holds_none(hashes) and evicted.none_of(hashes):
             self._count(stream, account, NEW, len(hashes), now)  # the common case, in C
             return
         counts = _zeros()
