@@ -131,6 +131,7 @@ class Settings:
     max_concurrent_replays: int = 4
     keepalive_seconds: float = 15.0
     max_learned_blocks: int = 2_000_000
+    refetch_window: float = 60.0
     lookup_rate: float = 1000.0
     lookup_burst: int = 200
     max_snapshots: int = 4
@@ -515,6 +516,14 @@ OPTIONS: tuple[Option, ...] = (
         f"ceiling of learned token chains for lookups by token_ids (the cap follows the fleet: "
         f"{LEARNED_PER_RESIDENT:g} per resident block, at least {LEARNED_FLOOR}); 0 = off (default 2000000)",
         (0, 2**32),
+    ),
+    Option(
+        "refetch_window",
+        float,
+        "limits",
+        "seconds within which a block evicted and stored again counts as a refetch (default 60)",
+        (1, 86_400),
+        metavar="SECONDS",
     ),
     Option(
         "lookup_rate",

@@ -78,6 +78,7 @@ import {
   troubleCounts,
 } from "./health.js";
 import { FleetTable } from "./fleet-table.js";
+import { PrefillView } from "./prefill.js";
 import { kindText, reasonText } from "./reasons.js";
 
 const $ = (sel, root = document) => root.querySelector(sel);
@@ -108,6 +109,7 @@ function sortMediums(list) {
 }
 
 const streamKey = (source, rank) => `${source}\u0000${rank}`;
+const prefill = new PrefillView(tid("prefill")); // "where prefill goes" (static/prefill.js)
 
 // ---------------------------------------------------------------------------------------------
 // state
@@ -374,6 +376,7 @@ function pointOcc(p) {
 
 function applyHistory(doc, full) {
   if (!doc || !Array.isArray(doc.streams)) return;
+  prefill.applyHistory(doc, full, streamKey);
   state.historyWantFull = false;
   if (full || doc.epoch !== state.historyEpoch) {
     state.history.clear();
@@ -888,6 +891,7 @@ function renderFrame() {
   if (d.charts) {
     d.charts = false;
     renderCharts();
+    prefill.render();
   }
   if (d.notices) {
     d.notices = false;
@@ -981,6 +985,7 @@ function streamFacts(key, row) {
     lag: lagFresh ? src.lag_seconds : null,
     restarts,
     lost: src && src.counters && typeof src.counters.unrecovered === "number" ? src.counters.unrecovered : null,
+    miss: prefill.missShare(key),
   };
 }
 

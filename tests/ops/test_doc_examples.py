@@ -34,6 +34,7 @@ VENV_BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
 OTHER_TOOLS_FLAGS = {
     "--kv-events-config": "vllm serve",
     "--data-parallel-size": "vllm serve",
+    "--prefix-caching-hash-algo": "vllm serve",
     "--experimental-websocket": "node",
     "--build": "docker compose up",
     "--strict": "mypy",
