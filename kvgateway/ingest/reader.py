@@ -313,7 +313,7 @@ class StreamReader:
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._peers += 1
             if self._peers == 1:
-                self._outlet.connection(True, "connected")
+                self._outlet.connection(True, "connected", "connected")
                 # Catch up, or check that the engine behind the socket is the one we were reading.
                 self._apply(self.sequencer.on_connected(), self._clock())
         elif event == zmq.EVENT_DISCONNECTED:
@@ -323,8 +323,8 @@ class StreamReader:
                 # old connection's, so a restarted engine's batches are never mistaken for it.
                 self._drain_live()
                 self.sequencer.on_disconnected()
-                self._outlet.connection(False, "disconnected")
+                self._outlet.connection(False, "disconnected", "disconnected")
         elif event == zmq.EVENT_CONNECT_RETRIED and self._peers == 0:
-            self._outlet.connection(False, "connection refused, retrying")
+            self._outlet.connection(False, "connection refused, retrying", "retrying")
         elif event == zmq.EVENT_BIND_FAILED:
-            self._outlet.connection(False, "bind failed")
+            self._outlet.connection(False, "bind failed", "bind_failed")

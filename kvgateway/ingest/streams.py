@@ -24,6 +24,7 @@ from kvgateway.engine.wire import Stream
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.ingest.reader import StreamReader
 from kvgateway.log.ordered import Log
+from kvgateway.log.status import ConnectionCode
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.startup import StartupError
 
@@ -179,7 +180,7 @@ class Ingest:
         why = await diagnose_connect(outlet.config.endpoint)
         if outlet.status.connected:
             return  # it came up meanwhile
-        outlet.diagnosed(why or reason)
+        outlet.diagnosed(*(why or (reason, "retrying")))
         self._log_connection(outlet, False, outlet.status.down_reason)
 
     def _log_connection(self, outlet: StreamOutlet, connected: bool, reason: str) -> None:
@@ -215,10 +216,10 @@ def _zmq_failure(stream: StreamConfig, exc: zmq.ZMQError) -> str:
     return f"source {stream.source!r} rank {stream.dp_rank}: cannot {verb} {stream.endpoint}: {reason}{hint}"
 
 
-async def diagnose_connect(endpoint: str, within: float = 3.0) -> str | None:
-    """Why a TCP connection to ``endpoint`` fails, as the OS says it: the name does not resolve,
-    connection refused, no answer... None when a TCP connection works (the engine is up again,
-    or speaks no ZeroMQ)."""
+async def diagnose_connect(endpoint: str, within: float = 3.0) -> tuple[str, ConnectionCode] | None:
+    """Why a TCP connection to ``endpoint`` fails, as the OS says it (the name does not resolve,
+    connection refused, no answer...), with its code. None when a TCP connection works (the
+    engine is up again, or speaks no ZeroMQ)."""
     parts = split_tcp(endpoint)
     if parts is None or not parts[1].isdigit():
         return None
@@ -227,18 +228,18 @@ async def diagnose_connect(endpoint: str, within: float = 3.0) -> str | None:
     try:
         infos = await asyncio.wait_for(loop.getaddrinfo(host, int(port), type=socket.SOCK_STREAM), within)
     except TimeoutError:
-        return f"cannot resolve host {host!r}: no answer from DNS within {within:g} s"
+        return f"cannot resolve host {host!r}: no answer from DNS within {within:g} s", "unresolved"
     except socket.gaierror as exc:
-        return f"cannot resolve host {host!r}: {str(exc.strerror or exc).lower()}"
+        return f"cannot resolve host {host!r}: {str(exc.strerror or exc).lower()}", "unresolved"
     # As ZeroMQ does without IPV6 set: IPv4 addresses of a name, the address itself for a literal.
     family = socket.AF_INET6 if is_ipv6(endpoint) else socket.AF_INET
     addresses = [info[4] for info in infos if info[0] == family] or [infos[0][4]]
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(str(addresses[0][0]), int(port)), within)
     except TimeoutError:
-        return f"no answer from {endpoint} within {within:g} s, retrying"
+        return f"no answer from {endpoint} within {within:g} s, retrying", "no_answer"
     except OSError as exc:
         text = os.strerror(exc.errno).lower() if exc.errno else str(exc)
-        return f"{text}, retrying"
+        return f"{text}, retrying", "refused" if exc.errno == errno.ECONNREFUSED else "unreachable"
     writer.close()
     return None
