@@ -1681,7 +1681,7 @@ def test_invalid_query_parameters_are_a_400_before_any_stream(live: Gateway) -> 
 
 ROUTES_ACCEPT = {
     "/v1/events": "source, dp_rank, type, medium, last_event_id, snapshot, compat, token",
-    "/v1/sources": "source, dp_rank, token",
+    "/v1/sources": "source, dp_rank, compat, token",
     "/v1/occupancy": "source, dp_rank, token",
     "/v1/analytics": "source, dp_rank, token",
     "/v1/history": "source, dp_rank, medium, since, step, token",
@@ -1728,6 +1728,20 @@ def test_every_route_refuses_a_parameter_it_does_not_take_and_lists_what_it_take
     after = rejections(live)
     counted = sum(after[(t, "bad_request")] - before[(t, "bad_request")] for t in ("http", "sse"))
     assert counted == refused
+
+
+def test_sources_gives_last_seq_as_a_string_and_as_a_number_only_with_compat_int_seqs(live: Gateway) -> None:
+    live.wait_last_seq("qwen", 1)
+    plain, numbers = live.get("/v1/sources").json(), live.get("/v1/sources?compat=int_seqs").json()
+    assert {type(s["last_seq"]) for s in plain["sources"]} == {str}
+    assert all(s["last_seq"].isdigit() for s in plain["sources"])
+    assert {type(s["last_seq"]) for s in numbers["sources"]} == {int}
+    assert _keys(numbers["sources"]) == _keys(plain["sources"])
+    refused = live.get("/v1/sources?compat=ints")
+    assert (refused.status_code, refused.json()) == (
+        400,
+        {"error": "compat: expected gap_last or int_seqs, got 'ints'"},
+    )
 
 
 def _keys(entries: list[dict[str, Any]]) -> list[tuple[str, int]]:
