@@ -418,12 +418,13 @@ def with_int_seqs(message: OutMessage) -> OutMessage:
     variant = message._int_seqs
     if variant is None:
         data = message.data
-        if message.type == BATCH:
-            start = data.find(_SEQ_KEY) + len(_SEQ_KEY)
+        at = data.find(_SEQ_KEY) if message.type == BATCH else -1
+        if at >= 0:
+            start = at + len(_SEQ_KEY)
             end = data.index(b'"', start)
             data = b"".join((data[: start - 1], data[start:end], data[end + 1 :]))
-        elif message.type == STATE:
-            data = b""  # no seq in it: sent as it is
+        elif message.type not in (NOTICE, HELLO):
+            data = b""  # no seq in it (state, digest, ...): sent as it is
         else:
             body = msgspec.json.decode(data)
             changed = _encoder.encode(int_seqs_body(body))

@@ -553,6 +553,8 @@ def test_the_int_seqs_variant_of_a_batch_unquotes_its_seq_only() -> None:
     variant = messages.with_int_seqs(encoded.message)
     assert json.loads(variant.data) == {**json.loads(text), "seq": TRT_SEQ}
     assert (variant.id, variant.type) == (encoded.message.id, "batch")
+    state = OutMessage(b'{"type":"state","offset":3,"last":true}', "state")
+    assert messages.with_int_seqs(state) is state  # no seq in it: the message itself
 
 
 @pytest.mark.parametrize(
