@@ -47,14 +47,14 @@ ConnectionCode: TypeAlias = Literal[
 ``up`` / ``down`` notices and of a stream's status (docs/protocol.md lists what each means).
 A closed vocabulary: a new code is a new release's."""
 CONNECTION_CODES: Final[tuple[str, ...]] = get_args(ConnectionCode)
+_CODES: Final[dict[str, ConnectionCode]] = {code: code for code in get_args(ConnectionCode)}
 NEVER_CONNECTED: Final = "never connected"
 
 
 def connection_code(value: object, connected: bool) -> ConnectionCode:
     """A record's ``reason_code``; a record without one (an older ingest's) gets the broadest."""
-    if isinstance(value, str) and value in CONNECTION_CODES:
-        return value  # type: ignore[return-value]  # checked against the Literal's values
-    return "connected" if connected else "disconnected"
+    code = _CODES.get(value) if isinstance(value, str) else None
+    return code or ("connected" if connected else "disconnected")
 
 
 QUIET_LOSSES = frozenset({"restart"})

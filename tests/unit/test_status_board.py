@@ -63,6 +63,26 @@ def test_a_status_record_replaces_the_status_and_batches_after_it_move_it_on() -
     assert board.not_ready(clock.now) == []
 
 
+def test_the_reason_code_travels_with_the_reason_and_an_older_record_gets_the_broadest() -> None:
+    stream = config()
+    log, board, clock = board_over_log(stream)
+    (entry,) = board.to_json(clock.now)
+    assert (entry["reason"], entry["reason_code"]) == ("never connected", "never_connected")
+    down = report(stream, down_reason="x.invalid does not resolve", down_code="unresolved")
+    log.append(NoticeRecord(stream.key, STATUS, down))
+    (entry,) = board.to_json(clock.now)
+    assert (entry["reason"], entry["reason_code"]) == ("x.invalid does not resolve", "unresolved")
+    older = {
+        name: value for name, value in down.items() if name != "reason_code"
+    }  # an older ingest's, in a cluster's log
+    log.append(NoticeRecord(stream.key, STATUS, older))
+    (entry,) = board.to_json(clock.now)
+    assert (entry["reason"], entry["reason_code"]) == ("x.invalid does not resolve", "disconnected")
+    log.append(NoticeRecord(stream.key, STATUS, report(stream, connected=True)))
+    (entry,) = board.to_json(clock.now)
+    assert (entry["reason"], entry["reason_code"]) == (None, None)
+
+
 def test_staleness_is_the_indexs_from_the_same_notices() -> None:
     stream = config()
     log, board, clock = board_over_log(stream)
