@@ -1657,7 +1657,7 @@ BAD_QUERIES = [
     ("medium=", "medium: expected a medium name (letters, digits, _.:-), got ''"),
     ("type=Block%20Stored", "type: expected an event type name (letters, digits, _.:-), got 'Block Stored'"),
     ("last_event_id=a:1&last_event_id=a:2", "last_event_id: given more than once"),
-    ("compat=gap_until", "compat: expected gap_last, got 'gap_until'"),
+    ("compat=gap_until", "compat: expected gap_last or int_seqs, got 'gap_until'"),
 ]
 
 
