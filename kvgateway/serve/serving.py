@@ -20,6 +20,7 @@ from kvgateway.log.ordered import Log
 from kvgateway.runtime.memory import CollectionTimer
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.startup import StartupError
+from kvgateway.serve.digests import DigestTicker
 from kvgateway.serve.hub import Hub
 from kvgateway.serve.query import ClientRequest
 from kvgateway.serve.router_state import RouterState
@@ -69,6 +70,9 @@ class Serving:
             client_queue_bytes=settings.client_queue_bytes,
             max_clients=settings.max_clients,
         )
+        # monotonic: a step of the wall clock must not hold the digests back
+        self.digests = DigestTicker(self.hub, self.index, lambda: self.board.streams, time.monotonic)
+        """The ``digest`` messages of the clients that asked for them (``digest=SECONDS``)."""
         self.collections = CollectionTimer(metrics.observe_gc_pause)
         """Times the garbage collector's pauses while the gateway runs (kvgateway_gc_pause_seconds)."""
 
@@ -78,11 +82,13 @@ class Serving:
         """What runs beside the log once it is fed: the routers' fleet count and the garbage
         collector's pause timing; :meth:`stop` ends both."""
         self.routers.start(lambda: self.log.last_offset)
+        self.digests.start()
         self.collections.install()
 
     async def stop(self) -> None:
         self.collections.uninstall()
         self.hub.close()
+        await self.digests.stop()
         await self.routers.stop()
 
     # --- checkpoints --------------------------------------------------------------------------

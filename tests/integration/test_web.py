@@ -1680,7 +1680,7 @@ def test_invalid_query_parameters_are_a_400_before_any_stream(live: Gateway) -> 
 
 
 ROUTES_ACCEPT = {
-    "/v1/events": "source, dp_rank, type, medium, last_event_id, snapshot, compat, token",
+    "/v1/events": "source, dp_rank, type, medium, last_event_id, snapshot, compat, digest, token",
     "/v1/sources": "source, dp_rank, compat, token",
     "/v1/occupancy": "source, dp_rank, token",
     "/v1/analytics": "source, dp_rank, token",

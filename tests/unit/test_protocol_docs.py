@@ -25,6 +25,7 @@ TABLES: Final[dict[str, tuple[str, ...]]] = {
     "`batch`": ("batch",),
     "`state`": ("state",),
     "Event fields": ("BlockStored", "BlockRemoved"),
+    "State digest": ("digest",),
 }
 """Per heading of protocol.md, the schema definitions its ``| field | type | meaning |`` table
 describes (an event table: the fields of either event)."""
@@ -256,7 +257,12 @@ BROKEN: Final[list[tuple[str, str, str, str]]] = [
     ("doc", "`reason_code` string (connection", "`reason_code` integer (connection", "up.reason_code"),
     ("doc", "| `up` / `down` | `reason` string,", "| `up` / `down` | `reason` integer,", "down.reason"),
     ("doc", "`last_seq` | string or null (seq)", "`last_seq` | integer or null", "Source status.last_seq"),
-    ("schema", '"pattern": "^[0-9a-f]{16}$"', '"pattern": "^[0-9A-Za-z_-]{1,64}$"', "`hello`.epoch"),
+    (
+        "schema",
+        '"pattern": "^[0-9a-f]{16}$"\n    },\n    "offset"',
+        '"pattern": "^[0-9A-Za-z_-]{1,64}$"\n    },\n    "offset"',
+        "`hello`.epoch",
+    ),
     ("schema", '"enum": ["connected", "disconnected",', '"enum": ["connected", "gone", "disconnected",', "'gone'"),
 ]
 
