@@ -43,8 +43,8 @@ from kvgateway.runtime.metrics import REPLAY_OUTCOMES, REPLAY_PURPOSES, LagHisto
 
 logger = logging.getLogger("kvgateway")
 
-ConnectionHook = Callable[["StreamOutlet", bool, bool, str], None]
-"""Called with (outlet, connected, changed, reason) after each connection report."""
+ConnectionHook = Callable[["StreamOutlet", bool, bool, str, ConnectionCode], None]
+"""Called with (outlet, connected, changed, reason, its code) after each connection report."""
 
 
 class StreamOutlet:
@@ -166,7 +166,7 @@ class StreamOutlet:
             self._reported = False
             self.report()
         if self._on_connection is not None:
-            self._on_connection(self, connected, changed, reason)
+            self._on_connection(self, connected, changed, reason, code)
 
     def diagnosed(self, reason: str, code: ConnectionCode) -> None:
         """Why the stream stays down, as the gateway found out (DNS, refused, no answer): kept as its

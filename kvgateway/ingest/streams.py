@@ -158,7 +158,9 @@ class Ingest:
 
     # --- a stream that stays down -------------------------------------------------------------
 
-    def _connection(self, outlet: StreamOutlet, connected: bool, changed: bool, reason: str) -> None:
+    def _connection(
+        self, outlet: StreamOutlet, connected: bool, changed: bool, reason: str, code: ConnectionCode
+    ) -> None:
         """Log connection changes; find out why a TCP engine stays unreachable (off the loop's path)."""
         config = outlet.config
         if connected or config.bind or not config.endpoint.startswith("tcp://"):
@@ -172,15 +174,15 @@ class Ingest:
         elif key not in self._diagnoses and now - self._diagnosed_at.get(key, -1e9) >= DIAGNOSE_INTERVAL_SECONDS:
             # ZeroMQ only says "retrying": find out why (DNS, refused, no answer).
             self._diagnosed_at[key] = now
-            task = asyncio.ensure_future(self._diagnose(outlet, reason))
+            task = asyncio.ensure_future(self._diagnose(outlet, reason, code))
             self._diagnoses[key] = task
             task.add_done_callback(lambda _: self._diagnoses.pop(key, None))
 
-    async def _diagnose(self, outlet: StreamOutlet, reason: str) -> None:
+    async def _diagnose(self, outlet: StreamOutlet, reason: str, code: ConnectionCode) -> None:
         why = await diagnose_connect(outlet.config.endpoint)
         if outlet.status.connected:
             return  # it came up meanwhile
-        outlet.diagnosed(*(why or (reason, "retrying")))
+        outlet.diagnosed(*(why or (reason, code)))  # TCP works: ZeroMQ's own word stands
         self._log_connection(outlet, False, outlet.status.down_reason)
 
     def _log_connection(self, outlet: StreamOutlet, connected: bool, reason: str) -> None:
@@ -219,7 +221,8 @@ def _zmq_failure(stream: StreamConfig, exc: zmq.ZMQError) -> str:
 async def diagnose_connect(endpoint: str, within: float = 3.0) -> tuple[str, ConnectionCode] | None:
     """Why a TCP connection to ``endpoint`` fails, as the OS says it (the name does not resolve,
     connection refused, no answer...), with its code. None when a TCP connection works (the
-    engine is up again, or speaks no ZeroMQ)."""
+    engine is up again, or speaks no ZeroMQ: the reader's monitor tells that, from the failed
+    handshake)."""
     parts = split_tcp(endpoint)
     if parts is None or not parts[1].isdigit():
         return None

@@ -56,7 +56,7 @@ class Rig:
             config,
             self.log,
             clock=self.clock,
-            on_connection=lambda _, up, changed, why: self.connections.append((up, changed, why)),
+            on_connection=lambda _, up, changed, why, code: self.connections.append((up, changed, why)),
         )
         # The serving half's view, from the log alone: what /v1/sources and the metrics show.
         self.board = StatusBoard([config], self.index)
