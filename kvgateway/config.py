@@ -39,6 +39,9 @@ CONFIG_ENV = "KVGATEWAY_CONFIG"
 TOKEN_ENV = "KVGATEWAY_TOKEN"
 SOURCES_ENV = "KVGATEWAY_SOURCES"
 ENV_PREFIX = "KVGATEWAY_"
+NO_EXTENSIONS_ENV = "KVGATEWAY_NO_EXTENSIONS"
+"""Not a setting: set (to anything but empty or 0), the process runs the pure-Python core
+(:mod:`kvgateway.runtime.extensions`)."""
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _MEDIUM = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
@@ -648,11 +651,11 @@ _SERVICE_LINK = re.compile(r"^KVGATEWAY_(SERVICE_|PORT_\d+_)")
 def settings_from_env(env: Mapping[str, str], base: Settings) -> Settings:
     """``KVGATEWAY_*`` variables over ``base``; an unknown ``KVGATEWAY_`` name is an error (a typo
     would otherwise be silently ignored)."""
-    known = {option.env for option in (*OPTIONS, *CLUSTER_OPTIONS)} | {CONFIG_ENV, SOURCES_ENV}
+    known = {option.env for option in (*OPTIONS, *CLUSTER_OPTIONS)} | {CONFIG_ENV, SOURCES_ENV, NO_EXTENSIONS_ENV}
     cluster = {option.env for option in CLUSTER_OPTIONS}  # for resolve_cluster
     changes: dict[str, Any] = {}
     for name in sorted(env):
-        if not name.startswith(ENV_PREFIX) or name == CONFIG_ENV or _SERVICE_LINK.match(name):
+        if not name.startswith(ENV_PREFIX) or name in (CONFIG_ENV, NO_EXTENSIONS_ENV) or _SERVICE_LINK.match(name):
             continue
         if name == OPTION_BY_KEY["port"].env and env[name].startswith("tcp://"):
             raise ConfigError(
