@@ -1647,7 +1647,7 @@ def test_max_clients(guarded: Gateway) -> None:
     assert after[("ws", "too_many_clients")] - before[("ws", "too_many_clients")] == 1
 
 
-_ACCEPTED = "(accepted: source, dp_rank, type, medium, last_event_id, snapshot, compat, token)"
+_ACCEPTED = "(accepted: source, dp_rank, type, medium, last_event_id, snapshot, compat, digest, token)"
 BAD_QUERIES = [
     ("sources=llama", f"unknown query parameter 'sources' {_ACCEPTED}"),
     ("Source=llama", f"unknown query parameter 'Source' {_ACCEPTED}"),
