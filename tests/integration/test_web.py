@@ -1654,6 +1654,8 @@ BAD_QUERIES = [
     ("dp_rank=-1", "dp_rank: expected a non-negative integer, got '-1'"),
     ("dp_rank=0&dp_rank=one", "dp_rank: expected a non-negative integer, got 'one'"),
     ("source=llama&source=mistral", "source: unknown source 'mistral'"),
+    ("dp_rank=0&dp_rank=99", "dp_rank: no configured stream has rank 99 (ranks: 0-1)"),
+    ("source=qwen&dp_rank=1", "dp_rank: no configured stream of source 'qwen' has rank 1 (ranks: 0)"),
     ("medium=", "medium: expected a medium name (letters, digits, _.:-), got ''"),
     ("type=Block%20Stored", "type: expected an event type name (letters, digits, _.:-), got 'Block Stored'"),
     ("last_event_id=a:1&last_event_id=a:2", "last_event_id: given more than once"),
@@ -1744,6 +1746,31 @@ def test_sources_gives_last_seq_as_a_string_and_as_a_number_only_with_compat_int
     )
 
 
+def test_a_filter_that_names_what_is_not_configured_is_a_400_on_every_route(live: Gateway) -> None:
+    """One rule for source and dp_rank (docs/protocol.md): each value must name what the
+    configuration has, on the REST routes as on the streams (issue 33, item 8: ``dp_rank=99``
+    was a 200 with no streams, ``source=nope`` a 400)."""
+    refusals = {
+        "source=nope": "source: unknown source 'nope'",
+        "dp_rank=99": "dp_rank: no configured stream has rank 99 (ranks: 0-1)",
+        "source=qwen&dp_rank=1": "dp_rank: no configured stream of source 'qwen' has rank 1 (ranks: 0)",
+    }
+
+    async def body() -> None:
+        async with httpx.AsyncClient(base_url=live.base, timeout=10, trust_env=False) as http:
+            for route, accepted in ROUTES_ACCEPT.items():
+                if "dp_rank" not in accepted:
+                    continue
+                for query, error in refusals.items():
+                    response = await _ask(http, route, query)
+                    assert (response.status_code, response.json()) == (400, {"error": error}), (route, query)
+            for query, error in refusals.items():
+                ws_response = await refused_ws(live, query)
+                assert (ws_response.status_code, json.loads(ws_response.body)) == (400, {"error": error}), query
+
+    arun(body())
+
+
 def _keys(entries: list[dict[str, Any]]) -> list[tuple[str, int]]:
     return [(entry["source"], entry["dp_rank"]) for entry in entries]
 
@@ -1755,7 +1782,7 @@ def test_every_per_stream_route_applies_the_streams_source_and_dp_rank(live: Gat
         "source=qwen": [("qwen", 0)],
         "source=llama&dp_rank=1": [("llama", 1)],
         "dp_rank=0": [("llama", 0), ("qwen", 0)],
-        "source=qwen&dp_rank=1": [],
+        "source=llama&source=qwen&dp_rank=1": [("llama", 1)],
     }
 
     async def body() -> None:
