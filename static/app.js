@@ -66,7 +66,7 @@ const COUNTERS = ["gaps", "missed", "replayed", "unrecovered", "restarts", "deco
 // ---------------------------------------------------------------------------------------------
 // small helpers
 
-import { compactFmt, el, fmtDur, fmtInt, fmtPct, fmtRate, fmtTime, intFmt, setText, setVal } from "./format.js";
+import { compactFmt, el, fmtDur, fmtInt, fmtPct, fmtRate, fmtTime, intFmt, seqFmt, setText, setVal } from "./format.js";
 import {
   LAG_FRESH_S,
   RESTART_WINDOW_S,
@@ -840,9 +840,10 @@ function onNotice(msg) {
 /** A notice's own fields as one readable line (restart: seq/previous; gap: the lost range). */
 function noticeDetail(kind, msg) {
   const parts = [];
-  if (kind === "restart" && typeof msg.seq === "number") {
+  // engine seqs are decimal strings (exact beyond 2^53: TensorRT-LLM's are time_ns); shown as sent
+  if (kind === "restart" && typeof msg.seq === "string") {
     parts.push(msg.previous === null || msg.previous === undefined ? `from seq ${msg.seq}` : `seq ${msg.previous} → ${msg.seq}`);
-  } else if (kind === "unrecovered_gap" && typeof msg.first === "number") {
+  } else if (kind === "unrecovered_gap" && typeof msg.first === "string") {
     parts.push(`lost seq ${msg.first}–${msg.until} (${msg.count})`);
   }
   // reason_code repeats the reason for programs. (The dashboard does not ask for compat=gap_last:
@@ -1245,7 +1246,7 @@ function updateCard(key, card, row, f) {
   // a down card says why once: in its health line, when that line says it already
   refs.reason.hidden = !reason || f.health.reason.includes(reason);
   refs.endpoint.title = src && src.replay ? `replay: ${src.replay}` : "no replay endpoint";
-  setVal(refs["last-seq"], src ? src.last_seq : null, src && src.last_seq !== null && src.last_seq !== undefined ? intFmt.format(src.last_seq) : "–");
+  setVal(refs["last-seq"], src ? src.last_seq : null, src && src.last_seq !== null && src.last_seq !== undefined ? seqFmt(src.last_seq) : "–");
   const lag = f.lag;
   setVal(refs.lag, lag, lag === null ? "–" : lag < 10 ? `${lag.toFixed(2)} s` : `${fmtInt(lag)} s`);
   refs.lag.parentElement.classList.toggle("dim-item", lag === null);

@@ -25,7 +25,7 @@ from kvgateway.log.ordered import Log
 from kvgateway.log.resume import resume_after
 from kvgateway.log.ring import Entry
 from kvgateway.runtime.metrics import HubMetrics
-from kvgateway.serve.query import GAP_LAST, ClientRequest, QueryInput, check_ranks, parse_query, route_query
+from kvgateway.serve.query import GAP_LAST, INT_SEQS, ClientRequest, QueryInput, check_ranks, parse_query, route_query
 from kvgateway.serve.subscription import CloseReason, Subscription, Transport
 
 logger = logging.getLogger("kvgateway.hub")
@@ -182,7 +182,8 @@ class Hub:
             recovered=point.recovered,
             limit=self.client_queue_bytes,
             metrics=self.metrics,
-            deprecated_copies=GAP_LAST in request.compat,
+            gap_last=GAP_LAST in request.compat,
+            int_seqs=INT_SEQS in request.compat,
         )
         if request.digest is not None:
             sub.digest_every = request.digest
