@@ -100,12 +100,18 @@ class Role:
     restarts: bool = False
     silent: bool = False
     cpu_offload: bool = False
+    report_hits: bool = False
 
 
 def demo_sources(sockets: Path) -> tuple[SourceConfig, ...]:
     """Three engines at different fill levels and rates: vLLM-style with two DP ranks (rank 1
     clears its cache now and then), an SGLang-style one with CPU offload that restarts now and
     then, and a vLLM-style one that goes silent now and then. Capacities are configured.
+
+    Every origin of the prefill attribution shows within a minute or two: vllm-a's ranks share
+    system prompts and take requests at random (``elsewhere``); sglang-b's 4,096-block GPU cache is
+    too small for its working set (``refetch``) and offloads to CPU (``offloaded``); vllm-c
+    re-announces reused blocks as vLLM's full report mode does (``hit``).
 
     They publish on ipc:// endpoints in a private directory: bound (as vLLM does for ipc),
     local to this machine, and free of port clashes.
@@ -133,7 +139,7 @@ def demo_roles(sources: tuple[SourceConfig, ...]) -> dict[Stream, Role]:
         ("vllm-a", 0): Role(),
         ("vllm-a", 1): Role(rate_factor=0.5, clear_every=CLEAR_EVERY),
         ("sglang-b", 0): Role(restarts=True, cpu_offload=True),
-        (SILENT_SOURCE, 0): Role(rate_factor=0.5, silent=True),
+        (SILENT_SOURCE, 0): Role(rate_factor=0.5, silent=True, report_hits=True),
     }
     return {(s.name, r): roles.get((s.name, r), Role()) for s in sources for r in range(s.dp_size)}
 
@@ -204,6 +210,7 @@ def build_engines(
                     cpu_capacity_blocks=source.capacity_blocks.get("CPU", 8192),
                     clear_every=role.clear_every,
                     stream=rank,
+                    report_hits=role.report_hits,
                 ),
             )
             engines.append((engine, role))

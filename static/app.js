@@ -61,7 +61,7 @@ const COUNTERS = ["gaps", "missed", "replayed", "unrecovered", "restarts", "deco
 // ---------------------------------------------------------------------------------------------
 // small helpers
 
-import { compactFmt, el, fmtDur, fmtInt, fmtPct, fmtRate, fmtTime, intFmt, setText, setVal } from "./format.js";
+import { compactFmt, el, fmtDur, fmtInt, fmtPct, fmtRate, fmtTime, intFmt, seqFmt, setText, setVal } from "./format.js";
 import {
   LAG_FRESH_S,
   RESTART_WINDOW_S,
@@ -73,6 +73,7 @@ import {
   troubleCounts,
 } from "./health.js";
 import { FleetTable } from "./fleet-table.js";
+import { PrefillView } from "./prefill.js";
 import { kindText, reasonText } from "./reasons.js";
 import { KVGatewayClient, parseMessage } from "./client.js";
 
@@ -104,6 +105,7 @@ function sortMediums(list) {
 }
 
 const streamKey = (source, rank) => `${source}\u0000${rank}`;
+const prefill = new PrefillView(tid("prefill")); // "where prefill goes" (static/prefill.js)
 
 // ---------------------------------------------------------------------------------------------
 // state
@@ -366,6 +368,7 @@ function pointOcc(p) {
 
 function applyHistory(doc, full) {
   if (!doc || !Array.isArray(doc.streams)) return;
+  prefill.applyHistory(doc, full, streamKey);
   state.historyWantFull = false;
   if (full || doc.epoch !== state.historyEpoch) {
     state.history.clear();
@@ -640,6 +643,7 @@ function onNotice(msg) {
 /** A notice's own fields as one readable line (restart: seq/previous; gap: the lost range). */
 function noticeDetail(kind, msg) {
   const parts = [];
+  // engine seqs are decimal strings (exact beyond 2^53: TensorRT-LLM's are time_ns); shown as sent
   if (kind === "restart" && typeof msg.seq === "string") {
     parts.push(msg.previous === null || msg.previous === undefined ? `from seq ${msg.seq}` : `seq ${msg.previous} → ${msg.seq}`);
   } else if (kind === "unrecovered_gap" && typeof msg.first === "string") {
@@ -691,6 +695,7 @@ function renderFrame() {
   if (d.charts) {
     d.charts = false;
     renderCharts();
+    prefill.render();
   }
   if (d.notices) {
     d.notices = false;
@@ -784,6 +789,7 @@ function streamFacts(key, row) {
     lag: lagFresh ? src.lag_seconds : null,
     restarts,
     lost: src && src.counters && typeof src.counters.unrecovered === "number" ? src.counters.unrecovered : null,
+    miss: prefill.missShare(key),
   };
 }
 
@@ -930,6 +936,8 @@ function renderFleetFacts(fleet, prefixes) {
   if (fleet && typeof fleet.distinct_blocks === "number" && typeof fleet.shared_blocks === "number") {
     const frac = fleet.distinct_blocks > 0 ? fleet.shared_blocks / fleet.distinct_blocks : null;
     parts.push(`${fmtInt(fleet.shared_blocks)} of ${fmtInt(fleet.distinct_blocks)} distinct blocks held by more than one engine (${fmtPct(frac) || "0%"})`);
+  } else if (fleet === null) {
+    parts.push("blocks held by more than one engine: counting…"); // v1/occupancy's fleet is null while counted
   }
   if (prefixes && typeof prefixes.mean_engines === "number" && prefixes.engines > 1) {
     parts.push(
@@ -1041,7 +1049,7 @@ function updateCard(key, card, row, f) {
   // a down card says why once: in its health line, when that line says it already
   refs.reason.hidden = !reason || f.health.reason.includes(reason);
   refs.endpoint.title = src && src.replay ? `replay: ${src.replay}` : "no replay endpoint";
-  setVal(refs["last-seq"], src ? src.last_seq : null, src && src.last_seq !== null && src.last_seq !== undefined ? intFmt.format(src.last_seq) : "–");
+  setVal(refs["last-seq"], src ? src.last_seq : null, src && src.last_seq !== null && src.last_seq !== undefined ? seqFmt(src.last_seq) : "–");
   const lag = f.lag;
   setVal(refs.lag, lag, lag === null ? "–" : lag < 10 ? `${lag.toFixed(2)} s` : `${fmtInt(lag)} s`);
   refs.lag.parentElement.classList.toggle("dim-item", lag === null);

@@ -5,11 +5,24 @@
 // required, nullable or not, types). Engine seqs are `Seq`: decimal strings, whether the gateway
 // sent strings or (older, or compat=int_seqs) numbers; the client converts them exactly.
 
-/** An engine sequence number (unsigned 64-bit; -1 for "none" in `restart.previous`). */
+/** An engine sequence number (unsigned 64-bit), as a decimal string. */
 export type Seq = string;
 /** A block hash as the stream renders it: decimal digits, or lowercase hex for byte hashes. */
 export type Hash = string;
 export type Tier = "GPU" | "CPU" | "DISK" | "EXTERNAL";
+/** Why a stream's connection is up or down, for programs. */
+export type ConnectionCode =
+  | "connected"
+  | "disconnected"
+  | "retrying"
+  | "refused"
+  | "unresolved"
+  | "no_answer"
+  | "unreachable"
+  | "bind_failed"
+  | "not_zeromq"
+  | "never_connected"
+  | "ingest_unreachable";
 
 /** @schema hello */
 export interface Hello {
@@ -31,6 +44,7 @@ export interface SourceStatus {
   state: "up" | "degraded" | "stale" | "down";
   connected: boolean;
   reason: string | null;
+  reason_code: ConnectionCode | null;
   stale: boolean;
   stale_reason: "history_truncated" | "unrecovered" | "undecodable" | null;
   last_seq: Seq | null;
@@ -62,7 +76,10 @@ export interface BlockStored {
   medium: string | null;
   tier: Tier;
   lora_name: string | null;
+  extra_keys?: unknown[] | null;
   group_idx?: number | null;
+  kv_cache_spec_kind?: string | null;
+  kv_cache_spec_sliding_window?: number | null;
   [further: string]: unknown;
 }
 
@@ -126,8 +143,8 @@ export interface StaleNotice {
   source: string;
   dp_rank: number;
   reason: "history_truncated" | "unrecovered" | "undecodable";
-  seq: Seq | null;
-  detail: string | null;
+  seq: Seq;
+  detail: string;
 }
 
 /** @schema notice_degraded */
@@ -151,6 +168,7 @@ export interface UpDownNotice {
   source: string;
   dp_rank: number;
   reason: string;
+  reason_code: ConnectionCode;
 }
 
 /** @schema notice_status */

@@ -4,8 +4,8 @@
 import { el, fmtDur, fmtInt, fmtPct, fmtRate, setVal } from "./format.js";
 import { STATE_ORDER } from "./health.js";
 
-const COLUMNS = ["stream", "state", "fill", "turnover", "stores", "removes", "age", "lag", "restarts", "lost"];
-const OPTIONAL = new Set(["turnover", "stores", "removes", "lag", "restarts", "lost"]); // hidden on a phone
+const COLUMNS = ["stream", "state", "fill", "turnover", "stores", "removes", "age", "lag", "restarts", "lost", "miss"];
+const OPTIONAL = new Set(["turnover", "stores", "removes", "lag", "restarts", "lost", "miss"]); // hidden on a phone
 
 /** The value a column sorts by (null sorts last either way). */
 function sortValue(f, col) {
@@ -153,6 +153,7 @@ export class FleetTable {
     setVal(cells.lag, f.lag, f.lag === null ? "–" : `${f.lag.toFixed(2)} s`);
     setVal(cells.restarts, f.restarts, fmtInt(f.restarts));
     setVal(cells.lost, f.lost, fmtInt(f.lost));
+    setVal(cells.miss, f.miss === null ? "" : f.miss.toFixed(4), f.miss === null ? "–" : fmtPct(f.miss));
     return tr;
   }
 }

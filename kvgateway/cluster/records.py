@@ -39,6 +39,11 @@ class _Op(msgspec.Struct, array_like=True, gc=False):
     block_size: int
     medium: str | None
     group_idx: int | None
+    # A store's content, for the edge's chain learner and prefill attribution (records written
+    # before these fields decode with the defaults: hashes only).
+    parent: wire.Hash | None = None
+    tokens: list[int] = []
+    lora_name: str | None = None
 
 
 class WireBatch(msgspec.Struct, array_like=True, tag=0, gc=False):
@@ -77,14 +82,19 @@ class RecordError(ValueError):
 def _op(event: wire.Event) -> _Op | None:
     if type(event) is wire.BlockStored or type(event) is wire.BlockRemoved:
         group = event.extra.get("group_idx") if event.extra else None
-        stored = type(event) is wire.BlockStored
-        return _Op(
-            _STORE if stored else _REMOVE,
-            event.block_hashes,
-            event.block_size if type(event) is wire.BlockStored else 0,
-            event.medium,
-            group if type(group) is int else None,
-        )
+        group = group if type(group) is int else None
+        if type(event) is wire.BlockStored:
+            return _Op(
+                _STORE,
+                event.block_hashes,
+                event.block_size,
+                event.medium,
+                group,
+                event.parent_block_hash,
+                event.token_ids,
+                event.lora_name,
+            )
+        return _Op(_REMOVE, event.block_hashes, 0, event.medium, group)
     if type(event) is wire.AllBlocksCleared:
         return _Op(_CLEAR, [], 0, None, None)
     return None
@@ -118,7 +128,9 @@ def encode_record(record: Record, generation: int, after_seq: int = -1) -> bytes
 def _event(op: _Op) -> wire.Event:
     extra = _NO_EXTRA if op.group_idx is None else {"group_idx": op.group_idx}
     if op.kind == _STORE:
-        return wire.BlockStored(op.hashes, None, [], op.block_size, medium=op.medium, extra=extra)
+        return wire.BlockStored(
+            op.hashes, op.parent, op.tokens, op.block_size, medium=op.medium, lora_name=op.lora_name, extra=extra
+        )
     if op.kind == _REMOVE:
         return wire.BlockRemoved(op.hashes, medium=op.medium, extra=extra)
     return wire.AllBlocksCleared()

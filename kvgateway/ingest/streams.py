@@ -24,6 +24,7 @@ from kvgateway.engine.wire import Stream
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.ingest.reader import StreamReader
 from kvgateway.log.ordered import Log
+from kvgateway.log.status import ConnectionCode
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.startup import StartupError
 
@@ -157,7 +158,9 @@ class Ingest:
 
     # --- a stream that stays down -------------------------------------------------------------
 
-    def _connection(self, outlet: StreamOutlet, connected: bool, changed: bool, reason: str) -> None:
+    def _connection(
+        self, outlet: StreamOutlet, connected: bool, changed: bool, reason: str, code: ConnectionCode
+    ) -> None:
         """Log connection changes; find out why a TCP engine stays unreachable (off the loop's path)."""
         config = outlet.config
         if connected or config.bind or not config.endpoint.startswith("tcp://"):
@@ -171,15 +174,15 @@ class Ingest:
         elif key not in self._diagnoses and now - self._diagnosed_at.get(key, -1e9) >= DIAGNOSE_INTERVAL_SECONDS:
             # ZeroMQ only says "retrying": find out why (DNS, refused, no answer).
             self._diagnosed_at[key] = now
-            task = asyncio.ensure_future(self._diagnose(outlet, reason))
+            task = asyncio.ensure_future(self._diagnose(outlet, reason, code))
             self._diagnoses[key] = task
             task.add_done_callback(lambda _: self._diagnoses.pop(key, None))
 
-    async def _diagnose(self, outlet: StreamOutlet, reason: str) -> None:
+    async def _diagnose(self, outlet: StreamOutlet, reason: str, code: ConnectionCode) -> None:
         why = await diagnose_connect(outlet.config.endpoint)
         if outlet.status.connected:
             return  # it came up meanwhile
-        outlet.diagnosed(why or reason)
+        outlet.diagnosed(*(why or (reason, code)))  # TCP works: ZeroMQ's own word stands
         self._log_connection(outlet, False, outlet.status.down_reason)
 
     def _log_connection(self, outlet: StreamOutlet, connected: bool, reason: str) -> None:
@@ -215,10 +218,11 @@ def _zmq_failure(stream: StreamConfig, exc: zmq.ZMQError) -> str:
     return f"source {stream.source!r} rank {stream.dp_rank}: cannot {verb} {stream.endpoint}: {reason}{hint}"
 
 
-async def diagnose_connect(endpoint: str, within: float = 3.0) -> str | None:
-    """Why a TCP connection to ``endpoint`` fails, as the OS says it: the name does not resolve,
-    connection refused, no answer... None when a TCP connection works (the engine is up again,
-    or speaks no ZeroMQ: the reader's monitor tells that, from the failed handshake)."""
+async def diagnose_connect(endpoint: str, within: float = 3.0) -> tuple[str, ConnectionCode] | None:
+    """Why a TCP connection to ``endpoint`` fails, as the OS says it (the name does not resolve,
+    connection refused, no answer...), with its code. None when a TCP connection works (the
+    engine is up again, or speaks no ZeroMQ: the reader's monitor tells that, from the failed
+    handshake)."""
     parts = split_tcp(endpoint)
     if parts is None or not parts[1].isdigit():
         return None
@@ -227,18 +231,18 @@ async def diagnose_connect(endpoint: str, within: float = 3.0) -> str | None:
     try:
         infos = await asyncio.wait_for(loop.getaddrinfo(host, int(port), type=socket.SOCK_STREAM), within)
     except TimeoutError:
-        return f"cannot resolve host {host!r}: no answer from DNS within {within:g} s"
+        return f"cannot resolve host {host!r}: no answer from DNS within {within:g} s", "unresolved"
     except socket.gaierror as exc:
-        return f"cannot resolve host {host!r}: {str(exc.strerror or exc).lower()}"
+        return f"cannot resolve host {host!r}: {str(exc.strerror or exc).lower()}", "unresolved"
     # As ZeroMQ does without IPV6 set: IPv4 addresses of a name, the address itself for a literal.
     family = socket.AF_INET6 if is_ipv6(endpoint) else socket.AF_INET
     addresses = [info[4] for info in infos if info[0] == family] or [infos[0][4]]
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(str(addresses[0][0]), int(port)), within)
     except TimeoutError:
-        return f"no answer from {endpoint} within {within:g} s, retrying"
+        return f"no answer from {endpoint} within {within:g} s, retrying", "no_answer"
     except OSError as exc:
         text = os.strerror(exc.errno).lower() if exc.errno else str(exc)
-        return f"{text}, retrying"
+        return f"{text}, retrying", "refused" if exc.errno == errno.ECONNREFUSED else "unreachable"
     writer.close()
     return None

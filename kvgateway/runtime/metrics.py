@@ -70,6 +70,12 @@ STREAM_METRICS: Final[dict[str, StreamMetric]] = {
     "batches_received": StreamMetric(
         "counter", "kvgateway_batches_received", "Batches received from engines, live and replayed."
     ),
+    "stored_tokens": StreamMetric(
+        "counter",
+        "kvgateway_stored_tokens",
+        "Tokens stored into a GPU tier, by origin: hit, offloaded, refetch, elsewhere (a routing miss), new.",
+        ("origin",),
+    ),
     "events_received": StreamMetric(
         "counter", "kvgateway_events_received", "Events in delivered batches, by event type.", ("type",)
     ),

@@ -19,13 +19,14 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
+from kvgateway.log import messages
 from kvgateway.log.messages import schema_bytes
 from kvgateway.serve.dashboard_api import DashboardData, analytics_endpoint, history_endpoint
 from kvgateway.serve.errors import json_error
 from kvgateway.serve.http_query import bad_request, route_query
 from kvgateway.serve.hub import TooManyClients
 from kvgateway.serve.middleware import PROTECTED_PREFIX, Authentication, HostCheck, SecurityHeaders
-from kvgateway.serve.query import BadRequest, ClientRequest
+from kvgateway.serve.query import INT_SEQS, BadRequest, ClientRequest
 from kvgateway.serve.router_api import ROUTER_ROUTES
 from kvgateway.serve.serving import Service, Serving
 from kvgateway.serve.sessions import WS_CLOSE, sse_stream, ws_session
@@ -95,6 +96,8 @@ async def sources(request: Request) -> Response:
     except BadRequest as exc:
         return bad_request(gateway, exc)
     statuses = gateway.statuses(client.filter)
+    if INT_SEQS in client.compat:  # a client written against integer seqs, until 0.2.0
+        statuses = [messages.int_seqs_status(status) for status in statuses]
     return JSONResponse({"offset": gateway.hub.offset, "epoch": gateway.hub.epoch, "sources": statuses})
 
 

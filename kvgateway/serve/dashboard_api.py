@@ -28,6 +28,7 @@ from kvgateway.runtime.tasks import cancel_and_wait
 from kvgateway.serve.http_query import bad_request, route_query
 from kvgateway.serve.query import BadRequest
 from kvgateway.state.analytics import CacheAnalytics
+from kvgateway.state.attribution import Attribution
 from kvgateway.state.history import History, MediumReading, StreamReading
 from kvgateway.state.occupancy import StreamIndex
 
@@ -92,7 +93,10 @@ class DashboardData:
         self.gateway = gateway
         self.history = history if history is not None else History()
         self.activity = Activity()
-        self.analytics = CacheAnalytics(MetricsSink(gateway.metrics))
+        self.analytics = CacheAnalytics(MetricsSink(gateway.metrics), gateway.settings.refetch_window)
+        self.attribution = Attribution(gateway.settings.refetch_window)
+        gateway.index.observe(self.attribution)
+        gateway.metrics.streams.add(self.attribution)
         gateway.log.follow(self.activity.follow)
         gateway.log.follow(self.analytics.follow)
         self._task: asyncio.Task[None] | None = None
@@ -121,6 +125,7 @@ class DashboardData:
                     None if last is None else max(0.0, now - last),
                     status.counters["restarts"],
                     mediums,
+                    tuple(self.attribution.account((source, dp_rank)).tokens),
                 )
             )
         return out
@@ -207,4 +212,8 @@ async def analytics_endpoint(request: Request) -> Response:
         return bad_request(gateway, exc)
     streams = gateway.routers.matching(gateway.board.streams, client.filter)
     body = {"epoch": gateway.log.epoch, **data.analytics.to_json(streams, up=data.up_streams(streams))}
+    now = gateway.clock()
+    for entry, index in zip(body["streams"], streams, strict=True):  # both sorted by stream
+        entry["prefill"] = data.attribution.stream_json(index, now)
+    body["prefill"] = data.attribution.to_json(streams, now)
     return Response(msgspec.json.encode(body), media_type="application/json")

@@ -25,7 +25,7 @@ from kvgateway.log.ordered import Log
 from kvgateway.log.resume import resume_after
 from kvgateway.log.ring import Entry
 from kvgateway.runtime.metrics import HubMetrics
-from kvgateway.serve.query import GAP_LAST, ClientRequest, QueryInput, parse_query, route_query
+from kvgateway.serve.query import GAP_LAST, INT_SEQS, ClientRequest, QueryInput, check_ranks, parse_query, route_query
 from kvgateway.serve.subscription import CloseReason, Subscription, Transport
 
 logger = logging.getLogger("kvgateway.hub")
@@ -62,6 +62,8 @@ class Hub:
         self.client_queue_bytes = client_queue_bytes
         self.max_clients = max_clients
         self.source_names = frozenset(name for name, _ in sources)
+        self.configured = tuple(sources)
+        """The configured streams: a query's ``dp_rank`` must be one of their ranks."""
         self.slow_consumer_notice = messages.encode_slow_consumer(client_queue_bytes)
         self._closed = False
         self._clients: dict[Subscription, None] = {}
@@ -87,14 +89,18 @@ class Hub:
         return not self._closed and len(self._clients) < self.max_clients
 
     def parse_query(self, params: QueryInput, *, last_event_id: str | None = None) -> ClientRequest:
-        """:func:`kvgateway.serve.query.parse_query` against this hub's configured source names."""
-        return parse_query(params, sources=self.source_names, last_event_id=last_event_id)
+        """:func:`kvgateway.serve.query.parse_query` against this hub's configured streams."""
+        request = parse_query(params, sources=self.source_names, last_event_id=last_event_id)
+        check_ranks(request.filter, self.configured)
+        return request
 
     def route_query(
         self, route: str, params: QueryInput, *, last_event_id: str | None = None
     ) -> tuple[ClientRequest, dict[str, list[str]]]:
         """:func:`kvgateway.serve.query.route_query` against this hub's configured source names."""
-        return route_query(route, params, sources=self.source_names, last_event_id=last_event_id)
+        return route_query(
+            route, params, sources=self.source_names, last_event_id=last_event_id, streams=self.configured
+        )
 
     # following the log
 
@@ -176,7 +182,8 @@ class Hub:
             recovered=point.recovered,
             limit=self.client_queue_bytes,
             metrics=self.metrics,
-            deprecated_copies=GAP_LAST in request.compat,
+            gap_last=GAP_LAST in request.compat,
+            int_seqs=INT_SEQS in request.compat,
         )
         if request.digest is not None:
             sub.digest_every = request.digest

@@ -129,6 +129,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "endpoint and deterministic fault injection. Each option's help says whose behaviour it is: "
         "vLLM's own, SGLang's, TensorRT-LLM's, or fault injection (no engine does it on purpose)."
     )
+    parser.epilog = (
+        "Where the prefill goes (the gateway's origins): hit: --report-hits; offloaded: --cpu-offload "
+        "with a --gpu-blocks the workload overflows; refetch: a small --gpu-blocks (e.g. 1024); "
+        "elsewhere: two simulators with the same --seed (or --dp-size 2: the ranks share system "
+        "prompts, each takes its own requests); new: any workload."
+    )
     out = parser.add_argument_group("endpoints (vLLM's own conventions)")
     out.add_argument(
         "--endpoint",
@@ -253,6 +259,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     work.add_argument(
         "--events-per-batch", type=_events_arg, default=(2, 6), help="minimum events per batch, N or A-B (default: 2-6)"
+    )
+    work.add_argument(
+        "--report-hits",
+        action="store_true",
+        help="vLLM's kv_cache_report_mode=full: a request's reused prefix blocks are announced again "
+        "(the gateway attributes them 'hit')",
     )
 
     faults = parser.add_argument_group(
@@ -422,6 +434,7 @@ def _build(args: argparse.Namespace, context: zmq.asyncio.Context) -> list[Simul
             "cpu_capacity_blocks": args.cpu_blocks,
             "clear_every": args.clear_every,
             "events_per_batch": args.events_per_batch,
+            "report_hits": args.report_hits,
         },
         context=context,
         engine=args.engine,

@@ -193,6 +193,14 @@ class Workload:
     The pools are still addressed as ``"GPU"``/``"CPU"`` in :meth:`resident_counts`.
     ``events_per_batch``: the minimum event count per batch, fixed or drawn from an inclusive
     ``(low, high)`` range; a request's events are never split, so a batch may hold more.
+    ``report_hits``: like vLLM's ``kv_cache_report_mode="full"``, a request's reused prefix blocks
+    are announced again (stored as another physical copy), so the gateway attributes them ``hit``.
+
+    The prefill attribution's origins (docs/operations.md, "Where the prefill goes") come from:
+    ``hit``: ``report_hits`` (and the duplicate stores every workload makes); ``offloaded``:
+    ``cpu_offload`` with a GPU pool that evicts; ``refetch``: a GPU pool smaller than the working set
+    (a few thousand blocks); ``elsewhere``: two workloads with the same ``seed`` and different
+    ``stream`` (they share system prompts, and each takes its own requests); ``new``: any workload.
     """
 
     def __init__(
@@ -209,6 +217,7 @@ class Workload:
         stream: int = 0,
         dialect: encode.Dialect = "vllm",
         metadata: bool = False,
+        report_hits: bool = False,
     ) -> None:
         if dialect not in encode.DIALECTS:
             raise ValueError(f"dialect must be one of {', '.join(encode.DIALECTS)}, not {dialect!r}")
@@ -233,6 +242,7 @@ class Workload:
         self._removed_extra: dict[str, Any] = {} if self._sglang else {"group_idx": 0}
         self.block_size = block_size
         self.cpu_offload = cpu_offload
+        self.report_hits = report_hits
         self.clear_every = clear_every
         self._events_range = (low, high)
         # A request never needs more than half the GPU, so it cannot evict its own blocks.
@@ -338,6 +348,8 @@ class Workload:
             hit += 1
         # Like vLLM, matching stops at the first miss: later blocks are recomputed and stored again
         # even if still resident, which is one natural source of duplicate stores.
+        if self.report_hits and hit:
+            self._store(GPU, chain[:hit], events)  # full report mode: the reused prefix announced again
         if hit < prompt_blocks:
             self._store(GPU, chain[hit:prompt_blocks], events)
         if prompt_blocks < len(chain):

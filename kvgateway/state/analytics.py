@@ -110,8 +110,9 @@ def _bounded_put(table: OrderedDict[Hash, float], h: Hash, t: float) -> None:
 class CacheAnalytics:
     """Follows the log (:meth:`follow`) and keeps the per-stream figures above."""
 
-    def __init__(self, sink: Sink | None = None) -> None:
+    def __init__(self, sink: Sink | None = None, refetch_window: float = REFETCH_WINDOW_SECONDS) -> None:
         self._sink: Sink = sink if sink is not None else _NullSink()
+        self.refetch_window = refetch_window
         self._tiers: dict[tuple[Stream, str], TierStats] = {}
         self._roots: dict[Stream, OrderedDict[tuple[str, Hash], None]] = {}
         self._routes: dict[tuple[Stream, str | None], tuple[str, str, TierStats]] = {}
@@ -175,7 +176,7 @@ class CacheAnalytics:
     def _refetched(self, stream: Stream, tier: str, stats: TierStats, hashes: list[Hash], ts: float) -> None:
         for h in hashes:
             evicted = stats.evicted_at.pop(h, None)
-            if evicted is not None and ts - evicted <= REFETCH_WINDOW_SECONDS:
+            if evicted is not None and ts - evicted <= self.refetch_window:
                 stats.refetches += 1
                 self._sink.eviction(stream, tier, True)
 
@@ -265,7 +266,7 @@ class CacheAnalytics:
                 streams[stream]["tiers"][tier] = stats.to_json()
         return {
             "sample": SAMPLE,
-            "refetch_window_seconds": REFETCH_WINDOW_SECONDS,
+            "refetch_window_seconds": self.refetch_window,
             "streams": [streams[key] for key in sorted(streams)],
             "prefixes": self.prefix_spread(indexes if up is None else up),
         }

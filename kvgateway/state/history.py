@@ -5,7 +5,8 @@ took from the index and the statuses; nothing here reads a clock or a socket.
 
 Memory is fixed when a series is created: every field of a stream and of each of its mediums is a
 preallocated ring (``array``) of ``horizon / interval`` slots, overwritten in place (720 slots for
-an hour at 5 s). A point costs 16 bytes per stream plus 20 per medium; :meth:`History.nbytes`
+an hour at 5 s). A point costs 61 bytes per stream (40 of them the prefill attribution's cumulative
+tokens per origin) plus 20 per medium; :meth:`History.nbytes`
 reports the total (a gauge). A missing value is NaN (floats) or -1 (counts) and leaves the JSON as
 null. Fill is not stored: it is blocks / the configured capacity, a constant.
 """
@@ -58,6 +59,12 @@ class StreamReading:
     batch_age_seconds: float | None
     restarts: int
     mediums: Mapping[str, MediumReading] = field(default_factory=dict)
+    stored_tokens: tuple[int, ...] = ()
+    """Tokens stored into the GPU tier so far, per origin (:data:`ORIGINS` order); empty: none counted."""
+
+
+ORIGINS: Final = ("hit", "offloaded", "refetch", "elsewhere", "new")
+"""The prefill attribution's origins (:mod:`kvgateway.state.attribution`), as a point renders them."""
 
 
 def _floats(size: int) -> array[float]:
@@ -114,7 +121,19 @@ class _MediumSeries:
 class StreamSeries:
     """The ring of one stream: slot ``n % size`` holds the ``n``-th sample."""
 
-    __slots__ = ("age", "count", "dp_rank", "lag", "mediums", "restarts", "size", "source", "state", "times")
+    __slots__ = (
+        "age",
+        "count",
+        "dp_rank",
+        "lag",
+        "mediums",
+        "origins",
+        "restarts",
+        "size",
+        "source",
+        "state",
+        "times",
+    )
 
     def __init__(self, source: str, dp_rank: int, size: int) -> None:
         self.source = source
@@ -127,6 +146,7 @@ class StreamSeries:
         self.age = _floats(size)
         self.restarts = _ints(size)
         self.mediums: dict[str, _MediumSeries] = {}
+        self.origins = [array("d", [_NAN]) * size for _ in ORIGINS]  # cumulative tokens (float64: exact)
 
     def put(self, t: float, reading: StreamReading) -> None:
         last = (self.count - 1) % self.size
@@ -140,6 +160,8 @@ class StreamSeries:
         self.lag[i] = _NAN if reading.lag_seconds is None else reading.lag_seconds
         self.age[i] = _NAN if reading.batch_age_seconds is None else reading.batch_age_seconds
         self.restarts[i] = reading.restarts
+        for origin, value in zip(self.origins, reading.stored_tokens or (_NAN,) * len(ORIGINS), strict=True):
+            origin[i] = value
         for name in reading.mediums:
             if name not in self.mediums:
                 self.mediums[name] = _MediumSeries(self.size)
@@ -164,7 +186,26 @@ class StreamSeries:
             if mediums is None or name in mediums or medium_tier(name) in mediums
         ]
 
-    def point(self, i: int, chosen: list[tuple[str, _MediumSeries]]) -> dict[str, Any]:
+    def before(self, i: int, step: int) -> int | None:
+        """The slot of the sample ``step`` samples before slot ``i``'s, if the ring still holds it."""
+        n = self.count - 1 - (self.count - 1 - i) % self.size
+        earlier = n - step
+        return earlier % self.size if earlier >= max(0, self.count - self.size) else None
+
+    def stored(self, i: int, step: int) -> dict[str, int] | None:
+        """Tokens stored per origin between the point ``step`` samples before and slot ``i``."""
+        j = self.before(i, step)
+        if j is None:
+            return None
+        out = {}
+        for name, series in zip(ORIGINS, self.origins, strict=True):
+            delta = series[i] - series[j]
+            if math.isnan(delta):
+                return None
+            out[name] = max(0, int(delta))
+        return out
+
+    def point(self, i: int, chosen: list[tuple[str, _MediumSeries]], step: int = 1) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for name, series in chosen:
             value = series.point(i)
@@ -178,10 +219,12 @@ class StreamSeries:
             "batch_age_seconds": _num(self.age[i]),
             "restarts": None if restarts < 0 else restarts,
             "mediums": values,
+            "stored_tokens": self.stored(i, step),
         }
 
     def nbytes(self) -> int:
-        own = sum(a.itemsize * len(a) for a in (self.times, self.state, self.lag, self.age, self.restarts))
+        rings: list[array[Any]] = [self.times, self.state, self.lag, self.age, self.restarts, *self.origins]
+        own = sum(a.itemsize * len(a) for a in rings)
         return own + sum(m.nbytes() for m in self.mediums.values())
 
 
@@ -232,7 +275,7 @@ class History:
         streams = []
         for series in picked:
             names = series.chosen(mediums)
-            points = [series.point(i, names) for i in series.slots(since, step)]
+            points = [series.point(i, names, step) for i in series.slots(since, step)]
             streams.append({"source": series.source, "dp_rank": series.dp_rank, "points": points})
         return {
             "epoch": epoch,

@@ -23,7 +23,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, Protocol, TypeAlias
 
 from kvgateway.engine.mediums import DEFAULT_MEDIUM, medium_tier, normalise_medium, tier_rank
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Hash, Stream
@@ -32,7 +32,15 @@ from kvgateway.log.ring import Entry
 from kvgateway.log.staleness import Staleness
 from kvgateway.state.digest import MASK, elements_sum, prefix_state
 
-__all__ = ["DEFAULT_MEDIUM", "BlockGroup", "MediumStats", "OccupancyIndex", "StreamIndex", "normalise_medium"]
+__all__ = [
+    "DEFAULT_MEDIUM",
+    "BlockGroup",
+    "MediumStats",
+    "OccupancyIndex",
+    "StoreObserver",
+    "StreamIndex",
+    "normalise_medium",
+]
 
 RATE_WINDOW_SECONDS: Final = 60
 """``stores_per_s``/``removes_per_s`` average the 60 one-second buckets ending with the current one,
@@ -82,22 +90,38 @@ class MediumStats:
         }
 
 
+class StoreObserver(Protocol):
+    """Told of every store before the index applies it, and of every remove after (the prefill
+    attribution, :mod:`kvgateway.state.attribution`): it sees the state the event changes. First
+    of the whole batch: when :meth:`batch` returns True, it accounted for the batch at once (the
+    common case, cheaper) and is not told of its events."""
+
+    def batch(self, index: StreamIndex, batch: Batch, now: float) -> bool: ...
+
+    def stored(self, index: StreamIndex, event: BlockStored, ts: float, now: float) -> None: ...
+
+    def removed(self, index: StreamIndex, medium: str | None, hashes: list[Hash], ts: float) -> None: ...
+
+
 class _Group:
     """Resident hashes of one (medium, group_idx): refcount = 1 + ``extra.get(hash, 0)``.
 
     ``shared``: ``blocks`` and ``extra`` were handed out by :meth:`StreamIndex.block_groups` with
     ``freeze=True``; the group copies them before its next change (copy on write).
+    ``fleet``: the fleet's holders (a group counting the groups that hold each hash), told of every
+    hash entering or leaving this group; None for the fleet's own group.
 
     ``digest``: None, or (once :meth:`track` was called) the sum of the resident hashes' digest
     elements (kvgateway/state/digest.py), kept up to date by every change from then on."""
 
-    __slots__ = ("blocks", "digest", "extra", "medium", "prefix", "shared")
+    __slots__ = ("blocks", "digest", "extra", "fleet", "medium", "prefix", "shared")
 
-    def __init__(self, medium: _Medium) -> None:
+    def __init__(self, medium: _Medium, fleet: _Group | None = None) -> None:
         self.blocks: set[Hash] = set()
         self.extra: dict[Hash, int] = {}
         self.medium = medium
         self.shared = False
+        self.fleet = fleet
         self.digest: int | None = None
         self.prefix = 0
 
@@ -126,13 +150,24 @@ class _Group:
                 for h, n in Counter(hashes).items():
                     if n > 1:
                         extra[h] = extra.get(h, 0) + n - 1
+                hashes = list(dict.fromkeys(hashes))
+            fleet = self.fleet
+            if fleet is not None:
+                if fleet.blocks.isdisjoint(hashes):
+                    fleet.blocks.update(hashes)  # held nowhere else: one C call
+                else:
+                    fleet.store(hashes)
             return
         extra = self.extra
+        entered = []
         for h in hashes:
             if h in blocks:
                 extra[h] = extra.get(h, 0) + 1
             else:
                 blocks.add(h)
+                entered.append(h)
+        if self.fleet is not None:
+            self.fleet.store(entered)
 
     def remove(self, hashes: list[Hash]) -> int:
         """Take one reference per hash; returns how many hashes were not resident."""
@@ -152,9 +187,20 @@ class _Group:
             # No extra references involved: a set difference has the sequential semantics
             # (a repeated hash drops the block once; its second mention is unknown).
             before = len(blocks)
-            blocks.difference_update(hashes)
+            fleet = self.fleet
+            if fleet is None:
+                blocks.difference_update(hashes)
+            elif not fleet.extra and blocks.issuperset(hashes):
+                # the common case: every hash leaves, and no other group holds any: two C calls
+                blocks.difference_update(hashes)
+                fleet.blocks.difference_update(hashes)
+            else:
+                gone = blocks.intersection(hashes)
+                blocks.difference_update(gone)
+                fleet.remove(list(gone))
             return len(hashes) - (before - len(blocks))
         unknown = 0
+        left = []
         for h in hashes:
             n = extra.get(h)
             if n is not None:
@@ -164,14 +210,19 @@ class _Group:
                     extra[h] = n - 1
             elif h in blocks:
                 blocks.remove(h)
+                left.append(h)
             else:
                 unknown += 1
+        if self.fleet is not None:
+            self.fleet.remove(left)
         return unknown
 
     def refcount(self, h: Hash) -> int:
         return 1 + self.extra.get(h, 0) if h in self.blocks else 0
 
     def clear(self) -> None:
+        if self.fleet is not None and self.blocks:
+            self.fleet.remove(list(self.blocks))
         # New objects rather than .clear(): frees the tables, and the dict would otherwise keep its size.
         self.blocks = set()
         self.extra = {}
@@ -191,12 +242,14 @@ class _Medium:
         "cur_removes",
         "cur_sec",
         "cur_stores",
+        "fleet",
         "groups",
         "removes",
         "stores",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, fleet: _Group | None = None) -> None:
+        self.fleet = fleet
         self.groups: dict[int, _Group] = {}
         self.block_size = 0
         self.stores = 0
@@ -213,7 +266,7 @@ class _Medium:
     def group(self, group_idx: int) -> _Group:
         grp = self.groups.get(group_idx)
         if grp is None:
-            grp = self.groups[group_idx] = _Group(self)
+            grp = self.groups[group_idx] = _Group(self, self.fleet)
         return grp
 
     def roll(self, sec: int) -> None:
@@ -264,9 +317,11 @@ class StreamIndex:
     __slots__ = (
         "_capacity",
         "_digest",
+        "_fleet",
         "_mediums",
         "_routes",
         "dp_rank",
+        "observer",
         "source",
         "staleness",
         "started",
@@ -279,8 +334,11 @@ class StreamIndex:
         dp_rank: int,
         capacity_blocks: Mapping[str, int] | None = None,
         started: float | None = None,
+        fleet: _Group | None = None,
     ) -> None:
         self.source = source
+        self._fleet = fleet if fleet is not None else _Group(_Medium())
+        self.observer: StoreObserver | None = None
         self.started = started
         """When counting began (the gateway's start): rates divide by the time since, up to the
         window. None: as if a whole window had been watched."""
@@ -290,7 +348,7 @@ class StreamIndex:
         a stale notice, cleared by AllBlocksCleared or a restart (the one rule of the ingest too)."""
         self.unknown_removes = 0
         self._capacity = {normalise_medium(m): n for m, n in (capacity_blocks or {}).items()}
-        self._mediums: dict[str, _Medium] = {m: _Medium() for m in sorted(self._capacity)}
+        self._mediums: dict[str, _Medium] = {m: _Medium(self._fleet) for m in sorted(self._capacity)}
         # (raw medium, raw group_idx) -> group: one dict lookup per event on the hot path.
         self._routes: dict[tuple[str | None, int | None], _Group] = {}
         self._digest = False  # every group keeps its digest (see digest())
@@ -300,7 +358,7 @@ class StreamIndex:
         name = normalise_medium(medium)
         med = self._mediums.get(name)
         if med is None:
-            med = self._mediums[name] = _Medium()
+            med = self._mediums[name] = _Medium(self._fleet)
         grp = med.group(0 if group_idx is None else group_idx)
         if self._digest and grp.digest is None:
             grp.track(name, 0 if group_idx is None else group_idx)
@@ -318,6 +376,9 @@ class StreamIndex:
         sec = math.floor(now)
         live = not replayed
         routes = self._routes
+        observer = self.observer
+        if observer is not None and observer.batch(self, batch, now):
+            observer = None
         for event in batch.events:
             if type(event) is BlockStored or type(event) is BlockRemoved:
                 extra = event.extra
@@ -332,6 +393,8 @@ class StreamIndex:
                 if live and sec != med.cur_sec:
                     med.roll(sec)
                 if type(event) is BlockStored:
+                    if observer is not None:
+                        observer.stored(self, event, batch.ts, now)
                     grp.store(hashes)
                     if event.block_size > 0:
                         med.block_size = event.block_size
@@ -340,6 +403,8 @@ class StreamIndex:
                         med.cur_stores += len(hashes)
                 else:
                     self.unknown_removes += grp.remove(hashes)
+                    if observer is not None:
+                        observer.removed(self, event.medium, hashes, batch.ts)
                     med.removes += len(hashes)
                     if live:
                         med.cur_removes += len(hashes)
@@ -374,6 +439,18 @@ class StreamIndex:
         med = self._mediums.get(normalise_medium(medium))
         grp = None if med is None else med.groups.get(0 if group_idx is None else group_idx)
         return 0 if grp is None else grp.refcount(block_hash)
+
+    def tier_sets(self) -> list[tuple[str, set[Hash]]]:
+        """(tier, live resident hashes) of every medium and group: valid until the next change."""
+        return [(medium_tier(name), grp.blocks) for name, med in self._mediums.items() for grp in med.groups.values()]
+
+    def fleet_holds_none(self, hashes: list[Hash]) -> bool:
+        """Whether no stream of the fleet (this one included) holds any of ``hashes``: one C-level test."""
+        return self._fleet.blocks.isdisjoint(hashes)
+
+    def fleet_holders(self, block_hash: Hash) -> int:
+        """How many (stream, medium, group) of the fleet hold ``block_hash``: O(1)."""
+        return self._fleet.refcount(block_hash)
 
     def holds(self, block_hash: Hash) -> bool:
         """Whether some medium and group of the stream holds ``block_hash``: one set lookup each."""
@@ -439,16 +516,18 @@ class StreamIndex:
         """A medium as a checkpoint had it (its blocks come with :meth:`restore_group`)."""
         med = self._mediums.get(name)
         if med is None:
-            med = self._mediums[name] = _Medium()
+            med = self._mediums[name] = _Medium(self._fleet)
         med.block_size, med.stores, med.removes = block_size, stores, removes
 
     def restore_group(self, name: str, group_idx: int, blocks: set[Hash], extra: dict[Hash, int]) -> None:
         """One (medium, group_idx)'s resident hashes as a checkpoint had them."""
         med = self._mediums.get(name)
         if med is None:
-            med = self._mediums[name] = _Medium()
+            med = self._mediums[name] = _Medium(self._fleet)
         grp = med.group(group_idx)
+        grp.clear()
         grp.blocks, grp.extra, grp.shared = blocks, extra, False
+        self._fleet.store(list(blocks))
         if self._digest:
             grp.track(name, group_idx)
 
@@ -546,7 +625,7 @@ class OccupancyIndex:
     """Every stream's index. ``capacity`` maps a stream key ``(source, dp_rank)`` to its
     configured ``capacity_blocks`` (medium -> blocks), as ``config.StreamConfig`` holds them."""
 
-    __slots__ = ("_capacity", "_missing_history", "_started", "_streams")
+    __slots__ = ("_capacity", "_fleet", "_missing_history", "_started", "_streams", "observer")
 
     def __init__(
         self, capacity: Mapping[Stream, Mapping[str, int]] | None = None, started: float | None = None
@@ -555,6 +634,11 @@ class OccupancyIndex:
         self._started = started
         self._missing_history: str | None = None  # see history_missing
         self._streams: dict[Stream, StreamIndex] = {}
+        # Who holds each hash, fleet-wide: a refcount of the (stream, medium, group) holding it, kept
+        # by the groups' own transitions (a set and a side dict: 60-80 bytes per distinct block).
+        self._fleet = _Group(_Medium())
+        self.observer: StoreObserver | None = None
+        """Told of each store and remove as it is applied (see :class:`StoreObserver`)."""
         for source, dp_rank in sorted(self._capacity):
             self.stream(source, dp_rank)
 
@@ -563,7 +647,10 @@ class OccupancyIndex:
         key = (source, dp_rank)
         index = self._streams.get(key)
         if index is None:
-            index = self._streams[key] = StreamIndex(source, dp_rank, self._capacity.get(key), self._started)
+            index = self._streams[key] = StreamIndex(
+                source, dp_rank, self._capacity.get(key), self._started, self._fleet
+            )
+            index.observer = self.observer
             if self._missing_history is not None:
                 index.mark_stale(self._missing_history)
         return index
@@ -575,6 +662,12 @@ class OccupancyIndex:
         self._missing_history = reason
         for index in self._streams.values():
             index.mark_stale(reason)
+
+    def observe(self, observer: StoreObserver) -> None:
+        """Tell ``observer`` of every store and remove from now on (every stream, those to come too)."""
+        self.observer = observer
+        for index in self._streams.values():
+            index.observer = observer
 
     def streams(self) -> Iterator[StreamIndex]:
         """Every stream, sorted by (source, dp_rank)."""

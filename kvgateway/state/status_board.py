@@ -92,7 +92,7 @@ class StatusBoard:
         silence = self._silence
         if silence is None or now - self._heard.get(stream, now) <= silence:
             return status
-        return replace(status, connected=False, down_reason=INGEST_UNREACHABLE)
+        return replace(status, connected=False, down_reason=INGEST_UNREACHABLE, down_code="ingest_unreachable")
 
     def to_json(self, now: float, select: Callable[[str, int], bool] | None = None) -> list[dict[str, Any]]:
         """Every stream's entry in /v1/sources and a hello; ``select`` (source, dp_rank): only those."""

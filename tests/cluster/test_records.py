@@ -35,7 +35,7 @@ def test_a_batch_travels_and_renders_the_same_bytes_and_index() -> None:
     edge.follow(index_edge.follow)
     sent = [
         batch_record(("a.b", 3), 7, batch(7), received=10.0, replayed=True),
-        NoticeRecord(("a.b", 3), "stale", {"reason": "unrecovered", "seq": 7, "detail": None}),
+        NoticeRecord(("a.b", 3), "stale", {"reason": "unrecovered", "seq": 7, "detail": "batches lost"}),
         batch_record(("a.b", 3), 8, batch(8, EVENTS[:1]), received=11.0, replayed=False),
     ]
     for offset, record in enumerate(sent, start=1):

@@ -90,6 +90,9 @@ def test_dashboard_covers_the_operator_questions() -> None:
     panel_with("kvgateway_block_refetches_total", "/", "kvgateway_sampled_evictions_total")
     panel_with('kvgateway_cache_blocks{medium=~"CPU.*"', "/")
     panel_with("kvgateway_prefix_engines_mean")
+    # where the prefill goes (docs/operations.md): the shares by origin, the routing-miss share per engine
+    panel_with("kvgateway_stored_tokens_total", "by (origin)")
+    panel_with('kvgateway_stored_tokens_total{origin="elsewhere"', "/", "by (source, dp_rank)")
     # occupancy counts each stream once even when several replicas report it
     assert "max by (source, dp_rank, medium) (kvgateway_cache_blocks" in text
 

@@ -68,8 +68,9 @@ def test_memory_is_reported_per_stream_and_medium() -> None:
     history = History(interval=5, horizon=3600)
     history.sample(0, [reading()])
     one = history.nbytes()
-    # 720 slots: t (8) + state (1) + lag, age (4 each) + restarts (4); blocks (4) + tokens (8) + rates (4 each)
-    assert one == 720 * (8 + 1 + 4 + 4 + 4) + 720 * (4 + 8 + 4 + 4)
+    # 720 slots: t (8) + state (1) + lag, age (4 each) + restarts (4) + tokens per origin (5 x 8);
+    # blocks (4) + tokens (8) + rates (4 each)
+    assert one == 720 * (8 + 1 + 4 + 4 + 4 + 5 * 8) + 720 * (4 + 8 + 4 + 4)
     history.sample(5, [reading(), reading("b")])
     assert history.nbytes() == 2 * one
 
@@ -137,3 +138,20 @@ def test_a_big_answer_takes_a_coarser_step(monkeypatch: pytest.MonkeyPatch) -> N
     assert sum(len(s["points"]) for s in doc["streams"]) <= 10
     assert [p["t"] for p in doc["streams"][0]["points"]][-1] == 55  # the newest point is kept
     assert history.to_json("e", step=2)["interval_seconds"] == 20  # a multiple of the step asked for
+
+
+def test_stored_tokens_per_point_are_the_tokens_since_the_point_before() -> None:
+    history = History(interval=5, horizon=20)  # 4 slots
+    for n in range(6):
+        history.sample(5.0 * n, [reading(stored_tokens=(n, 0, 10 * n, 0, 100 * n))])
+    points = history.to_json("e")["streams"][0]["points"]
+    assert [p["t"] for p in points] == [10.0, 15.0, 20.0, 25.0]
+    assert points[0]["stored_tokens"] is None  # the oldest kept: nothing before it to subtract
+    assert points[1]["stored_tokens"] == {"hit": 1, "offloaded": 0, "refetch": 10, "elsewhere": 0, "new": 100}
+    stepped = history.to_json("e", step=2)["streams"][0]["points"]  # every other point: two intervals each
+    assert [(p["t"], p["stored_tokens"]) for p in stepped][-1] == (
+        25.0,
+        {"hit": 2, "offloaded": 0, "refetch": 20, "elsewhere": 0, "new": 200},
+    )
+    history.sample(30.0, [reading()])  # nothing counted: no shares for that point
+    assert history.to_json("e")["streams"][0]["points"][-1]["stored_tokens"] is None
