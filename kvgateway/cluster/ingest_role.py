@@ -1,7 +1,7 @@
 """``kvgateway ingest``: the engines' streams in, records out to JetStream; HTTP for probes only.
 
 The ingest half (:class:`~kvgateway.ingest.streams.Ingest`: readers, sequencers, outlets) runs
-exactly as in one process; only the log differs (:class:`~kvgateway.cluster.publisher.PublishingLog`).
+exactly as in one process; only what it appends to differs (:class:`~kvgateway.cluster.publisher.Publisher`).
 The command runner and HTTP runner are the single process's (:mod:`kvgateway.serve.server`)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kvgateway.cluster import nats_link
 from kvgateway.cluster.leases import Leases
 from kvgateway.cluster.options import HEARTBEAT_SECONDS, NatsOptions
 from kvgateway.cluster.probes import probe_app
-from kvgateway.cluster.publisher import PublishingLog
+from kvgateway.cluster.publisher import Publisher
 from kvgateway.cluster.shards import LEASE_SECONDS, ROUND_SECONDS, Shards
 from kvgateway.cluster.sources import publish_sources
 from kvgateway.config import Settings, StreamConfig
@@ -48,7 +48,7 @@ class IngestService:
         self.metrics = Metrics()
         self.startup_error: StartupError | None = None
         self.fatal: str | None = None
-        self.publishing: PublishingLog | None = None
+        self.publishing: Publisher | None = None
         self.ingest: Ingest | None = None
         self._nc: Client | None = None
         self._beats: asyncio.Task[None] | None = None
@@ -72,10 +72,6 @@ class IngestService:
         js = nc.jetstream()
         state = await nats_link.ensure_stream(js, options)
         await publish_sources(js, options, settings.sources)  # for edges started without --source
-        publishing = self.publishing = PublishingLog(nc, js, options.subject_prefix, options.stream)
-        publishing.metrics = self.metrics
-        publishing.epoch = state.epoch
-        await publishing.load_positions([s.key for s in settings.streams()])
 
         async def recreate() -> None:
             # A lost store (or a deleted stream) is a new stream: a new epoch for every edge.
@@ -85,8 +81,17 @@ class IngestService:
                 publishing.epoch = again.epoch
                 await publish_sources(js, options, settings.sources)  # the bucket went with the store
 
-        publishing.on_failure = recreate
-        publishing.on_lost = self.publishes_lost
+        publishing = self.publishing = Publisher(
+            nc,
+            js,
+            options.subject_prefix,
+            options.stream,
+            epoch=state.epoch,
+            metrics=self.metrics,
+            on_failure=recreate,
+            on_lost=self.publishes_lost,
+        )
+        await publishing.load_positions([s.key for s in settings.streams()])
         shared = options.leases
         ingest = self.ingest = Ingest(
             settings, publishing, self.metrics, context=self.context, streams=[] if shared else None
@@ -103,7 +108,7 @@ class IngestService:
             await self.shards.round()  # before the ready line: a lone process holds every stream
         self._beats = asyncio.ensure_future(self._beat(ingest))
 
-    async def _shards(self, js: JetStreamContext, ingest: Ingest, publishing: PublishingLog) -> Shards:
+    async def _shards(self, js: JetStreamContext, ingest: Ingest, publishing: Publisher) -> Shards:
         bucket = f"{self.options.stream}_leases"
         try:
             kv = await js.key_value(bucket)

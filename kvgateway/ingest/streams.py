@@ -23,7 +23,7 @@ from kvgateway.engine.endpoints import is_ipv6, split_tcp
 from kvgateway.engine.wire import Stream
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.ingest.reader import StreamReader
-from kvgateway.log.ordered import Log
+from kvgateway.log.ordered import Appender
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.startup import StartupError
 
@@ -40,7 +40,7 @@ class Ingest:
     def __init__(
         self,
         settings: Settings,
-        log: Log,
+        log: Appender,
         metrics: Metrics,
         *,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,

@@ -67,7 +67,6 @@ class Hub:
         self._clients: dict[Subscription, None] = {}
         # subscribers per stream, so an entry visits only the clients that want it
         self._by_stream: dict[Stream, dict[Subscription, None]] = {stream: {} for stream in sources}
-        log.follow(self._on_entry)
 
     @property
     def epoch(self) -> str:
@@ -97,7 +96,7 @@ class Hub:
 
     # following the log
 
-    def _on_entry(self, entry: Entry) -> None:
+    def follow(self, entry: Entry) -> None:
         started = perf_counter()
         subscribers = self._by_stream.get(entry.stream)
         if subscribers is None:  # a stream outside the configuration: index it on first use

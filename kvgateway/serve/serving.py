@@ -20,11 +20,14 @@ from kvgateway.log.ordered import Log
 from kvgateway.runtime.memory import CollectionTimer
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.startup import StartupError
+from kvgateway.serve.analytics_sink import AnalyticsSink
 from kvgateway.serve.hub import Hub
 from kvgateway.serve.query import ClientRequest
 from kvgateway.serve.router_state import RouterState
 from kvgateway.serve.subscription import Subscription, Transport
 from kvgateway.state import checkpoint
+from kvgateway.state.activity import Activity
+from kvgateway.state.analytics import CacheAnalytics
 from kvgateway.state.occupancy import OccupancyIndex
 from kvgateway.state.status_board import BoardFigures, StatusBoard
 
@@ -57,11 +60,7 @@ class Serving:
                 metrics.cache_capacity_blocks.labels(stream.source, str(stream.dp_rank), medium).set(blocks)
         self.board = StatusBoard(streams, self.index, silence=silence, clock=clock)
         metrics.streams.add(BoardFigures(self.board, clock))
-        # The index follows the log before the hub: a hello's snapshot is exact at its offset.
-        log.follow(self.index.follow)
-        log.follow(self.board.follow)
         self.routers = RouterState(settings, self.index, metrics)
-        log.follow(self.routers.follow)  # the learned token chains
         self.hub = Hub(
             log,
             metrics=metrics.hub(),
@@ -69,6 +68,19 @@ class Serving:
             client_queue_bytes=settings.client_queue_bytes,
             max_clients=settings.max_clients,
         )
+        self.activity = Activity()
+        self.analytics = CacheAnalytics(AnalyticsSink(metrics))
+        # Everything that follows the log, here only. The index follows it before the hub: a
+        # hello's snapshot is exact at its offset.
+        for follower in (
+            self.index.follow,
+            self.board.follow,
+            self.routers.follow,  # the learned token chains
+            self.hub.follow,
+            self.activity.follow,  # the dashboard's history
+            self.analytics.follow,
+        ):
+            log.follow(follower)
         self.collections = CollectionTimer(metrics.observe_gc_pause)
         """Times the garbage collector's pauses while the gateway runs (kvgateway_gc_pause_seconds)."""
 

@@ -85,6 +85,7 @@ def make_hub(
     hub_metrics.retained(0, 0)
     log = MemoryLog(ring_messages, ring_bytes, retained=hub_metrics.retained)
     hub = Hub(log, metrics=hub_metrics, sources=STREAMS, **kwargs)
+    log.follow(hub.follow)
     _METRICS[hub] = metrics
     _SNAPSHOTS[hub] = snapshot
     return hub
