@@ -64,7 +64,7 @@ A cut slow consumer that never reads again would otherwise hold its connection f
 it waits for its send buffer to drain, which never happens."""
 
 
-def _listen(settings: Settings, reuse_port: bool = False) -> socket.socket:
+def listen(settings: Settings, reuse_port: bool = False) -> socket.socket:
     """The HTTP listening socket, bound before anything starts: a taken port is one clear line."""
     host = settings.host.strip("[]")
     where = f"{settings.host}:{settings.port}"
@@ -130,7 +130,7 @@ async def serve(
     made (``made``) and its app ``make_app(service)`` served until SIGINT/SIGTERM; the app's
     lifespan starts and stops the service, HTTP is served (``ready``); a failure is a
     :class:`StartupError`."""
-    listener = _listen(settings, reuse_port)
+    listener = listen(settings, reuse_port)
     settings = replace(settings, port=int(listener.getsockname()[1]))  # --port 0: the port it got
     listening(base_url(settings))
     context = None

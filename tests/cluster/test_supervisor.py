@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +35,9 @@ def test_a_kvgateway_folder_in_the_working_directory_is_ignored(procs: Start, tm
         command=AS_INSTALLED, cwd=tmp_path,
     )  # fmt: skip
     try:
-        parent.wait_for("with 2 edge processes", timeout=30)
+        parent.wait_for("with 2 edge processes", timeout=60)
+        # Announced once the port works: an edge accepts a connection from then on.
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
         wait_until(lambda: ready(port), timeout=40, what="an edge ready")
         assert parent.popen.poll() is None
         output = parent.output()
@@ -50,38 +51,28 @@ def test_a_kvgateway_folder_in_the_working_directory_is_ignored(procs: Start, tm
         parent.stop()
 
 
-def test_a_child_that_cannot_start_ends_the_supervisor(procs: Start, nats_server: NatsServer) -> None:
-    """Edges that cannot bind their port fail at start: started again after growing pauses, then
-    the supervisor stops everything and exits 1 with one line."""
-    pub, rep = free_port(), free_port()
-    sim(procs, pub, rep)
-    with socket.socket() as taken:  # no SO_REUSEPORT: the edges' bind fails
+def test_a_taken_port_is_the_single_process_line_at_once_and_nothing_starts(
+    procs: Start, nats_server: NatsServer
+) -> None:
+    """``serve --workers`` binds its port before any child starts: a taken one fails at once with
+    the one line single-process ``serve`` gives, and nothing is started or announced before it."""
+    with socket.socket() as taken:  # no SO_REUSEPORT: nobody else may bind it
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        began = time.monotonic()
-        parent = procs(
-            "serve",
-            "--source",
-            source_spec("sim", pub, rep),
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--nats",
-            nats_server.url,
-        )
-        code = parent.popen.wait(90)
-    lines = parent.finished_output()
+        source = source_spec("sim", free_port(), free_port())
+        single = procs("serve", "--source", source, "--port", str(port))
+        assert single.popen.wait(60) == 1
+        workers = procs("serve", "--source", source, "--port", str(port), "--workers", "2", "--nats", nats_server.url)
+        code = workers.popen.wait(60)
+    lines = workers.finished_output()
     assert code == 1, lines
-    assert time.monotonic() - began < 90
-    given_up = [line for line in lines if "giving up" in line]
-    assert len(given_up) == 1, lines
-    assert "edge 1 failed to start 4 times in a row (exit code 1; its output is above)" in given_up[0]
-    restarts = [line for line in lines if "edge 1 exited (code 1): starting it again" in line]
-    assert len(restarts) == MAX_FAILED_STARTS - 1, lines
-    assert [line.rsplit(" in ", 1)[1] for line in restarts] == ["1 s", "2 s", "4 s"]
-    assert not any("Traceback" in line for line in lines), lines
+    (expected,) = [line[line.index("cannot listen") :] for line in single.finished_output() if "cannot listen" in line]
+    assert expected.startswith(f"cannot listen on 127.0.0.1:{port}: address already in use;"), expected
+    assert expected.endswith("choose another with --port"), expected
+    errors = [line for line in lines if "ERROR" in line]
+    assert [line[line.index("cannot listen") :] for line in errors] == [expected], lines
+    assert not any("started" in line or "serving on" in line for line in lines), lines
 
 
 def test_workers_from_the_environment_and_nats_from_the_file(
@@ -117,6 +108,10 @@ def test_a_private_nats_server_that_cannot_start_points_at_its_log(procs: Start,
     assert (
         f"nats-server failed to start 4 times in a row (exit code 1; its log: {state / 'nats-server.log'})" in given_up
     )
+    restarts = [line for line in lines if "nats-server exited (code 1): starting it again" in line]
+    assert len(restarts) == MAX_FAILED_STARTS - 1, lines
+    assert [line.rsplit(" in ", 1)[1] for line in restarts] == ["1 s", "2 s", "4 s"]
+    assert not any("serving on" in line for line in lines), lines  # the port never worked: not announced
 
 
 def test_a_state_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
