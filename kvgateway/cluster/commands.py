@@ -36,6 +36,10 @@ def add_ingest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = None
     nats_options.add_nats_arguments(parser)
     _add_child_argument(parser)
+    # serve --workers gives its ingest the same member id at every start: a restarted ingest
+    # reclaims its own leases at once (cluster/shards.py). The lease time is for tests.
+    parser.add_argument("--member", help=argparse.SUPPRESS)
+    parser.add_argument("--lease-seconds", type=float, default=None, help=argparse.SUPPRESS)
 
 
 def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,8 +101,10 @@ def run_ingest(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
         exit_with_parent()
 
+    leases: dict[str, Any] = {} if args.lease_seconds is None else {"lease_seconds": args.lease_seconds}
+
     def make(settings: config.Settings, **kwargs: Any) -> IngestService:
-        return IngestService(settings, options, **kwargs)
+        return IngestService(settings, options, member=args.member, **leases, **kwargs)
 
     return server.run(settings, make, make_app=ingest_app, announce=IngestService.ready_line)
 

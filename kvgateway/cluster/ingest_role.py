@@ -41,7 +41,17 @@ logger = logging.getLogger("kvgateway.cluster")
 class IngestService:
     """The ingest half over the JetStream log, started and stopped by its probe app's lifespan."""
 
-    def __init__(self, settings: Settings, options: NatsOptions, *, context: zmq.Context[zmq.Socket[bytes]]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        options: NatsOptions,
+        *,
+        context: zmq.Context[zmq.Socket[bytes]],
+        member: str | None = None,
+        lease_seconds: float = LEASE_SECONDS,
+    ) -> None:
+        """``member``: this process's id among the ingest processes sharing the sources (None: a new
+        one); a process started again under the same id reclaims its leases at once."""
         self.settings = settings
         self.options = options
         self.context = context
@@ -53,7 +63,8 @@ class IngestService:
         self._nc: Client | None = None
         self._beats: asyncio.Task[None] | None = None
         self.shards: Shards | None = None
-        self.owner = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.owner = member or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self._lease_seconds = lease_seconds
         self._stopped = False
 
     async def start(self) -> None:
@@ -119,7 +130,7 @@ class IngestService:
             await publishing.load_positions([stream.key])  # what the last reader left in the stream
             ingest.add(stream, publishing.last_seqs().get(stream.key))
 
-        leases = Leases(kv, self.owner, LEASE_SECONDS)
+        leases = Leases(kv, self.owner, self._lease_seconds)
         return Shards(leases, self.settings.streams(), take, ingest.remove)
 
     async def _beat(self, ingest: Ingest) -> None:

@@ -124,7 +124,9 @@ def children(
         server = [binary, "-js", "-a", "127.0.0.1", "-p", nats_port, "-sd", str(store), "-l", str(nats_log(store))]
         out.append(Child("nats-server", server, output=f"its log: {nats_log(store)}"))
     ingest = _server_argv(argv, drop=config.CLIENT_ONLY)  # it has no flags for web clients' settings
-    out.append(Child("ingest", [*me, "ingest", *ingest, *nats, "--port", "0", "--exit-with-parent"], env))
+    # One member id for every start of the ingest: started again, it reclaims its own leases at once.
+    member = ["--member", f"{socket.gethostname()}-{os.getpid()}-ingest"]
+    out.append(Child("ingest", [*me, "ingest", *ingest, *nats, *member, "--port", "0", "--exit-with-parent"], env))
     for n in range(args.workers):
         edge = [*me, "edge", *shared, *nats, "--port", str(port), "--reuse-port", "--exit-with-parent"]
         out.append(Child(f"edge {n + 1}", edge, env))

@@ -3,6 +3,9 @@ output, and a child that cannot start."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -124,3 +127,26 @@ def test_a_state_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
     lines = proc.finished_output(timeout=60)
     assert proc.popen.returncode == 2, lines
     assert len(lines) == 1 and f"--state-dir {str(state)!r}" in lines[0], lines
+
+
+def test_the_only_ingest_killed_is_started_again_and_reclaims_its_leases_at_once(
+    procs: Start, nats_server: NatsServer
+) -> None:
+    """The supervisor starts its ingest again under the same member id: the new process holds the
+    streams at its first round, before its ready line, instead of waiting out the dead one's leases."""
+    pub, rep, port = free_port(), free_port(), free_port()
+    sim(procs, pub, rep, "--rate", "50", "--batches", "100000")
+    parent = procs(
+        "serve", "--source", source_spec("sim", pub, rep), "--port", str(port), "--workers", "1",
+        "--nats", nats_server.url,
+    )  # fmt: skip
+    first = parent.wait_for(re.compile(r"started ingest \(pid (\d+)\)"), timeout=60)
+    parent.wait_for("ingest publishing to", timeout=60)
+    os.kill(int(first.group(1)), signal.SIGKILL)
+    wait_until(lambda: "ingest exited (code -9)" in parent.output(), timeout=30, what="the kill seen")
+    wait_until(lambda: parent.output().count("ingest publishing to") == 2, timeout=60, what="the ingest again")
+    lines = parent.lines
+    again = max(i for i, line in enumerate(lines) if "started ingest (pid" in line)
+    said = [line for line in lines[again:] if "sim[0]: reclaimed (lease" in line or "ingest publishing to" in line]
+    assert len(said) >= 2 and "reclaimed" in said[0], parent.output()
+    assert parent.stop(20) == 0
