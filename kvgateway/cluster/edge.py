@@ -21,6 +21,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
+from starlette.applications import Starlette
 
 from kvgateway.cluster import nats_link, records
 from kvgateway.cluster.checkpoints import CheckpointStore
@@ -29,10 +30,11 @@ from kvgateway.cluster.order import OrderGuard
 from kvgateway.cluster.read_back import StreamReadBack
 from kvgateway.config import Settings
 from kvgateway.log import messages
-from kvgateway.log.ordered import MemoryLog, OffsetGap
+from kvgateway.log.ordered import OffsetGap
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.startup import StartupError
 from kvgateway.runtime.tasks import cancel_and_wait
+from kvgateway.serve.app import create_app
 from kvgateway.serve.serving import Serving
 from kvgateway.state import checkpoint
 from kvgateway.state.checkpoint import CheckpointError
@@ -54,14 +56,10 @@ class EdgeService:
         self.settings = settings
         self.options = options
         self.metrics = Metrics()
-        hub_metrics = self.metrics.hub()
         self._order = OrderGuard()
         self._read_back = StreamReadBack(options, self._order)
-        self.log = MemoryLog(
-            settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained, read_back=self._read_back
-        )
-        hub_metrics.retained(0, 0)
-        self.serving = Serving(settings, self.log, self.metrics, silence=INGEST_SILENCE_SECONDS)
+        self.serving = Serving(settings, self.metrics, read_back=self._read_back, silence=INGEST_SILENCE_SECONDS)
+        self.log = self.serving.log
         self.caught_up_to = 0  # the stream's last sequence when this edge started: ready past it
         self.fatal: str | None = None
         self.startup_error: StartupError | None = None
@@ -232,13 +230,24 @@ class EdgeService:
         self.serving.refresh_gauges()
         self.metrics.jetstream_applied_offset.set(self.log.last_offset)
 
-    def readiness(self) -> tuple[bool, list[dict[str, Any]]]:
+    def health(self) -> dict[str, Any]:
+        return self.serving.health()
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
         """As one process's (every stream up, as the status board shows it), once the edge has
         applied the stream as it stood at start and while NATS is up."""
         behind = self.log.last_offset < self.caught_up_to
         connected = self._nc is not None and self._nc.is_connected
         if behind or not connected:
             reason = "catching up with the stream" if behind else "NATS disconnected"
-            return False, [{"source": None, "dp_rank": None, "reason": reason}]
-        not_ready = self.serving.board.not_ready(self.serving.clock())
-        return not not_ready, not_ready
+            down = [{"source": None, "dp_rank": None, "reason": reason}]
+            return False, {"streams": len(self.serving.board.streams), "not_ready": down}
+        return self.serving.readiness()
+
+    def started_line(self, url: str) -> str:
+        return f"edge serving on {url}"
+
+
+def edge_app(edge: EdgeService) -> Starlette:
+    """The web app of an edge: the single process's."""
+    return create_app(edge, edge.serving)

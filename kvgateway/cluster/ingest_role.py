@@ -14,20 +14,17 @@ import secrets
 import socket
 from typing import Any
 
-import zmq
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError
-from starlette.applications import Starlette
 
 from kvgateway.cluster import nats_link
 from kvgateway.cluster.leases import Leases
 from kvgateway.cluster.options import HEARTBEAT_SECONDS, NatsOptions
-from kvgateway.cluster.probes import probe_app
 from kvgateway.cluster.publisher import Publisher
 from kvgateway.cluster.shards import LEASE_SECONDS, ROUND_SECONDS, Shards
 from kvgateway.cluster.sources import publish_sources
-from kvgateway.config import Settings, StreamConfig
+from kvgateway.config import Settings, StreamConfig, streams_text
 from kvgateway.engine.sequencer import Unrecovered
 from kvgateway.engine.wire import Stream
 from kvgateway.ingest.streams import Ingest
@@ -46,7 +43,6 @@ class IngestService:
         settings: Settings,
         options: NatsOptions,
         *,
-        context: zmq.Context[zmq.Socket[bytes]],
         member: str | None = None,
         lease_seconds: float = LEASE_SECONDS,
     ) -> None:
@@ -54,7 +50,6 @@ class IngestService:
         one); a process started again under the same id reclaims its leases at once."""
         self.settings = settings
         self.options = options
-        self.context = context
         self.metrics = Metrics()
         self.startup_error: StartupError | None = None
         self.fatal: str | None = None
@@ -104,16 +99,15 @@ class IngestService:
         )
         await publishing.load_positions([s.key for s in settings.streams()])
         shared = options.leases
+        # A takeover: each stream goes on after the last batch the stream holds, as after a
+        # reconnect (a gap replay from there, losses counted exactly), not from seq 0.
         ingest = self.ingest = Ingest(
-            settings, publishing, self.metrics, context=self.context, streams=[] if shared else None
+            settings, publishing, self.metrics, streams=[] if shared else None, resume_after=publishing.last_seqs()
         )
         # No serving half here: the statuses' figures are the outlets' own (an edge shows the same).
         self.metrics.streams.add(_StatusFigures(ingest))
         publishing.start()
-        # A takeover: each stream goes on after the last batch the stream holds, as after a
-        # reconnect (a gap replay from there, losses counted exactly), not from seq 0.
-        ingest.resume_after = publishing.last_seqs()
-        ingest.start()
+        ingest.start(f"ingest started: {ingest_summary(settings)}")
         if shared:
             self.shards = await self._shards(js, ingest, publishing)
             await self.shards.round()  # before the ready line: a lone process holds every stream
@@ -173,9 +167,6 @@ class IngestService:
         if self._nc is not None:
             await nats_link.close(self._nc)  # the publishes were waited for: no drain
 
-    def close_clients(self) -> None:
-        """An ingest serves no clients."""
-
     def publishes_lost(self, lost: dict[Stream, list[int]]) -> None:
         """Batches the stream will never hold in order: counted and noticed as any loss."""
         assert self.ingest is not None
@@ -207,13 +198,17 @@ class IngestService:
         self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
         self.metrics.jetstream_pending.set(0 if self.publishing is None else self.publishing.pending)
 
-    def ready_line(self, url: str) -> str:
+    def started_line(self, url: str) -> str:
         return f"ingest publishing to {options_text(self._nc)}; probes on {url}"
 
+    def close_clients(self) -> None:
+        """An ingest serves no clients."""
 
-def ingest_app(service: IngestService) -> Starlette:
-    """The probes and metrics, whose lifespan starts and stops ``service``."""
-    return probe_app(service, health=service.health, readiness=service.readiness, metrics=service.metrics)
+
+def ingest_summary(settings: Settings) -> str:
+    """The ingest's start line: its probes' address and the streams it may read (it serves no
+    clients: no ring, queue or client limit to show)."""
+    return f"probes http {settings.host}:{settings.port}, streams: {streams_text(settings)}"
 
 
 class _StatusFigures:

@@ -26,8 +26,9 @@ from kvgateway.serve.http_query import bad_request, route_query
 from kvgateway.serve.hub import TooManyClients
 from kvgateway.serve.middleware import PROTECTED_PREFIX, Authentication, HostCheck, SecurityHeaders
 from kvgateway.serve.query import BadRequest, ClientRequest
+from kvgateway.serve.role import Role
 from kvgateway.serve.router_api import ROUTER_ROUTES
-from kvgateway.serve.serving import Service, Serving
+from kvgateway.serve.serving import Serving
 from kvgateway.serve.sessions import WS_CLOSE, sse_stream, ws_session
 from kvgateway.serve.subscription import Subscription, Transport
 
@@ -47,16 +48,18 @@ def static_dir() -> Path:
 
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    """The service (on ``app.state``) runs while the app does: started before the first request."""
-    service: Service = app.state.service
-    dashboard_data: DashboardData = app.state.dashboard_data
+    """The role (on ``app.state``) runs while the app does: started before the first request."""
+    role: Role = app.state.role
+    dashboard_data: DashboardData | None = getattr(app.state, "dashboard_data", None)
     try:
-        await service.start()
-        dashboard_data.start()
+        await role.start()
+        if dashboard_data is not None:
+            dashboard_data.start()
         yield
     finally:
-        await dashboard_data.stop()
-        await service.stop()
+        if dashboard_data is not None:
+            await dashboard_data.stop()
+        await role.stop()
 
 
 def _gateway(conn: HTTPConnection) -> Serving:
@@ -64,28 +67,43 @@ def _gateway(conn: HTTPConnection) -> Serving:
     return serving
 
 
-# --- routes (the token is checked before them: middleware.Authentication) ------------------------
+# --- the probes: every role's (the token is checked before the routes: middleware.Authentication) ---
 
 
 async def healthz(request: Request) -> Response:
-    gateway = _gateway(request)
-    return JSONResponse(
-        {"status": "ok", "epoch": gateway.hub.epoch, "uptime_seconds": gateway.clock() - gateway.started_at}
-    )
+    role: Role = request.app.state.role
+    return JSONResponse({"status": "ok", **role.health()})
 
 
 async def readyz(request: Request) -> Response:
-    service: Service = request.app.state.service
-    ready, not_ready = service.readiness()
-    streams = len(service.serving.board.streams)
-    return JSONResponse({"ready": ready, "streams": streams, "not_ready": not_ready}, status_code=200 if ready else 503)
+    role: Role = request.app.state.role
+    ready, body = role.readiness()
+    return JSONResponse({"ready": ready, **body}, status_code=200 if ready else 503)
 
 
 async def metrics_endpoint(request: Request) -> Response:
-    service: Service = request.app.state.service
-    service.refresh_gauges()
-    body, content_type = service.serving.metrics.exposition()
+    role: Role = request.app.state.role
+    role.refresh_gauges()
+    body, content_type = role.metrics.exposition()
     return Response(body, media_type=content_type)
+
+
+PROBE_ROUTES: Final[list[Route | WebSocketRoute]] = [
+    Route("/healthz", healthz),
+    Route("/readyz", readyz),
+    Route("/metrics", metrics_endpoint),
+]
+
+
+def probe_app(role: Role) -> Starlette:
+    """The app of a role that serves no clients (an ingest): the probes and metrics, and the
+    lifespan that starts and stops it."""
+    app = Starlette(routes=list(PROBE_ROUTES), lifespan=lifespan)
+    app.state.role = role
+    return app
+
+
+# --- the web protocol ----------------------------------------------------------------------------
 
 
 async def sources(request: Request) -> Response:
@@ -171,9 +189,7 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
 
 
 ROUTES: Final[list[Route | WebSocketRoute]] = [
-    Route("/healthz", healthz),
-    Route("/readyz", readyz),
-    Route("/metrics", metrics_endpoint),
+    *PROBE_ROUTES,
     Route("/v1/sources", sources),
     Route("/v1/occupancy", occupancy),
     Route("/v1/history", history_endpoint),
@@ -203,13 +219,19 @@ async def not_found(request: Request, exc: Exception) -> Response:
     return json_error(404, f"no such endpoint: {path[:200]} (see docs/protocol.md)")
 
 
-def create_app(service: Service) -> Starlette:
-    """The web app of ``service`` (one process, or an edge), which its lifespan starts and stops."""
+def create_app(role: Role, serving: Serving) -> Starlette:
+    """The web app of ``role`` (one process, or an edge) and its serving half; the app's lifespan
+    starts and stops the role."""
     routes = [*ROUTES, Mount("/", app=StaticFiles(directory=static_dir(), html=True), name="static")]
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
-    app.state.service = service
-    gateway = app.state.serving = service.serving
+    app.state.role = role
+    gateway = app.state.serving = serving
     app.state.dashboard_data = DashboardData(gateway)
+    settings = gateway.settings
+    if settings.allow_unauthenticated and settings.token is None:
+        logging.getLogger("kvgateway").warning(
+            "authentication is OFF on %s:%d (--allow-unauthenticated)", settings.host, settings.port
+        )
     # The last added runs first: headers on every answer, then the Host, then Origin and token.
     app.add_middleware(Authentication, settings=gateway.settings, metrics=gateway.metrics)
     app.add_middleware(HostCheck, settings=gateway.settings, metrics=gateway.metrics)

@@ -11,15 +11,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from kvgateway.config import Settings
 from kvgateway.log import messages
 from kvgateway.log.filters import ClientFilter
-from kvgateway.log.ordered import Log
+from kvgateway.log.ordered import MemoryLog, ReadBack
 from kvgateway.runtime.memory import CollectionTimer
 from kvgateway.runtime.metrics import Metrics
-from kvgateway.runtime.startup import StartupError
 from kvgateway.serve.analytics_sink import AnalyticsSink
 from kvgateway.serve.hub import Hub
 from kvgateway.serve.query import ClientRequest
@@ -38,16 +37,22 @@ class Serving:
     def __init__(
         self,
         settings: Settings,
-        log: Log,
         metrics: Metrics,
         *,
+        read_back: ReadBack | None = None,
         clock: Callable[[], float] = time.time,
         silence: float | None = None,
     ) -> None:
-        """``silence``: in a cluster, how long a stream may go unreported before it shows down
-        (:class:`~kvgateway.state.status_board.StatusBoard`)."""
+        """Over its own ring log (:class:`~kvgateway.log.ordered.MemoryLog`): one process's ingest
+        appends to it, an edge appends what it reads from the stream, whose older part it reads
+        back through ``read_back``. ``silence``: in a cluster, how long a stream may go unreported
+        before it shows down (:class:`~kvgateway.state.status_board.StatusBoard`)."""
         self.settings = settings
-        self.log = log
+        hub_metrics = metrics.hub()
+        log = self.log = MemoryLog(
+            settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained, read_back=read_back
+        )
+        hub_metrics.retained(0, 0)
         self.metrics = metrics
         self.clock = clock
         self.started_at = clock()
@@ -63,7 +68,7 @@ class Serving:
         self.routers = RouterState(settings, self.index, metrics)
         self.hub = Hub(
             log,
-            metrics=metrics.hub(),
+            metrics=hub_metrics,
             sources=[s.key for s in streams],
             client_queue_bytes=settings.client_queue_bytes,
             max_clients=settings.max_clients,
@@ -158,28 +163,12 @@ class Serving:
         self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
         self.routers.refresh_gauges()
 
+    # --- the probes, in both modes ----------------------------------------------------------------
 
-class Service(Protocol):
-    """A process that serves the web protocol: its serving half, how it starts and stops, and
-    whether it is ready (one process: its streams are up; an edge: it has caught up)."""
+    def health(self) -> dict[str, Any]:
+        return {"epoch": self.hub.epoch, "uptime_seconds": self.clock() - self.started_at}
 
-    @property
-    def serving(self) -> Serving: ...
-
-    @property
-    def startup_error(self) -> StartupError | None:
-        """Why :meth:`start` failed (the runner says it in one line), or None."""
-
-    @property
-    def fatal(self) -> str | None:
-        """Why the process stopped on its own, or None."""
-
-    def close_clients(self) -> None: ...
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    def readiness(self) -> tuple[bool, list[dict[str, Any]]]: ...
-
-    def refresh_gauges(self) -> None: ...
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready when every stream is up, as the status board shows it."""
+        not_ready = self.board.not_ready(self.clock())
+        return not not_ready, {"streams": len(self.board.streams), "not_ready": not_ready}
