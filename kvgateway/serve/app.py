@@ -22,7 +22,7 @@ from starlette.websockets import WebSocket
 from kvgateway.log.messages import schema_bytes
 from kvgateway.serve.dashboard_api import DashboardData, analytics_endpoint, history_endpoint
 from kvgateway.serve.errors import json_error
-from kvgateway.serve.http_query import bad_request, route_query
+from kvgateway.serve.http_query import bad_request, read_query
 from kvgateway.serve.hub import TooManyClients
 from kvgateway.serve.middleware import PROTECTED_PREFIX, Authentication, HostCheck, SecurityHeaders
 from kvgateway.serve.query import BadRequest, ClientRequest
@@ -30,7 +30,6 @@ from kvgateway.serve.role import Role
 from kvgateway.serve.router_api import ROUTER_ROUTES
 from kvgateway.serve.serving import Serving
 from kvgateway.serve.sessions import WS_CLOSE, sse_stream, ws_session
-from kvgateway.serve.subscription import Subscription, Transport
 
 logger = logging.getLogger("kvgateway.web")
 
@@ -109,7 +108,7 @@ def probe_app(role: Role) -> Starlette:
 async def sources(request: Request) -> Response:
     gateway = _gateway(request)
     try:
-        client, _ = route_query(request, "/v1/sources")
+        client, _ = read_query(request, "/v1/sources")
     except BadRequest as exc:
         return bad_request(gateway, exc)
     statuses = gateway.statuses(client.filter)
@@ -119,7 +118,7 @@ async def sources(request: Request) -> Response:
 async def occupancy(request: Request) -> Response:
     gateway = _gateway(request)
     try:
-        client, _ = route_query(request, "/v1/occupancy")
+        client, _ = read_query(request, "/v1/occupancy")
     except BadRequest as exc:
         return bad_request(gateway, exc)
     body = gateway.snapshot(client_filter=client.filter)
@@ -130,7 +129,7 @@ async def occupancy(request: Request) -> Response:
 
 async def schema(request: Request) -> Response:
     try:
-        route_query(request, "/v1/schema")
+        read_query(request, "/v1/schema")
     except BadRequest as exc:
         return bad_request(_gateway(request), exc)
     return Response(SCHEMA, media_type="application/schema+json")
@@ -140,11 +139,7 @@ def _client_request(conn: HTTPConnection, transport: str) -> ClientRequest:
     # EventSource resends the page's original URL on reconnect: its Last-Event-ID header wins.
     header = conn.headers.get("last-event-id") if transport == "sse" else None
     route = "/v1/events" if transport == "sse" else "/v1/ws"
-    return _gateway(conn).hub.route_query(route, conn.query_params, last_event_id=header)[0]
-
-
-async def _subscribe(gateway: Serving, client: ClientRequest, transport: Transport) -> Subscription:
-    return await gateway.subscribe(client, transport)
+    return read_query(conn, route, last_event_id=header)[0]
 
 
 async def events(request: Request) -> Response:
@@ -156,7 +151,7 @@ async def events(request: Request) -> Response:
         metrics.client_rejections.labels("sse", "bad_request").inc()
         return json_error(400, str(exc))
     try:
-        subscription = await _subscribe(gateway, client, "sse")
+        subscription = await gateway.subscribe(client, "sse")
     except TooManyClients:
         metrics.client_rejections.labels("sse", "too_many_clients").inc()
         return json_error(503, "too many clients", **{"Retry-After": "5"})
@@ -178,7 +173,7 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
         await websocket.send_denial_response(json_error(400, str(exc)))
         return
     try:
-        subscription = await _subscribe(gateway, client, "ws")
+        subscription = await gateway.subscribe(client, "ws")
     except TooManyClients:
         metrics.client_rejections.labels("ws", "too_many_clients").inc()
         code, reason = WS_CLOSE["too_many_clients"]

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kvgateway.runtime.tasks import cancel_and_wait
-from kvgateway.serve.http_query import bad_request, route_query
+from kvgateway.serve.http_query import bad_request, read_query
 from kvgateway.serve.query import BadRequest
 from kvgateway.state.history import History, MediumReading, StreamReading
 from kvgateway.state.occupancy import StreamIndex
@@ -138,7 +138,7 @@ async def history_endpoint(request: Request) -> Response:
     data: DashboardData = request.app.state.dashboard_data
     gateway = data.gateway
     try:
-        client, own = route_query(request, "/v1/history")
+        client, own = read_query(request, "/v1/history")
         since, step = parse_history_query(own, data.history.interval)
     except BadRequest as exc:
         return bad_request(gateway, exc)
@@ -150,7 +150,7 @@ async def analytics_endpoint(request: Request) -> Response:
     data: DashboardData = request.app.state.dashboard_data
     gateway = data.gateway
     try:
-        client, _ = route_query(request, "/v1/analytics")
+        client, _ = read_query(request, "/v1/analytics")
     except BadRequest as exc:
         return bad_request(gateway, exc)
     streams = gateway.routers.matching(gateway.board.streams, client.filter)

@@ -25,7 +25,7 @@ from kvgateway.log.ordered import Log
 from kvgateway.log.resume import resume_after
 from kvgateway.log.ring import Entry
 from kvgateway.runtime.metrics import HubMetrics
-from kvgateway.serve.query import GAP_LAST, ClientRequest, QueryInput, parse_query, route_query
+from kvgateway.serve.query import GAP_LAST, ClientRequest
 from kvgateway.serve.subscription import CloseReason, Subscription, Transport
 
 logger = logging.getLogger("kvgateway.hub")
@@ -83,16 +83,6 @@ class Hub:
 
     def can_accept(self) -> bool:
         return not self._closed and len(self._clients) < self.max_clients
-
-    def parse_query(self, params: QueryInput, *, last_event_id: str | None = None) -> ClientRequest:
-        """:func:`kvgateway.serve.query.parse_query` against this hub's configured source names."""
-        return parse_query(params, sources=self.source_names, last_event_id=last_event_id)
-
-    def route_query(
-        self, route: str, params: QueryInput, *, last_event_id: str | None = None
-    ) -> tuple[ClientRequest, dict[str, list[str]]]:
-        """:func:`kvgateway.serve.query.route_query` against this hub's configured source names."""
-        return route_query(route, params, sources=self.source_names, last_event_id=last_event_id)
 
     # following the log
 
