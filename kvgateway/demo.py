@@ -275,7 +275,7 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
 def run(args: argparse.Namespace) -> int:
     _check(args)
     settings = config.settings_from_args(args)
-    logging_setup.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
+    logging_setup.setup_for(settings)
     from kvgateway.runtime.startup import StartupError
     from kvgateway.serve.server import loop_factory
 

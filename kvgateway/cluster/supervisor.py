@@ -135,7 +135,7 @@ def children(
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     settings = config.settings_from_args(args)
-    logging_setup.setup(settings.log_level, settings.log_format)
+    logging_setup.setup_for(settings)
     require_nats()  # (--workers is from 1 on: config.resolve_cluster checked it)
     store: Path | None = None
     if args.nats:

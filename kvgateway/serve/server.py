@@ -198,7 +198,7 @@ def run(
     installed), ``prepare`` (an edge that lists announced sources), :func:`serve` (the role's
     started line once HTTP is served), and the exit code: 0 after a signal, 1 with one line when
     it could not start or stopped on its own."""
-    logging_setup.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
+    logging_setup.setup_for(settings)
     roles: list[R] = []
 
     def ready(url: str) -> None:
