@@ -41,8 +41,11 @@ epoch; *pending*: batches received above the cursor, live or replayed, not yet d
    it: nothing, if the epoch began at 0 and that seq is 0; after a restart of a counting
    publisher, :class:`Unrecovered` ``restart``; on a fresh start above 0, :class:`HistoryTruncated`
    (the engine no longer holds the beginning; the index is incomplete) unless that batch starts
-   with ``AllBlocksCleared``. Seqs seeded with the clock (TensorRT-LLM) say nothing about where the
-   process began: no truncation is reported for them. Without a replay endpoint the first live
+   with ``AllBlocksCleared``. A catch-up that got no answer at all (no item, no end marker in any
+   attempt) proves nothing of the kind: the seqs before the first live batch are
+   :class:`Unrecovered` ``no_answer`` (the engine may still hold them). Seqs seeded with the
+   clock (TensorRT-LLM) say nothing about where the process began: no truncation or loss is
+   reported for them. Without a replay endpoint the first live
    batch starts the epoch, by the same rule.
 3. **Next seq** (``cursor + 1``, live or replayed): deliver it, then every pending batch that is
    now contiguous. A live next seq is delivered at once even while a replay is in flight (not
@@ -697,8 +700,10 @@ class Sequencer:
         self._establish(seq, item[0], out)
         self._deliver(seq, item, out)
 
-    def _establish(self, start: int, batch: Batch | None, out: list[Action]) -> None:
-        """Rule 2: the epoch starts at ``start``; say what lies before it."""
+    def _establish(self, start: int, batch: Batch | None, out: list[Action], *, unanswered: bool = False) -> None:
+        """Rule 2: the epoch starts at ``start``; say what lies before it. ``unanswered``: the
+        catch-up that should have brought it got no answer at all, so nothing says the engine no
+        longer holds it (the seqs before are lost ``no_answer``, not a truncated history)."""
         if self._origin_zero and not clock_seeded(start):
             self.cursor = -1
             if start > 0:
@@ -706,7 +711,11 @@ class Sequencer:
             return
         self.cursor = start - 1
         if start > 0 and not clock_seeded(start) and not _starts_cleared(batch):
-            out.append(HistoryTruncated(start))
+            if unanswered:
+                self.cursor = -1
+                self._account(start - 1, "no_answer", out)
+            else:
+                out.append(HistoryTruncated(start))
 
     def _forward(self, seq: int, item: _Item, verifying: bool, out: list[Action]) -> None:
         """Rules 3-4: a live batch above the cursor (or during a catch-up) that is not pending."""
@@ -892,7 +901,8 @@ class Sequencer:
             if low is None:  # nothing known at all: wait for the live stream
                 self._finish(out)
                 return
-            self._establish(low, self._pending[low][0], out)
+            # A catch-up nobody answered says nothing of the seqs below the first live batch.
+            self._establish(low, self._pending[low][0], out, unanswered=rec.purpose == "catch_up" and not rec.heard)
         self._drain(out)
         assert self.cursor is not None
         # Progress: something new came, or the first missing seq moved up (the reply brought what

@@ -26,13 +26,14 @@ import msgspec
 
 from kvgateway.engine.wire import Stream
 
-MessageType: TypeAlias = Literal["hello", "batch", "notice", "state"]
+MessageType: TypeAlias = Literal["hello", "batch", "notice", "state", "digest"]
 StreamNoticeKind: TypeAlias = Literal["restart", "unrecovered_gap", "degraded", "up", "down"]
 
 HELLO: Final = "hello"
 BATCH: Final = "batch"
 NOTICE: Final = "notice"
 STATE: Final = "state"  # a snapshot=blocks connection's resident blocks (kvgateway/state/blocks.py)
+DIGEST: Final = "digest"  # a digest=SECONDS connection's state digests (kvgateway/serve/digests.py)
 SLOW_CONSUMER: Final = "slow_consumer"
 STREAM_NOTICE_KINDS: Final[frozenset[str]] = frozenset(
     {"restart", "unrecovered_gap", "stale", "degraded", "up", "down"}
@@ -358,6 +359,20 @@ def with_deprecated_copies(message: OutMessage) -> OutMessage:
             variant = _AS_IS
         message._deprecated = variant
     return message if variant is _AS_IS else variant
+
+
+def encode_digest(source: str, dp_rank: int, offset: int, digest: str, blocks: int) -> OutMessage:
+    """A stream's state digest at ``offset`` (kvgateway/state/digest.py): per client, no ``id``
+    (not a point to resume from)."""
+    body = {
+        "type": DIGEST,
+        "source": source,
+        "dp_rank": dp_rank,
+        "offset": offset,
+        "digest": digest,
+        "block_count": blocks,
+    }
+    return OutMessage(_encoder.encode(body), DIGEST)
 
 
 def encode_slow_consumer(limit_bytes: int) -> OutMessage:

@@ -65,6 +65,7 @@ class Hub:
         self.slow_consumer_notice = messages.encode_slow_consumer(client_queue_bytes)
         self._closed = False
         self._clients: dict[Subscription, None] = {}
+        self._digest_clients: dict[Subscription, None] = {}  # those that asked digest=SECONDS
         # subscribers per stream, so an entry visits only the clients that want it
         self._by_stream: dict[Stream, dict[Subscription, None]] = {stream: {} for stream in sources}
 
@@ -104,14 +105,32 @@ class Hub:
                 slow.append(sub)
         if slow is not None:  # not inside the loop: closing edits the dict being iterated
             for sub in slow:
-                logger.warning(
-                    "%s client cut off as a slow consumer: %d bytes queued, limit %d",
-                    sub.transport,
-                    sub.queued_bytes,
-                    self.client_queue_bytes,
-                )
-                sub.close("slow_consumer")
+                self._cut(sub)
         self.metrics.broadcast(perf_counter() - started)
+
+    def _cut(self, sub: Subscription) -> None:
+        logger.warning(
+            "%s client cut off as a slow consumer: %d bytes queued, limit %d",
+            sub.transport,
+            sub.queued_bytes,
+            self.client_queue_bytes,
+        )
+        sub.close("slow_consumer")
+
+    @property
+    def digest_clients(self) -> list[Subscription]:
+        """The clients that asked for ``digest`` messages (a copy: sending may close one)."""
+        return list(self._digest_clients)
+
+    def deliver(self, sub: Subscription, message: OutMessage) -> bool:
+        """Queue a message for one client between two log entries (a ``digest``); False when it
+        was too slow for it (then it is cut, as for a log entry)."""
+        if sub.closed_reason is not None:
+            return False
+        if not sub.push(message):
+            self._cut(sub)
+            return False
+        return True
 
     # clients
 
@@ -148,6 +167,9 @@ class Hub:
             metrics=self.metrics,
             deprecated_copies=GAP_LAST in request.compat,
         )
+        if request.digest is not None:
+            sub.digest_every = request.digest
+            self._digest_clients[sub] = None
         if point.recovered:
             key = sub.event_key
             message_for = self.log.message_for
@@ -169,6 +191,7 @@ class Hub:
         """Unregister ``sub`` (its :meth:`~Subscription.close` calls this)."""
         if sub in self._clients:
             del self._clients[sub]
+            self._digest_clients.pop(sub, None)
             for subscribers in self._by_stream.values():
                 subscribers.pop(sub, None)
             self.metrics.left(sub.transport, reason)

@@ -28,6 +28,8 @@ class ClientRequest:
     """``"blocks"``: the resident blocks (``state`` messages) follow a hello that is not recovered."""
     compat: frozenset[str] = frozenset()
     """Deprecated fields the client still reads (:data:`COMPATS`), sent to it alone."""
+    digest: int | None = None
+    """``digest=SECONDS``: a ``digest`` message per selected stream every that many seconds."""
 
 
 @runtime_checkable
@@ -39,7 +41,7 @@ class MultiItems(Protocol):
 
 QueryInput: TypeAlias = Mapping[str, Sequence[str]] | MultiItems | Sequence[tuple[str, str]]
 
-PARAMETERS: Final = ("source", "dp_rank", "type", "medium", "last_event_id", "snapshot", "compat", "token")
+PARAMETERS: Final = ("source", "dp_rank", "type", "medium", "last_event_id", "snapshot", "compat", "digest", "token")
 """Every query parameter a stream endpoint accepts; any other name is a 400 (catches typos).
 ``token`` is the auth layer's and ignored here."""
 SNAPSHOTS: Final = ("blocks",)
@@ -49,6 +51,11 @@ COMPATS: Final = (GAP_LAST,)
 """Values of ``compat``: a deprecated field a client written against an older release still reads,
 sent to that client until the field's removal (docs/protocol.md, "Deprecated fields").
 ``gap_last``: ``unrecovered_gap``'s ``until`` also as ``last`` (until 0.2.0)."""
+DIGEST_SECONDS: Final = (1, 3600)
+"""The range of ``digest`` (whole seconds between two digests of a stream)."""
+DIGEST_TYPES: Final = frozenset({"BlockStored", "BlockRemoved", "AllBlocksCleared"})
+"""What a ``type`` filter must keep for ``digest``: a client that does not see every block event
+cannot keep the state the digest is of."""
 MAX_VALUES: Final = 64
 """Distinct values per repeatable parameter."""
 
@@ -72,6 +79,7 @@ the others (``since``, ``step``, ``format``) are the route's own."""
 _RANK_RE: Final = re.compile(r"[0-9]{1,9}")
 _TYPE_RE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _MEDIUM_RE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_SECONDS_RE: Final = re.compile(r"[0-9]{1,4}")
 
 
 def _show(value: str) -> str:
@@ -119,10 +127,9 @@ def parse_query(
 ) -> ClientRequest:
     """The filter and resume point of a stream request; raises :class:`BadRequest`.
 
-    ``sources``: the configured source names (None: any name). ``last_event_id``: the SSE
-    ``Last-Event-ID`` header, which wins over the query parameter (EventSource sends it on
-    reconnect, the query parameter serves the first connection). A malformed id is not an error:
-    it just cannot be recovered.
+    ``sources``: the configured source names (None: any name). ``last_event_id``: the SSE ``Last-Event-ID``
+    header, which wins over the query parameter (EventSource sends it on reconnect, the query
+    parameter serves the first connection). A malformed id is not an error: it just cannot be recovered.
     """
     known = None if sources is None else frozenset(sources)
     chosen_sources: set[str] = set()
@@ -132,6 +139,7 @@ def parse_query(
     resume_ids: list[str] = []
     snapshots: list[str] = []
     compat: set[str] = set()
+    digests: list[str] = []
     for name, value in _query_items(params):
         if name == "source":
             if known is not None and value not in known:
@@ -155,6 +163,9 @@ def parse_query(
             check_once(name, snapshots)
         elif name == "compat":
             compat.add(_one_of(name, value, COMPATS))
+        elif name == "digest":
+            digests.append(value)
+            check_once(name, digests)
         elif name != "token":
             raise BadRequest(f"unknown query parameter {_show(name)} (accepted: {', '.join(PARAMETERS)})")
     resume = last_event_id or (resume_ids[0] if resume_ids else None)
@@ -169,7 +180,18 @@ def parse_query(
         last_event_id=resume or None,
         snapshot=snapshots[0] if snapshots else None,
         compat=frozenset(compat),
+        digest=_digest_seconds(digests[0], types) if digests else None,
     )
+
+
+def _digest_seconds(value: str, types: set[str]) -> int:
+    """``digest``'s value; a 400 for a bad one, or with a ``type`` filter that drops block events."""
+    low, high = DIGEST_SECONDS
+    if _SECONDS_RE.fullmatch(value) is None or not low <= int(value) <= high:
+        raise BadRequest(f"digest: expected whole seconds from {low} to {high}, got {_show(value)}")
+    if types and not types >= DIGEST_TYPES:
+        raise BadRequest(f"digest: needs every block event; a type filter must keep {', '.join(sorted(DIGEST_TYPES))}")
+    return int(value)
 
 
 def route_query(

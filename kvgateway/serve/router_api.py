@@ -74,7 +74,7 @@ async def blocks_endpoint(request: Request) -> Response:
         return json_error(503, str(exc), **{"Retry-After": "1"})
     # No await between reading the offset and freezing the streams: the state is the one after it.
     offset = gateway.hub.offset
-    snapshot = routers.capture(streams, offset, None, "blocks")
+    snapshot = routers.capture(streams, offset, None, "blocks", digest=True)
     if fmt == "ndjson":
         pieces = blocks.iter_ndjson(gateway.hub.epoch, offset, snapshot.streams)
     else:

@@ -166,15 +166,19 @@ class RouterState:
     def _free(self) -> None:
         self._snapshots -= 1
 
-    def capture(self, streams: Sequence[StreamIndex], offset: int, hello_id: str | None, route: str) -> BlockSnapshot:
-        """Freeze ``streams`` now (call it at ``offset``, with no await since) in a reserved slot."""
+    def capture(
+        self, streams: Sequence[StreamIndex], offset: int, hello_id: str | None, route: str, *, digest: bool = False
+    ) -> BlockSnapshot:
+        """Freeze ``streams`` now (call it at ``offset``, with no await since) in a reserved slot;
+        ``digest``: with each stream's state digest."""
         self.metrics.block_snapshots.labels(route).inc()
-        return BlockSnapshot(blocks.capture(streams), offset, hello_id, self._free)
+        return BlockSnapshot(blocks.capture(streams, digest=digest), offset, hello_id, self._free)
 
     def attach(self, sub: Subscription, streams: Sequence[StreamIndex]) -> None:
         """Give a new ``snapshot=blocks`` client (a reserved slot) the state at its hello's
         offset; its live messages queue behind the state, up to ``snapshot_queue_bytes``."""
-        sub.snapshot = self.capture(streams, sub.offset, sub.hello_message.id, sub.transport)
+        digest = sub.digest_every is not None
+        sub.snapshot = self.capture(streams, sub.offset, sub.hello_message.id, sub.transport, digest=digest)
         sub.hold(self.snapshot_queue_bytes)
 
     @property

@@ -20,6 +20,7 @@ from kvgateway.log.ordered import MemoryLog, ReadBack
 from kvgateway.runtime.memory import CollectionTimer
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.serve.analytics_sink import AnalyticsSink
+from kvgateway.serve.digests import DigestTicker
 from kvgateway.serve.hub import Hub
 from kvgateway.serve.query import ClientRequest
 from kvgateway.serve.router_state import RouterState
@@ -86,6 +87,9 @@ class Serving:
             self.analytics.follow,
         ):
             log.follow(follower)
+        # monotonic: a step of the wall clock must not hold the digests back
+        self.digests = DigestTicker(self.hub, self.index, lambda: self.board.streams, time.monotonic)
+        """The ``digest`` messages of the clients that asked for them (``digest=SECONDS``)."""
         self.collections = CollectionTimer(metrics.observe_gc_pause)
         """Times the garbage collector's pauses while the gateway runs (kvgateway_gc_pause_seconds)."""
 
@@ -95,11 +99,13 @@ class Serving:
         """What runs beside the log once it is fed: the routers' fleet count and the garbage
         collector's pause timing; :meth:`stop` ends both."""
         self.routers.start(lambda: self.log.last_offset)
+        self.digests.start()
         self.collections.install()
 
     async def stop(self) -> None:
         self.collections.uninstall()
         self.hub.close()
+        await self.digests.stop()
         await self.routers.stop()
 
     # --- checkpoints --------------------------------------------------------------------------

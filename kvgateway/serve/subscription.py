@@ -65,6 +65,8 @@ class Subscription:
         "_queued",
         "_sent",
         "closed_reason",
+        "digest_due",
+        "digest_every",
         "event_key",
         "filter",
         "hello",
@@ -101,6 +103,10 @@ class Subscription:
         self.hello = hello.data
         self.offset = offset  # the hello's offset: where the client stands before its first chunk
         self.recovered = recovered
+        self.digest_every: int | None = None
+        """``digest=SECONDS``: the hub's digest ticker (kvgateway/serve/digests.py) sends this client a
+        ``digest`` message per stream every that many seconds, from ``digest_due`` on."""
+        self.digest_due = 0.0
         self.snapshot: PendingState | None = None
         """``snapshot=blocks``: the state the writer sends after the hello, before any queued message."""
         self.closed_reason: CloseReason | None = None

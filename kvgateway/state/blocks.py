@@ -42,6 +42,7 @@ import msgspec
 from kvgateway.engine.mediums import medium_tier
 from kvgateway.engine.wire import Hash
 from kvgateway.log.render import hash_text
+from kvgateway.state.digest import hex_digest
 from kvgateway.state.occupancy import BlockGroup, StreamIndex
 
 __all__ = [
@@ -70,6 +71,9 @@ class StreamBlocks:
     dp_rank: int
     stale: bool
     groups: tuple[BlockGroup, ...]
+    digest: str | None = None
+    """The state digest of every medium at the offset captured (kvgateway/state/digest.py), or None
+    when it was not asked for."""
 
     @property
     def block_sizes(self) -> dict[str, int]:
@@ -83,14 +87,22 @@ class StreamBlocks:
         return sum(len(blocks) for _, _, _, blocks, _ in self.groups)
 
 
-def capture(indexes: Iterable[StreamIndex]) -> list[StreamBlocks]:
+def capture(indexes: Iterable[StreamIndex], *, digest: bool = False) -> list[StreamBlocks]:
     """Freeze the resident blocks of these streams as they are now (call it at the offset served).
 
     O(streams x groups), no copy (see the module's docstring). What it returns never changes,
     however the index moves on; a stream with no block is kept (it still gets its one chunk).
+    ``digest``: with each stream's state digest (the first ask turns its upkeep on:
+    :meth:`~kvgateway.state.occupancy.StreamIndex.digest`).
     """
     return [
-        StreamBlocks(index.source, index.dp_rank, index.stale, tuple(index.block_groups(freeze=True)))
+        StreamBlocks(
+            index.source,
+            index.dp_rank,
+            index.stale,
+            tuple(index.block_groups(freeze=True)),
+            hex_digest(index.digest()[0]) if digest else None,
+        )
         for index in indexes
     ]
 
@@ -154,9 +166,9 @@ def state_messages(
 
     ``{"type": "state", "offset": N, "source": ..., "dp_rank": ..., "stale": bool, "blocks": [...],
     "last": bool}`` with at most ``chunk_blocks`` blocks each (``stale``: the stream's index was
-    incomplete at ``offset``, as ``hello.sources`` says); a stream's last chunk has ``"last": true`` and
-    ``"block_sizes"`` (:attr:`StreamBlocks.block_sizes`), and a stream with no block still sends
-    one (empty) chunk. Lazy: each step renders one chunk.
+    incomplete at ``offset``, as ``hello.sources`` says); a stream's last chunk has ``"last": true``,
+    ``"block_sizes"`` (:attr:`StreamBlocks.block_sizes`) and, when captured with it, ``"digest"``;
+    a stream with no block still sends one (empty) chunk. Lazy: each step renders one chunk.
     """
     for stream in streams:
         for blocks, last in _marked(stream, chunk_blocks):
@@ -171,6 +183,8 @@ def state_messages(
             }
             if last:
                 message["block_sizes"] = stream.block_sizes
+                if stream.digest is not None:
+                    message["digest"] = stream.digest
             yield message
 
 
@@ -185,19 +199,26 @@ def encoded_state_messages(
         yield data
 
 
+def _head(stream: StreamBlocks) -> dict[str, Any]:
+    """A stream's fields of ``GET /v1/blocks`` before its blocks (``digest`` only when captured)."""
+    head: dict[str, Any] = {
+        "source": stream.source,
+        "dp_rank": stream.dp_rank,
+        "stale": stream.stale,
+        "block_sizes": stream.block_sizes,
+    }
+    if stream.digest is not None:
+        head["digest"] = stream.digest
+    return head
+
+
 def blocks_document(epoch: str, offset: int, streams: Iterable[StreamBlocks]) -> dict[str, Any]:
     """``GET /v1/blocks`` as one dict (tests, small fleets; :func:`iter_document` streams it)."""
     return {
         "epoch": epoch,
         "offset": offset,
         "streams": [
-            {
-                "source": stream.source,
-                "dp_rank": stream.dp_rank,
-                "stale": stream.stale,
-                "block_sizes": stream.block_sizes,
-                "blocks": [block for chunk in _chunks(stream, DEFAULT_CHUNK_BLOCKS) for block in chunk],
-            }
+            _head(stream) | {"blocks": [block for chunk in _chunks(stream, DEFAULT_CHUNK_BLOCKS) for block in chunk]}
             for stream in streams
         ],
     }
@@ -213,13 +234,7 @@ def iter_document(
     """
     yield b'{"epoch":' + _json.encode(epoch) + b',"offset":' + _json.encode(offset) + b',"streams":['
     for n, stream in enumerate(streams):
-        head = {
-            "source": stream.source,
-            "dp_rank": stream.dp_rank,
-            "stale": stream.stale,
-            "block_sizes": stream.block_sizes,
-        }
-        yield (b"," if n else b"") + _json.encode(head)[:-1] + b',"blocks":['
+        yield (b"," if n else b"") + _json.encode(_head(stream))[:-1] + b',"blocks":['
         for i, chunk in enumerate(_chunks(stream, chunk_blocks)):
             piece = (b"," if i else b"") + _json.encode(chunk)[1:-1]
             chunk.clear()  # freed now, not when the generator is resumed

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
@@ -30,6 +30,7 @@ from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockSt
 from kvgateway.log.ordered import BatchRecord, NoticeRecord
 from kvgateway.log.ring import Entry
 from kvgateway.log.staleness import Staleness
+from kvgateway.state.digest import MASK, elements_sum, prefix_state
 
 __all__ = ["DEFAULT_MEDIUM", "BlockGroup", "MediumStats", "OccupancyIndex", "StreamIndex", "normalise_medium"]
 
@@ -85,15 +86,25 @@ class _Group:
     """Resident hashes of one (medium, group_idx): refcount = 1 + ``extra.get(hash, 0)``.
 
     ``shared``: ``blocks`` and ``extra`` were handed out by :meth:`StreamIndex.block_groups` with
-    ``freeze=True``; the group copies them before its next change (copy on write)."""
+    ``freeze=True``; the group copies them before its next change (copy on write).
 
-    __slots__ = ("blocks", "extra", "medium", "shared")
+    ``digest``: None, or (once :meth:`track` was called) the sum of the resident hashes' digest
+    elements (kvgateway/state/digest.py), kept up to date by every change from then on."""
+
+    __slots__ = ("blocks", "digest", "extra", "medium", "prefix", "shared")
 
     def __init__(self, medium: _Medium) -> None:
         self.blocks: set[Hash] = set()
         self.extra: dict[Hash, int] = {}
         self.medium = medium
         self.shared = False
+        self.digest: int | None = None
+        self.prefix = 0
+
+    def track(self, medium: str, group_idx: int) -> None:
+        """Keep the digest from now on: computed once from the resident hashes (O(blocks))."""
+        self.prefix = prefix_state(medium, group_idx)
+        self.digest = elements_sum(self.prefix, self.blocks)
 
     def _own(self) -> None:
         self.blocks = set(self.blocks)
@@ -104,6 +115,8 @@ class _Group:
         if self.shared:
             self._own()
         blocks = self.blocks
+        if self.digest is not None:  # the hashes that become resident (refs 0 -> 1), counted once
+            self.digest = (self.digest + elements_sum(self.prefix, set(hashes).difference(blocks))) & MASK
         if blocks.isdisjoint(hashes):
             # Fast path (the common case): all new. A length mismatch means repeats inside the list.
             before = len(blocks)
@@ -123,6 +136,14 @@ class _Group:
 
     def remove(self, hashes: list[Hash]) -> int:
         """Take one reference per hash; returns how many hashes were not resident."""
+        if self.digest is None:
+            return self._take(hashes)
+        was = self.blocks.intersection(hashes)
+        unknown = self._take(hashes)
+        self.digest = (self.digest - elements_sum(self.prefix, was.difference(self.blocks))) & MASK  # refs 1 -> 0
+        return unknown
+
+    def _take(self, hashes: list[Hash]) -> int:
         if self.shared:
             self._own()
         blocks = self.blocks
@@ -155,6 +176,8 @@ class _Group:
         self.blocks = set()
         self.extra = {}
         self.shared = False
+        if self.digest is not None:
+            self.digest = 0
 
 
 class _Medium:
@@ -240,6 +263,7 @@ class StreamIndex:
 
     __slots__ = (
         "_capacity",
+        "_digest",
         "_mediums",
         "_routes",
         "dp_rank",
@@ -269,6 +293,7 @@ class StreamIndex:
         self._mediums: dict[str, _Medium] = {m: _Medium() for m in sorted(self._capacity)}
         # (raw medium, raw group_idx) -> group: one dict lookup per event on the hot path.
         self._routes: dict[tuple[str | None, int | None], _Group] = {}
+        self._digest = False  # every group keeps its digest (see digest())
 
     def _group(self, medium: str | None, group_idx: int | None) -> _Group:
         """The group of a (raw medium, raw group_idx) not yet in the route cache."""
@@ -277,6 +302,8 @@ class StreamIndex:
         if med is None:
             med = self._mediums[name] = _Medium()
         grp = med.group(0 if group_idx is None else group_idx)
+        if self._digest and grp.digest is None:
+            grp.track(name, 0 if group_idx is None else group_idx)
         if len(self._routes) < _ROUTE_CACHE_MAX:
             self._routes[(medium, group_idx)] = grp
         return grp
@@ -384,6 +411,26 @@ class StreamIndex:
                 out.append((name, group_idx, med.block_size, grp.blocks, grp.extra))
         return out
 
+    def digest(self, mediums: Collection[str] | None = None) -> tuple[int, int]:
+        """The state digest of the stream (kvgateway/state/digest.py) and its resident blocks: of
+        every medium, or of those ``mediums`` selects (upper-cased names or tiers, as a client's
+        ``medium`` filter: a tier name selects its mediums).
+
+        Lazy: the first call turns tracking on for good (each group computes its sum once, O(blocks),
+        then keeps it in O(1) per block event); a stream nobody asks about pays nothing."""
+        if not self._digest:
+            self._digest = True
+            for name, med in self._mediums.items():
+                for group_idx, grp in med.groups.items():
+                    grp.track(name, group_idx)
+        total = blocks = 0
+        for name, med in self._mediums.items():
+            if mediums is None or name in mediums or medium_tier(name) in mediums:
+                for grp in med.groups.values():
+                    total += grp.digest or 0
+                    blocks += len(grp.blocks)
+        return total & MASK, blocks
+
     def medium_counts(self) -> dict[str, tuple[int, int, int]]:
         """Each medium's (block size, stores, removes): what a checkpoint keeps beside the blocks."""
         return {name: (med.block_size, med.stores, med.removes) for name, med in sorted(self._mediums.items())}
@@ -402,6 +449,8 @@ class StreamIndex:
             med = self._mediums[name] = _Medium()
         grp = med.group(group_idx)
         grp.blocks, grp.extra, grp.shared = blocks, extra, False
+        if self._digest:
+            grp.track(name, group_idx)
 
     def iter_blocks(self) -> Iterator[tuple[Hash, int, str, int, int]]:
         """Every resident block as ``(hash, refs, medium, group_idx, block_size)`` (block size 0:

@@ -47,6 +47,29 @@ def _streams(occupancy: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+EMPTY_DIGEST = "0000000000000000"
+
+
+def _blocks_digests(gateway: Gateway) -> dict[tuple[str, int], str]:
+    return {(s["source"], s["dp_rank"]): s["digest"] for s in gateway.get("/v1/blocks").json()["streams"]}
+
+
+def _message_digests(gateway: Gateway) -> dict[tuple[str, int], str]:
+    """The first digest message of each stream on a ``digest=1`` connection."""
+    with WsCollector(gateway.ws_url, query="digest=1") as ws:
+        streams = {(s["source"], s["dp_rank"]) for s in ws.hello["sources"]}
+
+        def first() -> dict[tuple[str, int], str] | None:
+            found: dict[tuple[str, int], str] = {}
+            for _, m in list(ws.messages):
+                if m["type"] == "digest":
+                    found.setdefault((m["source"], m["dp_rank"]), m["digest"])
+            return found if set(found) == streams else None
+
+        digests: dict[tuple[str, int], str] = wait_until(first, timeout=15, what="a digest of every stream")
+        return digests
+
+
 def test_one_process_and_an_edge_show_the_same_statuses_counters_and_index(
     procs: Start, nats_server: NatsServer
 ) -> None:
@@ -110,6 +133,13 @@ def test_one_process_and_an_edge_show_the_same_statuses_counters_and_index(
         assert [_without_timing(s) for s in hello["sources"]] == single_sources
     # The index: the same blocks per stream and medium, and the same stale flags.
     assert _streams(edge.get("/v1/occupancy").json()) == _streams(single.get("/v1/occupancy").json())
+    # The state digest: the same per stream in both modes, in /v1/blocks and in digest messages
+    # (the engines are done: the offsets differ, the states do not).
+    digests = [_blocks_digests(gateway) for gateway in (single, edge)]
+    assert digests[0] == digests[1]
+    assert digests[0][("lossy", 0)] != EMPTY_DIGEST  # it holds blocks: the comparison means something
+    for gateway in (single, edge):
+        assert _message_digests(gateway) == digests[0]
 
 
 def test_a_killed_ingest_shows_on_every_edge_as_ingest_unreachable_and_a_new_one_brings_the_streams_back(

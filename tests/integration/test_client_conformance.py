@@ -8,7 +8,10 @@ test) drives the gateway through a clear, restarts
 of every reason (``seq_reset``, ``cleared``, ``jump``, ``window``, ``identity``, ``reconnect``),
 a loss (``unrecovered_gap``), a dropped connection resumed, and a gateway restart. The engine
 holds still between steps, so the gateway's offset is paused; at each pause the client's blocks
-and stale flags must equal ``GET /v1/blocks`` at the same offset.
+and stale flags must equal ``GET /v1/blocks`` at the same offset, and so must its own state digest
+("State digest": computed here from the doc's algorithm, no kvgateway code) equal the gateway's,
+there and in every ``digest`` message (``digest=1``), at every offset one came at. A client model
+corrupted on purpose (one block dropped) is caught by the next digest message.
 """
 
 from __future__ import annotations
@@ -32,6 +35,20 @@ from tests.support import BIG_QUEUE, Start, free_ports, source_spec, start_gatew
 Stream = tuple[str, int]
 Key = tuple[str, int, str]  # (medium, group_idx, hash)
 
+DIGEST_SECONDS = 1
+
+
+def element(key: Key) -> int:
+    """docs/protocol.md, "State digest": FNV-1a 64 over ``medium\ngroup_idx\nhash``."""
+    state = 0xCBF29CE484222325
+    for byte in f"{key[0]}\n{key[1]}\n{key[2]}".encode():
+        state = ((state ^ byte) * 0x100000001B3) % 2**64
+    return state
+
+
+def digest_of(held: dict[Key, int]) -> str:
+    return f"{sum(element(key) for key in held) % 2**64:016x}"
+
 
 # --- the client: docs/protocol.md, "Writing a client", and nothing else -----------------------
 
@@ -51,6 +68,9 @@ class DocClient:
         self.waiting: set[Stream] = set()
         self.hellos: list[bool] = []  # recovered, per hello
         self.notices: list[dict[str, Any]] = []
+        self.digests: list[tuple[Stream, int, bool]] = []
+        """Every ``digest`` message: (stream, offset, whether the client's own digest and block
+        count equalled it when it came, and the client stood at its offset)."""
         self.field_types: dict[str, set[str]] = {}
         """The JSON types each message field came with (null aside): a client that decodes every
         message into one structure needs one per name (docs/protocol.md, "Deprecated fields")."""
@@ -71,7 +91,8 @@ class DocClient:
             with self.lock:
                 resume = "" if self.last_id is None else f"&last_event_id={self.last_id}"
             try:
-                with connect(f"{self.ws_url}?snapshot=blocks{resume}", max_size=None, open_timeout=5) as ws:
+                url = f"{self.ws_url}?snapshot=blocks&digest={DIGEST_SECONDS}{resume}"
+                with connect(url, max_size=None, open_timeout=5) as ws:
                     self._ws = ws
                     for frame in ws:
                         for line in str(frame).split("\n"):  # a frame may hold several messages
@@ -131,6 +152,12 @@ class DocClient:
                 if not self.waiting:
                     self._state_complete()
             return
+        if kind == "digest":
+            assert stream is not None and self.pending_id is None  # after the whole state
+            held = self.blocks.get(stream, {})
+            same = (digest_of(held), len(held)) == (m["digest"], m["block_count"]) and m["offset"] == self.offset
+            self.digests.append((stream, m["offset"], same))
+            return
         if self.pending_id is not None:
             self._state_complete()  # the fallback: live messages come only after the whole state
         if kind == "batch":
@@ -181,6 +208,10 @@ class DocClient:
         with self.lock:
             blocks = {s: dict(held) for s, held in self.blocks.items() if held}
             return self.offset, self.pending_id is None, blocks, dict(self.stale)
+
+    def digest_mismatches(self) -> list[tuple[Stream, int]]:
+        with self.lock:
+            return [(stream, offset) for stream, offset, same in self.digests if not same]
 
     def restart_reasons(self) -> list[str]:
         with self.lock:
@@ -303,17 +334,21 @@ class ScriptedEngine:
 # --- the comparison ----------------------------------------------------------------------------
 
 
-def _gateway_view(doc: dict[str, Any]) -> tuple[dict[Stream, dict[Key, int]], dict[Stream, bool]]:
+def _gateway_view(
+    doc: dict[str, Any],
+) -> tuple[dict[Stream, dict[Key, int]], dict[Stream, bool], dict[Stream, str]]:
     blocks = {
         (s["source"], s["dp_rank"]): {(b["medium"], b["group_idx"], b["hash"]): b["refs"] for b in s["blocks"]}
         for s in doc["streams"]
         if s["blocks"]
     }
-    return blocks, {(s["source"], s["dp_rank"]): s["stale"] for s in doc["streams"]}
+    stale = {(s["source"], s["dp_rank"]): s["stale"] for s in doc["streams"]}
+    return blocks, stale, {(s["source"], s["dp_rank"]): s["digest"] for s in doc["streams"]}
 
 
 def check(client: DocClient, base: str, what: str) -> int:
-    """The client equals ``GET /v1/blocks`` at the same offset; that offset."""
+    """The client equals ``GET /v1/blocks`` at the same offset, its digests too, and every digest
+    message so far matched the client's own; that offset, once a digest message came at it."""
 
     def aligned() -> tuple[int, Any, Any] | None:
         doc = httpx.get(f"{base}/v1/blocks", timeout=10).json()
@@ -327,7 +362,31 @@ def check(client: DocClient, base: str, what: str) -> int:
     )
     assert mine[1] == theirs[1], f"stale flags differ after {what}"
     assert mine[0] == theirs[0], f"blocks differ after {what}"
+    own = {stream: digest_of(mine[0].get(stream, {})) for stream in theirs[2]}
+    assert own == theirs[2], f"digests differ after {what}"
+    wait_until(lambda: any(at == offset for _, at, _ in client.digests), timeout=20, what=f"a digest message ({what})")
+    assert client.digest_mismatches() == [], f"a digest message differed by {what}"
     return int(offset)
+
+
+def corrupt_and_catch(client: DocClient, stream: Stream) -> None:
+    """Drop one block of the client's model: the next digest message of ``stream`` (at most one
+    interval away) tells; then the block is put back (the engine holds still meanwhile)."""
+    with client.lock:
+        held = client.blocks[stream]
+        key = next(iter(held))
+        refs = held.pop(key)
+        seen = len(client.digests)
+
+    def next_digest() -> bool | None:
+        with client.lock:
+            later = [same for s, _, same in client.digests[seen:] if s == stream]
+            return None if not later else later[0] is False
+
+    assert wait_until(next_digest, timeout=DIGEST_SECONDS + 10, interval=0.02, what="the next digest message")
+    with client.lock:
+        client.blocks[stream][key] = refs
+        client.digests = [entry for entry in client.digests if entry[0] != stream or entry[2]]
 
 
 @pytest.mark.timeout(90)
@@ -357,6 +416,7 @@ def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Start)
         delivered(29)
         client = DocClient(f"ws://127.0.0.1:{http}/v1/ws")
         offsets = [check(client, base, "the snapshot")]
+        corrupt_and_catch(client, ("a", 0))
 
         # A clear in the middle of a batch, then more churn.
         engine.run(range(30, 40))
@@ -466,6 +526,7 @@ def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Start)
         # every field name came with one type, `last` included: the state's bool, never the gap's seq
         assert {name: types for name, types in client.field_types.items() if len(types) > 1} == {}
         assert client.field_types["last"] == {"bool"}
+        assert len({offset for _, offset, _ in client.digests}) >= len(offsets)  # one at every pause at least
     finally:
         if client is not None:
             client.close()

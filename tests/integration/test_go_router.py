@@ -30,6 +30,7 @@ import pytest
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
 from kvgateway.log.render import hash_text, render_events
 from kvgateway.state.blocks import blocks_document, capture, state_messages
+from kvgateway.state.digest import hex_digest
 from kvgateway.state.lookup import lookup_hashes, parse_hash
 from kvgateway.state.occupancy import OccupancyIndex
 from tests.support import (
@@ -150,6 +151,21 @@ class Gateway:
         for message in state_messages(capture(streams), self.offset, chunk_blocks):
             self._line(message)
 
+    def digests(self) -> None:
+        """A ``digest`` message per stream, at the offset, as a ``digest=SECONDS`` client gets them."""
+        for index in self.occupancy.streams():
+            value, count = index.digest()
+            self._line(
+                {
+                    "type": "digest",
+                    "source": index.source,
+                    "dp_rank": index.dp_rank,
+                    "offset": self.offset,
+                    "digest": hex_digest(value),
+                    "block_count": count,
+                }
+            )
+
     def query(self, chain: list[str]) -> None:
         self.lines.append(json.dumps({"type": "query", "block_hashes": chain}))
 
@@ -166,7 +182,13 @@ def _comparable_document(doc: dict[str, Any]) -> dict[str, Any]:
         )
         if blocks:
             streams.append(
-                {"source": stream["source"], "dp_rank": stream["dp_rank"], "stale": stream["stale"], "blocks": blocks}
+                {
+                    "source": stream["source"],
+                    "dp_rank": stream["dp_rank"],
+                    "stale": stream["stale"],
+                    "digest": stream["digest"],  # the router's own, the gateway's
+                    "blocks": blocks,
+                }
             )
     return {"epoch": doc["epoch"], "offset": doc["offset"], "streams": streams}
 
@@ -213,7 +235,7 @@ def _scenario(rng: random.Random, gateway: Gateway, steps: int, expected: list[A
             answer = lookup_hashes(gateway.occupancy.streams(), [parse_hash(t) for t in chain], gateway.offset)
             expected.append(("query", answer))
     gateway.dump()
-    doc = blocks_document(gateway.epoch, gateway.offset, capture(gateway.occupancy.streams()))
+    doc = blocks_document(gateway.epoch, gateway.offset, capture(gateway.occupancy.streams(), digest=True))
     expected.append(("dump", _comparable_document(doc)))
 
 
@@ -232,8 +254,22 @@ def test_router_index_and_answers_equal_the_gateways(router_bin: Path, seed: int
     _scenario(rng, gateway, 60, [])
     gateway.lines.clear()
     gateway.hello_with_snapshot(chunk_blocks=rng.choice([1, 3, 1000]))
-    for _ in range(3):  # several offsets
+    checked = 0
+    for _ in range(3):  # several offsets, each checked against the gateway's digests
         _scenario(rng, gateway, 40, expected)
+        gateway.digests()
+        checked += len(list(gateway.occupancy.streams()))
+    gateway.lines.append(json.dumps({"type": "digests"}))
+    expected.append(("digests", {"digest_checks": checked, "digest_mismatches": 0, "last_mismatch_check": 0}))
+    # One block dropped from the router's index (its first stream with one), as a missed event
+    # would: that stream's next digest tells.
+    gateway.lines.append(json.dumps({"type": "corrupt"}))
+    gateway.digests()
+    gateway.lines.append(json.dumps({"type": "digests"}))
+    streams = list(gateway.occupancy.streams())
+    found = checked + 1 + next(n for n, index in enumerate(streams) if index.resident_blocks())
+    checked += len(streams)
+    expected.append(("digests", {"digest_checks": checked, "digest_mismatches": 1, "last_mismatch_check": found}))
     proc = subprocess.run(
         [str(router_bin), "-replay"],
         input="\n".join(gateway.lines) + "\n",
@@ -248,6 +284,8 @@ def test_router_index_and_answers_equal_the_gateways(router_bin: Path, seed: int
     for got, (kind, want) in zip(outputs, expected, strict=True):
         if kind == "dump":
             assert _comparable_document(got) == want
+        elif kind == "digests":
+            assert got == want
         else:
             assert _normalise_answer(got) == _normalise_answer(want)
 
@@ -263,7 +301,7 @@ def router_proc(router_bin: Path) -> Iterator[Callable[[str, int], Proc]]:
     started: list[Proc] = []
 
     def start(gateway: str, port: int) -> Proc:
-        args = ("-gateway", gateway, "-listen", f"127.0.0.1:{port}")
+        args = ("-gateway", gateway, "-listen", f"127.0.0.1:{port}", "-digest", "1", "-test-hooks")
         proc = Proc(*args, env={"KVGATEWAY_TOKEN": TOKEN}, command=(str(router_bin),))
         started.append(proc)
         return proc
@@ -316,6 +354,27 @@ class Checks:
                 return False
         return True
 
+    def digests(self) -> tuple[int, int, int]:
+        """The router's digest checks and mismatches so far, and the check that found the last."""
+        doc = httpx.get(f"{self.router}/blocks", timeout=10).json()
+        return int(doc["digest_checks"]), int(doc["digest_mismatches"]), int(doc["last_mismatch_check"])
+
+    def digest_checked(self) -> None:
+        """A digest message of the gateway's, come after now, matched the router's own sums."""
+        checks, mismatches, _ = self.digests()
+        wait_until(lambda: self.digests()[0] > checks, timeout=30, what="the router's next digest check")
+        assert self.digests()[1] == mismatches, "the router's index differs from the gateway's digest"
+
+    def drift_caught(self) -> None:
+        """One block dropped from the router's index is caught by the next digest (one interval),
+        and the router starts over from a fresh snapshot: equal again."""
+        checks, mismatches, _ = self.digests()
+        dropped = httpx.post(f"{self.router}/corrupt", timeout=10).json()["dropped"]
+        assert dropped, "no block to drop"
+        wait_until(lambda: self.digests()[1] == mismatches + 1, timeout=30, what="the drift caught")
+        assert self.digests()[2] <= checks + 2  # by the stream's next digest (2 streams a round)
+        self.at_some_offset()
+
     def at_some_offset(self, within: float = 10.0) -> int:
         """An index comparison at a common offset, then a round of answers; that offset."""
         deadline = time.monotonic() + within
@@ -364,6 +423,7 @@ def test_router_follows_a_live_gateway_through_churn_restart_gap_and_gateway_res
         os.kill(sim.popen.pid, signal.SIGSTOP)
         try:
             checks.at_some_offset()
+            checks.digest_checked()
         finally:
             os.kill(sim.popen.pid, signal.SIGCONT)
 
@@ -374,6 +434,11 @@ def test_router_follows_a_live_gateway_through_churn_restart_gap_and_gateway_res
     paused_check()
     wait_until(lambda: _offset(gw.base) >= checks.offsets[-1] + 50, timeout=20, what="more churn since the last check")
     paused_check()
+    os.kill(sim.popen.pid, signal.SIGSTOP)
+    try:
+        checks.drift_caught()
+    finally:
+        os.kill(sim.popen.pid, signal.SIGCONT)
 
     # A new gateway process: another epoch, so the router's last id is not recovered: a new snapshot.
     gw.proc.stop()
@@ -381,4 +446,5 @@ def test_router_follows_a_live_gateway_through_churn_restart_gap_and_gateway_res
     epoch = httpx.get(f"{gw.base}/healthz", timeout=10).json()["epoch"]
     wait_until(lambda: httpx.get(f"{checks.router}/blocks", timeout=10).json()["epoch"] == epoch, timeout=15)
     paused_check()
-    assert len(checks.offsets) == 5 and checks.offsets[:4] == sorted(checks.offsets[:4])
+    assert len(checks.offsets) == 6 and checks.offsets[:5] == sorted(checks.offsets[:5])
+    assert checks.digests()[1] == 1  # the one drift made on purpose, and no other

@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 from jsonschema import Draft202012Validator
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from tests.support import BIG_QUEUE, REPO, free_ports, source_spec, start_gateway, start_sim, wait_until, warmup
 from tests.support.clients import WsCollector
@@ -212,3 +214,82 @@ def test_sse_snapshot_limits_and_token(fleet: str) -> None:
     assert huge.status_code == 413
     codes = [httpx.post(f"{base}/v1/lookup", json={"block_hashes": []}, headers=AUTH).status_code for _ in range(40)]
     assert codes[0] == 200 and codes[-1] == 429  # a burst of 40 and almost no refill
+
+
+# --- the state digest -------------------------------------------------------------------------
+
+
+def _sse_events(url: str, wanted: int) -> list[tuple[str | None, str, dict[str, Any]]]:
+    """(id, event, data) of an SSE stream, until ``wanted`` digest events came."""
+    out: list[tuple[str | None, str, dict[str, Any]]] = []
+    with httpx.stream("GET", url, headers=AUTH, timeout=30) as r:
+        assert r.status_code == 200
+        current: dict[str, str] = {}
+        for line in r.iter_lines():
+            if line == "" and "event" in current:
+                out.append((current.get("id"), current["event"], json.loads(current["data"])))
+                current = {}
+                if sum(e == "digest" for _, e, _ in out) >= wanted:
+                    break
+            elif ": " in line:
+                name, value = line.split(": ", 1)
+                current[name] = value
+    return out
+
+
+def test_digests_in_blocks_state_and_digest_messages_agree(fleet: str) -> None:
+    """Once the engines are done: /v1/blocks's digest per stream is the sum of its blocks' elements
+    (computed here from the doc's algorithm); an SSE ``snapshot=blocks&digest=1`` client gets it in
+    each stream's last state message and in ``digest`` events without an id; a ``medium`` filter
+    sums the mediums it selects. Bad values and combinations are 400s."""
+    base = fleet
+    wait_until(
+        lambda: httpx.get(f"{base}/v1/sources", headers=AUTH, timeout=10).json()["offset"] >= 2 * BATCHES,
+        timeout=60,
+        what="both ranks' batches",
+    )
+    _quiet_offset(base)
+    doc = httpx.get(f"{base}/v1/blocks", headers=AUTH, timeout=30).json()
+    shape("blocks_document").validate(doc)
+
+    def own(blocks: list[dict[str, Any]]) -> tuple[str, int]:
+        total = 0
+        for b in blocks:
+            state = 0xCBF29CE484222325
+            for byte in f"{b['medium']}\n{b['group_idx']}\n{b['hash']}".encode():
+                state = ((state ^ byte) * 0x100000001B3) % 2**64
+            total += state
+        return f"{total % 2**64:016x}", len(blocks)
+
+    streams = {(s["source"], s["dp_rank"]): s for s in doc["streams"]}
+    assert len(streams) == 2 and all(s["blocks"] for s in streams.values())
+    for stream in streams.values():
+        assert stream["digest"] == own(stream["blocks"])[0]
+
+    events = _sse_events(f"{base}/v1/events?snapshot=blocks&digest=1", wanted=2)
+    for ident, event, data in events:
+        VALIDATOR.validate(data)
+        if event == "digest":
+            assert ident is None and data["offset"] >= doc["offset"]  # the blocks stay: the engines are done
+            key = (data["source"], data["dp_rank"])
+            assert (data["digest"], data["block_count"]) == own(streams[key]["blocks"])
+    lasts = {(d["source"], d["dp_rank"]): d["digest"] for _, e, d in events if e == "state" and d["last"]}
+    assert lasts == {key: s["digest"] for key, s in streams.items()}
+
+    ws_url = base.replace("http", "ws") + "/v1/ws"
+    with WsCollector(ws_url, query=f"digest=1&medium=cpu&dp_rank=0&token={TOKEN}") as ws:
+        (found,) = wait_until(lambda: [m for _, m in ws.messages if m["type"] == "digest"][:1] or None, timeout=15)
+    cpu = [b for b in streams[("a", 0)]["blocks"] if b["tier"] == "CPU"]
+    assert cpu and (found["digest"], found["block_count"]) == own(cpu)
+
+    for query, message in (
+        ("digest=0", "digest: expected whole seconds from 1 to 3600, got '0'"),
+        ("digest=3601", "digest: expected whole seconds"),
+        ("digest=5&type=BlockStored&type=BlockRemoved", "digest: needs every block event"),
+    ):
+        response = httpx.get(f"{base}/v1/events?{query}", headers=AUTH, timeout=10)
+        assert response.status_code == 400 and message in response.json()["error"], query
+        with pytest.raises(InvalidStatus) as refused:  # the same before the WebSocket handshake
+            connect(f"{ws_url}?{query}&token={TOKEN}", open_timeout=15).close()
+        assert refused.value.response.status_code == 400, query
+    assert httpx.get(f"{base}/v1/blocks?digest=1", headers=AUTH, timeout=10).status_code == 400

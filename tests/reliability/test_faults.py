@@ -415,6 +415,52 @@ def test_engine_that_starts_after_the_gateway(procs: Start) -> None:
     arun(body(), 90)
 
 
+# --- a replay socket that never answers at connect ---------------------------------------------
+
+
+def test_a_dead_replay_socket_at_connect_is_no_answer_not_a_truncated_history(procs: Start) -> None:
+    """Issue 32, item 6. The engine published seqs 0..31 before the gateway came and still holds
+    them, but its ROUTER never replies: the catch-up gets no answer, so nothing says those seqs are
+    gone. They are lost ``no_answer`` (unrecovered_gap, stale ``unrecovered``, degraded), never
+    ``history_truncated`` with "seqs 0..31 no longer buffered"."""
+    http, pub, rep = free_ports(3)
+    engine = FakeEngine(pub, rep, replies=lambda start, history: [])  # reads each request, answers none
+    try:
+        for seq in range(32):
+            engine.publish(seq, live=False)  # in the engine's buffer, never seen live by the gateway
+        gateway = start_gateway(procs, http, [source_spec("e", pub, rep)], "--replay-timeout", "0.5")
+        engine.wait_subscribed()
+        gateway.wait_up("e")
+
+        async def body() -> None:
+            client = await start_client(gateway)
+            for seq in range(32, 35):
+                engine.publish(seq)
+            await asyncio.to_thread(gateway.wait_last_seq, "e", 34)
+            await until(lambda: len(batches_of(client.messages)) == 3, 30, "the three live batches")
+            status = gateway.get("/v1/sources").json()["sources"][0]
+            await stop_clients(client)
+
+            said = [
+                (kind, {k: str(v) for k, v in fields.items()})  # seqs as text: whatever their JSON type
+                for what, kind, fields in (m for m in story(client.messages) if m[0] == "notice")
+                if kind != "up"
+            ]
+            assert said == [
+                ("unrecovered_gap", {"first": "0", "until": "31", "count": "32", "reason": "no_answer"}),
+                ("stale", {"reason": "unrecovered", "seq": "0", "detail": "32 batches lost (no_answer)"}),
+                ("degraded", {"reason": "32 batches unrecovered (no_answer)", "reason_code": "no_answer"}),
+            ]
+            assert [int(m["seq"]) for m in batches_of(client.messages)] == [32, 33, 34]
+            assert (status["stale_reason"], status["counters"]["history_truncations"]) == ("unrecovered", 0)
+            assert engine.requests and set(engine.requests) == {0}  # it was asked, from seq 0
+            assert engine.replied == [(0, 0)] * len(engine.requests)  # and answered nothing
+
+        arun(body(), 90)
+    finally:
+        engine.close()
+
+
 # --- a long silence ---------------------------------------------------------------------------
 
 

@@ -198,8 +198,31 @@ def test_catch_up_no_answer() -> None:
     s.on_connected()
     feed(s, 5)
     assert s.on_replay_failed(1, "timeout") == [rr(2, 0, "catch_up", 2)]  # one silence is asked again
-    assert s.on_replay_failed(2, "timeout") == [HistoryTruncated(5), d(5), ReplayFinished(2, "failed", 0, 2)]
+    # Nothing said seqs 0..4 are gone (issue 32, item 6): they are lost no_answer, not a truncated history.
+    assert s.on_replay_failed(2, "timeout") == [
+        Unrecovered(0, 4, "no_answer"),
+        d(5),
+        ReplayFinished(2, "failed", 0, 2),
+    ]
     assert feed(s, 6) == [d(6)]
+
+
+def test_catch_up_malformed_reply_is_no_answer() -> None:
+    """A reply with nothing usable (a ROUTER that answers garbage) is no answer either."""
+    s = Sequencer(has_replay=True)
+    s.on_connected()
+    feed(s, 3)
+    assert s.on_replay_failed(1, "failed") == [Unrecovered(0, 2, "no_answer"), d(3), ReplayFinished(1, "failed", 0)]
+
+
+def test_catch_up_no_answer_before_a_clear_loses_nothing() -> None:
+    """The first live batch starts with AllBlocksCleared: what came before it does not matter."""
+    s = Sequencer(has_replay=True)
+    s.on_connected()
+    first = cleared(5)
+    s.on_live(5, first, raw(5))
+    s.on_replay_failed(1, "timeout")
+    assert s.on_replay_failed(2, "timeout") == [Deliver(5, first, False), ReplayFinished(2, "failed", 0, 2)]
 
 
 def test_catch_up_with_nothing_anywhere_waits_for_live() -> None:

@@ -31,6 +31,7 @@ type Stream struct {
 	Blocks    map[BlockKey]int // reference count (>= 1)
 	BlockSize map[string]int   // medium -> last known block size (0: unknown)
 	Stale     bool
+	Sum       uint64 // the state digest of Blocks, kept as they change (digest.go)
 }
 
 func newStream() *Stream {
@@ -106,6 +107,8 @@ type Message struct {
 	Stale      bool            `json:"stale"`       // a state's: the stream's state is incomplete
 	Last       bool            `json:"last"`        // a state's: its stream's last chunk
 	Occupancy  json.RawMessage `json:"occupancy"`
+	Digest     string          `json:"digest"`      // a digest message's (and a last state chunk's)
+	BlockCount int             `json:"block_count"` // a digest message's: the stream's resident blocks
 }
 
 // IsLast tells whether a state message is its stream's last chunk.
@@ -173,7 +176,7 @@ func (ix *Index) State(m *Message) {
 		if refs < 1 {
 			refs = 1
 		}
-		s.Blocks[BlockKey{b.Medium, group, b.Hash}] += refs
+		s.addRefs(BlockKey{b.Medium, group, b.Hash}, refs)
 		if b.BlockSize != nil && *b.BlockSize > 0 {
 			s.BlockSize[b.Medium] = *b.BlockSize
 		}
@@ -195,7 +198,7 @@ func (ix *Index) Batch(m *Message) {
 			medium := NormaliseMedium(e.Medium)
 			group := e.Group()
 			for _, h := range e.BlockHashes {
-				s.Blocks[BlockKey{medium, group, h}]++
+				s.addRefs(BlockKey{medium, group, h}, 1)
 			}
 			if e.BlockSize > 0 {
 				s.BlockSize[medium] = e.BlockSize
@@ -204,15 +207,10 @@ func (ix *Index) Batch(m *Message) {
 			medium := NormaliseMedium(e.Medium)
 			group := e.Group()
 			for _, h := range e.BlockHashes {
-				k := BlockKey{medium, group, h}
-				if n := s.Blocks[k]; n > 1 {
-					s.Blocks[k] = n - 1
-				} else {
-					delete(s.Blocks, k) // unknown removes are normal
-				}
+				s.takeRef(BlockKey{medium, group, h})
 			}
 		case "AllBlocksCleared":
-			s.Blocks = map[BlockKey]int{}
+			s.empty()
 			s.Stale = false
 		}
 	}
@@ -229,7 +227,7 @@ func (ix *Index) Notice(m *Message) {
 	s := ix.stream(StreamKey{m.Source, m.DPRank})
 	switch m.Kind {
 	case "restart":
-		s.Blocks = map[BlockKey]int{}
+		s.empty()
 		s.Stale = false
 	case "stale":
 		s.Stale = true
@@ -399,6 +397,7 @@ type DocStream struct {
 	Source string     `json:"source"`
 	DPRank int        `json:"dp_rank"`
 	Stale  bool       `json:"stale"`
+	Digest string     `json:"digest"` // the router's own state digest
 	Blocks []DocBlock `json:"blocks"`
 }
 
@@ -415,7 +414,7 @@ func (ix *Index) Document() map[string]interface{} {
 			blocks = append(blocks, DocBlock{k.Hash, refs, k.Medium, k.Group})
 		}
 		sort.Slice(blocks, func(i, j int) bool { return blocks[i].less(blocks[j]) })
-		streams = append(streams, DocStream{key.Source, key.DPRank, s.Stale, blocks})
+		streams = append(streams, DocStream{key.Source, key.DPRank, s.Stale, HexDigest(s.Sum), blocks})
 	}
 	sort.Slice(streams, func(i, j int) bool {
 		if streams[i].Source != streams[j].Source {

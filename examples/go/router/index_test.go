@@ -215,7 +215,7 @@ func TestDocumentShape(t *testing.T) {
 		batch(3, "e", `{"type":"AllBlocksCleared"}`),
 	)
 	got, _ := json.Marshal(r.index.Document())
-	want := `{"epoch":"e1","offset":3,"streams":[{"source":"a","dp_rank":0,"stale":false,"blocks":[` +
+	want := `{"epoch":"e1","offset":3,"streams":[{"source":"a","dp_rank":0,"stale":false,"digest":"01d283c8ed2e1431","blocks":[` +
 		`{"hash":"1","refs":2,"medium":"GPU","group_idx":0},{"hash":"2","refs":1,"medium":"GPU","group_idx":0}]}]}`
 	if string(got) != want {
 		t.Fatalf("got %s\nwant %s", got, want)

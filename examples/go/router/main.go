@@ -3,9 +3,11 @@
 // It connects to the gateway's WebSocket with snapshot=blocks, builds its own index of every
 // stream's resident blocks from the `state` messages and then the live batches and notices,
 // reconnects with its last id (a resumed connection keeps the index; a fresh one starts over from
-// a new snapshot), and answers longest-prefix queries over HTTP:
+// a new snapshot), checks its index against the gateway's state digest every -digest seconds
+// (a mismatch is counted, and the router starts over from a fresh snapshot), and answers
+// longest-prefix queries over HTTP:
 //
-//	router -gateway http://127.0.0.1:8080 -listen 127.0.0.1:9090 [-source a] [-dp-rank 0] [-token T]
+//	router -gateway http://127.0.0.1:8080 -listen 127.0.0.1:9090 [-source a] [-dp-rank 0] [-digest 30]
 //	curl -d '{"block_hashes": ["123", "456"]}' http://127.0.0.1:9090/lookup   # as POST /v1/lookup
 //	curl http://127.0.0.1:9090/blocks                                        # as GET /v1/blocks
 //
@@ -45,7 +47,16 @@ type Router struct {
 	sources map[string]bool
 	ranks   map[int]bool
 	ready   bool
+	digests DigestChecks
+	// every is the digest interval asked for (0: none); resync: a mismatch ends the connection
+	// and the next one starts from a fresh snapshot (the live router; the offline replay only counts).
+	every     int
+	resync    bool
+	testHooks bool // POST /corrupt drops one block of the index (tests: a drift the digest must catch)
 }
+
+// errDrifted ends a connection whose index no longer matches the gateway's digest.
+var errDrifted = errors.New("the index differs from the gateway's state digest: starting over from a fresh snapshot")
 
 // NewRouter makes a router following the given filters (empty: everything).
 func NewRouter(sources []string, ranks []int) *Router {
@@ -114,6 +125,15 @@ func (r *Router) Handle(line []byte) error {
 				r.finishSnapshot()
 			}
 		}
+	case "digest":
+		if !r.index.Check(&m, &r.digests) {
+			log.Printf("router: %s:%d digest %s at offset %d, ours %s", m.Source, m.DPRank, m.Digest, m.Offset,
+				HexDigest(r.index.stream(StreamKey{m.Source, m.DPRank}).Sum))
+			if r.resync {
+				r.lastID, r.pending = "", "" // never resume into the drifted index
+				return errDrifted
+			}
+		}
 	case "batch", "notice":
 		if r.pending != "" {
 			r.finishSnapshot() // live messages come only after the whole snapshot
@@ -159,6 +179,9 @@ func (r *Router) wsURL(base, token string) (string, error) {
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/ws"
 	q := url.Values{}
 	q.Set("snapshot", "blocks")
+	if r.every > 0 {
+		q.Set("digest", strconv.Itoa(r.every))
+	}
 	for s := range r.sources {
 		q.Add("source", s)
 	}
@@ -248,8 +271,16 @@ func (r *Router) serveHTTP(w http.ResponseWriter, req *http.Request) {
 		doc := r.index.Document()
 		doc["ready"] = r.ready
 		doc["last_event_id"] = r.lastID
+		doc["digest_checks"] = r.digests.Checks
+		doc["digest_mismatches"] = r.digests.Mismatches
+		doc["last_mismatch_check"] = r.digests.LastMismatch
 		r.mu.Unlock()
 		_ = json.NewEncoder(w).Encode(doc)
+	case req.URL.Path == "/corrupt" && req.Method == http.MethodPost && r.testHooks:
+		r.mu.Lock()
+		dropped := r.index.DropOne()
+		r.mu.Unlock()
+		_ = json.NewEncoder(w).Encode(map[string]interface{}{"dropped": dropped})
 	case req.URL.Path == "/lookup" && req.Method == http.MethodPost:
 		var body lookupBody
 		dec := json.NewDecoder(http.MaxBytesReader(w, req.Body, 1<<20))
@@ -274,8 +305,9 @@ func (r *Router) serveHTTP(w http.ResponseWriter, req *http.Request) {
 }
 
 // replay applies gateway messages read line by line from in (no network) and writes one JSON line
-// per query line, `{"type":"query","block_hashes":[...],"group_idx":null}` (the lookup answer), and
-// per `{"type":"dump"}` line (the index as GET /v1/blocks shows it). Used by the tests.
+// per query line, `{"type":"query","block_hashes":[...],"group_idx":null}` (the lookup answer), per
+// `{"type":"dump"}` line (the index as GET /v1/blocks shows it) and per `{"type":"digests"}` line
+// (the digest checks so far); `{"type":"corrupt"}` drops one block of the index. Used by the tests.
 func replay(r *Router, in *bufio.Scanner, out *json.Encoder) error {
 	for in.Scan() {
 		line := in.Bytes()
@@ -300,6 +332,12 @@ func replay(r *Router, in *bufio.Scanner, out *json.Encoder) error {
 			if err := out.Encode(r.index.Document()); err != nil {
 				return err
 			}
+		case "digests":
+			if err := out.Encode(r.digests); err != nil {
+				return err
+			}
+		case "corrupt":
+			r.index.DropOne()
 		default:
 			if err := r.Handle(line); err != nil {
 				return err
@@ -317,6 +355,8 @@ func main() {
 	flag.Var(&sources, "source", "follow this source only (repeatable)")
 	flag.Var(&ranks, "dp-rank", "follow this dp_rank only (repeatable)")
 	replayMode := flag.Bool("replay", false, "read messages, queries and dumps from stdin instead (offline; see replay)")
+	every := flag.Int("digest", 30, "check the index against the gateway's state digest every this many seconds (0: never)")
+	testHooks := flag.Bool("test-hooks", false, "answer POST /corrupt (drops one block of the index: for tests)")
 	flag.Parse()
 	dpRanks := []int{}
 	for _, v := range ranks {
@@ -327,6 +367,10 @@ func main() {
 		dpRanks = append(dpRanks, d)
 	}
 	router := NewRouter(sources, dpRanks)
+	if *every < 0 || *every > 3600 {
+		log.Fatalf("-digest: expected 0 to 3600 seconds, got %d", *every)
+	}
+	router.every, router.testHooks = *every, *testHooks
 	if *replayMode {
 		in := bufio.NewScanner(os.Stdin)
 		in.Buffer(make([]byte, 1<<20), 256<<20)
@@ -335,6 +379,7 @@ func main() {
 		}
 		return
 	}
+	router.resync = true
 	stop := make(chan struct{})
 	go router.Run(*gateway, os.Getenv("KVGATEWAY_TOKEN"), stop)
 	server := &http.Server{Addr: *listen, Handler: http.HandlerFunc(router.serveHTTP), ReadHeaderTimeout: 5 * time.Second}
