@@ -319,14 +319,14 @@ class MemoryLog:
             self._lent = ()
 
     async def _read_older(self, read_back: ReadBack, offset: int) -> list[Entry]:
-        """The entries after ``offset`` older than the ring, all of them or none."""
+        """The entries after ``offset`` older than the ring, all of them or none. The ring moves on
+        while they are read (appends trim it): read until they meet it as it is then."""
         lent: list[Entry] = []
-        ring_first = self.ring.first_offset
-        if ring_first - 1 - offset > MAX_READ_BACK:
+        if self.ring.first_offset - 1 - offset > MAX_READ_BACK:
             return lent
-        while offset + len(lent) < ring_first - 1:
+        while offset + len(lent) < self.ring.first_offset - 1:
             wanted = offset + len(lent) + 1
-            more = await read_back.records(wanted, ring_first - 1)
+            more = await read_back.records(wanted, self.ring.first_offset - 1)
             if not more or more[0][0] != wanted:  # expired from the stream: not recovered
                 return []
             lent.extend(make_entry(self.epoch, at, record) for at, record in more)

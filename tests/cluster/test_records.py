@@ -155,3 +155,30 @@ def test_a_late_batch_becomes_the_same_stale_notice_live_and_read_back() -> None
     assert type(guard.at(2, wire_batch(7))).__name__ == "BatchRecord"
     assert type(guard.admit(4, wire_batch(0, generation=1))).__name__ == "BatchRecord"  # a restarted engine
     MemoryLog().append(late)  # a valid notice
+
+
+def test_a_read_back_goes_on_until_it_meets_the_ring_that_moved_meanwhile() -> None:
+    """Records appended while the older part is read trim the ring: what is lent must reach the
+    ring as it is when the client subscribes, with no hole between them."""
+    record = NoticeRecord(("s", 0), "up", {"reason": "connected"})
+    stored = StoredElsewhere(record)
+    log = MemoryLog(2, 2**20, read_back=stored)
+    log.start_at("e", 10)
+    for offset in (10, 11, 12):
+        log.append_at(offset, record)
+
+    async def records(first: int, last: int) -> list[tuple[int, Record]]:
+        if len(stored.asked) == 0:  # the first read: two more records arrive meanwhile
+            log.append_at(13, record)
+            log.append_at(14, record)
+        stored.asked.append((first, last))
+        return [(offset, record) for offset in range(first, last + 1)]
+
+    stored.records = records  # type: ignore[method-assign]
+
+    async def resume() -> list[int]:
+        async with log.holding("e:9"):
+            return [e.offset for e in log.read(9)]
+
+    assert asyncio.run(resume()) == [10, 11, 12, 13, 14]
+    assert stored.asked == [(10, 10), (11, 12)]
