@@ -1,5 +1,7 @@
 """The routers' chain learner against a previous commit's, in process, in the same run:
-``python -m bench.learner [--smoke] [--old REV]``.
+``python -m bench.learner [--smoke] [--old REV]``. The pure-Python core's learner
+(kvgateway/state/_learner_py.py) is measured beside them: "pure" in every figure, and "current" is
+the one that runs (the compiled core where it was built).
 
 The previous learner is ``REV``'s lookup module (default 9b2743e: the dict of 128-bit
 Python ints with a fixed cap), loaded from git into a module of its own; the current one is
@@ -44,6 +46,8 @@ from typing import Any, Final
 from bench.common import write_run
 from bench.lookup import BLOCK_SIZE, VOCAB, Workload, _commit, _percentiles, workload_arguments, workload_sizes
 from kvgateway.engine.wire import Batch, BlockRemoved, BlockStored, Hash
+from kvgateway.runtime.extensions import core
+from kvgateway.state import _learner_py
 from kvgateway.state.learner import LEARNED_PER_RESIDENT, ChainLearner
 from kvgateway.state.lookup import TokenQuery, lookup_tokens
 from kvgateway.state.occupancy import OccupancyIndex
@@ -52,6 +56,9 @@ REPO: Final = Path(__file__).resolve().parent.parent
 RESULTS: Final = REPO / "bench" / "results" / "learner"
 OLD_REV: Final = "9b2743e"
 CAP_CHAIN: Final = 16
+KINDS: Final = ("previous", "pure", "current")
+"""REV's learner, the pure-Python core's (kvgateway/state/_learner_py.py) and the one that runs
+(compiled where it was built: ``core`` in the results says which)."""
 
 
 def _say(text: str) -> None:
@@ -106,10 +113,12 @@ def fill(old: ModuleType, streams: int, blocks: int, chain: int, *, queries: int
     cap = max(2 * resident, 1)
 
     def make(kind: str) -> Any:
-        return old.ChainLearner(cap) if kind == "previous" else ChainLearner(cap, floor=cap)
+        if kind == "previous":
+            return old.ChainLearner(cap)
+        return (_learner_py.ChainLearner if kind == "pure" else ChainLearner)(cap, floor=cap)
 
     memory: dict[str, float] = {}
-    for kind in ("previous", "current"):
+    for kind in KINDS:
         gc.collect()
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]
@@ -122,7 +131,7 @@ def fill(old: ModuleType, streams: int, blocks: int, chain: int, *, queries: int
     learn_us: dict[str, float] = {}
     learners: dict[str, Any] = {}
     for _ in range(3):
-        for kind in ("previous", "current"):
+        for kind in KINDS:
             learners[kind] = learner = make(kind)
             took = _learn_all(learner, events) / resident * 1e6
             learn_us[kind] = round(min(learn_us.get(kind, took), took), 3)
@@ -145,15 +154,15 @@ def fill(old: ModuleType, streams: int, blocks: int, chain: int, *, queries: int
         token_queries.append(tokens)
     same = 0
     for tokens in token_queries:
-        answers = [lookup_tokens(indexes, learners[k], TokenQuery(tokens), 0) for k in ("previous", "current")]
-        if answers[0] != answers[1]:
+        answers = [lookup_tokens(indexes, learners[k], TokenQuery(tokens), 0) for k in KINDS]
+        if answers[0] != answers[1] or answers[0] != answers[2]:
             raise SystemExit("bench.learner: the current learner answers a lookup by tokens otherwise")
         same += 1
-    times: dict[str, list[float]] = {"previous": [], "current": []}
+    times: dict[str, list[float]] = {kind: [] for kind in KINDS}
     clock = time.perf_counter
     for _ in range(rounds):
         for tokens in token_queries:
-            for kind in ("previous", "current"):
+            for kind in KINDS:
                 query = TokenQuery(tokens)
                 start = clock()
                 lookup_tokens(indexes, learners[kind], query, 0)
@@ -204,7 +213,8 @@ def _cap_learner(old: ModuleType, kind: str, index: OccupancyIndex, cap: int) ->
             return any(block_hash in held for stream in index.streams() for _, _, _, held, _ in stream.block_groups())
 
         return old.ChainLearner(cap, resident=resident_old)
-    return ChainLearner(cap, floor=1, resident=lambda s, h: index.stream(*s).holds(h))
+    learner = _learner_py.ChainLearner if kind == "pure" else ChainLearner
+    return learner(cap, floor=1, resident=lambda s, h: index.stream(*s).holds(h))
 
 
 class _CapRun:
@@ -229,7 +239,7 @@ class _CapRun:
             self.index_s += mark - start
             self.learn_s += clock() - mark
         self.steps += 1
-        if self.kind == "current" and self.steps % 256 == 0:
+        if self.kind != "previous" and self.steps % 256 == 0:
             self.learner.follow_fleet(self.index.resident_blocks())  # as RouterState.follow does
 
     def full(self, cap: int, resident: int) -> bool:
@@ -245,7 +255,7 @@ def at_cap(old: ModuleType, streams: int, resident: int, blocks: int) -> dict[st
     per_stream = max(CAP_CHAIN, resident // streams)
     cap = int(LEARNED_PER_RESIDENT * per_stream * streams)
     out: dict[str, Any] = {"streams": streams, "resident_blocks": per_stream * streams, "cap": cap}
-    runs = [_CapRun(old, kind, cap) for kind in ("previous", "current")]
+    runs = [_CapRun(old, kind, cap) for kind in KINDS]
     churn = Churn(streams, per_stream)
     step = 0
     while not all(run.full(cap, per_stream * streams) for run in runs):
@@ -262,7 +272,7 @@ def at_cap(old: ModuleType, streams: int, resident: int, blocks: int) -> dict[st
         for n in range(timed):
             stream = (step + n) % streams
             batch = Batch(0.0, churn.next(stream), stream)
-            for run in runs if n % 2 else reversed(runs):
+            for run in runs[n % len(runs) :] + runs[: n % len(runs)]:  # each first in turn
                 run.feed(stream, batch, time.perf_counter)
     finally:
         gc.enable()
@@ -275,11 +285,13 @@ def at_cap(old: ModuleType, streams: int, resident: int, blocks: int) -> dict[st
             "entries": len(learner),
             "evicted_per_block": round((learner.evicted - evicted) / announced, 3),
             "second_chances_per_block": round((learner.second_chances - chances) / announced, 3),
-            "slots": learner.slots if run.kind == "current" else None,
-            "learner_cap": learner.cap if run.kind == "current" else cap,
+            "slots": learner.slots if run.kind != "previous" else None,
+            "learner_cap": learner.cap if run.kind != "previous" else cap,
         }
         _say(f"at the cap, {run.kind}: {out[run.kind]}")
     out["ratio"] = round(out["current"]["learner_us_per_block"] / out["previous"]["learner_us_per_block"], 4)
+    out["current_vs_pure"] = round(out["current"]["learner_us_per_block"] / out["pure"]["learner_us_per_block"], 4)
+    out["current_us_per_20_block_batch"] = round(20 * out["current"]["learner_us_per_block"], 2)
     return out
 
 
@@ -305,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         "code": _commit(),
         "previous": args.old,
         "python": sys.version.split()[0],
+        "core": core(),
         "fill": fill(old, args.streams, blocks, args.chain, queries=queries, rounds=rounds),
         "at_cap": at_cap(old, args.cap_streams, cap_resident, cap_blocks),
     }

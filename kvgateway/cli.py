@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from kvgateway import __version__
+from kvgateway.runtime.extensions import core
 
 
 class _Parser(argparse.ArgumentParser):
@@ -21,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kvgateway.cluster import commands as cluster
 
     parser = _Parser(prog="kvgateway", description="An observable gateway for LLM engines' KV-cache events.")
-    parser.add_argument("--version", action="version", version=f"kvgateway {__version__}")
+    parser.add_argument("--version", action="version", version=f"kvgateway {__version__} ({core()} core)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     simulator.add_arguments(
         sub.add_parser("simulate", help="run a vLLM-compatible engine publisher (for demos and tests)")

@@ -13,6 +13,7 @@ Errors are one line and name the setting the way it was given: ``--port`` for a 
 from __future__ import annotations
 
 import argparse
+import difflib
 import ipaddress
 import json
 import os
@@ -39,6 +40,9 @@ CONFIG_ENV = "KVGATEWAY_CONFIG"
 TOKEN_ENV = "KVGATEWAY_TOKEN"
 SOURCES_ENV = "KVGATEWAY_SOURCES"
 ENV_PREFIX = "KVGATEWAY_"
+NO_EXTENSIONS_ENV = "KVGATEWAY_NO_EXTENSIONS"
+"""Not a setting: set (to anything but empty or 0), the process runs the pure-Python core
+(:mod:`kvgateway.runtime.extensions`)."""
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _MEDIUM = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
@@ -56,6 +60,22 @@ KV_EVENTS_KEYS = (
     "topic",
 )
 """vLLM's KVEventsConfig fields: the JSON keys of ``vllm serve --kv-events-config``."""
+
+LEARNED_FLOOR = 65_536
+"""The learned chains' cap never follows the fleet below this (kvgateway/state/learner.py says why)."""
+LEARNED_PER_RESIDENT = 1.25
+"""The learned chains' cap follows the fleet at this many entries per resident block (kvgateway/state/learner.py)."""
+
+
+def unknown_name(what: str, name: str, known: Sequence[str], prefix: str = "") -> str:
+    """``what`` (``unknown key 'ring_byts'``) with the closest known name, or every known name
+    when none is close: a typo is named back, a guess gets the whole list. Names are compared
+    without ``prefix`` (``KVGATEWAY_``), which would make every variable look alike."""
+    bare = {item.removeprefix(prefix): item for item in known}
+    close = difflib.get_close_matches(name.removeprefix(prefix), bare, n=1, cutoff=0.75)
+    if close:
+        return f"{what}: did you mean {bare[close[0]]!r}?"
+    return f"{what} (known: {', '.join(known)})"
 
 
 class ConfigError(ValueError):
@@ -288,7 +308,7 @@ def vllm_source(raw: Mapping[str, object], name: str) -> dict[str, object]:
         raise ConfigError(f"{where}: expected a JSON object")
     for key in spec:
         if key not in KV_EVENTS_KEYS:
-            raise ConfigError(f"{where}: unknown key {key!r} (vLLM's keys: {', '.join(KV_EVENTS_KEYS)})")
+            raise ConfigError(unknown_name(f"{where}: unknown key {key!r}", key, KV_EVENTS_KEYS))
     for key in ("endpoint", "replay", "topic", "bind"):
         if key in raw:
             raise ConfigError(f"source {name!r}: key {key!r}: derived from kv_events_config; give one or the other")
@@ -325,13 +345,15 @@ def vllm_source(raw: Mapping[str, object], name: str) -> dict[str, object]:
 
 def source_from_mapping(raw: Mapping[str, object], where: str) -> SourceConfig:
     name = raw.get("name")
+    if name is None:
+        raise ConfigError(f"{where}: key 'name' is missing (name=NAME: 1-64 letters, digits, '_', '.', '-')")
     if not isinstance(name, str) or not _NAME.match(name):
         raise ConfigError(
             f"{where}: key 'name': expected 1-64 characters of letters, digits, '_', '.', '-', got {name!r}"
         )
     for key in raw:
         if key not in SOURCE_KEYS:
-            raise ConfigError(f"source {name!r}: unknown key {key!r} (known: {', '.join(SOURCE_KEYS)})")
+            raise ConfigError(unknown_name(f"source {name!r}: unknown key {key!r}", key, SOURCE_KEYS))
     if "kv_events_config" in raw:
         raw = {**raw, **vllm_source(raw, name)}
     elif "host" in raw:
@@ -490,8 +512,8 @@ OPTIONS: tuple[Option, ...] = (
         "max_learned_blocks",
         int,
         "routers",
-        "ceiling of learned token chains for lookups by token_ids (the cap follows the fleet: 2 per "
-        "resident block, at least 65536); 0 = off (default 2000000)",
+        f"ceiling of learned token chains for lookups by token_ids (the cap follows the fleet: "
+        f"{LEARNED_PER_RESIDENT:g} per resident block, at least {LEARNED_FLOOR}); 0 = off (default 2000000)",
         (0, 2**32),
     ),
     Option(
@@ -629,7 +651,7 @@ def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None)
     for key, value in server.items():
         option = OPTION_BY_KEY.get(key)
         if option is None:
-            raise ConfigError(f"[server]: unknown key {key!r} (known: {', '.join(OPTION_BY_KEY)})")
+            raise ConfigError(unknown_name(f"[server]: unknown key {key!r}", key, list(OPTION_BY_KEY)))
         _apply(changes, key, _coerce(option, value, f"[server] key {key!r}"))
     sources_raw = data.get("sources", [])
     if not isinstance(sources_raw, list) or not all(isinstance(item, Mapping) for item in sources_raw):
@@ -648,11 +670,11 @@ _SERVICE_LINK = re.compile(r"^KVGATEWAY_(SERVICE_|PORT_\d+_)")
 def settings_from_env(env: Mapping[str, str], base: Settings) -> Settings:
     """``KVGATEWAY_*`` variables over ``base``; an unknown ``KVGATEWAY_`` name is an error (a typo
     would otherwise be silently ignored)."""
-    known = {option.env for option in (*OPTIONS, *CLUSTER_OPTIONS)} | {CONFIG_ENV, SOURCES_ENV}
+    known = {option.env for option in (*OPTIONS, *CLUSTER_OPTIONS)} | {CONFIG_ENV, SOURCES_ENV, NO_EXTENSIONS_ENV}
     cluster = {option.env for option in CLUSTER_OPTIONS}  # for resolve_cluster
     changes: dict[str, Any] = {}
     for name in sorted(env):
-        if not name.startswith(ENV_PREFIX) or name == CONFIG_ENV or _SERVICE_LINK.match(name):
+        if not name.startswith(ENV_PREFIX) or name in (CONFIG_ENV, NO_EXTENSIONS_ENV) or _SERVICE_LINK.match(name):
             continue
         if name == OPTION_BY_KEY["port"].env and env[name].startswith("tcp://"):
             raise ConfigError(
@@ -660,7 +682,7 @@ def settings_from_env(env: Mapping[str, str], base: Settings) -> Settings:
                 "set enableServiceLinks: false in the pod spec (deploy/k8s does)"
             )
         if name not in known:
-            raise ConfigError(f"{name}: unknown variable (known: {', '.join(sorted(known))})")
+            raise ConfigError(unknown_name(f"{name}: unknown variable", name, sorted(known), ENV_PREFIX))
         if name in cluster:
             continue
         value = env[name]
@@ -813,7 +835,7 @@ def _cluster_table(data: Mapping[str, Any]) -> dict[str, object]:
     for key, value in table.items():
         option = CLUSTER_BY_KEY.get(key)
         if option is None:
-            raise ConfigError(f"[{CLUSTER_TABLE}]: unknown key {key!r} (known: {', '.join(CLUSTER_BY_KEY)})")
+            raise ConfigError(unknown_name(f"[{CLUSTER_TABLE}]: unknown key {key!r}", key, list(CLUSTER_BY_KEY)))
         given = [value] if option.kind is list and isinstance(value, str) else value
         out[key] = _coerce(option, given, f"[{CLUSTER_TABLE}] key {key!r}")
     return out

@@ -1127,6 +1127,8 @@ function renderFleetFacts(fleet, prefixes) {
   if (fleet && typeof fleet.distinct_blocks === "number" && typeof fleet.shared_blocks === "number") {
     const frac = fleet.distinct_blocks > 0 ? fleet.shared_blocks / fleet.distinct_blocks : null;
     parts.push(`${fmtInt(fleet.shared_blocks)} of ${fmtInt(fleet.distinct_blocks)} distinct blocks held by more than one engine (${fmtPct(frac) || "0%"})`);
+  } else if (fleet === null) {
+    parts.push("blocks held by more than one engine: counting…"); // v1/occupancy's fleet is null while counted
   }
   if (prefixes && typeof prefixes.mean_engines === "number" && prefixes.engines > 1) {
     parts.push(

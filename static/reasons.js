@@ -25,6 +25,7 @@ const TEXT = {
     jump: "its sequence leapt forward",
   },
 };
+TEXT.down = { not_zeromq: "the endpoint does not speak ZeroMQ: is it the engine's HTTP port?" };
 TEXT.degraded = TEXT.unrecovered_gap;
 
 /**

@@ -43,9 +43,11 @@ class Readiness:
         self._loop = loop
         self._waiter: asyncio.Future[None] | None = None
         self._fd: int | None = int(sock.getsockopt(FD))
-        loop.add_reader(self._fd, self._wake)
+        loop.add_reader(self._fd, self.wake)
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Let the waiting task look at the socket (also when a wake-up was taken by another
+        caller of :func:`has_message`, which empties the descriptor's mailbox)."""
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

@@ -241,6 +241,17 @@ class StreamOutlet:
                 finished.attempts,
             )
             return
+        if self._purpose == "catch_up" and finished.outcome == "recovered":
+            # The connect's read of the engine's buffer (or a restarted engine's): no batch was
+            # missed, what it brought was published before the gateway read the stream. Counted
+            # as replayed (it came from the replay socket), and said as what it is.
+            logger.info(
+                "stream %s: caught up: %s from the engine's buffer, published before the gateway "
+                "read its stream (counted as replayed; nothing was missed)",
+                self.name,
+                "1 batch" if finished.replayed == 1 else f"{finished.replayed} batches",
+            )
+            return
         logger.log(
             logging.INFO if finished.outcome == "recovered" else logging.WARNING,
             "stream %s: replay %s, %d batches replayed in %d attempt(s)",

@@ -20,7 +20,7 @@ from kvgateway.config import StreamConfig
 from kvgateway.engine import wire
 from kvgateway.engine.endpoints import is_ipv6
 from kvgateway.engine.sequencer import Action, CancelReplay, RequestReplay, Sequencer
-from kvgateway.engine.sockets import Readiness, has_message, monitor_event, receiver
+from kvgateway.engine.sockets import FD, Readiness, has_message, monitor_event, receiver
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.runtime.tasks import cancel_and_wait
 
@@ -34,6 +34,25 @@ TURN_SECONDS = 0.005
 
 MAX_REPLAY_SECONDS_FACTOR = 20
 """A replay attempt may run this many replay timeouts in all, however steadily it trickles."""
+
+HANDSHAKE_MS = 5000
+"""A peer that accepts the TCP connection but sends no ZeroMQ greeting within this is no engine
+(ZeroMQ's default is 30 s; a real publisher's I/O thread answers in milliseconds)."""
+
+# The monitor's events as plain ints: ``zmq.EVENT_*`` are enum.Flag members, whose ``&`` and
+# ``|`` go through enum's slow path (this runs at every reconnection attempt of every stream).
+HANDSHAKE_SUCCEEDED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
+CONNECT_RETRIED = int(zmq.EVENT_CONNECT_RETRIED)
+BIND_FAILED = int(zmq.EVENT_BIND_FAILED)
+HANDSHAKE_FAILED = (
+    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+    | int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+    | int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+)
+
+NOT_ZEROMQ = "not_zeromq"
+"""The reason code of a stream whose endpoint answers TCP but fails ZeroMQ's handshake."""
 
 QUIET_SECONDS = 2.0
 """Batches wait this long for a live stream that is behind a replay before the hole below them is
@@ -76,6 +95,13 @@ class StreamReader:
         self._tasks: set[asyncio.Task[None]] = set()
         self._replays: dict[int, asyncio.Task[None]] = {}
         self._peers = 0
+        self._handshake_failure: str | None = None  # why the last connection never became a peer
+        self._readiness: Readiness | None = None  # the SUB socket's (see _begin_drain)
+        self._monitor_fd: int | None = None
+        self._monitor_receive: Callable[[], list[bytes] | None] = lambda: None
+        # Set while the old connection's batches are read after a disconnect: connection events
+        # queued after the disconnect wait until they are all read (see _begin_drain).
+        self._drained: asyncio.Event | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -88,8 +114,9 @@ class StreamReader:
         # Reconnect quickly after an engine restart, but back off against a dead address.
         sub.setsockopt(zmq.RECONNECT_IVL, 100)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        sub.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
         self._monitor = sub.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_BIND_FAILED
+            HANDSHAKE_SUCCEEDED | DISCONNECTED | CONNECT_RETRIED | BIND_FAILED | HANDSHAKE_FAILED
         )
         if self.config.bind:
             sub.bind(self.config.endpoint)
@@ -97,12 +124,24 @@ class StreamReader:
             sub.connect(self.config.endpoint)
         self._sub = sub
         loop = asyncio.get_running_loop()
-        self._spawn(self._read_loop(sub, Readiness(sub, loop)))
-        self._spawn(self._monitor_loop(Readiness(self._monitor, loop)))
+        self._readiness = Readiness(sub, loop)
+        self._spawn(self._read_loop(sub, self._readiness))
+        # The monitor is read straight from the loop's callback, not by a task waiting on it: an
+        # absent engine's monitor wakes at every reconnection attempt (1,000 a second with 2,000
+        # streams), and a task's future and step per wake were half the gateway's idle CPU.
+        self._monitor_receive = receiver(self._monitor)
+        self._monitor_fd = int(self._monitor.getsockopt(FD))
+        loop.add_reader(self._monitor_fd, self._poll_monitor)
+        # The descriptor signals only once ZeroMQ found the socket empty: until a first look, events
+        # already queued would wait for ever.
+        loop.call_soon(self._poll_monitor)
 
     async def stop(self) -> None:
         if self._quiet is not None:
             self._quiet.cancel()
+        if self._monitor_fd is not None:  # before the socket closes: its descriptor leaves the loop first
+            asyncio.get_running_loop().remove_reader(self._monitor_fd)
+            self._monitor_fd = None
         await cancel_and_wait(*self._tasks, *self._replays.values())
         if self._sub is not None:
             with contextlib.suppress(zmq.ZMQError):
@@ -110,6 +149,7 @@ class StreamReader:
             self._sub.close(linger=0)
         if self._monitor is not None:
             self._monitor.close(linger=0)
+            self._monitor = None  # a look already scheduled (start's) finds nothing to read
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -139,6 +179,7 @@ class StreamReader:
             self._poll_monitor()
             deadline = clock() + TURN_SECONDS
             count = 0
+            frames: list[bytes] | None = None
             try:
                 for _ in range(BUDGET):
                     frames = receive()
@@ -152,19 +193,10 @@ class StreamReader:
                 if count:  # counted once a burst: the same figures, one metric update instead of 64
                     self._outlet.received(count)
                     self._outlet.settle()
+            if frames is None and self._drained is not None:
+                self._end_drain()  # the old connection's last batch is read
             # Yield even when more is waiting, so other streams and the web side get their turn.
             await asyncio.sleep(0)
-
-    def _drain_live(self) -> None:
-        """Read every message queued on the SUB socket now (at a disconnect: they are the old connection's)."""
-        sub = self._sub
-        if sub is None:
-            return
-        receive = receiver(sub)
-        while (frames := receive()) is not None:
-            self._outlet.received()
-            self._on_live(frames)
-        self._outlet.settle()
 
     def _on_live(self, frames: list[bytes]) -> None:
         """One live message (its receipt is counted by the caller)."""
@@ -287,44 +319,82 @@ class StreamReader:
 
     # --- connection monitor -----------------------------------------------------------------
 
-    async def _monitor_loop(self, readiness: Readiness) -> None:
-        try:
-            while True:
-                await readiness.wait()
-                self._poll_monitor()
-        finally:
-            readiness.close()
-
     def _poll_monitor(self) -> None:
-        """Handle every connection event queued now (cheap when there is none)."""
+        """Handle every connection event queued now (cheap when there is none), up to a disconnect
+        whose batches are still being read (the events after it wait for them: _end_drain)."""
         monitor = self._monitor
         if monitor is None:
             return
-        while has_message(monitor):  # cheaper than a receive raising Again
-            try:
-                frames = monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+        receive = self._monitor_receive
+        # has_message is cheaper than a receive raising Again, and it empties the descriptor's
+        # mailbox, which the loop's callback needs (it is level-triggered there).
+        while self._drained is None and has_message(monitor):
+            frames = receive()
+            if frames is None:
                 return
             event = monitor_event(frames)
             if event is not None:
                 self._on_monitor_event(event)
 
     def _on_monitor_event(self, event: int) -> None:
-        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+        if event == CONNECT_RETRIED:  # first: an absent engine's monitor says nothing else
+            if self._peers == 0:
+                self._retried()
+        elif event == HANDSHAKE_SUCCEEDED:
+            self._handshake_failure = None
             self._peers += 1
             if self._peers == 1:
                 self._outlet.connection(True, "connected")
                 # Catch up, or check that the engine behind the socket is the one we were reading.
                 self._apply(self.sequencer.on_connected(), self._clock())
-        elif event == zmq.EVENT_DISCONNECTED:
+        elif event & HANDSHAKE_FAILED:
+            # TCP works but the peer speaks no ZeroMQ (an HTTP port, most likely): ZeroMQ itself
+            # only retries, every few hundred ms, and never says why.
+            self._handshake_failure = not_zeromq_reason(self.config.endpoint)
+            if self._peers == 0:
+                self._outlet.connection(False, self._handshake_failure)
+        elif event == DISCONNECTED:
+            if self._handshake_failure is not None and self._peers == 0:
+                return  # the failed handshake's connection closing: it never was a peer
             self._peers = max(0, self._peers - 1)
             if self._peers == 0:
-                # What the old connection delivered is queued before this event: read it as the
-                # old connection's, so a restarted engine's batches are never mistaken for it.
-                self._drain_live()
-                self.sequencer.on_disconnected()
-                self._outlet.connection(False, "disconnected")
-        elif event == zmq.EVENT_CONNECT_RETRIED and self._peers == 0:
-            self._outlet.connection(False, "connection refused, retrying")
-        elif event == zmq.EVENT_BIND_FAILED:
+                self._begin_drain()
+        elif event == BIND_FAILED:
             self._outlet.connection(False, "bind failed")
+
+    def _retried(self) -> None:
+        """ZeroMQ tries again: say why the stream is down (a retry after a failed handshake is no
+        refusal: keep saying what failed)."""
+        reason, self._handshake_failure = self._handshake_failure, None
+        self._outlet.connection(False, reason or "connection refused, retrying")
+
+    def _begin_drain(self) -> None:
+        """The publisher went away. What it delivered is queued before this event: it is read as
+        the old connection's (the sequencer hears of the disconnect after it), so a restarted
+        engine's batches are never mistaken for it. It is read in the live loop's turns, not at
+        once: 60,000 queued batches kept the event loop (and /healthz) busy for ten seconds.
+        Connection events after this one wait meanwhile (a new connection's batches queue behind
+        the old ones on the same pipe)."""
+        sub = self._sub
+        if sub is None or not has_message(sub):
+            self._disconnected()
+            return
+        self._drained = asyncio.Event()
+        if self._readiness is not None:
+            self._readiness.wake()  # has_message took the socket's wake-up: the read loop must look
+
+    def _end_drain(self) -> None:
+        drained, self._drained = self._drained, None
+        if drained is not None:
+            drained.set()
+        self._disconnected()
+        self._poll_monitor()  # what came after the disconnect (a new connection) before its batches
+
+    def _disconnected(self) -> None:
+        self.sequencer.on_disconnected()
+        self._outlet.connection(False, "disconnected")
+
+
+def not_zeromq_reason(endpoint: str) -> str:
+    """The down reason of a stream whose endpoint accepts TCP but fails ZeroMQ's handshake."""
+    return f"{endpoint} answers but does not speak ZeroMQ: is it the engine's HTTP port?"

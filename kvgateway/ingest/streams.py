@@ -232,7 +232,7 @@ def _zmq_failure(stream: StreamConfig, exc: zmq.ZMQError) -> str:
 async def diagnose_connect(endpoint: str, within: float = 3.0) -> str | None:
     """Why a TCP connection to ``endpoint`` fails, as the OS says it: the name does not resolve,
     connection refused, no answer... None when a TCP connection works (the engine is up again,
-    or speaks no ZeroMQ)."""
+    or speaks no ZeroMQ: the reader's monitor tells that, from the failed handshake)."""
     parts = split_tcp(endpoint)
     if parts is None or not parts[1].isdigit():
         return None

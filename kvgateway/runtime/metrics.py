@@ -21,8 +21,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from kvgateway import __version__
 from kvgateway.engine.sequencer import LossReason, Outcome, Purpose
 from kvgateway.runtime.exposition import family_text, number_text
+from kvgateway.runtime.extensions import core
 
 # The *_created series double the exposition and no dashboard or alert here reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -279,6 +281,13 @@ class Metrics:
         # ingest and occupancy: plain numbers on each stream's outlet, exported at scrape time
         self.streams = StreamCollector()
         r.register(self.streams)
+        self.build_info = Gauge(
+            "kvgateway_build_info",
+            "Always 1: the version and which core runs (core: compiled, or pure-Python).",
+            ("version", "core"),
+            registry=r,
+        )
+        self.build_info.labels(__version__, core()).set(1)
         # web clients
         self.clients = Gauge("kvgateway_clients", "Connected web clients.", ("transport",), registry=r)
         self.messages_sent = Counter(

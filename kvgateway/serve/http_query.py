@@ -20,10 +20,13 @@ def read_query(
     conn: HTTPConnection, route: str, *, last_event_id: str | None = None
 ) -> tuple[ClientRequest, dict[str, list[str]]]:
     """The stream filter (source, dp_rank, ...) of a request to ``route`` and the route's own
-    parameters, against the configured source names (:func:`kvgateway.serve.query.route_query`);
+    parameters, against the configured streams (:func:`kvgateway.serve.query.route_query`);
     raises :class:`BadRequest`."""
     serving: Serving = conn.app.state.serving
-    return route_query(route, conn.query_params, sources=serving.hub.source_names, last_event_id=last_event_id)
+    hub = serving.hub
+    return route_query(
+        route, conn.query_params, sources=hub.source_names, last_event_id=last_event_id, streams=hub.configured
+    )
 
 
 def bad_request(gateway: Serving, exc: BadRequest) -> Response:

@@ -62,6 +62,8 @@ class Hub:
         self.client_queue_bytes = client_queue_bytes
         self.max_clients = max_clients
         self.source_names = frozenset(name for name, _ in sources)
+        self.configured = tuple(sources)
+        """The configured streams: a query's ``dp_rank`` must be one of their ranks."""
         self.slow_consumer_notice = messages.encode_slow_consumer(client_queue_bytes)
         self._closed = False
         self._clients: dict[Subscription, None] = {}

@@ -122,6 +122,33 @@ def check_once(name: str, values: list[str]) -> None:
         raise BadRequest(f"{name}: given more than once")
 
 
+def _ranks_text(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def check_ranks(client_filter: ClientFilter, streams: Iterable[tuple[str, int]]) -> None:
+    """The filter rule for what the configuration defines: each ``dp_rank`` must be a rank of a
+    selected source (of any source when ``source`` is not given), as each ``source`` must be a
+    configured one; a 400 otherwise. (``type`` and ``medium`` name what the events carry, which
+    no configuration lists: a value no event has matches nothing.)"""
+    wanted = client_filter.dp_ranks
+    if wanted is None:
+        return
+    chosen = client_filter.sources
+    have = sorted({rank for name, rank in streams if chosen is None or name in chosen})
+    missing = sorted(wanted.difference(have))
+    if missing:
+        of = f" of source {', '.join(map(repr, sorted(chosen)))}" if chosen else ""
+        raise BadRequest(f"dp_rank: no configured stream{of} has rank {missing[0]} (ranks: {_ranks_text(have)})")
+
+
 def parse_query(
     params: QueryInput, *, sources: Iterable[str] | None = None, last_event_id: str | None = None
 ) -> ClientRequest:
@@ -195,11 +222,17 @@ def _digest_seconds(value: str, types: set[str]) -> int:
 
 
 def route_query(
-    route: str, params: QueryInput, *, sources: Iterable[str] | None = None, last_event_id: str | None = None
+    route: str,
+    params: QueryInput,
+    *,
+    sources: Iterable[str] | None = None,
+    last_event_id: str | None = None,
+    streams: Iterable[tuple[str, int]] | None = None,
 ) -> tuple[ClientRequest, dict[str, list[str]]]:
     """The stream filter of a request to ``route`` and the values of the route's own parameters
     (by name, in order); raises :class:`BadRequest` for a name ``route`` does not accept, listing
-    what it does (:data:`ROUTE_PARAMETERS`), or for a bad value of the stream's parameters."""
+    what it does (:data:`ROUTE_PARAMETERS`), or for a bad value of the stream's parameters.
+    ``streams``: the configured streams, for :func:`check_ranks` (None: any rank)."""
     accepted = ROUTE_PARAMETERS[route]
     stream: list[tuple[str, str]] = []
     own: dict[str, list[str]] = {}
@@ -210,7 +243,10 @@ def route_query(
             stream.append((name, value))
         else:
             own.setdefault(name, []).append(value)
-    return parse_query(stream, sources=sources, last_event_id=last_event_id), own
+    request = parse_query(stream, sources=sources, last_event_id=last_event_id)
+    if streams is not None:
+        check_ranks(request.filter, streams)
+    return request, own
 
 
 def _check_count(name: str, values: set[Any]) -> None:

@@ -39,6 +39,11 @@ LEARNER_FOLLOWS_EVERY: Final = 256
 FLEET_REFRESH_SECONDS: Final = 15.0
 """How often the fleet facts are counted again: O(resident blocks), so never per request."""
 
+FLEET_EMPTY_CHECK_SECONDS: Final = 0.25
+"""How often, between two counts, the index is asked whether it holds blocks although the last
+count found none (O(groups)): the count at start, before the engines' first blocks, is then
+followed by another as soon as blocks exist, not 15 s later."""
+
 
 def without_gc(pieces: Iterator[bytes]) -> Iterator[bytes]:
     """``pieces``, each rendered with the garbage collector paused.
@@ -113,8 +118,7 @@ class RouterState:
         self.snapshot_queue_bytes = settings.snapshot_queue_bytes
         self.learner = ChainLearner(settings.max_learned_blocks, resident=self.resident)
         self.bucket = TokenBucket(settings.lookup_rate, settings.lookup_burst)
-        self.fleet: dict[str, Any] | None = None
-        """The last fleet facts (:func:`kvgateway.state.lookup.fleet_facts`) with their ``offset`` and ``at``."""
+        self._fleet: dict[str, Any] | None = None
         self._snapshots = 0
         self._evicted = 0
         self._batches = 0
@@ -196,15 +200,27 @@ class RouterState:
         task, self._task = self._task, None
         await cancel_and_wait(task)
 
+    @property
+    def fleet(self) -> dict[str, Any] | None:
+        """The last fleet facts (:func:`kvgateway.state.lookup.fleet_facts`) with their ``offset``
+        and ``at``; None while they are being counted: before the first count, and while the last
+        count found no block but the index holds some (a count of 0 beside resident blocks would
+        be read as the fleet's state, not as a count from before they arrived)."""
+        fleet = self._fleet
+        return None if fleet is None or self._found_none_before_blocks(fleet) else fleet
+
+    def _found_none_before_blocks(self, fleet: dict[str, Any]) -> bool:
+        return fleet["distinct_blocks"] == 0 and self.index.resident_blocks() > 0
+
     async def count_fleet(self, offset: int) -> dict[str, Any]:
         """Fleet facts at ``offset`` (frozen now), counted one stream and group per event-loop turn."""
         count = FleetCount(self.index.streams())
         for _ in iter(count.step, True):  # one stream and group, then a turn for everything else
             await asyncio.sleep(0)
         facts = count.result()
-        self.fleet = {"offset": offset, "at": time.time(), **facts}
+        fleet = self._fleet = {"offset": offset, "at": time.time(), **facts}
         self._set_fleet_gauges(facts)
-        return self.fleet
+        return fleet
 
     async def _refresh_fleet(self, offset: Callable[[], int]) -> None:
         while True:
@@ -212,7 +228,17 @@ class RouterState:
                 await self.count_fleet(offset())
             except Exception:  # a bug here must not end the refreshes for good
                 logger.exception("counting the fleet's blocks failed")
-            await asyncio.sleep(FLEET_REFRESH_SECONDS)
+            await self._until_next_count()
+
+    async def _until_next_count(self) -> None:
+        """FLEET_REFRESH_SECONDS, or less when blocks arrived after a count that found none."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + FLEET_REFRESH_SECONDS
+        while (left := due - loop.time()) > 0:
+            await asyncio.sleep(min(left, FLEET_EMPTY_CHECK_SECONDS))
+            fleet = self._fleet
+            if fleet is not None and self._found_none_before_blocks(fleet):
+                return
 
     def _set_fleet_gauges(self, facts: dict[str, Any]) -> None:
         distinct, shared = self.metrics.fleet_distinct_blocks, self.metrics.fleet_shared_blocks

@@ -169,7 +169,7 @@ def parse_request(body: bytes, limits: LookupLimits = DEFAULT_LIMITS) -> HashQue
     try:
         parsed = _body_decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise BadLookup(_one_line(exc)) from None
+        raise _wrong_type(body, exc) from None
     except msgspec.DecodeError as exc:
         raise BadLookup(f"invalid JSON: {_one_line(exc)}") from None
     if parsed.group_idx is not None and parsed.group_idx < 0:
@@ -199,6 +199,24 @@ def parse_request(body: bytes, limits: LookupLimits = DEFAULT_LIMITS) -> HashQue
     if parsed.extra_keys is not None and len(parsed.extra_keys) > limits.max_tokens:
         raise BadLookup(f"extra_keys: {len(parsed.extra_keys)} entries (at most {limits.max_tokens})")
     return TokenQuery(tokens, parsed.lora_name, parsed.extra_keys, parsed.group_idx)
+
+
+_HASH_AS_NUMBER: Final = re.compile(r"got `(?:int|float)` - at `\$\.(block_hashes\[\d+\])`$")
+
+
+def _wrong_type(body: bytes, exc: msgspec.ValidationError) -> BadLookup:
+    """The typed decoder stops at the first value of the wrong type, before it reads the rest:
+    ``{"block_hashes": [1,2`` is invalid JSON first, and a hash given as a number is the common
+    mistake (hashes are 64-bit and more: JSON numbers lose them, so they are decimal strings)."""
+    try:
+        msgspec.json.decode(body)
+    except msgspec.DecodeError as invalid:
+        return BadLookup(f"invalid JSON: {_one_line(invalid)}")
+    text = _one_line(exc)
+    number = _HASH_AS_NUMBER.search(text)
+    if number:
+        return BadLookup(f'{number[1]}: hashes are decimal strings ("123456789"), got a number')
+    return BadLookup(text)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -71,7 +71,7 @@ def new_page(browser: Any) -> Iterator[Callable[..., Any]]:
             "console",
             lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None,
         )
-        page.set_default_timeout(15_000)
+        page.set_default_timeout(60_000)  # a wait, not a bound: a loaded machine loads pages slowly
         return page
 
     yield make

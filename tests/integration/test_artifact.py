@@ -1,6 +1,8 @@
 """What users install, run as they run it: the wheel and the sdist built from the files the image's
 build context holds, installed (not editable) into fresh virtual environments outside the checkout,
 every command started from a directory that is not the checkout, and the Dockerfile's own RUN steps.
+Built here (a C compiler exists), the wheel carries the compiled core; built without one, it
+installs the pure-Python core with one warning line.
 
 One module-scoped build serves every test: the Dockerfile's ``pip wheel`` step fills a wheelhouse
 once, and every environment is installed from it with ``--no-index`` (offline, seconds each)."""
@@ -25,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvgateway.runtime.extensions import COMPILED_MODULES
 from tests.support import REPO, Proc, free_ports, sim_endpoints, source_spec, wait_until
 from tests.support.nats import NatsServer
 
@@ -62,8 +65,8 @@ def _context(dest: Path) -> Path:
 
 
 def dockerfile_steps() -> list[list[str]]:
-    """The pip and kvgateway commands of deploy/Dockerfile's RUN instructions, in order (users,
-    groups and directories are the image's business)."""
+    """The pip, kvgateway and python commands of deploy/Dockerfile's RUN instructions, in order
+    (packages, users, groups and directories are the image's business)."""
     text = (REPO / "deploy/Dockerfile").read_text().replace("\\\n", " ")
     steps = []
     for line in text.splitlines():
@@ -71,7 +74,7 @@ def dockerfile_steps() -> list[list[str]]:
             continue
         for command in line[4:].split("&&"):
             words = [word for word in shlex.split(command) if not word.startswith("--mount=")]
-            if words and words[0] in ("pip", "kvgateway"):
+            if words and words[0] in ("pip", "kvgateway", "python"):
                 steps.append(words)
     return steps
 
@@ -140,6 +143,11 @@ def test_wheel_holds_every_package(artifacts: Artifacts) -> None:
     static = {str(p.relative_to(REPO)) for p in (REPO / "static").rglob("*") if p.is_file()}
     assert {f"kvgateway/{name}" for name in static} <= names  # the dashboard and its vendor files
     assert not any(name.startswith(("tests/", "static/", "bench/")) for name in names)
+    # the compiled core (built here: a C compiler exists), every module beside its pure-Python reference
+    for module in COMPILED_MODULES:
+        path = module.replace(".", "/")
+        assert any(fnmatch.fnmatch(name, f"{path}.*.so") for name in names), (module, sorted(names))
+        assert f"{path.removesuffix('_c')}_py.py" in names
     metadata = zipfile.ZipFile(artifacts.wheel()).read("kvgateway-0.1.0.dist-info/METADATA").decode()
     assert "License-Expression: Apache-2.0" in metadata
 
@@ -150,14 +158,22 @@ def test_dockerfile_steps(artifacts: Artifacts) -> None:
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=artifacts.elsewhere)
     installs = [step for step in artifacts.docker_steps if step[:2] == ["pip", "install"]]
     checks = [step for step in artifacts.docker_steps if step[0] == "kvgateway"]
-    assert installs and checks, artifacts.docker_steps
+    core_checks = [step for step in artifacts.docker_steps if step[0] == "python"]
+    assert installs and checks and core_checks, artifacts.docker_steps
     for step in installs:
         words = [word.replace("/wheels", str(artifacts.wheels)) for word in step[1:]]
         _run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), *words], cwd=artifacts.elsewhere)
     for step in checks:
         result = _run([str(venv / "bin/kvgateway"), *step[1:]], cwd=artifacts.elsewhere)
-        assert re.fullmatch(r"kvgateway \d+\.\d+\.\d+\S*\n", result.stdout), result.stdout
+        assert re.fullmatch(r"kvgateway \d+\.\d+\.\d+\S* \(compiled core\)\n", result.stdout), result.stdout
+    for step in core_checks:  # the image refuses to build without its compiled core
+        _run([str(venv / "bin/python"), *step[1:]], cwd=artifacts.elsewhere)
     assert _installed_at(venv, artifacts.elsewhere).is_relative_to(venv)
+    pure = subprocess.run(
+        [str(venv / "bin/python"), *core_checks[0][1:]],
+        cwd=artifacts.elsewhere, env={**ENV, "KVGATEWAY_NO_EXTENSIONS": "1"}, check=False,
+    )  # fmt: skip
+    assert pure.returncode == 1  # the check would see a pure-Python core
 
 
 def test_every_command_help_and_version(artifacts: Artifacts) -> None:
@@ -165,7 +181,8 @@ def test_every_command_help_and_version(artifacts: Artifacts) -> None:
     and the NATS commands say in one line how to get it."""
     venv = artifacts.venv("plain", "kvgateway")
     assert _installed_at(venv, artifacts.elsewhere).is_relative_to(venv)
-    assert _run([*_kvgateway(venv), "--version"], cwd=artifacts.elsewhere).stdout.startswith("kvgateway ")
+    version = _run([*_kvgateway(venv), "--version"], cwd=artifacts.elsewhere).stdout
+    assert version.startswith("kvgateway ") and version.endswith(" (compiled core)\n"), version
     assert "usage: kvgateway" in _run([*_kvgateway(venv), "--help"], cwd=artifacts.elsewhere).stdout
     for command in COMMANDS:
         result = _run([*_kvgateway(venv), command, "--help"], cwd=artifacts.elsewhere)
@@ -258,6 +275,11 @@ def test_sdist_builds_and_installs(artifacts: Artifacts) -> None:
     with tarfile.open(sdist) as tar:
         members = {member.split("/", 1)[1] for member in tar.getnames() if "/" in member}
     assert {"pyproject.toml", "setup.py", "kvgateway/cluster/edge.py", "static/index.html"} <= members
+    # the compiled core's sources, and its pure-Python reference; nothing built
+    for module in COMPILED_MODULES:
+        path = module.replace(".", "/")
+        assert {f"{path}.pyx", f"{path.removesuffix('_c')}_py.py"} <= members, module
+    assert not [name for name in members if name.endswith((".so", "_c.c"))], members
     assert "static/vendor/uplot/uPlot.iife.min.js" in members
     venv = artifacts.venv("from-sdist", str(sdist))
     assert _installed_at(venv, artifacts.elsewhere).is_relative_to(venv)
@@ -268,3 +290,29 @@ def test_sdist_builds_and_installs(artifacts: Artifacts) -> None:
         cwd=artifacts.elsewhere,
     )
     assert (Path(static.stdout.strip()) / "vendor/uplot/uPlot.iife.min.js").is_file()
+
+
+def test_without_a_compiler_the_install_is_pure_python(artifacts: Artifacts) -> None:
+    """CC=/bin/false (a compiler that fails every step): the wheel still builds, with one warning
+    line, and installs the pure-Python core; it runs outside the checkout."""
+    builder = artifacts.venv(
+        "builder", *tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    )
+    out = artifacts.root / "no-compiler"
+    out.mkdir()
+    context = _context(artifacts.root / "src-no-compiler")  # a fresh copy: no build/ of an earlier build
+    hook = "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
+    result = subprocess.run(
+        [str(builder / "bin/python"), "-c", hook, str(out)],
+        cwd=context, env={**ENV, "CC": "/bin/false"}, capture_output=True, text=True, timeout=240,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if "kvgateway" in line and "WARNING" in line.upper()]
+    assert len(warnings) == 1 and "pure-Python core" in warnings[0], result.stderr[-3000:]
+    wheel = out / result.stdout.split()[-1]
+    assert not [name for name in zipfile.ZipFile(wheel).namelist() if name.endswith(".so")]
+    venv = artifacts.venv("no-compiler-venv", str(wheel))
+    assert _installed_at(venv, artifacts.elsewhere).is_relative_to(venv)
+    version = _run([*_kvgateway(venv), "--version"], cwd=artifacts.elsewhere).stdout
+    assert version.endswith(" (pure-Python core)\n"), version

@@ -313,10 +313,9 @@ def test_an_idle_engine_is_caught_up_as_soon_as_the_gateway_connects(procs: Star
     start_sim(procs, *engine_args(pub, rep, "--rate", "0", "--batches", str(total), "--cpu-offload"))
     history = wait_history(rep, total, what="the engine's 1,500 batches")
     assert len(history) == total
-    started = time.monotonic()
     gw = start_gateway(procs, http, [source_spec("a", pub, rep)], client_queue_bytes=BIG_QUEUE)
-    wait_until(lambda: source_status(gw.base, "a")["last_seq"] == total - 1, timeout=10, what="the catch-up")
-    assert time.monotonic() - started < 10
+    # The engine is idle: only the catch-up at connect can bring its batches (no clock needed).
+    wait_until(lambda: source_status(gw.base, "a")["last_seq"] == total - 1, timeout=90, what="the catch-up")
     assert_index_is(gw.base, model_of(history))
     status = source_status(gw.base, "a")
     assert (status["stale"], status["counters"]["history_truncations"]) == (False, 0)

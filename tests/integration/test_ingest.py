@@ -164,10 +164,18 @@ def test_skipped_range_is_replayed_and_every_batch_delivered_once_in_order(procs
             # --replay-hwm 0: the 2,000-batch reply comes whole, so received is exact (see (g)).
             extra=["--skip", f"{first}-{last}", "--replay-delay", "3", "--replay-hwm", "0"],
         )
-        got = settled(gw.base, "a", last_seq=total - 1, replays=2)  # the catch-up, then the gap
+        settled(gw.base, "a", last_seq=total - 1, replays=2)  # the catch-up, then the gap
         wait_until(lambda: ws.last_seq("a") == total - 1, timeout=30, what="the last batch on the WebSocket")
         missing = last - first + 1
         live = total - missing
+        # Settled by the counts: the gap is filled (and the last seq delivered) by the reply's first
+        # 500 items, while its other 1,500 (copies of live batches) may still be read; a loaded
+        # machine reads them seconds later.
+        got = wait_until(
+            lambda: (m := stream_metrics(gw.base, "a"))["received"] >= live + (total - first) and m,
+            timeout=90,
+            what="the reply read to its end",
+        )
         assert got == counters(
             received=live + (total - first),  # every live batch, then the reply from 8000 to the end
             gaps=1,
@@ -426,13 +434,19 @@ class LateDelivery(AssertionError):
 def test_flooding_engine_does_not_delay_a_modest_one(procs: Start) -> None:
     """Engine ``flood`` (2 DP ranks, flat out, 400-700 events a batch) and engine ``modest``
     (2 ranks, 100 batches/s): modest's batches reach the web client in order, complete, and on
-    time (each within 1.5 s of being published, half of them within 0.5 s).
+    time (each within 15 s of being published, half of them within 5 s).
 
     Whether one simulator outruns the gateway depends on the machine, so the flood gets a backlog
     for sure: the gateway is paused (SIGSTOP, as a CPU-starved host would) for 3 s while the flood
-    goes on, then resumed, and modest starts while the gateway works through that backlog."""
+    goes on, then resumed, and modest starts while the gateway works through that backlog. The
+    flood never stops (its PUB drops past 2,000 queued batches, so its memory stays bounded): a
+    reader that drained a socket before serving the next would never get to modest at all.
+
+    The bounds are ten times what a quiet machine needs (1.5 s and 0.5 s passed there; a loaded
+    2-core machine saw 1.64 s with nothing wrong): they catch starvation, which is unbounded, not
+    a slow machine. The latency itself is bench/'s to measure."""
     http, p_flood, p_modest = free_ports(3, spacing=2)
-    rate, total, max_lag, median_lag = 100, 150, 1.5, 0.5
+    rate, total, max_lag, median_lag = 100, 150, 15.0, 5.0
     gw = start_gateway(
         procs,
         http,
@@ -441,6 +455,7 @@ def test_flooding_engine_does_not_delay_a_modest_one(procs: Start) -> None:
     )
     # Cheap to generate, costly to ingest (offload copies, evictions): hundreds of hashes per event batch.
     flood = ["--events-per-batch", "400-700", "--cpu-offload", "--gpu-blocks", "512", "--cpu-blocks", "1024"]
+    flood += ["--batches", "1000000000", "--hwm", "2000"]  # flat out until the test ends (the last --batches wins)
     with WsCollector(gw.ws_url, query="source=modest") as ws:
         connecting_sim(procs, p_flood, None, rate=0, batches=1000, warm=0, dp_size=2, extra=flood)
         wait_until(lambda: stream_metrics(gw.base, "flood", 1)["received"] > 0, timeout=30, what="the flood")
@@ -449,8 +464,9 @@ def test_flooding_engine_does_not_delay_a_modest_one(procs: Start) -> None:
             time.sleep(3.0)  # the flood piles up in the sockets (no count depends on this)
         finally:
             gw.proc.popen.send_signal(signal.SIGCONT)
-        # The gateway's one ZeroMQ I/O thread is busy with the backlog: a longer warm-up for modest's handshake.
-        warm = 2.0
+        # The gateway's one ZeroMQ I/O thread is busy with the backlog: a longer warm-up for modest's
+        # handshake (on a loaded machine it took over 2 s).
+        warm = 5.0
         connecting_sim(procs, p_modest, None, rate=rate, batches=total, warm=warm, dp_size=2)
         # modest's first batch is due warm/rate after its readiness line.
         first_due = time.time() + warm + max_lag + 2.0
@@ -481,9 +497,9 @@ def test_flooding_engine_does_not_delay_a_modest_one(procs: Start) -> None:
             assert settled(gw.base, "modest", rank, last_seq=total - 1) == counters(
                 received=total, last_seq=total - 1, replay={}
             )
-    for rank in (0, 1):
+    for rank in (0, 1):  # the flood's PUB drops past its high-water mark: gaps there are expected
         flooded = stream_metrics(gw.base, "flood", rank)
-        assert (flooded["gaps"], flooded["unrecovered"], flooded["decode_errors"], flooded["up"]) == (0, 0, 0, 1)
+        assert (flooded["decode_errors"], flooded["up"], flooded["received"] > 0) == (0, 1, True)
 
 
 # --- (g) a gateway started after the engine -----------------------------------------------------

@@ -196,6 +196,8 @@ def test_sse_snapshot_limits_and_token(fleet: str) -> None:
         assert httpx.request(method, f"{base}{path}", timeout=10).status_code == 401
     bad = {
         b"{": "invalid JSON",
+        b'{"block_hashes": [1,2': "invalid JSON",
+        b'{"block_hashes": [1,2]}': "block_hashes[0]: hashes are decimal strings",
         b'{"block_hashes": ["1"], "token_ids": [1]}': "exactly one of",
         b'{"block_hashes": ["0x1"]}': "block_hashes[0]",
         b'{"block_hashes": ["1"], "x": 1}': "unknown field",
@@ -214,6 +216,28 @@ def test_sse_snapshot_limits_and_token(fleet: str) -> None:
     assert huge.status_code == 413
     codes = [httpx.post(f"{base}/v1/lookup", json={"block_hashes": []}, headers=AUTH).status_code for _ in range(40)]
     assert codes[0] == 200 and codes[-1] == 429  # a burst of 40 and almost no refill
+
+
+def test_the_fleet_count_never_says_none_beside_resident_blocks(procs: Any) -> None:
+    """Issue 33, item 4: for the first 15 s the fleet facts said 0 distinct blocks while the
+    engines' blocks were resident (the count at start came before them). Every occupancy answer
+    from the gateway's start on either has no fleet facts yet ("being counted") or counts blocks
+    when some are resident; and a count of them comes."""
+    http, pub, rep = free_ports(3, spacing=2)
+    gw = start_gateway(procs, http, [source_spec("a", pub, rep, 2)], "--token", TOKEN)
+    sim_args = ["--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", "--dp-size", "2"]
+    start_sim(procs, *sim_args, "--rate", "200", "--batches", str(BATCHES), *warmup(1.0), ranks=2)
+    answers: list[tuple[int, Any]] = []
+
+    def counted() -> bool:
+        body = httpx.get(f"{gw.base}/v1/occupancy", headers=AUTH, timeout=10).json()
+        resident, fleet = sum(tier["blocks"] for tier in body["tiers"].values()), body["fleet"]
+        answers.append((resident, fleet and fleet["distinct_blocks"]))
+        assert fleet is None or resident == 0 or fleet["distinct_blocks"] > 0, answers[-5:]
+        return fleet is not None and fleet["distinct_blocks"] > 0
+
+    wait_until(counted, timeout=60, interval=0.05, what="a fleet count of the resident blocks")
+    assert answers[-1][0] > 0
 
 
 # --- the state digest -------------------------------------------------------------------------

@@ -1569,13 +1569,15 @@ def test_max_clients(guarded: Gateway) -> None:
     assert after[("ws", "too_many_clients")] - before[("ws", "too_many_clients")] == 1
 
 
-_ACCEPTED = "(accepted: source, dp_rank, type, medium, last_event_id, snapshot, compat, token)"
+_ACCEPTED = "(accepted: source, dp_rank, type, medium, last_event_id, snapshot, compat, digest, token)"
 BAD_QUERIES = [
     ("sources=llama", f"unknown query parameter 'sources' {_ACCEPTED}"),
     ("Source=llama", f"unknown query parameter 'Source' {_ACCEPTED}"),
     ("dp_rank=-1", "dp_rank: expected a non-negative integer, got '-1'"),
     ("dp_rank=0&dp_rank=one", "dp_rank: expected a non-negative integer, got 'one'"),
     ("source=llama&source=mistral", "source: unknown source 'mistral'"),
+    ("dp_rank=0&dp_rank=99", "dp_rank: no configured stream has rank 99 (ranks: 0-1)"),
+    ("source=qwen&dp_rank=1", "dp_rank: no configured stream of source 'qwen' has rank 1 (ranks: 0)"),
     ("medium=", "medium: expected a medium name (letters, digits, _.:-), got ''"),
     ("type=Block%20Stored", "type: expected an event type name (letters, digits, _.:-), got 'Block Stored'"),
     ("last_event_id=a:1&last_event_id=a:2", "last_event_id: given more than once"),
@@ -1602,7 +1604,7 @@ def test_invalid_query_parameters_are_a_400_before_any_stream(live: Gateway) -> 
 
 
 ROUTES_ACCEPT = {
-    "/v1/events": "source, dp_rank, type, medium, last_event_id, snapshot, compat, token",
+    "/v1/events": "source, dp_rank, type, medium, last_event_id, snapshot, compat, digest, token",
     "/v1/sources": "source, dp_rank, token",
     "/v1/occupancy": "source, dp_rank, token",
     "/v1/analytics": "source, dp_rank, token",
@@ -1652,6 +1654,31 @@ def test_every_route_refuses_a_parameter_it_does_not_take_and_lists_what_it_take
     assert counted == refused
 
 
+def test_a_filter_that_names_what_is_not_configured_is_a_400_on_every_route(live: Gateway) -> None:
+    """One rule for source and dp_rank (docs/protocol.md): each value must name what the
+    configuration has, on the REST routes as on the streams (issue 33, item 8: ``dp_rank=99``
+    was a 200 with no streams, ``source=nope`` a 400)."""
+    refusals = {
+        "source=nope": "source: unknown source 'nope'",
+        "dp_rank=99": "dp_rank: no configured stream has rank 99 (ranks: 0-1)",
+        "source=qwen&dp_rank=1": "dp_rank: no configured stream of source 'qwen' has rank 1 (ranks: 0)",
+    }
+
+    async def body() -> None:
+        async with httpx.AsyncClient(base_url=live.base, timeout=10, trust_env=False) as http:
+            for route, accepted in ROUTES_ACCEPT.items():
+                if "dp_rank" not in accepted:
+                    continue
+                for query, error in refusals.items():
+                    response = await _ask(http, route, query)
+                    assert (response.status_code, response.json()) == (400, {"error": error}), (route, query)
+            for query, error in refusals.items():
+                ws_response = await refused_ws(live, query)
+                assert (ws_response.status_code, json.loads(ws_response.body)) == (400, {"error": error}), query
+
+    arun(body())
+
+
 def _keys(entries: list[dict[str, Any]]) -> list[tuple[str, int]]:
     return [(entry["source"], entry["dp_rank"]) for entry in entries]
 
@@ -1663,7 +1690,7 @@ def test_every_per_stream_route_applies_the_streams_source_and_dp_rank(live: Gat
         "source=qwen": [("qwen", 0)],
         "source=llama&dp_rank=1": [("llama", 1)],
         "dp_rank=0": [("llama", 0), ("qwen", 0)],
-        "source=qwen&dp_rank=1": [],
+        "source=llama&source=qwen&dp_rank=1": [("llama", 1)],
     }
 
     async def body() -> None:

@@ -43,6 +43,7 @@ LABEL_VALUES = {
     ("kvgateway_messages_sent_total", "transport"): set(TRANSPORTS),
     ("kvgateway_resumes_total", "recovered"): {"true", "false"},
     ("kvgateway_gc_pause_seconds_bucket", "generation"): {"0", "1", "2"},
+    ("kvgateway_build_info", "core"): {"compiled", "pure-Python"},
 }
 
 SELECTOR = re.compile(r"(?<![\w:])(kvgateway_[a-z0-9_]*[a-z0-9])\s*\{([^}]*)\}")

@@ -27,7 +27,11 @@ class WsCollector:
         self.url = full
         self.messages: list[tuple[float, dict[str, Any]]] = []
         self.closed_error: BaseException | None = None
-        self._ws: ClientConnection = connect(full, max_size=None, open_timeout=open_timeout).__enter__()
+        # No pings of its own: the gateway pings its clients, and a test that stops the gateway
+        # (SIGSTOP) on a loaded machine must not lose its client to a 20 s ping timeout.
+        self._ws: ClientConnection = connect(
+            full, max_size=None, open_timeout=open_timeout, ping_interval=None
+        ).__enter__()
         first = self._ws.recv(timeout=open_timeout)
         assert isinstance(first, str)
         self.hello: dict[str, Any] = json.loads(first)

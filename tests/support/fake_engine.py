@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import msgspec
 import zmq
@@ -112,10 +113,39 @@ class FakeEngine:
             except Exception as exc:  # reported by close(): the thread must go on serving
                 self.errors.append(exc)
 
-    def close(self) -> None:
-        """Stop serving; raises what ``replies`` raised, if anything."""
+    def close(self, *, linger: int = 0) -> None:
+        """Stop serving; raises what ``replies`` raised, if anything. ``linger`` (ms): how long the
+        batches still queued in the PUB socket may take to reach the gateway before it goes."""
         self._stop.set()
         self._thread.join(5)
-        self.context.destroy(linger=0)
+        self.context.destroy(linger=linger)
         if self.errors:
             raise AssertionError(f"the fake engine's replies failed: {self.errors!r}")
+
+
+class HttpPort:
+    """A real HTTP server on a free loopback port: what an engine's API port is, given by mistake
+    where its ZeroMQ publisher's belongs (it accepts TCP, then waits for a request line).
+    ``connections``: how many it accepted (each of ZeroMQ's attempts is one)."""
+
+    def __init__(self) -> None:
+        owner = self
+
+        class Counting(SimpleHTTPRequestHandler):
+            def setup(self) -> None:
+                owner.connections += 1
+                super().setup()
+
+        self.connections = 0
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Counting)
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> HttpPort:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)

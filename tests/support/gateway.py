@@ -5,6 +5,7 @@ on them; plus readers of /v1/sources and /v1/occupancy by base URL."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -199,3 +200,13 @@ def occupancy_counts(entry: dict[str, Any]) -> dict[str, dict[str, int]]:
     """The exact (rate-free) numbers of an /v1/occupancy stream entry, per medium."""
     keys = ("blocks", "tokens", "block_size", "stores", "removes")
     return {medium: {k: stats[k] for k in keys} for medium, stats in entry["mediums"].items()}
+
+
+NOT_ZEROMQ_HINT = "does not speak ZeroMQ: is it the engine's HTTP port?"
+"""How the gateway ends the down reason of an endpoint that fails ZeroMQ's handshake."""
+
+
+def down_lines(proc: Proc, name: str) -> list[dict[str, Any]]:
+    """The JSON log records (``--log-format json``) that say the stream ``name``[0] is down."""
+    records = [json.loads(line) for line in list(proc.lines) if line.startswith("{")]
+    return [r for r in records if r["message"].startswith(f"stream {name}[0] down")]

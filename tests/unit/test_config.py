@@ -398,10 +398,63 @@ def test_toml_errors_name_the_key_and_unknown_keys_list_the_known(tmp_path: Path
     path.write_text("[server]\nport = 'x'\n")
     with pytest.raises(ConfigError, match=r"^\[server\] key 'port': expected an integer, got 'x'$"):
         config.settings_from_args(_args("--config", str(path)), environ={})
-    path.write_text("[server]\nring_byts = 1\n")
+    path.write_text("[server]\ncolour = 1\n")
     with pytest.raises(ConfigError) as info:
         config.settings_from_args(_args("--config", str(path)), environ={})
-    assert "unknown key 'ring_byts' (known: host, port," in str(info.value) and "ring_bytes" in str(info.value)
+    assert "unknown key 'colour' (known: host, port," in str(info.value) and "ring_bytes" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("table", "env", "expected"),
+    [
+        ("[server]\nring_byts = 1\n", {}, "[server]: unknown key 'ring_byts': did you mean 'ring_bytes'?"),
+        ("[cluster]\nnats_stram = 'x'\n", {}, "[cluster]: unknown key 'nats_stram': did you mean 'nats_stream'?"),
+        (
+            "",
+            {"KVGATEWAY_RING_BYTS": "1"},
+            "KVGATEWAY_RING_BYTS: unknown variable: did you mean 'KVGATEWAY_RING_BYTES'?",
+        ),
+        (
+            "",
+            {"KVGATEWAY_MAX_CLIENT": "1"},
+            "KVGATEWAY_MAX_CLIENT: unknown variable: did you mean 'KVGATEWAY_MAX_CLIENTS'?",
+        ),
+    ],
+)
+def test_an_unknown_key_close_to_a_known_one_is_named_back(
+    tmp_path: Path, table: str, env: dict[str, str], expected: str
+) -> None:
+    """A typo gets the one name it was meant to be, not the list of forty (issue 33, item 10)."""
+    path = tmp_path / "kv.toml"
+    path.write_text(table)
+    with pytest.raises(ConfigError) as info:
+        config.settings_from_args(_args("--config", str(path)), environ=env)
+    assert str(info.value) == expected
+
+
+def test_a_source_key_close_to_a_known_one_is_named_back() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'endpiont': did you mean 'endpoint'\?$"):
+        parse_source_flag("name=a,endpiont=tcp://127.0.0.1:1")
+    with pytest.raises(ConfigError, match=r"unknown key 'replay_endpont': did you mean 'replay_endpoint'\?$"):
+        parse_source_flag('name=a,host=h,kv_events_config={"enable_kv_cache_events":true,"replay_endpont":"x"}')
+
+
+def test_a_source_without_a_name_says_it_is_missing() -> None:
+    """Not "got None" (issue 33, item 9)."""
+    with pytest.raises(ConfigError) as info:
+        parse_source_flag("endpoint=tcp://127.0.0.1:1")
+    assert "key 'name' is missing" in str(info.value) and "None" not in str(info.value)
+
+
+def test_max_learned_blocks_help_gives_the_learners_figures() -> None:
+    """The help text is made from the constants the learner uses (issue 33, item 6: it said 2)."""
+    from kvgateway.state import learner
+
+    parser = argparse.ArgumentParser()
+    config.add_serve_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    assert f"{learner.LEARNED_PER_RESIDENT:g} per resident block" in text
+    assert f"at least {learner.LEARNED_FLOOR}" in text
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
-"""The chain learner's table (kvgateway/state/learner.py): eviction order, the entries of blocks no
-engine holds aged out first, the cap following the fleet, O(1) work per block at the cap, and
-exact lookups through growth, compaction, eviction and shrinking."""
+"""The chain learner's table (kvgateway/state/_learner_py.py, the reference: these tests read its
+arrays; the compiled twin answers as it does, test_core_differential.py): eviction order, the
+entries of blocks no engine holds aged out first, the cap following the fleet, O(1) work per block
+at the cap, and exact lookups through growth, compaction, eviction and shrinking."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvgateway.engine.wire import BlockStored, Hash
-from kvgateway.state.learner import _SECOND_CHANCES, ChainLearner, block_digests
+from kvgateway.state._learner_py import _SECOND_CHANCES, ChainLearner, block_digests
 
 SIZE = 2
 
@@ -288,7 +289,7 @@ def test_same_answers_as_a_dict_without_eviction_through_growth_and_compaction()
 
 def test_a_growing_ring_gives_the_heaps_free_pages_back() -> None:
     from kvgateway.runtime.memory import release_free_heap
-    from kvgateway.state.learner import _TRIM_FROM
+    from kvgateway.state._learner_py import _TRIM_FROM
 
     assert release_free_heap() in (True, False)  # glibc's malloc_trim, or nothing to call
     learner = ChainLearner(max_blocks=10**6, floor=10**6)

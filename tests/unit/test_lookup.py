@@ -156,7 +156,10 @@ def test_parse_request_by_tokens() -> None:
         (b"[1]", "Expected `object`"),
         (b"{}", "exactly one of"),
         (b'{"block_hashes": [], "token_ids": []}', "exactly one of"),
-        (b'{"block_hashes": [1]}', "Expected `str`, got `int` - at `$.block_hashes[0]`"),
+        (b'{"block_hashes": [1]}', 'block_hashes[0]: hashes are decimal strings ("123456789"), got a number'),
+        (b'{"block_hashes": ["1", 2.5]}', "block_hashes[1]: hashes are decimal strings"),
+        (b'{"block_hashes": [1,2', "invalid JSON: Input data was truncated"),  # not "got `int`" (issue 33, 7)
+        (b'{"token_ids": ["1", 2', "invalid JSON"),
         (b'{"block_hashes": ["1", "X"]}', "block_hashes[1]: 'X' is not a hash"),
         (b'{"block_hashes": ["1"], "lora_name": "x"}', "go with token_ids"),
         (b'{"token_ids": [1, -1]}', "token_ids[1]: expected an integer >= 0"),

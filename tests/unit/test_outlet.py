@@ -304,6 +304,23 @@ def test_lag_histogram_buckets_as_prometheus_does(value: float) -> None:
     assert cumulative["+Inf"] == 1
 
 
+def test_the_catch_up_at_connect_says_what_it_is(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 33, item 11: every demo stream logged "replay recovered, 1 batches replayed" on a
+    fresh start. That batch was published before the gateway read its stream, and the catch-up read it
+    from the engine's buffer: nothing was missed, and the log says so."""
+    rig = Rig()
+    with caplog.at_level(logging.INFO):
+        rig.outlet.apply([RequestReplay(1, 0, "catch_up")], NOW, held=0)
+        rig.outlet.apply([Deliver(0, batch(stored(1)), True), ReplayFinished(1, "recovered", 1)], NOW, held=0)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("kvgateway")]
+    assert lines == [
+        "stream e[0]: caught up: 1 batch from the engine's buffer, published before the gateway read its stream "
+        "(counted as replayed; nothing was missed)"
+    ]
+    counters = rig.status(NOW)["counters"]
+    assert (counters["replayed"], counters["gaps"], counters["missed"]) == (1, 0, 0)
+
+
 def test_a_replay_ended_by_a_restart_is_info_a_failed_one_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     """A publisher restart mid-recovery is routine (the old process's batches are reported lost
     apart); only a replay the socket failed is a warning. Both count as outcome failed."""

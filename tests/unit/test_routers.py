@@ -20,12 +20,14 @@ from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockSt
 from kvgateway.log.filters import ClientFilter
 from kvgateway.log.ordered import batch_record
 from kvgateway.runtime.metrics import Metrics
+from kvgateway.serve import router_state
 from kvgateway.serve.query import BadRequest, ClientRequest, parse_query
 from kvgateway.serve.router_state import TooManySnapshots, without_gc
 from kvgateway.serve.serving import Serving
 from kvgateway.serve.sessions import _hello, _state
 from kvgateway.state.blocks import blocks_document, capture, encoded_state_messages, state_messages
 from kvgateway.state.lookup import TokenQuery, block_digests
+from tests.support.waits import until
 
 SIZE = 4
 
@@ -219,6 +221,33 @@ def test_learning_off_with_zero() -> None:
     gateway = make_gateway(max_learned_blocks=0)
     feed(gateway, ("a", 0), stored([1, 2]))
     assert len(gateway.routers.learner) == 0
+
+
+def test_a_fleet_count_of_nothing_is_not_shown_beside_blocks_and_is_redone_when_they_come(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 33, item 4: the count at start finds no block; the engines' blocks arrive; the
+    fleet facts said 0 distinct blocks until the next count, 15 s later. Now they are "being
+    counted" (None) meanwhile, and the next count comes as soon as the blocks exist: this test
+    puts the refresh an hour away, so only that early count can end its wait."""
+    monkeypatch.setattr(router_state, "FLEET_REFRESH_SECONDS", 3600.0)
+    gateway = make_gateway()
+    routers = gateway.routers
+
+    async def body() -> None:
+        routers.start(lambda: gateway.log.last_offset)
+        try:
+            await until(lambda: routers.fleet is not None, 60, what="the count at start")
+            assert routers.fleet is not None and routers.fleet["distinct_blocks"] == 0  # true: none yet
+            feed(gateway, ("a", 0), stored([1, 2, 3]))
+            assert routers.fleet is None  # being counted, not "0 distinct blocks" beside 3 resident
+            await until(lambda: routers.fleet is not None, 60, what="a count of the blocks")
+            assert routers.fleet is not None and routers.fleet["distinct_blocks"] == 3
+            assert routers.fleet["offset"] == gateway.log.last_offset
+        finally:
+            await routers.stop()
+
+    asyncio.run(body())
 
 
 def test_fleet_facts_and_their_gauges() -> None:

@@ -1,0 +1,606 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The compiled chain learner: :class:`kvgateway.state._learner_py.ChainLearner`'s table in C arrays.
+
+The same ring of entries in announcement order, the same linear-hashing index over it, the same
+growth, eviction (second chances for resident blocks), shrinking and rebuilding, step for step: the
+answers, evictions, entry order and slot counts are the pure-Python module's (checked by
+tests/unit/test_core_differential.py). What changes is the cost: the arrays are C arrays (22 bytes
+an entry and 4 a bucket, as there), and the per-block loop, the parents' mixes and the common
+digests run in C.
+
+The arrays come from Python's raw allocator (malloc underneath, but seen by tracemalloc, so
+bench/learner.py counts their bytes as it counts the pure module's arrays).
+
+Keys, links and mixes are unsigned 64- and 32-bit C integers on purpose: the pure module masks its
+arithmetic to 64 bits (``& _M64``), which is what C's unsigned wrap-around does. A block hash is any
+Python object (int of any sign and size, or bytes): it is only hashed (``PyObject_Hash``, the same
+value Python's ``hash()`` gives) and kept by reference.
+"""
+
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.object cimport PyObject, PyObject_Hash
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from libc.stdint cimport uint16_t, uint32_t, uint64_t
+from cpython.mem cimport PyMem_RawFree as free
+from cpython.mem cimport PyMem_RawMalloc as malloc
+from cpython.mem cimport PyMem_RawRealloc as realloc
+from libc.string cimport memset
+
+from kvgateway.engine.wire import BlockStored
+from kvgateway.runtime.memory import release_free_heap
+from kvgateway.state._learner_py import (
+    DEFAULT_MAX_LEARNED_BLOCKS,
+    LEARNED_FLOOR,
+    LEARNED_PER_RESIDENT,
+    block_digests,
+    note_block_size,
+    stream_root,
+)
+
+cdef uint64_t _K64 = 0x9E3779B97F4A7C15ULL
+cdef Py_ssize_t _RING_MIN = 1024
+cdef int _GROWTH_SHIFT = 5
+cdef Py_ssize_t _TRIM_FROM = 65536
+cdef Py_ssize_t _LOAD = 2
+cdef int _SECOND_CHANCES = 4
+cdef int _SHRINK_STEP = 4
+cdef uint16_t _NO_STREAM = 0xFFFF
+
+
+cdef inline uint64_t _mix(object parent) except? 0:
+    """A parent hash spread over 64 bits, as the pure module's ``_mix``."""
+    return (<uint64_t>PyObject_Hash(parent)) * _K64
+
+
+cdef int _plain_digests(list tokens, Py_ssize_t size, Py_ssize_t blocks, uint64_t* out) except -1:
+    """:func:`block_digests` of the common case (no LoRA, no extra keys) into ``out``: Python's hash
+    of ``(tuple(the block's tokens), None, None)``, the tuples built in C."""
+    cdef Py_ssize_t i, j
+    cdef object token
+    cdef tuple block
+    cdef tuple key
+    for i in range(blocks):
+        block = PyTuple_New(size)
+        for j in range(size):
+            token = <object>PyList_GET_ITEM(tokens, i * size + j)
+            Py_INCREF(token)
+            PyTuple_SET_ITEM(block, j, token)
+        key = (block, None, None)
+        out[i] = <uint64_t>PyObject_Hash(key)
+    return 0
+
+
+cdef object _extra_keys_of(object event, Py_ssize_t blocks):
+    """The event's per-block ``extra_keys`` (one entry per block), else None: ``extra_keys_of``."""
+    cdef object extra = event.extra
+    if not extra:
+        return None
+    extra_keys = extra.get("extra_keys")
+    if not isinstance(extra_keys, list) or len(<list>extra_keys) != blocks:
+        return None
+    return extra_keys
+
+
+cdef bint _all_none(list values):
+    cdef Py_ssize_t i
+    for i in range(PyList_GET_SIZE(values)):
+        if <object>PyList_GET_ITEM(values, i) is not None:
+            return False
+    return True
+
+
+cdef class ChainLearner:
+    """What the streams announced: "(parent hash, the block's content digest) -> block hash".
+
+    The compiled twin of :class:`kvgateway.state._learner_py.ChainLearner`: the same API and
+    behaviour (see there), its ring and index in C arrays."""
+
+    cdef public Py_ssize_t max_blocks
+    cdef public Py_ssize_t floor
+    cdef public double per_resident
+    cdef public Py_ssize_t cap
+    cdef public object resident
+    cdef public long long learned
+    cdef public long long evicted
+    cdef public long long second_chances
+    cdef public long long rebuilds
+    cdef public long long placeholders
+    cdef public long long inconsistent
+    cdef dict _roots
+    cdef dict _sizes
+    cdef list _streams
+    cdef dict _stream_ids
+    # the ring: _size physical slots, the oldest at _head, _count in use from there (key 0: free)
+    cdef uint64_t* _keys
+    cdef PyObject** _vals
+    cdef uint16_t* _sids
+    cdef uint32_t* _nexts
+    cdef Py_ssize_t _size
+    cdef Py_ssize_t _head
+    cdef Py_ssize_t _count
+    cdef Py_ssize_t _live
+    cdef Py_ssize_t _trimmed_at
+    # the index (linear hashing): 2**_level + _split buckets, each a ring position + 1 (0: empty)
+    cdef uint32_t* _buckets
+    cdef Py_ssize_t _nbuckets
+    cdef Py_ssize_t _bucket_room
+    cdef int _level
+    cdef Py_ssize_t _split
+
+    # (C fields start zeroed, pointers NULL: the type's allocation clears the object)
+
+    def __init__(
+        self,
+        max_blocks=DEFAULT_MAX_LEARNED_BLOCKS,
+        resident=None,
+        *,
+        floor=LEARNED_FLOOR,
+        per_resident=LEARNED_PER_RESIDENT,
+    ):
+        if max_blocks < 0:
+            raise ValueError(f"max_blocks must be >= 0, got {max_blocks}")
+        if floor < 1 or per_resident <= 0:
+            raise ValueError("floor must be at least 1 and per_resident positive")
+        self.max_blocks = max_blocks
+        self.floor = floor
+        self.per_resident = per_resident
+        self.cap = min(max_blocks, floor)
+        self.resident = resident
+        self._roots = {}
+        self._sizes = {}
+        self._streams = []
+        self._stream_ids = {}
+        self.learned = self.evicted = self.second_chances = self.rebuilds = 0
+        self.placeholders = self.inconsistent = 0
+        self._release()
+        self._trimmed_at = _TRIM_FROM
+        self._buckets_reset(0)
+
+    def __dealloc__(self):
+        self._release()
+
+    cdef void _release(self):
+        cdef Py_ssize_t i
+        if self._vals != NULL:
+            for i in range(self._size):
+                Py_XDECREF(self._vals[i])
+        free(self._keys)
+        free(self._vals)
+        free(self._sids)
+        free(self._nexts)
+        free(self._buckets)
+        self._keys = NULL
+        self._vals = NULL
+        self._sids = NULL
+        self._nexts = NULL
+        self._buckets = NULL
+        self._size = self._head = self._count = self._live = 0
+        self._nbuckets = self._bucket_room = 0
+
+    cdef int _buckets_reset(self, int level) except -1:
+        """``2**level`` empty buckets, split 0."""
+        cdef Py_ssize_t n = (<Py_ssize_t>1) << level
+        free(self._buckets)
+        self._buckets = <uint32_t*>realloc(NULL, n * sizeof(uint32_t))
+        if self._buckets == NULL:
+            raise MemoryError()
+        memset(self._buckets, 0, n * sizeof(uint32_t))
+        self._nbuckets = self._bucket_room = n
+        self._level = level
+        self._split = 0
+        return 0
+
+    cdef int _bucket_append(self) except -1:
+        cdef Py_ssize_t room
+        cdef uint32_t* grown
+        if self._nbuckets == self._bucket_room:
+            room = self._bucket_room * 2 if self._bucket_room else 16
+            grown = <uint32_t*>realloc(self._buckets, room * sizeof(uint32_t))
+            if grown == NULL:
+                raise MemoryError()
+            self._buckets = grown
+            self._bucket_room = room
+        self._buckets[self._nbuckets] = 0
+        self._nbuckets += 1
+        return 0
+
+    def __len__(self):
+        return self._live
+
+    # --- size ----------------------------------------------------------------------------------
+
+    def follow_fleet(self, resident_blocks):
+        """The fleet now holds ``resident_blocks``: the cap follows it (see the pure module)."""
+        self.cap = min(self.max_blocks, max(self.floor, int(resident_blocks * self.per_resident)))
+
+    cdef inline Py_ssize_t _bucket(self, uint64_t key) noexcept:
+        cdef uint64_t b = key & (((<uint64_t>1) << self._level) - 1)
+        if <Py_ssize_t>b < self._split:
+            b = key & (((<uint64_t>2) << self._level) - 1)
+        return <Py_ssize_t>b
+
+    cdef inline void _link(self, Py_ssize_t at, uint64_t key) noexcept:
+        cdef Py_ssize_t b = self._bucket(key)
+        self._nexts[at] = self._buckets[b]
+        self._buckets[b] = <uint32_t>(at + 1)
+
+    cdef void _unlink(self, Py_ssize_t at) noexcept:
+        cdef Py_ssize_t b = self._bucket(self._keys[at])
+        cdef uint32_t* nexts = self._nexts
+        cdef uint32_t p = self._buckets[b]
+        if p == at + 1:
+            self._buckets[b] = nexts[at]
+            return
+        while nexts[p - 1] != at + 1:
+            p = nexts[p - 1]
+        nexts[p - 1] = nexts[at]
+
+    cdef inline Py_ssize_t _find(self, uint64_t key) noexcept:
+        cdef uint32_t p = self._buckets[self._bucket(key)]
+        while p:
+            if self._keys[p - 1] == key:
+                return p - 1
+            p = self._nexts[p - 1]
+        return -1
+
+    cdef int _grow_index(self, int splits=16) except -1:
+        cdef Py_ssize_t low, old, b
+        cdef uint32_t p, following
+        cdef int n
+        for n in range(splits):
+            low = (<Py_ssize_t>1) << self._level
+            old = self._split
+            self._bucket_append()
+            p = self._buckets[old]
+            self._buckets[old] = 0
+            while p:
+                following = self._nexts[p - 1]
+                b = old + low if self._keys[p - 1] & <uint64_t>low else old
+                self._nexts[p - 1] = self._buckets[b]
+                self._buckets[b] = p
+                p = following
+            self._split += 1
+            if self._split == low:
+                self._level += 1
+                self._split = 0
+        return 0
+
+    cdef int _resize(self, Py_ssize_t slots) except -1:
+        """The ring's arrays at ``slots`` slots (new slots zeroed, free)."""
+        cdef Py_ssize_t old = self._size
+        cdef void* p
+        p = realloc(self._keys, slots * sizeof(uint64_t) if slots else 1)
+        if p == NULL:
+            raise MemoryError()
+        self._keys = <uint64_t*>p
+        p = realloc(self._vals, slots * sizeof(PyObject*) if slots else 1)
+        if p == NULL:
+            raise MemoryError()
+        self._vals = <PyObject**>p
+        p = realloc(self._sids, slots * sizeof(uint16_t) if slots else 1)
+        if p == NULL:
+            raise MemoryError()
+        self._sids = <uint16_t*>p
+        p = realloc(self._nexts, slots * sizeof(uint32_t) if slots else 1)
+        if p == NULL:
+            raise MemoryError()
+        self._nexts = <uint32_t*>p
+        if slots > old:
+            memset(self._keys + old, 0, (slots - old) * sizeof(uint64_t))
+            memset(self._vals + old, 0, (slots - old) * sizeof(PyObject*))
+            memset(self._sids + old, 0, (slots - old) * sizeof(uint16_t))
+            memset(self._nexts + old, 0, (slots - old) * sizeof(uint32_t))
+        self._size = slots
+        return 0
+
+    cdef int _rebuild(self) except -1:
+        """Arrays just large enough for the live entries, copied in order: O(entries)."""
+        cdef Py_ssize_t n, at, size = self._size, kept = 0
+        cdef uint64_t* keys = <uint64_t*>realloc(NULL, (self._live or 1) * sizeof(uint64_t))
+        cdef PyObject** vals = <PyObject**>realloc(NULL, (self._live or 1) * sizeof(PyObject*))
+        cdef uint16_t* sids = <uint16_t*>realloc(NULL, (self._live or 1) * sizeof(uint16_t))
+        cdef uint32_t* nexts = <uint32_t*>realloc(NULL, (self._live or 1) * sizeof(uint32_t))
+        if keys == NULL or vals == NULL or sids == NULL or nexts == NULL:
+            free(keys)
+            free(vals)
+            free(sids)
+            free(nexts)
+            raise MemoryError()
+        for n in range(self._count):
+            at = (self._head + n) % size
+            if self._keys[at]:
+                keys[kept] = self._keys[at]
+                vals[kept] = self._vals[at]  # the reference moves
+                sids[kept] = self._sids[at]
+                self._vals[at] = NULL
+                kept += 1
+        for at in range(size):  # freed slots hold no reference; nothing else is left
+            Py_XDECREF(self._vals[at])
+        free(self._keys)
+        free(self._vals)
+        free(self._sids)
+        free(self._nexts)
+        self._keys, self._vals, self._sids, self._nexts = keys, vals, sids, nexts
+        memset(self._nexts, 0, (kept or 1) * sizeof(uint32_t))
+        self._size = kept
+        self._head, self._count = 0, kept
+        self._buckets_reset((kept // _LOAD).bit_length())
+        for at in range(kept):
+            self._link(at, self._keys[at])
+        self.rebuilds += 1
+        return 0
+
+    # --- the ring ------------------------------------------------------------------------------
+
+    cdef int _extend(self, Py_ssize_t slots) except -1:
+        self._resize(self._size + slots)
+        if self._size >= self._trimmed_at:  # the arrays' old copies back to the system
+            release_free_heap()
+            self._trimmed_at = self._size + (self._size >> 2)
+        return 0
+
+    cdef inline Py_ssize_t _growth(self) noexcept:
+        cdef Py_ssize_t step = self._size >> _GROWTH_SHIFT
+        if step < _RING_MIN:
+            step = _RING_MIN
+        if self.cap - self._size < step:
+            step = self.cap - self._size
+        return step
+
+    cdef Py_ssize_t _slot(self) except -1:
+        """A free ring position at the back: appended while the ring may grow, else the front freed."""
+        while self._count == self._size:
+            if self._head == 0 and self._size < self.cap:
+                self._extend(self._growth())
+            else:
+                self._pop()
+        cdef Py_ssize_t at = (self._head + self._count) % self._size
+        self._count += 1
+        return at
+
+    cdef int _pop(self) except -1:
+        """Free the front: a freed slot, or the oldest entry (after at most _SECOND_CHANCES
+        resident ones moved to the back)."""
+        cdef Py_ssize_t at, back, size = self._size
+        cdef int chances = 0
+        cdef uint64_t key
+        cdef uint16_t sid
+        cdef PyObject* block_hash
+        resident = self.resident
+        while True:
+            at = self._head
+            self._head = (at + 1) % size
+            self._count -= 1
+            key = self._keys[at]
+            if not key:
+                return 0
+            sid = self._sids[at]
+            block_hash = self._vals[at]
+            if (
+                resident is not None
+                and chances < _SECOND_CHANCES
+                and sid != _NO_STREAM
+                and block_hash != NULL
+                and resident(self._streams[sid], <object>block_hash)
+            ):
+                chances += 1
+                self.second_chances += 1
+                back = (self._head + self._count) % size
+                self._count += 1
+                if back != at:  # the ring was not full: the entry moves, and its link with it
+                    self._unlink(at)
+                    self._keys[back] = key
+                    self._vals[back] = block_hash  # the reference moves
+                    self._sids[back] = sid
+                    self._keys[at] = 0
+                    self._vals[at] = NULL
+                    self._link(back, key)
+                continue
+            self._unlink(at)
+            self._keys[at] = 0
+            self._vals[at] = NULL
+            Py_DECREF(<object>block_hash)
+            self._live -= 1
+            self.evicted += 1
+            return 0
+
+    cdef int _free_entry(self, Py_ssize_t at) except -1:
+        cdef PyObject* old = self._vals[at]
+        self._unlink(at)
+        self._keys[at] = 0
+        self._vals[at] = NULL
+        Py_XDECREF(old)
+        self._live -= 1
+        return 0
+
+    cdef int _store(self, Py_ssize_t at, uint64_t key, object block_hash, uint16_t sid) except -1:
+        Py_INCREF(block_hash)
+        Py_XDECREF(self._vals[at])
+        self._vals[at] = <PyObject*>block_hash
+        self._keys[at] = key
+        self._sids[at] = sid
+        self._live += 1
+        return 0
+
+    cdef int _insert(self, uint64_t key, object block_hash, uint16_t sid) except -1:
+        """One entry at the back; a re-announced key leaves its old place."""
+        cdef Py_ssize_t old = self._find(key)
+        if old >= 0:
+            self._free_entry(old)
+        cdef Py_ssize_t at = self._slot()
+        self._store(at, key, block_hash, sid)
+        self._link(at, key)
+        self._after_insert()
+        return 0
+
+    cdef int _after_insert(self) except -1:
+        if self._live > _LOAD * self._nbuckets:
+            self._grow_index()
+        if self._live > self.cap:
+            self._shrink()
+        return 0
+
+    cdef int _shrink(self) except -1:
+        cdef int n
+        for n in range(_SHRINK_STEP):
+            if self._live <= self.cap:
+                break
+            self._pop()
+        if self._live <= self.cap and self._size >= 2 * max(self.cap, _RING_MIN):
+            self._rebuild()
+        return 0
+
+    cdef int _append(self, uint64_t key, object block_hash, uint16_t sid, Py_ssize_t b) except -1:
+        """A new key at the back, in bucket ``b``: the ring grows (below the cap) or its front is
+        evicted (at the cap) when full."""
+        cdef Py_ssize_t at
+        if self._count < self._size:
+            at = (self._head + self._count) % self._size
+        elif self._head == 0 and self._size < self.cap:
+            at = self._size
+            self._extend(self._growth())
+        else:
+            self._pop()  # at the cap: one slot freed at the front (no bucket split: b holds)
+            at = (self._head + self._count) % self._size
+        self._count += 1
+        self._store(at, key, block_hash, sid)
+        self._nexts[at] = self._buckets[b]
+        self._buckets[b] = <uint32_t>(at + 1)
+        self._after_insert()
+        return 0
+
+    # --- learning ------------------------------------------------------------------------------
+
+    cdef uint64_t _root(self, tuple stream) except? 0:
+        root = self._roots.get(stream)
+        if root is None:
+            root = self._roots[stream] = stream_root(stream)
+        return <uint64_t>root
+
+    cdef uint16_t _stream_id(self, tuple stream) except? 0xFFFE:
+        sid = self._stream_ids.get(stream)
+        if sid is None:
+            sid = len(self._streams) if len(self._streams) < _NO_STREAM else _NO_STREAM
+            if sid != _NO_STREAM:
+                self._streams.append(stream)
+            self._stream_ids[stream] = sid
+        return <uint16_t>sid
+
+    def block_sizes(self, source, dp_rank):
+        """The block sizes the stream taught with, most recent first (at most 4 kept)."""
+        return list(self._sizes.get((source, dp_rank), ()))
+
+    def learn_batch(self, source, dp_rank, batch):
+        """Learn from every BlockStored of a delivered batch; returns the entries taught."""
+        if not self.max_blocks:
+            return 0
+        cdef Py_ssize_t taught = 0
+        for event in batch.events:
+            if type(event) is BlockStored:
+                taught += self._learn(source, dp_rank, event)
+        return taught
+
+    def learn(self, source, dp_rank, event):
+        """Learn one BlockStored's blocks; returns the entries taught (0 for a placeholder)."""
+        return self._learn(source, dp_rank, event)
+
+    cdef Py_ssize_t _learn(self, object source, object dp_rank, object event) except -1:
+        cdef object hashes = event.block_hashes
+        cdef object tokens = event.token_ids
+        cdef object size_of = event.block_size
+        if not self.max_blocks or not hashes:
+            return 0
+        if not tokens or size_of <= 0:
+            self.placeholders += 1
+            return 0
+        if type(hashes) is not list:
+            hashes = list(hashes)
+        cdef Py_ssize_t blocks = PyList_GET_SIZE(hashes)
+        if len(tokens) != blocks * size_of:  # Python's arithmetic: any block size the wire sent
+            self.inconsistent += 1
+            return 0
+        cdef Py_ssize_t size = size_of
+        cdef tuple stream = (source, dp_rank)
+        note_block_size(self._sizes, stream, size_of)
+        cdef uint64_t* digests = <uint64_t*>malloc(blocks * sizeof(uint64_t))
+        if digests == NULL:
+            raise MemoryError()
+        try:
+            self._digests(event, tokens, size, blocks, digests)
+            self._teach(stream, event.parent_block_hash, <list>hashes, blocks, digests)
+        finally:
+            free(digests)
+        self.learned += blocks
+        return blocks
+
+    cdef int _digests(self, object event, object tokens, Py_ssize_t size, Py_ssize_t blocks, uint64_t* out) except -1:
+        lora_name = event.lora_name
+        extra_keys = _extra_keys_of(event, blocks)
+        cdef Py_ssize_t i
+        if lora_name is None and (extra_keys is None or _all_none(extra_keys)) and type(tokens) is list:
+            return _plain_digests(tokens, size, blocks, out)
+        for i, digest in enumerate(block_digests(tokens, size, lora_name, extra_keys)):
+            out[i] = <uint64_t>digest
+        return 0
+
+    cdef int _teach(self, tuple stream, object parent, list hashes, Py_ssize_t blocks, uint64_t* digests) except -1:
+        """One entry per block, each keyed by its digest XOR its parent's mix."""
+        cdef uint64_t mix = self._root(stream) if parent is None else _mix(parent)
+        cdef uint16_t sid = self._stream_id(stream)
+        cdef Py_ssize_t i
+        cdef uint64_t key
+        cdef object block_hash
+        for i in range(blocks):
+            block_hash = <object>PyList_GET_ITEM(hashes, i)
+            key = digests[i] ^ mix
+            if not key:
+                key = 1
+            mix = _mix(block_hash)  # the next block's parent
+            if self._find(key) >= 0:  # re-announced (rare): to the back of the eviction order
+                self._insert(key, block_hash, sid)
+            else:
+                self._append(key, block_hash, sid, self._bucket(key))
+        return 0
+
+    # --- lookups -------------------------------------------------------------------------------
+
+    def chain(self, source, dp_rank, digests):
+        """The hashes the stream announced for these blocks (block_digests), as far as learned."""
+        cdef uint64_t mix = self._root((source, dp_rank))
+        cdef uint64_t key
+        cdef Py_ssize_t at
+        cdef list out = []
+        for digest in digests:
+            key = (<uint64_t>(digest & 0xFFFFFFFFFFFFFFFF)) ^ mix
+            if not key:
+                key = 1
+            at = self._find(key)
+            if at < 0:
+                break
+            block_hash = <object>self._vals[at]
+            out.append(block_hash)
+            mix = _mix(block_hash)
+        return out
+
+    def entries(self):
+        """Every live entry as (announcing stream, block hash), oldest announcement first."""
+        cdef list out = []
+        cdef Py_ssize_t n, at
+        cdef uint16_t sid
+        for n in range(self._count):
+            at = (self._head + n) % self._size
+            if self._keys[at] and self._vals[at] != NULL:
+                sid = self._sids[at]
+                out.append((self._streams[sid] if sid != _NO_STREAM else ("", -1), <object>self._vals[at]))
+        return out
+
+    @property
+    def slots(self):
+        """Ring slots allocated (live entries, freed slots and room to grow into)."""
+        return self._size
+
+    def nbytes(self):
+        """Bytes of the ring and its index, allocated (the hash objects excluded), counted as the
+        pure module counts its arrays."""
+        return self._size * (8 + 2 + 4 + 8) + 4 * self._nbuckets

@@ -1,0 +1,320 @@
+"""The compiled core against the pure-Python reference, fed the same generated batches side by side in
+one process: byte-identical rendered events; the same learner answers, entries in the same
+eviction order, the same counters and slots; for every wire layout (positional and map events,
+u64, i64 and byte hashes, extra_keys, mediums, groups, locality, LoRA, clears, unknown events) and
+for the chains, caps, residency and re-announcements that make a table evict, second-chance,
+shrink and rebuild.
+
+Skipped where the compiled core was not built (an install without a C compiler); ``make test`` runs
+it on the compiled build, and hypothesis shrinks any difference to a minimal batch."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvgateway.engine import wire
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, UnknownEvent
+from kvgateway.log import _render_py
+from kvgateway.log.messages import encode_events
+from kvgateway.state import _learner_py as pure
+from kvgateway.state._learner_py import block_digests
+from tests.unit.test_wire import U64, encoded_event
+
+
+def _compiled(name: str = "kvgateway.state._learner_c") -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        pytest.skip("the compiled core is not built here (no C compiler at install)")
+
+
+Stream = tuple[str, int]
+STREAMS = [("a", 0), ("a", 1), ("b", 0)]
+
+# Hashes of every kind on the wire, few enough that chains share parents and blocks come back.
+hash_st = st.one_of(
+    st.integers(0, 40),
+    st.integers(2**63, U64),
+    st.integers(-(2**63), -1),
+    st.integers(U64 + 1, 2**70),  # wider than any wire sends: still only hashed and kept
+    st.binary(min_size=32, max_size=32),
+    st.sampled_from([b"\x00" * 32, b"\xff" * 32, -1, -2, 2**61 - 1, 2**63, U64]),
+)
+extra_st = st.one_of(
+    st.none(),
+    st.sampled_from(["lora-a", "img-1"]),
+    st.lists(st.one_of(st.none(), st.integers(-3, 3), st.text(max_size=3), st.binary(max_size=3)), max_size=3),
+    st.dictionaries(st.sampled_from(["k", "m"]), st.integers(0, 3), max_size=2),
+)
+
+
+@st.composite
+def stored(draw: st.DrawFn, earlier: list[Hash]) -> BlockStored:
+    """A BlockStored that teaches (consistent tokens), or now and then one that cannot."""
+    size = draw(st.sampled_from([1, 2, 4]))
+    blocks = draw(st.integers(1, 5))
+    hashes = draw(st.lists(hash_st, min_size=blocks, max_size=blocks))
+    tokens = draw(st.lists(st.integers(0, 5), min_size=blocks * size, max_size=blocks * size))
+    shape = draw(st.sampled_from(["ok"] * 8 + ["placeholder", "inconsistent", "no-hashes"]))
+    if shape == "placeholder":
+        tokens, size = [], 0
+    elif shape == "inconsistent":
+        tokens = [*tokens, 1]
+    elif shape == "no-hashes":
+        hashes = []
+    parent = draw(st.none() | (st.sampled_from(earlier) if earlier else st.none()) | hash_st)
+    lora_name = draw(st.none() | st.sampled_from(["lora-a", "x"]))
+    extra: dict[str, Any] = {}
+    keys = draw(st.sampled_from(["none", "all-none", "per-block", "lora-only", "wrong-length", "not-a-list"]))
+    if keys == "all-none":
+        extra["extra_keys"] = [None] * len(hashes)
+    elif keys == "per-block":
+        extra["extra_keys"] = draw(st.lists(extra_st, min_size=len(hashes), max_size=len(hashes)))
+    elif keys == "lora-only":
+        extra["extra_keys"] = [[lora_name or "lora-a"]] * len(hashes)
+    elif keys == "wrong-length":
+        extra["extra_keys"] = [None] * (len(hashes) + 1)
+    elif keys == "not-a-list":
+        extra["extra_keys"] = "bad"
+    if draw(st.booleans()):
+        extra["group_idx"] = draw(st.integers(0, 2))
+    if draw(st.booleans()):
+        extra["locality"] = draw(st.sampled_from(["local", "remote"]))
+    medium = draw(st.sampled_from([None, "GPU", "CPU", "DISK"]))
+    return BlockStored(hashes, parent, tokens, size, None, medium, lora_name, extra)
+
+
+@st.composite
+def step_st(draw: st.DrawFn, earlier: list[Hash]) -> tuple[str, Any]:
+    kind = draw(st.sampled_from(["batch"] * 6 + ["fleet"]))
+    if kind == "fleet":
+        return "fleet", draw(st.integers(0, 80))
+    events: list[Event] = []
+    for _ in range(draw(st.integers(1, 3))):
+        pick = draw(st.sampled_from(["stored"] * 5 + ["removed", "cleared", "unknown"]))
+        if pick == "stored":
+            event = draw(stored(earlier))
+            earlier.extend(event.block_hashes)
+        elif pick == "removed":
+            chosen = draw(st.lists(st.sampled_from(earlier), max_size=3)) if earlier else []
+            event = BlockRemoved(chosen, draw(st.sampled_from([None, "GPU"])), {})
+        elif pick == "cleared":
+            event = AllBlocksCleared()
+        else:
+            event = UnknownEvent(type="BlockMoved", body=["BlockMoved", 1, b"\x01"])
+        events.append(event)
+    return "batch", (draw(st.sampled_from(STREAMS)), events)
+
+
+@st.composite
+def scenario_st(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    options = {
+        "max_blocks": draw(st.sampled_from([0, 1, 3, 8, 30, 10_000])),
+        "floor": draw(st.sampled_from([1, 4, 16, 64])),
+        "per_resident": draw(st.sampled_from([0.5, 1.0, 1.25, 3.0])),
+        "resident": draw(st.booleans()),
+    }
+    earlier: list[Hash] = []
+    steps = [draw(step_st(earlier)) for _ in range(draw(st.integers(1, 20)))]
+    return options, steps
+
+
+class Held:
+    """Which stream holds which block (the gateway's index, as far as residency goes)."""
+
+    def __init__(self) -> None:
+        self.by_stream: dict[Stream, set[Hash]] = {}
+        self.asked: list[tuple[Stream, Hash]] = []
+
+    def apply(self, stream: Stream, events: list[Event]) -> None:
+        held = self.by_stream.setdefault(stream, set())
+        for event in events:
+            if type(event) is BlockStored:
+                held.update(event.block_hashes)
+            elif type(event) is BlockRemoved:
+                held.difference_update(event.block_hashes)
+            elif type(event) is AllBlocksCleared:
+                held.clear()
+
+    def resident(self, stream: Stream, block_hash: Hash) -> bool:
+        self.asked.append((stream, block_hash))
+        return block_hash in self.by_stream.get(stream, ())
+
+
+def state(learner: Any) -> dict[str, Any]:
+    """Everything a learner shows: counters, size, slots, and every entry in eviction order."""
+    names = ("cap", "learned", "evicted", "second_chances", "rebuilds", "placeholders", "inconsistent", "slots")
+    out = {name: getattr(learner, name) for name in names}
+    out["len"] = len(learner)
+    out["entries"] = learner.entries()
+    out["nbytes"] = learner.nbytes()
+    out["sizes"] = {stream: learner.block_sizes(*stream) for stream in STREAMS}
+    return out
+
+
+def answers(learner: Any, events_seen: list[tuple[Stream, BlockStored]]) -> list[list[Hash]]:
+    """The learner's chain for every announced event's tokens, as a lookup by tokens asks it."""
+    out = []
+    for stream, event in events_seen:
+        if event.block_size > 0 and event.token_ids:
+            extra = event.extra.get("extra_keys") if event.extra else None
+            keys = extra if isinstance(extra, list) and len(extra) == len(event.block_hashes) else None
+            digests = block_digests(event.token_ids, event.block_size, event.lora_name, keys)
+            out.append(learner.chain(*stream, digests))
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenario=scenario_st())
+def test_the_compiled_learner_answers_and_evicts_as_the_reference(
+    scenario: tuple[dict[str, Any], list[tuple[str, Any]]],
+) -> None:
+    compiled = _compiled()
+    options, steps = scenario
+    helds = [Held(), Held()]
+    learners = [
+        module.ChainLearner(
+            options["max_blocks"],
+            resident=held.resident if options["resident"] else None,
+            floor=options["floor"],
+            per_resident=options["per_resident"],
+        )
+        for module, held in zip((pure, compiled), helds, strict=True)
+    ]
+    seen: list[tuple[Stream, BlockStored]] = []
+    for kind, value in steps:
+        if kind == "fleet":
+            for learner in learners:
+                learner.follow_fleet(value)
+            continue
+        stream, events = value
+        batch = Batch(0.0, events, stream[1])
+        taught = []
+        for learner, held in zip(learners, helds, strict=True):
+            held.apply(stream, events)
+            taught.append(learner.learn_batch(stream[0], stream[1], batch))
+        assert taught[0] == taught[1]
+        seen.extend((stream, e) for e in events if type(e) is BlockStored)
+        assert state(learners[0]) == state(learners[1])
+        assert helds[0].asked == helds[1].asked  # the same residency questions, in the same order
+    assert answers(learners[0], seen) == answers(learners[1], seen)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(encoded_event(), max_size=6), rank=st.sampled_from([0, 3]))
+def test_every_wire_layout_decoded_then_learned_alike(
+    items: list[tuple[Any, Event, tuple[Any, ...]]], rank: int
+) -> None:
+    """The wire's own generator (tests/unit/test_wire.py: every layout, hash kind, medium, group and
+    unknown event), encoded, decoded and learned by both cores."""
+    compiled = _compiled()
+    batch = wire.decode_batch(msgspec.msgpack.encode([1.0, [value for value, _, _ in items], rank]))
+    learners = [module.ChainLearner(16, floor=16) for module in (pure, compiled)]
+    taught = [learner.learn_batch("eng", rank, batch) for learner in learners]
+    assert taught[0] == taught[1]
+    assert state(learners[0]) == state(learners[1])
+    seen = [(("eng", rank), e) for e in batch.events if type(e) is BlockStored]
+    assert answers(learners[0], seen) == answers(learners[1], seen)
+
+
+def test_hash_kinds_at_the_edges_of_fixed_width_integers() -> None:
+    """Negative, above 2**63, wider than 64 bits, and bytes hashes: kept as sent, chained alike."""
+    compiled = _compiled()
+    edge: list[Hash] = [-1, -(2**63), 2**63, U64, 2**64, 2**80, 0, b"\x00" * 32, b"\xff" * 32, -2]
+    event = BlockStored(edge, -(2**63), list(range(len(edge))), 1, None, None, None, {})
+    learners = [module.ChainLearner(100, floor=100) for module in (pure, compiled)]
+    for learner in learners:
+        assert learner.learn("s", 0, event) == len(edge)
+    digests = block_digests(list(range(len(edge))), 1)
+    assert learners[0].chain("s", 0, digests) == []  # a first block with a parent: not a root
+    assert state(learners[0]) == state(learners[1])
+    for learner in learners:
+        assert [h for _, h in learner.entries()] == edge
+    root = BlockStored(edge, None, list(range(len(edge))), 1, None, None, None, {})
+    for learner in learners:
+        learner.learn("s", 0, root)
+        assert learner.chain("s", 0, digests) == edge
+        assert all(type(a) is type(b) for a, b in zip(learner.chain("s", 0, digests), edge, strict=True))
+
+
+def test_both_cores_are_importable_side_by_side_and_the_public_one_is_chosen() -> None:
+    from kvgateway.log import render
+    from kvgateway.runtime import extensions
+    from kvgateway.state import learner
+
+    compiled = _compiled()
+    compiled_render = _compiled("kvgateway.log._render_c")
+    expected = pure.ChainLearner if extensions.forced_pure() else compiled.ChainLearner
+    assert learner.ChainLearner is expected
+    assert render.render_events is (_render_py if extensions.forced_pure() else compiled_render).render_events
+    assert extensions.core() == (extensions.PURE if extensions.forced_pure() else extensions.COMPILED)
+    assert learner.block_digests is pure.block_digests
+
+
+# --- rendering -------------------------------------------------------------------------------------
+
+nested_st = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**63), U64),
+        st.floats(allow_nan=False),
+        st.text(max_size=4),
+        st.binary(max_size=4),
+        st.builds(msgspec.msgpack.Ext, st.integers(-128, 127), st.binary(max_size=4)),
+    ),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.one_of(st.text(max_size=3), st.integers(-3, 3), st.binary(max_size=2), st.none()), inner,
+                      max_size=3),
+    max_leaves=12,
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(encoded_event(), max_size=6), rank=st.sampled_from([0, 3]))
+def test_every_wire_layout_renders_to_the_same_bytes(
+    items: list[tuple[Any, Event, tuple[Any, ...]]], rank: int
+) -> None:
+    compiled = _compiled("kvgateway.log._render_c")
+    batch = wire.decode_batch(msgspec.msgpack.encode([1.0, [value for value, _, _ in items], rank]))
+    ours, theirs = (encode_events(m.render_events(batch.events)) for m in (_render_py, compiled))
+    assert ours.body == theirs.body and list(ours.ends) == list(theirs.ends)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=nested_st, extra=st.dictionaries(st.sampled_from(["extra_keys", "locality", "x"]), nested_st))
+def test_opaque_values_and_further_fields_render_alike(value: Any, extra: dict[str, Any]) -> None:
+    """Any msgpack value an engine may send (bytes, extensions, maps keyed by nil or arrays, deep
+    nesting) in the further fields of every event type, and in an unknown event's body."""
+    compiled = _compiled("kvgateway.log._render_c")
+    events: list[Event] = [
+        BlockStored([1, b"\x01"], None, [1, 2], 1, None, "cpu", "lora", extra),
+        BlockRemoved([-1], None, extra),
+        AllBlocksCleared(extra=extra),
+        UnknownEvent(type="BlockMoved", body=["BlockMoved", value]),
+        UnknownEvent(type="X", body={"type": "X", "v": value}),
+    ]
+    ours, theirs = (encode_events(m.render_events(events)).body for m in (_render_py, compiled))
+    assert ours == theirs
+    assert msgspec.json.encode(_render_py.plain(value)) == msgspec.json.encode(compiled.plain(value))
+    deep: Any = value
+    for _ in range(40):  # past MAX_RENDER_DEPTH: cut off alike
+        deep = [deep, {b"k": 1}]
+    assert msgspec.json.encode(_render_py.plain(deep)) == msgspec.json.encode(compiled.plain(deep))
+    for h in (0, -1, 2**63, U64, b"\x00\xff"):
+        assert _render_py.hash_text(h) == compiled.hash_text(h)
+
+
+def test_the_pure_core_switch_is_no_unknown_setting() -> None:
+    """``KVGATEWAY_NO_EXTENSIONS`` is read by the process, and the settings accept it beside theirs
+    (an unknown ``KVGATEWAY_`` name is an error there)."""
+    from kvgateway.config import NO_EXTENSIONS_ENV, Settings, settings_from_env
+
+    assert settings_from_env({NO_EXTENSIONS_ENV: "1"}, Settings()) == Settings()
