@@ -36,7 +36,7 @@ from kvgateway.engine.sequencer import (
     Restart,
     Unrecovered,
 )
-from kvgateway.log.ordered import STATUS, Log, NoticeRecord, batch_record
+from kvgateway.log.ordered import STATUS, Appender, NoticeRecord, batch_record
 from kvgateway.log.staleness import Staleness
 from kvgateway.log.status import QUIET_LOSSES, ConnectionCode, StreamStatus
 from kvgateway.runtime.metrics import REPLAY_OUTCOMES, REPLAY_PURPOSES, LagHistogram, StreamFamilies
@@ -53,7 +53,7 @@ class StreamOutlet:
     def __init__(
         self,
         config: StreamConfig,
-        log: Log,
+        log: Appender,
         *,
         clock: Callable[[], float],
         on_connection: ConnectionHook | None = None,

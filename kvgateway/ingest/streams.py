@@ -15,16 +15,18 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
-from kvgateway.config import SUMMARY_STREAMS, Settings, StreamConfig, stream_lines, summary
+from kvgateway.config import SUMMARY_STREAMS, Settings, StreamConfig, stream_lines
 from kvgateway.engine.endpoints import is_ipv6, split_tcp
 from kvgateway.engine.wire import Stream
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.ingest.reader import StreamReader
-from kvgateway.log.ordered import Log
-from kvgateway.log.status import ConnectionCode
+from kvgateway.log.ordered import Appender
+from kvgateway.log.status import ConnectionCode, not_ready
+from kvgateway.runtime.fd_budget import Budget, BudgetError, open_context, raise_open_files
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.startup import StartupError
 
@@ -41,15 +43,18 @@ class Ingest:
     def __init__(
         self,
         settings: Settings,
-        log: Log,
+        log: Appender,
         metrics: Metrics,
         *,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         clock: Callable[[], float] = time.time,
         streams: list[StreamConfig] | None = None,
+        resume_after: dict[Stream, int] | None = None,
     ) -> None:
         """``streams``: the ones to read from the start (None: every configured stream); a cluster
-        ingest that shares its streams with others through leases adds and removes them later."""
+        ingest that shares its streams with others through leases adds and removes them later.
+        ``resume_after``: where each stream goes on, when this process takes it over from another
+        (the cluster: after the last batch of it the stream holds)."""
         self.settings = settings
         self.clock = clock
         self._log = log
@@ -60,11 +65,10 @@ class Ingest:
         for stream in self.streams:
             self._outlet(stream)
         self._own_context = context is None
-        self.context: zmq.Context[zmq.Socket[bytes]] = context if context is not None else zmq.Context()
+        self.context: zmq.Context[zmq.Socket[bytes]] = context if context is not None else _sized_context(settings)
         self.readers: list[StreamReader] = []
         self._slots = asyncio.Semaphore(settings.max_concurrent_replays)
-        self.resume_after: dict[Stream, int] = {}
-        """Where a stream goes on, when this process takes it over from another (the cluster)."""
+        self.resume_after: dict[Stream, int] = dict(resume_after or {})
         self._logged: dict[Stream, tuple[bool, str]] = {}  # last connection state logged
         self._diagnoses: dict[Stream, asyncio.Task[None]] = {}
         self._diagnosed_at: dict[Stream, float] = {}  # time.monotonic() of the last diagnosis
@@ -76,11 +80,12 @@ class Ingest:
         self._metrics.streams.add(outlet)
         return outlet
 
-    def start(self) -> None:
-        """Open every stream's sockets; raises :class:`StartupError`."""
+    def start(self, started: str) -> None:
+        """Open every stream's sockets, then log ``started`` (what the process is, its role's
+        line); raises :class:`StartupError`."""
         for stream in self.streams:
             self._start_reader(stream)
-        logger.info("gateway started: %s", summary(self.settings))
+        logger.info("%s", started)
         if len(self.streams) > SUMMARY_STREAMS:
             for line in stream_lines(self.settings):
                 logger.debug("stream %s", line)
@@ -148,13 +153,10 @@ class Ingest:
         for outlet in self.outlets.values():
             outlet.heartbeat()
 
-    def not_ready(self) -> list[dict[str, object]]:
-        """The streams that are down, with why, as this process reads them (the ingest's /readyz)."""
-        return [
-            {"source": key[0], "dp_rank": key[1], "reason": outlet.status.down_reason}
-            for key, outlet in self.outlets.items()
-            if not outlet.status.connected
-        ]
+    def not_ready(self) -> list[dict[str, Any]]:
+        """The streams that are down, with why, as this process reads them (the ingest's /readyz, by
+        the status board's rule: an ingest has no board, its outlets hold the statuses)."""
+        return not_ready((key, outlet.status) for key, outlet in self.outlets.items())
 
     # --- a stream that stays down -------------------------------------------------------------
 
@@ -193,6 +195,17 @@ class Ingest:
         self._logged[outlet.key] = (connected, reason)
         level = logging.INFO if connected and previous is None else logging.WARNING
         logger.log(level, "stream %s %s (%s)", outlet.name, "up" if connected else "down", reason)
+
+
+def _sized_context(settings: Settings) -> zmq.Context[zmq.Socket[bytes]]:
+    """A ZeroMQ context that admits every stream's sockets, the descriptor limit raised to fit;
+    raises :class:`StartupError` (one line) when the OS's hard limit cannot hold them."""
+    budget = Budget.of(settings)
+    try:
+        raise_open_files(budget)
+        return open_context(budget)
+    except BudgetError as exc:
+        raise StartupError(str(exc)) from None
 
 
 def _zmq_failure(stream: StreamConfig, exc: zmq.ZMQError) -> str:

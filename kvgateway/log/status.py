@@ -9,10 +9,12 @@ those reports and the batches after them (:meth:`StreamStatus.take_report`,
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias, get_args
 
 from kvgateway.config import StreamConfig
+from kvgateway.engine.wire import Stream
 from kvgateway.runtime.metrics import LOSS_REASONS, StreamFamilies
 
 DEGRADED_SECONDS = 60.0
@@ -194,3 +196,13 @@ STATUS_FAMILIES = (
     ("history_truncations", "history_truncations"),
 )
 """Metric families read from the status counters (one number serves /v1/sources and Prometheus)."""
+
+
+def not_ready(statuses: Iterable[tuple[Stream, StreamStatus]]) -> list[dict[str, Any]]:
+    """The streams that are down, with why: /readyz's one rule (the status board's statuses, or an
+    ingest's own)."""
+    return [
+        {"source": key[0], "dp_rank": key[1], "reason": status.down_reason}
+        for key, status in statuses
+        if not status.connected
+    ]

@@ -94,6 +94,7 @@ def make_hub(
     hub_metrics.retained(0, 0)
     log = MemoryLog(ring_messages, ring_bytes, retained=hub_metrics.retained)
     hub = Hub(log, metrics=hub_metrics, sources=STREAMS, **kwargs)
+    log.follow(hub.follow)
     _METRICS[hub] = metrics
     _SNAPSHOTS[hub] = snapshot
     return hub
@@ -133,7 +134,9 @@ def batch(*events: wire.Event, ts: float = 1.5) -> wire.Batch:
 
 
 def subscribe(hub: Hub, query: str = "", transport: Any = "ws", last_event_id: str | None = None) -> Subscription:
-    return subscribe_request(hub, hub.parse_query(QueryParams(query), last_event_id=last_event_id), transport)
+    return subscribe_request(
+        hub, parse_query(QueryParams(query), sources=hub.source_names, last_event_id=last_event_id), transport
+    )
 
 
 def subscribe_request(hub: Hub, request: ClientRequest, transport: Any) -> Subscription:
@@ -342,7 +345,7 @@ def test_event_filters(query: str, expected: list[int] | None) -> None:
         assert got == []
     else:
         assert [decode(m)["events"] for m in got] == [json.loads(json.dumps([rendered[i] for i in expected]))]
-    request = hub.parse_query(QueryParams(query))
+    request = parse_query(QueryParams(query), sources=hub.source_names)
     chosen = request.filter.select_events(MIXED)
     assert chosen == [MIXED[i] for i in expected or []]
     assert [request.filter.matches_event(e) for e in MIXED] == [i in (expected or []) for i in range(len(MIXED))]
@@ -386,7 +389,7 @@ def test_medium_filter_takes_a_medium_name_or_a_tier_name(query: str, expected: 
     (message,) = drain(sub)
     rendered = render.render_events(TIERED)
     assert decode(message)["events"] == json.loads(json.dumps([rendered[i] for i in expected]))
-    request = hub.parse_query(QueryParams(query))
+    request = parse_query(QueryParams(query), sources=hub.source_names)
     assert request.filter.select_events(TIERED) == [TIERED[i] for i in expected]
 
 
@@ -490,7 +493,9 @@ def test_stream_notices_have_offsets_ids_and_their_kind_fields() -> None:
 def test_a_client_that_asks_gets_the_gap_notice_with_last_live_and_on_resume_and_batches_as_they_are() -> None:
     hub = make_hub()
     plain, early = subscribe(hub), subscribe(hub, "compat=gap_last")
-    assert hub.parse_query(QueryParams("compat=gap_last&compat=gap_last")).compat == frozenset({"gap_last"})
+    assert parse_query(QueryParams("compat=gap_last&compat=gap_last"), sources=hub.source_names).compat == frozenset(
+        {"gap_last"}
+    )
     publish_batch(hub, "a", 0, 1, batch(stored(1)))
     publish_notice(hub, "unrecovered_gap", "a", 0, first=2, until=4, count=3, reason="evicted")
     publish_notice(hub, "stale", "a", 0, reason="unrecovered", seq=2, detail="3 batches lost (evicted)")
