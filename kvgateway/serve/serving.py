@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from kvgateway.config import Settings
+from kvgateway.config import Settings, StreamConfig
 from kvgateway.log import messages
 from kvgateway.log.filters import ClientFilter
 from kvgateway.log.ordered import MemoryLog, ReadBack
@@ -66,9 +66,7 @@ class Serving:
         self.attribution = Attribution(settings.refetch_window)
         self.index.observe(self.attribution)
         metrics.streams.add(self.attribution)
-        for stream in streams:
-            for medium, blocks in stream.capacity_blocks.items():
-                metrics.cache_capacity_blocks.labels(stream.source, str(stream.dp_rank), medium).set(blocks)
+        _export_capacities(metrics, streams)
         self.board = StatusBoard(streams, self.index, silence=silence, clock=clock)
         metrics.streams.add(BoardFigures(self.board, clock))
         self.routers = RouterState(settings, self.index, metrics)
@@ -183,3 +181,10 @@ class Serving:
         """Ready when every stream is up, as the status board shows it."""
         not_ready = self.board.not_ready(self.clock())
         return not not_ready, {"streams": len(self.board.streams), "not_ready": not_ready}
+
+
+def _export_capacities(metrics: Metrics, streams: Iterable[StreamConfig]) -> None:
+    """The configured capacities as gauges (they never change while the process runs)."""
+    for stream in streams:
+        for medium, blocks in stream.capacity_blocks.items():
+            metrics.cache_capacity_blocks.labels(stream.source, str(stream.dp_rank), medium).set(blocks)
