@@ -16,10 +16,8 @@ import itertools
 import json
 import os
 import re
-import shutil
 import signal
 import socket
-import subprocess
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -50,6 +48,7 @@ from tests.support import (
     wait_until,
 )
 from tests.support import Start as Starter
+from tests.support.node import node_command
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -1854,27 +1853,6 @@ def test_the_schema_endpoint_serves_the_packaged_json_schema(live: Gateway) -> N
 
 
 # --- the Node.js client ---------------------------------------------------------------------------
-
-
-@cache
-def node_command() -> tuple[str, ...]:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node (Node.js) is not installed: the example client cannot be run")
-    probe = subprocess.run(
-        [node, "-e", "process.stdout.write(typeof WebSocket)"], check=False, capture_output=True, text=True
-    )
-    if probe.stdout == "function":
-        return (node,)
-    flagged = subprocess.run(
-        [node, "--experimental-websocket", "-e", "process.stdout.write(typeof WebSocket)"],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    if flagged.stdout != "function":
-        pytest.skip(f"this node ({probe.stdout or probe.stderr}) has no WebSocket client, even with a flag")
-    return (node, "--experimental-websocket")
 
 
 async def run_node(*args: str, token: str | None = None) -> tuple[int, str, str]:
