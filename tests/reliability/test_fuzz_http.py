@@ -49,6 +49,8 @@ ACCEPTS = {
     "/v1/schema": ("token",),
 }
 """What each fuzzed route takes (any other name is a 400)."""
+RANKS = frozenset({0})
+"""The DP ranks of the gateway's one source (``dp_size`` 1)."""
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
 
 
@@ -76,6 +78,9 @@ def query_is_valid(pairs: list[tuple[str, str]], accepted: tuple[str, ...] = PAR
             return False
         if name in distinct:  # at most 64 distinct values (ranks as numbers, mediums in any case)
             distinct[name].add(int(value) if name == "dp_rank" else value.upper() if name == "medium" else value)
+    # a rank the configuration does not have is a 400, as an unknown source is (one source, rank 0)
+    if any(rank not in RANKS for rank in distinct["dp_rank"]):
+        return False
     return resume <= 1 and all(len(found) <= 64 for found in distinct.values())
 
 

@@ -131,6 +131,7 @@ func (r *Router) Handle(line []byte) error {
 				HexDigest(r.index.stream(StreamKey{m.Source, m.DPRank}).Sum))
 			if r.resync {
 				r.lastID, r.pending = "", "" // never resume into the drifted index
+				r.ready = false              // and say so until the fresh snapshot is whole
 				return errDrifted
 			}
 		}
