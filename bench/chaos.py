@@ -48,7 +48,7 @@ import websockets
 
 from bench.chaos_view import ClientView, compare, edge_blocks
 from bench.cluster import _nats_binary
-from bench.common import BenchError, Process, free_port, free_port_block, get_json, python_command
+from bench.common import BenchError, Process, free_port, free_port_block, get_json, python_command, seq_of
 
 FAULTS = ("kill_ingest", "kill_edge", "restart_nats")
 QUIET_END_SECONDS = 20.0
@@ -342,7 +342,7 @@ class Chaos:
 
 def _last_seqs(port: int) -> dict[tuple[str, int], int | None]:
     sources = get_json(f"http://127.0.0.1:{port}/v1/sources")["sources"]
-    return {(s["source"], s["dp_rank"]): s["last_seq"] for s in sources}
+    return {(s["source"], s["dp_rank"]): seq_of(s["last_seq"]) for s in sources}
 
 
 def _all_moved(before: dict[tuple[str, int], int | None], now: dict[tuple[str, int], int | None]) -> bool:

@@ -136,7 +136,7 @@ class ClientView:
         processes = self.processes.setdefault(stream, [EngineProcess()])
         if kind == "batch":
             self.counts["batches"] += 1
-            processes[-1].seqs.append(message["seq"])
+            processes[-1].seqs.append(int(message["seq"]))  # engine seqs are decimal strings
             for event in message["events"]:
                 self._event(stream, blocks, event)
             return
@@ -149,8 +149,9 @@ class ClientView:
             self.stale[stream] = False
         elif notice == "unrecovered_gap":
             reason = message.get("reason", "?")
-            processes[-1].gaps.append((message["first"], message["until"], reason))
-            self.losses[reason] += message["until"] - message["first"] + 1
+            first, until = int(message["first"]), int(message["until"])
+            processes[-1].gaps.append((first, until, reason))
+            self.losses[reason] += until - first + 1
         elif notice == "stale":
             self.stale_notices[message.get("reason", "?")] += 1
             self.stale[stream] = True

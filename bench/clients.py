@@ -5,9 +5,10 @@
 WebSocket connections use the ``websockets`` library's asyncio client (no compression, as the
 gateway offers none); SSE connections are a small asyncio protocol reading the chunked
 ``text/event-stream`` response. Neither parses the JSON: a batch message is recognised by its
-``"seq":N,"ts":T`` pair (the gateway's compact JSON, or ``json.dumps``' spaced form for the naive
-bridge), which is all the measurement needs: every batch counted per connection, and its latency
-``receive time - ts`` (``ts`` is the publisher's ``time.time()`` at send; same machine, same clock).
+``"seq":"N","ts":T`` pair (the gateway's compact JSON, its seq a string; or ``json.dumps``'
+spaced form with an integer seq, for the naive bridge), which is all the measurement needs:
+every batch counted per connection, and its latency ``receive time - ts`` (``ts`` is the
+publisher's ``time.time()`` at send; same machine, same clock).
 
 Driven by JSON lines on stdin, one reply line each on stdout:
 
@@ -34,7 +35,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from bench.common import LogHistogram
 
-BATCH: Final = re.compile(rb'"seq": ?(\d+), ?"ts": ?([-+0-9.eE]+)')
+BATCH: Final = re.compile(rb'"seq": ?"?(\d+)"?, ?"ts": ?([-+0-9.eE]+)')  # the gateway's seq is a string
 NOTICE: Final = re.compile(rb'"type": ?"notice"')
 CONNECT_CONCURRENCY: Final = 32
 

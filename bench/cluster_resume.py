@@ -23,7 +23,7 @@ from pathlib import Path
 from websockets.sync.client import connect
 
 from bench.cluster import _nats_binary
-from bench.common import Process, free_port, get_json, python_command, wait_until
+from bench.common import Process, free_port, get_json, python_command, seq_of, wait_until
 
 
 def _resume(port: int, epoch: str, last: int, missed: int) -> dict[str, float | int | bool]:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def filled() -> dict[str, object] | None:
             doc = get_json(f"http://127.0.0.1:{port_a}/v1/sources")
-            return doc if doc["sources"][0]["last_seq"] == args.batches - 1 else None
+            return doc if seq_of(doc["sources"][0]["last_seq"]) == args.batches - 1 else None
 
         doc = wait_until(filled, args.batches / 500 + 120, "the stream filled")
         epoch, last = str(doc["epoch"]), int(doc["offset"])

@@ -277,6 +277,11 @@ class LogHistogram:
 # --- HTTP -------------------------------------------------------------------------------------
 
 
+def seq_of(value: Any) -> int | None:
+    """An engine seq as the gateway sends it (a decimal string, or null) as an int."""
+    return None if value is None else int(value)
+
+
 def get_json(url: str, timeout: float = 5.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read())
@@ -492,7 +497,8 @@ class Gateway(Process):
         wait_until(connected, timeout, "the gateway to connect to its source")
 
     def sources(self) -> list[dict[str, Any]]:
-        return list(get_json(f"{self.base}/v1/sources")["sources"])
+        sources = list(get_json(f"{self.base}/v1/sources")["sources"])
+        return [{**source, "last_seq": seq_of(source["last_seq"])} for source in sources]
 
     def occupancy(self) -> dict[str, Any]:
         return dict(get_json(f"{self.base}/v1/occupancy", timeout=30))

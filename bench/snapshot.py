@@ -1,7 +1,7 @@
 """A block snapshot served by the real web stack while live clients listen:
 ``python -m bench.snapshot [--smoke]``.
 
-The gateway's own code (Gateway, app, uvicorn with uvloop when installed) runs in this process with
+The gateway's own code (OneProcess, app, uvicorn with uvloop when installed) runs in this process with
 ``--streams`` configured engines (8) holding ``--blocks`` resident blocks (1,000,000) as chains of
 64 blocks of 16 tokens, with learning on (the default cap). No engine process: the batches go
 through the gateway's ordered log directly, as ingest would append them, on the same event loop.
@@ -34,7 +34,7 @@ import uvicorn
 from bench.common import write_run
 from kvgateway.config import Settings, SourceConfig
 from kvgateway.engine.wire import Batch, BlockRemoved, BlockStored
-from kvgateway.gateway import Gateway
+from kvgateway.gateway import OneProcess
 from kvgateway.log.ordered import batch_record
 from kvgateway.serve.app import create_app
 from kvgateway.serve.server import loop_factory, uvicorn_config
@@ -49,7 +49,7 @@ def _say(text: str) -> None:
     print(f"bench.snapshot: {text}", file=sys.stderr, flush=True)
 
 
-def _fill(gateway: Gateway, streams: int, blocks: int, rng: random.Random) -> None:
+def _fill(gateway: OneProcess, streams: int, blocks: int, rng: random.Random) -> None:
     """``blocks`` resident blocks over the streams, one chain of 64 per BlockStored."""
     chains = max(1, blocks // CHAIN)
     for n in range(chains):
@@ -60,7 +60,7 @@ def _fill(gateway: Gateway, streams: int, blocks: int, rng: random.Random) -> No
         gateway.log.append(batch_record(key, n, Batch(time.time(), [event], 0), received=0.0, replayed=True))
 
 
-async def _feed(gateway: Gateway, streams: int, rate: float, rng: random.Random) -> None:
+async def _feed(gateway: OneProcess, streams: int, rate: float, rng: random.Random) -> None:
     """Live batches at ``rate``/s: one new block stored and one removed, on a random stream."""
     seq = 10**9
     interval = 1.0 / rate
@@ -113,14 +113,14 @@ class _Pauses:
 async def _serve(args: argparse.Namespace) -> dict[str, Any]:
     sources = tuple(SourceConfig(name=f"e{i}", endpoint=f"tcp://127.0.0.1:{9 + i}") for i in range(args.streams))
     settings = Settings(sources=sources, port=0, client_queue_bytes=1 << 20, log_level="warning")
-    gateway = Gateway(settings)
+    gateway = OneProcess(settings)
     rng = random.Random(1)
     started = time.perf_counter()
     _fill(gateway, args.streams, args.blocks, rng)
     fill_seconds = time.perf_counter() - started
     gc.collect()  # the fill's garbage, collected before the clients come (not in their baseline)
     _say(f"{args.blocks} blocks in {fill_seconds:.1f} s; serving")
-    config = uvicorn_config(create_app(gateway), settings)
+    config = uvicorn_config(create_app(gateway, gateway.serving), settings)
     config.port = 0
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())

@@ -63,10 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "simulate":
             return simulator.run(args)
         if args.command == "serve":
-            from kvgateway.gateway import Gateway
+            from kvgateway.gateway import OneProcess, one_process_app
             from kvgateway.serve import server
 
-            return server.run(config.settings_from_args(args), Gateway)
+            return server.run(config.settings_from_args(args), OneProcess, one_process_app)
         if args.command == "demo":
             return demo.run(args)
     except (simulator.UsageError, config.ConfigError) as exc:

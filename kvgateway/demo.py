@@ -233,7 +233,7 @@ async def run_engine(engine: SimulatedEngine, role: Role, silence: tuple[float, 
 
 
 async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
-    from kvgateway.gateway import Gateway
+    from kvgateway.gateway import OneProcess, one_process_app
     from kvgateway.runtime.memory import freeze_startup_heap
     from kvgateway.serve.server import serve
 
@@ -265,7 +265,7 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
             for engine in engines:
                 await engine.start()
             runners = [asyncio.ensure_future(run_engine(engine, role, silence)) for engine, role in pairs]
-            await serve(settings, make_service=Gateway, ready=ready, listening=listening)
+            await serve(settings, make_role=OneProcess, make_app=one_process_app, ready=ready, listening=listening)
         finally:
             for engine in engines:
                 engine.stop()
@@ -282,7 +282,7 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
 def run(args: argparse.Namespace) -> int:
     _check(args)
     settings = config.settings_from_args(args)
-    logging_setup.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
+    logging_setup.setup_for(settings)
     from kvgateway.runtime.startup import StartupError
     from kvgateway.serve.server import loop_factory
 

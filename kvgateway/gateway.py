@@ -1,4 +1,4 @@
-"""The single process: the ingest half and the serving half over one memory log."""
+"""The single process: the ingest half and the serving half over one ring log."""
 
 from __future__ import annotations
 
@@ -8,24 +8,23 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from starlette.applications import Starlette
 
-from kvgateway.config import Settings
-from kvgateway.engine.wire import Stream
-from kvgateway.ingest.outlet import StreamOutlet
-from kvgateway.ingest.reader import StreamReader
+from kvgateway.config import Settings, summary
 from kvgateway.ingest.streams import Ingest
-from kvgateway.log.ordered import MemoryLog
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.startup import StartupError
+from kvgateway.serve.app import create_app
 from kvgateway.serve.serving import Serving
 
-__all__ = ["Gateway", "StartupError"]
+__all__ = ["OneProcess", "StartupError", "one_process_app"]
 
 logger = logging.getLogger("kvgateway")
 
 
-class Gateway:
-    """readers -> outlets -> memory log -> index, status board, routers and hub, in one process."""
+class OneProcess:
+    """readers -> outlets -> the serving half's ring log -> index, status board, routers and hub,
+    in one process (``kvgateway serve``, the demo): a :class:`~kvgateway.serve.role.Role`."""
 
     def __init__(
         self,
@@ -34,30 +33,20 @@ class Gateway:
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``context``: the engines' ZeroMQ context (None: the ingest's own, sized to its streams)."""
         self.settings = settings
         self.metrics = Metrics()
-        hub_metrics = self.metrics.hub()
-        self.log = MemoryLog(settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained)
-        hub_metrics.retained(0, 0)
-        self.serving = Serving(settings, self.log, self.metrics, clock=clock)
+        self.serving = Serving(settings, self.metrics, clock=clock)
+        self.log = self.serving.log
         self.ingest = Ingest(settings, self.log, self.metrics, context=context, clock=clock)
         self.startup_error: StartupError | None = None
         self.fatal: str | None = None  # one process never stops on its own
         self._stopped = False
 
-    # The parts, by the names the tests and benchmarks reach them by.
-    @property
-    def outlets(self) -> dict[Stream, StreamOutlet]:
-        return self.ingest.outlets
-
-    @property
-    def readers(self) -> list[StreamReader]:
-        return self.ingest.readers
-
     async def start(self) -> None:
         """Open every stream's sockets; raises :class:`StartupError` (kept in ``startup_error``)."""
         try:
-            self.ingest.start()
+            self.ingest.start(f"gateway started: {summary(self.settings)}")
         except StartupError as exc:
             self.startup_error = exc
             raise
@@ -74,10 +63,19 @@ class Gateway:
     def close_clients(self) -> None:
         self.serving.hub.close()
 
-    def readiness(self) -> tuple[bool, list[dict[str, Any]]]:
-        """Ready when every stream is up, as the serving half shows it."""
-        not_ready = self.serving.board.not_ready(self.serving.clock())
-        return not not_ready, not_ready
+    def health(self) -> dict[str, Any]:
+        return self.serving.health()
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        return self.serving.readiness()
 
     def refresh_gauges(self) -> None:
         self.serving.refresh_gauges()
+
+    def started_line(self, url: str) -> str:
+        return f"serving on {url}"
+
+
+def one_process_app(gateway: OneProcess) -> Starlette:
+    """The web app of one process."""
+    return create_app(gateway, gateway.serving)

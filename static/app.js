@@ -50,14 +50,9 @@ const NOTICES_KEPT = 300; // notices have their own list: events never push them
 const NOTICES_SHOWN = 6;
 const TAIL_MIN_INTERVAL_MS = 200; // the tail and the header counters repaint at most 5 times a second
 const HASHES_SHOWN = 3;
-const HELLO_TIMEOUT_MS = 10000;
-const BACKOFF_MS = [500, 1000, 2000, 4000, 8000, 15000];
-const WS_FAILURES_BEFORE_SSE = 2;
-const WS_RETRY_AFTER_SSE_MS = 5 * 60 * 1000; // on a later reconnect, give WebSocket another chance
 const TOKEN_KEY = "kvgateway.token";
 const NOTICE_FLASH_MS = 4000;
 const STALL_MS = 20000;
-const SLOW_WINDOW_MS = 60000;
 const MEDIUM_ORDER = ["GPU", "CPU", "CPU_PINNED", "STORAGE", "DISK", "EXTERNAL"];
 // The gateway's tiers (docs/protocol.md): every medium belongs to one; events and snapshots carry it.
 const TIERS = ["GPU", "CPU", "DISK", "EXTERNAL"];
@@ -66,7 +61,7 @@ const COUNTERS = ["gaps", "missed", "replayed", "unrecovered", "restarts", "deco
 // ---------------------------------------------------------------------------------------------
 // small helpers
 
-import { compactFmt, el, fmtDur, fmtInt, fmtPct, fmtRate, fmtTime, intFmt, setText, setVal } from "./format.js";
+import { compactFmt, el, fmtDur, fmtInt, fmtPct, fmtRate, fmtTime, intFmt, seqFmt, setText, setVal } from "./format.js";
 import {
   LAG_FRESH_S,
   RESTART_WINDOW_S,
@@ -80,6 +75,7 @@ import {
 import { FleetTable } from "./fleet-table.js";
 import { PrefillView } from "./prefill.js";
 import { kindText, reasonText } from "./reasons.js";
+import { KVGatewayClient, parseMessage } from "./client.js";
 
 const $ = (sel, root = document) => root.querySelector(sel);
 const tid = (name, root = document) => root.querySelector(`[data-testid="${name}"]`);
@@ -122,11 +118,8 @@ const state = {
   conn: "connecting", // connecting | live | reconnecting
   connNote: "",
   transport: "ws", // ws | sse
-  wsFailures: 0,
-  sseSince: 0,
   epoch: "",
   offset: null,
-  lastId: "",
   everLive: false,
 
   occupancy: null, // last snapshot {offset, streams, totals}
@@ -168,7 +161,6 @@ const state = {
   msgCount: 0,
   msgTotal: 0, // messages received since the page loaded
   lastMessageAt: 0,
-  slowCuts: [], // Date.now() of recent slow-consumer disconnects
   msgRate: 0,
   msgRateAt: performance.now(),
 
@@ -213,7 +205,7 @@ async function getJSON(path) {
     });
     if (res.status === 401 || res.status === 403) throw new AuthError(`HTTP ${res.status}`);
     if (!res.ok) throw new FetchProblem(`the gateway answered HTTP ${res.status}; retrying`);
-    return await res.json();
+    return parseMessage(await res.text()); // JSON.parse with every seq exact (a decimal string)
   } catch (err) {
     if (err instanceof AuthError || err instanceof FetchProblem) throw err;
     // the browser's words ("signal is aborted without reason", "Failed to fetch") mean nothing to people
@@ -237,7 +229,7 @@ function onAuthRequired() {
   if (!state.needAuth) {
     state.authRejected = Boolean(state.token);
     state.needAuth = true;
-    stopStream();
+    client.stop();
     state.connNote = "waiting for token";
     invalidate("conn");
   }
@@ -419,19 +411,26 @@ function applyHistory(doc, full) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// the stream: WebSocket, SSE fallback, reconnect with backoff and resume
+// the stream: static/client.js (WebSocket, SSE after the WebSocket failed to open twice while
+// plain HTTP worked, reconnects with backoff and resume); the page only listens
 
-let conn = null; // {kind, close()}
-let reconnectTimer = 0;
-let attempt = 0;
+const client = new KVGatewayClient(document.baseURI, {
+  snapshot: null, // counts come from hello.occupancy and the polls: the page keeps no blocks
+  token: state.token,
+  transport: "WebSocket" in window ? "auto" : "sse",
+  diagnose: diagnoseFailedOpen,
+});
 
-function streamURL(path, scheme) {
-  const url = new URL(path, document.baseURI);
-  if (scheme) url.protocol = scheme;
-  if (state.token) url.searchParams.set("token", state.token);
-  if (state.lastId) url.searchParams.set("last_event_id", state.lastId);
-  return url.toString();
-}
+client.on("connection", ({ state: value, note, transport }) => {
+  if (value !== "stopped") state.conn = value; // stopped: waiting for a token, said by onAuthRequired
+  state.connNote = note;
+  state.transport = transport;
+  state.everLive = client.everLive;
+  invalidate("conn");
+});
+client.on("transport", ({ why }) => addSeparator(why));
+client.on("auth", () => onAuthRequired());
+client.on("message", handleMessage);
 
 function setConn(value, note = "") {
   if (state.conn !== value || state.connNote !== note) {
@@ -439,51 +438,6 @@ function setConn(value, note = "") {
     state.connNote = note;
     invalidate("conn");
   }
-}
-
-function stopStream() {
-  clearTimeout(reconnectTimer);
-  reconnectTimer = 0;
-  if (conn) {
-    const c = conn;
-    conn = null;
-    c.close();
-  }
-}
-
-function connect() {
-  stopStream();
-  if (state.needAuth) return;
-  setConn(state.everLive ? "reconnecting" : "connecting", state.connNote === "waiting for token" ? "" : state.connNote);
-  if (state.transport === "sse" && state.sseSince && Date.now() - state.sseSince > WS_RETRY_AFTER_SSE_MS) {
-    state.transport = "ws";
-    state.wsFailures = 0;
-    state.sseSince = 0;
-  }
-  if (state.transport === "ws" && "WebSocket" in window) connectWS();
-  else connectSSE();
-}
-
-/**
- * The gateway cut us for falling behind. Resuming at once is right the first time (the ring still
- * holds the gap); if it keeps happening, wait longer each time so that this tab does not become
- * a reconnect loop (attempt is otherwise reset by every hello).
- */
-function onSlowCut() {
-  const now = Date.now();
-  state.slowCuts = state.slowCuts.filter((t) => now - t < SLOW_WINDOW_MS);
-  state.slowCuts.push(now);
-  attempt = Math.max(attempt, state.slowCuts.length - 1);
-}
-
-function scheduleReconnect(note) {
-  if (state.needAuth) return;
-  clearTimeout(reconnectTimer);
-  const base = BACKOFF_MS[Math.min(attempt, BACKOFF_MS.length - 1)];
-  const delay = Math.round(base * (0.75 + Math.random() * 0.5));
-  attempt++;
-  setConn(state.everLive ? "reconnecting" : "connecting", `${note}; retry in ${(delay / 1000).toFixed(1)} s`);
-  reconnectTimer = setTimeout(connect, delay);
 }
 
 /**
@@ -498,149 +452,6 @@ async function diagnoseFailedOpen() {
     if (err instanceof AuthError) return "auth";
     return "down";
   }
-}
-
-function connectWS() {
-  const ws = new WebSocket(streamURL("v1/ws", location.protocol === "https:" ? "wss:" : "ws:"));
-  let opened = false;
-  let gotHello = false;
-  let closed = false;
-  const helloTimer = setTimeout(() => {
-    if (!gotHello) ws.close(4000, "no hello");
-  }, HELLO_TIMEOUT_MS);
-  const me = {
-    kind: "ws",
-    close() {
-      closed = true;
-      clearTimeout(helloTimer);
-      try {
-        ws.close(1000);
-      } catch {
-        /* already closed */
-      }
-    },
-  };
-  conn = me;
-  state.transport = "ws";
-  invalidate("conn");
-
-  ws.onopen = () => {
-    opened = true;
-  };
-  ws.onmessage = (ev) => {
-    if (closed || typeof ev.data !== "string") return;
-    const text = ev.data;
-    let start = 0;
-    while (start < text.length) {
-      let end = text.indexOf("\n", start);
-      if (end < 0) end = text.length;
-      if (end > start) {
-        let msg;
-        try {
-          msg = JSON.parse(text.slice(start, end));
-        } catch {
-          msg = null;
-        }
-        if (msg) {
-          if (msg.type === "hello") gotHello = true;
-          handleMessage(msg);
-        }
-      }
-      start = end + 1;
-    }
-  };
-  ws.onclose = async (ev) => {
-    clearTimeout(helloTimer);
-    if (closed || conn !== me) return;
-    conn = null;
-    // The server closing an accepted socket on purpose (too many clients, shutting down) proves
-    // that WebSocket works here: not a reason to fall back.
-    const deliberate = opened && (ev.code === 1012 || ev.code === 1013);
-    if (!gotHello && !deliberate) {
-      const why = await diagnoseFailedOpen();
-      if (conn || state.needAuth) return; // something else took over meanwhile
-      if (why === "auth") {
-        onAuthRequired();
-        return;
-      }
-      if (why === "ws") {
-        state.wsFailures++;
-        if (state.wsFailures >= WS_FAILURES_BEFORE_SSE) {
-          state.transport = "sse";
-          state.sseSince = Date.now();
-          attempt = 0;
-          addSeparator("WebSocket unavailable: switched to SSE");
-          connect();
-          return;
-        }
-      }
-      scheduleReconnect(why === "down" ? "gateway unreachable" : "WebSocket failed to open");
-      return;
-    }
-    const reason = ev.reason ? `: ${ev.reason}` : "";
-    if (ev.code === 1013 && gotHello) {
-      onSlowCut();
-      scheduleReconnect("dropped as a slow consumer");
-      return;
-    }
-    scheduleReconnect(`closed (${ev.code}${reason})`);
-  };
-}
-
-function connectSSE() {
-  const es = new EventSource(streamURL("v1/events"));
-  let gotHello = false;
-  let sawSlowNotice = false;
-  let closed = false;
-  const me = {
-    kind: "sse",
-    close() {
-      closed = true;
-      es.close();
-    },
-  };
-  conn = me;
-  state.transport = "sse";
-  invalidate("conn");
-
-  const onEvent = (ev) => {
-    if (closed) return;
-    let msg;
-    try {
-      msg = JSON.parse(ev.data);
-    } catch {
-      return;
-    }
-    if (!msg || typeof msg !== "object") return;
-    if (!msg.type && ev.type && ev.type !== "message") msg.type = ev.type;
-    if (!msg.id && ev.lastEventId && msg.type !== "hello") msg.id = ev.lastEventId;
-    if (msg.type === "hello") gotHello = true;
-    if (msg.type === "notice" && msg.kind === "slow_consumer") sawSlowNotice = true;
-    handleMessage(msg);
-  };
-  for (const t of ["hello", "batch", "notice", "message"]) es.addEventListener(t, onEvent);
-  // We own reconnection (backoff and last_event_id in the URL), not EventSource.
-  es.onerror = async () => {
-    if (closed || conn !== me) return;
-    me.close();
-    conn = null;
-    if (!gotHello) {
-      const why = await diagnoseFailedOpen();
-      if (conn || state.needAuth) return;
-      if (why === "auth") {
-        onAuthRequired();
-        return;
-      }
-      scheduleReconnect(why === "down" ? "gateway unreachable" : "event stream failed");
-      return;
-    }
-    if (sawSlowNotice) {
-      onSlowCut();
-      scheduleReconnect("dropped as a slow consumer");
-      return;
-    }
-    scheduleReconnect("event stream closed");
-  };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -666,21 +477,14 @@ function handleMessage(msg) {
 }
 
 function noteId(msg) {
-  if (typeof msg.id === "string" && msg.id) state.lastId = msg.id;
-  if (typeof msg.offset === "number") state.offset = msg.offset;
+  if (typeof msg.offset === "number") state.offset = msg.offset; // (the client keeps the resume id)
 }
 
 function onHello(msg) {
   const newEpoch = state.epoch && msg.epoch !== state.epoch;
   const hadHistory = state.tailHead > 0;
   state.epoch = String(msg.epoch ?? "");
-  if (typeof msg.offset === "number") {
-    state.offset = msg.offset;
-    state.lastId = `${state.epoch}:${msg.offset}`;
-  }
-  attempt = 0;
-  state.everLive = true;
-  if (state.transport === "ws") state.wsFailures = 0;
+  if (typeof msg.offset === "number") state.offset = msg.offset;
   if (Array.isArray(msg.sources)) applySources(msg.sources);
   if (!msg.recovered) {
     if (msg.occupancy) applyOccupancy(msg.occupancy, true);
@@ -695,7 +499,6 @@ function onHello(msg) {
   occPoller.now();
   sourcesPoller.now();
   historyPoller.now();
-  setConn("live");
 }
 
 function pushTail(entry) {
@@ -840,9 +643,10 @@ function onNotice(msg) {
 /** A notice's own fields as one readable line (restart: seq/previous; gap: the lost range). */
 function noticeDetail(kind, msg) {
   const parts = [];
-  if (kind === "restart" && typeof msg.seq === "number") {
+  // engine seqs are decimal strings (exact beyond 2^53: TensorRT-LLM's are time_ns); shown as sent
+  if (kind === "restart" && typeof msg.seq === "string") {
     parts.push(msg.previous === null || msg.previous === undefined ? `from seq ${msg.seq}` : `seq ${msg.previous} → ${msg.seq}`);
-  } else if (kind === "unrecovered_gap" && typeof msg.first === "number") {
+  } else if (kind === "unrecovered_gap" && typeof msg.first === "string") {
     parts.push(`lost seq ${msg.first}–${msg.until} (${msg.count})`);
   }
   // reason_code repeats the reason for programs. (The dashboard does not ask for compat=gap_last:
@@ -1245,7 +1049,7 @@ function updateCard(key, card, row, f) {
   // a down card says why once: in its health line, when that line says it already
   refs.reason.hidden = !reason || f.health.reason.includes(reason);
   refs.endpoint.title = src && src.replay ? `replay: ${src.replay}` : "no replay endpoint";
-  setVal(refs["last-seq"], src ? src.last_seq : null, src && src.last_seq !== null && src.last_seq !== undefined ? intFmt.format(src.last_seq) : "–");
+  setVal(refs["last-seq"], src ? src.last_seq : null, src && src.last_seq !== null && src.last_seq !== undefined ? seqFmt(src.last_seq) : "–");
   const lag = f.lag;
   setVal(refs.lag, lag, lag === null ? "–" : lag < 10 ? `${lag.toFixed(2)} s` : `${fmtInt(lag)} s`);
   refs.lag.parentElement.classList.toggle("dim-item", lag === null);
@@ -1859,12 +1663,11 @@ tid("auth-form").addEventListener("submit", (ev) => {
   state.needAuth = false;
   state.authRejected = false;
   state.connNote = "";
-  state.wsFailures = 0;
-  attempt = 0;
+  client.setToken(token);
   invalidate("conn");
   occPoller.now();
   sourcesPoller.now();
-  connect();
+  client.start();
 });
 
 // a once-a-second tick: message rate, "updated n s ago", flashing cards expiring
@@ -1881,10 +1684,7 @@ setInterval(() => {
   // Watchdog: a stream that says nothing while plain HTTP to the gateway fails too is probably a
   // dead TCP connection the browser has not noticed (no protocol pings reach page scripts).
   const quietMs = Date.now() - Math.max(state.lastMessageAt, state.occAt);
-  if (conn && state.conn === "live" && state.occError && quietMs > STALL_MS) {
-    stopStream();
-    scheduleReconnect("connection stalled");
-  }
+  if (client.current && state.conn === "live" && state.occError && quietMs > STALL_MS) client.reconnect("connection stalled");
 }, 1000);
 
 // ---------------------------------------------------------------------------------------------
@@ -1894,8 +1694,8 @@ occPoller.start();
 sourcesPoller.start();
 historyPoller.start();
 analyticsPoller.start();
-connect();
+if (!state.needAuth) client.start();
 invalidate("tail");
 
 // For debugging from the console (not an API).
-window.kvgatewayDashboard = { state };
+window.kvgatewayDashboard = { state, client };

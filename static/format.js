@@ -57,3 +57,8 @@ export function el(tag, cls, text) {
   return e;
 }
 
+
+/** An engine seq (a decimal string: exact beyond 2^53) with thousands separators, exactly. */
+export function seqFmt(seq) {
+  return typeof seq === "string" && /^[0-9]{1,20}$/.test(seq) ? intFmt.format(BigInt(seq)) : "–";
+}

@@ -36,6 +36,10 @@ def add_ingest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = None
     nats_options.add_nats_arguments(parser)
     _add_child_argument(parser)
+    # serve --workers gives its ingest the same member id at every start: a restarted ingest
+    # reclaims its own leases at once (cluster/shards.py). The lease time is for tests.
+    parser.add_argument("--member", help=argparse.SUPPRESS)
+    parser.add_argument("--lease-seconds", type=float, default=None, help=argparse.SUPPRESS)
 
 
 def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,8 +91,9 @@ def require_nats() -> None:
 
 def run_ingest(args: argparse.Namespace) -> int:
     require_nats()
-    from kvgateway.cluster.ingest_role import IngestService, ingest_app
+    from kvgateway.cluster.ingest_role import IngestService
     from kvgateway.serve import server
+    from kvgateway.serve.app import probe_app
 
     settings = config.settings_from_args(args)
     if not settings.sources:
@@ -97,15 +102,17 @@ def run_ingest(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
         exit_with_parent()
 
-    def make(settings: config.Settings, **kwargs: Any) -> IngestService:
-        return IngestService(settings, options, **kwargs)
+    leases: dict[str, Any] = {} if args.lease_seconds is None else {"lease_seconds": args.lease_seconds}
 
-    return server.run(settings, make, make_app=ingest_app, announce=IngestService.ready_line)
+    def make(settings: config.Settings) -> IngestService:
+        return IngestService(settings, options, member=args.member, **leases)
+
+    return server.run(settings, make, probe_app)
 
 
 def run_edge(args: argparse.Namespace) -> int:
     require_nats()
-    from kvgateway.cluster.edge import EdgeService
+    from kvgateway.cluster.edge import EdgeService, edge_app
     from kvgateway.serve import server
 
     settings = config.settings_from_args(args)
@@ -113,20 +120,13 @@ def run_edge(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
         exit_with_parent()
 
-    def make(settings: config.Settings, **kwargs: Any) -> EdgeService:
-        return EdgeService(settings, options, **kwargs)
+    def make(settings: config.Settings) -> EdgeService:
+        return EdgeService(settings, options)
 
     async def discover(settings: config.Settings) -> config.Settings:
         return settings if settings.sources else await _discover_sources(settings, options)
 
-    return server.run(
-        settings,
-        make,
-        prepare=discover,
-        reuse_port=args.reuse_port,
-        engines=False,  # an edge reads the stream, never an engine: no ZeroMQ context
-        announce=lambda _, url: f"edge serving on {url}",
-    )
+    return server.run(settings, make, edge_app, prepare=discover, reuse_port=args.reuse_port)
 
 
 def _options(args: argparse.Namespace, name: str) -> nats_options.NatsOptions:

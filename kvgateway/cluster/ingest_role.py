@@ -1,7 +1,7 @@
 """``kvgateway ingest``: the engines' streams in, records out to JetStream; HTTP for probes only.
 
 The ingest half (:class:`~kvgateway.ingest.streams.Ingest`: readers, sequencers, outlets) runs
-exactly as in one process; only the log differs (:class:`~kvgateway.cluster.publisher.PublishingLog`).
+exactly as in one process; only what it appends to differs (:class:`~kvgateway.cluster.publisher.Publisher`).
 The command runner and HTTP runner are the single process's (:mod:`kvgateway.serve.server`)."""
 
 from __future__ import annotations
@@ -14,20 +14,17 @@ import secrets
 import socket
 from typing import Any
 
-import zmq
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError
-from starlette.applications import Starlette
 
 from kvgateway.cluster import nats_link
 from kvgateway.cluster.leases import Leases
 from kvgateway.cluster.options import HEARTBEAT_SECONDS, NatsOptions
-from kvgateway.cluster.probes import probe_app
-from kvgateway.cluster.publisher import PublishingLog
+from kvgateway.cluster.publisher import Publisher
 from kvgateway.cluster.shards import LEASE_SECONDS, ROUND_SECONDS, Shards
 from kvgateway.cluster.sources import publish_sources
-from kvgateway.config import Settings, StreamConfig
+from kvgateway.config import Settings, StreamConfig, streams_text
 from kvgateway.engine.sequencer import Unrecovered
 from kvgateway.engine.wire import Stream
 from kvgateway.ingest.streams import Ingest
@@ -41,19 +38,28 @@ logger = logging.getLogger("kvgateway.cluster")
 class IngestService:
     """The ingest half over the JetStream log, started and stopped by its probe app's lifespan."""
 
-    def __init__(self, settings: Settings, options: NatsOptions, *, context: zmq.Context[zmq.Socket[bytes]]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        options: NatsOptions,
+        *,
+        member: str | None = None,
+        lease_seconds: float = LEASE_SECONDS,
+    ) -> None:
+        """``member``: this process's id among the ingest processes sharing the sources (None: a new
+        one); a process started again under the same id reclaims its leases at once."""
         self.settings = settings
         self.options = options
-        self.context = context
         self.metrics = Metrics()
         self.startup_error: StartupError | None = None
         self.fatal: str | None = None
-        self.publishing: PublishingLog | None = None
+        self.publishing: Publisher | None = None
         self.ingest: Ingest | None = None
         self._nc: Client | None = None
         self._beats: asyncio.Task[None] | None = None
         self.shards: Shards | None = None
-        self.owner = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.owner = member or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self._lease_seconds = lease_seconds
         self._stopped = False
 
     async def start(self) -> None:
@@ -72,10 +78,6 @@ class IngestService:
         js = nc.jetstream()
         state = await nats_link.ensure_stream(js, options)
         await publish_sources(js, options, settings.sources)  # for edges started without --source
-        publishing = self.publishing = PublishingLog(nc, js, options.subject_prefix, options.stream)
-        publishing.metrics = self.metrics
-        publishing.epoch = state.epoch
-        await publishing.load_positions([s.key for s in settings.streams()])
 
         async def recreate() -> None:
             # A lost store (or a deleted stream) is a new stream: a new epoch for every edge.
@@ -85,25 +87,33 @@ class IngestService:
                 publishing.epoch = again.epoch
                 await publish_sources(js, options, settings.sources)  # the bucket went with the store
 
-        publishing.on_failure = recreate
-        publishing.on_lost = self.publishes_lost
+        publishing = self.publishing = Publisher(
+            nc,
+            js,
+            options.subject_prefix,
+            options.stream,
+            epoch=state.epoch,
+            metrics=self.metrics,
+            on_failure=recreate,
+            on_lost=self.publishes_lost,
+        )
+        await publishing.load_positions([s.key for s in settings.streams()])
         shared = options.leases
+        # A takeover: each stream goes on after the last batch the stream holds, as after a
+        # reconnect (a gap replay from there, losses counted exactly), not from seq 0.
         ingest = self.ingest = Ingest(
-            settings, publishing, self.metrics, context=self.context, streams=[] if shared else None
+            settings, publishing, self.metrics, streams=[] if shared else None, resume_after=publishing.last_seqs()
         )
         # No serving half here: the statuses' figures are the outlets' own (an edge shows the same).
         self.metrics.streams.add(_StatusFigures(ingest))
         publishing.start()
-        # A takeover: each stream goes on after the last batch the stream holds, as after a
-        # reconnect (a gap replay from there, losses counted exactly), not from seq 0.
-        ingest.resume_after = publishing.last_seqs()
-        ingest.start()
+        ingest.start(f"ingest started: {ingest_summary(settings)}")
         if shared:
             self.shards = await self._shards(js, ingest, publishing)
             await self.shards.round()  # before the ready line: a lone process holds every stream
         self._beats = asyncio.ensure_future(self._beat(ingest))
 
-    async def _shards(self, js: JetStreamContext, ingest: Ingest, publishing: PublishingLog) -> Shards:
+    async def _shards(self, js: JetStreamContext, ingest: Ingest, publishing: Publisher) -> Shards:
         bucket = f"{self.options.stream}_leases"
         try:
             kv = await js.key_value(bucket)
@@ -114,7 +124,7 @@ class IngestService:
             await publishing.load_positions([stream.key])  # what the last reader left in the stream
             ingest.add(stream, publishing.last_seqs().get(stream.key))
 
-        leases = Leases(kv, self.owner, LEASE_SECONDS)
+        leases = Leases(kv, self.owner, self._lease_seconds)
         return Shards(leases, self.settings.streams(), take, ingest.remove)
 
     async def _beat(self, ingest: Ingest) -> None:
@@ -157,9 +167,6 @@ class IngestService:
         if self._nc is not None:
             await nats_link.close(self._nc)  # the publishes were waited for: no drain
 
-    def close_clients(self) -> None:
-        """An ingest serves no clients."""
-
     def publishes_lost(self, lost: dict[Stream, list[int]]) -> None:
         """Batches the stream will never hold in order: counted and noticed as any loss."""
         assert self.ingest is not None
@@ -191,13 +198,17 @@ class IngestService:
         self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
         self.metrics.jetstream_pending.set(0 if self.publishing is None else self.publishing.pending)
 
-    def ready_line(self, url: str) -> str:
+    def started_line(self, url: str) -> str:
         return f"ingest publishing to {options_text(self._nc)}; probes on {url}"
 
+    def close_clients(self) -> None:
+        """An ingest serves no clients."""
 
-def ingest_app(service: IngestService) -> Starlette:
-    """The probes and metrics, whose lifespan starts and stops ``service``."""
-    return probe_app(service, health=service.health, readiness=service.readiness, metrics=service.metrics)
+
+def ingest_summary(settings: Settings) -> str:
+    """The ingest's start line: its probes' address and the streams it may read (it serves no
+    clients: no ring, queue or client limit to show)."""
+    return f"probes http {settings.host}:{settings.port}, streams: {streams_text(settings)}"
 
 
 class _StatusFigures:

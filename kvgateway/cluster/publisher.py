@@ -1,4 +1,5 @@
-"""The ingest side of the log: records go to JetStream, which assigns their offsets.
+"""The ingest half's appender in a cluster (a :class:`~kvgateway.log.ordered.Appender`): records go
+to JetStream, which assigns their offsets; nothing is read back here (the edges read the stream).
 
 Publishes are pipelined (a bounded number in flight: a loop of synchronous JetStream publishes
 manages only hundreds a second) and retried in order when they fail (a nats-server restart):
@@ -13,8 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Final
 
@@ -25,10 +25,7 @@ from nats.js.errors import NotFoundError
 
 from kvgateway.cluster import records
 from kvgateway.engine.wire import Stream
-from kvgateway.log.filters import EventFilterKey
-from kvgateway.log.messages import OutMessage
-from kvgateway.log.ordered import HELD, BatchRecord, Follower, NoticeRecord, Record, make_entry
-from kvgateway.log.ring import Entry
+from kvgateway.log.ordered import BatchRecord, NoticeRecord, Record
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.tasks import cancel_and_wait
 
@@ -77,10 +74,10 @@ which fails on any subject with messages: a probe is never stored out of order."
 WRONG_LAST_SEQUENCE: Final = b"10071"
 
 
-class PublishingLog:
-    """The ingest half's log in the cluster (a :class:`~kvgateway.log.ordered.Log`): each record is
-    encoded once and published; JetStream assigns its offset. It keeps no ring: nothing is read
-    back here (the edges read the stream)."""
+class Publisher:
+    """Each record encoded once and published to the stream ``stream_name`` of epoch ``epoch``;
+    JetStream assigns its offset. ``on_failure`` runs before publishes are sent again (e.g. to
+    re-create a lost stream); ``on_lost`` is told the batches the stream will never hold in order."""
 
     def __init__(
         self,
@@ -88,10 +85,14 @@ class PublishingLog:
         js: JetStreamContext,
         prefix: str,
         stream_name: str,
+        *,
+        epoch: str,
+        metrics: Metrics,
+        on_failure: Callable[[], Awaitable[None]] | None = None,
+        on_lost: Callable[[dict[Stream, list[int]]], None] | None = None,
     ) -> None:
-        self.epoch = "unknown"  # the stream's, once known (nats_link.ensure_stream)
-        self.metrics = Metrics()  # the process's, once it exists
-        self._followers: list[Follower] = []
+        self.epoch = epoch  # the stream's (it changes when the stream is re-created)
+        self.metrics = metrics
         self._nc = nc
         self._js = js
         self._prefix = prefix
@@ -99,7 +100,6 @@ class PublishingLog:
         self._positions: dict[Stream, _Position] = {}
         self._queue: deque[_Outgoing] = deque()
         self._wake = asyncio.Event()
-        self._count = 0
         self.stats = PublishStats()
         self._task: asyncio.Task[None] | None = None
         self._in_flight: dict[int, _Outgoing] = {}
@@ -108,8 +108,8 @@ class PublishingLog:
         self._failed: str | None = None
         self._lost: dict[Stream, list[int]] = {}
         self._reconnects = 0
-        self.on_failure: Callable[[], Awaitable[None]] | None = None  # e.g. re-create a lost stream
-        self.on_lost: Callable[[dict[Stream, list[int]]], None] | None = None
+        self.on_failure = on_failure
+        self.on_lost = on_lost
 
     async def load_positions(self, streams: list[Stream]) -> None:
         """Continue each stream's generation from its last record in the log, so the same batch
@@ -152,7 +152,7 @@ class PublishingLog:
     def pending(self) -> int:
         return len(self._queue) + len(self._in_flight)
 
-    def append(self, record: Record) -> int:
+    def append(self, record: Record) -> None:
         position = self._positions.get(record.stream)
         if position is None:
             position = self._positions[record.stream] = _Position()
@@ -167,38 +167,6 @@ class PublishingLog:
         seq = record.seq if type(record) is BatchRecord else None
         self._queue.append(_Outgoing(subject, payload, {"Nats-Msg-Id": ident}, record.stream, position.generation, seq))
         self._wake.set()
-        self._count += 1
-        if self._followers:
-            entry = make_entry(self.epoch, self._count, record)
-            for follower in self._followers:
-                follower(entry)
-        return self._count
-
-    # --- the rest of the Log protocol: nothing is read back here -----------------------------
-
-    @property
-    def last_offset(self) -> int:
-        """Records appended by this process (JetStream assigns the offsets edges see)."""
-        return self._count
-
-    @property
-    def first_offset(self) -> int:
-        return self._count + 1
-
-    def follow(self, follower: Follower) -> None:
-        self._followers.append(follower)
-
-    def read(self, after: int) -> Iterator[Entry]:
-        return iter(())
-
-    def message_for(self, entry: Entry, key: EventFilterKey | None) -> OutMessage | None:
-        return entry.message
-
-    def holding(self, last_event_id: str | None) -> AbstractAsyncContextManager[None]:
-        return HELD
-
-    async def checkpoint(self) -> bytes | None:
-        return None  # nothing follows this log in this process
 
     async def _pump(self) -> None:
         """Send in order with at most :data:`MAX_IN_FLIGHT` unacknowledged; after a failure (an

@@ -7,7 +7,9 @@ Every :data:`ROUND_SECONDS` a process renews its presence (``member.<owner>``) a
 leases (``stream.<source>.<rank>``), gives back what it holds beyond its fair share (the streams
 divided by the live members, rounded up), and takes free or run-out streams up to it. A process
 that dies stops renewing: its streams are free after :data:`LEASE_SECONDS` and taken at the next
-round of another process, so a stream is unread for at most LEASE_SECONDS + ROUND_SECONDS.
+round of another process, so a stream is unread for at most LEASE_SECONDS + ROUND_SECONDS. A
+process started again under the same member id (``serve --workers`` restarting its ingest) holds
+its leases already: it reclaims them at its first round, without waiting for them to run out.
 The decision (:func:`plan`) is sans-I/O; :class:`Shards` does the bucket's I/O around it.
 """
 
@@ -91,14 +93,22 @@ class Shards:
                 await self._let_go(key, "given back" if key in step.give_back else "lost its lease")
         for key in step.give_back:
             await leases.release(key)
+        for key in step.keep:
+            if key not in self.held and await leases.hold(key):
+                # Held by this member before this process started (its restart by ``serve
+                # --workers``, which gives it the same member id): reclaimed at once.
+                await self._took(key, "reclaimed")
         for key in step.take:
             if len(self.held) >= step.fair:
                 break
             if await leases.hold(key):
-                self.held.add(key)
-                stream = self._by_key[key]
-                logger.info("stream %s[%d]: taken (lease %s)", *stream.key, key)
-                await self._take(stream)
+                await self._took(key, "taken")
+
+    async def _took(self, key: str, how: str) -> None:
+        self.held.add(key)
+        stream = self._by_key[key]
+        logger.info("stream %s[%d]: %s (lease %s)", *stream.key, how, key)
+        await self._take(stream)
 
     async def _let_go(self, key: str, why: str) -> None:
         self.held.discard(key)

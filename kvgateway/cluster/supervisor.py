@@ -16,6 +16,7 @@ PYTHONPATH (the checkout itself when run from one without an install).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -32,6 +33,8 @@ from kvgateway import config
 from kvgateway.cluster.commands import exit_with_parent, require_nats
 from kvgateway.cluster.options import NatsOptions, options_to_argv
 from kvgateway.runtime import logging_setup
+from kvgateway.runtime.startup import StartupError
+from kvgateway.serve.server import listen
 
 logger = logging.getLogger("kvgateway.cluster")
 
@@ -121,7 +124,9 @@ def children(
         server = [binary, "-js", "-a", "127.0.0.1", "-p", nats_port, "-sd", str(store), "-l", str(nats_log(store))]
         out.append(Child("nats-server", server, output=f"its log: {nats_log(store)}"))
     ingest = _server_argv(argv, drop=config.CLIENT_ONLY)  # it has no flags for web clients' settings
-    out.append(Child("ingest", [*me, "ingest", *ingest, *nats, "--port", "0", "--exit-with-parent"], env))
+    # One member id for every start of the ingest: started again, it reclaims its own leases at once.
+    member = ["--member", f"{socket.gethostname()}-{os.getpid()}-ingest"]
+    out.append(Child("ingest", [*me, "ingest", *ingest, *nats, *member, "--port", "0", "--exit-with-parent"], env))
     for n in range(args.workers):
         edge = [*me, "edge", *shared, *nats, "--port", str(port), "--reuse-port", "--exit-with-parent"]
         out.append(Child(f"edge {n + 1}", edge, env))
@@ -130,7 +135,7 @@ def children(
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     settings = config.settings_from_args(args)
-    logging_setup.setup(settings.log_level, settings.log_format)
+    logging_setup.setup_for(settings)
     require_nats()  # (--workers is from 1 on: config.resolve_cluster checked it)
     store: Path | None = None
     if args.nats:
@@ -145,7 +150,28 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         except OSError as exc:
             raise config.ConfigError(f"--state-dir {str(store.parent)!r}: {exc.strerror or exc}") from None
         nats_urls = (f"nats://127.0.0.1:{_free_port()}",)
-    port = settings.port if settings.port else _free_port()
+    try:
+        # The port is the supervisor's before any child starts: a taken one is the single process's
+        # one line, at once. Bound (SO_REUSEPORT, not listening) for as long as the supervisor runs,
+        # so no other program takes it while edges restart; the edges listen beside it.
+        reserved = listen(settings, reuse_port=True)  # --port 0: the port the kernel gives
+    except StartupError as exc:
+        logger.error("%s", exc)
+        return 1
+    with reserved:
+        port = int(reserved.getsockname()[1])
+        return _run_children(args, argv, settings, nats_urls=nats_urls, store=store, port=port)
+
+
+def _run_children(
+    args: argparse.Namespace,
+    argv: list[str],
+    settings: config.Settings,
+    *,
+    nats_urls: tuple[str, ...],
+    store: Path | None,
+    port: int,
+) -> int:
     procs = children(args, argv, nats_urls, store, port)
     stopping: list[int] = []
 
@@ -160,15 +186,34 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             time.sleep(0.5)  # it listens within milliseconds; the roles retry anyway
     if store is not None:
         logger.info("nats-server log: %s", nats_log(store))
-    logger.info("serving on http://%s:%d/ with %d edge processes", settings.host, port, args.workers)
-    code = _supervise(procs, stopping)
+    announce = f"serving on http://{settings.host}:{port}/ with {args.workers} edge processes"
+    code = _supervise(procs, stopping, Announcement(settings.host, port, announce))
     _stop_all([c for c in procs if c.name != "nats-server"], [c for c in procs if c.name == "nats-server"])
     return code
 
 
-def _supervise(procs: list[Child], stopping: list[int]) -> int:
+@dataclass
+class Announcement:
+    """The ready line, said once an edge accepts connections on the port (nothing is announced as
+    started before the port works)."""
+
+    host: str
+    port: int
+    line: str
+    said: bool = False
+
+    def check(self) -> None:
+        if self.said:
+            return
+        with contextlib.suppress(OSError), socket.create_connection((self.host.strip("[]"), self.port), timeout=0.2):
+            self.said = True
+            logger.info("%s", self.line)
+
+
+def _supervise(procs: list[Child], stopping: list[int], announcement: Announcement) -> int:
     """Start again what exits, until a signal (0) or a child that keeps failing at start (1)."""
     while not stopping:
+        announcement.check()
         now = time.monotonic()
         for child in procs:
             if child.due is not None:

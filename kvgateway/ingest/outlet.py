@@ -36,15 +36,15 @@ from kvgateway.engine.sequencer import (
     Restart,
     Unrecovered,
 )
-from kvgateway.log.ordered import STATUS, Log, NoticeRecord, batch_record
+from kvgateway.log.ordered import STATUS, Appender, NoticeRecord, batch_record
 from kvgateway.log.staleness import Staleness
-from kvgateway.log.status import QUIET_LOSSES, StreamStatus
+from kvgateway.log.status import QUIET_LOSSES, ConnectionCode, StreamStatus
 from kvgateway.runtime.metrics import REPLAY_OUTCOMES, REPLAY_PURPOSES, LagHistogram, StreamFamilies
 
 logger = logging.getLogger("kvgateway")
 
-ConnectionHook = Callable[["StreamOutlet", bool, bool, str], None]
-"""Called with (outlet, connected, changed, reason) after each connection report."""
+ConnectionHook = Callable[["StreamOutlet", bool, bool, str, ConnectionCode], None]
+"""Called with (outlet, connected, changed, reason, its code) after each connection report."""
 
 
 class StreamOutlet:
@@ -53,7 +53,7 @@ class StreamOutlet:
     def __init__(
         self,
         config: StreamConfig,
-        log: Log,
+        log: Appender,
         *,
         clock: Callable[[], float],
         on_connection: ConnectionHook | None = None,
@@ -147,7 +147,8 @@ class StreamOutlet:
             self._reported = False
             self.report()
 
-    def connection(self, connected: bool, reason: str) -> None:
+    def connection(self, connected: bool, reason: str, code: ConnectionCode) -> None:
+        """The engine's connection came up or went down (``reason``, and ``code`` for programs)."""
         status = self.status
         before = (status.connected, status.down_reason)
         changed = status.connected != connected
@@ -158,15 +159,16 @@ class StreamOutlet:
         # that does not resolve), which stays until the connection changes or a diagnosis differs.
         if not connected and not self._diagnosed:
             status.down_reason = reason
+            status.down_code = code
         if changed:
-            self._notice("up" if connected else "down", reason=reason)
+            self._notice("up" if connected else "down", reason=reason, reason_code=code)
         if (status.connected, status.down_reason) != before:
             self._reported = False
             self.report()
         if self._on_connection is not None:
-            self._on_connection(self, connected, changed, reason)
+            self._on_connection(self, connected, changed, reason, code)
 
-    def diagnosed(self, reason: str) -> None:
+    def diagnosed(self, reason: str, code: ConnectionCode) -> None:
         """Why the stream stays down, as the gateway found out (DNS, refused, no answer): kept as its
         reason until the connection changes or the next diagnosis."""
         status = self.status
@@ -174,6 +176,7 @@ class StreamOutlet:
             self._diagnosed = True
             if status.down_reason != reason:
                 status.down_reason = reason
+                status.down_code = code
                 self._reported = False
                 self.report()
 

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Final
 
 import zmq
 
@@ -51,7 +51,7 @@ HANDSHAKE_FAILED = (
     | int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 )
 
-NOT_ZEROMQ = "not_zeromq"
+NOT_ZEROMQ: Final = "not_zeromq"
 """The reason code of a stream whose endpoint answers TCP but fails ZeroMQ's handshake."""
 
 QUIET_SECONDS = 2.0
@@ -344,7 +344,7 @@ class StreamReader:
             self._handshake_failure = None
             self._peers += 1
             if self._peers == 1:
-                self._outlet.connection(True, "connected")
+                self._outlet.connection(True, "connected", "connected")
                 # Catch up, or check that the engine behind the socket is the one we were reading.
                 self._apply(self.sequencer.on_connected(), self._clock())
         elif event & HANDSHAKE_FAILED:
@@ -352,7 +352,7 @@ class StreamReader:
             # only retries, every few hundred ms, and never says why.
             self._handshake_failure = not_zeromq_reason(self.config.endpoint)
             if self._peers == 0:
-                self._outlet.connection(False, self._handshake_failure)
+                self._outlet.connection(False, self._handshake_failure, NOT_ZEROMQ)
         elif event == DISCONNECTED:
             if self._handshake_failure is not None and self._peers == 0:
                 return  # the failed handshake's connection closing: it never was a peer
@@ -360,13 +360,16 @@ class StreamReader:
             if self._peers == 0:
                 self._begin_drain()
         elif event == BIND_FAILED:
-            self._outlet.connection(False, "bind failed")
+            self._outlet.connection(False, "bind failed", "bind_failed")
 
     def _retried(self) -> None:
         """ZeroMQ tries again: say why the stream is down (a retry after a failed handshake is no
         refusal: keep saying what failed)."""
         reason, self._handshake_failure = self._handshake_failure, None
-        self._outlet.connection(False, reason or "connection refused, retrying")
+        if reason is None:
+            self._outlet.connection(False, "connection refused, retrying", "retrying")
+        else:
+            self._outlet.connection(False, reason, NOT_ZEROMQ)
 
     def _begin_drain(self) -> None:
         """The publisher went away. What it delivered is queued before this event: it is read as
@@ -392,7 +395,7 @@ class StreamReader:
 
     def _disconnected(self) -> None:
         self.sequencer.on_disconnected()
-        self._outlet.connection(False, "disconnected")
+        self._outlet.connection(False, "disconnected", "disconnected")
 
 
 def not_zeromq_reason(endpoint: str) -> str:

@@ -15,15 +15,18 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
-from kvgateway.config import SUMMARY_STREAMS, Settings, StreamConfig, stream_lines, summary
+from kvgateway.config import SUMMARY_STREAMS, Settings, StreamConfig, stream_lines
 from kvgateway.engine.endpoints import is_ipv6, split_tcp
 from kvgateway.engine.wire import Stream
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.ingest.reader import StreamReader
-from kvgateway.log.ordered import Log
+from kvgateway.log.ordered import Appender
+from kvgateway.log.status import ConnectionCode, not_ready
+from kvgateway.runtime.fd_budget import Budget, BudgetError, open_context, raise_open_files
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.startup import StartupError
 
@@ -40,15 +43,18 @@ class Ingest:
     def __init__(
         self,
         settings: Settings,
-        log: Log,
+        log: Appender,
         metrics: Metrics,
         *,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         clock: Callable[[], float] = time.time,
         streams: list[StreamConfig] | None = None,
+        resume_after: dict[Stream, int] | None = None,
     ) -> None:
         """``streams``: the ones to read from the start (None: every configured stream); a cluster
-        ingest that shares its streams with others through leases adds and removes them later."""
+        ingest that shares its streams with others through leases adds and removes them later.
+        ``resume_after``: where each stream goes on, when this process takes it over from another
+        (the cluster: after the last batch of it the stream holds)."""
         self.settings = settings
         self.clock = clock
         self._log = log
@@ -59,11 +65,10 @@ class Ingest:
         for stream in self.streams:
             self._outlet(stream)
         self._own_context = context is None
-        self.context: zmq.Context[zmq.Socket[bytes]] = context if context is not None else zmq.Context()
+        self.context: zmq.Context[zmq.Socket[bytes]] = context if context is not None else _sized_context(settings)
         self.readers: list[StreamReader] = []
         self._slots = asyncio.Semaphore(settings.max_concurrent_replays)
-        self.resume_after: dict[Stream, int] = {}
-        """Where a stream goes on, when this process takes it over from another (the cluster)."""
+        self.resume_after: dict[Stream, int] = dict(resume_after or {})
         self._logged: dict[Stream, tuple[bool, str]] = {}  # last connection state logged
         self._diagnoses: dict[Stream, asyncio.Task[None]] = {}
         self._diagnosed_at: dict[Stream, float] = {}  # time.monotonic() of the last diagnosis
@@ -75,11 +80,12 @@ class Ingest:
         self._metrics.streams.add(outlet)
         return outlet
 
-    def start(self) -> None:
-        """Open every stream's sockets; raises :class:`StartupError`."""
+    def start(self, started: str) -> None:
+        """Open every stream's sockets, then log ``started`` (what the process is, its role's
+        line); raises :class:`StartupError`."""
         for stream in self.streams:
             self._start_reader(stream)
-        logger.info("gateway started: %s", summary(self.settings))
+        logger.info("%s", started)
         if len(self.streams) > SUMMARY_STREAMS:
             for line in stream_lines(self.settings):
                 logger.debug("stream %s", line)
@@ -147,17 +153,16 @@ class Ingest:
         for outlet in self.outlets.values():
             outlet.heartbeat()
 
-    def not_ready(self) -> list[dict[str, object]]:
-        """The streams that are down, with why, as this process reads them (the ingest's /readyz)."""
-        return [
-            {"source": key[0], "dp_rank": key[1], "reason": outlet.status.down_reason}
-            for key, outlet in self.outlets.items()
-            if not outlet.status.connected
-        ]
+    def not_ready(self) -> list[dict[str, Any]]:
+        """The streams that are down, with why, as this process reads them (the ingest's /readyz, by
+        the status board's rule: an ingest has no board, its outlets hold the statuses)."""
+        return not_ready((key, outlet.status) for key, outlet in self.outlets.items())
 
     # --- a stream that stays down -------------------------------------------------------------
 
-    def _connection(self, outlet: StreamOutlet, connected: bool, changed: bool, reason: str) -> None:
+    def _connection(
+        self, outlet: StreamOutlet, connected: bool, changed: bool, reason: str, code: ConnectionCode
+    ) -> None:
         """Log connection changes; find out why a TCP engine stays unreachable (off the loop's path)."""
         config = outlet.config
         if connected or config.bind or not config.endpoint.startswith("tcp://"):
@@ -171,15 +176,15 @@ class Ingest:
         elif key not in self._diagnoses and now - self._diagnosed_at.get(key, -1e9) >= DIAGNOSE_INTERVAL_SECONDS:
             # ZeroMQ only says "retrying": find out why (DNS, refused, no answer).
             self._diagnosed_at[key] = now
-            task = asyncio.ensure_future(self._diagnose(outlet, reason))
+            task = asyncio.ensure_future(self._diagnose(outlet, reason, code))
             self._diagnoses[key] = task
             task.add_done_callback(lambda _: self._diagnoses.pop(key, None))
 
-    async def _diagnose(self, outlet: StreamOutlet, reason: str) -> None:
+    async def _diagnose(self, outlet: StreamOutlet, reason: str, code: ConnectionCode) -> None:
         why = await diagnose_connect(outlet.config.endpoint)
         if outlet.status.connected:
             return  # it came up meanwhile
-        outlet.diagnosed(why or reason)
+        outlet.diagnosed(*(why or (reason, code)))  # TCP works: ZeroMQ's own word stands
         self._log_connection(outlet, False, outlet.status.down_reason)
 
     def _log_connection(self, outlet: StreamOutlet, connected: bool, reason: str) -> None:
@@ -190,6 +195,17 @@ class Ingest:
         self._logged[outlet.key] = (connected, reason)
         level = logging.INFO if connected and previous is None else logging.WARNING
         logger.log(level, "stream %s %s (%s)", outlet.name, "up" if connected else "down", reason)
+
+
+def _sized_context(settings: Settings) -> zmq.Context[zmq.Socket[bytes]]:
+    """A ZeroMQ context that admits every stream's sockets, the descriptor limit raised to fit;
+    raises :class:`StartupError` (one line) when the OS's hard limit cannot hold them."""
+    budget = Budget.of(settings)
+    try:
+        raise_open_files(budget)
+        return open_context(budget)
+    except BudgetError as exc:
+        raise StartupError(str(exc)) from None
 
 
 def _zmq_failure(stream: StreamConfig, exc: zmq.ZMQError) -> str:
@@ -215,10 +231,11 @@ def _zmq_failure(stream: StreamConfig, exc: zmq.ZMQError) -> str:
     return f"source {stream.source!r} rank {stream.dp_rank}: cannot {verb} {stream.endpoint}: {reason}{hint}"
 
 
-async def diagnose_connect(endpoint: str, within: float = 3.0) -> str | None:
-    """Why a TCP connection to ``endpoint`` fails, as the OS says it: the name does not resolve,
-    connection refused, no answer... None when a TCP connection works (the engine is up again,
-    or speaks no ZeroMQ: the reader's monitor tells that, from the failed handshake)."""
+async def diagnose_connect(endpoint: str, within: float = 3.0) -> tuple[str, ConnectionCode] | None:
+    """Why a TCP connection to ``endpoint`` fails, as the OS says it (the name does not resolve,
+    connection refused, no answer...), with its code. None when a TCP connection works (the
+    engine is up again, or speaks no ZeroMQ: the reader's monitor tells that, from the failed
+    handshake)."""
     parts = split_tcp(endpoint)
     if parts is None or not parts[1].isdigit():
         return None
@@ -227,18 +244,18 @@ async def diagnose_connect(endpoint: str, within: float = 3.0) -> str | None:
     try:
         infos = await asyncio.wait_for(loop.getaddrinfo(host, int(port), type=socket.SOCK_STREAM), within)
     except TimeoutError:
-        return f"cannot resolve host {host!r}: no answer from DNS within {within:g} s"
+        return f"cannot resolve host {host!r}: no answer from DNS within {within:g} s", "unresolved"
     except socket.gaierror as exc:
-        return f"cannot resolve host {host!r}: {str(exc.strerror or exc).lower()}"
+        return f"cannot resolve host {host!r}: {str(exc.strerror or exc).lower()}", "unresolved"
     # As ZeroMQ does without IPV6 set: IPv4 addresses of a name, the address itself for a literal.
     family = socket.AF_INET6 if is_ipv6(endpoint) else socket.AF_INET
     addresses = [info[4] for info in infos if info[0] == family] or [infos[0][4]]
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(str(addresses[0][0]), int(port)), within)
     except TimeoutError:
-        return f"no answer from {endpoint} within {within:g} s, retrying"
+        return f"no answer from {endpoint} within {within:g} s, retrying", "no_answer"
     except OSError as exc:
         text = os.strerror(exc.errno).lower() if exc.errno else str(exc)
-        return f"{text}, retrying"
+        return f"{text}, retrying", "refused" if exc.errno == errno.ECONNREFUSED else "unreachable"
     writer.close()
     return None

@@ -25,6 +25,7 @@ from typing import Annotated, Any, Final, Literal, TypeAlias
 import msgspec
 
 from kvgateway.engine.wire import Stream
+from kvgateway.log.status import ConnectionCode
 
 MessageType: TypeAlias = Literal["hello", "batch", "notice", "state", "digest"]
 StreamNoticeKind: TypeAlias = Literal["restart", "unrecovered_gap", "degraded", "up", "down"]
@@ -82,6 +83,7 @@ class OutMessage(msgspec.Struct, gc=False, eq=False):
     _text: str | None = None
     _sse: bytes | None = None
     _deprecated: OutMessage | None = None  # with_deprecated_copies' answer, once asked
+    _int_seqs: OutMessage | None = None  # with_int_seqs' answer, once asked
 
     @property
     def text(self) -> str:
@@ -124,6 +126,19 @@ def sse_preamble(retry_ms: int) -> bytes:
     return f"retry: {retry_ms}\n\n".encode()
 
 
+# --- engine seqs ------------------------------------------------------------------------
+
+
+def seq_text(seq: int) -> str:
+    """An engine seq as every message and document carries it: a decimal string.
+
+    Engine seqs are unsigned 64-bit (TensorRT-LLM's start at ``time_ns``, about 1.8e18), beyond
+    the 2^53 up to which a JavaScript ``JSON.parse`` keeps integers exact; as strings, like
+    hashes, they stay exact in every client. A client written against numbers asks for
+    ``compat=int_seqs`` (:func:`with_int_seqs`)."""
+    return str(seq)
+
+
 # --- hello --------------------------------------------------------------------------------
 
 
@@ -155,7 +170,7 @@ class _BatchHead(msgspec.Struct, gc=False):
     offset: int
     source: str
     dp_rank: int
-    seq: int
+    seq: str  # seq_text
     ts: float
 
 
@@ -224,7 +239,7 @@ def encode_batch(
 ) -> EncodedBatch:
     """A batch message at ``offset``: the head, then the events encoded once (:func:`encode_events`)."""
     msg_id = message_id(epoch, offset)
-    head = _encoder.encode(_BatchHead(BATCH, msg_id, offset, source, dp_rank, seq, ts))
+    head = _encoder.encode(_BatchHead(BATCH, msg_id, offset, source, dp_rank, seq_text(seq), ts))
     data = b"".join((head[:-1], _EVENTS_OPEN, events.body, _EVENTS_CLOSE))
     return EncodedBatch(OutMessage(data, BATCH, msg_id), len(head) - 1 + len(_EVENTS_OPEN), events.ends.tobytes())
 
@@ -240,7 +255,8 @@ class _RestartFields(msgspec.Struct, forbid_unknown_fields=True):
     # leapt (seq_reset, window, reconnect, cleared, jump), or, for identity, the seq whose payload
     # differed or that the new process no longer held (then equal to ``previous``).
     seq: _Seq
-    # the last one delivered before it: -1 when nothing was since an earlier restart, None if never
+    # the last one delivered before it; -1 (the sequencer's word) or None: none since an earlier
+    # restart or the start, sent as null (compat=int_seqs: -1, as 0.1 sent it)
     previous: Annotated[int, msgspec.Meta(ge=-1)] | None
     reason: _Reason
 
@@ -252,8 +268,15 @@ class _GapFields(msgspec.Struct, forbid_unknown_fields=True):
     reason: _Reason
 
 
-class _ReasonFields(msgspec.Struct, forbid_unknown_fields=True):
+class _UpFields(msgspec.Struct, forbid_unknown_fields=True):
+    reason: _Reason  # one line for people
+    reason_code: ConnectionCode = "connected"  # the same, for programs (kvgateway.log.status)
+
+
+class _DownFields(msgspec.Struct, forbid_unknown_fields=True):
     reason: _Reason
+    # a record from an ingest older than reason_code (a cluster's log) gets the broadest code
+    reason_code: ConnectionCode = "disconnected"
 
 
 DegradedCode: TypeAlias = Literal["evicted", "transit", "no_answer", "no_replay", "not_sent", "overflow"]
@@ -279,12 +302,30 @@ name (:func:`with_deprecated_copies`)."""
 
 class _StaleFields(msgspec.Struct, forbid_unknown_fields=True):
     reason: _Reason  # history_truncated, unrecovered, undecodable
-    seq: _Seq | None = None  # history_truncated: the first seq the engine still held; undecodable: its seq
-    detail: _Reason | None = None
+    # history_truncated: the first seq the engine still held; unrecovered: the first lost; undecodable: its seq
+    seq: _Seq
+    detail: _Reason  # one line for people
 
 
 class _StatusFields(msgspec.Struct, forbid_unknown_fields=True):
     status: dict[str, Any]  # the stream's /v1/sources entry (kvgateway.log.status.StreamStatus.to_json)
+
+
+SEQ_FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    "restart": ("seq", "previous"),
+    "unrecovered_gap": ("first", "until"),
+    "stale": ("seq",),
+}
+"""Per notice kind, its fields that hold an engine seq: integers in the log's records, decimal
+strings (:func:`seq_text`) in the messages. A status notice's is ``status.last_seq``, a
+string already (:meth:`kvgateway.log.status.StreamStatus.to_json`)."""
+
+
+def _seqs_as_text(body: dict[str, Any], names: tuple[str, ...]) -> None:
+    for name in names:
+        value = body[name]
+        # restart.previous: -1 or None, nothing delivered since an earlier restart or the start
+        body[name] = None if value is None or value < 0 else seq_text(value)
 
 
 _NOTICE_FIELDS: Final[dict[str, type[msgspec.Struct]]] = {
@@ -293,8 +334,8 @@ _NOTICE_FIELDS: Final[dict[str, type[msgspec.Struct]]] = {
     "unrecovered_gap": _GapFields,
     "degraded": _DegradedFields,
     "stale": _StaleFields,
-    "up": _ReasonFields,
-    "down": _ReasonFields,
+    "up": _UpFields,
+    "down": _DownFields,
 }
 
 
@@ -309,7 +350,8 @@ def encode_stream_notice(
 
     ``fields`` must be exactly the kind's own fields (restart: seq, previous, reason;
     unrecovered_gap: first, until, count, reason; stale: reason, seq, detail; degraded: reason,
-    reason_code; up, down: reason). Deprecated copies (:data:`DEPRECATED_COPIES`) are not added
+    reason_code; up, down: reason, reason_code), seqs as integers (sent as strings:
+    :data:`SEQ_FIELDS`). Deprecated copies (:data:`DEPRECATED_COPIES`) are not added
     here: :func:`with_deprecated_copies` makes them for the clients that ask.
     """
     spec = _NOTICE_FIELDS.get(kind)
@@ -329,6 +371,7 @@ def encode_stream_notice(
         "dp_rank": dp_rank,
     }
     body.update(msgspec.structs.asdict(checked))
+    _seqs_as_text(body, SEQ_FIELDS.get(kind, ()))
     return OutMessage(_encoder.encode(body), NOTICE, msg_id)
 
 
@@ -359,6 +402,70 @@ def with_deprecated_copies(message: OutMessage) -> OutMessage:
             variant = _AS_IS
         message._deprecated = variant
     return message if variant is _AS_IS else variant
+
+
+_SEQ_KEY: Final = b',"seq":"'
+"""Where a batch's seq begins: its head is ours, and a quote inside a JSON string is escaped, so
+the first match is the head's field."""
+
+
+def with_int_seqs(message: OutMessage) -> OutMessage:
+    """``message`` as a client written against integer seqs (``compat=int_seqs``, until 0.2.0)
+    gets it: every engine seq a number, ``restart.previous`` -1 for none; anything else itself.
+
+    Made on first demand and cached on ``message``, as :func:`with_deprecated_copies` does, so a
+    gateway whose clients never ask encodes nothing more. A batch's seq is unquoted in place (its
+    events are not decoded again); a hello or a notice, rare, is decoded and encoded again."""
+    variant = message._int_seqs
+    if variant is None:
+        data = message.data
+        at = data.find(_SEQ_KEY) if message.type == BATCH else -1
+        if at >= 0:
+            start = at + len(_SEQ_KEY)
+            end = data.index(b'"', start)
+            data = b"".join((data[: start - 1], data[start:end], data[end + 1 :]))
+        elif message.type not in (NOTICE, HELLO):
+            data = b""  # no seq in it (state, digest, ...): sent as it is
+        else:
+            body = msgspec.json.decode(data)
+            changed = _encoder.encode(int_seqs_body(body))
+            data = b"" if changed == data else changed  # up, down, degraded: no seq, sent as they are
+        # its own answer is itself, and its gap_last copies are made before it (with_compat)
+        variant = OutMessage(data, message.type, message.id, _deprecated=_AS_IS, _int_seqs=_AS_IS) if data else _AS_IS
+        message._int_seqs = variant
+    return message if variant is _AS_IS else variant
+
+
+def int_seqs_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A decoded hello, notice or /v1/sources document with integer seqs (changed in place)."""
+    for status in body.get("sources", ()):
+        int_seqs_status(status)
+    if body.get("type") == NOTICE:
+        kind = str(body.get("kind"))
+        if kind == "status":
+            int_seqs_status(body["status"])
+        for name in SEQ_FIELDS.get(kind, ()) + (("last",) if "last" in body else ()):
+            value = body[name]
+            body[name] = -1 if value is None else int(value)
+    return body
+
+
+def int_seqs_status(status: dict[str, Any]) -> dict[str, Any]:
+    """A stream's status (its /v1/sources entry) with ``last_seq`` a number (changed in place)."""
+    last_seq = status.get("last_seq")
+    if last_seq is not None:
+        status["last_seq"] = int(last_seq)
+    return status
+
+
+def with_compat(message: OutMessage, *, gap_last: bool, int_seqs: bool) -> OutMessage:
+    """``message`` for a client that asked for deprecated forms (``compat``): each variant made
+    once and shared, the int seqs one on top of the gap_last one."""
+    if gap_last:
+        message = with_deprecated_copies(message)
+    if int_seqs:
+        message = with_int_seqs(message)
+    return message
 
 
 def encode_digest(source: str, dp_rank: int, offset: int, digest: str, blocks: int) -> OutMessage:

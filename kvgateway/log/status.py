@@ -9,10 +9,12 @@ those reports and the batches after them (:meth:`StreamStatus.take_report`,
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, Literal, TypeAlias, get_args
 
 from kvgateway.config import StreamConfig
+from kvgateway.engine.wire import Stream
 from kvgateway.runtime.metrics import LOSS_REASONS, StreamFamilies
 
 DEGRADED_SECONDS = 60.0
@@ -30,6 +32,33 @@ COUNTERS = (
     "history_truncations",
 )
 
+ConnectionCode: TypeAlias = Literal[
+    "connected",
+    "disconnected",
+    "retrying",
+    "refused",
+    "unresolved",
+    "no_answer",
+    "unreachable",
+    "bind_failed",
+    "not_zeromq",
+    "never_connected",
+    "ingest_unreachable",
+]
+"""Why a stream is up or down, for programs: the ``reason_code`` beside the one line ``reason`` of
+``up`` / ``down`` notices and of a stream's status (docs/protocol.md lists what each means).
+A closed vocabulary: a new code is a new release's."""
+CONNECTION_CODES: Final[tuple[str, ...]] = get_args(ConnectionCode)
+_CODES: Final[dict[str, ConnectionCode]] = {code: code for code in get_args(ConnectionCode)}
+NEVER_CONNECTED: Final = "never connected"
+
+
+def connection_code(value: object, connected: bool) -> ConnectionCode:
+    """A record's ``reason_code``; a record without one (an older ingest's) gets the broadest."""
+    code = _CODES.get(value) if isinstance(value, str) else None
+    return code or ("connected" if connected else "disconnected")
+
+
 QUIET_LOSSES = frozenset({"restart"})
 """Loss reasons that do not make a stream degraded: batches a restarted engine published before the
 gateway reconnected are an ordinary part of a restart (the restart notice says so)."""
@@ -39,7 +68,8 @@ gateway reconnected are an ordinary part of a restart (the restart notice says s
 class StreamStatus:
     config: StreamConfig
     connected: bool = False
-    down_reason: str = "never connected"
+    down_reason: str = NEVER_CONNECTED
+    down_code: ConnectionCode = "never_connected"
     last_seq: int | None = None
     lag_seconds: float | None = None
     last_loss_at: float | None = None
@@ -72,6 +102,7 @@ class StreamStatus:
             "bind": cfg.bind,
             "connected": self.connected,
             "reason": self.down_reason,
+            "reason_code": self.down_code,
             "last_seq": self.last_seq,
             "lag_seconds": self.lag_seconds,
             "last_loss_at": self.last_loss_at,
@@ -99,6 +130,7 @@ class StreamStatus:
         """A ``status`` notice's fields (:meth:`report`): the ingest's view replaces this one."""
         self.connected = bool(fields["connected"])
         self.down_reason = str(fields["reason"])
+        self.down_code = connection_code(fields.get("reason_code"), self.connected)
         self.last_seq = fields["last_seq"]
         self.lag_seconds = fields["lag_seconds"]
         self.last_loss_at = fields["last_loss_at"]
@@ -142,9 +174,11 @@ class StreamStatus:
             "state": self.state(now, stale),
             "connected": self.connected,
             "reason": None if self.connected else self.down_reason,
+            "reason_code": None if self.connected else self.down_code,
             "stale": stale,
             "stale_reason": stale_reason if stale else None,
-            "last_seq": self.last_seq,
+            # a decimal string, as every engine seq a client gets (kvgateway.log.messages.seq_text)
+            "last_seq": None if self.last_seq is None else str(self.last_seq),
             "lag_seconds": self.lag_seconds,
             "counters": dict(self.counters),
             "unrecovered_by_reason": dict(sorted(self.losses.items())),
@@ -162,3 +196,13 @@ STATUS_FAMILIES = (
     ("history_truncations", "history_truncations"),
 )
 """Metric families read from the status counters (one number serves /v1/sources and Prometheus)."""
+
+
+def not_ready(statuses: Iterable[tuple[Stream, StreamStatus]]) -> list[dict[str, Any]]:
+    """The streams that are down, with why: /readyz's one rule (the status board's statuses, or an
+    ingest's own)."""
+    return [
+        {"source": key[0], "dp_rank": key[1], "reason": status.down_reason}
+        for key, status in statuses
+        if not status.connected
+    ]

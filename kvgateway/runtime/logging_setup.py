@@ -10,6 +10,8 @@ import time
 from typing import Any
 from urllib.parse import quote, unquote_plus
 
+from kvgateway.config import Settings
+
 _QUERY_PAIR = re.compile(r"([?&])([^=&\s\"'?]*)=([^&\s\"']*)")
 _SECRET_NAMES = frozenset({"token", "access_token"})
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=%-]+")
@@ -68,6 +70,12 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info).splitlines()[-1]
         return json.dumps(entry, ensure_ascii=False)
+
+
+def setup_for(settings: Settings) -> None:
+    """A process's logging as its settings say (every command's, the supervisor's too): level,
+    format, and the token redacted from every line."""
+    setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
 
 
 def setup(level: str = "info", fmt: str = "text", secrets: tuple[str, ...] = ()) -> None:

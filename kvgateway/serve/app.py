@@ -19,17 +19,18 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
+from kvgateway.log import messages
 from kvgateway.log.messages import schema_bytes
 from kvgateway.serve.dashboard_api import DashboardData, analytics_endpoint, history_endpoint
 from kvgateway.serve.errors import json_error
-from kvgateway.serve.http_query import bad_request, route_query
+from kvgateway.serve.http_query import bad_request, read_query
 from kvgateway.serve.hub import TooManyClients
 from kvgateway.serve.middleware import PROTECTED_PREFIX, Authentication, HostCheck, SecurityHeaders
-from kvgateway.serve.query import BadRequest, ClientRequest
+from kvgateway.serve.query import INT_SEQS, BadRequest, ClientRequest
+from kvgateway.serve.role import Role
 from kvgateway.serve.router_api import ROUTER_ROUTES
-from kvgateway.serve.serving import Service, Serving
+from kvgateway.serve.serving import Serving
 from kvgateway.serve.sessions import WS_CLOSE, sse_stream, ws_session
-from kvgateway.serve.subscription import Subscription, Transport
 
 logger = logging.getLogger("kvgateway.web")
 
@@ -47,16 +48,18 @@ def static_dir() -> Path:
 
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    """The service (on ``app.state``) runs while the app does: started before the first request."""
-    service: Service = app.state.service
-    dashboard_data: DashboardData = app.state.dashboard_data
+    """The role (on ``app.state``) runs while the app does: started before the first request."""
+    role: Role = app.state.role
+    dashboard_data: DashboardData | None = getattr(app.state, "dashboard_data", None)
     try:
-        await service.start()
-        dashboard_data.start()
+        await role.start()
+        if dashboard_data is not None:
+            dashboard_data.start()
         yield
     finally:
-        await dashboard_data.stop()
-        await service.stop()
+        if dashboard_data is not None:
+            await dashboard_data.stop()
+        await role.stop()
 
 
 def _gateway(conn: HTTPConnection) -> Serving:
@@ -64,44 +67,61 @@ def _gateway(conn: HTTPConnection) -> Serving:
     return serving
 
 
-# --- routes (the token is checked before them: middleware.Authentication) ------------------------
+# --- the probes: every role's (the token is checked before the routes: middleware.Authentication) ---
 
 
 async def healthz(request: Request) -> Response:
-    gateway = _gateway(request)
-    return JSONResponse(
-        {"status": "ok", "epoch": gateway.hub.epoch, "uptime_seconds": gateway.clock() - gateway.started_at}
-    )
+    role: Role = request.app.state.role
+    return JSONResponse({"status": "ok", **role.health()})
 
 
 async def readyz(request: Request) -> Response:
-    service: Service = request.app.state.service
-    ready, not_ready = service.readiness()
-    streams = len(service.serving.board.streams)
-    return JSONResponse({"ready": ready, "streams": streams, "not_ready": not_ready}, status_code=200 if ready else 503)
+    role: Role = request.app.state.role
+    ready, body = role.readiness()
+    return JSONResponse({"ready": ready, **body}, status_code=200 if ready else 503)
 
 
 async def metrics_endpoint(request: Request) -> Response:
-    service: Service = request.app.state.service
-    service.refresh_gauges()
-    body, content_type = service.serving.metrics.exposition()
+    role: Role = request.app.state.role
+    role.refresh_gauges()
+    body, content_type = role.metrics.exposition()
     return Response(body, media_type=content_type)
+
+
+PROBE_ROUTES: Final[list[Route | WebSocketRoute]] = [
+    Route("/healthz", healthz),
+    Route("/readyz", readyz),
+    Route("/metrics", metrics_endpoint),
+]
+
+
+def probe_app(role: Role) -> Starlette:
+    """The app of a role that serves no clients (an ingest): the probes and metrics, and the
+    lifespan that starts and stops it."""
+    app = Starlette(routes=list(PROBE_ROUTES), lifespan=lifespan)
+    app.state.role = role
+    return app
+
+
+# --- the web protocol ----------------------------------------------------------------------------
 
 
 async def sources(request: Request) -> Response:
     gateway = _gateway(request)
     try:
-        client, _ = route_query(request, "/v1/sources")
+        client, _ = read_query(request, "/v1/sources")
     except BadRequest as exc:
         return bad_request(gateway, exc)
     statuses = gateway.statuses(client.filter)
+    if INT_SEQS in client.compat:  # a client written against integer seqs, until 0.2.0
+        statuses = [messages.int_seqs_status(status) for status in statuses]
     return JSONResponse({"offset": gateway.hub.offset, "epoch": gateway.hub.epoch, "sources": statuses})
 
 
 async def occupancy(request: Request) -> Response:
     gateway = _gateway(request)
     try:
-        client, _ = route_query(request, "/v1/occupancy")
+        client, _ = read_query(request, "/v1/occupancy")
     except BadRequest as exc:
         return bad_request(gateway, exc)
     body = gateway.snapshot(client_filter=client.filter)
@@ -112,7 +132,7 @@ async def occupancy(request: Request) -> Response:
 
 async def schema(request: Request) -> Response:
     try:
-        route_query(request, "/v1/schema")
+        read_query(request, "/v1/schema")
     except BadRequest as exc:
         return bad_request(_gateway(request), exc)
     return Response(SCHEMA, media_type="application/schema+json")
@@ -122,11 +142,7 @@ def _client_request(conn: HTTPConnection, transport: str) -> ClientRequest:
     # EventSource resends the page's original URL on reconnect: its Last-Event-ID header wins.
     header = conn.headers.get("last-event-id") if transport == "sse" else None
     route = "/v1/events" if transport == "sse" else "/v1/ws"
-    return _gateway(conn).hub.route_query(route, conn.query_params, last_event_id=header)[0]
-
-
-async def _subscribe(gateway: Serving, client: ClientRequest, transport: Transport) -> Subscription:
-    return await gateway.subscribe(client, transport)
+    return read_query(conn, route, last_event_id=header)[0]
 
 
 async def events(request: Request) -> Response:
@@ -138,7 +154,7 @@ async def events(request: Request) -> Response:
         metrics.client_rejections.labels("sse", "bad_request").inc()
         return json_error(400, str(exc))
     try:
-        subscription = await _subscribe(gateway, client, "sse")
+        subscription = await gateway.subscribe(client, "sse")
     except TooManyClients:
         metrics.client_rejections.labels("sse", "too_many_clients").inc()
         return json_error(503, "too many clients", **{"Retry-After": "5"})
@@ -160,7 +176,7 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
         await websocket.send_denial_response(json_error(400, str(exc)))
         return
     try:
-        subscription = await _subscribe(gateway, client, "ws")
+        subscription = await gateway.subscribe(client, "ws")
     except TooManyClients:
         metrics.client_rejections.labels("ws", "too_many_clients").inc()
         code, reason = WS_CLOSE["too_many_clients"]
@@ -171,9 +187,7 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
 
 
 ROUTES: Final[list[Route | WebSocketRoute]] = [
-    Route("/healthz", healthz),
-    Route("/readyz", readyz),
-    Route("/metrics", metrics_endpoint),
+    *PROBE_ROUTES,
     Route("/v1/sources", sources),
     Route("/v1/occupancy", occupancy),
     Route("/v1/history", history_endpoint),
@@ -203,13 +217,19 @@ async def not_found(request: Request, exc: Exception) -> Response:
     return json_error(404, f"no such endpoint: {path[:200]} (see docs/protocol.md)")
 
 
-def create_app(service: Service) -> Starlette:
-    """The web app of ``service`` (one process, or an edge), which its lifespan starts and stops."""
+def create_app(role: Role, serving: Serving) -> Starlette:
+    """The web app of ``role`` (one process, or an edge) and its serving half; the app's lifespan
+    starts and stops the role."""
     routes = [*ROUTES, Mount("/", app=StaticFiles(directory=static_dir(), html=True), name="static")]
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
-    app.state.service = service
-    gateway = app.state.serving = service.serving
+    app.state.role = role
+    gateway = app.state.serving = serving
     app.state.dashboard_data = DashboardData(gateway)
+    settings = gateway.settings
+    if settings.allow_unauthenticated and settings.token is None:
+        logging.getLogger("kvgateway").warning(
+            "authentication is OFF on %s:%d (--allow-unauthenticated)", settings.host, settings.port
+        )
     # The last added runs first: headers on every answer, then the Host, then Origin and token.
     app.add_middleware(Authentication, settings=gateway.settings, metrics=gateway.metrics)
     app.add_middleware(HostCheck, settings=gateway.settings, metrics=gateway.metrics)

@@ -2,10 +2,10 @@
 ``GET /v1/analytics``.
 
 Thin: the series live in :mod:`kvgateway.state.history` and the analytics in
-:mod:`kvgateway.state.analytics` (both sans-I/O). This module follows the ordered log (the time of
-each stream's last batch, the analytics), reads the index and statuses every interval, and serves
-the documents. The app creates one :class:`DashboardData` per gateway; its lifespan starts and
-stops the sampler.
+:mod:`kvgateway.state.analytics` (both sans-I/O; they follow the log, wired with the serving
+half's other followers in :class:`~kvgateway.serve.serving.Serving`). This module reads the index
+and statuses every interval, and serves the documents. The app creates one :class:`DashboardData`
+per gateway; its lifespan starts and stops the sampler.
 """
 
 from __future__ import annotations
@@ -14,21 +14,15 @@ import asyncio
 import logging
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kvgateway.engine.wire import Stream
-from kvgateway.log.ordered import BatchRecord
-from kvgateway.log.ring import Entry
-from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.tasks import cancel_and_wait
-from kvgateway.serve.http_query import bad_request, route_query
+from kvgateway.serve.http_query import bad_request, read_query
 from kvgateway.serve.query import BadRequest
-from kvgateway.state.analytics import CacheAnalytics
-from kvgateway.state.attribution import Attribution
 from kvgateway.state.history import History, MediumReading, StreamReading
 from kvgateway.state.occupancy import StreamIndex
 
@@ -41,64 +35,15 @@ PREFIX_EVERY: Final = 6
 """The prefix-spread gauge is refreshed every this many samples (30 s): it looks blocks up in every stream."""
 
 
-class MetricsSink:
-    """The analytics' observations into the Prometheus catalogue (children resolved once)."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-        self._children: dict[tuple[Stream, str], tuple[Any, Any, Any]] = {}
-
-    def _of(self, stream: Stream, tier: str) -> tuple[Any, Any, Any]:
-        children = self._children.get((stream, tier))
-        if children is None:
-            labels = (stream[0], str(stream[1]), tier)
-            m = self._metrics
-            children = (
-                m.block_lifetime.labels(*labels),
-                m.sampled_evictions.labels(*labels),
-                m.block_refetches.labels(*labels),
-            )
-            self._children[(stream, tier)] = children
-        return children
-
-    def lifetime(self, stream: Stream, tier: str, seconds: float) -> None:
-        self._of(stream, tier)[0].observe(seconds)
-
-    def eviction(self, stream: Stream, tier: str, refetched: bool) -> None:
-        children = self._of(stream, tier)
-        (children[2] if refetched else children[1]).inc()
-
-
-class Activity:
-    """Follows the log: when each stream's last batch (and last live batch) was received."""
-
-    __slots__ = ("last_batch", "last_live")
-
-    def __init__(self) -> None:
-        self.last_batch: dict[Stream, float] = {}
-        self.last_live: dict[Stream, float] = {}
-
-    def follow(self, entry: Entry) -> None:
-        record = entry.record
-        if type(record) is BatchRecord:
-            self.last_batch[record.stream] = record.received
-            if not record.replayed:
-                self.last_live[record.stream] = record.received
-
-
 class DashboardData:
-    """The history of one gateway, its sampler task, and what follows the log for it."""
+    """The history of one gateway and its sampler task."""
 
     def __init__(self, gateway: Serving, history: History | None = None) -> None:
         self.gateway = gateway
         self.history = history if history is not None else History()
-        self.activity = Activity()
-        self.analytics = CacheAnalytics(MetricsSink(gateway.metrics), gateway.settings.refetch_window)
-        self.attribution = Attribution(gateway.settings.refetch_window)
-        gateway.index.observe(self.attribution)
-        gateway.metrics.streams.add(self.attribution)
-        gateway.log.follow(self.activity.follow)
-        gateway.log.follow(self.analytics.follow)
+        self.activity = gateway.activity  # both follow the log (wired in Serving)
+        self.analytics = gateway.analytics
+        self.attribution = gateway.attribution
         self._task: asyncio.Task[None] | None = None
         self._samples = 0
 
@@ -195,7 +140,7 @@ async def history_endpoint(request: Request) -> Response:
     data: DashboardData = request.app.state.dashboard_data
     gateway = data.gateway
     try:
-        client, own = route_query(request, "/v1/history")
+        client, own = read_query(request, "/v1/history")
         since, step = parse_history_query(own, data.history.interval)
     except BadRequest as exc:
         return bad_request(gateway, exc)
@@ -207,7 +152,7 @@ async def analytics_endpoint(request: Request) -> Response:
     data: DashboardData = request.app.state.dashboard_data
     gateway = data.gateway
     try:
-        client, _ = route_query(request, "/v1/analytics")
+        client, _ = read_query(request, "/v1/analytics")
     except BadRequest as exc:
         return bad_request(gateway, exc)
     streams = gateway.routers.matching(gateway.board.streams, client.filter)

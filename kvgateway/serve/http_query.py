@@ -10,17 +10,23 @@ from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
 from kvgateway.serve.errors import json_error
-from kvgateway.serve.query import BadRequest, ClientRequest
+from kvgateway.serve.query import BadRequest, ClientRequest, route_query
 
 if TYPE_CHECKING:
     from kvgateway.serve.serving import Serving
 
 
-def route_query(conn: HTTPConnection, route: str) -> tuple[ClientRequest, dict[str, list[str]]]:
+def read_query(
+    conn: HTTPConnection, route: str, *, last_event_id: str | None = None
+) -> tuple[ClientRequest, dict[str, list[str]]]:
     """The stream filter (source, dp_rank, ...) of a request to ``route`` and the route's own
-    parameters; raises :class:`BadRequest`."""
-    gateway: Serving = conn.app.state.serving
-    return gateway.hub.route_query(route, conn.query_params)
+    parameters, against the configured streams (:func:`kvgateway.serve.query.route_query`);
+    raises :class:`BadRequest`."""
+    serving: Serving = conn.app.state.serving
+    hub = serving.hub
+    return route_query(
+        route, conn.query_params, sources=hub.source_names, last_event_id=last_event_id, streams=hub.configured
+    )
 
 
 def bad_request(gateway: Serving, exc: BadRequest) -> Response:

@@ -25,7 +25,7 @@ from kvgateway.log.ordered import Log
 from kvgateway.log.resume import resume_after
 from kvgateway.log.ring import Entry
 from kvgateway.runtime.metrics import HubMetrics
-from kvgateway.serve.query import GAP_LAST, ClientRequest, QueryInput, check_ranks, parse_query, route_query
+from kvgateway.serve.query import GAP_LAST, INT_SEQS, ClientRequest
 from kvgateway.serve.subscription import CloseReason, Subscription, Transport
 
 logger = logging.getLogger("kvgateway.hub")
@@ -70,7 +70,6 @@ class Hub:
         self._digest_clients: dict[Subscription, None] = {}  # those that asked digest=SECONDS
         # subscribers per stream, so an entry visits only the clients that want it
         self._by_stream: dict[Stream, dict[Subscription, None]] = {stream: {} for stream in sources}
-        log.follow(self._on_entry)
 
     @property
     def epoch(self) -> str:
@@ -88,23 +87,9 @@ class Hub:
     def can_accept(self) -> bool:
         return not self._closed and len(self._clients) < self.max_clients
 
-    def parse_query(self, params: QueryInput, *, last_event_id: str | None = None) -> ClientRequest:
-        """:func:`kvgateway.serve.query.parse_query` against this hub's configured streams."""
-        request = parse_query(params, sources=self.source_names, last_event_id=last_event_id)
-        check_ranks(request.filter, self.configured)
-        return request
-
-    def route_query(
-        self, route: str, params: QueryInput, *, last_event_id: str | None = None
-    ) -> tuple[ClientRequest, dict[str, list[str]]]:
-        """:func:`kvgateway.serve.query.route_query` against this hub's configured source names."""
-        return route_query(
-            route, params, sources=self.source_names, last_event_id=last_event_id, streams=self.configured
-        )
-
     # following the log
 
-    def _on_entry(self, entry: Entry) -> None:
+    def follow(self, entry: Entry) -> None:
         started = perf_counter()
         subscribers = self._by_stream.get(entry.stream)
         if subscribers is None:  # a stream outside the configuration: index it on first use
@@ -182,7 +167,8 @@ class Hub:
             recovered=point.recovered,
             limit=self.client_queue_bytes,
             metrics=self.metrics,
-            deprecated_copies=GAP_LAST in request.compat,
+            gap_last=GAP_LAST in request.compat,
+            int_seqs=INT_SEQS in request.compat,
         )
         if request.digest is not None:
             sub.digest_every = request.digest

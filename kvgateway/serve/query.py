@@ -47,10 +47,13 @@ PARAMETERS: Final = ("source", "dp_rank", "type", "medium", "last_event_id", "sn
 SNAPSHOTS: Final = ("blocks",)
 """Values of ``snapshot``: what a client that is not recovered receives after the hello."""
 GAP_LAST: Final = "gap_last"
-COMPATS: Final = (GAP_LAST,)
-"""Values of ``compat``: a deprecated field a client written against an older release still reads,
-sent to that client until the field's removal (docs/protocol.md, "Deprecated fields").
-``gap_last``: ``unrecovered_gap``'s ``until`` also as ``last`` (until 0.2.0)."""
+INT_SEQS: Final = "int_seqs"
+COMPATS: Final = (GAP_LAST, INT_SEQS)
+"""Values of ``compat``: a deprecated form a client written against an older release still reads,
+sent to that client until its removal (docs/protocol.md, "Deprecated fields").
+``gap_last``: ``unrecovered_gap``'s ``until`` also as ``last`` (until 0.2.0).
+``int_seqs``: engine seqs as JSON numbers rather than decimal strings, ``restart.previous`` -1
+rather than null for none (until 0.2.0; also on ``GET /v1/sources``)."""
 DIGEST_SECONDS: Final = (1, 3600)
 """The range of ``digest`` (whole seconds between two digests of a stream)."""
 DIGEST_TYPES: Final = frozenset({"BlockStored", "BlockRemoved", "AllBlocksCleared"})
@@ -64,7 +67,7 @@ SELECT: Final = ("source", "dp_rank", "token")
 ROUTE_PARAMETERS: Final[Mapping[str, tuple[str, ...]]] = {
     "/v1/ws": PARAMETERS,
     "/v1/events": PARAMETERS,
-    "/v1/sources": SELECT,
+    "/v1/sources": ("source", "dp_rank", "compat", "token"),
     "/v1/occupancy": SELECT,
     "/v1/analytics": SELECT,
     "/v1/history": ("source", "dp_rank", "medium", "since", "step", "token"),

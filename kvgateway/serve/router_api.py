@@ -15,7 +15,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from kvgateway.serve.errors import json_error
-from kvgateway.serve.http_query import bad_request, route_query
+from kvgateway.serve.http_query import bad_request, read_query
 from kvgateway.serve.query import BadRequest, check_once
 from kvgateway.serve.router_state import BlockSnapshot, TooManySnapshots, without_gc
 from kvgateway.state import blocks
@@ -38,7 +38,7 @@ def _streams(request: Request, gateway: Serving, route: str) -> tuple[list[Strea
     """The configured streams that ``source``/``dp_rank`` select, and the value of each of the
     route's own parameters; raises :class:`BadRequest` (what ``route`` accepts:
     :data:`kvgateway.serve.query.ROUTE_PARAMETERS`)."""
-    client, own = route_query(request, route)
+    client, own = read_query(request, route)
     found: dict[str, str] = {}
     for name, values in own.items():
         check_once(name, values)

@@ -1,6 +1,6 @@
 """The one runner of every command that serves HTTP (``serve``, ``edge``, ``ingest``, the demo):
-binds the HTTP port, sizes the ZeroMQ context, serves the app with uvicorn (uvloop when installed)
-until a signal, and turns start-up failures into one line and exit code 1."""
+binds the HTTP port, makes the role the command composes and serves its app with uvicorn (uvloop
+when installed) until a signal, and turns start-up failures into one line and exit code 1."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import signal
 import socket
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
 import uvicorn
+from starlette.applications import Starlette
 
 from kvgateway.config import Settings, unresolved_hosts
 from kvgateway.runtime import logging_setup
-from kvgateway.runtime.fd_budget import Budget, BudgetError, open_context, raise_open_files
 from kvgateway.runtime.memory import freeze_startup_heap
 from kvgateway.runtime.startup import StartupError
-from kvgateway.serve.app import create_app
+from kvgateway.serve.role import Role
 
 logger = logging.getLogger("kvgateway")
 
@@ -64,7 +64,7 @@ A cut slow consumer that never reads again would otherwise hold its connection f
 it waits for its send buffer to drain, which never happens."""
 
 
-def _listen(settings: Settings, reuse_port: bool = False) -> socket.socket:
+def listen(settings: Settings, reuse_port: bool = False) -> socket.socket:
     """The HTTP listening socket, bound before anything starts: a taken port is one clear line."""
     host = settings.host.strip("[]")
     where = f"{settings.host}:{settings.port}"
@@ -94,82 +94,52 @@ def _listen(settings: Settings, reuse_port: bool = False) -> socket.socket:
     return listener
 
 
-class Runnable(Protocol):
-    """What the runner runs: one process's gateway, an edge, or an ingest (whose app serves probes)."""
-
-    @property
-    def startup_error(self) -> StartupError | None:
-        """Why :meth:`start` failed (said in one line), or None."""
-
-    @property
-    def fatal(self) -> str | None:
-        """Why the process stopped on its own (exit code 1), or None."""
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    def close_clients(self) -> None:
-        """On a signal, before uvicorn stops: clients get our own close code, nothing half-sent."""
+R = TypeVar("R", bound=Role)
 
 
 async def serve(
     settings: Settings,
     *,
-    make_service: Callable[..., Runnable],
-    make_app: Callable[[Any], Any] = create_app,
+    make_role: Callable[[Settings], R],
+    make_app: Callable[[R], Starlette],
     ready: Callable[[str], None] | None = None,
     reuse_port: bool = False,
     listening: Callable[[str], None] = lambda url: None,
-    made: Callable[[Runnable], None] = lambda service: None,
-    engines: bool = True,
+    made: Callable[[R], None] = lambda role: None,
 ) -> None:
     """The one HTTP runner (``serve``, ``edge``, ``ingest``, the demo): the port is bound
-    (``listening``); for a process that reads ``engines`` the descriptor limit is raised and the
-    ZeroMQ context sized for its streams; the service ``make_service(settings, context=...)`` is
-    made (``made``) and its app ``make_app(service)`` served until SIGINT/SIGTERM; the app's
-    lifespan starts and stops the service, HTTP is served (``ready``); a failure is a
-    :class:`StartupError`."""
-    listener = _listen(settings, reuse_port)
+    (``listening``), the role ``make_role(settings)`` made (``made``) and its app
+    ``make_app(role)`` served until SIGINT/SIGTERM; the app's lifespan starts and stops the role,
+    HTTP is served (``ready``); a failure is a :class:`StartupError`."""
+    listener = listen(settings, reuse_port)
     settings = replace(settings, port=int(listener.getsockname()[1]))  # --port 0: the port it got
     listening(base_url(settings))
-    context = None
     try:
-        if engines:
-            budget = Budget.of(settings)
-            raise_open_files(budget)
-            context = open_context(budget)
-    except BudgetError as exc:
-        listener.close()
-        raise StartupError(str(exc)) from None
-    try:
-        service = make_service(settings, context=context) if context is not None else make_service(settings)
-        made(service)
-        server = _Server(uvicorn_config(make_app(service), settings))
+        role = make_role(settings)
+        made(role)
+        server = _Server(uvicorn_config(make_app(role), settings))
         for host in unresolved_hosts(settings):
             logger.warning("host %r does not resolve (yet): its streams stay down until it does", host)
         try:
-            await _serve_until_signal(server, service, listener, settings, ready)
+            await _serve_until_signal(server, role, listener, settings, ready)
         finally:
-            await service.stop()  # idempotent: the lifespan has stopped it unless start-up failed
+            await role.stop()  # idempotent: the lifespan has stopped it unless start-up failed
     finally:
         listener.close()
-        if context is not None:
-            context.destroy(linger=0)  # destroy, not term: a failed bind leaves a socket open
 
 
 async def _serve_until_signal(
-    server: _Server, service: Runnable, listener: socket.socket, settings: Settings, ready: Callable[[str], None] | None
+    server: _Server, role: Role, listener: socket.socket, settings: Settings, ready: Callable[[str], None] | None
 ) -> None:
     loop = asyncio.get_running_loop()
 
     def shut_down() -> None:
-        service.close_clients()  # clients first, with our own close code (1012); then uvicorn
+        role.close_clients()  # clients first, with our own close code (1012); then uvicorn
         server.should_exit = True
 
-    # A failed start is the service's own one line: uvicorn's echo of it (a traceback) is dropped.
+    # A failed start is the role's own one line: uvicorn's echo of it (a traceback) is dropped.
     uvicorn_errors = logging.getLogger("uvicorn.error")
-    quiet_failure = _QuietStartupFailure(service)
+    quiet_failure = _QuietStartupFailure(role)
     uvicorn_errors.addFilter(quiet_failure)
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -180,8 +150,8 @@ async def _serve_until_signal(
         if not server.started:
             with contextlib.suppress(Exception):
                 await task
-            if service.startup_error is not None:
-                raise service.startup_error
+            if role.startup_error is not None:
+                raise role.startup_error
             raise StartupError(f"cannot serve HTTP on {settings.host}:{settings.port}")
         if ready is not None:
             ready(base_url(settings))
@@ -198,12 +168,12 @@ def base_url(settings: Settings) -> str:
 
 
 class _QuietStartupFailure(logging.Filter):
-    def __init__(self, service: Runnable) -> None:
+    def __init__(self, role: Role) -> None:
         super().__init__()
-        self.service = service
+        self.role = role
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.service.startup_error is None
+        return self.role.startup_error is None
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -218,26 +188,22 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def run(
     settings: Settings,
-    make_service: Callable[..., Runnable],
+    make_role: Callable[[Settings], R],
+    make_app: Callable[[R], Starlette],
     *,
-    make_app: Callable[[Any], Any] = create_app,
-    announce: Callable[[Any, str], str] = lambda service, url: f"serving on {url}",
     prepare: Callable[[Settings], Coroutine[Any, Any, Settings]] | None = None,
     reuse_port: bool = False,
-    engines: bool = True,
 ) -> int:
     """The one command runner (``serve``, ``edge``, ``ingest``): logging, the event loop (uvloop when
-    installed), ``prepare`` (an edge that lists announced sources), :func:`serve` (``announce``: its
-    ready line, from the service and the URL), and the exit code:
-    0 after a signal, 1 with one line when it could not start or stopped on its own."""
-    logging_setup.setup(settings.log_level, settings.log_format, secrets=(settings.token,) if settings.token else ())
-    if settings.allow_unauthenticated and settings.token is None and make_app is create_app:
-        logger.warning("authentication is OFF on %s:%d (--allow-unauthenticated)", settings.host, settings.port)
-    services: list[Runnable] = []
+    installed), ``prepare`` (an edge that lists announced sources), :func:`serve` (the role's
+    started line once HTTP is served), and the exit code: 0 after a signal, 1 with one line when
+    it could not start or stopped on its own."""
+    logging_setup.setup_for(settings)
+    roles: list[R] = []
 
     def ready(url: str) -> None:
         freeze_startup_heap()  # the process's own heap: not for a serve() embedded in another program
-        logger.info("%s", announce(services[0], url))
+        logger.info("%s", roles[0].started_line(url))
 
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
@@ -246,15 +212,14 @@ def run(
             runner.run(
                 serve(
                     settings,
-                    make_service=make_service,
+                    make_role=make_role,
                     make_app=make_app,
                     ready=ready,
                     reuse_port=reuse_port,
-                    made=services.append,
-                    engines=engines,
+                    made=roles.append,
                 )
             )
     except StartupError as exc:
         logger.error("%s", exc)
         return 1
-    return 1 if services and services[0].fatal else 0
+    return 1 if roles and roles[0].fatal else 0

@@ -10,22 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from kvgateway.config import Settings
+from kvgateway.config import Settings, StreamConfig
 from kvgateway.log import messages
 from kvgateway.log.filters import ClientFilter
-from kvgateway.log.ordered import Log
+from kvgateway.log.ordered import MemoryLog, ReadBack
 from kvgateway.runtime.memory import CollectionTimer
 from kvgateway.runtime.metrics import Metrics
-from kvgateway.runtime.startup import StartupError
+from kvgateway.serve.analytics_sink import AnalyticsSink
 from kvgateway.serve.digests import DigestTicker
 from kvgateway.serve.hub import Hub
 from kvgateway.serve.query import ClientRequest
 from kvgateway.serve.router_state import RouterState
 from kvgateway.serve.subscription import Subscription, Transport
 from kvgateway.state import checkpoint
+from kvgateway.state.activity import Activity
+from kvgateway.state.analytics import CacheAnalytics
+from kvgateway.state.attribution import Attribution
 from kvgateway.state.occupancy import OccupancyIndex
 from kvgateway.state.status_board import BoardFigures, StatusBoard
 
@@ -36,16 +39,22 @@ class Serving:
     def __init__(
         self,
         settings: Settings,
-        log: Log,
         metrics: Metrics,
         *,
+        read_back: ReadBack | None = None,
         clock: Callable[[], float] = time.time,
         silence: float | None = None,
     ) -> None:
-        """``silence``: in a cluster, how long a stream may go unreported before it shows down
-        (:class:`~kvgateway.state.status_board.StatusBoard`)."""
+        """Over its own ring log (:class:`~kvgateway.log.ordered.MemoryLog`): one process's ingest
+        appends to it, an edge appends what it reads from the stream, whose older part it reads
+        back through ``read_back``. ``silence``: in a cluster, how long a stream may go unreported
+        before it shows down (:class:`~kvgateway.state.status_board.StatusBoard`)."""
         self.settings = settings
-        self.log = log
+        hub_metrics = metrics.hub()
+        log = self.log = MemoryLog(
+            settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained, read_back=read_back
+        )
+        hub_metrics.retained(0, 0)
         self.metrics = metrics
         self.clock = clock
         self.started_at = clock()
@@ -53,23 +62,34 @@ class Serving:
         self.index = OccupancyIndex(
             capacity={s.key: s.capacity_blocks for s in streams if s.capacity_blocks}, started=self.started_at
         )
-        for stream in streams:
-            for medium, blocks in stream.capacity_blocks.items():
-                metrics.cache_capacity_blocks.labels(stream.source, str(stream.dp_rank), medium).set(blocks)
+        # told of each store before the index applies it and each remove after (issue 30)
+        self.attribution = Attribution(settings.refetch_window)
+        self.index.observe(self.attribution)
+        metrics.streams.add(self.attribution)
+        _export_capacities(metrics, streams)
         self.board = StatusBoard(streams, self.index, silence=silence, clock=clock)
         metrics.streams.add(BoardFigures(self.board, clock))
-        # The index follows the log before the hub: a hello's snapshot is exact at its offset.
-        log.follow(self.index.follow)
-        log.follow(self.board.follow)
         self.routers = RouterState(settings, self.index, metrics)
-        log.follow(self.routers.follow)  # the learned token chains
         self.hub = Hub(
             log,
-            metrics=metrics.hub(),
+            metrics=hub_metrics,
             sources=[s.key for s in streams],
             client_queue_bytes=settings.client_queue_bytes,
             max_clients=settings.max_clients,
         )
+        self.activity = Activity()
+        self.analytics = CacheAnalytics(AnalyticsSink(metrics), settings.refetch_window)
+        # Everything that follows the log, here only. The index follows it before the hub: a
+        # hello's snapshot is exact at its offset.
+        for follower in (
+            self.index.follow,
+            self.board.follow,
+            self.routers.follow,  # the learned token chains
+            self.hub.follow,
+            self.activity.follow,  # the dashboard's history
+            self.analytics.follow,
+        ):
+            log.follow(follower)
         # monotonic: a step of the wall clock must not hold the digests back
         self.digests = DigestTicker(self.hub, self.index, lambda: self.board.streams, time.monotonic)
         """The ``digest`` messages of the clients that asked for them (``digest=SECONDS``)."""
@@ -152,28 +172,19 @@ class Serving:
         self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
         self.routers.refresh_gauges()
 
+    # --- the probes, in both modes ----------------------------------------------------------------
 
-class Service(Protocol):
-    """A process that serves the web protocol: its serving half, how it starts and stops, and
-    whether it is ready (one process: its streams are up; an edge: it has caught up)."""
+    def health(self) -> dict[str, Any]:
+        return {"epoch": self.hub.epoch, "uptime_seconds": self.clock() - self.started_at}
 
-    @property
-    def serving(self) -> Serving: ...
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready when every stream is up, as the status board shows it."""
+        not_ready = self.board.not_ready(self.clock())
+        return not not_ready, {"streams": len(self.board.streams), "not_ready": not_ready}
 
-    @property
-    def startup_error(self) -> StartupError | None:
-        """Why :meth:`start` failed (the runner says it in one line), or None."""
 
-    @property
-    def fatal(self) -> str | None:
-        """Why the process stopped on its own, or None."""
-
-    def close_clients(self) -> None: ...
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    def readiness(self) -> tuple[bool, list[dict[str, Any]]]: ...
-
-    def refresh_gauges(self) -> None: ...
+def _export_capacities(metrics: Metrics, streams: Iterable[StreamConfig]) -> None:
+    """The configured capacities as gauges (they never change while the process runs)."""
+    for stream in streams:
+        for medium, blocks in stream.capacity_blocks.items():
+            metrics.cache_capacity_blocks.labels(stream.source, str(stream.dp_rank), medium).set(blocks)

@@ -55,10 +55,12 @@ class Subscription:
 
     __slots__ = (
         "_base_limit",
+        "_compat",
         "_credit",
-        "_deprecated_copies",
+        "_gap_last",
         "_hub",
         "_in_flight",
+        "_int_seqs",
         "_limit",
         "_metrics",
         "_queue",
@@ -89,13 +91,18 @@ class Subscription:
         recovered: bool,
         limit: int,
         metrics: HubMetrics,
-        deprecated_copies: bool = False,
+        gap_last: bool = False,
+        int_seqs: bool = False,
     ) -> None:
         self._hub = hub
-        # compat=gap_last: each chunk taken has the deprecated fields (messages.with_deprecated_copies),
-        # whether the messages came live or from the resume ring; the queue's byte accounting counts
-        # the shared messages, a few bytes short for such a notice
-        self._deprecated_copies = deprecated_copies
+        # compat=gap_last, compat=int_seqs: each chunk taken has the deprecated forms
+        # (messages.with_compat), whether the messages came live or from the resume ring; the
+        # queue's byte accounting counts the shared messages, a few bytes off for such a client
+        self._gap_last = gap_last
+        self._int_seqs = int_seqs
+        self._compat = gap_last or int_seqs
+        if int_seqs:
+            hello = messages.with_int_seqs(hello)
         self.filter = client_filter
         self.event_key = client_filter.event_key
         self.transport: Transport = transport
@@ -169,9 +176,9 @@ class Subscription:
         self._credit = max(0, self._credit - size)  # the exempt messages are at the front
         self._sent.inc(len(chunk))  # counted when handed to the writer
         self._in_flight = True
-        if self._deprecated_copies:  # one test per chunk: other clients' messages go as they are
-            with_copies = messages.with_deprecated_copies
-            return [with_copies(message) for message in chunk]
+        if self._compat:  # one test per chunk: other clients' messages go as they are
+            gap_last, int_seqs = self._gap_last, self._int_seqs
+            return [messages.with_compat(message, gap_last=gap_last, int_seqs=int_seqs) for message in chunk]
         return chunk
 
     def written(self) -> None:

@@ -24,7 +24,7 @@ from kvgateway.config import StreamConfig
 from kvgateway.engine.wire import Stream
 from kvgateway.log.ordered import STATUS, BatchRecord, NoticeRecord
 from kvgateway.log.ring import Entry
-from kvgateway.log.status import StreamStatus
+from kvgateway.log.status import StreamStatus, not_ready
 from kvgateway.runtime.metrics import StreamFamilies
 from kvgateway.state.occupancy import OccupancyIndex
 
@@ -92,7 +92,7 @@ class StatusBoard:
         silence = self._silence
         if silence is None or now - self._heard.get(stream, now) <= silence:
             return status
-        return replace(status, connected=False, down_reason=INGEST_UNREACHABLE)
+        return replace(status, connected=False, down_reason=INGEST_UNREACHABLE, down_code="ingest_unreachable")
 
     def to_json(self, now: float, select: Callable[[str, int], bool] | None = None) -> list[dict[str, Any]]:
         """Every stream's entry in /v1/sources and a hello; ``select`` (source, dp_rank): only those."""
@@ -106,12 +106,7 @@ class StatusBoard:
 
     def not_ready(self, now: float) -> list[dict[str, Any]]:
         """The streams that are down, with why (/readyz)."""
-        out = []
-        for key, status in self._statuses.items():
-            shown = self._shown(key, status, now)
-            if not shown.connected:
-                out.append({"source": key[0], "dp_rank": key[1], "reason": shown.down_reason})
-        return out
+        return not_ready((key, self._shown(key, status, now)) for key, status in self._statuses.items())
 
     def export(self, families: StreamFamilies, now: float) -> None:
         """Every stream's status and index figures as Prometheus samples (at scrape time)."""

@@ -23,7 +23,7 @@ def _batch(offset: int, seq: int, events: list[dict[str, Any]] | None = None) ->
         "offset": offset,
         "source": "a",
         "dp_rank": 0,
-        "seq": seq,
+        "seq": str(seq),  # engine seqs are decimal strings
         "events": events or [],
     }
 
@@ -55,8 +55,8 @@ def test_a_restart_notice_starts_the_next_engine_process_and_empties_the_stream(
     stored = {"type": "BlockStored", "block_hashes": ["7"], "medium": "gpu"}
     view.apply(_batch(1, 0, [stored]))
     view.apply(_batch(2, 1))
-    view.apply(_notice(3, "restart", seq=0, previous=1, reason="identity"))
-    view.apply(_notice(4, "unrecovered_gap", first=0, until=0, count=1, reason="restart"))
+    view.apply(_notice(3, "restart", seq="0", previous="1", reason="identity"))
+    view.apply(_notice(4, "unrecovered_gap", first="0", until="0", count=1, reason="restart"))
     view.apply(_batch(5, 1, [stored, {"type": "BlockStored", "block_hashes": ["7"], "group_idx": 1}]))
     first, second = view.processes[("a", 0)]
     assert first.seqs == [0, 1] and first.problems(1) == []
@@ -98,7 +98,7 @@ def test_the_model_is_compared_with_an_edges_blocks_block_for_block_and_by_stale
     document["streams"][0]["blocks"][0]["refs"] = 1
     assert compare(view.snapshot(), edge_blocks(document))
     document["streams"][0]["blocks"][0]["refs"] = 2
-    view.apply(_notice(3, "stale", reason="unrecovered", seq=5, detail=""))
+    view.apply(_notice(3, "stale", reason="unrecovered", seq="5", detail=""))
     assert compare(view.snapshot(), edge_blocks(document))
 
 

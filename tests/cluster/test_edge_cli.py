@@ -28,7 +28,10 @@ def test_edge_stops_cleanly_after_nats_is_gone(procs: Start, nats_server: NatsSe
     sim(procs, pub, rep, "--rate", "50", "--batches", "100000")
     publisher = ingest(procs, nats_server, source_spec("sim", pub, rep))
     # --port 0: the start-up line shows the probes' real port (it said 127.0.0.1:0 before the bind)
-    assert publisher.wait_for(r"gateway started: http 127\.0\.0\.1:(\d+),").group(1) == str(probe_port(publisher))
+    started = publisher.wait_for(r"ingest started: probes http 127\.0\.0\.1:(\d+), streams: sim\[0\]=")
+    assert started.group(1) == str(probe_port(publisher))
+    # It says what it is: no client settings (it serves no clients), no "gateway started".
+    assert not any("max clients" in line or "gateway started" in line for line in publisher.lines), publisher.output()
     follower = edge(procs, nats_server, None, port)
     nats_server.stop()
     follower.wait_for("nats: disconnected", timeout=20)

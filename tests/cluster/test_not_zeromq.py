@@ -29,7 +29,7 @@ def test_an_edge_shows_the_not_zeromq_reason_the_ingest_found(procs: Start, nats
         expected = f"tcp://127.0.0.1:{wrong.port} answers but {HINT}"
         wait_until(lambda: source_status(edge.base, "wrongport")["reason"] == expected, timeout=60, what="the reason")
         status = source_status(edge.base, "wrongport")
-        assert (status["state"], status["connected"]) == ("down", False)
+        assert (status["state"], status["connected"], status["reason_code"]) == ("down", False, "not_zeromq")
         body = httpx.get(f"{edge.base}/readyz", timeout=10).json()
         assert [(i["source"], i["reason"]) for i in body["not_ready"]] == [("wrongport", expected)]
         [line] = wait_until(lambda: down_lines(ingest, "wrongport"), what="the ingest's down line")

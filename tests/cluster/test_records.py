@@ -8,10 +8,8 @@ import asyncio
 import pytest
 
 from kvgateway.cluster import records
-from kvgateway.cluster.edge_log import EdgeLog, OffsetGap
 from kvgateway.engine import wire
-from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
-from kvgateway.log.ring import Entry
+from kvgateway.log.ordered import MemoryLog, NoticeRecord, OffsetGap, Record, batch_record
 from kvgateway.state.occupancy import OccupancyIndex
 
 EVENTS: list[wire.Event] = [
@@ -28,14 +26,14 @@ def batch(seq: int, events: list[wire.Event] = EVENTS) -> wire.Batch:
 
 
 def test_a_batch_travels_and_renders_the_same_bytes_and_index() -> None:
-    single, edge = MemoryLog(), EdgeLog(100, 2**20)
+    single, edge = MemoryLog(), MemoryLog(100, 2**20)
     edge.start_at(single.epoch, 1)
     index_single, index_edge = OccupancyIndex(), OccupancyIndex()
     single.follow(index_single.follow)
     edge.follow(index_edge.follow)
     sent = [
         batch_record(("a.b", 3), 7, batch(7), received=10.0, replayed=True),
-        NoticeRecord(("a.b", 3), "stale", {"reason": "unrecovered", "seq": 7, "detail": None}),
+        NoticeRecord(("a.b", 3), "stale", {"reason": "unrecovered", "seq": 7, "detail": "batches lost"}),
         batch_record(("a.b", 3), 8, batch(8, EVENTS[:1]), received=11.0, replayed=False),
     ]
     for offset, record in enumerate(sent, start=1):
@@ -62,34 +60,48 @@ def test_garbage_is_one_line_error() -> None:
         records.decode_record(b"\x93\x01\x02")
 
 
-def test_the_edge_log_refuses_a_hole_ignores_a_repeat_and_lends_older_entries() -> None:
-    log = EdgeLog(2, 2**20)
-    log.start_at("e", 10)
+class StoredElsewhere:
+    """A read-back as JetStream after retention: it holds offsets 10 on, and no checkpoint."""
+
+    def __init__(self, record: Record) -> None:
+        self.record = record
+        self.asked: list[tuple[int, int]] = []
+
+    async def records(self, first: int, last: int) -> list[tuple[int, Record]]:
+        self.asked.append((first, last))
+        return [(offset, self.record) for offset in range(first, last + 1)] if first >= 10 else []
+
+    async def checkpoint(self) -> tuple[str, int, bytes] | None:
+        return None
+
+    async def reached(self, offset: int) -> bool:
+        return False
+
+    def appended(self, offset: int) -> None:
+        pass
+
+
+def test_the_ring_log_refuses_a_hole_ignores_a_repeat_and_lends_older_entries_read_back() -> None:
     record = NoticeRecord(("s", 0), "up", {"reason": "connected"})
-    for offset in (10, 11, 12, 12):
-        log.append_at(offset, record)
-    with pytest.raises(OffsetGap):
-        log.append_at(14, record)
-    assert log.first_offset == 11 and log.last_offset == 12
-    from kvgateway.log.ordered import make_entry
+    stored = StoredElsewhere(record)
+    alone, log = MemoryLog(2, 2**20), MemoryLog(2, 2**20, read_back=stored)
+    for ring_log in (alone, log):
+        ring_log.start_at("e", 10)
+        for offset in (10, 11, 12, 12):
+            ring_log.append_at(offset, record)
+        with pytest.raises(OffsetGap):
+            ring_log.append_at(14, record)
+        assert ring_log.first_offset == 11 and ring_log.last_offset == 12
 
-    asked: list[tuple[int, int]] = []
+    async def resume(ring_log: MemoryLog, last_event_id: str | None) -> tuple[int, list[int]]:
+        async with ring_log.holding(last_event_id):
+            return ring_log.first_offset, [e.offset for e in ring_log.read(ring_log.first_offset - 1)]
 
-    async def fetch(first: int, last: int) -> list[Entry]:
-        asked.append((first, last))
-        # The stream holds 10 on (as JetStream after retention): from ``first`` on, or nothing.
-        return [make_entry("e", offset, record) for offset in range(first, last + 1)] if first >= 10 else []
-
-    async def resume(last_event_id: str | None) -> tuple[int, list[int]]:
-        async with log.holding(last_event_id):
-            return log.first_offset, [e.offset for e in log.read(log.first_offset - 1)]
-
-    assert asyncio.run(resume("e:9")) == (11, [11, 12]), "no fetch before one is set: the ring only"
-    log.fetch = fetch
-    assert asyncio.run(resume("e:9")) == (10, [10, 11, 12]), "older than the ring: fetched and lent"
-    assert asyncio.run(resume("e:11")) == (11, [11, 12]) and asked == [(10, 10)], "in the ring: nothing fetched"
-    assert asyncio.run(resume("other:9")) == (11, [11, 12]) and asked == [(10, 10)], "another epoch: nothing"
-    assert asyncio.run(resume("e:8")) == (11, [11, 12]), "expired from the stream too: nothing lent"
+    assert asyncio.run(resume(alone, "e:9")) == (11, [11, 12]), "no read-back: the ring only"
+    assert asyncio.run(resume(log, "e:9")) == (10, [10, 11, 12]), "older than the ring: read back and lent"
+    assert asyncio.run(resume(log, "e:11")) == (11, [11, 12]) and stored.asked == [(10, 10)], "in the ring: none"
+    assert asyncio.run(resume(log, "other:9")) == (11, [11, 12]) and stored.asked == [(10, 10)], "another epoch"
+    assert asyncio.run(resume(log, "e:8")) == (11, [11, 12]), "expired from the stream too: nothing lent"
     assert log.first_offset == 11
 
 
@@ -143,3 +155,30 @@ def test_a_late_batch_becomes_the_same_stale_notice_live_and_read_back() -> None
     assert type(guard.at(2, wire_batch(7))).__name__ == "BatchRecord"
     assert type(guard.admit(4, wire_batch(0, generation=1))).__name__ == "BatchRecord"  # a restarted engine
     MemoryLog().append(late)  # a valid notice
+
+
+def test_a_read_back_goes_on_until_it_meets_the_ring_that_moved_meanwhile() -> None:
+    """Records appended while the older part is read trim the ring: what is lent must reach the
+    ring as it is when the client subscribes, with no hole between them."""
+    record = NoticeRecord(("s", 0), "up", {"reason": "connected"})
+    stored = StoredElsewhere(record)
+    log = MemoryLog(2, 2**20, read_back=stored)
+    log.start_at("e", 10)
+    for offset in (10, 11, 12):
+        log.append_at(offset, record)
+
+    async def records(first: int, last: int) -> list[tuple[int, Record]]:
+        if len(stored.asked) == 0:  # the first read: two more records arrive meanwhile
+            log.append_at(13, record)
+            log.append_at(14, record)
+        stored.asked.append((first, last))
+        return [(offset, record) for offset in range(first, last + 1)]
+
+    stored.records = records  # type: ignore[method-assign]
+
+    async def resume() -> list[int]:
+        async with log.holding("e:9"):
+            return [e.offset for e in log.read(9)]
+
+    assert asyncio.run(resume()) == [10, 11, 12, 13, 14]
+    assert stored.asked == [(10, 10), (11, 12)]

@@ -85,3 +85,29 @@ def test_two_ingests_share_the_streams_and_one_takes_over_when_the_other_is_kill
         timeout=bound,
         what="every stream read again by the survivor",
     )
+
+
+@pytest.mark.timeout(150)
+def test_an_ingest_started_again_under_its_member_id_reclaims_its_leases_before_they_run_out(
+    procs: Start, nats_server: NatsServer
+) -> None:
+    """``serve --workers`` starts its only ingest again under the same member id: SIGKILLed, the
+    new process holds the streams at its first round (before its ready line), long before the dead
+    one's leases (made ten minutes long here) could have run out."""
+    pub, replay = free_ports(2, spacing=2)
+    source = f"name=solo,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{replay}"
+    start_sim(procs, "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{replay}", "--rate=20")
+    argv = ["ingest", "--source", source, "--nats", nats_server.url, "--port", "0"]
+    member = ["--member", "host-1-ingest", "--lease-seconds", "600"]
+    first = procs(*argv, *member)
+    first.wait_for("ingest publishing to", timeout=30)
+    assert any("solo[0]: taken (lease" in line for line in first.lines), first.output()
+    first.kill()
+    second = procs(*argv, *member)
+    second.wait_for("ingest publishing to", timeout=30)
+    said = [line for line in second.lines if "solo[0]: reclaimed (lease" in line or "ingest publishing to" in line]
+    assert len(said) == 2 and "reclaimed" in said[0], second.output()
+    # Another member (a new id) cannot take them: they are held for the ten minutes.
+    other = procs(*argv, "--lease-seconds", "600")
+    other.wait_for("ingest publishing to", timeout=30)
+    assert not any("solo[0]:" in line for line in other.lines), other.output()

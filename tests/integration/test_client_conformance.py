@@ -66,6 +66,9 @@ class DocClient:
         self.offset = -1  # the offset of the last message applied (the hello's at first)
         self.pending_id: str | None = None  # a fresh hello's id, adopted once the state is complete
         self.waiting: set[Stream] = set()
+        self.building: tuple[dict[Stream, dict[Key, int]], dict[Stream, bool]] = ({}, {})
+        """The new state of a fresh hello, built apart and swapped in once complete (the old one and
+        its id stay until then: a drop during the state resumes them)."""
         self.hellos: list[bool] = []  # recovered, per hello
         self.notices: list[dict[str, Any]] = []
         self.digests: list[tuple[Stream, int, bool]] = []
@@ -135,18 +138,18 @@ class DocClient:
             if m["recovered"]:
                 self.last_id = hello_id
                 return
-            self.blocks = {(s["source"], s["dp_rank"]): {} for s in m["sources"]}
-            self.stale = {(s["source"], s["dp_rank"]): s["stale"] for s in m["sources"]}
-            self.waiting = set(self.blocks)
+            blocks: dict[Stream, dict[Key, int]] = {(s["source"], s["dp_rank"]): {} for s in m["sources"]}
+            self.building = (blocks, {(s["source"], s["dp_rank"]): s["stale"] for s in m["sources"]})
+            self.waiting = set(blocks)
             self.pending_id = hello_id
             return
         stream = (m["source"], m["dp_rank"]) if "source" in m else None
         if kind == "state":
             assert stream is not None
-            held = self.blocks.setdefault(stream, {})
+            held = self.building[0].setdefault(stream, {})
             for b in m["blocks"]:
                 held[(b["medium"], b["group_idx"], b["hash"])] = b["refs"]
-            self.stale[stream] = m["stale"]
+            self.building[1][stream] = m["stale"]
             if m["last"]:
                 self.waiting.discard(stream)
                 if not self.waiting:
@@ -179,6 +182,7 @@ class DocClient:
 
     def _state_complete(self) -> None:
         self.last_id, self.pending_id = self.pending_id, None
+        (self.blocks, self.stale), self.building = self.building, ({}, {})
         self.waiting = set()
 
     def _event(self, stream: Stream, event: dict[str, Any]) -> None:
@@ -406,7 +410,7 @@ def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Start)
         def delivered(seq: int) -> None:
             def there() -> bool:
                 status = httpx.get(f"{base}/v1/sources", timeout=10).json()["sources"][0]
-                return bool(status["last_seq"] == seq)
+                return bool(status["last_seq"] == str(seq))  # engine seqs are decimal strings
 
             wait_until(there, timeout=15, interval=0.02, what=f"seq {seq} delivered")
 
@@ -485,7 +489,7 @@ def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Start)
         restart("identity")
         with client.lock:
             (notice,) = [n for n in client.notices if n["kind"] == "restart" and n["reason"] == "identity"]
-        assert notice["seq"] == notice["previous"] == window + 11  # what the doc says of identity
+        assert notice["seq"] == notice["previous"] == str(window + 11)  # what the doc says of identity
         delivered(4)
         engine.run(range(5, 10))
         delivered(9)
@@ -526,6 +530,10 @@ def test_a_client_written_from_the_doc_follows_the_gateway_exactly(procs: Start)
         # every field name came with one type, `last` included: the state's bool, never the gap's seq
         assert {name: types for name, types in client.field_types.items() if len(types) > 1} == {}
         assert client.field_types["last"] == {"bool"}
+        # engine seqs are strings (exact in any JSON parser), the gateway's own numbers numbers
+        seq_fields = ("seq", "previous", "first", "until")
+        assert [client.field_types[name] for name in seq_fields] == [{"str"}] * len(seq_fields)
+        assert client.field_types["offset"] == {"int"}
         assert len({offset for _, offset, _ in client.digests}) >= len(offsets)  # one at every pause at least
     finally:
         if client is not None:

@@ -111,7 +111,7 @@ class Gateway:
             "offset": self.offset,
             "source": source,
             "dp_rank": dp_rank,
-            "seq": self.offset,
+            "seq": str(self.offset),  # an engine seq: a decimal string
             "ts": 0.0,
             "events": render_events(events),
         }
@@ -225,10 +225,10 @@ def _scenario(rng: random.Random, gateway: Gateway, steps: int, expected: list[A
         elif roll < 0.9:
             gateway.batch(source, dp_rank, AllBlocksCleared())
         elif roll < 0.95:
-            gateway.notice(source, dp_rank, "restart", seq=0, previous=9, reason="seq_reset")
+            gateway.notice(source, dp_rank, "restart", seq="0", previous="9", reason="seq_reset")
         else:
-            gateway.notice(source, dp_rank, "unrecovered_gap", first=1, until=2, count=2, reason="evicted")
-            gateway.notice(source, dp_rank, "stale", reason="unrecovered", seq=1, detail="2 batches lost (evicted)")
+            gateway.notice(source, dp_rank, "unrecovered_gap", first="1", until="2", count=2, reason="evicted")
+            gateway.notice(source, dp_rank, "stale", reason="unrecovered", seq="1", detail="2 batches lost (evicted)")
         if rng.random() < 0.2:
             chain = [hash_text(h) for h in rng.sample(pool, rng.randint(1, 8))]
             gateway.query(chain)

@@ -128,6 +128,14 @@ def test_streams_that_never_connect_are_logged_with_the_true_reason(procs: Start
     reasons = {item["source"]: item["reason"] for item in body["not_ready"]}
     assert reasons["dns"].startswith("cannot resolve host") and "refused" not in reasons["dns"]
     assert "connection refused" in reasons["closed"]
+
+    # the same for programs: /v1/sources' reason_code (ZeroMQ's own word first, the diagnosis's later)
+    def codes() -> dict[str, str] | None:
+        sources = httpx.get(f"http://127.0.0.1:{http}/v1/sources", timeout=5).json()["sources"]
+        found = {s["source"]: s["reason_code"] for s in sources}
+        return found if found["dns"] == "unresolved" else None
+
+    assert wait_until(codes, what="the DNS diagnosis's code")["closed"] in ("retrying", "refused")
     # ZeroMQ keeps retrying (every 2 s at most) and says only "retrying": the reason found stays.
     watch_until = time.monotonic() + 5.0
     while time.monotonic() < watch_until:

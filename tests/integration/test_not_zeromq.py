@@ -25,7 +25,7 @@ def test_an_http_port_as_the_engine_endpoint_is_named_not_zeromq(procs: Start) -
         base = f"http://127.0.0.1:{http}"
         wait_until(lambda: HINT in source_status(base, "wrongport")["reason"], timeout=60, what="the reason")
         status = source_status(base, "wrongport")
-        assert (status["state"], status["connected"]) == ("down", False)
+        assert (status["state"], status["connected"], status["reason_code"]) == ("down", False, "not_zeromq")
         assert status["reason"] == f"tcp://127.0.0.1:{wrong.port} answers but {HINT}"
         body = httpx.get(f"{base}/readyz", timeout=10).json()
         assert [(i["source"], i["reason"]) for i in body["not_ready"]] == [("wrongport", status["reason"])]
@@ -37,3 +37,4 @@ def test_an_http_port_as_the_engine_endpoint_is_named_not_zeromq(procs: Start) -
         wait_until(lambda: wrong.connections >= seen + 3, timeout=60, what="three more attempts")
         assert len(down_lines(gateway, "wrongport")) == 1
         assert source_status(base, "wrongport")["reason"] == status["reason"]
+        assert source_status(base, "wrongport")["reason_code"] == "not_zeromq"  # the diagnosis kept it

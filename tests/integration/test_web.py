@@ -16,10 +16,8 @@ import itertools
 import json
 import os
 import re
-import shutil
 import signal
 import socket
-import subprocess
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -50,6 +48,7 @@ from tests.support import (
     wait_until,
 )
 from tests.support import Start as Starter
+from tests.support.node import node_command
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -156,7 +155,15 @@ def test_the_schema_check_rejects_what_the_schema_forbids() -> None:
         "lora_name": None,
         "group_idx": 0,
     }
-    batch = {"type": "batch", "id": "ab:7", "offset": 7, "source": "s", "dp_rank": 0, "seq": 3, "ts": 1.5}
+    batch = {
+        "type": "batch",
+        "id": "00000000000000ab:7",
+        "offset": 7,
+        "source": "s",
+        "dp_rank": 0,
+        "seq": "3",
+        "ts": 1.5,
+    }
     bad_events = [
         {**event, "block_hashes": [15760518052499183552]},  # a hash as a number
         {**event, "token_ids": [1, "2"]},
@@ -169,6 +176,8 @@ def test_the_schema_check_rejects_what_the_schema_forbids() -> None:
     bad_messages = [
         {**batch, "events": [], "extra": 1},  # envelopes are closed
         {**batch, "events": [], "id": "ab-7"},
+        {**batch, "events": [], "seq": 3},  # an engine seq is a decimal string
+        {**batch, "events": [], "seq": "1.5e18"},
         {"type": "notice", "kind": "slow_consumer", "reason": "x", "offset": 3},
         {"type": "hello", "epoch": "ab", "offset": 1, "recovered": True, "sources": [], "occupancy": {}},
     ]
@@ -819,7 +828,7 @@ def test_every_batch_reaches_every_matching_client_in_order(live: Gateway) -> No
         )
         for m in history:
             if m["type"] == "notice" and m["kind"] == "restart":
-                assert (m["seq"], m["previous"], m["reason"]) == (0, LIVE_RESTART_AT, "seq_reset")
+                assert (m["seq"], m["previous"], m["reason"]) == ("0", str(LIVE_RESTART_AT), "seq_reset")
         kinds = Counter((e["type"], e.get("medium")) for m in history if m["type"] == "batch" for e in m["events"])
         for needed in [
             ("BlockStored", "GPU"),
@@ -1079,17 +1088,85 @@ def test_the_gap_notice_has_no_last_unless_the_client_asks_with_compat_gap_last_
     assert all(by_offset[offset] == m for offset, m in resumed[0].by_offset().items()), "plain clients agree"
     notice = gap_of(reference)
     assert notice is not None
-    assert (notice["first"], notice["until"], notice["count"], notice["reason"]) == (first, until_, 3, "not_sent")
+    assert (notice["first"], notice["until"], notice["count"], notice["reason"]) == (
+        str(first),
+        str(until_),
+        3,
+        "not_sent",
+    )
     assert "last" not in notice
     for conn in [*live_conns, *resumed]:
         gap = gap_of(conn)
-        assert gap == ({**notice, "last": until_} if "compat" in conn.label else notice), conn.label
+        assert gap == ({**notice, "last": str(until_)} if "compat" in conn.label else notice), conn.label
         # every other message is the one a plain client gets (batches untouched)
         others = [m for m in conn.after_hello if m is not gap]
         assert others == [by_offset[m["offset"]] for m in others], conn.label
         if conn.transport == "sse":
             check_sse_framing(conn)  # the variant keeps its id: line
     assert [conn.hello["recovered"] for conn in resumed] == [True, True, True]
+
+
+TRT_START = 1_789_095_808_837_884_700
+"""A TensorRT-LLM engine's first seq (its publisher starts at time_ns): far beyond 2^53, where
+doubles are 256 apart."""
+
+
+def test_trtllm_seqs_are_exact_after_json_parse_in_node_and_numbers_only_with_compat_int_seqs(
+    procs: Starter, serve: Serve
+) -> None:
+    """Node's JSON.parse of a real gateway's stream, with TensorRT-LLM's time_ns seqs and a lost
+    range: every seq digit for digit, and ``count == until - first + 1`` exact with BigInt (and
+    false with Number(), which is why seqs are strings). A client that asks for compat=int_seqs
+    gets the same seqs as JSON numbers (exact in Python's json, rounded in JavaScript's)."""
+    node_command()
+    first, until_ = TRT_START + 20, TRT_START + 22
+    http_port, pub, replay = free_ports(3)
+    spec, engine = gap_source(pub, replay)
+    gateway = serve(procs, http_port, [spec])
+    batches = 30
+
+    async def body() -> tuple[dict[str, Any], Conn, Conn]:
+        async with Clients(gateway) as clients:
+            strings, _ = await clients.ws(label="strings")
+            numbers, _ = await clients.ws("compat=int_seqs", label="int seqs", schema=False)
+            node = asyncio.ensure_future(run_node(gateway.base, str(batches), "sse"))
+            await gateway.wait_clients(3)  # node too: it sees the engine's first batch live
+            flags = ("--engine=trtllm", f"--start-seq={TRT_START}", "--rate=50", f"--drop-queue={first}-{until_}")
+            await asyncio.to_thread(start_sim, procs, *engine, *flags)
+            code, out, err = await node
+            assert code == 0, err
+            summary: dict[str, Any] = json.loads(out)["sse"]
+            last = max(b["offset"] for b in summary["batches"])
+            await strings.wait_offset(last)
+            await numbers.wait_offset(last)
+            return summary, strings, numbers
+
+    summary, strings, numbers = arun(body())
+    want = [str(TRT_START + i) for i in range(batches + 3) if not first <= TRT_START + i <= until_][:batches]
+    assert [b["seq"] for b in summary["batches"]] == want  # JSON.parse kept every digit
+    assert summary["gaps"] == [
+        {"first": str(first), "until": str(until_), "count": 3, "exact": True, "as_numbers": False}
+    ]
+    by_offset, as_numbers = strings.by_offset(), numbers.by_offset()
+    for got in summary["batches"]:
+        assert by_offset[got["offset"]]["seq"] == got["seq"]
+        assert as_numbers[got["offset"]]["seq"] == int(got["seq"])  # a number, exact to Python
+    kinds = set()
+    for offset in sorted(by_offset.keys() & as_numbers.keys()):
+        message = by_offset[offset]
+        kinds.add(message.get("kind"))
+        if message["type"] == "notice" and message["kind"] in ("unrecovered_gap", "stale", "restart"):
+            seqs = {name: value for name, value in message.items() if name in ("seq", "first", "until", "previous")}
+            assert all(isinstance(value, str) for value in seqs.values() if value is not None), message
+            other = as_numbers[offset]
+            assert {name: other[name] for name in seqs} == {
+                name: -1 if value is None else int(value) for name, value in seqs.items()
+            }, other
+        elif message["type"] == "notice" and message["kind"] == "status" and message["status"]["last_seq"] is not None:
+            assert as_numbers[offset]["status"]["last_seq"] == int(message["status"]["last_seq"])
+        else:
+            assert as_numbers[offset] == message or message["type"] == "batch"
+    assert {"unrecovered_gap", "status"} <= kinds
 
 
 def test_resume_is_refused_for_another_epoch_an_id_outside_the_ring_or_a_malformed_id(
@@ -1581,7 +1658,7 @@ BAD_QUERIES = [
     ("medium=", "medium: expected a medium name (letters, digits, _.:-), got ''"),
     ("type=Block%20Stored", "type: expected an event type name (letters, digits, _.:-), got 'Block Stored'"),
     ("last_event_id=a:1&last_event_id=a:2", "last_event_id: given more than once"),
-    ("compat=gap_until", "compat: expected gap_last, got 'gap_until'"),
+    ("compat=gap_until", "compat: expected gap_last or int_seqs, got 'gap_until'"),
 ]
 
 
@@ -1605,7 +1682,7 @@ def test_invalid_query_parameters_are_a_400_before_any_stream(live: Gateway) -> 
 
 ROUTES_ACCEPT = {
     "/v1/events": "source, dp_rank, type, medium, last_event_id, snapshot, compat, digest, token",
-    "/v1/sources": "source, dp_rank, token",
+    "/v1/sources": "source, dp_rank, compat, token",
     "/v1/occupancy": "source, dp_rank, token",
     "/v1/analytics": "source, dp_rank, token",
     "/v1/history": "source, dp_rank, medium, since, step, token",
@@ -1652,6 +1729,20 @@ def test_every_route_refuses_a_parameter_it_does_not_take_and_lists_what_it_take
     after = rejections(live)
     counted = sum(after[(t, "bad_request")] - before[(t, "bad_request")] for t in ("http", "sse"))
     assert counted == refused
+
+
+def test_sources_gives_last_seq_as_a_string_and_as_a_number_only_with_compat_int_seqs(live: Gateway) -> None:
+    live.wait_last_seq("qwen", 1)
+    plain, numbers = live.get("/v1/sources").json(), live.get("/v1/sources?compat=int_seqs").json()
+    assert {type(s["last_seq"]) for s in plain["sources"]} == {str}
+    assert all(s["last_seq"].isdigit() for s in plain["sources"])
+    assert {type(s["last_seq"]) for s in numbers["sources"]} == {int}
+    assert _keys(numbers["sources"]) == _keys(plain["sources"])
+    refused = live.get("/v1/sources?compat=ints")
+    assert (refused.status_code, refused.json()) == (
+        400,
+        {"error": "compat: expected gap_last or int_seqs, got 'ints'"},
+    )
 
 
 def test_a_filter_that_names_what_is_not_configured_is_a_400_on_every_route(live: Gateway) -> None:
@@ -1764,27 +1855,6 @@ def test_the_schema_endpoint_serves_the_packaged_json_schema(live: Gateway) -> N
 # --- the Node.js client ---------------------------------------------------------------------------
 
 
-@cache
-def node_command() -> tuple[str, ...]:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node (Node.js) is not installed: the example client cannot be run")
-    probe = subprocess.run(
-        [node, "-e", "process.stdout.write(typeof WebSocket)"], check=False, capture_output=True, text=True
-    )
-    if probe.stdout == "function":
-        return (node,)
-    flagged = subprocess.run(
-        [node, "--experimental-websocket", "-e", "process.stdout.write(typeof WebSocket)"],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    if flagged.stdout != "function":
-        pytest.skip(f"this node ({probe.stdout or probe.stderr}) has no WebSocket client, even with a flag")
-    return (node, "--experimental-websocket")
-
-
 async def run_node(*args: str, token: str | None = None) -> tuple[int, str, str]:
     env = {name: value for name, value in os.environ.items() if name != "KVGATEWAY_TOKEN"}
     if token is not None:
@@ -1839,6 +1909,7 @@ def test_the_node_client_gets_u64_hashes_digit_for_digit(live: Gateway) -> None:
                 "offset": want["offset"],
                 "source": want["source"],
                 "dp_rank": want["dp_rank"],
+                "seq": want["seq"],
                 "block_hashes": [event.get("block_hashes") for event in want["events"]],
             }, transport
             hashes += [h for event in got["block_hashes"] if event is not None for h in event]

@@ -274,9 +274,11 @@ def test_operations_states_the_logging_and_exit_codes_of_today() -> None:
     assert "HTTP access logs are off" not in doc
     assert 'written at `log_level = "debug"` only' in doc
     assert "and exit code 1" in doc and "exit code 2" in doc
-    # The dashboard opens a WebSocket and falls back to SSE (static/app.js).
-    app = (REPO / "static" / "app.js").read_text(encoding="utf-8")
-    assert app.index("new WebSocket(") < app.index("new EventSource(")
+    # The dashboard's client (static/client.js) opens a WebSocket and falls back to SSE.
+    client = (REPO / "static" / "client.js").read_text(encoding="utf-8")
+    assert 'transport: "auto", // "auto": WebSocket, SSE after' in client
+    assert client.index("new this.options.WebSocket(") < client.index('this.url("v1/events")')
+    assert "new KVGatewayClient(" in (REPO / "static" / "app.js").read_text(encoding="utf-8")
     assert "SSE is what the dashboard" not in doc and "the dashboard uses a WebSocket and falls back to SSE" in doc
 
 

@@ -26,7 +26,7 @@ from starlette.staticfiles import StaticFiles
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from kvgateway.config import Settings, SourceConfig
-from kvgateway.gateway import Gateway as GatewayCore
+from kvgateway.gateway import OneProcess
 from kvgateway.serve.app import create_app, static_dir
 from kvgateway.serve.server import SEND_TIMEOUT_SECONDS
 from tests.support import (
@@ -58,9 +58,9 @@ OPEN_PATHS = {"/healthz", "/readyz", "/metrics"}
 def app_routes() -> tuple[list[tuple[str, set[str]]], list[str], list[Mount]]:
     """(HTTP routes with their methods, WebSocket routes, mounts) of the app the gateway serves."""
     settings = Settings(sources=(SourceConfig("e", "tcp://127.0.0.1:9"),), token=TOKEN)
-    core = GatewayCore(settings)
+    core = OneProcess(settings)
     try:
-        app = create_app(core)
+        app = create_app(core, core.serving)
     finally:
         core.ingest.context.term()
     http: list[tuple[str, set[str]]] = []

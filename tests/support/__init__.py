@@ -9,7 +9,9 @@
 - :mod:`~tests.support.gateway`: :func:`start_gateway` and its :class:`Gateway` handle;
 - :mod:`~tests.support.simulator`, :mod:`~tests.support.replay`, :mod:`~tests.support.fake_engine`,
   :mod:`~tests.support.oracles`: engines, their replay sockets and their truth;
-- :mod:`~tests.support.clients`: WebSocket clients; :mod:`~tests.support.ports`: free ports;
+- :mod:`~tests.support.clients`: WebSocket clients; :mod:`~tests.support.seqs`: how they read a
+  message's engine seqs (decimal strings on the wire, ints to the tests); :mod:`~tests.support.ports`:
+  free ports;
 - :mod:`~tests.support.nats`, :mod:`~tests.support.demo`, :mod:`~tests.support.deploy`,
   :mod:`~tests.support.catalogue`, :mod:`~tests.support.bench_runs`: what one directory's tests use.
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from tests.support.seqs import read_message
 from tests.support.waits import until
 
 
@@ -34,7 +34,7 @@ class WsCollector:
         ).__enter__()
         first = self._ws.recv(timeout=open_timeout)
         assert isinstance(first, str)
-        self.hello: dict[str, Any] = json.loads(first)
+        self.hello: dict[str, Any] = read_message(first)
         assert self.hello["type"] == "hello", self.hello
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -45,7 +45,7 @@ class WsCollector:
                 now = time.time()
                 assert isinstance(frame, str)
                 for line in frame.split("\n"):
-                    self.messages.append((now, json.loads(line)))
+                    self.messages.append((now, read_message(line)))
         except ConnectionClosed as exc:
             self.closed_error = exc
         except BaseException as exc:  # surfaced by the test through closed_error
@@ -129,7 +129,7 @@ class ResumingClient:
                         async for frame in ws:
                             assert isinstance(frame, str)
                             for line in frame.split("\n"):
-                                message = json.loads(line)
+                                message = read_message(line)
                                 if session is None:
                                     assert message["type"] == "hello", message
                                     session = Session(message)

@@ -16,6 +16,7 @@ import httpx
 from tests.support.metrics import Samples, scrape, stream_counters, total
 from tests.support.ports import free_ports
 from tests.support.processes import Proc, Start
+from tests.support.seqs import sources_seqs
 from tests.support.simulator import start_sim
 from tests.support.sources import sim_flags, source_spec
 from tests.support.waits import until, wait_until
@@ -62,7 +63,7 @@ class Gateway:
         response = self.get("/v1/sources")
         response.raise_for_status()
         body: dict[str, Any] = response.json()
-        return body
+        return sources_seqs(body)
 
     def epoch(self) -> str:
         return str(self.get("/healthz").json()["epoch"])
@@ -184,7 +185,7 @@ def start_half_fleet(start: Start) -> Gateway:
 
 def source_status(base: str, source: str, dp_rank: int = 0) -> dict[str, Any]:
     """The /v1/sources entry of one stream."""
-    body = httpx.get(f"{base}/v1/sources", timeout=10).json()
+    body = sources_seqs(httpx.get(f"{base}/v1/sources", timeout=10).json())
     (entry,) = [s for s in body["sources"] if s["source"] == source and s["dp_rank"] == dp_rank]
     return dict(entry)
 

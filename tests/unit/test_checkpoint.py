@@ -42,7 +42,7 @@ def workload(rng: random.Random, count: int) -> list[Record]:
         stream = config.key
         roll = rng.random()
         if roll < 0.04:
-            out.append(NoticeRecord(stream, "stale", {"reason": "unrecovered", "seq": seqs[stream], "detail": None}))
+            out.append(NoticeRecord(stream, "stale", {"reason": "unrecovered", "seq": seqs[stream], "detail": "lost"}))
             continue
         if roll < 0.06:
             out.append(NoticeRecord(stream, "restart", {"seq": 0, "previous": seqs[stream], "reason": "seq_reset"}))

@@ -62,11 +62,16 @@ def snapshot(offset: int) -> dict[str, Any]:
     }
 
 
+TRT_SEQ = 1_789_095_808_837_884_700
+"""A TensorRT-LLM seq (its publisher starts at time_ns): far beyond 2^53."""
+
+
 def statuses() -> list[dict[str, Any]]:
     """The real status of each stream (the schema lists every field of it)."""
     out = []
     for source, dp_rank in STREAMS:
         status = StreamStatus(StreamConfig(source, dp_rank, "tcp://127.0.0.1:5557", None, "", False, {}), True)
+        status.last_seq = None if dp_rank == 1 else TRT_SEQ + dp_rank
         out.append(status.to_json(0.0, stale=dp_rank == 1, stale_reason="unrecovered"))
     return out
 
@@ -89,6 +94,7 @@ def make_hub(
     hub_metrics.retained(0, 0)
     log = MemoryLog(ring_messages, ring_bytes, retained=hub_metrics.retained)
     hub = Hub(log, metrics=hub_metrics, sources=STREAMS, **kwargs)
+    log.follow(hub.follow)
     _METRICS[hub] = metrics
     _SNAPSHOTS[hub] = snapshot
     return hub
@@ -128,7 +134,9 @@ def batch(*events: wire.Event, ts: float = 1.5) -> wire.Batch:
 
 
 def subscribe(hub: Hub, query: str = "", transport: Any = "ws", last_event_id: str | None = None) -> Subscription:
-    return subscribe_request(hub, hub.parse_query(QueryParams(query), last_event_id=last_event_id), transport)
+    return subscribe_request(
+        hub, parse_query(QueryParams(query), sources=hub.source_names, last_event_id=last_event_id), transport
+    )
 
 
 def subscribe_request(hub: Hub, request: ClientRequest, transport: Any) -> Subscription:
@@ -249,7 +257,7 @@ def test_batch_message_has_the_documented_fields_and_rendered_events() -> None:
     body = decode(message)
     assert list(body) == ["type", "id", "offset", "source", "dp_rank", "seq", "ts", "events"]
     assert body["id"] == message.id
-    assert (body["offset"], body["source"], body["dp_rank"], body["seq"]) == (1, "a", 1, 42)
+    assert (body["offset"], body["source"], body["dp_rank"], body["seq"]) == (1, "a", 1, "42")  # seqs are strings
     assert body["ts"] == 1789095808.8378847
     assert body["events"] == json.loads(json.dumps(render.render_events(events)))
     assert body["events"][0]["block_hashes"] == [str(big), "-5", "00ff"]
@@ -337,7 +345,7 @@ def test_event_filters(query: str, expected: list[int] | None) -> None:
         assert got == []
     else:
         assert [decode(m)["events"] for m in got] == [json.loads(json.dumps([rendered[i] for i in expected]))]
-    request = hub.parse_query(QueryParams(query))
+    request = parse_query(QueryParams(query), sources=hub.source_names)
     chosen = request.filter.select_events(MIXED)
     assert chosen == [MIXED[i] for i in expected or []]
     assert [request.filter.matches_event(e) for e in MIXED] == [i in (expected or []) for i in range(len(MIXED))]
@@ -381,7 +389,7 @@ def test_medium_filter_takes_a_medium_name_or_a_tier_name(query: str, expected: 
     (message,) = drain(sub)
     rendered = render.render_events(TIERED)
     assert decode(message)["events"] == json.loads(json.dumps([rendered[i] for i in expected]))
-    request = hub.parse_query(QueryParams(query))
+    request = parse_query(QueryParams(query), sources=hub.source_names)
     assert request.filter.select_events(TIERED) == [TIERED[i] for i in expected]
 
 
@@ -464,27 +472,30 @@ def test_stream_notices_have_offsets_ids_and_their_kind_fields() -> None:
         "offset": 1,
         "source": "a",
         "dp_rank": 0,
-        "seq": 0,
-        "previous": 1234,
+        "seq": "0",
+        "previous": "1234",
         "reason": "sequence went back",
     }
     assert bodies[1]["previous"] is None
     assert {k: bodies[2][k] for k in ("kind", "first", "until", "count", "offset")} == {
         "kind": "unrecovered_gap",
-        "first": 10,
-        "until": 19,
+        "first": "10",
+        "until": "19",
         "count": 10,
         "offset": 3,
     }
     assert "last" not in bodies[2]  # its deprecated name goes only to a client that asks (compat=gap_last)
     assert [b["kind"] for b in bodies[3:]] == ["degraded", "down"]
     assert bodies[3]["reason_code"] == "no_replay"
+    assert (bodies[4]["reason"], bodies[4]["reason_code"]) == ("disconnected", "disconnected")
 
 
 def test_a_client_that_asks_gets_the_gap_notice_with_last_live_and_on_resume_and_batches_as_they_are() -> None:
     hub = make_hub()
     plain, early = subscribe(hub), subscribe(hub, "compat=gap_last")
-    assert hub.parse_query(QueryParams("compat=gap_last&compat=gap_last")).compat == frozenset({"gap_last"})
+    assert parse_query(QueryParams("compat=gap_last&compat=gap_last"), sources=hub.source_names).compat == frozenset(
+        {"gap_last"}
+    )
     publish_batch(hub, "a", 0, 1, batch(stored(1)))
     publish_notice(hub, "unrecovered_gap", "a", 0, first=2, until=4, count=3, reason="evicted")
     publish_notice(hub, "stale", "a", 0, reason="unrecovered", seq=2, detail="3 batches lost (evicted)")
@@ -494,12 +505,65 @@ def test_a_client_that_asks_gets_the_gap_notice_with_last_live_and_on_resume_and
     assert [decode(m)["offset"] for m in mine] == [1, 2, 3]
     assert "last" not in decode(mine[1])
     for got in (theirs, resumed):
-        assert decode(got[1]) == {**decode(mine[1]), "last": 4}
+        assert decode(got[1]) == {**decode(mine[1]), "last": "4"}
         assert got[1].id == mine[1].id == f"{hub.epoch}:2"
         # what has no deprecated copy is the very message every client shares
         assert got[0] is mine[0] and got[2] is mine[2]
     assert theirs[1] is resumed[1]  # encoded once, for every client that asks
     assert messages.with_deprecated_copies(theirs[1]) is theirs[1]
+
+
+def test_a_client_that_asks_for_int_seqs_gets_numbers_live_and_on_resume_and_the_others_pay_nothing() -> None:
+    hub = make_hub()
+    plain, early = subscribe(hub), subscribe(hub, "compat=int_seqs")
+    both = subscribe(hub, "compat=int_seqs&compat=gap_last&type=BlockStored")
+    publish_batch(hub, "a", 0, TRT_SEQ, batch(stored(1), removed(1)))
+    publish_notice(hub, "restart", "a", 0, seq=TRT_SEQ + 7, previous=-1, reason="jump")
+    publish_notice(hub, "unrecovered_gap", "a", 0, first=TRT_SEQ, until=TRT_SEQ + 2, count=3, reason="evicted")
+    publish_notice(hub, "stale", "a", 0, reason="unrecovered", seq=TRT_SEQ, detail="3 batches lost (evicted)")
+    publish_notice(hub, "down", "a", 0, reason="disconnected", reason_code="disconnected")
+    late = subscribe(hub, "compat=int_seqs", last_event_id=f"{hub.epoch}:0")  # the same from the ring
+    mine, theirs, resumed, filtered = drain(plain), drain(early), drain(late), drain(both)
+    strings = [decode(m) for m in mine]
+    assert (strings[0]["seq"], strings[1]["seq"], strings[1]["previous"]) == (str(TRT_SEQ), str(TRT_SEQ + 7), None)
+    assert (strings[2]["first"], strings[2]["until"], strings[3]["seq"]) == (
+        str(TRT_SEQ),
+        str(TRT_SEQ + 2),
+        str(TRT_SEQ),
+    )
+    for got in (theirs, resumed):
+        numbers = [decode(m) for m in got]
+        assert [m.id for m in got] == [m.id for m in mine]
+        assert numbers[0] == {**strings[0], "seq": TRT_SEQ}  # exact: Python's json reads any integer
+        assert numbers[1] == {**strings[1], "seq": TRT_SEQ + 7, "previous": -1}  # as 0.1 sent it
+        assert numbers[2] == {**strings[2], "first": TRT_SEQ, "until": TRT_SEQ + 2}
+        assert numbers[3] == {**strings[3], "seq": TRT_SEQ}
+        assert got[4] is mine[4]  # nothing to change: the shared message itself
+    assert all(a is b for a, b in zip(theirs, resumed, strict=True))  # made once, shared
+    assert all(messages.with_int_seqs(m) is m for m in theirs)
+    # a filtered batch, and a gap notice with its deprecated copy: numbers as well
+    first, gap = decode(filtered[0]), decode(filtered[2])
+    assert (first["seq"], [e["type"] for e in first["events"]]) == (TRT_SEQ, ["BlockStored"])
+    assert (gap["first"], gap["until"], gap["last"]) == (TRT_SEQ, TRT_SEQ + 2, TRT_SEQ + 2)
+    # the hello's statuses too (and a status notice's: the same conversion)
+    numbers, strings_ = decode(late.hello_message)["sources"], decode(subscribe(hub).hello_message)["sources"]
+    assert [s["last_seq"] for s in strings_] == [
+        None if s["dp_rank"] == 1 else str(TRT_SEQ + s["dp_rank"]) for s in strings_
+    ]
+    assert numbers == [{**s, "last_seq": None if s["last_seq"] is None else int(s["last_seq"])} for s in strings_]
+
+
+def test_the_int_seqs_variant_of_a_batch_unquotes_its_seq_only() -> None:
+    events = messages.encode_events([{"type": "X", "note": ',"seq":"1"'}])
+    encoded = messages.encode_batch(
+        epoch="00ff00ff00ff00ff", offset=3, source='s,"seq":"9', dp_rank=0, seq=TRT_SEQ, ts=1.5, events=events
+    )
+    text = encoded.message.data
+    variant = messages.with_int_seqs(encoded.message)
+    assert json.loads(variant.data) == {**json.loads(text), "seq": TRT_SEQ}
+    assert (variant.id, variant.type) == (encoded.message.id, "batch")
+    state = OutMessage(b'{"type":"state","offset":3,"last":true}', "state")
+    assert messages.with_int_seqs(state) is state  # no seq in it: the message itself
 
 
 @pytest.mark.parametrize(
@@ -517,6 +581,8 @@ def test_a_client_that_asks_gets_the_gap_notice_with_last_live_and_on_resume_and
         ("degraded", {"reason": "x", "reason_code": "restart"}),  # restart losses do not degrade
         ("up", {}),
         ("down", {"reason": 5}),
+        ("down", {"reason": "x", "reason_code": "gone"}),  # a closed vocabulary
+        ("stale", {"reason": "unrecovered", "seq": None, "detail": "x"}),
     ],
 )
 def test_bad_stream_notices_are_refused_without_using_an_offset(kind: str, fields: dict[str, Any]) -> None:
@@ -975,7 +1041,7 @@ def test_parse_query_rejects_with_one_line_naming_the_parameter(query: str, para
 def test_an_unknown_compat_value_says_which_there_are() -> None:
     with pytest.raises(BadRequest) as caught:
         parse_query(QueryParams("compat=gap_until"))
-    assert caught.value.message == "compat: expected gap_last, got 'gap_until'"
+    assert caught.value.message == "compat: expected gap_last or int_seqs, got 'gap_until'"
 
 
 def test_parse_query_limits_distinct_values() -> None:

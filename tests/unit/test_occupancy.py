@@ -601,11 +601,11 @@ def test_tier_capacity_is_null_unless_every_medium_of_the_tier_has_one() -> None
 
 
 def test_empty_medium_counts_as_gpu_like_the_hub_filter() -> None:
-    from kvgateway.serve import hub
+    from kvgateway.serve.query import parse_query
 
     occ = OccupancyIndex()
     events = [stored(1, medium=""), stored(2, medium=None), stored(3, medium="gPu")]
     occ.apply("a", 0, batch(*events), 0.0)
     assert occ.stream("a", 0).groups("GPU") == {0: 3}
-    gpu_filter = hub.parse_query({"medium": ["GPU"]}).filter
+    gpu_filter = parse_query({"medium": ["GPU"]}).filter
     assert all(gpu_filter.matches_event(e) for e in events)

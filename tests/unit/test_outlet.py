@@ -56,7 +56,7 @@ class Rig:
             config,
             self.log,
             clock=self.clock,
-            on_connection=lambda _, up, changed, why: self.connections.append((up, changed, why)),
+            on_connection=lambda _, up, changed, why, code: self.connections.append((up, changed, why)),
         )
         # The serving half's view, from the log alone: what /v1/sources and the metrics show.
         self.board = StatusBoard([config], self.index)
@@ -108,7 +108,7 @@ def test_a_delivered_batch_is_one_record_the_index_applies_and_counts_in_status_
     rig.outlet.apply([Deliver(0, batch(stored(1, 2), BlockRemoved([9])), replayed=False)], NOW, held=0)
     assert rig.seqs() == [0]
     status = rig.status(NOW)
-    assert status["last_seq"] == 0
+    assert status["last_seq"] == "0"
     assert status["lag_seconds"] == pytest.approx(0.5)
     assert status["counters"]["batches"] == 1
     assert rig.index.stream("e", 0).unknown_removes == 1
@@ -152,7 +152,7 @@ def test_an_undecodable_batch_takes_its_seq_and_makes_the_index_stale_once() -> 
     assert [kind for kind, _ in rig.notices()] == ["stale"]
     assert rig.notices()[0][1]["reason"] == "undecodable"
     status = rig.status(NOW)
-    assert (status["last_seq"], status["stale"], status["stale_reason"]) == (4, True, "undecodable")
+    assert (status["last_seq"], status["stale"], status["stale_reason"]) == ("4", True, "undecodable")
     assert status["counters"]["decode_errors"] == 1
     assert rig.sample("kvgateway_decode_errors_total") == 1
     assert rig.sample("kvgateway_index_stale") == 1
@@ -185,7 +185,7 @@ def test_a_tail_probe_that_found_nothing_is_no_recovery() -> None:
 
 def test_unrecovered_batches_are_noticed_make_the_stream_degraded_and_stale() -> None:
     rig = Rig()
-    rig.outlet.connection(True, "connected")
+    rig.outlet.connection(True, "connected", "connected")
     rig.outlet.apply([Unrecovered(3, 5, "evicted"), Unrecovered(8, 8, "evicted")], NOW, held=0)
     kinds = [kind for kind, _ in rig.notices()]
     # one degraded and one stale notice, however many losses
@@ -204,7 +204,7 @@ def test_unrecovered_batches_are_noticed_make_the_stream_degraded_and_stale() ->
 
 def test_losses_at_a_restart_or_fenced_by_the_engine_are_quiet() -> None:
     rig = Rig()
-    rig.outlet.connection(True, "connected")
+    rig.outlet.connection(True, "connected", "connected")
     rig.outlet.apply([Unrecovered(0, 1, "restart"), Unrecovered(5, 6, "not_sent")], NOW, held=0)
     kinds = [kind for kind, _ in rig.notices()]
     # restart: stale but not degraded; not_sent: degraded but not stale (the engine cleared its cache)
@@ -248,11 +248,14 @@ def test_an_all_blocks_cleared_batch_clears_a_stale_index() -> None:
 def test_connection_changes_are_noticed_once_and_handed_to_the_hook() -> None:
     rig = Rig()
     assert rig.sample("kvgateway_source_up") == 0
-    rig.outlet.connection(True, "connected")
-    rig.outlet.connection(True, "connected")
-    rig.outlet.connection(False, "disconnected")
-    rig.outlet.connection(False, "connection refused, retrying")
-    assert [kind for kind, _ in rig.notices()] == ["up", "down"]
+    rig.outlet.connection(True, "connected", "connected")
+    rig.outlet.connection(True, "connected", "connected")
+    rig.outlet.connection(False, "disconnected", "disconnected")
+    rig.outlet.connection(False, "connection refused, retrying", "retrying")
+    assert [(kind, fields["reason_code"]) for kind, fields in rig.notices()] == [
+        ("up", "connected"),
+        ("down", "disconnected"),
+    ]
     assert rig.connections == [
         (True, True, "connected"),
         (True, False, "connected"),
@@ -260,9 +263,13 @@ def test_connection_changes_are_noticed_once_and_handed_to_the_hook() -> None:
         (False, False, "connection refused, retrying"),
     ]
     status = rig.status(NOW)
-    assert (status["state"], status["reason"]) == ("down", "connection refused, retrying")
+    assert (status["state"], status["reason"], status["reason_code"]) == (
+        "down",
+        "connection refused, retrying",
+        "retrying",
+    )
     assert rig.sample("kvgateway_source_up") == 0
-    rig.outlet.connection(True, "connected")
+    rig.outlet.connection(True, "connected", "connected")
     assert rig.sample("kvgateway_source_up") == 1
 
 
@@ -270,18 +277,19 @@ def test_a_diagnosed_down_reason_stays_until_the_connection_changes() -> None:
     """A host that does not resolve: ZeroMQ's retries (every 2 s at most) say only "retrying", and
     must not overwrite what the diagnosis found, however late it comes."""
     rig = Rig()
-    rig.outlet.connection(False, "connection refused, retrying")
-    rig.outlet.diagnosed("cannot resolve host 'x.invalid': name or service not known")
+    rig.outlet.connection(False, "connection refused, retrying", "retrying")
+    rig.outlet.diagnosed("cannot resolve host 'x.invalid': name or service not known", "unresolved")
     for _ in range(3):
-        rig.outlet.connection(False, "connection refused, retrying")
+        rig.outlet.connection(False, "connection refused, retrying", "retrying")
     assert rig.status(NOW)["reason"] == "cannot resolve host 'x.invalid': name or service not known"
-    rig.outlet.diagnosed("connection refused, retrying")  # the cause changed: the next diagnosis says so
+    assert rig.status(NOW)["reason_code"] == "unresolved"
+    rig.outlet.diagnosed("connection refused, retrying", "refused")  # the cause changed: the next diagnosis says so
     assert rig.status(NOW)["reason"] == "connection refused, retrying"
-    rig.outlet.connection(True, "connected")
-    rig.outlet.diagnosed("late")  # a diagnosis that finishes after the stream came up changes nothing
-    rig.outlet.connection(False, "disconnected")
-    rig.outlet.connection(False, "connection refused, retrying")  # undiagnosed: the latest word wins
-    assert rig.status(NOW)["reason"] == "connection refused, retrying"
+    rig.outlet.connection(True, "connected", "connected")
+    rig.outlet.diagnosed("late", "no_answer")  # a diagnosis that finishes after the stream came up changes nothing
+    rig.outlet.connection(False, "disconnected", "disconnected")
+    rig.outlet.connection(False, "connection refused, retrying", "retrying")  # undiagnosed: the latest word wins
+    assert (rig.status(NOW)["reason"], rig.status(NOW)["reason_code"]) == ("connection refused, retrying", "retrying")
 
 
 def test_every_stream_series_exists_before_anything_happens() -> None:

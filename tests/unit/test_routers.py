@@ -18,7 +18,7 @@ import pytest
 from kvgateway.config import Settings, SourceConfig
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event
 from kvgateway.log.filters import ClientFilter
-from kvgateway.log.ordered import MemoryLog, batch_record
+from kvgateway.log.ordered import batch_record
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.serve import router_state
 from kvgateway.serve.query import BadRequest, ClientRequest, parse_query
@@ -36,7 +36,7 @@ def make_gateway(**changes: Any) -> Serving:
     """The serving half over a memory log that the tests append to (no ingest, no sockets)."""
     source = SourceConfig(name="a", endpoint="tcp://127.0.0.1:1", dp_size=2)
     other = SourceConfig(name="b", endpoint="tcp://127.0.0.1:3")
-    return Serving(Settings(sources=(source, other), **changes), MemoryLog(), Metrics())
+    return Serving(Settings(sources=(source, other), **changes), Metrics())
 
 
 def feed(gateway: Serving, stream: tuple[str, int], *events: Event) -> int:

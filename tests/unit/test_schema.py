@@ -78,7 +78,7 @@ def test_no_field_name_has_two_types_across_the_messages() -> None:
     assert _conflicts(schema, (*ENVELOPES, *_notice_shapes(schema))) == {}
 
 
-REMOVALS = {"gap_last": "0.2.0"}
+REMOVALS = {"gap_last": "0.2.0", "int_seqs": "0.2.0"}
 """Each ``compat`` value and the release that drops it (docs/protocol.md, "Deprecated fields")."""
 
 

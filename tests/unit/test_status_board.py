@@ -57,17 +57,37 @@ def test_a_status_record_replaces_the_status_and_batches_after_it_move_it_on() -
     log.append(batch_record(stream.key, 5, batch(5), received=1000.0, replayed=False))
     log.append(batch_record(stream.key, 6, batch(6), received=1000.0, replayed=True))
     (after,) = board.to_json(clock.now)
-    assert (after["state"], after["connected"], after["reason"], after["last_seq"]) == ("up", True, None, 6)
+    assert (after["state"], after["connected"], after["reason"], after["last_seq"]) == ("up", True, None, "6")
     assert after["lag_seconds"] == 0.5, "the live batch's lag; the replayed one leaves it"
     assert (after["counters"]["batches"], after["counters"]["replayed"], after["counters"]["gaps"]) == (5, 1, 1)
     assert board.not_ready(clock.now) == []
+
+
+def test_the_reason_code_travels_with_the_reason_and_an_older_record_gets_the_broadest() -> None:
+    stream = config()
+    log, board, clock = board_over_log(stream)
+    (entry,) = board.to_json(clock.now)
+    assert (entry["reason"], entry["reason_code"]) == ("never connected", "never_connected")
+    down = report(stream, down_reason="x.invalid does not resolve", down_code="unresolved")
+    log.append(NoticeRecord(stream.key, STATUS, down))
+    (entry,) = board.to_json(clock.now)
+    assert (entry["reason"], entry["reason_code"]) == ("x.invalid does not resolve", "unresolved")
+    older = {
+        name: value for name, value in down.items() if name != "reason_code"
+    }  # an older ingest's, in a cluster's log
+    log.append(NoticeRecord(stream.key, STATUS, older))
+    (entry,) = board.to_json(clock.now)
+    assert (entry["reason"], entry["reason_code"]) == ("x.invalid does not resolve", "disconnected")
+    log.append(NoticeRecord(stream.key, STATUS, report(stream, connected=True)))
+    (entry,) = board.to_json(clock.now)
+    assert (entry["reason"], entry["reason_code"]) == (None, None)
 
 
 def test_staleness_is_the_indexs_from_the_same_notices() -> None:
     stream = config()
     log, board, clock = board_over_log(stream)
     log.append(NoticeRecord(stream.key, STATUS, report(stream, connected=True)))
-    log.append(NoticeRecord(stream.key, "stale", {"reason": "unrecovered", "seq": 3, "detail": None}))
+    log.append(NoticeRecord(stream.key, "stale", {"reason": "unrecovered", "seq": 3, "detail": "batches lost"}))
     (entry,) = board.to_json(clock.now)
     assert (entry["state"], entry["stale"], entry["stale_reason"]) == ("stale", True, "unrecovered")
     log.append(batch_record(stream.key, 9, batch(9, AllBlocksCleared()), received=1000.0, replayed=False))
@@ -121,7 +141,7 @@ def test_the_outlets_heartbeat_reports_an_unchanged_status_again() -> None:
     stream = config()
     log, board, clock = board_over_log(stream, silence=15.0)
     outlet = StreamOutlet(stream, log, clock=clock)
-    outlet.connection(True, "connected")
+    outlet.connection(True, "connected", "connected")
     offset = log.last_offset
     outlet.report()
     assert log.last_offset == offset, "nothing changed: no record"

@@ -212,4 +212,71 @@ def test_no_concrete_class_of_the_package_subclasses_another() -> None:
         if not _abstract(parent, classes)
     ]
     assert not wrong, "concrete package classes subclassed (compose them instead): " + ", ".join(wrong)
-    assert "Gateway" in classes and "Serving" in classes and "EdgeService" in classes
+    assert "OneProcess" in classes and "Serving" in classes and "EdgeService" in classes
+
+
+# --- the log seam -----------------------------------------------------------------------------
+
+
+def _is_stub(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A body (its docstring aside) that does nothing: ``pass``, ``...``, ``raise
+    NotImplementedError``, or a return of a constant, an empty container or an empty iterator."""
+    body = [stmt for stmt in node.body if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))]
+    if not body:
+        return True
+    if len(body) > 1:
+        return False
+    (stmt,) = body
+    if isinstance(stmt, ast.Pass):
+        return True
+    if isinstance(stmt, ast.Raise):
+        return "NotImplementedError" in ast.unparse(stmt)
+    if isinstance(stmt, ast.Return):
+        value = stmt.value
+        empty = ("None", "()", "[]", "{}", "iter(())", "iter([])")
+        return value is None or ast.unparse(value) in empty
+    return False
+
+
+def _log_implementations() -> dict[str, ast.ClassDef]:
+    """Package classes that implement a side of the log seam: an appender or a log (a concrete
+    class with ``append`` taking a record, or with ``follow`` and ``read``)."""
+    out = {}
+    for name, nodes in package_classes().items():
+        for node in nodes:
+            methods = {m.name: m for m in node.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)}
+            if any(ast.unparse(base).split("[")[0] == "Protocol" for base in node.bases):
+                continue
+            appends_records = "append" in methods and "record" in [a.arg for a in methods["append"].args.args]
+            if appends_records or {"follow", "read"} <= set(methods):
+                out[name] = node
+    return out
+
+
+def test_no_log_implementation_stubs_a_method_and_one_ring_log_serves_both_modes() -> None:
+    found = _log_implementations()
+    assert {"MemoryLog", "Publisher"} <= set(found), sorted(found)
+    stubs = [
+        f"{name}.{method.name}"
+        for name, node in found.items()
+        for method in node.body
+        if isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef)
+        and not method.name.startswith("__")
+        and _is_stub(method)
+    ]
+    assert not stubs, "log implementations with methods that do nothing (narrow the protocol instead): " + ", ".join(
+        stubs
+    )
+    readers = sorted(
+        name for name, node in found.items() if any(getattr(m, "name", "") == "holding" for m in node.body)
+    )
+    assert readers == ["MemoryLog"], f"one ring log for the single process and the edge, not {readers}"
+
+
+def test_the_stub_check_catches_a_stub() -> None:
+    stub = ast.parse('def read(self, after):\n    """Nothing."""\n    return iter(())\n').body[0]
+    raising = ast.parse("def holding(self, x):\n    raise NotImplementedError\n").body[0]
+    real = ast.parse("def read(self, after):\n    return self.ring.since(after)\n").body[0]
+    assert isinstance(stub, ast.FunctionDef) and isinstance(raising, ast.FunctionDef)
+    assert isinstance(real, ast.FunctionDef)
+    assert _is_stub(stub) and _is_stub(raising) and not _is_stub(real)

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -109,7 +110,16 @@ type Message struct {
 	Occupancy  json.RawMessage `json:"occupancy"`
 	Digest     string          `json:"digest"`      // a digest message's (and a last state chunk's)
 	BlockCount int             `json:"block_count"` // a digest message's: the stream's resident blocks
+	// Engine seqs are decimal strings (uint64: TensorRT-LLM's exceed 2^53); ParseSeq reads one.
+	Seq      string  `json:"seq"`      // a batch's, a restart's, a stale notice's
+	Previous *string `json:"previous"` // a restart's: nil when none was delivered before it
+	First    string  `json:"first"`    // an unrecovered_gap's lost range, inclusive
+	Until    string  `json:"until"`
+	Count    int64   `json:"count"`
 }
+
+// ParseSeq reads an engine seq as the gateway sends it, a decimal string, exactly.
+func ParseSeq(text string) (uint64, error) { return strconv.ParseUint(text, 10, 64) }
 
 // IsLast tells whether a state message is its stream's last chunk.
 func (m *Message) IsLast() bool { return m.Last }

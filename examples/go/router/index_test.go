@@ -28,7 +28,7 @@ func hello(offset int, recovered bool, sources ...string) string {
 }
 
 func batch(offset int, source string, events string) string {
-	return fmt.Sprintf(`{"type":"batch","id":"e1:%d","offset":%d,"source":%q,"dp_rank":0,"seq":1,"ts":0,"events":[%s]}`, offset, offset, source, events)
+	return fmt.Sprintf(`{"type":"batch","id":"e1:%d","offset":%d,"source":%q,"dp_rank":0,"seq":"1","ts":0,"events":[%s]}`, offset, offset, source, events)
 }
 
 const big = "18446744073709539271" // above 2^63: never a number
@@ -87,15 +87,15 @@ func TestClearsAndRestarts(t *testing.T) {
 	if refs(r, "a", "GPU", 0, "1") != 0 || refs(r, "b", "GPU", 0, "1") != 1 {
 		t.Fatal("AllBlocksCleared empties its own stream only")
 	}
-	feed(t, r, `{"type":"notice","kind":"unrecovered_gap","id":"e1:5","offset":5,"source":"b","dp_rank":0,"first":1,"until":2,"count":2,"reason":"not_sent"}`)
+	feed(t, r, `{"type":"notice","kind":"unrecovered_gap","id":"e1:5","offset":5,"source":"b","dp_rank":0,"first":"1","until":"2","count":2,"reason":"not_sent"}`)
 	if r.index.Streams[StreamKey{"b", 0}].Stale {
 		t.Fatal("a gap alone does not make the stream stale")
 	}
-	feed(t, r, `{"type":"notice","kind":"stale","id":"e1:5","offset":5,"source":"b","dp_rank":0,"reason":"unrecovered","seq":1,"detail":"x"}`)
+	feed(t, r, `{"type":"notice","kind":"stale","id":"e1:5","offset":5,"source":"b","dp_rank":0,"reason":"unrecovered","seq":"1","detail":"x"}`)
 	if !r.index.Streams[StreamKey{"b", 0}].Stale {
 		t.Fatal("a stale notice marks the stream stale")
 	}
-	feed(t, r, `{"type":"notice","kind":"restart","id":"e1:6","offset":6,"source":"b","dp_rank":0,"seq":0,"previous":9,"reason":"seq_reset"}`)
+	feed(t, r, `{"type":"notice","kind":"restart","id":"e1:6","offset":6,"source":"b","dp_rank":0,"seq":"0","previous":"9","reason":"seq_reset"}`)
 	if refs(r, "b", "GPU", 0, "1") != 0 || r.index.Streams[StreamKey{"b", 0}].Stale {
 		t.Fatal("a restart empties the stream and clears the doubt")
 	}
@@ -219,5 +219,35 @@ func TestDocumentShape(t *testing.T) {
 		`{"hash":"1","refs":2,"medium":"GPU","group_idx":0},{"hash":"2","refs":1,"medium":"GPU","group_idx":0}]}]}`
 	if string(got) != want {
 		t.Fatalf("got %s\nwant %s", got, want)
+	}
+}
+
+// Engine seqs arrive as decimal strings: a TensorRT-LLM seq (time_ns, beyond 2^53) and a gap's
+// range read exactly, so count == until - first + 1 holds on correct data.
+func TestEngineSeqsAreExactBeyond2To53(t *testing.T) {
+	var b, gap, restart Message
+	for line, m := range map[string]*Message{
+		`{"type":"batch","id":"e1:1","offset":1,"source":"a","dp_rank":0,"seq":"1789095808837884701","ts":1.5,"events":[]}`:                                                                    &b,
+		`{"type":"notice","kind":"unrecovered_gap","id":"e1:2","offset":2,"source":"a","dp_rank":0,"first":"1789095808837884702","until":"1789095808837884711","count":10,"reason":"evicted"}`: &gap,
+		`{"type":"notice","kind":"restart","id":"e1:3","offset":3,"source":"a","dp_rank":0,"seq":"0","previous":null,"reason":"seq_reset"}`:                                                    &restart,
+	} {
+		if err := json.Unmarshal([]byte(line), m); err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+	}
+	seq, err := ParseSeq(b.Seq)
+	if err != nil || seq != 1789095808837884701 {
+		t.Fatalf("seq %q read as %d (%v)", b.Seq, seq, err)
+	}
+	first, _ := ParseSeq(gap.First)
+	until, _ := ParseSeq(gap.Until)
+	if until-first+1 != uint64(gap.Count) || first != seq+1 {
+		t.Fatalf("gap %d..%d count %d", first, until, gap.Count)
+	}
+	if restart.Previous != nil {
+		t.Fatalf("previous %q: null is none", *restart.Previous)
+	}
+	if _, err := ParseSeq("1.789e18"); err == nil {
+		t.Fatal("a seq that is not a decimal integer must not parse")
 	}
 }

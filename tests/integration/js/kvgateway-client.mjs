@@ -6,9 +6,9 @@
 // Set KVGATEWAY_TOKEN when the gateway requires a token.
 //
 // Reads the hello and then `batches` batch messages (default 5) over WebSocket and over
-// Server-Sent Events, and prints a JSON summary. Block hashes arrive as strings: vLLM's
-// unsigned 64-bit hashes exceed 2^53, beyond which JavaScript numbers round, so keep them as
-// strings (or BigInt) and never convert them with Number().
+// Server-Sent Events, and prints a JSON summary. Block hashes and engine seqs arrive as strings:
+// vLLM's unsigned 64-bit hashes and TensorRT-LLM's seqs (time_ns) exceed 2^53, beyond which
+// JavaScript numbers round, so keep them as strings (or BigInt) and never convert them with Number().
 
 import http from "node:http";
 import https from "node:https";
@@ -19,7 +19,7 @@ const token = process.env.KVGATEWAY_TOKEN ?? "";
 const SAFE_LIMIT = 2n ** 53n;
 
 function newSummary(transport) {
-  return { transport, hello: null, batches: [], notices: 0, hash_types: [], above_2_53: 0, lossy_as_number: 0 };
+  return { transport, hello: null, batches: [], notices: 0, gaps: [], hash_types: [], above_2_53: 0, lossy_as_number: 0 };
 }
 
 // Handles one message; true once the hello and `wanted` batches are in.
@@ -35,9 +35,15 @@ function onMessage(summary, line) {
       if (BigInt(hash) > SAFE_LIMIT) summary.above_2_53 += 1;
       if (BigInt(Number(hash)) !== BigInt(hash)) summary.lossy_as_number += 1; // what Number() would do
     }
-    summary.batches.push({ id: msg.id, offset: msg.offset, source: msg.source, dp_rank: msg.dp_rank, block_hashes: hashes });
+    summary.batches.push({ id: msg.id, offset: msg.offset, source: msg.source, dp_rank: msg.dp_rank, seq: msg.seq, block_hashes: hashes });
   } else {
     summary.notices += 1; // restart, unrecovered_gap, ...: a real client acts on them (docs/protocol.md)
+    if (msg.kind === "unrecovered_gap") {
+      // seqs are strings: BigInt arithmetic is exact, Number() arithmetic is not beyond 2^53
+      const exact = BigInt(msg.until) - BigInt(msg.first) + 1n === BigInt(msg.count);
+      const asNumbers = Number(msg.until) - Number(msg.first) + 1 === msg.count;
+      summary.gaps.push({ first: msg.first, until: msg.until, count: msg.count, exact, as_numbers: asNumbers });
+    }
   }
   return summary.hello !== null && summary.batches.length >= wanted;
 }
