@@ -22,6 +22,7 @@ NO_EXTENSIONS = os.environ.get("KVGATEWAY_NO_EXTENSIONS", "") not in ("", "0")
 SOURCES = {
     "kvgateway.state._learner_c": "kvgateway/state/_learner_c.pyx",
     "kvgateway.log._render_c": "kvgateway/log/_render_c.pyx",  # includes kvgateway/log/_render_py.py
+    "kvgateway.state._digest_c": "kvgateway/state/_digest_c.pyx",
 }
 BUILD_ERRORS = (CCompilerError, ExecError, PlatformError, OSError, ValueError)
 """What a missing or broken compiler raises (distutils' CompileError and LinkError are

@@ -10,6 +10,14 @@ batches of each payload variant (map, positional, byte hashes), the two alternat
 round and the order reversed every other round; each figure is the best round's CPU time of this
 process (``time.process_time``: on a shared machine a round that was preempted counts less than in
 wall time) in microseconds per batch. The ratio compiled / pure is the figure to read.
+
+**digest**: what keeping the state digest adds to the index's apply (``kvgateway.state._digest_py``
+and ``_digest_c``, each put in place of the index's ``elements_sum`` for its turn): the apply with
+tracking on from the first batch, as after a client's first ask, minus the apply without (``index``,
+timed in the same rounds). Against the whole ingest path: bench/ingest.py's stage table (its
+``sum``, wall time) under each core in the same process, alternating for up to 3 rounds, each with
+its own ``digest_upkeep`` (best round of each figure), and ``share`` the upkeep as a fraction of
+that ``sum``.
 """
 
 from __future__ import annotations
@@ -19,18 +27,20 @@ import gc
 import importlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
 
 from bench import payloads
 from bench.common import write_run
-from bench.ingest import VARIANTS
+from bench.ingest import VARIANTS, _stages
 from bench.learner import REPO
 from bench.lookup import _commit
 from kvgateway.engine import wire
 from kvgateway.log import messages
+from kvgateway.state import occupancy
 
 RESULTS: Final = REPO / "bench" / "results" / "core"
 CORES: Final = ("pure", "compiled")
@@ -42,7 +52,12 @@ def _say(text: str) -> None:
 
 def _modules() -> dict[str, dict[str, ModuleType]]:
     out: dict[str, dict[str, ModuleType]] = {"pure": {}, "compiled": {}}
-    for part, name in (("render", "kvgateway.log._render"), ("learner", "kvgateway.state._learner")):
+    parts = (
+        ("render", "kvgateway.log._render"),
+        ("learner", "kvgateway.state._learner"),
+        ("digest", "kvgateway.state._digest"),
+    )
+    for part, name in parts:
         out["pure"][part] = importlib.import_module(name + "_py")
         try:
             out["compiled"][part] = importlib.import_module(name + "_c")
@@ -63,9 +78,41 @@ def _learn(module: ModuleType, batches: list[wire.Batch]) -> None:
         learner.learn_batch("bench", 0, batch)
 
 
+@contextmanager
+def _digest_by(module: ModuleType) -> Iterator[None]:
+    """The index's digest sums by ``module`` (pure or compiled) while the block runs."""
+    saved = occupancy.elements_sum
+    occupancy.elements_sum = module.elements_sum
+    try:
+        yield
+    finally:
+        occupancy.elements_sum = saved
+
+
+def _apply(batches: list[wire.Batch], tracked: bool) -> None:
+    index = occupancy.OccupancyIndex()
+    if tracked:
+        index.stream("bench", 0).digest()  # tracking on from the first batch, as after the first ask
+    now = time.time()
+    for batch in batches:
+        index.apply("bench", 0, batch, now)
+
+
+def _index(module: ModuleType, batches: list[wire.Batch]) -> None:
+    with _digest_by(module):
+        _apply(batches, tracked=False)
+
+
+def _digest(module: ModuleType, batches: list[wire.Batch]) -> None:
+    with _digest_by(module):
+        _apply(batches, tracked=True)
+
+
 STAGES: Final[dict[str, tuple[str, Callable[[ModuleType, list[wire.Batch]], None]]]] = {
     "render": ("render", _render),
     "learn": ("learner", _learn),
+    "index": ("digest", _index),  # no digest kept: the same code under both cores, the upkeep's base
+    "digest": ("digest", _digest),
 }
 
 
@@ -91,7 +138,34 @@ def variant(name: str, batches_wanted: int, rounds: int, modules: dict[str, dict
     for stage, figures in best.items():
         out[stage] = {core: round(us, 2) for core, us in figures.items()}
         out[stage]["ratio"] = round(figures["compiled"] / figures["pure"], 3)
+    base = min(best["index"].values())
+    upkeep = {core: best["digest"][core] - base for core in CORES}
+    out["digest_upkeep"] = {core: round(us, 2) for core, us in upkeep.items()}
+    out["digest_upkeep"]["ratio"] = round(upkeep["compiled"] / upkeep["pure"], 3)
+    out["ingest_path"] = _ingest_path(stream[:batches_wanted], modules, min(rounds, 3))
     _say(f"{name}: {out}")
+    return out
+
+
+def _ingest_path(stream: list[bytes], modules: dict[str, dict[str, ModuleType]], rounds: int) -> dict[str, Any]:
+    """bench/ingest.py's stage table under each core's digest, the cores alternating for ``rounds``
+    rounds: the best round's ``sum`` (the ingest path, wall microseconds per batch) and
+    ``digest_upkeep``, and the upkeep's share of the sum."""
+    best: dict[str, dict[str, float]] = {core: {} for core in CORES}
+    for n in range(rounds):
+        for core in CORES if n % 2 == 0 else tuple(reversed(CORES)):
+            gc.collect()
+            gc.disable()  # as bench/ingest.py's breakdown
+            try:
+                with _digest_by(modules[core]["digest"]):
+                    table = _stages(stream, {})
+            finally:
+                gc.enable()
+            for figure in ("sum", "digest_upkeep"):
+                best[core][figure] = min(best[core].get(figure, table[figure]), table[figure])
+    out: dict[str, Any] = {}
+    for core, figures in best.items():
+        out[core] = {**figures, "share": round(figures["digest_upkeep"] / figures["sum"], 3)}
     return out
 
 

@@ -3,7 +3,8 @@ one process: byte-identical rendered events; the same learner answers, entries i
 eviction order, the same counters and slots; for every wire layout (positional and map events,
 u64, i64 and byte hashes, extra_keys, mediums, groups, locality, LoRA, clears, unknown events) and
 for the chains, caps, residency and re-announcements that make a table evict, second-chance,
-shrink and rebuild.
+shrink and rebuild; and the same state digest sums and elements for every hash kind (u64, i64,
+ints of any size, bytes of any length, none).
 
 Skipped where the compiled core was not built (an install without a C compiler); ``make test`` runs
 it on the compiled build, and hypothesis shrinks any difference to a minimal batch."""
@@ -23,6 +24,7 @@ from kvgateway.engine import wire
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, UnknownEvent
 from kvgateway.log import _render_py
 from kvgateway.log.messages import encode_events
+from kvgateway.state import _digest_py
 from kvgateway.state import _learner_py as pure
 from kvgateway.state._learner_py import block_digests
 from tests.unit.test_wire import U64, encoded_event
@@ -256,6 +258,15 @@ def test_both_cores_are_importable_side_by_side_and_the_public_one_is_chosen() -
     assert render.render_events is (_render_py if extensions.forced_pure() else compiled_render).render_events
     assert extensions.core() == (extensions.PURE if extensions.forced_pure() else extensions.COMPILED)
     assert learner.block_digests is pure.block_digests
+    from kvgateway.state import digest
+
+    compiled_digest = _compiled("kvgateway.state._digest_c")
+    chosen = _digest_py if extensions.forced_pure() else compiled_digest
+    assert (digest.elements_sum, digest.element, digest.prefix_state) == (
+        chosen.elements_sum,
+        chosen.element,
+        chosen.prefix_state,
+    )
 
 
 # --- rendering -------------------------------------------------------------------------------------
@@ -318,3 +329,59 @@ def test_the_pure_core_switch_is_no_unknown_setting() -> None:
     from kvgateway.config import NO_EXTENSIONS_ENV, Settings, settings_from_env
 
     assert settings_from_env({NO_EXTENSIONS_ENV: "1"}, Settings()) == Settings()
+
+
+# --- the state digest ------------------------------------------------------------------------------
+
+digest_hash_st = st.one_of(
+    st.integers(0, U64),  # u64
+    st.integers(-(2**63), 2**63 - 1),  # i64
+    st.integers(2**63 - 3, 2**63 + 3) | st.integers(U64 - 3, U64 + 3) | st.integers(-(2**63) - 3, -(2**63) + 3),
+    st.integers(-(2**200), 2**200),  # ints of any size: through str() in C too
+    st.binary(max_size=40),  # empty, short and 32-byte hashes
+)
+group_st = st.tuples(st.sampled_from(["GPU", "CPU", "DISK", "é"]), st.integers(-2, 2**70))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    hashes=st.one_of(
+        st.sets(digest_hash_st, max_size=8),
+        st.sets(digest_hash_st, min_size=_digest_py.WIDE_FROM, max_size=200),  # the reference side by side
+        st.frozensets(st.integers(0, U64), max_size=80),
+        st.lists(st.binary(min_size=32, max_size=32), unique=True, max_size=80),
+        st.dictionaries(digest_hash_st, st.integers(1, 3), max_size=8),  # an index group's blocks
+    ),
+    group=group_st,
+)
+def test_the_compiled_digest_sums_as_the_reference(hashes: Any, group: tuple[str, int]) -> None:
+    """``elements_sum`` of every hash kind (u64, i64, the edges of both, ints of any size, bytes of
+    any length, none at all) in every collection the index passes, and each ``element`` alike."""
+    compiled = _compiled("kvgateway.state._digest_c")
+    prefix = _digest_py.prefix_state(*group)
+    assert compiled.prefix_state(*group) == prefix
+    assert compiled.elements_sum(prefix, hashes) == _digest_py.elements_sum(prefix, hashes)
+    for block_hash in hashes:
+        ours = _digest_py.element(*group, block_hash)
+        assert compiled.element(*group, block_hash) == ours
+        assert compiled.element(*group, _render_py.hash_text(block_hash)) == ours  # as protocol text
+        assert compiled.elements_sum(prefix, [block_hash]) == ours
+
+
+def test_the_compiled_digest_at_the_edges_of_fixed_width_integers() -> None:
+    """Every boundary of the C paths (int64, uint64, wider), the empty collection and hashes the
+    reference refuses (refused alike)."""
+    compiled = _compiled("kvgateway.state._digest_c")
+    prefix = _digest_py.prefix_state("GPU", 0)
+    edges: list[Hash] = [0, 9, 10, -1, -9, -10, 2**63 - 1, -(2**63), 2**63, -(2**63) - 1, U64, U64 + 1]
+    edges += [10**19, 10**20, -(10**19), 2**128, -(2**128), b"", b"\x00", b"\xff" * 32, bytes(range(256))]
+    for block_hash in edges:
+        assert compiled.elements_sum(prefix, [block_hash]) == _digest_py.elements_sum(prefix, [block_hash])
+    assert compiled.elements_sum(prefix, edges) == _digest_py.elements_sum(prefix, edges)
+    assert compiled.elements_sum(prefix, ()) == _digest_py.elements_sum(prefix, ()) == 0
+    assert compiled.elements_sum(prefix, [bytearray(b"\x01")]) == _digest_py.elements_sum(prefix, [bytearray(b"\x01")])
+    for bad in (True, "ab", None):  # not an index's hash: the reference fails on .hex(), and so does C
+        with pytest.raises(AttributeError):
+            _digest_py.elements_sum(prefix, [bad])
+        with pytest.raises(AttributeError):
+            compiled.elements_sum(prefix, [bad])

@@ -1,0 +1,129 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The compiled state digest: :mod:`kvgateway.state._digest_py`'s ``element``, ``elements_sum`` and
+``prefix_state`` with FNV-1a run in C over each hash's protocol text, the text never built.
+
+The same sums for every hash the reference takes (checked by tests/unit/test_core_differential.py):
+
+- an int in the int64 or uint64 range is written in C, in decimal with its sign, as ``str()``
+  writes it; a wider one (the wire sends none, but a Python int may be any size) goes through
+  ``str()`` itself, so its text is Python's by construction;
+- bytes are read two lowercase hex digits a byte, as ``bytes.hex()`` writes them;
+- anything else goes through ``.hex()``, as in the reference (and fails there alike).
+
+FNV-1a's state and the sum are unsigned 64-bit C integers on purpose: the reference masks its
+arithmetic to 64 bits (``& MASK``), which is what C's unsigned wrap-around does.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.exc cimport PyErr_Clear, PyErr_Occurred
+from libc.stdint cimport uint64_t
+
+from kvgateway.state._digest_py import EMPTY, FNV_OFFSET, FNV_PRIME, MASK, WIDE_FROM, hex_digest
+
+cdef extern from "Python.h":
+    # neither raises for an exact int: the first reports overflow through its flag, and the
+    # second's error (too wide) is checked and cleared below
+    long long PyLong_AsLongLongAndOverflow(object value, int* overflow) noexcept
+    unsigned long long PyLong_AsUnsignedLongLong(object value) noexcept
+
+cdef uint64_t _PRIME = 0x100000001B3ULL
+cdef uint64_t _OFFSET = 0xCBF29CE484222325ULL
+cdef const char* _HEX = b"0123456789abcdef"
+cdef unsigned char _MINUS = 45  # "-"
+cdef unsigned char _ZERO = 48  # "0"
+
+
+cdef inline uint64_t _fnv(uint64_t state, const unsigned char* data, Py_ssize_t size) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(size):
+        state = (state ^ data[i]) * _PRIME
+    return state
+
+
+cdef inline uint64_t _fnv_hex(uint64_t state, const unsigned char* data, Py_ssize_t size) noexcept nogil:
+    """FNV-1a over ``data.hex()``: two lowercase hex digits a byte, high nibble first."""
+    cdef Py_ssize_t i
+    cdef unsigned char byte
+    for i in range(size):
+        byte = data[i]
+        state = (state ^ <unsigned char>_HEX[byte >> 4]) * _PRIME
+        state = (state ^ <unsigned char>_HEX[byte & 15]) * _PRIME
+    return state
+
+
+cdef inline uint64_t _fnv_decimal(uint64_t state, uint64_t magnitude, bint negative) noexcept nogil:
+    """FNV-1a over ``str(value)`` for ``value = -magnitude if negative else magnitude``."""
+    cdef unsigned char digits[20]  # 2**64 - 1 has 20 digits
+    cdef int count = 0
+    if negative:
+        state = (state ^ _MINUS) * _PRIME
+    while True:  # least significant digit first, hashed most significant first
+        digits[count] = _ZERO + <unsigned char>(magnitude % 10)
+        count += 1
+        magnitude //= 10
+        if magnitude == 0:
+            break
+    while count > 0:
+        count -= 1
+        state = (state ^ digits[count]) * _PRIME
+    return state
+
+
+cdef uint64_t _fnv_text(uint64_t state, bytes text):
+    return _fnv(state, <const unsigned char*>PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text))
+
+
+cdef uint64_t _fnv_int(uint64_t state, object value) except? 0:
+    """FNV-1a over ``str(value)`` for an exact int of any size."""
+    cdef int overflow = 0
+    cdef long long small = PyLong_AsLongLongAndOverflow(value, &overflow)
+    cdef unsigned long long wide
+    if overflow == 0:
+        if small < 0:  # -(small + 1) + 1: the magnitude of INT64_MIN too, without overflow
+            return _fnv_decimal(state, (<uint64_t>(-(small + 1))) + 1, True)
+        return _fnv_decimal(state, <uint64_t>small, False)
+    if overflow > 0:  # above 2**63 - 1: half of all random u64 hashes
+        wide = PyLong_AsUnsignedLongLong(value)
+        if wide != <unsigned long long>-1 or PyErr_Occurred() == NULL:
+            return _fnv_decimal(state, wide, False)
+        PyErr_Clear()  # wider than 64 bits
+    return _fnv_text(state, str(value).encode())
+
+
+cdef uint64_t _element(uint64_t prefix, object block_hash) except? 0:
+    """One hash's element from its group's prefix state (the reference's inner loop)."""
+    cdef type kind = type(block_hash)
+    if kind is int:
+        return _fnv_int(prefix, block_hash)
+    if kind is bytes:
+        return _fnv_hex(prefix, <const unsigned char*>PyBytes_AS_STRING(block_hash), PyBytes_GET_SIZE(block_hash))
+    return _fnv_text(prefix, block_hash.hex().encode())
+
+
+cdef uint64_t _state(object value):
+    """A Python int as the reference's arithmetic sees it: modulo 2**64."""
+    return <uint64_t>(value & MASK)
+
+
+def prefix_state(object medium, object group_idx):
+    """FNV-1a's state after ``medium\\ngroup_idx\\n``: where every element of that group starts."""
+    return _fnv_text(_OFFSET, f"{medium}\n{group_idx}\n".encode())
+
+
+def element(object medium, object group_idx, object block_hash):
+    """One key's element; ``block_hash`` as the index holds it (int or bytes) or as protocol text."""
+    cdef uint64_t prefix = _fnv_text(_OFFSET, f"{medium}\n{group_idx}\n".encode())
+    if isinstance(block_hash, str):
+        return _fnv_text(prefix, block_hash.encode())
+    return _element(prefix, block_hash)
+
+
+def elements_sum(object prefix, object hashes):
+    """The sum (mod 2**64) of the elements of ``hashes`` (distinct) of the group whose
+    :func:`prefix_state` is ``prefix``."""
+    cdef uint64_t start = _state(prefix)
+    cdef uint64_t total = 0  # wraps around modulo 2**64, as the reference's final mask
+    cdef object block_hash
+    for block_hash in hashes:
+        total += _element(start, block_hash)
+    return total
