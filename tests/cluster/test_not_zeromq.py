@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support import Gateway, Start, free_ports, wait_until
+from tests.support import Start, free_ports, start_ingest_and_edge, wait_until
 from tests.support.fake_engine import HttpPort
 from tests.support.gateway import NOT_ZEROMQ_HINT as HINT
 from tests.support.gateway import down_lines, source_status
@@ -20,12 +20,8 @@ pytestmark = pytest.mark.timeout(120)
 def test_an_edge_shows_the_not_zeromq_reason_the_ingest_found(procs: Start, nats_server: NatsServer) -> None:
     (http_edge,) = free_ports(1)
     with HttpPort() as wrong:
-        flags = ["--source", source_spec("wrongport", wrong.port)]
-        ingest = procs("ingest", *flags, "--nats", nats_server.url, "--port", "0", "--log-format", "json")
-        ingest.wait_for("ingest publishing to", timeout=30)
-        edge_proc = procs("edge", *flags, "--nats", nats_server.url, "--host", "127.0.0.1", "--port", str(http_edge))
-        edge_proc.wait_for("edge serving on", timeout=30)
-        edge = Gateway(edge_proc, http_edge)
+        sources = [source_spec("wrongport", wrong.port)]
+        ingest, edge = start_ingest_and_edge(procs, nats_server.url, sources, http_edge, "--log-format", "json")
         expected = f"tcp://127.0.0.1:{wrong.port} answers but {HINT}"
         wait_until(lambda: source_status(edge.base, "wrongport")["reason"] == expected, timeout=60, what="the reason")
         status = source_status(edge.base, "wrongport")

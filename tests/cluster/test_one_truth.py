@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kvgateway.cluster.options import INGEST_SILENCE_SECONDS
-from tests.support import Gateway, Start, free_ports, start_gateway, start_sim, wait_until
+from tests.support import Gateway, Start, free_ports, start_gateway, start_ingest_and_edge, start_sim, wait_until
 from tests.support.clients import WsCollector
 from tests.support.nats import NatsServer
 
@@ -79,13 +79,8 @@ def test_one_process_and_an_edge_show_the_same_statuses_counters_and_index(
         f"name=garbled,endpoint=tcp://127.0.0.1:{garbled_pub},replay=tcp://127.0.0.1:{garbled_replay}",
         f"name=gone,endpoint=tcp://127.0.0.1:{gone_pub}",  # nothing listens there
     ]
-    flags = [arg for spec in sources for arg in ("--source", spec)]
     single = start_gateway(procs, http_single, sources)
-    ingest = procs("ingest", *flags, "--nats", nats_server.url, "--port", "0")
-    ingest.wait_for("ingest publishing to", timeout=30)
-    edge_proc = procs("edge", *flags, "--nats", nats_server.url, "--host", "127.0.0.1", "--port", str(http_edge))
-    edge_proc.wait_for("edge serving on", timeout=30)
-    edge = Gateway(edge_proc, http_edge)
+    _ingest, edge = start_ingest_and_edge(procs, nats_server.url, sources, http_edge)
 
     common = ["--rate=50", f"--batches={BATCHES}", "--linger=600", "--start-delay=2", "--seed=9"]
     start_sim(procs, "--endpoint", f"tcp://*:{lossy_pub}", f"--skip={SKIPPED[0]}-{SKIPPED[1]}", *common)

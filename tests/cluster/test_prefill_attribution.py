@@ -12,7 +12,16 @@ import msgspec
 import pytest
 import zmq
 
-from tests.support import Gateway, Start, free_ports, scrape, source_spec, start_gateway, wait_until
+from tests.support import (
+    Gateway,
+    Start,
+    free_ports,
+    scrape,
+    source_spec,
+    start_gateway,
+    start_ingest_and_edge,
+    wait_until,
+)
 from tests.support.fake_engine import FakeEngine
 from tests.support.metrics import total
 from tests.support.nats import NatsServer
@@ -85,13 +94,8 @@ def test_every_origin_counted_exactly_by_one_process_and_by_an_edge(procs: Start
         for engine in engines.values():
             engine.pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every reader's subscription is reported
         sources = [source_spec("a", a_pub, a_rep), source_spec("b", b_pub, b_rep)]
-        flags = [arg for spec in sources for arg in ("--source", spec)]
         single = start_gateway(procs, http_single, sources)
-        ingest = procs("ingest", *flags, "--nats", nats_server.url, "--port", "0")
-        ingest.wait_for("ingest publishing to", timeout=30)
-        edge_proc = procs("edge", *flags, "--nats", nats_server.url, "--host", "127.0.0.1", "--port", str(http_edge))
-        edge_proc.wait_for("edge serving on", timeout=30)
-        edge = Gateway(edge_proc, http_edge)
+        _ingest, edge = start_ingest_and_edge(procs, nats_server.url, sources, http_edge)
         for engine in engines.values():
             engine.wait_subscribed()  # the single process
             engine.wait_subscribed()  # the ingest

@@ -6,7 +6,8 @@
   :class:`Procs` (what starts processes for a test and stops them);
 - :mod:`~tests.support.sources`: the ``--source`` builder and the simulator's matching flags;
 - :mod:`~tests.support.metrics`: the metrics scraper and its views;
-- :mod:`~tests.support.gateway`: :func:`start_gateway` and its :class:`Gateway` handle;
+- :mod:`~tests.support.gateway`: :func:`start_gateway` and its :class:`Gateway` handle (and
+  :func:`start_ingest_and_edge`, a cluster of one ingest and one edge);
 - :mod:`~tests.support.simulator`, :mod:`~tests.support.replay`, :mod:`~tests.support.fake_engine`,
   :mod:`~tests.support.oracles`: engines, their replay sockets and their truth;
 - :mod:`~tests.support.clients`: WebSocket clients; :mod:`~tests.support.seqs`: how they read a
@@ -26,6 +27,7 @@ from tests.support.gateway import (
     source_status,
     start_gateway,
     start_half_fleet,
+    start_ingest_and_edge,
 )
 from tests.support.metrics import STREAM_SERIES, metric, metric_values, scrape, stream_metrics
 from tests.support.ports import free_port, free_ports
@@ -63,6 +65,7 @@ __all__ = [
     "source_status",
     "start_gateway",
     "start_half_fleet",
+    "start_ingest_and_edge",
     "start_sim",
     "stream_metrics",
     "until",

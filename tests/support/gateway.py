@@ -170,6 +170,20 @@ def start_gateway(
     return Gateway(proc, port, token)
 
 
+def start_ingest_and_edge(
+    start: Start, nats_url: str, sources: Iterable[str], edge_port: int, *ingest_extra: str
+) -> tuple[Proc, Gateway]:
+    """A cluster of one ``kvgateway ingest`` (probes on any port) and one ``kvgateway edge`` on
+    127.0.0.1:``edge_port``, both over ``nats_url`` and the same ``sources``; returns once each
+    logged that it runs."""
+    flags = [arg for spec in sources for arg in ("--source", spec)]
+    ingest = start("ingest", *flags, "--nats", nats_url, "--port", "0", *ingest_extra)
+    ingest.wait_for("ingest publishing to", timeout=30)
+    edge = start("edge", *flags, "--nats", nats_url, "--host", "127.0.0.1", "--port", str(edge_port))
+    edge.wait_for("edge serving on", timeout=30)
+    return ingest, Gateway(edge, edge_port)
+
+
 def start_half_fleet(start: Start) -> Gateway:
     """``kvgateway serve`` with two engines configured and one running: ``up`` (a simulator at 20
     batches/s, with its replay socket) and ``gone`` (nothing listens: down from the start)."""
