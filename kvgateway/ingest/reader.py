@@ -193,8 +193,10 @@ class StreamReader:
                 if count:  # counted once a burst: the same figures, one metric update instead of 64
                     self._outlet.received(count)
                     self._outlet.settle()
-            if frames is None and self._drained is not None:
-                self._end_drain()  # the old connection's last batch is read
+            # The old connection's last batch is read: found by a read, or by a look when the turn
+            # ended on its budget right after it (no read would come to find the queue empty).
+            if self._drained is not None and (frames is None or not has_message(sub)):
+                self._end_drain()
             # Yield even when more is waiting, so other streams and the web side get their turn.
             await asyncio.sleep(0)
 

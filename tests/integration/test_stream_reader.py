@@ -12,6 +12,7 @@ import zmq
 
 from kvgateway.config import StreamConfig
 from kvgateway.engine import wire
+from kvgateway.ingest import reader as reader_module
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.ingest.reader import StreamReader
 from kvgateway.log.ordered import STATUS, BatchRecord, MemoryLog, NoticeRecord
@@ -163,3 +164,25 @@ def _subscribed(engine: Engine, records: list[Any]) -> Callable[[], bool]:
         return False
 
     return check
+
+
+def test_a_backlog_whose_last_batch_ends_a_turn_still_ends_in_the_disconnect(monkeypatch: Any) -> None:
+    """A disconnect's backlog is read in turns; when its last batch is the last of a turn (a turn
+    ends at its time budget, here after every batch), the queue is empty without a read having
+    found it so: the disconnect must still be applied (found under load: the stream stayed up)."""
+
+    async def scenario(engine: Engine, reader: StreamReader, records: list[Any], index: OccupancyIndex) -> None:
+        outlet = reader._outlet
+        await until(lambda: engine.requests == [0] and reader.sequencer.replay_token is None, engine)
+        await until(_subscribed(engine, records), engine)
+        monkeypatch.setattr(reader_module, "TURN_SECONDS", 0.0)  # from here on, a turn reads one batch
+        for seq in range(1, 41):
+            engine.publish(seq)
+        engine.pub.close(linger=5_000)  # every batch on its way, then the publisher is gone
+        # The loop held on purpose (no await): the batches queue at the reader, and the disconnect
+        # behind them, before it reads any.
+        time.sleep(0.5)  # noqa: ASYNC251
+        await until(lambda: delivered(records) == list(range(41)) and not outlet.status.connected, engine)
+        assert [r.kind for r in records if isinstance(r, NoticeRecord)] == ["up", "down"]
+
+    run(scenario)
