@@ -62,7 +62,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await role.stop()
 
 
-def _gateway(conn: HTTPConnection) -> Serving:
+def _serving(conn: HTTPConnection) -> Serving:
     serving: Serving = conn.app.state.serving
     return serving
 
@@ -107,26 +107,26 @@ def probe_app(role: Role) -> Starlette:
 
 
 async def sources(request: Request) -> Response:
-    gateway = _gateway(request)
+    serving = _serving(request)
     try:
         client, _ = read_query(request, "/v1/sources")
     except BadRequest as exc:
-        return bad_request(gateway, exc)
-    statuses = gateway.statuses(client.filter)
+        return bad_request(serving, exc)
+    statuses = serving.statuses(client.filter)
     if INT_SEQS in client.compat:  # a client written against integer seqs, until 0.2.0
         statuses = [messages.int_seqs_status(status) for status in statuses]
-    return JSONResponse({"offset": gateway.hub.offset, "epoch": gateway.hub.epoch, "sources": statuses})
+    return JSONResponse({"offset": serving.hub.offset, "epoch": serving.hub.epoch, "sources": statuses})
 
 
 async def occupancy(request: Request) -> Response:
-    gateway = _gateway(request)
+    serving = _serving(request)
     try:
         client, _ = read_query(request, "/v1/occupancy")
     except BadRequest as exc:
-        return bad_request(gateway, exc)
-    body = gateway.snapshot(client_filter=client.filter)
+        return bad_request(serving, exc)
+    body = serving.snapshot(client_filter=client.filter)
     # the whole fleet whatever the filter: counted every 15 s in the background (kvgateway/serve/router_state.py)
-    body["fleet"] = gateway.routers.fleet
+    body["fleet"] = serving.routers.fleet
     return Response(msgspec.json.encode(body), media_type="application/json")
 
 
@@ -134,7 +134,7 @@ async def schema(request: Request) -> Response:
     try:
         read_query(request, "/v1/schema")
     except BadRequest as exc:
-        return bad_request(_gateway(request), exc)
+        return bad_request(_serving(request), exc)
     return Response(SCHEMA, media_type="application/schema+json")
 
 
@@ -146,29 +146,29 @@ def _client_request(conn: HTTPConnection, transport: str) -> ClientRequest:
 
 
 async def events(request: Request) -> Response:
-    gateway = _gateway(request)
-    metrics = gateway.metrics
+    serving = _serving(request)
+    metrics = serving.metrics
     try:
         client = _client_request(request, "sse")
     except BadRequest as exc:
         metrics.client_rejections.labels("sse", "bad_request").inc()
         return json_error(400, str(exc))
     try:
-        subscription = await gateway.subscribe(client, "sse")
+        subscription = await serving.subscribe(client, "sse")
     except TooManyClients:
         metrics.client_rejections.labels("sse", "too_many_clients").inc()
         return json_error(503, "too many clients", **{"Retry-After": "5"})
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
     return StreamingResponse(
-        sse_stream(subscription, gateway.settings.keepalive_seconds),
+        sse_stream(subscription, serving.settings.keepalive_seconds),
         media_type="text/event-stream; charset=utf-8",
         headers=headers,
     )
 
 
 async def websocket_endpoint(websocket: WebSocket) -> None:
-    gateway = _gateway(websocket)
-    metrics = gateway.metrics
+    serving = _serving(websocket)
+    metrics = serving.metrics
     try:
         client = _client_request(websocket, "ws")
     except BadRequest as exc:
@@ -176,7 +176,7 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
         await websocket.send_denial_response(json_error(400, str(exc)))
         return
     try:
-        subscription = await gateway.subscribe(client, "ws")
+        subscription = await serving.subscribe(client, "ws")
     except TooManyClients:
         metrics.client_rejections.labels("ws", "too_many_clients").inc()
         code, reason = WS_CLOSE["too_many_clients"]
@@ -223,15 +223,15 @@ def create_app(role: Role, serving: Serving) -> Starlette:
     routes = [*ROUTES, Mount("/", app=StaticFiles(directory=static_dir(), html=True), name="static")]
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
     app.state.role = role
-    gateway = app.state.serving = serving
-    app.state.dashboard_data = DashboardData(gateway)
-    settings = gateway.settings
+    app.state.serving = serving
+    app.state.dashboard_data = DashboardData(serving)
+    settings = serving.settings
     if settings.allow_unauthenticated and settings.token is None:
         logging.getLogger("kvgateway").warning(
             "authentication is OFF on %s:%d (--allow-unauthenticated)", settings.host, settings.port
         )
     # The last added runs first: headers on every answer, then the Host, then Origin and token.
-    app.add_middleware(Authentication, settings=gateway.settings, metrics=gateway.metrics)
-    app.add_middleware(HostCheck, settings=gateway.settings, metrics=gateway.metrics)
+    app.add_middleware(Authentication, settings=serving.settings, metrics=serving.metrics)
+    app.add_middleware(HostCheck, settings=serving.settings, metrics=serving.metrics)
     app.add_middleware(SecurityHeaders)
     return app

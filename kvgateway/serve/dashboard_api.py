@@ -38,20 +38,20 @@ PREFIX_EVERY: Final = 6
 class DashboardData:
     """The history of one gateway and its sampler task."""
 
-    def __init__(self, gateway: Serving, history: History | None = None) -> None:
-        self.gateway = gateway
+    def __init__(self, serving: Serving, history: History | None = None) -> None:
+        self.serving = serving
         self.history = history if history is not None else History()
-        self.activity = gateway.activity  # both follow the log (wired in Serving)
-        self.analytics = gateway.analytics
-        self.attribution = gateway.attribution
+        self.activity = serving.activity  # both follow the log (wired in Serving)
+        self.analytics = serving.analytics
+        self.attribution = serving.attribution
         self._task: asyncio.Task[None] | None = None
         self._samples = 0
 
     def readings(self, now: float) -> list[StreamReading]:
-        gateway = self.gateway
+        serving = self.serving
         out = []
-        for source, dp_rank in gateway.board.streams:
-            status, index = gateway.board.status((source, dp_rank), now), gateway.index.stream(source, dp_rank)
+        for source, dp_rank in serving.board.streams:
+            status, index = serving.board.status((source, dp_rank), now), serving.index.stream(source, dp_rank)
             assert status is not None
             last = self.activity.last_batch.get((source, dp_rank))
             live = self.activity.last_live.get((source, dp_rank))
@@ -77,7 +77,7 @@ class DashboardData:
 
     def up_streams(self, indexes: Iterable[StreamIndex]) -> list[StreamIndex]:
         """The streams whose engine is connected: a down engine's blocks are not a prefix's home."""
-        board, now = self.gateway.board, self.gateway.clock()
+        board, now = self.serving.board, self.serving.clock()
         return [
             index
             for index in indexes
@@ -85,16 +85,16 @@ class DashboardData:
         ]
 
     def sample(self) -> None:
-        now = self.gateway.clock()
+        now = self.serving.clock()
         self.history.sample(now, self.readings(now))
-        self.gateway.metrics.history_bytes.set(self.history.nbytes())
+        self.serving.metrics.history_bytes.set(self.history.nbytes())
         held, bound = self.analytics.tracked()
-        self.gateway.metrics.analytics_tracked.set(held)
-        self.gateway.metrics.analytics_tracked_bound.set(bound)
+        self.serving.metrics.analytics_tracked.set(held)
+        self.serving.metrics.analytics_tracked_bound.set(bound)
         if self._samples % PREFIX_EVERY == 0:
-            spread = self.analytics.prefix_spread(self.up_streams(self.gateway.index.streams()))
+            spread = self.analytics.prefix_spread(self.up_streams(self.serving.index.streams()))
             if spread["mean_engines"] is not None:
-                self.gateway.metrics.prefix_engines_mean.set(spread["mean_engines"])
+                self.serving.metrics.prefix_engines_mean.set(spread["mean_engines"])
         self._samples += 1
 
     def start(self) -> None:
@@ -112,7 +112,7 @@ class DashboardData:
                 self.sample()
             except Exception:  # a bug here must not end the sampling for good
                 logger.exception("history sampling failed")
-            now = self.gateway.clock()
+            now = self.serving.clock()
             await asyncio.sleep(max(0.05, interval - math.fmod(now, interval)))
 
 
@@ -138,26 +138,26 @@ def parse_history_query(own: dict[str, list[str]], interval: float) -> tuple[flo
 
 async def history_endpoint(request: Request) -> Response:
     data: DashboardData = request.app.state.dashboard_data
-    gateway = data.gateway
+    serving = data.serving
     try:
         client, own = read_query(request, "/v1/history")
         since, step = parse_history_query(own, data.history.interval)
     except BadRequest as exc:
-        return bad_request(gateway, exc)
-    body = data.history.to_json(gateway.log.epoch, client.filter, since, step)
+        return bad_request(serving, exc)
+    body = data.history.to_json(serving.log.epoch, client.filter, since, step)
     return Response(msgspec.json.encode(body), media_type="application/json")
 
 
 async def analytics_endpoint(request: Request) -> Response:
     data: DashboardData = request.app.state.dashboard_data
-    gateway = data.gateway
+    serving = data.serving
     try:
         client, _ = read_query(request, "/v1/analytics")
     except BadRequest as exc:
-        return bad_request(gateway, exc)
-    streams = gateway.routers.matching(gateway.board.streams, client.filter)
-    body = {"epoch": gateway.log.epoch, **data.analytics.to_json(streams, up=data.up_streams(streams))}
-    now = gateway.clock()
+        return bad_request(serving, exc)
+    streams = serving.routers.matching(serving.board.streams, client.filter)
+    body = {"epoch": serving.log.epoch, **data.analytics.to_json(streams, up=data.up_streams(streams))}
+    now = serving.clock()
     for entry, index in zip(body["streams"], streams, strict=True):  # both sorted by stream
         entry["prefill"] = data.attribution.stream_json(index, now)
     body["prefill"] = data.attribution.to_json(streams, now)

@@ -29,7 +29,7 @@ def read_query(
     )
 
 
-def bad_request(gateway: Serving, exc: BadRequest) -> Response:
+def bad_request(serving: Serving, exc: BadRequest) -> Response:
     """A 400 with the one-line reason, counted as a rejected HTTP request."""
-    gateway.metrics.client_rejections.labels("http", "bad_request").inc()
+    serving.metrics.client_rejections.labels("http", "bad_request").inc()
     return json_error(400, exc.message)

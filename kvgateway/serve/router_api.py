@@ -29,12 +29,12 @@ NDJSON: Final = "application/x-ndjson"
 FORMATS: Final = ("json", "ndjson")
 
 
-def _gateway(conn: HTTPConnection) -> Serving:
-    gateway: Serving = conn.app.state.serving
-    return gateway
+def _serving(conn: HTTPConnection) -> Serving:
+    serving: Serving = conn.app.state.serving
+    return serving
 
 
-def _streams(request: Request, gateway: Serving, route: str) -> tuple[list[StreamIndex], dict[str, str]]:
+def _streams(request: Request, serving: Serving, route: str) -> tuple[list[StreamIndex], dict[str, str]]:
     """The configured streams that ``source``/``dp_rank`` select, and the value of each of the
     route's own parameters; raises :class:`BadRequest` (what ``route`` accepts:
     :data:`kvgateway.serve.query.ROUTE_PARAMETERS`)."""
@@ -43,7 +43,7 @@ def _streams(request: Request, gateway: Serving, route: str) -> tuple[list[Strea
     for name, values in own.items():
         check_once(name, values)
         found[name] = values[0]
-    return gateway.routers.matching(gateway.board.streams, client.filter), found
+    return serving.routers.matching(serving.board.streams, client.filter), found
 
 
 async def _paced(pieces: Iterator[bytes], snapshot: BlockSnapshot) -> AsyncIterator[bytes]:
@@ -58,27 +58,27 @@ async def _paced(pieces: Iterator[bytes], snapshot: BlockSnapshot) -> AsyncItera
 
 
 async def blocks_endpoint(request: Request) -> Response:
-    gateway = _gateway(request)
+    serving = _serving(request)
     try:
-        streams, found = _streams(request, gateway, "/v1/blocks")
+        streams, found = _streams(request, serving, "/v1/blocks")
         fmt = found.get("format") or ("ndjson" if NDJSON in request.headers.get("accept", "") else "json")
         if fmt not in FORMATS:
             raise BadRequest(f"format: expected json or ndjson, got {fmt[:64]!r}")
     except BadRequest as exc:
-        return bad_request(gateway, exc)
-    routers = gateway.routers
+        return bad_request(serving, exc)
+    routers = serving.routers
     try:
         routers.reserve()
     except TooManySnapshots as exc:
-        gateway.metrics.client_rejections.labels("http", "too_many_snapshots").inc()
+        serving.metrics.client_rejections.labels("http", "too_many_snapshots").inc()
         return json_error(503, str(exc), **{"Retry-After": "1"})
     # No await between reading the offset and freezing the streams: the state is the one after it.
-    offset = gateway.hub.offset
+    offset = serving.hub.offset
     snapshot = routers.capture(streams, offset, None, "blocks", digest=True)
     if fmt == "ndjson":
-        pieces = blocks.iter_ndjson(gateway.hub.epoch, offset, snapshot.streams)
+        pieces = blocks.iter_ndjson(serving.hub.epoch, offset, snapshot.streams)
     else:
-        pieces = blocks.iter_document(gateway.hub.epoch, offset, snapshot.streams)
+        pieces = blocks.iter_document(serving.hub.epoch, offset, snapshot.streams)
     return StreamingResponse(
         _paced(pieces, snapshot),
         media_type=NDJSON if fmt == "ndjson" else "application/json",
@@ -100,24 +100,24 @@ async def _read_body(request: Request, limit: int) -> bytes | None:
 
 
 async def lookup_endpoint(request: Request) -> Response:
-    gateway = _gateway(request)
-    routers = gateway.routers
+    serving = _serving(request)
+    routers = serving.routers
     if not routers.allow_lookup():
-        gateway.metrics.client_rejections.labels("http", "rate_limited").inc()
+        serving.metrics.client_rejections.labels("http", "rate_limited").inc()
         return json_error(429, "lookup rate limit reached (lookup_rate, lookup_burst)", **{"Retry-After": "1"})
     limit = DEFAULT_LIMITS.max_body_bytes
     body = await _read_body(request, limit)
     if body is None:
-        gateway.metrics.client_rejections.labels("http", "bad_request").inc()
+        serving.metrics.client_rejections.labels("http", "bad_request").inc()
         return json_error(413, f"body exceeds the {limit}-byte limit")
     try:
-        streams, _ = _streams(request, gateway, "/v1/lookup")
+        streams, _ = _streams(request, serving, "/v1/lookup")
         query = parse_request(body, DEFAULT_LIMITS)
     except (BadRequest, BadLookup) as exc:
-        gateway.metrics.client_rejections.labels("http", "bad_request").inc()
+        serving.metrics.client_rejections.labels("http", "bad_request").inc()
         return json_error(400, str(exc))
     # Synchronous from here: the answer is the state after the offset it names.
-    answer = routers.lookup(streams, query, gateway.hub.offset)
+    answer = routers.lookup(streams, query, serving.hub.offset)
     return Response(msgspec.json.encode(answer), media_type="application/json")
 
 
