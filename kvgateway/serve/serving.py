@@ -59,13 +59,14 @@ class Serving:
         self.clock = clock
         self.started_at = clock()
         streams = settings.streams()
-        self.index = OccupancyIndex(
-            capacity={s.key: s.capacity_blocks for s in streams if s.capacity_blocks}, started=self.started_at
-        )
         # told of each store before the index applies it and each remove after (issue 30)
         self.attribution = Attribution(settings.refetch_window)
-        self.index.observe(self.attribution)
         metrics.streams.add(self.attribution)
+        self.index = OccupancyIndex(
+            capacity={s.key: s.capacity_blocks for s in streams if s.capacity_blocks},
+            started=self.started_at,
+            observer=self.attribution,
+        )
         _export_capacities(metrics, streams)
         self.board = StatusBoard(streams, self.index, silence=silence, clock=clock)
         metrics.streams.add(BoardFigures(self.board, clock))

@@ -628,7 +628,10 @@ class OccupancyIndex:
     __slots__ = ("_capacity", "_fleet", "_missing_history", "_started", "_streams", "observer")
 
     def __init__(
-        self, capacity: Mapping[Stream, Mapping[str, int]] | None = None, started: float | None = None
+        self,
+        capacity: Mapping[Stream, Mapping[str, int]] | None = None,
+        started: float | None = None,
+        observer: StoreObserver | None = None,
     ) -> None:
         self._capacity = dict(capacity or {})
         self._started = started
@@ -637,8 +640,8 @@ class OccupancyIndex:
         # Who holds each hash, fleet-wide: a refcount of the (stream, medium, group) holding it, kept
         # by the groups' own transitions (a set and a side dict: 60-80 bytes per distinct block).
         self._fleet = _Group(_Medium())
-        self.observer: StoreObserver | None = None
-        """Told of each store and remove as it is applied (see :class:`StoreObserver`)."""
+        self.observer = observer
+        """Told of each store and remove as it is applied, every stream's (see :class:`StoreObserver`)."""
         for source, dp_rank in sorted(self._capacity):
             self.stream(source, dp_rank)
 
@@ -662,12 +665,6 @@ class OccupancyIndex:
         self._missing_history = reason
         for index in self._streams.values():
             index.mark_stale(reason)
-
-    def observe(self, observer: StoreObserver) -> None:
-        """Tell ``observer`` of every store and remove from now on (every stream, those to come too)."""
-        self.observer = observer
-        for index in self._streams.values():
-            index.observer = observer
 
     def streams(self) -> Iterator[StreamIndex]:
         """Every stream, sorted by (source, dp_rank)."""

@@ -41,9 +41,8 @@ class Fleet:
     """An index with the attribution observing it, and batches applied at chosen times."""
 
     def __init__(self, window: float = 60.0, **kwargs: Any) -> None:
-        self.index = OccupancyIndex()
         self.attribution = Attribution(window, **kwargs)
-        self.index.observe(self.attribution)
+        self.index = OccupancyIndex(observer=self.attribution)
 
     def apply(self, source: str, *events: Event, ts: float = 0.0) -> None:
         self.index.apply(source, 0, Batch(ts=ts, events=list(events), dp_rank=0), now=ts)
