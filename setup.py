@@ -21,7 +21,7 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 NO_EXTENSIONS = os.environ.get("KVGATEWAY_NO_EXTENSIONS", "") not in ("", "0")
 SOURCES = {
     "kvgateway.state._learner_c": "kvgateway/state/_learner_c.pyx",
-    "kvgateway.log._render_c": "kvgateway/log/_render_c.pyx",  # includes kvgateway/log/_render_py.py
+    "kvgateway.protocol._render_c": "kvgateway/protocol/_render_c.pyx",  # includes kvgateway/protocol/_render_py.py
     "kvgateway.state._digest_c": "kvgateway/state/_digest_c.pyx",
 }
 BUILD_ERRORS = (CCompilerError, ExecError, PlatformError, OSError, ValueError)

@@ -4,7 +4,7 @@
 The stages the compiled core replaces, as scenario 1's in-process table measures them (bench/
 ingest.py's ``_stages``): **render** (the events rendered and encoded to the JSON the log keeps) and
 **learn** (a default ``ChainLearner`` fed every batch: it reaches its floor cap of 65,536 entries and
-evicts from there). Both cores are loaded side by side (``kvgateway.log._render_py`` and
+evicts from there). Both cores are loaded side by side (``kvgateway.protocol._render_py`` and
 ``_render_c``, ``kvgateway.state._learner_py`` and ``_learner_c``) and timed on the same decoded
 batches of each payload variant (map, positional, byte hashes), the two alternating round after
 round and the order reversed every other round; each figure is the best round's CPU time of this
@@ -39,7 +39,7 @@ from bench.ingest import VARIANTS, _stages
 from bench.learner import REPO
 from bench.lookup import _commit
 from kvgateway.engine import wire
-from kvgateway.log import messages
+from kvgateway.protocol import messages
 from kvgateway.state import occupancy
 
 RESULTS: Final = REPO / "bench" / "results" / "core"

@@ -43,7 +43,7 @@ from bench.common import (
 from bench.context import Context
 from bench.harness import Fleet, endpoint_of, start_publisher
 from kvgateway.engine import wire
-from kvgateway.log import render
+from kvgateway.protocol import render
 from kvgateway.simulator import encode
 from kvgateway.simulator.workload import HashKind
 
@@ -200,8 +200,8 @@ def breakdown(ctx: Context, variant: str = "map") -> dict[str, float]:
 
 def _stages(stream: list[bytes], out: dict[str, float]) -> dict[str, float]:
     from kvgateway.engine.sequencer import Sequencer
-    from kvgateway.log import messages
-    from kvgateway.log.filters import event_key
+    from kvgateway.protocol import messages
+    from kvgateway.protocol.filters import event_key
     from kvgateway.state.occupancy import OccupancyIndex
 
     n = len(stream)

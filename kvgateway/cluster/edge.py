@@ -29,8 +29,8 @@ from kvgateway.cluster.options import INGEST_SILENCE_SECONDS, NatsOptions
 from kvgateway.cluster.order import OrderGuard
 from kvgateway.cluster.read_back import StreamReadBack
 from kvgateway.config import Settings
-from kvgateway.log import messages
 from kvgateway.log.ordered import OffsetGap
+from kvgateway.protocol import messages
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.startup import StartupError
 from kvgateway.runtime.tasks import cancel_and_wait

@@ -21,9 +21,9 @@ import msgspec
 
 from kvgateway.engine import wire
 from kvgateway.engine.wire import Stream
-from kvgateway.log.filters import EventKey
-from kvgateway.log.messages import EncodedEvents
 from kvgateway.log.ordered import BatchRecord, NoticeRecord, Record
+from kvgateway.protocol.filters import EventKey
+from kvgateway.protocol.messages import EncodedEvents
 
 _STORE: Final = 0
 _REMOVE: Final = 1

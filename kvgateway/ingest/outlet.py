@@ -38,7 +38,8 @@ from kvgateway.engine.sequencer import (
 )
 from kvgateway.log.ordered import STATUS, Appender, NoticeRecord, batch_record
 from kvgateway.log.staleness import Staleness
-from kvgateway.log.status import QUIET_LOSSES, ConnectionCode, StreamStatus
+from kvgateway.log.status import QUIET_LOSSES, StreamStatus
+from kvgateway.protocol.messages import ConnectionCode
 from kvgateway.runtime.metrics import REPLAY_OUTCOMES, REPLAY_PURPOSES, LagHistogram, StreamFamilies
 
 logger = logging.getLogger("kvgateway")

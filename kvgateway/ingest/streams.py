@@ -25,7 +25,8 @@ from kvgateway.engine.wire import Stream
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.ingest.reader import StreamReader
 from kvgateway.log.ordered import Appender
-from kvgateway.log.status import ConnectionCode, not_ready
+from kvgateway.log.status import not_ready
+from kvgateway.protocol.messages import ConnectionCode
 from kvgateway.runtime.fd_budget import Budget, BudgetError, open_context, raise_open_files
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.startup import StartupError

@@ -25,11 +25,11 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from kvgateway.engine import wire
 from kvgateway.engine.wire import Stream
-from kvgateway.log import messages, render
-from kvgateway.log.filters import EventFilterKey, EventKey, event_key
-from kvgateway.log.messages import EncodedEvents, OutMessage
 from kvgateway.log.ring import Entry, Ring
 from kvgateway.log.status import StreamStatus
+from kvgateway.protocol import messages, render
+from kvgateway.protocol.filters import EventFilterKey, EventKey, event_key
+from kvgateway.protocol.messages import EncodedEvents, OutMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ class BatchRecord:
 @dataclass(frozen=True, slots=True)
 class NoticeRecord:
     """Something happened to a stream (restart, unrecovered_gap, stale, degraded, up, down);
-    ``fields`` are the kind's own (:func:`kvgateway.log.messages.encode_stream_notice`).
+    ``fields`` are the kind's own (:func:`kvgateway.protocol.messages.encode_stream_notice`).
 
     One kind carries the ingest's whole view of the stream: ``status``
     (:meth:`kvgateway.log.status.StreamStatus.report`), appended whenever that view changes in a
@@ -86,7 +86,7 @@ def batch_record(stream: Stream, seq: int, batch: wire.Batch, *, received: float
 def make_entry(epoch: str, offset: int, record: Record) -> Entry:
     """``record``'s entry at ``offset`` of ``epoch``: its message rendered as every log renders it.
 
-    Raises :class:`kvgateway.log.messages.NoticeError` for a wrong notice."""
+    Raises :class:`kvgateway.protocol.messages.NoticeError` for a wrong notice."""
     source, dp_rank = record.stream
     if type(record) is BatchRecord:
         encoded = messages.encode_batch(
@@ -236,7 +236,7 @@ class MemoryLog:
     def append(self, record: Record) -> int:
         """Add ``record`` at the next offset: into the ring, to every follower, then the ring
         trimmed to its bounds; returns the offset. Raises
-        :class:`kvgateway.log.messages.NoticeError` (and assigns nothing) for a wrong notice."""
+        :class:`kvgateway.protocol.messages.NoticeError` (and assigns nothing) for a wrong notice."""
         offset = self._offset + 1
         entry = make_entry(self.epoch, offset, record)
         self._offset = offset

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvgateway.log import messages
+from kvgateway.protocol import messages
 
 
 def resume_after(last_event_id: str, *, epoch: str, first_offset: int, last_offset: int) -> int | None:

@@ -11,8 +11,8 @@ from typing import Any
 import msgspec
 
 from kvgateway.engine.wire import Stream
-from kvgateway.log.filters import EventFilterKey, EventKey, select
-from kvgateway.log.messages import EncodedBatch, OutMessage
+from kvgateway.protocol.filters import EventFilterKey, EventKey, select
+from kvgateway.protocol.messages import EncodedBatch, OutMessage
 
 
 class Entry(msgspec.Struct, gc=False, eq=False):

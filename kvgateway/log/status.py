@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias, get_args
+from typing import Any, Final, get_args
 
 from kvgateway.config import StreamConfig
 from kvgateway.engine.wire import Stream
+from kvgateway.protocol.messages import ConnectionCode
 from kvgateway.runtime.metrics import LOSS_REASONS, StreamFamilies
 
 DEGRADED_SECONDS = 60.0
@@ -32,22 +33,6 @@ COUNTERS = (
     "history_truncations",
 )
 
-ConnectionCode: TypeAlias = Literal[
-    "connected",
-    "disconnected",
-    "retrying",
-    "refused",
-    "unresolved",
-    "no_answer",
-    "unreachable",
-    "bind_failed",
-    "not_zeromq",
-    "never_connected",
-    "ingest_unreachable",
-]
-"""Why a stream is up or down, for programs: the ``reason_code`` beside the one line ``reason`` of
-``up`` / ``down`` notices and of a stream's status (docs/protocol.md lists what each means).
-A closed vocabulary: a new code is a new release's."""
 CONNECTION_CODES: Final[tuple[str, ...]] = get_args(ConnectionCode)
 _CODES: Final[dict[str, ConnectionCode]] = {code: code for code in get_args(ConnectionCode)}
 NEVER_CONNECTED: Final = "never connected"
@@ -177,7 +162,7 @@ class StreamStatus:
             "reason_code": None if self.connected else self.down_code,
             "stale": stale,
             "stale_reason": stale_reason if stale else None,
-            # a decimal string, as every engine seq a client gets (kvgateway.log.messages.seq_text)
+            # a decimal string, as every engine seq a client gets (kvgateway.protocol.messages.seq_text)
             "last_seq": None if self.last_seq is None else str(self.last_seq),
             "lag_seconds": self.lag_seconds,
             "counters": dict(self.counters),

@@ -19,8 +19,8 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
-from kvgateway.log import messages
-from kvgateway.log.messages import schema_bytes
+from kvgateway.protocol import messages
+from kvgateway.protocol.messages import schema_bytes
 from kvgateway.serve.dashboard_api import DashboardData, analytics_endpoint, history_endpoint
 from kvgateway.serve.errors import json_error
 from kvgateway.serve.http_query import bad_request, read_query

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from kvgateway.engine.wire import Stream
-from kvgateway.log import messages
+from kvgateway.protocol import messages
 from kvgateway.runtime.tasks import cancel_and_wait
 from kvgateway.serve.hub import Hub
 from kvgateway.serve.subscription import Subscription

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from time import perf_counter
 
 from kvgateway.engine.wire import Stream
-from kvgateway.log import messages
-from kvgateway.log.messages import OutMessage
 from kvgateway.log.ordered import Log
 from kvgateway.log.resume import resume_after
 from kvgateway.log.ring import Entry
+from kvgateway.protocol import messages
+from kvgateway.protocol.messages import OutMessage
 from kvgateway.runtime.metrics import HubMetrics
 from kvgateway.serve.query import GAP_LAST, INT_SEQS, ClientRequest
 from kvgateway.serve.subscription import CloseReason, Subscription, Transport

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias, runtime_checkable
 
-from kvgateway.log.filters import ClientFilter
+from kvgateway.protocol.filters import ClientFilter
 
 
 class BadRequest(ValueError):

@@ -17,11 +17,11 @@ from typing import Any, Final
 
 from kvgateway.config import Settings
 from kvgateway.engine.wire import Hash, Stream
-from kvgateway.log import messages
-from kvgateway.log.filters import ClientFilter
-from kvgateway.log.messages import OutMessage
 from kvgateway.log.ordered import BatchRecord
 from kvgateway.log.ring import Entry
+from kvgateway.protocol import messages
+from kvgateway.protocol.filters import ClientFilter
+from kvgateway.protocol.messages import OutMessage
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.tasks import cancel_and_wait
 from kvgateway.serve.hub import TooManyClients

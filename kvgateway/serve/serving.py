@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvgateway.config import Settings, StreamConfig
-from kvgateway.log import messages
-from kvgateway.log.filters import ClientFilter
 from kvgateway.log.ordered import MemoryLog, ReadBack
+from kvgateway.protocol import messages
+from kvgateway.protocol.filters import ClientFilter
 from kvgateway.runtime.memory import CollectionTimer
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.serve.analytics_sink import AnalyticsSink

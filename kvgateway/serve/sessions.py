@@ -12,7 +12,7 @@ from typing import Final
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from kvgateway.log.messages import SSE_PING, OutMessage, sse_bytes, sse_preamble, ws_text
+from kvgateway.protocol.messages import SSE_PING, OutMessage, sse_bytes, sse_preamble, ws_text
 from kvgateway.serve.subscription import CHUNK_BYTES, Subscription
 
 SSE_RETRY_MS = 2000

@@ -13,9 +13,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final, Literal, Protocol, TypeAlias
 
-from kvgateway.log import messages
-from kvgateway.log.filters import ClientFilter
-from kvgateway.log.messages import OutMessage
+from kvgateway.protocol import messages
+from kvgateway.protocol.filters import ClientFilter
+from kvgateway.protocol.messages import OutMessage
 from kvgateway.runtime.metrics import HubMetrics
 
 Transport: TypeAlias = Literal["ws", "sse"]

@@ -62,7 +62,7 @@ def prefix_state(medium: str, group_idx: int) -> int:
 
 
 def _text(block_hash: Hash) -> bytes:
-    # the protocol's rendering (kvgateway.log.render.hash_text), as ASCII bytes
+    # the protocol's rendering (kvgateway.protocol.render.hash_text), as ASCII bytes
     return str(block_hash).encode() if type(block_hash) is int else block_hash.hex().encode()  # type: ignore[union-attr]
 
 

@@ -33,8 +33,8 @@ from typing import Any, Final, Protocol
 from kvgateway.engine.mediums import medium_tier, normalise_medium
 from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored, Hash, Stream
 from kvgateway.log.ordered import BatchRecord, NoticeRecord
-from kvgateway.log.render import hash_text
 from kvgateway.log.ring import Entry
+from kvgateway.protocol.render import hash_text
 from kvgateway.runtime.metrics import LIFETIME_BUCKETS
 from kvgateway.state.occupancy import StreamIndex
 

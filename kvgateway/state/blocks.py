@@ -18,7 +18,7 @@ A block renders as::
 
     {"hash": "15760518052499183552", "refs": 2, "medium": "GPU", "tier": "GPU", "group_idx": 0, "block_size": 16}
 
-- ``hash`` exactly as the stream renders it (:func:`kvgateway.log.render.hash_text`: decimal with its
+- ``hash`` exactly as the stream renders it (:func:`kvgateway.protocol.render.hash_text`: decimal with its
   sign for integer hashes, lowercase hex for bytes);
 - ``refs`` the reference count (physical copies announced and not yet removed, at least 1);
 - ``medium`` the upper-cased medium name as in ``/v1/occupancy`` (no medium: ``GPU``), ``tier`` its tier;
@@ -41,7 +41,7 @@ import msgspec
 
 from kvgateway.engine.mediums import medium_tier
 from kvgateway.engine.wire import Hash
-from kvgateway.log.render import hash_text
+from kvgateway.protocol.render import hash_text
 from kvgateway.state.digest import hex_digest
 from kvgateway.state.occupancy import BlockGroup, StreamIndex
 

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from kvgateway.engine.mediums import medium_tier
 from kvgateway.engine.wire import Stream
-from kvgateway.log.filters import ClientFilter
+from kvgateway.protocol.filters import ClientFilter
 
 INTERVAL_SECONDS: Final = 5.0
 HORIZON_SECONDS: Final = 3600.0

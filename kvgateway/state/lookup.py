@@ -5,7 +5,7 @@
 
 By hashes
     ``{"block_hashes": ["...", ...], "group_idx": null}``: the chain as the stream renders hashes
-    (:func:`parse_hash` inverts :func:`kvgateway.log.render.hash_text`). :func:`lookup_hashes`.
+    (:func:`parse_hash` inverts :func:`kvgateway.protocol.render.hash_text`). :func:`lookup_hashes`.
 
 By tokens
     ``{"token_ids": [...], "lora_name": null, "extra_keys": null, "group_idx": null}``: no engine's
@@ -104,7 +104,7 @@ _HEX: Final = re.compile(r"(?:[0-9a-f]{2})+")
 
 
 def parse_hash(text: str, max_chars: int = DEFAULT_LIMITS.max_hash_chars) -> tuple[Hash, ...]:
-    """Every hash the stream renders as ``text`` (the inverse of :func:`kvgateway.log.render.hash_text`).
+    """Every hash the stream renders as ``text`` (the inverse of :func:`kvgateway.protocol.render.hash_text`).
 
     Decimal digits (``-`` for negative, no leading zero) are an integer hash, an even number of
     lowercase hex digits a bytes hash. A string that is both (``"1234"``: the int 1234 and the

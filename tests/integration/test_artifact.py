@@ -139,7 +139,7 @@ def test_wheel_holds_every_package(artifacts: Artifacts) -> None:
     names = set(zipfile.ZipFile(artifacts.wheel()).namelist())
     packages = {str(p.parent.relative_to(REPO)) for p in (REPO / "kvgateway").rglob("__init__.py")}
     assert {f"{package}/__init__.py" for package in packages} <= names, packages
-    assert {"kvgateway/cluster/supervisor.py", "kvgateway/protocol.schema.json", "kvgateway/py.typed"} <= names
+    assert {"kvgateway/cluster/supervisor.py", "kvgateway/protocol/schema.json", "kvgateway/py.typed"} <= names
     static = {str(p.relative_to(REPO)) for p in (REPO / "static").rglob("*") if p.is_file()}
     assert {f"kvgateway/{name}" for name in static} <= names  # the dashboard and its vendor files
     assert not any(name.startswith(("tests/", "static/", "bench/")) for name in names)

@@ -28,7 +28,7 @@ import msgspec
 import pytest
 
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
-from kvgateway.log.render import hash_text, render_events
+from kvgateway.protocol.render import hash_text, render_events
 from kvgateway.state.blocks import blocks_document, capture, state_messages
 from kvgateway.state.digest import hex_digest
 from kvgateway.state.lookup import lookup_hashes, parse_hash

@@ -18,7 +18,7 @@ def test_history_route(procs: Start) -> None:
     port = free_port()
     demo = procs("demo", "--host", "127.0.0.1", "--port", str(port), "--rate", "20")
     base = demo.wait_for(r"dashboard at (http://\S+)", timeout=30).group(1).rstrip("/")
-    schema = json.loads((REPO / "kvgateway" / "protocol.schema.json").read_text())
+    schema = json.loads((REPO / "kvgateway" / "protocol" / "schema.json").read_text())
     validator = Draft202012Validator({**{k: v for k, v in schema.items() if k != "oneOf"}, "$ref": "#/$defs/history"})
 
     def history(query: str = "") -> Any:

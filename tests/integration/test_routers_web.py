@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(120)
 
 TOKEN = "tk-routers-9f2Q"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-SCHEMA = json.loads((REPO / "kvgateway" / "protocol.schema.json").read_text(encoding="utf-8"))
+SCHEMA = json.loads((REPO / "kvgateway" / "protocol" / "schema.json").read_text(encoding="utf-8"))
 VALIDATOR = Draft202012Validator(SCHEMA)
 
 

@@ -55,7 +55,7 @@ pytestmark = pytest.mark.timeout(120)
 T = TypeVar("T")
 
 NODE_SCRIPT = Path(__file__).parent / "js" / "kvgateway-client.mjs"
-SCHEMA_FILE = REPO / "kvgateway" / "protocol.schema.json"
+SCHEMA_FILE = REPO / "kvgateway" / "protocol" / "schema.json"
 PROTOCOL_DOC = REPO / "docs" / "protocol.md"
 
 TOKEN = "tk-5Qx9-web-tests-7Rv2"

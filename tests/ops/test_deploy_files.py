@@ -411,4 +411,4 @@ def test_build_context_is_small_and_builds_the_wheel(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "kvgateway/cli.py" in names
     assert "kvgateway/static/index.html" in names
-    assert any(name.endswith(".schema.json") for name in names)
+    assert "kvgateway/protocol/schema.json" in names

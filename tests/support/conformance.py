@@ -54,7 +54,7 @@ def digest_supported(base: str) -> bool:
         if response.status_code == 400:
             response.read()
             assert "digest" in response.text, response.text  # any other 400 is a failure
-            schema = json.loads((REPO / "kvgateway" / "protocol.schema.json").read_text())
+            schema = json.loads((REPO / "kvgateway" / "protocol" / "schema.json").read_text())
             assert "digest" not in schema["$defs"], "the schema has digest messages, the gateway refuses them"
             return False
         assert response.status_code == 200, response.status_code

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from kvgateway.engine import wire
-from kvgateway.log import render
+from kvgateway.protocol import render
 from kvgateway.simulator import Workload
 
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
-from kvgateway.log.render import hash_text
+from kvgateway.protocol.render import hash_text
 from kvgateway.state.blocks import (
     StreamBlocks,
     block_json,

@@ -20,7 +20,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DTS = REPO / "static" / "client.d.ts"
-SCHEMA = json.loads((REPO / "kvgateway" / "protocol.schema.json").read_text())
+SCHEMA = json.loads((REPO / "kvgateway" / "protocol" / "schema.json").read_text())
 DEFS: dict[str, Any] = SCHEMA["$defs"]
 
 INTERFACE = re.compile(r"/\*\*\s*@schema\s+(\w+)\s*\*/\s*export interface (\w+) \{\n(.*?)\n\}", re.S)

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from kvgateway.engine import wire
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, UnknownEvent
-from kvgateway.log import _render_py
-from kvgateway.log.messages import encode_events
+from kvgateway.protocol import _render_py
+from kvgateway.protocol.messages import encode_events
 from kvgateway.state import _digest_py
 from kvgateway.state import _learner_py as pure
 from kvgateway.state._learner_py import block_digests
@@ -247,12 +247,12 @@ def test_hash_kinds_at_the_edges_of_fixed_width_integers() -> None:
 
 
 def test_both_cores_are_importable_side_by_side_and_the_public_one_is_chosen() -> None:
-    from kvgateway.log import render
+    from kvgateway.protocol import render
     from kvgateway.runtime import extensions
     from kvgateway.state import learner
 
     compiled = _compiled()
-    compiled_render = _compiled("kvgateway.log._render_c")
+    compiled_render = _compiled("kvgateway.protocol._render_c")
     expected = pure.ChainLearner if extensions.forced_pure() else compiled.ChainLearner
     assert learner.ChainLearner is expected
     assert render.render_events is (_render_py if extensions.forced_pure() else compiled_render).render_events
@@ -293,7 +293,7 @@ nested_st = st.recursive(
 def test_every_wire_layout_renders_to_the_same_bytes(
     items: list[tuple[Any, Event, tuple[Any, ...]]], rank: int
 ) -> None:
-    compiled = _compiled("kvgateway.log._render_c")
+    compiled = _compiled("kvgateway.protocol._render_c")
     batch = wire.decode_batch(msgspec.msgpack.encode([1.0, [value for value, _, _ in items], rank]))
     ours, theirs = (encode_events(m.render_events(batch.events)) for m in (_render_py, compiled))
     assert ours.body == theirs.body and list(ours.ends) == list(theirs.ends)
@@ -304,7 +304,7 @@ def test_every_wire_layout_renders_to_the_same_bytes(
 def test_opaque_values_and_further_fields_render_alike(value: Any, extra: dict[str, Any]) -> None:
     """Any msgpack value an engine may send (bytes, extensions, maps keyed by nil or arrays, deep
     nesting) in the further fields of every event type, and in an unknown event's body."""
-    compiled = _compiled("kvgateway.log._render_c")
+    compiled = _compiled("kvgateway.protocol._render_c")
     events: list[Event] = [
         BlockStored([1, b"\x01"], None, [1, 2], 1, None, "cpu", "lora", extra),
         BlockRemoved([-1], None, extra),

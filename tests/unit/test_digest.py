@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvgateway.engine.wire import AllBlocksCleared, Event, Hash
-from kvgateway.log.render import hash_text
+from kvgateway.protocol.render import hash_text
 from kvgateway.state.digest import EMPTY, MASK, WIDE_FROM, element, elements_sum, hex_digest, prefix_state
 from kvgateway.state.occupancy import StreamIndex
 from tests.unit.test_occupancy import BIG, batch, removed, stored

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from kvgateway.log.filters import ClientFilter
+from kvgateway.protocol.filters import ClientFilter
 from kvgateway.state.history import History, MediumReading, StreamReading
 
 GPU = MediumReading(blocks=10, tokens=160, stores_per_s=2.5, removes_per_s=1.0, capacity_blocks=100)

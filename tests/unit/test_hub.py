@@ -15,13 +15,13 @@ from starlette.datastructures import QueryParams
 
 from kvgateway.config import StreamConfig
 from kvgateway.engine import wire
-from kvgateway.log import messages, render
-from kvgateway.log.filters import ClientFilter
-from kvgateway.log.messages import OutMessage
 from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
 from kvgateway.log.resume import resume_after
 from kvgateway.log.ring import Ring
 from kvgateway.log.status import StreamStatus
+from kvgateway.protocol import messages, render
+from kvgateway.protocol.filters import ClientFilter
+from kvgateway.protocol.messages import OutMessage
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.serve.digests import DigestTicker
 from kvgateway.serve.hub import Hub, TooManyClients

@@ -1,4 +1,4 @@
-"""docs/protocol.md's field tables against kvgateway/protocol.schema.json, field by field: the
+"""docs/protocol.md's field tables against kvgateway/protocol/schema.json, field by field: the
 same fields, the same JSON types, the same nullability, every value of an enum named, and the
 formats the docs spell out (the epoch, seqs, the tiers). One source of truth, two renderings: a
 change to one that the other does not follow fails here, naming the field."""
@@ -106,7 +106,7 @@ def doc_fields(text: str) -> list[DocField]:
 
 
 def _schema() -> dict[str, Any]:
-    schema: dict[str, Any] = json.loads((REPO / "kvgateway" / "protocol.schema.json").read_bytes())
+    schema: dict[str, Any] = json.loads((REPO / "kvgateway" / "protocol" / "schema.json").read_bytes())
     return schema
 
 
@@ -269,7 +269,7 @@ BROKEN: Final[list[tuple[str, str, str, str]]] = [
 
 @pytest.mark.parametrize(("where", "good", "bad", "named"), BROKEN, ids=[case[3] for case in BROKEN])
 def test_the_check_names_each_disagreement_the_issue_found(where: str, good: str, bad: str, named: str) -> None:
-    text, raw = DOC.read_text(), (REPO / "kvgateway" / "protocol.schema.json").read_text()
+    text, raw = DOC.read_text(), (REPO / "kvgateway" / "protocol" / "schema.json").read_text()
     if where == "doc":
         assert text.count(good) == 1, good
         text = text.replace(good, bad)

@@ -17,8 +17,8 @@ import pytest
 
 from kvgateway.config import Settings, SourceConfig
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event
-from kvgateway.log.filters import ClientFilter
 from kvgateway.log.ordered import batch_record
+from kvgateway.protocol.filters import ClientFilter
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.serve import router_state
 from kvgateway.serve.query import BadRequest, ClientRequest, parse_query

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kvgateway.log import messages
+from kvgateway.protocol import messages
 from kvgateway.serve.query import COMPATS
 from tests.support import REPO
 
@@ -22,7 +22,7 @@ EVENTS = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
 def _schema() -> dict[str, Any]:
     served = json.loads(messages.schema_bytes())
-    assert served == json.loads((REPO / "kvgateway" / "protocol.schema.json").read_bytes())
+    assert served == json.loads((REPO / "kvgateway" / "protocol" / "schema.json").read_bytes())
     return served
 
 

@@ -126,17 +126,19 @@ MAY_IMPORT: dict[str, set[str]] = {
     "config": {"engine"},
     # process plumbing every layer may use: metrics, logging, the heap, the descriptor budget
     "runtime": {"engine", "config"},
-    # the seam: the ordered log, its records and messages, the resume ring, statuses as records
-    "log": {"engine", "config", "runtime"},
+    # the contract clients are written against: messages, filters, rendering, the schema
+    "protocol": {"engine", "config", "runtime"},
+    # the seam: the ordered log, its records, the resume ring, statuses as records
+    "log": {"engine", "config", "runtime", "protocol"},
     # the two halves, each knowing only the log between them
-    "ingest": {"engine", "config", "runtime", "log"},
-    "state": {"engine", "config", "runtime", "log"},
-    "serve": {"engine", "config", "runtime", "log", "state"},
+    "ingest": {"engine", "config", "runtime", "protocol", "log"},
+    "state": {"engine", "config", "runtime", "protocol", "log"},
+    "serve": {"engine", "config", "runtime", "protocol", "log", "state"},
     # what composes them: one process, the cluster's roles, the simulated engines
     "simulator": {"engine"},
-    "gateway": {"engine", "config", "runtime", "log", "ingest", "state", "serve"},
-    "cluster": {"engine", "config", "runtime", "log", "ingest", "state", "serve"},
-    "demo": {"engine", "config", "runtime", "log", "serve", "gateway", "simulator"},
+    "gateway": {"engine", "config", "runtime", "protocol", "log", "ingest", "state", "serve"},
+    "cluster": {"engine", "config", "runtime", "protocol", "log", "ingest", "state", "serve"},
+    "demo": {"engine", "config", "runtime", "protocol", "log", "serve", "gateway", "simulator"},
     "cli": {"engine", "config", "runtime", "serve", "gateway", "cluster", "demo", "simulator"},
     "__main__": {"cli"},
 }

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kvgateway.engine import wire
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, DecodeError, Event, UnknownEvent
-from kvgateway.log import render
+from kvgateway.protocol import render
 
 enc = msgspec.msgpack.encode
 

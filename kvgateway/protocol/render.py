@@ -1,21 +1,21 @@
 """Engine events rendered for clients (``render_events``, ``render_event``, ``hash_text``,
 ``plain``): the compiled renderer (``_render_c``, the same source compiled by Cython) where it was
-built, else the pure-Python one (:mod:`kvgateway.log._render_py`, the reference: byte-identical
+built, else the pure-Python one (:mod:`kvgateway.protocol._render_py`, the reference: byte-identical
 messages, checked by tests/unit/test_core_differential.py).
 
-See :mod:`kvgateway.log._render_py` for what a rendered event holds."""
+See :mod:`kvgateway.protocol._render_py` for what a rendered event holds."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvgateway.log import _render_py
+from kvgateway.protocol import _render_py
 from kvgateway.runtime.extensions import load
 
 __all__ = ["MAX_RENDER_DEPTH", "TOO_DEEP", "hash_text", "plain", "plain_key", "render_event", "render_events"]
 
 if TYPE_CHECKING:  # one API: the reference's
-    from kvgateway.log._render_py import (
+    from kvgateway.protocol._render_py import (
         MAX_RENDER_DEPTH,
         TOO_DEEP,
         hash_text,
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # one API: the reference's
         render_events,
     )
 else:
-    _chosen = load("kvgateway.log._render_c") or _render_py
+    _chosen = load("kvgateway.protocol._render_c") or _render_py
     MAX_RENDER_DEPTH = _chosen.MAX_RENDER_DEPTH
     TOO_DEEP = _chosen.TOO_DEEP
     hash_text = _chosen.hash_text

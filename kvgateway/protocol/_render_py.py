@@ -1,8 +1,8 @@
 """The pure-Python renderer (the reference), compiled unchanged as ``_render_c`` where a C compiler
-works (:mod:`kvgateway.log.render` picks one at import).
+works (:mod:`kvgateway.protocol.render` picks one at import).
 
 Engine events rendered for clients: the JSON-ready form a ``batch`` message carries
-(:mod:`kvgateway.log.messages` encodes it), with the engine's own field names, and any msgpack value an
+(:mod:`kvgateway.protocol.messages` encodes it), with the engine's own field names, and any msgpack value an
 engine may send (bytes, extension types, maps keyed by nil or arrays, deep nesting) as JSON can
 carry it."""
 

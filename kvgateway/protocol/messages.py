@@ -1,9 +1,9 @@
 """The JSON messages the gateway sends to web clients, and their encoding.
 
-Four shapes, one JSON object each (docs/protocol.md, kvgateway/protocol.schema.json):
+Four shapes, one JSON object each (docs/protocol.md, kvgateway/protocol/schema.json):
 
 - ``hello``: first on every connection (epoch, offset, recovered, sources, occupancy);
-- ``batch``: one engine batch, events as :func:`kvgateway.log.render.render_events` renders them;
+- ``batch``: one engine batch, events as :func:`kvgateway.protocol.render.render_events` renders them;
 - ``notice``: something happened to a stream (restart, unrecovered_gap, stale, degraded, up, down) or
   to this client (slow_consumer);
 - ``state``: after the hello of a ``snapshot=blocks`` connection, the resident blocks
@@ -25,7 +25,23 @@ from typing import Annotated, Any, Final, Literal, TypeAlias
 import msgspec
 
 from kvgateway.engine.wire import Stream
-from kvgateway.log.status import ConnectionCode
+
+ConnectionCode: TypeAlias = Literal[
+    "connected",
+    "disconnected",
+    "retrying",
+    "refused",
+    "unresolved",
+    "no_answer",
+    "unreachable",
+    "bind_failed",
+    "not_zeromq",
+    "never_connected",
+    "ingest_unreachable",
+]
+"""Why a stream is up or down, for programs: the ``reason_code`` beside the one line ``reason`` of
+``up`` / ``down`` notices and of a stream's status (docs/protocol.md lists what each means).
+A closed vocabulary: a new code is a new release's."""
 
 MessageType: TypeAlias = Literal["hello", "batch", "notice", "state", "digest"]
 StreamNoticeKind: TypeAlias = Literal["restart", "unrecovered_gap", "degraded", "up", "down"]
@@ -40,7 +56,7 @@ STREAM_NOTICE_KINDS: Final[frozenset[str]] = frozenset(
     {"restart", "unrecovered_gap", "stale", "degraded", "up", "down"}
 )
 
-SCHEMA_FILE: Final = "protocol.schema.json"
+SCHEMA_FILE: Final = "schema.json"
 
 _encoder: Final = msgspec.json.Encoder()
 
@@ -493,4 +509,4 @@ def encode_slow_consumer(limit_bytes: int) -> OutMessage:
 
 def schema_bytes() -> bytes:
     """The JSON Schema of every message (served at GET /v1/schema)."""
-    return importlib.resources.files("kvgateway").joinpath(SCHEMA_FILE).read_bytes()
+    return importlib.resources.files("kvgateway.protocol").joinpath(SCHEMA_FILE).read_bytes()
