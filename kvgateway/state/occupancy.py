@@ -312,6 +312,8 @@ class StreamIndex:
     held a block, and its removes are counted in ``unknown_removes``.
     Cumulative counters (``stores``, ``removes``, ``unknown_removes``) and each medium's last known
     block size survive clears and resets; only the resident blocks are dropped.
+    ``observer`` is told of each store before it is applied and each remove after
+    (:class:`StoreObserver`; the fleet's, given by :meth:`OccupancyIndex.stream`).
     """
 
     __slots__ = (
@@ -335,10 +337,12 @@ class StreamIndex:
         capacity_blocks: Mapping[str, int] | None = None,
         started: float | None = None,
         fleet: _Group | None = None,
+        *,
+        observer: StoreObserver | None = None,
     ) -> None:
         self.source = source
         self._fleet = fleet if fleet is not None else _Group(_Medium())
-        self.observer: StoreObserver | None = None
+        self.observer = observer
         self.started = started
         """When counting began (the gateway's start): rates divide by the time since, up to the
         window. None: as if a whole window had been watched."""
@@ -651,9 +655,8 @@ class OccupancyIndex:
         index = self._streams.get(key)
         if index is None:
             index = self._streams[key] = StreamIndex(
-                source, dp_rank, self._capacity.get(key), self._started, self._fleet
+                source, dp_rank, self._capacity.get(key), self._started, self._fleet, observer=self.observer
             )
-            index.observer = self.observer
             if self._missing_history is not None:
                 index.mark_stale(self._missing_history)
         return index
