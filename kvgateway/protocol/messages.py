@@ -235,10 +235,6 @@ class EncodedBatch(msgspec.Struct, gc=False, eq=False):
     _prefix: int  # bytes up to and including '"events":['
     _ends: bytes  # int64 end of event i after the prefix; event i+1 starts one comma later
 
-    @property
-    def event_count(self) -> int:
-        return len(self._ends) // 8
-
     def select(self, indices: Sequence[int]) -> OutMessage:
         """The batch with only the events at ``indices`` (increasing); the same id and type."""
         ends = memoryview(self._ends).cast("q")

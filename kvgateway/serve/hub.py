@@ -80,13 +80,6 @@ class Hub:
         """The last offset of the log (0 before any message)."""
         return self.log.last_offset
 
-    @property
-    def client_count(self) -> int:
-        return len(self._clients)
-
-    def can_accept(self) -> bool:
-        return not self._closed and len(self._clients) < self.max_clients
-
     # following the log
 
     def follow(self, entry: Entry) -> None:
