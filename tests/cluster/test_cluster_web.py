@@ -18,7 +18,7 @@ import pytest
 
 from tests.integration import test_web as single
 from tests.integration.test_web import (  # noqa: F401 - pytest collects the fixtures imported
-    Gateway,
+    GatewayProcess,
     Serve,
     Starter,
     _every_message_follows_the_schema,
@@ -62,7 +62,7 @@ def serve(nats_module: NatsServer) -> Serve:
         token: str | None = None,
         client_queue_bytes: int | None = None,
         timeout: float = 30.0,
-    ) -> Gateway:
+    ) -> GatewayProcess:
         n = next(streams)
         nats = ["--nats", nats_module.url, "--nats-stream", f"WEB{n}", "--nats-subject-prefix", f"web{n}"]
         specs = [arg for spec in sources for arg in ("--source", spec)]
@@ -76,7 +76,7 @@ def serve(nats_module: NatsServer) -> Serve:
         for edge_port in (first_port, port):
             proc = start("edge", *edge_flags, "--port", str(edge_port), env=env)
             proc.wait_for("edge serving on", timeout=timeout)
-        return Gateway(proc, port, token)
+        return GatewayProcess(proc, port, token)
 
     return start
 

@@ -34,7 +34,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.support import (
     REPO,
-    Gateway,
+    GatewayProcess,
     Proc,
     Procs,
     arun,
@@ -209,7 +209,7 @@ def start_simulator(start: Starter, pub: int, replay: int, *extra: str, ranks: i
     return start_sim(start, *sim_flags(pub, replay), *extra, ranks=ranks)
 
 
-def wait_streams(gateway: Gateway, streams: list[tuple[str, int]]) -> None:
+def wait_streams(gateway: GatewayProcess, streams: list[tuple[str, int]]) -> None:
     """Until every stream is connected and has delivered a batch."""
 
     def ready() -> bool:
@@ -222,7 +222,7 @@ def wait_streams(gateway: Gateway, streams: list[tuple[str, int]]) -> None:
 LIVE_RESTART_AT = 50
 
 
-Serve: TypeAlias = Callable[..., Gateway]
+Serve: TypeAlias = Callable[..., GatewayProcess]
 """How the module starts a gateway: ``serve(start, port, sources, *flags, token=..., ...)``."""
 
 
@@ -240,7 +240,7 @@ def recovery_window() -> str:
 
 
 @pytest.fixture(scope="module")
-def live(module_procs: Starter, serve: Serve) -> Gateway:
+def live(module_procs: Starter, serve: Serve) -> GatewayProcess:
     """Two sources: ``llama`` (2 DP ranks, GPU + CPU offload, a restart, clears) and ``qwen``
     (1 rank, GPU only), behind a gateway whose ring keeps everything this module sees, so a
     client that resumes from ``<epoch>:0`` gets the whole history from offset 1."""
@@ -274,7 +274,7 @@ def live(module_procs: Starter, serve: Serve) -> Gateway:
 
 
 @pytest.fixture(scope="module")
-def guarded(module_procs: Starter, serve: Serve) -> Gateway:
+def guarded(module_procs: Starter, serve: Serve) -> GatewayProcess:
     """A gateway with a token, an Origin allow-list, room for 2 clients and a 20-message ring."""
     http_port, pub, replay = free_ports(3)
     gateway = serve(
@@ -438,7 +438,7 @@ class Conn:
 class Clients:
     """Opens WebSocket and SSE clients for one test and closes them all at the end."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: GatewayProcess) -> None:
         self.gateway = gateway
         self._closers: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -770,7 +770,7 @@ FILTERS = {
 }
 
 
-def test_every_batch_reaches_every_matching_client_in_order(live: Gateway) -> None:
+def test_every_batch_reaches_every_matching_client_in_order(live: GatewayProcess) -> None:
     """14 clients resume from offset 0 (the whole history) and stay for live messages: each
     filtered client receives exactly what the test's own filter makes of the unfiltered stream."""
 
@@ -898,7 +898,7 @@ def test_every_batch_reaches_every_matching_client_in_order(live: Gateway) -> No
 # --- resume ------------------------------------------------------------------------------------
 
 
-async def gateway_passes(gateway: Gateway, offset: int, within: float = 20.0) -> int:
+async def gateway_passes(gateway: GatewayProcess, offset: int, within: float = 20.0) -> int:
     """Until the gateway's latest offset is at least ``offset``; that offset."""
 
     async def passed() -> tuple[int] | None:
@@ -909,7 +909,7 @@ async def gateway_passes(gateway: Gateway, offset: int, within: float = 20.0) ->
     return int(current)
 
 
-async def resumes(gateway: Gateway) -> dict[tuple[str, str], float]:
+async def resumes(gateway: GatewayProcess) -> dict[tuple[str, str], float]:
     values = await asyncio.to_thread(
         lambda: {
             (transport, recovered): gateway.metric("kvgateway_resumes_total", transport=transport, recovered=recovered)
@@ -926,7 +926,7 @@ def check_recovered_hello(conn: Conn, epoch: str, offset: int) -> None:
     assert [(s["source"], s["dp_rank"]) for s in hello["sources"]] == [(s, r) for s, r in LIVE_STREAMS]
 
 
-def test_websocket_resume_inside_the_ring_replays_exactly_the_missed_messages(live: Gateway) -> None:
+def test_websocket_resume_inside_the_ring_replays_exactly_the_missed_messages(live: GatewayProcess) -> None:
     async def body() -> None:
         epoch = live.epoch()
         before = await resumes(live)
@@ -972,7 +972,7 @@ def test_websocket_resume_inside_the_ring_replays_exactly_the_missed_messages(li
     arun(body())
 
 
-def test_sse_resume_with_last_event_id_header_or_query_and_the_header_wins(live: Gateway) -> None:
+def test_sse_resume_with_last_event_id_header_or_query_and_the_header_wins(live: GatewayProcess) -> None:
     async def body() -> None:
         epoch = live.epoch()
         before = await resumes(live)
@@ -1034,7 +1034,7 @@ def gap_source(pub: int, replay: int) -> tuple[str, list[str]]:
 
 
 @pytest.fixture
-def gap_gateway(procs: Starter, serve: Serve) -> tuple[Gateway, list[str]]:
+def gap_gateway(procs: Starter, serve: Serve) -> tuple[GatewayProcess, list[str]]:
     """A gateway serving one source, ``gap``, and the flags of its engine, not started yet."""
     http_port, pub, replay = free_ports(3)
     spec, engine = gap_source(pub, replay)
@@ -1042,7 +1042,7 @@ def gap_gateway(procs: Starter, serve: Serve) -> tuple[Gateway, list[str]]:
 
 
 def test_the_gap_notice_has_no_last_unless_the_client_asks_with_compat_gap_last_live_and_on_resume(
-    procs: Starter, gap_gateway: tuple[Gateway, list[str]]
+    procs: Starter, gap_gateway: tuple[GatewayProcess, list[str]]
 ) -> None:
     """``unrecovered_gap``'s integer ``last`` (``until``'s deprecated name) would give the name two
     types beside ``state``'s boolean: it goes only to a client that asks (``compat=gap_last``), on
@@ -1170,7 +1170,7 @@ def test_trtllm_seqs_are_exact_after_json_parse_in_node_and_numbers_only_with_co
 
 
 def test_resume_is_refused_for_another_epoch_an_id_outside_the_ring_or_a_malformed_id(
-    guarded: Gateway, recovery_window: str
+    guarded: GatewayProcess, recovery_window: str
 ) -> None:
     """All or nothing: recovered false, a fresh snapshot and no replay (the ring holds 20 messages;
     on an edge the stream is the window, and an id older than the ring is read back from it)."""
@@ -1499,7 +1499,7 @@ def test_a_cut_client_that_never_reads_again_is_disconnected(procs: Starter, ser
 # --- token, origin, limits, bad requests --------------------------------------------------------
 
 
-async def refused_ws(gateway: Gateway, query: str = "", **kwargs: Any) -> Any:
+async def refused_ws(gateway: GatewayProcess, query: str = "", **kwargs: Any) -> Any:
     """The HTTP response that refused a WebSocket handshake."""
     url = gateway.ws_url + (f"?{query}" if query else "")
     with pytest.raises(InvalidStatus) as refused:
@@ -1508,13 +1508,13 @@ async def refused_ws(gateway: Gateway, query: str = "", **kwargs: Any) -> Any:
     return refused.value.response
 
 
-def rejections(gateway: Gateway) -> Counter[tuple[str, str]]:
+def rejections(gateway: GatewayProcess) -> Counter[tuple[str, str]]:
     """kvgateway_client_rejections_total by (transport, reason)."""
     samples = metric_values(gateway.base, "kvgateway_client_rejections_total")
     return Counter({(dict(labels)["transport"], dict(labels)["reason"]): int(v) for labels, v in samples.items()})
 
 
-def test_a_token_is_required_on_every_v1_endpoint_and_never_logged(guarded: Gateway) -> None:
+def test_a_token_is_required_on_every_v1_endpoint_and_never_logged(guarded: GatewayProcess) -> None:
     unauthorized = {"error": "missing or invalid token"}
     before = rejections(guarded)
     wrong = [
@@ -1575,7 +1575,7 @@ def test_a_token_is_required_on_every_v1_endpoint_and_never_logged(guarded: Gate
     assert "token=[redacted]" in log  # the WebSocket access line was written, without the token
 
 
-def test_origin_allow_list(guarded: Gateway, live: Gateway) -> None:
+def test_origin_allow_list(guarded: GatewayProcess, live: GatewayProcess) -> None:
     """WebSocket Origin: the allow-list and the gateway's own origin (its dashboard); no Origin
     (not a browser) is fine; anything else is 403 before the upgrade, before the token is looked at."""
     forbidden = {"error": "origin not allowed"}
@@ -1614,7 +1614,7 @@ def test_origin_allow_list(guarded: Gateway, live: Gateway) -> None:
     assert after[guarded.port][("ws", "unauthorized")] == before[guarded.port][("ws", "unauthorized")]
 
 
-def test_max_clients(guarded: Gateway) -> None:
+def test_max_clients(guarded: GatewayProcess) -> None:
     """--max-clients 2: a third SSE client gets 503, a third WebSocket is closed with 1013."""
     before = rejections(guarded)
 
@@ -1662,7 +1662,7 @@ BAD_QUERIES = [
 ]
 
 
-def test_invalid_query_parameters_are_a_400_before_any_stream(live: Gateway) -> None:
+def test_invalid_query_parameters_are_a_400_before_any_stream(live: GatewayProcess) -> None:
     before = rejections(live)
 
     async def body() -> None:
@@ -1699,7 +1699,7 @@ async def _ask(http: httpx.AsyncClient, route: str, query: str) -> httpx.Respons
     return await http.get(f"{route}?{query}")
 
 
-def test_every_route_refuses_a_parameter_it_does_not_take_and_lists_what_it_takes(live: Gateway) -> None:
+def test_every_route_refuses_a_parameter_it_does_not_take_and_lists_what_it_takes(live: GatewayProcess) -> None:
     before = rejections(live)
     refused = 0
 
@@ -1731,7 +1731,7 @@ def test_every_route_refuses_a_parameter_it_does_not_take_and_lists_what_it_take
     assert counted == refused
 
 
-def test_sources_gives_last_seq_as_a_string_and_as_a_number_only_with_compat_int_seqs(live: Gateway) -> None:
+def test_sources_gives_last_seq_as_a_string_and_as_a_number_only_with_compat_int_seqs(live: GatewayProcess) -> None:
     live.wait_last_seq("qwen", 1)
     plain, numbers = live.get("/v1/sources").json(), live.get("/v1/sources?compat=int_seqs").json()
     assert {type(s["last_seq"]) for s in plain["sources"]} == {str}
@@ -1745,7 +1745,7 @@ def test_sources_gives_last_seq_as_a_string_and_as_a_number_only_with_compat_int
     )
 
 
-def test_a_filter_that_names_what_is_not_configured_is_a_400_on_every_route(live: Gateway) -> None:
+def test_a_filter_that_names_what_is_not_configured_is_a_400_on_every_route(live: GatewayProcess) -> None:
     """One rule for source and dp_rank (docs/protocol.md): each value must name what the
     configuration has, on the REST routes as on the streams (issue 33, item 8: ``dp_rank=99``
     was a 200 with no streams, ``source=nope`` a 400)."""
@@ -1774,7 +1774,7 @@ def _keys(entries: list[dict[str, Any]]) -> list[tuple[str, int]]:
     return [(entry["source"], entry["dp_rank"]) for entry in entries]
 
 
-def test_every_per_stream_route_applies_the_streams_source_and_dp_rank(live: Gateway) -> None:
+def test_every_per_stream_route_applies_the_streams_source_and_dp_rank(live: GatewayProcess) -> None:
     every = [("llama", 0), ("llama", 1), ("qwen", 0)]
     selections = {
         "": every,
@@ -1811,7 +1811,7 @@ def test_every_per_stream_route_applies_the_streams_source_and_dp_rank(live: Gat
 _RATE = re.compile(rb'"(stores|removes)_per_s":(-?[0-9.e+-]+)')
 
 
-def test_rates_are_rounded_to_thousandths_in_the_occupancy_snapshot(live: Gateway) -> None:
+def test_rates_are_rounded_to_thousandths_in_the_occupancy_snapshot(live: GatewayProcess) -> None:
     # the rates are sums of per-second counts over a window: as floats they print as 1185.1999999999998
     raw = httpx.get(f"{live.base}/v1/occupancy", timeout=10, trust_env=False).content
     rates = [float(m.group(2)) for m in _RATE.finditer(raw)]
@@ -1820,7 +1820,7 @@ def test_rates_are_rounded_to_thousandths_in_the_occupancy_snapshot(live: Gatewa
     assert not too_long, too_long[:5]
 
 
-def test_an_inbound_websocket_message_above_64_kib_closes_with_1009(live: Gateway) -> None:
+def test_an_inbound_websocket_message_above_64_kib_closes_with_1009(live: GatewayProcess) -> None:
     async def body() -> None:
         async with Clients(live) as clients:
             conn, ws = await clients.ws()
@@ -1841,7 +1841,7 @@ def test_an_inbound_websocket_message_above_64_kib_closes_with_1009(live: Gatewa
 # --- the schema ----------------------------------------------------------------------------------
 
 
-def test_the_schema_endpoint_serves_the_packaged_json_schema(live: Gateway) -> None:
+def test_the_schema_endpoint_serves_the_packaged_json_schema(live: GatewayProcess) -> None:
     response = httpx.get(f"{live.base}/v1/schema", timeout=10, trust_env=False)
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/schema+json"
@@ -1877,7 +1877,7 @@ async def run_node(*args: str, token: str | None = None) -> tuple[int, str, str]
     return proc.returncode, out.decode(), err.decode()
 
 
-def test_the_node_client_gets_u64_hashes_digit_for_digit(live: Gateway) -> None:
+def test_the_node_client_gets_u64_hashes_digit_for_digit(live: GatewayProcess) -> None:
     node_command()
     batches = 12
 
@@ -1923,7 +1923,7 @@ def test_the_node_client_gets_u64_hashes_digit_for_digit(live: Gateway) -> None:
         assert result["notices"] == sum(1 for o in window if o in by_offset and by_offset[o]["type"] == "notice")
 
 
-def test_the_node_client_sends_the_token_and_reports_refusals(guarded: Gateway) -> None:
+def test_the_node_client_sends_the_token_and_reports_refusals(guarded: GatewayProcess) -> None:
     node_command()
 
     async def body() -> None:
@@ -1952,7 +1952,7 @@ def test_the_protocol_doc_shows_the_node_client_as_it_is() -> None:
     assert "tests/integration/js/kvgateway-client.mjs" in section
 
 
-def test_the_garbage_collectors_pauses_are_timed_from_the_start(live: Gateway) -> None:
+def test_the_garbage_collectors_pauses_are_timed_from_the_start(live: GatewayProcess) -> None:
     """kvgateway_gc_pause_seconds: the full collection that freezes start-up's heap (when the server
     is up) is the first generation-2 sample; a fed gateway's young collections follow."""
 
