@@ -91,7 +91,7 @@ def require_nats() -> None:
 
 def run_ingest(args: argparse.Namespace) -> int:
     require_nats()
-    from kvgateway.cluster.ingest_role import IngestService
+    from kvgateway.cluster.ingest_role import IngestRole
     from kvgateway.serve import server
     from kvgateway.serve.app import probe_app
 
@@ -104,15 +104,15 @@ def run_ingest(args: argparse.Namespace) -> int:
 
     leases: dict[str, Any] = {} if args.lease_seconds is None else {"lease_seconds": args.lease_seconds}
 
-    def make(settings: config.Settings) -> IngestService:
-        return IngestService(settings, options, member=args.member, **leases)
+    def make(settings: config.Settings) -> IngestRole:
+        return IngestRole(settings, options, member=args.member, **leases)
 
     return server.run(settings, make, probe_app)
 
 
 def run_edge(args: argparse.Namespace) -> int:
     require_nats()
-    from kvgateway.cluster.edge import EdgeService, edge_app
+    from kvgateway.cluster.edge import EdgeRole, edge_app
     from kvgateway.serve import server
 
     settings = config.settings_from_args(args)
@@ -120,8 +120,8 @@ def run_edge(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
         exit_with_parent()
 
-    def make(settings: config.Settings) -> EdgeService:
-        return EdgeService(settings, options)
+    def make(settings: config.Settings) -> EdgeRole:
+        return EdgeRole(settings, options)
 
     async def discover(settings: config.Settings) -> config.Settings:
         return settings if settings.sources else await _discover_sources(settings, options)

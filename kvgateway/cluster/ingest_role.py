@@ -35,8 +35,9 @@ from kvgateway.runtime.tasks import cancel_and_wait
 logger = logging.getLogger("kvgateway.cluster")
 
 
-class IngestService:
-    """The ingest half over the JetStream log, started and stopped by its probe app's lifespan."""
+class IngestRole:
+    """An ingest process (a :class:`~kvgateway.serve.role.Role`): the ingest half appending to the
+    JetStream stream, started and stopped by its probe app's lifespan."""
 
     def __init__(
         self,
