@@ -162,9 +162,9 @@ class Hub:
             metrics=self.metrics,
             gap_last=GAP_LAST in request.compat,
             int_seqs=INT_SEQS in request.compat,
+            digest_every=request.digest,
         )
         if request.digest is not None:
-            sub.digest_every = request.digest
             self._digest_clients[sub] = None
         if point.recovered:
             key = sub.event_key

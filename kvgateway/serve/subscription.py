@@ -93,6 +93,7 @@ class Subscription:
         metrics: HubMetrics,
         gap_last: bool = False,
         int_seqs: bool = False,
+        digest_every: int | None = None,
     ) -> None:
         self._hub = hub
         # compat=gap_last, compat=int_seqs: each chunk taken has the deprecated forms
@@ -110,7 +111,7 @@ class Subscription:
         self.hello = hello.data
         self.offset = offset  # the hello's offset: where the client stands before its first chunk
         self.recovered = recovered
-        self.digest_every: int | None = None
+        self.digest_every = digest_every
         """``digest=SECONDS``: the hub's digest ticker (kvgateway/serve/digests.py) sends this client a
         ``digest`` message per stream every that many seconds, from ``digest_due`` on."""
         self.digest_due = 0.0
