@@ -55,6 +55,7 @@ class IngestRole:
         self.startup_error: StartupError | None = None
         self.fatal: str | None = None
         self.publishing: Publisher | None = None
+        self.epoch: str | None = None  # the stream's, once connected (a re-created stream has a new one)
         self.ingest: Ingest | None = None
         self._nc: Client | None = None
         self._beats: asyncio.Task[None] | None = None
@@ -78,14 +79,15 @@ class IngestRole:
             raise StartupError(f"cannot connect to NATS {','.join(options.servers)}: {exc}") from None
         js = nc.jetstream()
         state = await nats_link.ensure_stream(js, options)
+        self.epoch = state.epoch
         await publish_sources(js, options, settings.sources)  # for edges started without --source
 
         async def recreate() -> None:
             # A lost store (or a deleted stream) is a new stream: a new epoch for every edge.
             again = await nats_link.ensure_stream(js, options)
-            if again.epoch != publishing.epoch:
+            if again.epoch != self.epoch:
                 logger.warning("stream %s is new (epoch %s): publishing to it", options.stream, again.epoch)
-                publishing.epoch = again.epoch
+                self.epoch = again.epoch
                 await publish_sources(js, options, settings.sources)  # the bucket went with the store
 
         publishing = self.publishing = Publisher(
@@ -93,7 +95,6 @@ class IngestRole:
             js,
             options.subject_prefix,
             options.stream,
-            epoch=state.epoch,
             metrics=self.metrics,
             on_failure=recreate,
             on_lost=self.publishes_lost,
@@ -183,7 +184,7 @@ class IngestRole:
     def health(self) -> dict[str, Any]:
         publishing = self.publishing
         return {
-            "epoch": None if publishing is None else publishing.epoch,
+            "epoch": self.epoch,
             "role": "ingest",
             "pending_publishes": 0 if publishing is None else publishing.pending,
         }
