@@ -44,7 +44,6 @@ ConnectionCode: TypeAlias = Literal[
 A closed vocabulary: a new code is a new release's."""
 
 MessageType: TypeAlias = Literal["hello", "batch", "notice", "state", "digest"]
-StreamNoticeKind: TypeAlias = Literal["restart", "unrecovered_gap", "degraded", "up", "down"]
 
 HELLO: Final = "hello"
 BATCH: Final = "batch"
@@ -52,9 +51,6 @@ NOTICE: Final = "notice"
 STATE: Final = "state"  # a snapshot=blocks connection's resident blocks (kvgateway/state/blocks.py)
 DIGEST: Final = "digest"  # a digest=SECONDS connection's state digests (kvgateway/serve/digests.py)
 SLOW_CONSUMER: Final = "slow_consumer"
-STREAM_NOTICE_KINDS: Final[frozenset[str]] = frozenset(
-    {"restart", "unrecovered_gap", "stale", "degraded", "up", "down"}
-)
 
 SCHEMA_FILE: Final = "schema.json"
 

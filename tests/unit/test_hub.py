@@ -403,7 +403,7 @@ def test_medium_filter_takes_a_medium_name_or_a_tier_name(query: str, expected: 
 
 def test_medium_filter_and_occupancy_index_agree_on_every_event() -> None:
     """One normaliser: an event passes ``medium=M`` exactly when the index counts it under M (or M's tier)."""
-    from kvgateway.engine.mediums import TIER_NAMES, TIERS
+    from kvgateway.engine.mediums import TIERS
     from kvgateway.state.occupancy import OccupancyIndex
 
     blocks = [e for e in TIERED if isinstance(e, wire.BlockStored)]
@@ -412,7 +412,7 @@ def test_medium_filter_and_occupancy_index_agree_on_every_event() -> None:
         index.apply("a", 0, batch(event), 0.0)
     (entry,) = index.snapshot(1, 0.0)["streams"]
     for name, stats in entry["mediums"].items():
-        if name in TIER_NAMES:  # a tier name filters the whole tier: checked below
+        if name in TIERS:  # a tier name filters the whole tier: checked below
             continue
         assert len(passing(parse_query({"medium": [name]}).filter, blocks)) == stats["blocks"], name
     for tier in TIERS:
