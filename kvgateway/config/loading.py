@@ -66,13 +66,11 @@ class Layer:
     sources: tuple[SourceConfig, ...] | None = None
 
     def give(self, option: Option, value: object) -> None:
-        values = self.values[option.lands]
-        if option.key == "token_file":
-            values["token"] = read_token_file(str(value))
+        if option.key == "token_file":  # the file holds the token
+            value = read_token_file(str(value))
         elif option.key == "token":
-            values["token"] = str(value).strip()
-        else:
-            values[option.attribute] = value
+            value = str(value).strip()
+        self.values[option.lands][option.attribute] = value
 
     def settings_over(self, base: Settings) -> Settings:
         settings = replace(base, **self.values[SERVER])

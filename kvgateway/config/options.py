@@ -6,7 +6,7 @@ made from it; each command takes a part of it (:class:`OptionSet`).
 
 A ``[server]`` option lands on :class:`~kvgateway.config.settings.Settings`' field of the same name;
 a ``[cluster]`` one on :class:`~kvgateway.config.cluster.NatsOptions` or
-:class:`~kvgateway.config.cluster.Workers` (``lands``), at ``field``.
+:class:`~kvgateway.config.cluster.Workers` (``lands``), at ``sets``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Option:
     flag: str = ""  # default: --key-with-dashes
     metavar: str | None = None
     lands: str = SERVER
-    field: str = ""  # the field it sets (default: the key)
+    sets: str = ""  # the field it sets (default: the key)
     clients: bool = False  # a setting of web clients: kvgateway ingest, which serves none, has no flag for it
 
     @property
@@ -73,7 +73,7 @@ class Option:
 
     @property
     def attribute(self) -> str:
-        return self.field or self.key
+        return self.sets or self.key
 
     @property
     def is_switch(self) -> bool:
@@ -117,7 +117,9 @@ OPTIONS: tuple[Option, ...] = (
         "bearer token required on /v1/* (prefer --token-file: argv is visible)",
         clients=True,
     ),
-    Option("token_file", str, "security", "read the bearer token from FILE", metavar="FILE", clients=True),
+    Option(
+        "token_file", str, "security", "read the bearer token from FILE", metavar="FILE", sets="token", clients=True
+    ),
     Option(
         "allowed_origins",
         list,
@@ -206,7 +208,7 @@ OPTIONS: tuple[Option, ...] = (
         "run a private nats-server, one ingest and N edge processes sharing --port (default: one process)",
         (1, 1024),
         lands=WORKERS,
-        field="count",
+        sets="count",
     ),
     Option(
         "state_dir",
@@ -222,16 +224,16 @@ OPTIONS: tuple[Option, ...] = (
         "a NATS server URL (repeatable; $KVGATEWAY_NATS: comma-separated)",
         metavar="URL",
         lands=NATS,
-        field="servers",
+        sets="servers",
     ),
-    Option("nats_stream", str, "nats", "the stream (default KVGATEWAY)", metavar="NAME", lands=NATS, field="stream"),
+    Option("nats_stream", str, "nats", "the stream (default KVGATEWAY)", metavar="NAME", lands=NATS, sets="stream"),
     Option(
         "nats_subject_prefix",
         str,
         "nats",
         "subjects PREFIX.SOURCE.RANK (default kvgateway)",
         lands=NATS,
-        field="subject_prefix",
+        sets="subject_prefix",
     ),
     Option(
         "nats_retention",
@@ -239,7 +241,7 @@ OPTIONS: tuple[Option, ...] = (
         "nats",
         "the stream's max_age, the recovery window (default 600)",
         lands=NATS,
-        field="retention_seconds",
+        sets="retention_seconds",
     ),
     Option(
         "nats_duplicate_window",
@@ -247,7 +249,7 @@ OPTIONS: tuple[Option, ...] = (
         "nats",
         "how long a batch id is remembered against duplicates (default 120)",
         lands=NATS,
-        field="duplicate_window_seconds",
+        sets="duplicate_window_seconds",
     ),
     Option(
         "nats_checkpoint",
@@ -255,7 +257,7 @@ OPTIONS: tuple[Option, ...] = (
         "nats",
         "edge: write an index checkpoint this often, for edges started later (0: never; default 30)",
         lands=NATS,
-        field="checkpoint_seconds",
+        sets="checkpoint_seconds",
     ),
     Option(
         "nats_leases",
@@ -265,7 +267,7 @@ OPTIONS: tuple[Option, ...] = (
         "by one (default true; false: read them all, e.g. a hot standby)",
         metavar="BOOL",
         lands=NATS,
-        field="leases",
+        sets="leases",
     ),
     Option(
         "nats_replicas",
@@ -274,7 +276,7 @@ OPTIONS: tuple[Option, ...] = (
         "stream replicas (1, 3 or 5; default 1)",
         (1, 5),
         lands=NATS,
-        field="replicas",
+        sets="replicas",
     ),
     Option(
         "nats_creds",
@@ -283,16 +285,16 @@ OPTIONS: tuple[Option, ...] = (
         "a NATS credentials file (JWT + nkey seed)",
         metavar="FILE",
         lands=NATS,
-        field="creds",
+        sets="creds",
     ),
-    Option("nats_token_file", str, "nats", "read a NATS token from FILE", lands=NATS, field="token_file"),
+    Option("nats_token_file", str, "nats", "read a NATS token from FILE", lands=NATS, sets="token_file"),
     Option(
-        "nats_tls_ca", str, "nats", "CA bundle to verify the NATS servers", metavar="FILE", lands=NATS, field="tls_ca"
+        "nats_tls_ca", str, "nats", "CA bundle to verify the NATS servers", metavar="FILE", lands=NATS, sets="tls_ca"
     ),
     Option(
-        "nats_tls_cert", str, "nats", "client certificate (mutual TLS)", metavar="FILE", lands=NATS, field="tls_cert"
+        "nats_tls_cert", str, "nats", "client certificate (mutual TLS)", metavar="FILE", lands=NATS, sets="tls_cert"
     ),
-    Option("nats_tls_key", str, "nats", "client certificate's key", metavar="FILE", lands=NATS, field="tls_key"),
+    Option("nats_tls_key", str, "nats", "client certificate's key", metavar="FILE", lands=NATS, sets="tls_key"),
 )
 OPTION_BY_KEY = {option.key: option for option in OPTIONS}
 SERVER_BY_KEY = {option.key: option for option in OPTIONS if option.table == "server"}

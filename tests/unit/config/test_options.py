@@ -50,7 +50,7 @@ def _fields(target: type) -> dict[str, object]:
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda option: option.key)
 def test_every_option_sets_a_field_of_its_kind(option: Option) -> None:
     hints = _fields(TARGETS[option.lands])
-    attribute = "token" if option.key == "token_file" else option.attribute  # the file holds the token
+    attribute = option.attribute
     assert attribute in hints, f"{option.key}: {TARGETS[option.lands].__name__} has no field {attribute!r}"
     assert hints[attribute] in KINDS[option.kind], (option.key, hints[attribute])
 
