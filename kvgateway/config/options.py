@@ -310,8 +310,9 @@ client, so it has no flags for them (a shared file or environment may still hold
 
 @dataclass(frozen=True, slots=True)
 class OptionSet:
-    """The options one command takes: its flags, in --help order, and what its loader reads from
-    the flags and the environment (the file's keys of every ``[server]`` option apply to all).
+    """The options one command takes: its flags, in --help order, and the ``[cluster]`` settings
+    its loader reads from the environment and the file (every ``[server]`` setting is read there
+    for every command: one file or environment may serve them all).
 
     ``sources``: it has ``--config`` and ``--source``; ``needs_sources``, ``needs_nats``: it cannot
     run without; ``clients``: it serves web clients, so a host other machines reach needs a token.
