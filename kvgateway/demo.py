@@ -14,6 +14,10 @@ import zmq.asyncio
 
 from kvgateway import config
 from kvgateway.config import SourceConfig
+from kvgateway.config.arguments import add_arguments as add_setting_arguments
+from kvgateway.config.loading import load
+from kvgateway.config.options import SERVER_KEYS, OptionSet
+from kvgateway.config.validation import validate
 from kvgateway.engine.endpoints import rank_endpoints
 from kvgateway.engine.wire import Stream
 from kvgateway.runtime import logging_setup
@@ -46,9 +50,12 @@ UNDERSIZED_CONVERSATIONS = 512
 cache, so a conversation that comes back (every half minute or so) finds part of its history
 evicted (``refetch``) or in the CPU tier (``offloaded``)."""
 
+DEMO = OptionSet(keys=SERVER_KEYS, sources=False)
+"""The demo's settings: the HTTP side's (its engines are its own: no --config or --source)."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    config.add_server_arguments(parser)
+    add_setting_arguments(parser, DEMO)
     parser.add_argument(
         "--rate",
         type=float,
@@ -267,7 +274,7 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
         else:
             sources = demo_sources(sockets)
             roles = demo_roles(sources)
-        settings = config.validate(replace(settings, sources=sources))
+        settings = validate(replace(settings, sources=sources))
         context = zmq.asyncio.Context()
         pairs = build_engines(args, sources, roles, context)
         engines = [engine for engine, _ in pairs]
@@ -303,7 +310,7 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    settings = config.settings_from_args(args)
+    settings = load(DEMO, args).settings
     logging_setup.setup_for(settings)
     from kvgateway.runtime.startup import StartupError
     from kvgateway.serve.server import loop_factory
