@@ -52,7 +52,11 @@ ORIGIN_RECIPES: Final = (
 
 
 def _fill(text: str, first: str = "", rest: str = "") -> str:
-    return textwrap.fill(text, width=_HELP_WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+    """``text`` in lines that fit the help's width once argparse indents them (an argument group's
+    description by 2), never broken at a flag's hyphen."""
+    return textwrap.fill(
+        text, width=_HELP_WIDTH - 2, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
+    )
 
 
 class UsageError(Exception):

@@ -979,10 +979,15 @@ def test_cli_lose_tail_and_real_restart() -> None:
         sim.kill()
 
 
-def test_help_says_whose_behaviour_each_option_is(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_says_whose_behaviour_each_option_is(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit):
         cli.main(["simulate", "--help"])
-    text = " ".join(capsys.readouterr().out.split())
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) < 80, "the help fits a terminal of 80 columns"
+    text = " ".join(out.split())
     for needle in ("vLLM's own behaviour", "SGLang", "TensorRT-LLM", "fault injection", "NOT vLLM's behaviour"):
         assert needle in text
     for flag in (
