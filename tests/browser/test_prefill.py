@@ -83,11 +83,16 @@ def test_the_demo_splits_its_prefill_visibly_within_two_minutes(
 
     # the table view: a routing-miss share per stream, from the same points: the routed pair misses
     page.locator(tid("view-table")).click()
-    page.wait_for_function(
-        """() => [...document.querySelectorAll('[data-testid="cell-miss"]')].every(c => c.dataset.value !== '')""",
+    # (the map once all four rows have a value: the table builds its rows after the click)
+    rows = page.wait_for_function(
+        f"""() => {{
+             const miss = ({MISS_BY_STREAM})();
+             const values = Object.values(miss);
+             return values.length === 4 && values.every(v => v !== '') && miss;
+           }}""",
         timeout=30_000,
-    )
-    miss = {stream: float(value) for stream, value in page.evaluate(MISS_BY_STREAM).items()}
+    ).json_value()
+    miss = {stream: float(value) for stream, value in rows.items()}
     assert set(miss) == {"vllm-a/0", "vllm-a/1", "sglang-b/0", "vllm-c/0"}, miss
     assert miss["vllm-a/0"] > 0.05 and miss["vllm-a/1"] > 0.05, miss
     assert miss["sglang-b/0"] == miss["vllm-c/0"] == 0, miss
