@@ -28,7 +28,12 @@ from kvgateway.simulator.engine import (
     SimulatedEngine,
     build_engines,
 )
-from kvgateway.simulator.workload import _OFFLOAD_CHUNK_BLOCKS, DEFAULT_CONVERSATIONS, HASH_KINDS
+from kvgateway.simulator.workload import (
+    _OFFLOAD_CHUNK_BLOCKS,
+    DEFAULT_CONVERSATIONS,
+    HASH_KINDS,
+    ROUTED_REQUESTS_PER_BATCH,
+)
 
 _HELP_WIDTH: Final = 79
 
@@ -309,9 +314,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument(
         "--routed",
         action="store_true",
-        help="the --dp-size ranks take one request sequence, each request sent to a rank at random, as "
-        "a router that ignores prefixes does (default: each rank has its own requests; needs --dp-size 2 "
-        "or more)",
+        help="the ranks (--dp-size 2 or more) take one request sequence, each request sent to a rank at "
+        "random, as a router that ignores prefixes does; each serves about "
+        f"{ROUTED_REQUESTS_PER_BATCH:g} requests a batch, whatever --events-per-batch says "
+        "(default: each rank has its own requests)",
     )
     work.add_argument(
         "--report-hits",

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -987,6 +988,7 @@ def test_help_says_whose_behaviour_each_option_is(
         cli.main(["simulate", "--help"])
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) < 80, "the help fits a terminal of 80 columns"
+    assert not re.search(r"--[a-z]+-\n", out), "no flag broken at its hyphen"
     text = " ".join(out.split())
     for needle in ("vLLM's own behaviour", "SGLang", "TensorRT-LLM", "fault injection", "NOT vLLM's behaviour"):
         assert needle in text
