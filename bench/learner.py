@@ -225,7 +225,7 @@ def _cap_learner(old: ModuleType, kind: str, index: OccupancyIndex, cap: int) ->
 
         return old.ChainLearner(cap, resident=resident_old)
     learner = _learner_py.ChainLearner if kind == "pure" else ChainLearner
-    return learner(cap, floor=1, resident=index.holds)  # as serve/router_state.py gives it
+    return learner(cap, floor=1, resident=index.holds, held=index.holders)  # as serve/router_state.py does
 
 
 class _CapRun:

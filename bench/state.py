@@ -23,6 +23,9 @@ Each of ``index``, ``attributed``, ``digest`` and ``learner`` runs on both cores
 turn); ``before`` has only its own. The ratios to read: ``attributed / before`` (issue 30's cost,
 at most 1.05 of the path before), and compiled against pure.
 
+``bytes_per_resident_block``: tracemalloc's bytes after all the batches, per resident block, of
+``before``'s index and of this tree's without and with the attribution, on each core.
+
 ``ingest_path``: scenario 1's in-process stage table (bench/ingest.py, its ``sum``, wall time, best
 of 3) under the core this process runs (``KVGATEWAY_NO_EXTENSIONS=1`` for the pure one), and
 ``attribution_share``: that core's ``attributed`` minus ``before`` as a fraction of it (the
@@ -40,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -173,7 +177,7 @@ def _learner(bases: Bases, chosen: dict[str, ModuleType], batches: list[wire.Bat
     """The learner's share alone: each batch applied to the index first (untimed), then learned."""
     with core_of(chosen):
         index = occupancy.OccupancyIndex(observer=attribution.Attribution())
-        learner = chosen["learner"].ChainLearner(resident=resident_of(index))
+        learner = chosen["learner"].ChainLearner(resident=index.holds, held=index.holders)  # as the gateway
         now = time.time()
         clock = time.process_time
         took = 0.0
@@ -183,11 +187,6 @@ def _learner(bases: Bases, chosen: dict[str, ModuleType], batches: list[wire.Bat
             learner.learn_batch("bench", 0, batch)
             took += clock() - started
         return took
-
-
-def resident_of(index: occupancy.OccupancyIndex) -> Callable[[tuple[str, int], wire.Hash], bool]:
-    """The residency question the gateway gives its learner (serve/router_state.py)."""
-    return index.holds
 
 
 STAGES: Final[dict[str, Callable[[Bases, dict[str, ModuleType], list[wire.Batch]], float]]] = {
@@ -229,6 +228,7 @@ def variant(
     out["attributed_over_previous"] = {
         core: round(best["attributed"][core] / best["previous"][core], 3) for core in CORES
     }
+    out["bytes_per_resident_block"] = memory(bases, mods, batches)
     running = extensions.core()
     gc.collect()
     gc.disable()  # as bench/ingest.py's breakdown
@@ -240,6 +240,31 @@ def variant(
     mine = "pure" if running == extensions.PURE else "compiled"
     out["ingest_path"]["attribution_share"] = round((best["attributed"][mine] - before) / path, 3)
     _say(f"{name}: {out}")
+    return out
+
+
+def memory(bases: Bases, mods: dict[str, dict[str, ModuleType]], batches: list[wire.Batch]) -> dict[str, Any]:
+    """Bytes per resident block (tracemalloc, the batches decoded before tracing): ``before``'s index,
+    and this tree's on each core without and with the attribution (its evictions at their bound
+    or what the workload evicted within the window, whichever is less)."""
+    out: dict[str, Any] = {}
+
+    def traced(make: Callable[[], Any]) -> tuple[float, int]:
+        gc.collect()
+        tracemalloc.start()
+        index = make()
+        _apply(index, batches)
+        gc.collect()
+        size = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        blocks = index.resident_blocks()
+        return round(size / blocks, 1), blocks
+
+    out["before"], out["resident_blocks"] = traced(bases.before.OccupancyIndex)
+    for name, chosen in mods.items():
+        with core_of(chosen):
+            out[f"index_{name}"] = traced(occupancy.OccupancyIndex)[0]
+            out[f"attributed_{name}"] = traced(lambda: occupancy.OccupancyIndex(observer=attribution.Attribution()))[0]
     return out
 
 

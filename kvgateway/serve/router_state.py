@@ -116,7 +116,8 @@ class RouterState:
         self.metrics = metrics
         self.max_snapshots = settings.max_snapshots
         self.snapshot_queue_bytes = settings.snapshot_queue_bytes
-        self.learner = ChainLearner(settings.max_learned_blocks, resident=index.holds)  # asked at each eviction
+        # asked at each eviction: the fleet's holders in C first, the stream's groups only for a held block
+        self.learner = ChainLearner(settings.max_learned_blocks, resident=index.holds, held=index.holders)
         self.bucket = TokenBucket(settings.lookup_rate, settings.lookup_burst)
         self._fleet: dict[str, Any] | None = None
         self._snapshots = 0

@@ -445,6 +445,12 @@ class OccupancyIndex:
     def apply(self, source: str, dp_rank: int, batch: Batch, now: float, replayed: bool = False) -> None:
         self.stream(source, dp_rank).apply(batch, now, replayed)
 
+    @property
+    def holders(self) -> set[Hash]:
+        """Every hash some stream, medium and group holds: the fleet's holders, live (the same set
+        for the index's lifetime: the learner keeps it). Never change it."""
+        return self._fleet.blocks
+
     def holds(self, stream: Stream, block_hash: Hash) -> bool:
         """Whether ``stream`` holds ``block_hash`` in some medium and group (the routers' learner
         asks at each eviction): the fleet's holders first, one set lookup that answers the common
