@@ -1,21 +1,21 @@
-"""The index's per-batch pass, the reference of the compiled core's twin (``_apply_c.pyx``, this
-very source compiled through Cython's include, so the two cannot drift): one stream's groups
+"""The index's per-batch pass, pure Python: the reference its compiled twin (``_apply_c.pyx``)
+mirrors step for step (tests/unit/state/test_apply_differential.py). One stream's groups
 (:class:`Group`: resident hashes with reference counts, the fleet's holders, the state digest), its
-mediums' counters (:class:`Medium`), and :func:`apply_batch`, one pass over a batch's events that
-applies every store and remove, keeps the fleet's holders and attributes each GPU-tier store for the
-prefill attribution at once (:class:`StoreObserver`).
+mediums' counters (:class:`Medium`), its GPU evictions of the refetch window (:class:`Evictions`),
+and :func:`apply_batch`, one pass over a batch's events that applies every store and remove, keeps
+the fleet's holders and counts the prefill attribution's common case at once.
 
 The common store (every hash new to the fleet and not evicted lately from this stream: the
-workload's own new content) is attributed inside the pass, with the C-level set tests the group's
-store makes anyway, and counted once per batch; every other store is handed to the observer before
-it is applied (:meth:`StoreObserver.stored`), and every GPU remove after
-(:meth:`StoreObserver.removed`), so it judges each against the fleet as it was at that event.
+workload's own new content) is counted ``new`` inside the pass, with the set test the group's
+store needs anyway, once per batch; every other store is handed to the observer before it is
+applied (:meth:`StoreObserver.stored`), and every GPU remove is remembered in the stream's
+evictions after it (what :meth:`StoreObserver.removed` does), so each store is judged against the
+fleet as it was at that event.
 
 Sans-I/O; :mod:`kvgateway.state.occupancy` builds the index around it.
 """
 
-# No ``from __future__ import annotations``: _apply_c.pyx includes this file after its own lines,
-# where a __future__ import may not stand; the annotations naming a class not yet defined are quoted.
+from __future__ import annotations
 
 import math
 from collections import Counter
@@ -59,7 +59,7 @@ class StoreAccount(Protocol):
     """One stream's account at the observer (the prefill attribution's ``Account``)."""
 
     block_size: int
-    evicted: "Evictions"
+    evicted: Evictions
 
     def add_new(self, blocks: int, tokens: int, now: float) -> None: ...
 
@@ -69,7 +69,7 @@ class StoreObserver(Protocol):
     every GPU remove after (the prefill attribution, :mod:`kvgateway.state.attribution`): it sees
     the state the event changes."""
 
-    def account(self, stream: Stream) -> "StoreAccount": ...
+    def account(self, stream: Stream) -> StoreAccount: ...
 
     def comparing(self) -> int: ...
 
@@ -89,7 +89,7 @@ class StreamView(Protocol):
     unknown_removes: int
     staleness: Staleness
 
-    def route(self, medium: str | None, group_idx: int | None) -> "Group": ...
+    def route(self, medium: str | None, group_idx: int | None) -> Group: ...
 
     def clear_blocks(self) -> None: ...
 
@@ -152,7 +152,7 @@ class Group:
 
     __slots__ = ("blocks", "digest", "extra", "fleet", "medium", "prefix", "shared")
 
-    def __init__(self, medium: "Medium", fleet: "Group | None" = None) -> None:
+    def __init__(self, medium: Medium, fleet: Group | None = None) -> None:
         self.blocks: set[Hash] = set()
         self.extra: dict[Hash, int] = {}
         self.medium = medium
@@ -305,7 +305,7 @@ class Medium:
         "stores",
     )
 
-    def __init__(self, fleet: "Group | None" = None, gpu: bool = False) -> None:
+    def __init__(self, fleet: Group | None = None, gpu: bool = False) -> None:
         self.fleet = fleet
         self.gpu = gpu
         """The medium is of the GPU tier: its stores are attributed, its removes are evictions."""
@@ -322,7 +322,7 @@ class Medium:
         self.cur_stores = 0
         self.cur_removes = 0
 
-    def group(self, group_idx: int) -> "Group":
+    def group(self, group_idx: int) -> Group:
         grp = self.groups.get(group_idx)
         if grp is None:
             grp = self.groups[group_idx] = Group(self, self.fleet)
@@ -361,7 +361,7 @@ class Medium:
         return sum(len(grp.blocks) for grp in self.groups.values())
 
 
-def _new_store(index: StreamView, event: BlockStored, account: "StoreAccount", compare: int, fleet: "Group") -> bool:
+def _new_store(index: StreamView, event: BlockStored, account: StoreAccount, compare: int, fleet: Group) -> bool:
     """Whether a GPU store is the common case the pass counts itself (the stream is not stale, no
     content to compare, every hash held nowhere in the fleet and not evicted lately: ``new``); the
     account learns the event's block size either way, as the observer's ``stored`` does."""
