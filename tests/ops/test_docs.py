@@ -166,8 +166,10 @@ PATH_ORDER = ["engine", "ingest", "log", "protocol", "state", "serve"]
 def test_the_architecture_doc_draws_a_batchs_path_through_each_module_once() -> None:
     """The drawing of a batch's path names modules that exist, each once, package by package from
     the engine to the client's session, and beside each only names that module defines."""
-    steps = [m for line in code_block(architecture_section("A batch's path, from the socket to a client's frame"))
-             if (m := PATH_LINE.match(line))]  # fmt: skip
+    lines = code_block(architecture_section("A batch's path, from the socket to a client's frame"))
+    named = [line for line in lines if re.match(r"[a-z_]+/[a-z_]+\.py\b", line)]
+    steps = [m for line in named if (m := PATH_LINE.match(line))]
+    assert len(steps) == len(named), "a module's line is not: module, two spaces, its names, two spaces, what"
     modules = [step["module"] for step in steps]
     assert len(modules) >= 15 and len(set(modules)) == len(modules), modules
     folders = [module.split("/")[0] for module in modules]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, UnknownEvent
 from kvgateway.protocol.filters import event_key, select
+from kvgateway.state.attribution import Attribution
 from kvgateway.state.occupancy import RATE_WINDOW_SECONDS, MediumStats, OccupancyIndex, StreamIndex
 
 BIG = 2**64 - 12345  # a u64 hash above 2^63, as vLLM sends them
@@ -364,29 +365,14 @@ def test_stream_is_created_once_and_apply_routes_to_it() -> None:
     assert [(s.source, s.dp_rank) for s in occ.streams()] == [("a", 3), ("a", 4)]
 
 
-class _Told:
-    """A store observer that keeps what it is told (and never takes a batch whole)."""
-
-    def __init__(self) -> None:
-        self.told: list[tuple[str, Any]] = []
-
-    def batch(self, index: StreamIndex, batch: Batch, now: float) -> bool:
-        return False
-
-    def stored(self, index: StreamIndex, event: BlockStored, ts: float, now: float) -> None:
-        self.told.append(("stored", (index.source, index.refcount(event.block_hashes[0]))))
-
-    def removed(self, index: StreamIndex, medium: str | None, hashes: list[Hash], ts: float) -> None:
-        self.told.append(("removed", (index.source, index.refcount(hashes[0]))))
-
-
-def test_every_stream_is_made_with_the_fleets_observer_told_before_a_store_and_after_a_remove() -> None:
-    told = _Told()
-    occ = OccupancyIndex(observer=told)
-    occ.apply("a", 0, batch(stored(7)), 0.0)
+def test_every_stream_is_made_with_the_fleets_observer() -> None:
+    """Given when the stream's index is made (by its first batch, or when asked for), not set after."""
+    attribution = Attribution()
+    occ = OccupancyIndex(observer=attribution)
     occ.apply("b", 0, batch(stored(7), removed(7)), 0.0)
-    assert occ.stream("b", 0).observer is told  # given when made, not set after
-    assert told.told == [("stored", ("a", 0)), ("stored", ("b", 0)), ("removed", ("b", 0))]
+    assert occ.stream("b", 0).observer is attribution
+    assert occ.stream("c", 1).observer is attribution
+    assert OccupancyIndex().stream("b", 0).observer is None
 
 
 # --- memory ----------------------------------------------------------------------------------
