@@ -39,3 +39,18 @@ def free_ports(count: int, *, spacing: int = 1, host: str = "127.0.0.1") -> list
 def free_port() -> int:
     (port,) = free_ports(1)
     return port
+
+
+def established(port: int) -> set[int]:
+    """The remote ports of the established TCP connections to local ``port`` (Linux /proc/net). The
+    kernel completes a connect to a listening socket whose process is stopped (SIGSTOP): this sees
+    that connection before the process accepts it, which nothing in the process can report."""
+    found: set[int] = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(path, encoding="ascii") as table:
+            next(table)
+            for row in table:
+                local, remote, state = row.split()[1:4]
+                if state == "01" and int(local.rsplit(":", 1)[1], 16) == port:  # TCP_ESTABLISHED
+                    found.add(int(remote.rsplit(":", 1)[1], 16))
+    return found
