@@ -53,7 +53,7 @@ def _say(text: str) -> None:
 def _modules() -> dict[str, dict[str, ModuleType]]:
     out: dict[str, dict[str, ModuleType]] = {"pure": {}, "compiled": {}}
     parts = (
-        ("render", "kvgateway.log._render"),
+        ("render", "kvgateway.protocol._render"),
         ("learner", "kvgateway.state._learner"),
         ("digest", "kvgateway.state._digest"),
     )
