@@ -32,12 +32,6 @@ BUDGET = 64
 TURN_SECONDS = 0.005
 """...and the time it may take for them: huge batches must not turn 64 messages into a second."""
 
-DRAIN_TURN_SECONDS = 0.001
-"""The time of a turn while a vanished publisher's backlog is read (tens of thousands of batches
-queued at once): shorter, so that a liveness probe, which needs a few of the loop's turns, is
-answered within tens of milliseconds (bench/backlog.py: the p50 of /healthz halved against 5 ms
-turns). A live stream keeps the longer turn: fewer turns, less overhead per batch."""
-
 MAX_REPLAY_SECONDS_FACTOR = 20
 """A replay attempt may run this many replay timeouts in all, however steadily it trickles."""
 
@@ -183,7 +177,7 @@ class StreamReader:
             # Connection changes first: a batch of a new connection must not be read before the
             # sequencer has heard of that connection (see _on_monitor_event).
             self._poll_monitor()
-            deadline = clock() + (TURN_SECONDS if self._drained is None else DRAIN_TURN_SECONDS)
+            deadline = clock() + TURN_SECONDS
             count = 0
             frames: list[bytes] | None = None
             try:

@@ -176,7 +176,6 @@ def test_a_backlog_whose_last_batch_ends_a_turn_still_ends_in_the_disconnect(mon
         await until(lambda: engine.requests == [0] and reader.sequencer.replay_token is None, engine)
         await until(_subscribed(engine, records), engine)
         monkeypatch.setattr(reader_module, "TURN_SECONDS", 0.0)  # from here on, a turn reads one batch
-        monkeypatch.setattr(reader_module, "DRAIN_TURN_SECONDS", 0.0)  # the backlog's turns too
         for seq in range(1, 41):
             engine.publish(seq)
         engine.pub.close(linger=5_000)  # every batch on its way, then the publisher is gone
