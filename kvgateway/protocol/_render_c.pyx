@@ -307,13 +307,22 @@ cdef int _put_ints(Buffer* out, object values) except -1:
     return _put_bytes(out, _encoder.encode(values))
 
 
-cdef object _put_stored(Buffer* out, object event):
-    """A BlockStored's JSON; its filter key, or None where the reference must write it."""
-    media = _medium_part(event, STORED)
+cdef tuple _opened(Buffer* out, object event, object kind, bytes opening):
+    """A block event's type and hashes; its medium part and key, or None where the reference
+    must write the event."""
+    media = _medium_part(event, kind)
     if media is None:
         return None
-    _put_bytes(out, _STORED_OPEN)
+    _put_bytes(out, opening)
     if not _put_hashes(out, event.block_hashes):
+        return None
+    return media
+
+
+cdef object _put_stored(Buffer* out, object event):
+    """A BlockStored's JSON; its filter key, or None where the reference must write it."""
+    media = _opened(out, event, STORED, _STORED_OPEN)
+    if media is None:
         return None
     _put_bytes(out, _PARENT_BLOCK_HASH)
     parent = event.parent_block_hash
@@ -337,11 +346,8 @@ cdef object _put_stored(Buffer* out, object event):
 
 
 cdef object _put_removed(Buffer* out, object event):
-    media = _medium_part(event, REMOVED)
+    media = _opened(out, event, REMOVED, _REMOVED_OPEN)
     if media is None:
-        return None
-    _put_bytes(out, _REMOVED_OPEN)
-    if not _put_hashes(out, event.block_hashes):
         return None
     _put_bytes(out, <bytes>media[0])
     if not _put_extra(out, event.extra, _REMOVED_OWN):
