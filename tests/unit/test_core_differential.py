@@ -27,7 +27,7 @@ from kvgateway.protocol.messages import encode_events
 from kvgateway.state import _digest_py
 from kvgateway.state import _learner_py as pure
 from kvgateway.state._learner_py import block_digests
-from tests.unit.test_wire import U64, encoded_event
+from tests.unit.engine.test_wire import U64, encoded_event
 
 
 def _compiled(name: str = "kvgateway.state._learner_c") -> ModuleType:

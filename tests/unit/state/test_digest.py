@@ -4,7 +4,6 @@ upkeep equal to a recomputation from scratch under generated store/remove/clear 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,9 +12,10 @@ from kvgateway.engine.wire import AllBlocksCleared, Event, Hash
 from kvgateway.protocol.render import hash_text
 from kvgateway.state.digest import EMPTY, MASK, WIDE_FROM, element, elements_sum, hex_digest, prefix_state
 from kvgateway.state.occupancy import StreamIndex
-from tests.unit.test_occupancy import BIG, batch, removed, stored
+from tests.support import REPO
+from tests.unit.state.test_occupancy import BIG, batch, removed, stored
 
-PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+PROTOCOL = REPO / "docs" / "protocol.md"
 
 SHA = bytes.fromhex("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08")
 VECTORS: list[tuple[str, int, Hash, str]] = [

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import REPO
+
 DTS = REPO / "static" / "client.d.ts"
 SCHEMA = json.loads((REPO / "kvgateway" / "protocol" / "schema.json").read_text())
 DEFS: dict[str, Any] = SCHEMA["$defs"]
