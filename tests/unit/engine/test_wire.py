@@ -1,5 +1,6 @@
-"""wire.py: every layout an engine sends, built by hand with msgspec.msgpack.encode of plain
-lists and dicts (never with encode.encode_batch, so the decoder is not checked against itself)."""
+"""kvgateway.engine.wire: every layout an engine sends, built by hand with msgspec.msgpack.encode of
+plain lists and dicts (tests/support/payloads.py; never with encode.encode_batch, so the decoder is not
+checked against itself)."""
 
 from __future__ import annotations
 
@@ -15,19 +16,24 @@ from hypothesis import strategies as st
 from kvgateway.engine import wire
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, DecodeError, Event, UnknownEvent
 from kvgateway.protocol import render
-
-enc = msgspec.msgpack.encode
-
-U64 = 2**64 - 1
-ABOVE_I64 = 15760518052499183552  # from a real vLLM 0.26 capture: > 2^63
-RAW32 = bytes(range(0xE0, 0x100))  # 32 raw bytes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0)
-
-STORED_CORE = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name")
-STORED_FURTHER = ("extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
-STORED_POSITIONAL = STORED_CORE + STORED_FURTHER  # the 11 positional fields, in wire order
-RENDERED_STORED = {"type", *STORED_CORE, "tier"}
-RENDERED_REMOVED = {"type", "block_hashes", "medium", "tier"}
-MAP_ONLY_KEYS = {"locality": "LOCAL", "ownership": "owned", "session_id": "s-1", "cache_salt": "salt"}
+from tests.support.payloads import (
+    ABOVE_I64,
+    FULL_STORED,
+    MAP_ONLY_KEYS,
+    RAW32,
+    STORED_CORE,
+    STORED_FURTHER,
+    STORED_POSITIONAL,
+    U64,
+    core_of,
+    decode,
+    enc,
+    encoded_event,
+    hash_st,
+    roundtrip,
+    stored_array,
+    stored_fields,
+)
 
 
 def one_line(exc: DecodeError) -> str:
@@ -35,16 +41,6 @@ def one_line(exc: DecodeError) -> str:
     assert text, "empty error message"
     assert "\n" not in text and "\r" not in text, text
     return text
-
-
-def decode(*events: Any, tail: tuple[Any, ...] = (0,)) -> Batch:
-    return wire.decode_batch(enc([1789095808.8378847, list(events), *tail]))
-
-
-def stored_array(n: int, **fields: Any) -> list[Any]:
-    """A positional BlockStored with its first ``n`` fields (unspecified ones None)."""
-    values = {"block_hashes": [1], "token_ids": [], "block_size": 16} | fields
-    return ["BlockStored", *(values.get(name) for name in STORED_POSITIONAL[:n])]
 
 
 # --- the batch envelope ----------------------------------------------------------------------
@@ -78,23 +74,6 @@ def test_empty_batch_and_integer_ts() -> None:
 def test_memoryview_payload() -> None:
     payload = enc([1.0, [["BlockRemoved", [U64]]], 1])
     assert wire.decode_batch(memoryview(payload)) == wire.decode_batch(payload)
-
-
-# --- positional (array) events -----------------------------------------------------------------
-
-FULL_STORED: dict[str, Any] = {
-    "block_hashes": [ABOVE_I64, -5, RAW32],
-    "parent_block_hash": U64,
-    "token_ids": list(range(48)),
-    "block_size": 16,
-    "lora_id": 3,
-    "medium": "GPU",
-    "lora_name": "adapter",
-    "extra_keys": [None, ["adapter", ["mm-hash"], "salt"], None],
-    "group_idx": 1,
-    "kv_cache_spec_kind": "sliding_window",
-    "kv_cache_spec_sliding_window": 4096,
-}
 
 
 @pytest.mark.parametrize("n", [5, 6, 7, 8, 9, 10, 11])
@@ -324,177 +303,6 @@ def test_lowercase_or_unlisted_tag_is_unknown_not_an_error() -> None:
     assert all(type(e) is UnknownEvent for e in got)
 
 
-# --- rendering ---------------------------------------------------------------------------------
-
-
-def roundtrip(events: list[Event]) -> list[dict[str, Any]]:
-    """What a web client sees: msgspec's JSON, read back by a plain JSON parser."""
-    out: list[dict[str, Any]] = json.loads(msgspec.json.encode(render.render_events(events)))
-    return out
-
-
-@given(
-    hashes=st.lists(st.integers(2**53 + 1, U64) | st.integers(-(2**63), -(2**53) - 1), min_size=1, max_size=8),
-    parent=st.integers(2**53 + 1, U64),
-)
-def test_rendered_u64_hashes_are_exact_decimal_strings(hashes: list[int], parent: int) -> None:
-    events = decode(
-        stored_array(5, block_hashes=hashes, parent_block_hash=parent),
-        {"type": "BlockRemoved", "block_hashes": hashes},
-    ).events
-    stored_json, removed_json = roundtrip(events)
-    assert stored_json["block_hashes"] == removed_json["block_hashes"] == [str(h) for h in hashes]
-    assert [int(text) for text in stored_json["block_hashes"]] == hashes
-    assert stored_json["parent_block_hash"] == str(parent)
-
-
-@given(hashes=st.lists(st.binary(min_size=32, max_size=32), min_size=1, max_size=4))
-def test_rendered_bytes_hashes_are_lowercase_hex(hashes: list[bytes]) -> None:
-    events = decode(stored_array(5, block_hashes=hashes, parent_block_hash=hashes[0]), ["BlockRemoved", hashes]).events
-    stored_json, removed_json = roundtrip(events)
-    for texts in (stored_json["block_hashes"], removed_json["block_hashes"]):
-        assert texts == [h.hex() for h in hashes]
-        assert all(len(t) == 64 and t == t.lower() for t in texts)
-    assert stored_json["parent_block_hash"] == hashes[0].hex()
-
-
-def test_rendered_small_and_negative_int_hashes() -> None:
-    (event,) = roundtrip(decode(["BlockRemoved", [0, 7, -1, -(2**63)]]).events)
-    assert event["block_hashes"] == ["0", "7", "-1", str(-(2**63))]
-
-
-def test_rendered_field_sets_from_the_sparsest_layouts() -> None:
-    events = decode(
-        stored_array(5),
-        {"type": "BlockStored", "block_hashes": [1]},
-        ["BlockRemoved", [1]],
-        {"type": "BlockRemoved", "block_hashes": [1]},
-        ["AllBlocksCleared"],
-    ).events
-    a, b, c, d, e = roundtrip(events)
-    expected_stored = {
-        "type": "BlockStored",
-        "block_hashes": ["1"],
-        "parent_block_hash": None,
-        "token_ids": [],
-        "lora_id": None,
-        "medium": None,
-        "tier": "GPU",
-        "lora_name": None,
-    }
-    assert a == expected_stored | {"block_size": 16}
-    assert b == expected_stored | {"block_size": 0}
-    assert c == d == {"type": "BlockRemoved", "block_hashes": ["1"], "medium": None, "tier": "GPU"}
-    assert e == {"type": "AllBlocksCleared"}
-
-
-def test_rendered_further_fields_with_bytes_as_hex() -> None:
-    fields = FULL_STORED | {"extra_keys": [None, ["adapter", [b"\x01\x02"], "salt"], None]}
-    (stored_json,) = roundtrip(decode(["BlockStored", *(fields[name] for name in STORED_POSITIONAL)]).events)
-    assert stored_json["extra_keys"] == [None, ["adapter", ["0102"], "salt"], None]
-    assert stored_json["group_idx"] == 1
-    assert stored_json["kv_cache_spec_kind"] == "sliding_window"
-    assert stored_json["kv_cache_spec_sliding_window"] == 4096
-    assert stored_json["block_hashes"] == [str(ABOVE_I64), "-5", RAW32.hex()]
-    assert stored_json["parent_block_hash"] == str(U64)
-
-
-# --- every layout, mixed, as a property -----------------------------------------------------------
-
-hash_st = st.one_of(
-    st.integers(2**63, U64), st.integers(-(2**63), -1), st.integers(0, 2**63), st.binary(min_size=32, max_size=32)
-)
-medium_st = st.sampled_from(["GPU", "gpu", "CPU", "CPU_PINNED", "DISK", None])
-small_value = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), U64), st.text(max_size=8), st.binary(max_size=8)
-)
-
-
-@st.composite
-def stored_fields(draw: st.DrawFn) -> dict[str, Any]:
-    hashes = draw(st.lists(hash_st, max_size=4))
-    return {
-        "block_hashes": hashes,
-        "parent_block_hash": draw(st.none() | hash_st),
-        "token_ids": draw(st.lists(st.integers(0, 2**32 - 1), max_size=20)),
-        "block_size": draw(st.sampled_from([0, 1, 16, 64])),
-        "lora_id": draw(st.none() | st.integers(0, 2**31)),
-        "medium": draw(medium_st),
-        "lora_name": draw(st.none() | st.text(max_size=8)),
-        "extra_keys": draw(
-            st.none() | st.just([None] * len(hashes)) | st.just([["lora", [b"\x01"], "s"]] * len(hashes))
-        ),
-        "group_idx": draw(st.none() | st.integers(0, 3)),
-        "kv_cache_spec_kind": draw(st.none() | st.sampled_from(["full_attention", "mamba", "unknown"])),
-        "kv_cache_spec_sliding_window": draw(st.none() | st.integers(1, 2**20)),
-    }
-
-
-@st.composite
-def encoded_event(draw: st.DrawFn) -> tuple[Any, Event, tuple[Any, ...]]:
-    """(the plain value an engine sends, the event it must decode to, its layout-free core)."""
-    kind = draw(st.sampled_from(["stored", "removed", "cleared", "unknown"]))
-    as_map = draw(st.booleans())
-    if kind == "stored":
-        f = draw(stored_fields())
-        core = ("BlockStored", *(f[name] for name in STORED_CORE), f["group_idx"])
-        if as_map:
-            body: dict[str, Any] = {"type": "BlockStored"}
-            for name in STORED_POSITIONAL:  # None values may be left out (omit_defaults)
-                if f[name] is not None or name == "block_hashes" or draw(st.booleans()):
-                    body[name] = f[name]
-            body.update(draw(st.dictionaries(st.sampled_from(sorted(MAP_ONLY_KEYS)), small_value)))
-            items = draw(st.permutations(list(body.items())))
-            wire_value: Any = dict(items)
-            extra = {k: v for k, v in wire_value.items() if k not in {"type", *STORED_CORE}}
-        else:
-            last = max([0, *(i + 1 for i, name in enumerate(STORED_POSITIONAL) if f[name] is not None)])
-            n = draw(st.sampled_from([c for c in (5, 6, 7, 8, 11) if c >= last]))
-            trailing = draw(st.lists(small_value, max_size=3)) if n == 11 else []
-            wire_value = ["BlockStored", *(f[name] for name in STORED_POSITIONAL[:n]), *trailing]
-            extra = {name: f[name] for name in STORED_FURTHER[: max(0, n - 7)]}
-        expected: Event = BlockStored(**{name: f[name] for name in STORED_CORE}, extra=extra)
-        return wire_value, expected, core
-    if kind == "removed":
-        hashes = draw(st.lists(hash_st, max_size=4))
-        medium = draw(medium_st)
-        group_idx = draw(st.none() | st.integers(0, 3))
-        core = ("BlockRemoved", hashes, medium, group_idx)
-        if as_map:
-            body = {"type": "BlockRemoved", "block_hashes": hashes}
-            if medium is not None or draw(st.booleans()):
-                body["medium"] = medium
-            if group_idx is not None or draw(st.booleans()):
-                body["group_idx"] = group_idx
-            body.update(draw(st.dictionaries(st.sampled_from(["locality", "ownership"]), small_value)))
-            extra = {k: v for k, v in body.items() if k not in {"type", "block_hashes", "medium"}}
-            return body, BlockRemoved(block_hashes=hashes, medium=medium, extra=extra), core
-        n = 3 if group_idx is not None else draw(st.sampled_from([2, 3] if medium is not None else [1, 2, 3]))
-        values = ["BlockRemoved", hashes, medium, group_idx][: n + 1]
-        extra = {"group_idx": group_idx} if n == 3 else {}
-        return values, BlockRemoved(block_hashes=hashes, medium=medium, extra=extra), core
-    if kind == "cleared":
-        if as_map:
-            body = {"type": "AllBlocksCleared"} | draw(st.dictionaries(st.sampled_from(["reason"]), small_value))
-            return body, AllBlocksCleared(extra={k: v for k, v in body.items() if k != "type"}), ("AllBlocksCleared",)
-        return ["AllBlocksCleared"], AllBlocksCleared(), ("AllBlocksCleared",)
-    tag = draw(st.sampled_from(["BlockMoved", "KVTransfer", "blockstored"]))
-    fields = draw(st.lists(small_value, max_size=4))
-    if as_map:
-        body = {"type": tag, **{f"f{i}": v for i, v in enumerate(fields)}}
-        return body, UnknownEvent(type=tag, body=body), (tag,)
-    array: list[Any] = [tag, *fields]
-    return array, UnknownEvent(type=tag, body=array), (tag,)
-
-
-def core_of(event: Event) -> tuple[Any, ...]:
-    if isinstance(event, BlockStored):
-        return ("BlockStored", *(getattr(event, name) for name in STORED_CORE), event.group_idx)
-    if isinstance(event, BlockRemoved):
-        return ("BlockRemoved", event.block_hashes, event.medium, event.group_idx)
-    return (event.type,)
-
-
 batch_st = st.tuples(
     st.floats(allow_nan=False, allow_infinity=False),
     st.lists(encoded_event(), max_size=6),
@@ -513,34 +321,6 @@ def test_every_layout_mixed_in_one_batch_decodes_to_the_same_events(
     assert got.dp_rank == (tail[0] if tail else None)
     assert got.events == [expected for _, expected, _ in items]
     assert [core_of(e) for e in got.events] == [core for _, _, core in items]
-
-
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
-@given(items=st.lists(encoded_event(), max_size=6))
-def test_rendering_carries_the_required_fields_and_is_json_ready(
-    items: list[tuple[Any, Event, tuple[Any, ...]]],
-) -> None:
-    events = wire.decode_batch(enc([1.0, [value for value, _, _ in items]])).events
-    rendered = roundtrip(events)
-    assert len(rendered) == len(events)
-    for event, out in zip(events, rendered, strict=True):
-        assert out["type"] == event.type
-        if isinstance(event, BlockStored):
-            assert out.keys() >= RENDERED_STORED
-            assert out["block_hashes"] == [render.hash_text(h) for h in event.block_hashes]
-            assert all(isinstance(h, str) for h in out["block_hashes"])
-            parent = event.parent_block_hash
-            assert out["parent_block_hash"] == (None if parent is None else render.hash_text(parent))
-            assert (out["token_ids"], out["block_size"], out["medium"]) == (
-                event.token_ids,
-                event.block_size,
-                event.medium,
-            )
-            assert event.extra.keys() <= out.keys()
-        elif isinstance(event, BlockRemoved):
-            assert out.keys() >= RENDERED_REMOVED
-            assert out["block_hashes"] == [render.hash_text(h) for h in event.block_hashes]
-            assert event.extra.keys() <= out.keys()
 
 
 # --- garbage never escapes as anything but DecodeError ------------------------------------------
@@ -714,21 +494,6 @@ def test_decodable_nesting_renders() -> None:
     decodes_or_refuses(b"\x92\xcb" + bytes(8) + b"\x91\x82\xa4type\xa1X\xa1a" + nested(600))
 
 
-@pytest.mark.parametrize(
-    "event",
-    [
-        {"type": "KVTransfer", "blob": msgspec.msgpack.Ext(5, b"\x01")},  # unknown event
-        {"type": "BlockStored", "block_hashes": [1], "session": msgspec.msgpack.Ext(1, b"")},  # extra of a known one
-        ["KVTransfer", msgspec.msgpack.Ext(5, b"\x01")],
-        {"type": "KVTransfer", "index": {None: 1}},  # nil map key
-        {"type": "KVTransfer", "index": {(1, 2): 1}},  # array map key: decodes to a tuple
-    ],
-)
-def test_any_decodable_event_renders_to_json(event: Any) -> None:
-    batch = wire.decode_batch(enc([1.0, [event]]))
-    json.loads(msgspec.json.encode(render.render_events(batch.events)))
-
-
 # --- one field of an unexpected type: kept as an unnamed further field, never the event's loss ----
 
 WRONG_VALUES: dict[str, Any] = {
@@ -747,6 +512,8 @@ WRONG_VALUES: dict[str, Any] = {
     "empty map": {},
     "ext": msgspec.msgpack.Ext(5, b"\x01"),
 }
+
+
 # The types each field takes; any other value is "wrong" for it.
 FITS: dict[str, tuple[str, ...]] = {
     "parent_block_hash": ("null", "int", "negative int", "u64", "bytes"),
@@ -758,6 +525,8 @@ FITS: dict[str, tuple[str, ...]] = {
     "kv_cache_spec_kind": ("null", "str"),
     "kv_cache_spec_sliding_window": ("null", "int", "negative int", "u64"),
 }
+
+
 STORED_LENIENT = ("parent_block_hash", "lora_id", "medium", "lora_name", *STORED_FURTHER)
 STORED_ATTRS = ("block_hashes", *STORED_CORE[1:])  # fields of BlockStored itself, the rest in extra
 REMOVED_POSITIONAL = ("block_hashes", "medium", "group_idx")
@@ -768,12 +537,16 @@ WRONG_CASES = [
     for label in WRONG_VALUES
     if label not in FITS[name]
 ]
+
+
 REMOVED_WRONG_CASES = [
     pytest.param(name, label, id=f"{name}-{label}")
     for name in REMOVED_LENIENT
     for label in WRONG_VALUES
     if label not in FITS[name]
 ]
+
+
 NEIGHBOURS = (["AllBlocksCleared"], {"type": "BlockRemoved", "block_hashes": [9], "medium": "CPU"})
 
 
@@ -1056,30 +829,6 @@ def test_any_value_in_one_optional_removed_field_keeps_the_event_and_its_hashes(
     assert isinstance(removed, BlockRemoved)
     assert removed.block_hashes == hashes
     assert roundtrip(got)[1]["block_hashes"] == [render.hash_text(h) for h in hashes]
-
-
-@pytest.mark.parametrize(
-    ("medium", "tier"),
-    [
-        ("GPU", "GPU"),
-        ("gpu", "GPU"),
-        (None, "GPU"),
-        ("", "GPU"),
-        ("CPU", "CPU"),
-        ("cpu_pinned", "CPU"),
-        ("STORAGE", "DISK"),
-        ("DISK", "DISK"),
-        ("EXTERNAL", "EXTERNAL"),
-        ("lmcache", "EXTERNAL"),
-    ],
-)
-def test_block_events_render_their_tier_after_the_medium_as_sent(medium: str | None, tier: str) -> None:
-    got = decode(stored_array(6, medium=medium), {"type": "BlockRemoved", "block_hashes": [1], "medium": medium})
-    for rendered in roundtrip(got.events):
-        assert rendered["medium"] == medium
-        assert rendered["tier"] == tier
-        keys = list(rendered)
-        assert keys[keys.index("medium") + 1] == "tier"
 
 
 # --- frames: live messages and replay replies -----------------------------------------------

@@ -2,7 +2,7 @@
 
 The snapshot hand-over (state at the hello's offset, then exactly the live messages after it), the
 snapshot slots and the queue bound while the state is written, the learner following the log and
-its metrics, the fleet facts and their gauges, and the ``snapshot`` query parameter.
+its metrics, the fleet facts and their gauges.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from kvgateway.log.ordered import batch_record
 from kvgateway.protocol.filters import ClientFilter
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.serve import router_state
-from kvgateway.serve.query import BadRequest, ClientRequest, parse_query
+from kvgateway.serve.query import ClientRequest
 from kvgateway.serve.router_state import TooManySnapshots, without_gc
 from kvgateway.serve.serving import Serving
 from kvgateway.serve.sessions import _hello, _state
@@ -266,14 +266,6 @@ def test_fleet_facts_and_their_gauges() -> None:
     metrics = gateway.metrics
     assert metrics.fleet_shared_blocks.labels("all")._value.get() == 2
     assert metrics.fleet_distinct_blocks.labels("CPU")._value.get() == 1
-
-
-def test_snapshot_query_parameter() -> None:
-    assert parse_query({"snapshot": ["blocks"]}).snapshot == "blocks"
-    assert parse_query({}).snapshot is None
-    for bad, fragment in (({"snapshot": ["all"]}, "snapshot: expected blocks"), ({"snapshot": ["blocks"] * 2}, "more")):
-        with pytest.raises(BadRequest, match=fragment):
-            parse_query(bad)
 
 
 def test_encoded_state_messages_equal_the_state_messages_and_gc_is_restored() -> None:

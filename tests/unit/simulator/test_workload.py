@@ -1,10 +1,9 @@
-"""The simulator's pure parts: Workload, block hashes, Faults, endpoint offsets."""
+"""kvgateway.simulator.workload: the simulated cache's batches, block hashes, evictions and clears."""
 
 from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterator
 
 import msgspec
 import pytest
@@ -12,17 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvgateway.engine import wire
-from kvgateway.simulator import (
-    MAX_SEQ,
-    Faults,
-    HashKind,
-    Workload,
-    binds,
-    block_hash,
-    encode,
-    garbage_payload,
-    offset_endpoint,
-)
+from kvgateway.simulator import HashKind, Workload, block_hash, encode
+from tests.support.events import workload_batches
 
 MASK64 = (1 << 64) - 1
 
@@ -39,11 +29,6 @@ def reference_hash(parent: wire.Hash | None, tokens: list[int], kind: str) -> wi
         return digest
     low = int.from_bytes(digest[-8:], "big")
     return low - (1 << 64) if kind == "signed" and low >= 1 << 63 else low
-
-
-def batches(workload: Workload, n: int, dp_rank: int | None = 0) -> Iterator[wire.Batch]:
-    for i in range(n):
-        yield workload.next_batch(1_700_000_000.0 + i, dp_rank)
 
 
 def is_placeholder(event: wire.BlockStored) -> bool:
@@ -113,9 +98,9 @@ class RefModel:
 
 
 def test_same_seed_same_batches_different_seed_different() -> None:
-    a = [encode.encode_batch(b) for b in batches(Workload(7, cpu_offload=True, clear_every=50), 150)]
-    b = [encode.encode_batch(b) for b in batches(Workload(7, cpu_offload=True, clear_every=50), 150)]
-    c = [encode.encode_batch(b) for b in batches(Workload(8, cpu_offload=True, clear_every=50), 150)]
+    a = [encode.encode_batch(b) for b in workload_batches(Workload(7, cpu_offload=True, clear_every=50), 150)]
+    b = [encode.encode_batch(b) for b in workload_batches(Workload(7, cpu_offload=True, clear_every=50), 150)]
+    c = [encode.encode_batch(b) for b in workload_batches(Workload(8, cpu_offload=True, clear_every=50), 150)]
     assert a == b
     assert a != c
 
@@ -123,7 +108,7 @@ def test_same_seed_same_batches_different_seed_different() -> None:
 def test_streams_share_system_prompts_but_not_requests() -> None:
     def roots(workload: Workload) -> set[wire.Hash]:
         found: set[wire.Hash] = set()
-        for batch in batches(workload, 200):
+        for batch in workload_batches(workload, 200):
             for event in batch.events:
                 if isinstance(event, wire.BlockStored) and event.parent_block_hash is None:
                     found.add(event.block_hashes[0])
@@ -148,7 +133,7 @@ def test_batch_carries_ts_and_rank() -> None:
 def test_reference_counts_never_negative_and_match_resident(kind: HashKind) -> None:
     workload = Workload(11, hash_kind=kind, gpu_capacity_blocks=96, cpu_offload=True, cpu_capacity_blocks=160)
     model = RefModel()
-    for batch in batches(workload, 400):
+    for batch in workload_batches(workload, 400):
         model.check_parents(batch, 16, kind)
         model.apply(batch)
         assert dict(model.counts["GPU"]) == workload.resident_counts("GPU")
@@ -161,7 +146,7 @@ def test_reference_counts_never_negative_and_match_resident(kind: HashKind) -> N
 
 def test_lru_evictions_happen_when_over_capacity() -> None:
     removed = 0
-    for batch in batches(Workload(5, gpu_capacity_blocks=64), 100):
+    for batch in workload_batches(Workload(5, gpu_capacity_blocks=64), 100):
         for event in batch.events:
             if isinstance(event, wire.BlockRemoved):
                 removed += len(event.block_hashes)
@@ -172,7 +157,7 @@ def test_prefix_sharing_gives_cache_hits() -> None:
     """With a roomy cache most requests reuse a stored prefix: fewer blocks stored than requested."""
     workload = Workload(2, gpu_capacity_blocks=4096)
     roots = stored = 0
-    for batch in batches(workload, 300):
+    for batch in workload_batches(workload, 300):
         for event in batch.events:
             if isinstance(event, wire.BlockStored):
                 stored += 1
@@ -184,7 +169,7 @@ def test_prefix_sharing_gives_cache_hits() -> None:
 @pytest.mark.parametrize("kind", ["int", "signed", "bytes"])
 def test_hash_kinds(kind: HashKind) -> None:
     hashes: list[wire.Hash] = []
-    for batch in batches(Workload(4, hash_kind=kind), 100):
+    for batch in workload_batches(Workload(4, hash_kind=kind), 100):
         for event in batch.events:
             if isinstance(event, wire.BlockStored | wire.BlockRemoved):
                 hashes.extend(event.block_hashes)
@@ -221,7 +206,7 @@ def test_block_hash_matches_reference() -> None:
 
 
 def test_vllm_026_fields() -> None:
-    for batch in batches(Workload(6, cpu_offload=True), 100):
+    for batch in workload_batches(Workload(6, cpu_offload=True), 100):
         for event in batch.events:
             if isinstance(event, wire.BlockStored):
                 n = len(event.block_hashes)
@@ -242,7 +227,7 @@ def test_capture_like_first_block() -> None:
 
 def test_placeholders_only_with_cpu_offload() -> None:
     placeholders = described = 0
-    for batch in batches(Workload(12, cpu_offload=True), 200):
+    for batch in workload_batches(Workload(12, cpu_offload=True), 200):
         for event in batch.events:
             if isinstance(event, wire.BlockStored) and event.medium == "CPU":
                 if is_placeholder(event):
@@ -251,7 +236,7 @@ def test_placeholders_only_with_cpu_offload() -> None:
                     described += 1
                     assert event.block_size == 16
     assert placeholders > 0 and described > 0
-    for batch in batches(Workload(12), 200):
+    for batch in workload_batches(Workload(12), 200):
         for event in batch.events:
             if isinstance(event, wire.BlockStored | wire.BlockRemoved):
                 assert event.medium == "GPU"
@@ -261,14 +246,14 @@ def test_placeholders_only_with_cpu_offload() -> None:
 
 def test_cpu_evictions_when_cpu_pool_small() -> None:
     cpu_removes = 0
-    for batch in batches(Workload(13, cpu_offload=True, cpu_capacity_blocks=32), 150):
+    for batch in workload_batches(Workload(13, cpu_offload=True, cpu_capacity_blocks=32), 150):
         cpu_removes += sum(isinstance(e, wire.BlockRemoved) and e.medium == "CPU" for e in batch.events)
     assert cpu_removes > 0
 
 
 def test_clears_every_n_batches() -> None:
     workload = Workload(14, clear_every=10)
-    for index, batch in enumerate(batches(workload, 35), start=1):
+    for index, batch in enumerate(workload_batches(workload, 35), start=1):
         clears = [i for i, e in enumerate(batch.events) if isinstance(e, wire.AllBlocksCleared)]
         if index % 10 == 0:
             assert clears == [0]
@@ -277,15 +262,15 @@ def test_clears_every_n_batches() -> None:
             assert first_store.parent_block_hash is None
         else:
             assert clears == []
-    assert not any(isinstance(e, wire.AllBlocksCleared) for b in batches(Workload(14), 50) for e in b.events), (
-        "clear_every=0 never clears"
-    )
+    assert not any(
+        isinstance(e, wire.AllBlocksCleared) for b in workload_batches(Workload(14), 50) for e in b.events
+    ), "clear_every=0 never clears"
 
 
 def test_reset_cache_is_silent() -> None:
     workload = Workload(15, gpu_capacity_blocks=64)
     before = RefModel()
-    for batch in batches(workload, 20):
+    for batch in workload_batches(workload, 20):
         before.apply(batch)
     assert workload.resident_counts("GPU")
     workload.reset_cache()
@@ -293,21 +278,21 @@ def test_reset_cache_is_silent() -> None:
     # A consumer that restarts with the engine: it never sees a remove of a pre-restart block.
     after = RefModel()
     after.ever_stored = before.ever_stored
-    for batch in batches(workload, 40):
+    for batch in workload_batches(workload, 40):
         assert not any(isinstance(e, wire.AllBlocksCleared) for e in batch.events)
         after.apply(batch)
 
 
 def test_events_per_batch() -> None:
-    for batch in batches(Workload(16, events_per_batch=5), 50):
+    for batch in workload_batches(Workload(16, events_per_batch=5), 50):
         assert len(batch.events) >= 5
-    for batch in batches(Workload(16, events_per_batch=(1, 2)), 50):
+    for batch in workload_batches(Workload(16, events_per_batch=(1, 2)), 50):
         assert len(batch.events) >= 1
 
 
 def test_block_size_is_respected() -> None:
     model = RefModel()
-    for batch in batches(Workload(17, block_size=4, gpu_capacity_blocks=40), 60):
+    for batch in workload_batches(Workload(17, block_size=4, gpu_capacity_blocks=40), 60):
         model.check_parents(batch, 4, "int")
         model.apply(batch)
 
@@ -315,32 +300,10 @@ def test_block_size_is_respected() -> None:
 def test_tiny_gpu_pool_stays_consistent() -> None:
     workload = Workload(18, gpu_capacity_blocks=1, cpu_offload=True, cpu_capacity_blocks=1)
     model = RefModel()
-    for batch in batches(workload, 100):
+    for batch in workload_batches(workload, 100):
         model.check_parents(batch, 16, "int")
         model.apply(batch)
         assert sum(model.counts["GPU"].values()) <= 1
-
-
-@pytest.mark.parametrize("form", ["map", "array"])
-def test_round_trip_through_wire(form: encode.EventForm) -> None:
-    for batch in batches(Workload(19, cpu_offload=True, clear_every=7, hash_kind="bytes"), 30):
-        decoded = wire.decode_batch(encode.encode_batch(batch, form))
-        assert decoded.ts == batch.ts and decoded.dp_rank == batch.dp_rank
-        assert [type(e) for e in decoded.events] == [type(e) for e in batch.events]
-        for got, sent in zip(decoded.events, batch.events, strict=True):
-            if isinstance(sent, wire.BlockStored):
-                assert isinstance(got, wire.BlockStored)
-                assert (got.block_hashes, got.parent_block_hash, got.token_ids, got.block_size, got.medium) == (
-                    sent.block_hashes,
-                    sent.parent_block_hash,
-                    sent.token_ids,
-                    sent.block_size,
-                    sent.medium,
-                )
-                assert got.group_idx == 0 and got.extra["kv_cache_spec_kind"] == "full_attention"
-            elif isinstance(sent, wire.BlockRemoved):
-                assert isinstance(got, wire.BlockRemoved)
-                assert (got.block_hashes, got.medium, got.group_idx) == (sent.block_hashes, sent.medium, 0)
 
 
 @pytest.mark.parametrize(
@@ -381,73 +344,11 @@ def test_invariants_hold_for_any_configuration(
         clear_every=clear_every,
     )
     model = RefModel()
-    for batch in batches(workload, 40):
+    for batch in workload_batches(workload, 40):
         model.check_parents(batch, 16, kind)
         model.apply(batch)
         assert dict(model.counts["GPU"]) == workload.resident_counts("GPU")
         assert dict(model.counts["CPU"]) == workload.resident_counts("CPU")
-
-
-# --- Faults and endpoints -------------------------------------------------------------------
-
-
-def test_faults_validation_and_skip() -> None:
-    faults = Faults(skip=((3, 5), (9, 9)))
-    assert [s for s in range(12) if faults.skips(s)] == [3, 4, 5, 9]
-    for bad in (
-        {"skip": ((5, 3),)},
-        {"restart_at": (-1,)},
-        {"garbage_at": (-2,)},
-        {"replay_delay": -0.1},
-        {"start_seq": MAX_SEQ + 1},
-        {"start_seq": -1},
-    ):
-        with pytest.raises(ValueError):
-            Faults(**bad)
-
-
-def test_garbage_payload_does_not_decode() -> None:
-    with pytest.raises(wire.DecodeError):
-        wire.decode_batch(garbage_payload(7))
-
-
-def test_offset_endpoint() -> None:
-    assert offset_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
-    assert offset_endpoint("tcp://*:5557", 3) == "tcp://*:5560"
-    assert offset_endpoint("tcp://10.0.0.1:5557", 1) == "tcp://10.0.0.1:5558"
-    assert offset_endpoint("tcp://[::1]:5557", 2) == "tcp://[::1]:5559"
-    assert offset_endpoint("inproc://cache", 2) == "inproc://cache_dp2"
-    assert offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
-    assert offset_endpoint("tcp://127.0.0.1:*", 4) == "tcp://127.0.0.1:*"
-    for bad in ("udp://x:1", "tcp://host", "tcp://host:port", "tcp://*:65535"):
-        with pytest.raises(ValueError):
-            offset_endpoint(bad, 1)
-
-
-def test_bind_rule_like_vllm() -> None:
-    assert binds("tcp://*:5557")
-    assert binds("tcp://[::]:5557")
-    assert binds("ipc:///tmp/x")
-    assert binds("inproc://x")
-    assert not binds("tcp://127.0.0.1:5557")
-    assert not binds("tcp://gateway.local:5557")
-
-
-def test_new_faults_validation() -> None:
-    Faults(replay_drop=((3, 5, 1),), replay_cut=(0, 1), restart_down=0.0, lose_tail=2, drop_queue=((1, 1),))
-    for bad in (
-        {"replay_drop": ((5, 3, 1),)},
-        {"replay_drop": ((3, 5, 0),)},
-        {"replay_cut": (-1, 1)},
-        {"replay_cut": (4, 0)},
-        {"restart_down": -1.0},
-        {"restart_down": float("inf")},
-        {"lose_tail": -1},
-        {"drop_queue": ((4, 2),)},
-    ):
-        with pytest.raises(ValueError):
-            Faults(**bad)  # type: ignore[arg-type]
-    assert [s for s in range(8) if Faults(drop_queue=((2, 3), (6, 6))).drops_queued(s)] == [2, 3, 6]
 
 
 # --- SGLang's dialect -------------------------------------------------------------------------
@@ -459,7 +360,7 @@ def test_sglang_workload_events_and_encoding() -> None:
     )
     mediums: set[str | None] = set()
     stored = 0
-    for batch in batches(workload, 150):
+    for batch in workload_batches(workload, 150):
         for event in batch.events:
             if isinstance(event, (wire.BlockStored, wire.BlockRemoved)):
                 mediums.add(event.medium)
@@ -486,18 +387,3 @@ def test_sglang_workload_events_and_encoding() -> None:
                 assert as_map == {"type": "BlockRemoved", "block_hashes": event.block_hashes, "medium": event.medium}
     assert stored and {"GPU", "CPU_PINNED"} <= mediums <= {"GPU", "CPU_PINNED", "DISK", "EXTERNAL"}
     assert workload.resident_counts("CPU"), "the offload tier is still addressed as the CPU pool"
-
-
-def test_sglang_without_metadata_sends_six_fields_and_vllm_is_unchanged() -> None:
-    plain = Workload(22, dialect="sglang").next_batch(0.0, 0)
-    stored = [e for e in plain.events if isinstance(e, wire.BlockStored)]
-    assert stored and all(e.extra == {} for e in stored)
-    for event in msgspec.msgpack.decode(encode.encode_batch(plain, "array", dialect="sglang"))[1]:
-        if event[0] == "BlockStored":
-            assert len(event) == 7
-    vllm = Workload(22).next_batch(0.0, 0)
-    assert encode.encode_batch(vllm, "array") == encode.encode_batch(vllm, "array", dialect="vllm")
-    with pytest.raises(ValueError):
-        Workload(0, metadata=True)
-    with pytest.raises(ValueError):
-        Workload(0, dialect="tgi")  # type: ignore[arg-type]
