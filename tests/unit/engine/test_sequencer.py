@@ -20,18 +20,19 @@ from kvgateway.engine.sequencer import (
     Unrecovered,
     clock_seeded,
 )
-from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved
+from kvgateway.engine.wire import Batch
+from tests.support import events
 
 CLOCK = 1_700_000_000_000_000_000  # a TensorRT-LLM seq: time.time_ns() at start
 
 
 def b(seq: int) -> Batch:
     """A distinct batch per seq (ts carries the seq so equality tells batches apart)."""
-    return Batch(ts=float(seq), events=[BlockRemoved(block_hashes=[seq])])
+    return events.batch(events.removed(seq), ts=float(seq), dp_rank=None)
 
 
 def cleared(seq: int) -> Batch:
-    return Batch(ts=float(seq), events=[AllBlocksCleared(), BlockRemoved(block_hashes=[seq])])
+    return events.batch(events.cleared(), events.removed(seq), ts=float(seq), dp_rank=None)
 
 
 def raw(seq: int, proc: int = 0) -> bytes:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -33,7 +32,8 @@ from kvgateway.engine.sequencer import (
     Unrecovered,
     clock_seeded,
 )
-from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved
+from kvgateway.engine.wire import Batch
+from tests.support import events
 
 CLOCK = 1_700_000_000_000_000_000
 
@@ -50,10 +50,8 @@ JUMP_LIMIT = 1000
 
 def pb(proc: int, seq: int, fence: bool = False) -> Batch:
     """Process ``proc``'s batch ``seq`` (dp_rank tells the processes apart)."""
-    events: list[Any] = [BlockRemoved(block_hashes=[seq])]
-    if fence:
-        events.insert(0, AllBlocksCleared())
-    return Batch(ts=float(seq), events=events, dp_rank=proc)
+    fenced = [events.cleared()] if fence else []
+    return events.batch(*fenced, events.removed(seq), ts=float(seq), dp_rank=proc)
 
 
 @dataclass

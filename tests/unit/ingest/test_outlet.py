@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from functools import partial
 from typing import Any
 
 import pytest
@@ -21,13 +22,14 @@ from kvgateway.engine.sequencer import (
     Restart,
     Unrecovered,
 )
-from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
+from kvgateway.engine.wire import AllBlocksCleared
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.log.ordered import STATUS, BatchRecord, MemoryLog, NoticeRecord
 from kvgateway.log.ring import Entry
 from kvgateway.runtime.metrics import LAG_BUCKETS, LagHistogram, Metrics
 from kvgateway.state.occupancy import OccupancyIndex
 from kvgateway.state.status_board import BoardFigures, StatusBoard
+from tests.support import events
 
 NOW = 1000.0
 
@@ -94,18 +96,16 @@ class Rig:
         return None
 
 
-def stored(*hashes: int, medium: str | None = None) -> BlockStored:
-    return BlockStored(list(hashes), None, [1] * 4 * len(hashes), 4, medium=medium)
+stored = partial(events.stored, block_size=4)
 
 
-def batch(*events: Any, ts: float = NOW - 0.5, dp_rank: int | None = 0) -> Batch:
-    return Batch(ts, list(events), dp_rank)
+batch = partial(events.batch, ts=NOW - 0.5)
 
 
 def test_a_delivered_batch_is_one_record_the_index_applies_and_counts_in_status_and_metrics() -> None:
     rig = Rig()
     rig.outlet.received()
-    rig.outlet.apply([Deliver(0, batch(stored(1, 2), BlockRemoved([9])), replayed=False)], NOW, held=0)
+    rig.outlet.apply([Deliver(0, batch(stored(1, 2), events.removed(9)), replayed=False)], NOW, held=0)
     assert rig.seqs() == [0]
     status = rig.status(NOW)
     assert status["last_seq"] == "0"

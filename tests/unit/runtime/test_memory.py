@@ -10,10 +10,10 @@ import gc
 import subprocess
 import sys
 
-from kvgateway.engine.wire import Batch, BlockRemoved, BlockStored
 from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
 from kvgateway.runtime.memory import CollectionTimer
 from kvgateway.runtime.metrics import Metrics
+from tests.support.events import batch, removed, stored
 
 STREAM = ("engine", 0)
 
@@ -22,10 +22,10 @@ def _filled_log(batches: int) -> MemoryLog:
     log = MemoryLog(max_messages=batches + 1)
     for seq in range(batches):
         events = [
-            BlockStored(block_hashes=[seq * 4, seq * 4 + 1], parent_block_hash=None, token_ids=[1] * 32, block_size=16),
-            BlockRemoved(block_hashes=[seq * 4 + 2], medium="CPU"),
+            stored(seq * 4, seq * 4 + 1, tokens=[1] * 32),
+            removed(seq * 4 + 2, medium="CPU"),
         ]
-        log.append(batch_record(STREAM, seq, Batch(ts=float(seq), events=events), received=0.0, replayed=False))
+        log.append(batch_record(STREAM, seq, batch(*events, ts=float(seq)), received=0.0, replayed=False))
     log.append(NoticeRecord(STREAM, "restart", {"seq": 0, "previous": 5, "reason": "seq_reset"}))
     return log
 

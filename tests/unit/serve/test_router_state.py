@@ -11,12 +11,13 @@ import asyncio
 import gc
 import json
 import random
+from functools import partial
 from typing import Any
 
 import pytest
 
 from kvgateway.config import Settings, SourceConfig
-from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event
+from kvgateway.engine.wire import AllBlocksCleared, Event
 from kvgateway.log.ordered import batch_record
 from kvgateway.protocol.filters import ClientFilter
 from kvgateway.runtime.metrics import Metrics
@@ -27,6 +28,8 @@ from kvgateway.serve.serving import Serving
 from kvgateway.serve.sessions import _hello, _state
 from kvgateway.state.blocks import blocks_document, capture, encoded_state_messages, state_messages
 from kvgateway.state.lookup import TokenQuery, block_digests
+from tests.support import events
+from tests.support.events import batch, removed
 from tests.support.waits import until
 
 SIZE = 4
@@ -41,13 +44,12 @@ def make_gateway(**changes: Any) -> Serving:
 
 def feed(gateway: Serving, stream: tuple[str, int], *events: Event) -> int:
     seq = gateway.log.last_offset
-    batch = Batch(0.0, list(events), stream[1])
-    return gateway.log.append(batch_record(stream, seq, batch, received=0.0, replayed=False))
+    return gateway.log.append(
+        batch_record(stream, seq, batch(*events, dp_rank=stream[1]), received=0.0, replayed=False)
+    )
 
 
-def stored(hashes: list[int], parent: int | None = None, tokens: list[int] | None = None, **kw: Any) -> BlockStored:
-    body = tokens if tokens is not None else [h % 1000 for h in hashes for _ in range(SIZE)]
-    return BlockStored(hashes, parent, body, SIZE, None, kw.pop("medium", None), None, kw)
+stored = partial(events.stored, block_size=SIZE)
 
 
 def churn(gateway: Serving, rng: random.Random, steps: int) -> None:
@@ -57,9 +59,9 @@ def churn(gateway: Serving, rng: random.Random, steps: int) -> None:
         stream = rng.choice(streams)
         roll = rng.random()
         if roll < 0.6:
-            feed(gateway, stream, stored(rng.sample(pool, rng.randint(1, 5)), medium=rng.choice(["GPU", "cpu"])))
+            feed(gateway, stream, stored(*rng.sample(pool, rng.randint(1, 5)), medium=rng.choice(["GPU", "cpu"])))
         elif roll < 0.95:
-            feed(gateway, stream, BlockRemoved(rng.sample(pool, 3), rng.choice(["GPU", "cpu"])))
+            feed(gateway, stream, removed(*rng.sample(pool, 3), medium=rng.choice(["GPU", "cpu"])))
         else:
             feed(gateway, stream, AllBlocksCleared())
 
@@ -118,7 +120,7 @@ def test_state_then_live_equals_the_index_at_every_later_offset(seed: int) -> No
 
 def test_a_resumed_client_gets_no_state_and_sse_hello_hides_its_id() -> None:
     gateway = make_gateway()
-    feed(gateway, ("a", 0), stored([1, 2]))
+    feed(gateway, ("a", 0), stored(1, 2))
     sse = gateway.subscribe_held(ClientRequest(ClientFilter(sources=frozenset({"a"})), snapshot="blocks"), "sse")
     assert _hello(sse).id is None and b"id:" not in _hello(sse).sse
     states = list(_state(sse))
@@ -155,7 +157,7 @@ def test_live_messages_behind_the_state_are_bounded_by_snapshot_queue_bytes() ->
     sub = gateway.subscribe_held(ClientRequest(ClientFilter(), snapshot="blocks"), "ws")
     n = 0
     while sub.closed_reason is None:
-        feed(gateway, ("a", 0), stored([n]))
+        feed(gateway, ("a", 0), stored(n))
         n += 1
         assert n < 1000
     assert sub.closed_reason == "slow_consumer" and 2 < n < 60  # about 4096 bytes of batches
@@ -165,8 +167,8 @@ def test_live_messages_behind_the_state_are_bounded_by_snapshot_queue_bytes() ->
 def test_the_learner_follows_the_log_and_answers_by_tokens() -> None:
     gateway = make_gateway(max_learned_blocks=8)
     tokens = list(range(3 * SIZE))
-    feed(gateway, ("a", 1), stored([11, 12, 13], tokens=tokens))
-    feed(gateway, ("b", 0), stored([21, 22], tokens=tokens[: 2 * SIZE]))
+    feed(gateway, ("a", 1), stored(11, 12, 13, tokens=tokens))
+    feed(gateway, ("b", 0), stored(21, 22, tokens=tokens[: 2 * SIZE]))
     routers = gateway.routers
     assert len(routers.learner) == 5
     answer = routers.lookup(list(gateway.index.streams()), TokenQuery(tokens), gateway.log.last_offset)
@@ -176,8 +178,8 @@ def test_the_learner_follows_the_log_and_answers_by_tokens() -> None:
     ]
     assert block_digests(tokens, SIZE)  # the content is what the chain is keyed by
     for n in range(10):  # past the cap: non-resident entries go first
-        feed(gateway, ("b", 0), stored([100 + n], tokens=[n] * SIZE))
-        feed(gateway, ("b", 0), BlockRemoved([100 + n]))
+        feed(gateway, ("b", 0), stored(100 + n, tokens=[n] * SIZE))
+        feed(gateway, ("b", 0), removed(100 + n))
     assert len(routers.learner) <= 8
     gateway.routers.refresh_gauges()
     assert gateway.metrics.learned_blocks._value.get() == len(routers.learner)
@@ -196,7 +198,7 @@ def test_the_learners_cap_follows_the_fleets_resident_blocks() -> None:
     blocks = LEARNED_FLOOR  # enough that the cap leaves the floor
     step = blocks // LEARNER_FOLLOWS_EVERY + 1
     for n in range(LEARNER_FOLLOWS_EVERY):
-        feed(gateway, ("a", n % 2), stored(list(range(n * step, (n + 1) * step)), medium="GPU" if n % 3 else "CPU"))
+        feed(gateway, ("a", n % 2), stored(*list(range(n * step, (n + 1) * step)), medium="GPU" if n % 3 else "CPU"))
     resident = gateway.index.resident_blocks()
     assert resident == LEARNER_FOLLOWS_EVERY * step
     assert learner.cap == int(LEARNED_PER_RESIDENT * resident)  # counted every LEARNER_FOLLOWS_EVERY batches
@@ -209,17 +211,17 @@ def test_the_learners_cap_follows_the_fleets_resident_blocks() -> None:
 def test_residency_is_asked_of_the_announcing_stream_only() -> None:
     gateway = make_gateway()
     routers = gateway.routers
-    feed(gateway, ("a", 0), stored([1, 2]))
-    feed(gateway, ("b", 0), stored([3], medium="CPU"))
+    feed(gateway, ("a", 0), stored(1, 2))
+    feed(gateway, ("b", 0), stored(3, medium="CPU"))
     assert routers.resident(("a", 0), 1) and routers.resident(("b", 0), 3)
     assert not routers.resident(("a", 1), 1) and not routers.resident(("a", 0), 3)
-    feed(gateway, ("a", 0), BlockRemoved([1]))
+    feed(gateway, ("a", 0), removed(1))
     assert not routers.resident(("a", 0), 1) and routers.resident(("a", 0), 2)
 
 
 def test_learning_off_with_zero() -> None:
     gateway = make_gateway(max_learned_blocks=0)
-    feed(gateway, ("a", 0), stored([1, 2]))
+    feed(gateway, ("a", 0), stored(1, 2))
     assert len(gateway.routers.learner) == 0
 
 
@@ -239,7 +241,7 @@ def test_a_fleet_count_of_nothing_is_not_shown_beside_blocks_and_is_redone_when_
         try:
             await until(lambda: routers.fleet is not None, 60, what="the count at start")
             assert routers.fleet is not None and routers.fleet["distinct_blocks"] == 0  # true: none yet
-            feed(gateway, ("a", 0), stored([1, 2, 3]))
+            feed(gateway, ("a", 0), stored(1, 2, 3))
             assert routers.fleet is None  # being counted, not "0 distinct blocks" beside 3 resident
             await until(lambda: routers.fleet is not None, 60, what="a count of the blocks")
             assert routers.fleet is not None and routers.fleet["distinct_blocks"] == 3
@@ -252,10 +254,10 @@ def test_a_fleet_count_of_nothing_is_not_shown_beside_blocks_and_is_redone_when_
 
 def test_fleet_facts_and_their_gauges() -> None:
     gateway = make_gateway()
-    feed(gateway, ("a", 0), stored([1, 2, 3]))
-    feed(gateway, ("a", 1), stored([2, 3, 4]))
-    feed(gateway, ("b", 0), stored([3], medium="CPU"))
-    feed(gateway, ("a", 0), stored([3], medium="CPU"))  # same stream, other medium: shared once more
+    feed(gateway, ("a", 0), stored(1, 2, 3))
+    feed(gateway, ("a", 1), stored(2, 3, 4))
+    feed(gateway, ("b", 0), stored(3, medium="CPU"))
+    feed(gateway, ("a", 0), stored(3, medium="CPU"))  # same stream, other medium: shared once more
     facts = asyncio.run(gateway.routers.count_fleet(gateway.log.last_offset))
     assert facts["distinct_blocks"] == 4 and facts["shared_blocks"] == 2  # 2 and 3
     assert facts["mediums"] == {

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
+from kvgateway.engine.wire import AllBlocksCleared
 from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
 from kvgateway.state.analytics import MAX_TRACKED, SAMPLE, CacheAnalytics, Stream
 from kvgateway.state.occupancy import OccupancyIndex
+from tests.support import events
+from tests.support.events import batch, removed
 
 A: Stream = ("a", 0)
 B: Stream = ("b", 0)
@@ -15,8 +18,7 @@ SAMPLED = [SAMPLE * i for i in range(1, 50)]  # hash(int) == int: a store starti
 UNSAMPLED = [SAMPLE * i + 1 for i in range(1, 50)]
 
 
-def stored(hashes: list[int], medium: str | None = None, parent: int | None = 7) -> BlockStored:
-    return BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=[], block_size=16, medium=medium)
+stored = partial(events.stored, parent=7, tokens=[])
 
 
 class Recorder:
@@ -35,10 +37,10 @@ def test_lifetime_by_the_engines_timestamps_per_tier() -> None:
     sink = Recorder()
     analytics = CacheAnalytics(sink)
     # a store event is followed whole when its first block is sampled
-    events = [stored(SAMPLED[:1] + UNSAMPLED[:2]), stored(UNSAMPLED[2:4] + SAMPLED[1:2])]
-    analytics.apply(A, [*events, stored(SAMPLED[3:4], medium="cpu_pinned")], ts=100.0)
-    analytics.apply(A, [BlockRemoved(block_hashes=SAMPLED[:2] + UNSAMPLED[:4])], ts=104.0)
-    analytics.apply(A, [BlockRemoved(block_hashes=SAMPLED[3:4], medium="CPU_PINNED")], ts=200.0)
+    events = [stored(*SAMPLED[:1] + UNSAMPLED[:2]), stored(*UNSAMPLED[2:4] + SAMPLED[1:2])]
+    analytics.apply(A, [*events, stored(*SAMPLED[3:4], medium="cpu_pinned")], ts=100.0)
+    analytics.apply(A, [removed(*SAMPLED[:2] + UNSAMPLED[:4])], ts=104.0)
+    analytics.apply(A, [removed(*SAMPLED[3:4], medium="CPU_PINNED")], ts=200.0)
     assert sink.lifetimes == [(A, "GPU", 4.0)] * 3 + [(A, "CPU", 100.0)]
     gpu = analytics.tier(A, "GPU").to_json()
     assert gpu["sampled_lifetimes"] == 3 and gpu["lifetime_mean_seconds"] == 4.0
@@ -50,38 +52,38 @@ def test_lifetime_by_the_engines_timestamps_per_tier() -> None:
 def test_a_block_stored_again_soon_after_eviction_is_a_refetch() -> None:
     sink = Recorder()
     analytics = CacheAnalytics(sink)
-    analytics.apply(A, [stored(SAMPLED[:4])], ts=0.0)
-    analytics.apply(A, [BlockRemoved(block_hashes=SAMPLED[:4])], ts=10.0)
-    analytics.apply(A, [stored(SAMPLED[:1])], ts=30.0)  # 20 s later: refetched
-    analytics.apply(A, [stored(SAMPLED[1:2])], ts=100.0)  # 90 s later: not within the window
+    analytics.apply(A, [stored(*SAMPLED[:4])], ts=0.0)
+    analytics.apply(A, [removed(*SAMPLED[:4])], ts=10.0)
+    analytics.apply(A, [stored(*SAMPLED[:1])], ts=30.0)  # 20 s later: refetched
+    analytics.apply(A, [stored(*SAMPLED[1:2])], ts=100.0)  # 90 s later: not within the window
     stats = analytics.tier(A, "GPU").to_json()
     assert (stats["sampled_evictions"], stats["refetches"], stats["refetch_ratio"]) == (4, 1, 0.25)
     assert sink.evictions.count((A, "GPU", True)) == 1 and sink.evictions.count((A, "GPU", False)) == 4
     # a removal of a block stored before the gateway watched is not followed
-    analytics.apply(B, [BlockRemoved(block_hashes=SAMPLED[:1])], ts=5.0)
+    analytics.apply(B, [removed(*SAMPLED[:1])], ts=5.0)
     assert analytics.tier(B, "GPU").to_json()["sampled_evictions"] == 0
 
 
 def test_a_restart_or_clear_forgets_the_stored_blocks() -> None:
     analytics = CacheAnalytics()
-    analytics.apply(A, [stored(SAMPLED[:2])], ts=0.0)
+    analytics.apply(A, [stored(*SAMPLED[:2])], ts=0.0)
     analytics.apply(A, [AllBlocksCleared()], ts=1.0)
-    analytics.apply(A, [BlockRemoved(block_hashes=SAMPLED[:1])], ts=2.0)
+    analytics.apply(A, [removed(*SAMPLED[:1])], ts=2.0)
     assert analytics.tier(A, "GPU").lifetimes == 0
-    analytics.apply(A, [stored(SAMPLED[:2])], ts=3.0)
+    analytics.apply(A, [stored(*SAMPLED[:2])], ts=3.0)
     log = MemoryLog()
     log.follow(analytics.follow)
     log.append(NoticeRecord(A, "restart", {"seq": 0, "previous": 5, "reason": "seq_reset"}))
-    analytics.apply(A, [BlockRemoved(block_hashes=SAMPLED[:1])], ts=4.0)
+    analytics.apply(A, [removed(*SAMPLED[:1])], ts=4.0)
     assert analytics.tier(A, "GPU").lifetimes == 0
 
 
 def test_memory_is_bounded() -> None:
     analytics = CacheAnalytics()
     many = [SAMPLE * i for i in range(MAX_TRACKED + 500)]
-    analytics.apply(A, [stored(many)], ts=0.0)
+    analytics.apply(A, [stored(*many)], ts=0.0)
     assert len(analytics.tier(A, "GPU").stored_at) == MAX_TRACKED
-    analytics.apply(A, [BlockRemoved(block_hashes=many)], ts=1.0)
+    analytics.apply(A, [removed(*many)], ts=1.0)
     assert len(analytics.tier(A, "GPU").evicted_at) == MAX_TRACKED
     assert analytics.tier(A, "GPU").lifetimes == MAX_TRACKED  # the oldest 500 were dropped unobserved
 
@@ -92,15 +94,15 @@ def test_follows_the_log_and_reports_offload_share_and_prefix_spread() -> None:
     log = MemoryLog()
     log.follow(index.follow)
     log.follow(analytics.follow)
-    for n, (stream, events) in enumerate(
+    for n, (stream, happened) in enumerate(
         [
-            (A, [stored([11, 12], parent=None), stored([13], medium="CPU", parent=None)]),
-            (B, [stored([11, 12], parent=None), stored([21], parent=None)]),
-            (("c", 0), [stored([31], parent=None)]),
+            (A, [stored(11, 12, parent=None), stored(13, medium="CPU", parent=None)]),
+            (B, [stored(11, 12, parent=None), stored(21, parent=None)]),
+            (("c", 0), [stored(31, parent=None)]),
         ],
         start=1,
     ):
-        log.append(batch_record(stream, n, Batch(ts=float(n), events=events), received=float(n), replayed=False))
+        log.append(batch_record(stream, n, batch(*happened, ts=float(n)), received=float(n), replayed=False))
     doc: dict[str, Any] = analytics.to_json(index.streams())
     shares = {(s["source"], s["dp_rank"]): s["offloaded_share"] for s in doc["streams"]}
     assert shares == {("a", 0): 0.3333, ("b", 0): 0.0, ("c", 0): 0.0}
@@ -109,8 +111,8 @@ def test_follows_the_log_and_reports_offload_share_and_prefix_spread() -> None:
     assert spread["engines"] == 3 and spread["first_blocks"] == 4 and spread["mean_engines"] == 1.25
     assert spread["top"][0] == {"medium": "GPU", "hash": "11", "engines": 2}
     # once evicted everywhere a first block no longer counts
-    index.apply("a", 0, Batch(ts=9.0, events=[BlockRemoved(block_hashes=[11])]), 9.0)
-    index.apply("b", 0, Batch(ts=9.0, events=[BlockRemoved(block_hashes=[11])]), 9.0)
+    index.apply("a", 0, batch(removed(11), ts=9.0), 9.0)
+    index.apply("b", 0, batch(removed(11), ts=9.0), 9.0)
     assert analytics.prefix_spread(index.streams())["first_blocks"] == 3
 
 
@@ -121,7 +123,7 @@ def test_prefix_hashes_are_written_as_in_the_stream() -> None:
     log = MemoryLog()
     log.follow(index.follow)
     log.follow(analytics.follow)
-    block = BlockStored(block_hashes=[b"\xab\x01"], parent_block_hash=None, token_ids=[], block_size=16)
+    block = stored(b"\xab\x01", parent=None)
     for n, stream in enumerate((A, B), start=1):
-        log.append(batch_record(stream, n, Batch(ts=1.0, events=[block]), received=1.0, replayed=False))
+        log.append(batch_record(stream, n, batch(block, ts=1.0), received=1.0, replayed=False))
     assert analytics.prefix_spread(index.streams())["top"] == [{"medium": "GPU", "hash": "ab01", "engines": 2}]

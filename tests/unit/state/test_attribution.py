@@ -4,37 +4,23 @@ fleet as it was at that event; the fleet's holders kept by the occupancy index."
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
+from kvgateway.engine.wire import AllBlocksCleared, Event
 from kvgateway.state.attribution import Attribution
 from kvgateway.state.history import ORIGINS
 from kvgateway.state.occupancy import OccupancyIndex
+from tests.support import events
+from tests.support.events import batch, removed
 
 SIZE = 4
 
 
-def stored(
-    *hashes: Hash,
-    parent: Hash | None = None,
-    medium: str | None = None,
-    tokens: list[int] | None = None,
-    block_size: int = SIZE,
-) -> BlockStored:
-    return BlockStored(
-        block_hashes=list(hashes),
-        parent_block_hash=parent,
-        token_ids=tokens if tokens is not None else [],
-        block_size=block_size,
-        medium=medium,
-    )
-
-
-def removed(*hashes: Hash, medium: str | None = None) -> BlockRemoved:
-    return BlockRemoved(block_hashes=list(hashes), medium=medium)
+stored = partial(events.stored, tokens=[], block_size=SIZE)
 
 
 class Fleet:
@@ -45,7 +31,7 @@ class Fleet:
         self.index = OccupancyIndex(observer=self.attribution)
 
     def apply(self, source: str, *events: Event, ts: float = 0.0) -> None:
-        self.index.apply(source, 0, Batch(ts=ts, events=list(events), dp_rank=0), now=ts)
+        self.index.apply(source, 0, batch(*events, ts=ts), now=ts)
 
     def tokens(self, source: str) -> dict[str, int]:
         account = self.attribution.account((source, 0))

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
+from kvgateway.engine.wire import AllBlocksCleared, Event, Hash
 from kvgateway.protocol.render import hash_text
 from kvgateway.state.blocks import (
     StreamBlocks,
@@ -23,26 +23,9 @@ from kvgateway.state.blocks import (
     state_messages,
 )
 from kvgateway.state.occupancy import OccupancyIndex, StreamIndex
+from tests.support.events import batch, placeholder, removed, stored
 
 BIG = 2**64 - 12345
-
-
-def stored(*hashes: Hash, medium: str | None = None, group: int | None = None, block_size: int = 16) -> BlockStored:
-    extra: dict[str, Any] = {} if group is None else {"group_idx": group}
-    return BlockStored(list(hashes), None, list(range(block_size * len(hashes))), block_size, None, medium, None, extra)
-
-
-def placeholder(*hashes: Hash, medium: str = "CPU") -> BlockStored:
-    return BlockStored(list(hashes), None, [], 0, None, medium)
-
-
-def removed(*hashes: Hash, medium: str | None = None, group: int | None = None) -> BlockRemoved:
-    extra: dict[str, Any] = {} if group is None else {"group_idx": group}
-    return BlockRemoved(list(hashes), medium, extra)
-
-
-def batch(*events: Event) -> Batch:
-    return Batch(0.0, list(events), 0)
 
 
 def index_with(*events: Event, source: str = "a", dp_rank: int = 0) -> StreamIndex:

@@ -13,7 +13,7 @@ from kvgateway.protocol.render import hash_text
 from kvgateway.state.digest import EMPTY, MASK, WIDE_FROM, element, elements_sum, hex_digest, prefix_state
 from kvgateway.state.occupancy import StreamIndex
 from tests.support import REPO
-from tests.unit.state.test_occupancy import BIG, batch, removed, stored
+from tests.support.events import BIG, batch, removed, stored
 
 PROTOCOL = REPO / "docs" / "protocol.md"
 

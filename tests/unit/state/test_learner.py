@@ -14,13 +14,14 @@ from hypothesis import strategies as st
 
 from kvgateway.engine.wire import BlockStored, Hash
 from kvgateway.state._learner_py import _SECOND_CHANCES, ChainLearner, block_digests
+from tests.support import events
 
 SIZE = 2
 
 
 def stored(block_hash: int, content: int, parent: Hash | None = None) -> BlockStored:
     """One block whose tokens are ``[content] * SIZE``."""
-    return BlockStored([block_hash], parent, [content] * SIZE, SIZE, None, None, None, None)
+    return events.stored(block_hash, parent=parent, tokens=[content] * SIZE, block_size=SIZE)
 
 
 def found(learner: ChainLearner, content: int, stream: tuple[str, int] = ("a", 0)) -> list[Hash]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import partial
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash
+from kvgateway.engine.wire import AllBlocksCleared, Event, Hash
 from kvgateway.protocol.render import hash_text
 from kvgateway.state.lookup import (
     BadLookup,
@@ -28,37 +29,12 @@ from kvgateway.state.lookup import (
     parse_request,
 )
 from kvgateway.state.occupancy import OccupancyIndex, StreamIndex
+from tests.support import events
+from tests.support.events import batch, placeholder, removed
+
+stored = partial(events.stored, block_size=4)
 
 BIG = 2**64 - 12345
-
-
-def batch(*events: Event) -> Batch:
-    return Batch(0.0, list(events), 0)
-
-
-def stored(
-    hashes: list[Hash],
-    parent: Hash | None = None,
-    tokens: list[int] | None = None,
-    block_size: int = 4,
-    *,
-    medium: str | None = None,
-    group: int | None = None,
-    lora_name: str | None = None,
-    extra_keys: list[Any] | None = None,
-) -> BlockStored:
-    extra: dict[str, Any] = {}
-    if group is not None:
-        extra["group_idx"] = group
-    if extra_keys is not None:
-        extra["extra_keys"] = extra_keys
-    if tokens is None:
-        tokens = list(range(block_size * len(hashes)))
-    return BlockStored(list(hashes), parent, tokens, block_size, None, medium, lora_name, extra)
-
-
-def removed(hashes: list[Hash], medium: str | None = None, group: int | None = None) -> BlockRemoved:
-    return BlockRemoved(list(hashes), medium, {} if group is None else {"group_idx": group})
 
 
 def chain_of(*hashes: Hash) -> list[tuple[Hash, ...]]:
@@ -206,8 +182,8 @@ def test_token_bucket() -> None:
 
 def test_leading_blocks_per_medium_and_in_any_medium() -> None:
     fleet = Fleet()
-    fleet.apply("a", 0, stored([1, 2], block_size=16), stored([3], medium="CPU", block_size=16))
-    fleet.apply("a", 0, stored([2], medium="CPU", block_size=16))
+    fleet.apply("a", 0, stored(1, 2, block_size=16), stored(3, medium="CPU", block_size=16))
+    fleet.apply("a", 0, stored(2, medium="CPU", block_size=16))
     answer = lookup_hashes(fleet.streams(), chain_of(1, 2, 3, 4), 10)
     assert answer == {
         "offset": 10,
@@ -226,17 +202,17 @@ def test_leading_blocks_per_medium_and_in_any_medium() -> None:
 
 def test_a_hole_ends_the_prefix() -> None:
     fleet = Fleet()
-    fleet.apply("a", 0, stored([1, 3, 4]))
+    fleet.apply("a", 0, stored(1, 3, 4))
     assert entry(lookup_hashes(fleet.streams(), chain_of(1, 2, 3, 4), 0), "a")["blocks"] == 1
     assert entry(lookup_hashes(fleet.streams(), chain_of(2, 3), 0), "a")["blocks"] == 0
 
 
 def test_streams_sorted_best_first_zero_last_ties_by_name() -> None:
     fleet = Fleet()
-    fleet.apply("z", 0, stored([1, 2, 3]))
-    fleet.apply("b", 1, stored([1]))
-    fleet.apply("b", 0, stored([1]))
-    fleet.apply("a", 0, stored([9]))
+    fleet.apply("z", 0, stored(1, 2, 3))
+    fleet.apply("b", 1, stored(1))
+    fleet.apply("b", 0, stored(1))
+    fleet.apply("a", 0, stored(9))
     answer = lookup_hashes(fleet.streams(), chain_of(1, 2, 3), 0)
     assert [(s["source"], s["dp_rank"], s["blocks"]) for s in answer["streams"]] == [
         ("z", 0, 3),
@@ -256,10 +232,10 @@ def test_streams_sorted_best_first_zero_last_ties_by_name() -> None:
 
 def test_refcounts_and_removals() -> None:
     fleet = Fleet()
-    fleet.apply("a", 0, stored([1, 2]), stored([2]))
-    fleet.apply("a", 0, removed([2]))
+    fleet.apply("a", 0, stored(1, 2), stored(2))
+    fleet.apply("a", 0, removed(2))
     assert entry(lookup_hashes(fleet.streams(), chain_of(1, 2), 0), "a")["blocks"] == 2
-    fleet.apply("a", 0, removed([2]))
+    fleet.apply("a", 0, removed(2))
     assert entry(lookup_hashes(fleet.streams(), chain_of(1, 2), 0), "a")["blocks"] == 1
     fleet.apply("a", 0, AllBlocksCleared())
     assert entry(lookup_hashes(fleet.streams(), chain_of(1, 2), 0), "a")["blocks"] == 0
@@ -267,22 +243,22 @@ def test_refcounts_and_removals() -> None:
 
 def test_group_idx_none_is_any_group_an_int_is_that_group() -> None:
     fleet = Fleet()
-    fleet.apply("a", 0, stored([1, 2, 3], group=0), stored([3], group=1), stored([1, 2], group=1))
-    fleet.apply("a", 0, removed([3], group=0))
+    fleet.apply("a", 0, stored(1, 2, 3, group=0), stored(3, group=1), stored(1, 2, group=1))
+    fleet.apply("a", 0, removed(3, group=0))
     streams = fleet.streams()
     assert entry(lookup_hashes(streams, chain_of(1, 2, 3), 0), "a")["blocks"] == 3
     assert entry(lookup_hashes(streams, chain_of(1, 2, 3), 0, group_idx=0), "a")["blocks"] == 2
     assert entry(lookup_hashes(streams, chain_of(1, 2, 3), 0, group_idx=1), "a")["blocks"] == 3
     assert entry(lookup_hashes(streams, chain_of(1, 2, 3), 0, group_idx=7), "a")["blocks"] == 0
     # Events without group_idx are group 0.
-    fleet.apply("b", 0, stored([1]))
+    fleet.apply("b", 0, stored(1))
     assert entry(lookup_hashes(fleet.streams(), chain_of(1), 0, group_idx=0), "b")["blocks"] == 1
 
 
 def test_tokens_use_the_mediums_block_size_or_the_streams() -> None:
     fleet = Fleet()
-    fleet.apply("a", 0, stored([1, 2], block_size=16), BlockStored([1, 2], None, [], 0, None, "CPU"))
-    fleet.apply("p", 0, BlockStored([1], None, [], 0, None, "CPU"))
+    fleet.apply("a", 0, stored(1, 2, block_size=16), placeholder(1, 2))
+    fleet.apply("p", 0, placeholder(1))
     answer = lookup_hashes(fleet.streams(), chain_of(1, 2), 0)
     assert entry(answer, "a")["mediums"] == {"GPU": {"blocks": 2, "tokens": 32}, "CPU": {"blocks": 2, "tokens": 32}}
     only_placeholders = entry(answer, "p")
@@ -292,23 +268,23 @@ def test_tokens_use_the_mediums_block_size_or_the_streams() -> None:
 
 def test_hash_kinds_and_ambiguous_strings() -> None:
     fleet = Fleet()
-    fleet.apply("a", 0, stored([b"\x12\x34", -7, BIG]))
+    fleet.apply("a", 0, stored(b"\x12\x34", -7, BIG))
     chain = [parse_hash(t) for t in ("1234", "-7", str(BIG))]
     assert entry(lookup_hashes(fleet.streams(), chain, 0), "a")["blocks"] == 3
-    fleet.apply("b", 0, stored([1234]))
+    fleet.apply("b", 0, stored(1234))
     assert entry(lookup_hashes(fleet.streams(), [parse_hash("1234")], 0), "b")["blocks"] == 1
 
 
 def test_mediums_listed_in_tier_order_with_engine_names() -> None:
     fleet = Fleet()
-    fleet.apply("a", 0, *(stored([1], medium=m) for m in ("disk", "cpu_pinned", "gpu", "lmcache")))
+    fleet.apply("a", 0, *(stored(1, medium=m) for m in ("disk", "cpu_pinned", "gpu", "lmcache")))
     answer = entry(lookup_hashes(fleet.streams(), chain_of(1), 0), "a")
     assert list(answer["mediums"]) == ["GPU", "CPU_PINNED", "DISK", "LMCACHE"]
 
 
 def test_empty_chain_and_no_streams() -> None:
     fleet = Fleet()
-    fleet.apply("a", 0, stored([1]))
+    fleet.apply("a", 0, stored(1))
     assert entry(lookup_hashes(fleet.streams(), [], 0), "a")["blocks"] == 0
     assert lookup_hashes([], chain_of(1), 5) == {"offset": 5, "streams": []}
 
@@ -321,7 +297,12 @@ def test_lookup_by_tokens_walks_what_the_engine_announced() -> None:
     tokens = list(range(100, 116))
     hashes = engine_hashes(b"seed-a", tokens, 4)
     # Announced in two events, as an engine extends a request's blocks.
-    fleet.apply("a", 0, stored(hashes[:2], None, tokens[:8]), stored(hashes[2:], hashes[1], tokens[8:]))
+    fleet.apply(
+        "a",
+        0,
+        stored(*hashes[:2], tokens=tokens[:8]),
+        stored(*hashes[2:], parent=hashes[1], tokens=tokens[8:]),
+    )
     answer = lookup_tokens(fleet.streams(), fleet.learner, TokenQuery([*tokens, 1, 2]), 3)
     assert answer == {
         "offset": 3,
@@ -345,8 +326,8 @@ def test_engines_that_hash_differently_each_keep_their_chain() -> None:
     fleet = Fleet()
     tokens = list(range(12))
     for source, seed in (("a", b"1"), ("b", b"2")):
-        fleet.apply(source, 0, stored(engine_hashes(seed, tokens, 4), None, tokens))
-    fleet.apply("b", 0, removed([engine_hashes(b"2", tokens, 4)[1]]))
+        fleet.apply(source, 0, stored(*engine_hashes(seed, tokens, 4), tokens=tokens))
+    fleet.apply("b", 0, removed(engine_hashes(b"2", tokens, 4)[1]))
     answer = lookup_tokens(fleet.streams(), fleet.learner, TokenQuery(tokens), 0)
     assert [(s["source"], s["blocks"]) for s in answer["streams"]] == [("a", 3), ("b", 1)]
 
@@ -355,8 +336,8 @@ def test_streams_that_hash_alike_share_the_deeper_entries() -> None:
     fleet = Fleet()
     tokens = list(range(40))
     hashes = engine_hashes(b"same", tokens, 4)
-    fleet.apply("a", 0, stored(hashes, None, tokens))
-    fleet.apply("a", 1, stored(hashes, None, tokens))
+    fleet.apply("a", 0, stored(*hashes, tokens=tokens))
+    fleet.apply("a", 1, stored(*hashes, tokens=tokens))
     assert len(fleet.learner) == len(hashes) + 1  # one more root; the rest shared
     answer = lookup_tokens(fleet.streams(), fleet.learner, TokenQuery(tokens), 0)
     assert [s["blocks"] for s in answer["streams"]] == [10, 10]
@@ -365,8 +346,8 @@ def test_streams_that_hash_alike_share_the_deeper_entries() -> None:
 def test_per_engine_block_sizes() -> None:
     fleet = Fleet()
     tokens = list(range(64))
-    fleet.apply("small", 0, stored(engine_hashes(b"s", tokens, 16), None, tokens, block_size=16))
-    fleet.apply("big", 0, stored(engine_hashes(b"b", tokens[:32], 32), None, tokens[:32], block_size=32))
+    fleet.apply("small", 0, stored(*engine_hashes(b"s", tokens, 16), tokens=tokens, block_size=16))
+    fleet.apply("big", 0, stored(*engine_hashes(b"b", tokens[:32], 32), tokens=tokens[:32], block_size=32))
     answer = lookup_tokens(fleet.streams(), fleet.learner, TokenQuery(tokens), 0)
     assert [(s["source"], s["blocks"], s["tokens"]) for s in answer["streams"]] == [("small", 4, 64), ("big", 1, 32)]
     assert fleet.learner.block_sizes("small", 0) == [16]
@@ -376,19 +357,19 @@ def test_placeholder_events_teach_nothing_but_their_blocks_count() -> None:
     fleet = Fleet()
     tokens = list(range(8))
     hashes = engine_hashes(b"s", tokens, 4)
-    fleet.apply("a", 0, stored(hashes, None, tokens))
-    fleet.apply("a", 0, removed(hashes), BlockStored(hashes, None, [], 0, None, "CPU"))
+    fleet.apply("a", 0, stored(*hashes, tokens=tokens))
+    fleet.apply("a", 0, removed(*hashes), placeholder(*hashes))
     assert fleet.learner.placeholders == 1
     answer = entry(lookup_tokens(fleet.streams(), fleet.learner, TokenQuery(tokens), 0), "a")
     assert answer["mediums"] == {"CPU": {"blocks": 2, "tokens": 8}}  # the learned chain finds the offloaded copy
     # A stream that only ever had placeholders cannot be found by tokens.
-    fleet.apply("p", 0, BlockStored(hashes, None, [], 0, None, "CPU"))
+    fleet.apply("p", 0, placeholder(*hashes))
     assert entry(lookup_tokens(fleet.streams(), fleet.learner, TokenQuery(tokens), 0), "p")["blocks"] == 0
 
 
 def test_inconsistent_token_counts_teach_nothing() -> None:
     learner = ChainLearner()
-    assert learner.learn("a", 0, stored([1, 2], None, [1, 2, 3], block_size=4)) == 0
+    assert learner.learn("a", 0, stored(1, 2, tokens=[1, 2, 3], block_size=4)) == 0
     assert learner.inconsistent == 1
     assert len(learner) == 0
 
@@ -396,9 +377,9 @@ def test_inconsistent_token_counts_teach_nothing() -> None:
 def test_lora_names_and_extra_keys_are_part_of_the_block() -> None:
     fleet = Fleet()
     tokens = list(range(8))
-    fleet.apply("a", 0, stored([1, 2], None, tokens))
-    fleet.apply("b", 0, stored([3, 4], None, tokens, lora_name="sql", extra_keys=[["sql"], ["sql"]]))
-    fleet.apply("c", 0, stored([5, 6], None, tokens, extra_keys=[["salt"], None]))
+    fleet.apply("a", 0, stored(1, 2, tokens=tokens))
+    fleet.apply("b", 0, stored(3, 4, tokens=tokens, lora_name="sql", extra_keys=[["sql"], ["sql"]]))
+    fleet.apply("c", 0, stored(5, 6, tokens=tokens, extra_keys=[["salt"], None]))
 
     def blocks(query: TokenQuery) -> dict[str, int]:
         answer = lookup_tokens(fleet.streams(), fleet.learner, query, 0)
@@ -414,7 +395,7 @@ def test_lora_names_and_extra_keys_are_part_of_the_block() -> None:
 
 def test_extra_keys_of_the_wrong_length_are_ignored() -> None:
     learner = ChainLearner()
-    learner.learn("a", 0, stored([1, 2], None, list(range(8)), extra_keys=[["x"]]))
+    learner.learn("a", 0, stored(1, 2, tokens=list(range(8)), extra_keys=[["x"]]))
     assert learner.chain("a", 0, _digests(list(range(8)), 4)) == [1, 2]
 
 
@@ -427,9 +408,9 @@ def _digests(tokens: list[int], size: int, lora: str | None = None) -> list[int]
 def test_a_restarted_engine_replaces_its_roots() -> None:
     learner = ChainLearner()
     tokens = list(range(8))
-    learner.learn("a", 0, stored(engine_hashes(b"old", tokens, 4), None, tokens))
+    learner.learn("a", 0, stored(*engine_hashes(b"old", tokens, 4), tokens=tokens))
     new = engine_hashes(b"new", tokens, 4)
-    learner.learn("a", 0, stored(new, None, tokens))
+    learner.learn("a", 0, stored(*new, tokens=tokens))
     assert learner.chain("a", 0, _digests(tokens, 4)) == new
 
 
@@ -437,14 +418,14 @@ def test_bytes_hashes_learn_and_walk() -> None:
     fleet = Fleet()
     tokens = list(range(8))
     hashes: list[Hash] = [b"\x01" * 32, b"\x02" * 32]
-    fleet.apply("a", 0, stored(hashes, None, tokens))
+    fleet.apply("a", 0, stored(*hashes, tokens=tokens))
     assert entry(lookup_tokens(fleet.streams(), fleet.learner, TokenQuery(tokens), 0), "a")["blocks"] == 2
 
 
 def test_cap_evicts_oldest_announced_and_counts() -> None:
     learner = ChainLearner(max_blocks=128)
     for i in range(200):
-        learner.learn("a", 0, stored([1000 + i], None, [i, i, i, i]))
+        learner.learn("a", 0, stored(1000 + i, tokens=[i, i, i, i]))
         assert len(learner) <= 128
     assert learner.evicted == 200 - len(learner)
     assert learner.learned == 200
@@ -455,33 +436,33 @@ def test_cap_evicts_oldest_announced_and_counts() -> None:
 
 def test_re_announcement_moves_to_the_back() -> None:
     learner = ChainLearner(max_blocks=64)
-    learner.learn("a", 0, stored([7], None, [7] * 4))
+    learner.learn("a", 0, stored(7, tokens=[7] * 4))
     for i in range(100):
-        learner.learn("a", 0, stored([1000 + i], None, [i + 10] * 4))
-        learner.learn("a", 0, stored([7], None, [7] * 4))  # the hot prefix, announced again
+        learner.learn("a", 0, stored(1000 + i, tokens=[i + 10] * 4))
+        learner.learn("a", 0, stored(7, tokens=[7] * 4))  # the hot prefix, announced again
     assert learner.chain("a", 0, _digests([7] * 4, 4)) == [7]
 
 
 def test_resident_blocks_get_a_second_chance() -> None:
     hot = {7}
     learner = ChainLearner(max_blocks=64, resident=lambda stream, h: h in hot)
-    learner.learn("a", 0, stored([7], None, [7] * 4))
+    learner.learn("a", 0, stored(7, tokens=[7] * 4))
     for i in range(300):
-        learner.learn("a", 0, stored([1000 + i], None, [i + 10] * 4))
+        learner.learn("a", 0, stored(1000 + i, tokens=[i + 10] * 4))
         assert len(learner) <= 64
     assert learner.chain("a", 0, _digests([7] * 4, 4)) == [7]
     assert learner.second_chances > 0
     # When everything is resident the cap still holds.
     everything = ChainLearner(max_blocks=64, resident=lambda stream, h: True)
     for i in range(300):
-        everything.learn("a", 0, stored([i], None, [i] * 4))
+        everything.learn("a", 0, stored(i, tokens=[i] * 4))
         assert len(everything) <= 64
     assert everything.evicted == 300 - len(everything)
 
 
 def test_learning_off() -> None:
     learner = ChainLearner(max_blocks=0)
-    assert learner.learn_batch("a", 0, batch(stored([1], None, [1, 2, 3, 4]))) == 0
+    assert learner.learn_batch("a", 0, batch(stored(1, tokens=[1, 2, 3, 4]))) == 0
     assert len(learner) == 0
     with pytest.raises(ValueError, match="max_blocks"):
         ChainLearner(max_blocks=-1)
@@ -491,7 +472,7 @@ def test_lookup_dispatches_both_kinds() -> None:
     fleet = Fleet()
     tokens = list(range(8))
     hashes = engine_hashes(b"x", tokens, 4)
-    fleet.apply("a", 0, stored(hashes, None, tokens))
+    fleet.apply("a", 0, stored(*hashes, tokens=tokens))
     by_tokens = lookup(fleet.streams(), fleet.learner, parse_request(json.dumps({"token_ids": tokens}).encode()), 1)
     body = json.dumps({"block_hashes": [str(h) for h in hashes]}).encode()
     by_hashes = lookup(fleet.streams(), fleet.learner, parse_request(body), 1)
@@ -526,11 +507,15 @@ def test_by_tokens_equals_by_the_announced_hashes(
             continue
         # Announce it in pieces (parents chained), as engines do.
         cut = min(split, len(hashes))
-        fleet.apply(source, 0, stored(hashes[:cut], None, tokens[: cut * 2], 2, medium=medium))
+        fleet.apply(source, 0, stored(*hashes[:cut], tokens=tokens[: cut * 2], block_size=2, medium=medium))
         if cut < len(hashes):
-            fleet.apply(source, 0, stored(hashes[cut:], hashes[cut - 1], tokens[cut * 2 :], 2, medium=medium))
+            fleet.apply(
+                source,
+                0,
+                stored(*hashes[cut:], parent=hashes[cut - 1], tokens=tokens[cut * 2 :], block_size=2, medium=medium),
+            )
         if evict:
-            fleet.apply(source, 0, removed(hashes[-1:], medium))
+            fleet.apply(source, 0, removed(*hashes[-1:], medium=medium))
     by_tokens = lookup_tokens(fleet.streams(), fleet.learner, TokenQuery(query), 9)
     for stream in fleet.streams():
         announced = engine_hashes(seeds[stream.source], query, 2)
@@ -547,7 +532,7 @@ def test_by_tokens_equals_by_the_announced_hashes(
 def test_cap_always_respected(cap: int, blocks: list[int]) -> None:
     learner = ChainLearner(max_blocks=cap, resident=lambda stream, h: h % 2 == 0)
     for h in blocks:
-        learner.learn("a", h % 3, stored([h], None, [h, h]))
+        learner.learn("a", h % 3, stored(h, tokens=[h, h]))
         assert len(learner) <= cap
     assert learner.evicted == learner.learned - len(learner)
 
@@ -557,9 +542,9 @@ def test_cap_always_respected(cap: int, blocks: list[int]) -> None:
 
 def test_fleet_facts() -> None:
     fleet = Fleet()
-    fleet.apply("a", 0, stored([1, 2, 3]), stored([1]), stored([9], medium="CPU"))
-    fleet.apply("a", 1, stored([2, 3, 4]), stored([1], medium="CPU"))
-    fleet.apply("b", 0, stored([3], medium="CPU"), stored([3], group=1))
+    fleet.apply("a", 0, stored(1, 2, 3), stored(1), stored(9, medium="CPU"))
+    fleet.apply("a", 1, stored(2, 3, 4), stored(1, medium="CPU"))
+    fleet.apply("b", 0, stored(3, medium="CPU"), stored(3, group=1))
     facts = fleet_facts(fleet.streams())
     assert facts == {
         # (g0: 1 2 3 4 9) + (g1: 3); shared: 1 (a0 GPU, a1 CPU), 2, 3 (a0, a1, b0 CPU)
@@ -574,11 +559,11 @@ def test_fleet_facts() -> None:
 
 def test_fleet_count_in_steps_sees_the_fleet_at_construction() -> None:
     fleet = Fleet()
-    fleet.apply("a", 0, stored([1, 2]))
-    fleet.apply("b", 0, stored([2, 3]))
+    fleet.apply("a", 0, stored(1, 2))
+    fleet.apply("b", 0, stored(2, 3))
     count = FleetCount(fleet.streams())
-    fleet.apply("c", 0, stored([1, 2, 3]))
-    fleet.apply("a", 0, removed([1, 2]))
+    fleet.apply("c", 0, stored(1, 2, 3))
+    fleet.apply("a", 0, removed(1, 2))
     steps = 0
     while not count.step():
         steps += 1
@@ -601,7 +586,7 @@ def test_fleet_count_in_steps_sees_the_fleet_at_construction() -> None:
 def test_fleet_facts_match_a_plain_count(blocks: list[tuple[int, str, int, int]]) -> None:
     fleet = Fleet()
     for stream, medium, group, h in blocks:
-        fleet.apply("s", stream, stored([h], medium=medium, group=group))
+        fleet.apply("s", stream, stored(h, medium=medium, group=group))
     holders: dict[tuple[str, int, int], set[int]] = {}
     holders_any: dict[tuple[int, int], set[int]] = {}
     for stream, medium, group, h in blocks:
@@ -637,8 +622,8 @@ def test_block_digests_fast_path_and_odd_tokens() -> None:
 
 def test_a_stale_stream_says_so_in_both_kinds_of_answer() -> None:
     fleet = Fleet()
-    fleet.apply("a", 0, stored([1, 2], block_size=16))
-    fleet.apply("b", 0, stored([1, 2], block_size=16))
+    fleet.apply("a", 0, stored(1, 2, block_size=16))
+    fleet.apply("b", 0, stored(1, 2, block_size=16))
     fleet.occupancy.stream("b", 0).mark_stale("history_truncated")
     by_hashes = lookup_hashes(fleet.streams(), chain_of(1, 2), 7)
     assert [(e["source"], e["blocks"], e["stale"]) for e in by_hashes["streams"]] == [("a", 2, False), ("b", 2, True)]

@@ -13,32 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, UnknownEvent
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockStored, Event, Hash, UnknownEvent
 from kvgateway.state.occupancy import RATE_WINDOW_SECONDS, MediumStats, OccupancyIndex, StreamIndex
-
-BIG = 2**64 - 12345  # a u64 hash above 2^63, as vLLM sends them
-
-
-def stored(*hashes: Hash, medium: str | None = None, group: int | None = None, block_size: int = 16) -> BlockStored:
-    extra: dict[str, Any] = {} if group is None else {"group_idx": group}
-    tokens = list(range(block_size * len(hashes)))
-    return BlockStored(
-        block_hashes=list(hashes),
-        parent_block_hash=None,
-        token_ids=tokens,
-        block_size=block_size,
-        medium=medium,
-        extra=extra,
-    )
-
-
-def removed(*hashes: Hash, medium: str | None = None, group: int | None = None) -> BlockRemoved:
-    extra: dict[str, Any] = {} if group is None else {"group_idx": group}
-    return BlockRemoved(block_hashes=list(hashes), medium=medium, extra=extra)
-
-
-def batch(*events: Event) -> Batch:
-    return Batch(ts=0.0, events=list(events), dp_rank=0)
+from tests.support.events import BIG, batch, removed, stored
 
 
 def stats(index: StreamIndex, medium: str = "GPU", now: float = 0.0) -> MediumStats:

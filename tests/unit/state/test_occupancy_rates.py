@@ -4,23 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from kvgateway.engine.wire import Batch, BlockRemoved, BlockStored
 from kvgateway.state.occupancy import OccupancyIndex, StreamIndex
-
-
-def _stored(*hashes: int) -> BlockStored:
-    return BlockStored(block_hashes=list(hashes), parent_block_hash=None, token_ids=[], block_size=16)
-
-
-def _batch(*events: BlockStored | BlockRemoved, ts: float = 0.0) -> Batch:
-    return Batch(ts=ts, events=list(events))
+from tests.support.events import batch, removed, stored
 
 
 def test_rates_divide_by_the_time_covered_since_the_start() -> None:
     # Started at 1000.0, 10 stores a second for 5 seconds: the rate is 10/s at once, not 50/60.
     index = StreamIndex("a", 0, started=1000.0)
     for second in range(5):
-        index.apply(_batch(_stored(*range(second * 10, second * 10 + 10))), 1000.0 + second + 0.5)
+        index.apply(batch(stored(*range(second * 10, second * 10 + 10))), 1000.0 + second + 0.5)
     stats = index.medium_stats(1005.0)["GPU"]
     assert stats.stores_per_s == pytest.approx(50 / 5.0)
     # Once a whole window has passed, the window is the divisor again.
@@ -32,17 +24,17 @@ def test_rates_divide_by_the_time_covered_since_the_start() -> None:
 
 def test_rates_right_after_the_start_are_not_divided_by_less_than_a_second() -> None:
     index = StreamIndex("a", 0, started=1000.0)
-    index.apply(_batch(_stored(1, 2, 3)), 1000.1)
+    index.apply(batch(stored(1, 2, 3)), 1000.1)
     assert index.medium_stats(1000.2)["GPU"].stores_per_s == pytest.approx(3.0)
 
 
 def test_replayed_batches_change_blocks_and_totals_but_not_rates() -> None:
     occ = OccupancyIndex(started=1000.0)
     # A catch-up replay of 1000 stores the engine made before the gateway started...
-    occ.apply("a", 0, _batch(_stored(*range(1000))), 1000.5, replayed=True)
-    occ.apply("a", 0, _batch(BlockRemoved(block_hashes=list(range(100)), medium=None)), 1000.5, replayed=True)
+    occ.apply("a", 0, batch(stored(*range(1000))), 1000.5, replayed=True)
+    occ.apply("a", 0, batch(removed(*range(100))), 1000.5, replayed=True)
     # ...then 4 live stores.
-    occ.apply("a", 0, _batch(_stored(5000, 5001, 5002, 5003)), 1001.5)
+    occ.apply("a", 0, batch(stored(5000, 5001, 5002, 5003)), 1001.5)
     stats = occ.stream("a", 0).medium_stats(1002.0)["GPU"]
     assert stats.blocks == 904 and stats.stores == 1004 and stats.removes == 100
     assert stats.stores_per_s == pytest.approx(4 / 2.0)

@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from kvgateway.config import StreamConfig
-from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockStored
+from kvgateway.engine.wire import AllBlocksCleared, Batch
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.log.ordered import STATUS, MemoryLog, NoticeRecord, batch_record
 from kvgateway.log.status import StreamStatus
 from kvgateway.state.occupancy import OccupancyIndex
 from kvgateway.state.status_board import INGEST_UNREACHABLE, StatusBoard
+from tests.support import events
 
 
 class Clock:
@@ -43,8 +44,9 @@ def report(stream: StreamConfig, **changes: Any) -> dict[str, Any]:
     return status.report(None, 999.0)
 
 
-def batch(seq: int, *events: Any, ts: float = 999.5) -> Batch:
-    return Batch(ts, list(events) or [BlockStored([seq + 1], None, [1, 2], 2)], 0)
+def batch(seq: int, *happened: Any, ts: float = 999.5) -> Batch:
+    """The batch of ``seq``: ``happened``, or a store of block ``seq + 1``."""
+    return events.batch(*(happened or [events.stored(seq + 1, tokens=[1, 2], block_size=2)]), ts=ts)
 
 
 def test_a_status_record_replaces_the_status_and_batches_after_it_move_it_on() -> None:
