@@ -32,7 +32,7 @@ from typing import Any, Final
 import uvicorn
 
 from bench.common import write_run
-from kvgateway.config import Settings, SourceConfig
+from kvgateway.config.settings import Settings, SourceConfig
 from kvgateway.engine.wire import Batch, BlockRemoved, BlockStored
 from kvgateway.gateway import OneProcess
 from kvgateway.log.ordered import batch_record

@@ -1,4 +1,4 @@
-"""The ``kvgateway`` command: ``simulate``, ``serve`` and ``demo``."""
+"""The ``kvgateway`` command: ``simulate``, ``serve``, ``ingest``, ``edge`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,42 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from kvgateway import __version__
+from kvgateway.config.arguments import add_arguments
+from kvgateway.config.errors import ConfigError
+from kvgateway.config.loading import load
+from kvgateway.config.options import SERVER_KEYS, OptionSet
 from kvgateway.runtime.extensions import core
+
+SERVE_DESCRIPTION = """\
+Subscribe to the KV-cache event streams of LLM engines (vLLM, SGLang, TensorRT-LLM) over ZeroMQ
+and serve them to web clients: WebSocket and SSE with resume, a REST occupancy snapshot, a
+dashboard at /, Prometheus metrics at /metrics, probes at /healthz and /readyz.
+
+Every setting can be given as a flag, as a KVGATEWAY_* environment variable (--ring-bytes is
+KVGATEWAY_RING_BYTES) or in the TOML file's [server] table (ring_bytes); a flag beats the
+environment, which beats the file, which beats the default."""
+
+SERVE_EPILOG = """\
+examples:
+  # the engine's own --kv-events-config, its host and its --data-parallel-size
+  kvgateway serve --source 'name=vllm-a,host=vllm-host,dp_size=2,kv_events_config={"enable_kv_cache_events": true,
+    "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5657", "topic": "kv-events"}'
+
+  # the same by endpoints
+  kvgateway serve --source name=vllm-a,endpoint=tcp://vllm-host:5557,replay=tcp://vllm-host:5657,topic=kv-events,dp_size=2
+
+  # from a file, reachable from other machines with a token
+  KVGATEWAY_TOKEN_FILE=/run/secrets/token kvgateway serve --config kvgateway.toml --host 0.0.0.0
+
+See deploy/kvgateway.example.toml for every key and docs/operations.md for deployment."""
+
+SERVE = OptionSet(
+    keys=(*SERVER_KEYS, "workers", "nats", "state_dir"),
+    needs_sources=True,
+    help={"nats": "with --workers: use this NATS server instead of starting a private one"},
+    groups={"nats": "workers"},
+)
+"""``kvgateway serve``: every ``[server]`` setting, and ``--workers`` with its NATS and store."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -18,7 +53,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kvgateway import config, demo, simulator
+    from kvgateway import demo, simulator
     from kvgateway.cluster import commands as cluster
 
     parser = _Parser(prog="kvgateway", description="An observable gateway for LLM engines' KV-cache events.")
@@ -27,17 +62,37 @@ def build_parser() -> argparse.ArgumentParser:
     simulator.add_arguments(
         sub.add_parser("simulate", help="run a vLLM-compatible engine publisher (for demos and tests)")
     )
-    serve = sub.add_parser("serve", help="subscribe to engines and serve their events")
-    config.add_serve_arguments(serve)
-    cluster.add_workers_arguments(serve)
+    serve = sub.add_parser(
+        "serve",
+        help="subscribe to engines and serve their events",
+        description=SERVE_DESCRIPTION,
+        epilog=SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(serve, SERVE)
     cluster.add_ingest_arguments(sub.add_parser("ingest", help="read engines, publish to NATS JetStream"))
     cluster.add_edge_arguments(sub.add_parser("edge", help="serve clients from NATS JetStream"))
     demo.add_arguments(sub.add_parser("demo", help="simulated engines and the gateway in one process"))
     return parser
 
 
+def run_serve(args: argparse.Namespace, argv: list[str]) -> int:
+    """One process, or with ``--workers`` a supervisor of NATS, an ingest and N edges."""
+    loaded = load(SERVE, args)
+    if loaded.workers.count is None and loaded.nats.servers:
+        raise ConfigError("--nats needs --workers (or run kvgateway ingest and kvgateway edge)")
+    if loaded.workers.count is not None:
+        from kvgateway.cluster import supervisor
+
+        return supervisor.run(loaded, argv)
+    from kvgateway.gateway import OneProcess, one_process_app
+    from kvgateway.serve import server
+
+    return server.run(loaded.settings, OneProcess, one_process_app)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    from kvgateway import config, demo, simulator
+    from kvgateway import demo, simulator
 
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -47,31 +102,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from kvgateway.cluster import commands as cluster
 
+    commands = {
+        "simulate": simulator.run,
+        "serve": lambda args: run_serve(args, argv),
+        "ingest": cluster.run_ingest,
+        "edge": cluster.run_edge,
+        "demo": demo.run,
+    }
     try:
-        if args.command in ("serve", "ingest", "edge"):
-            config.resolve_cluster(args)  # --workers, --nats...: flags, then the environment, then the file
-        if args.command == "ingest":
-            return cluster.run_ingest(args)
-        if args.command == "edge":
-            return cluster.run_edge(args)
-        if args.command == "serve" and args.workers is None and args.nats:
-            raise config.ConfigError("--nats needs --workers (or run kvgateway ingest and kvgateway edge)")
-        if args.command == "serve" and args.workers is not None:
-            from kvgateway.cluster import supervisor
-
-            return supervisor.run(args, argv)
-        if args.command == "simulate":
-            return simulator.run(args)
-        if args.command == "serve":
-            from kvgateway.gateway import OneProcess, one_process_app
-            from kvgateway.serve import server
-
-            return server.run(config.settings_from_args(args), OneProcess, one_process_app)
-        if args.command == "demo":
-            return demo.run(args)
-    except (simulator.UsageError, config.ConfigError) as exc:
+        return commands[args.command](args)
+    except (simulator.UsageError, ConfigError) as exc:
         sys.stderr.write(f"kvgateway {args.command}: error: {exc}\n")
         return 2
     except KeyboardInterrupt:
         return 130
-    parser.error(f"unknown command {args.command!r}")

@@ -14,6 +14,10 @@ import zmq.asyncio
 
 from kvgateway import config
 from kvgateway.config import SourceConfig
+from kvgateway.config.arguments import add_arguments as add_setting_arguments
+from kvgateway.config.loading import load
+from kvgateway.config.options import SERVER_KEYS, OptionSet
+from kvgateway.config.validation import validate
 from kvgateway.engine.endpoints import rank_endpoints
 from kvgateway.engine.wire import Stream
 from kvgateway.runtime import logging_setup
@@ -42,9 +46,12 @@ REPLAY_SECONDS = 120.0
 about 1.5 GB of payloads the gateway never asks for, since it replays only a gap."""
 MIN_REPLAY_BATCHES = 64
 
+DEMO = OptionSet(keys=SERVER_KEYS, sources=False)
+"""The demo's settings: the HTTP side's (its engines are its own: no --config or --source)."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    config.add_server_arguments(parser)
+    add_setting_arguments(parser, DEMO)
     parser.add_argument(
         "--rate",
         type=float,
@@ -245,7 +252,7 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
         else:
             sources = demo_sources(sockets)
             roles = demo_roles(sources)
-        settings = config.validate(replace(settings, sources=sources))
+        settings = validate(replace(settings, sources=sources))
         context = zmq.asyncio.Context()
         pairs = build_engines(args, sources, roles, context)
         engines = [engine for engine, _ in pairs]
@@ -281,7 +288,7 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    settings = config.settings_from_args(args)
+    settings = load(DEMO, args).settings
     logging_setup.setup_for(settings)
     from kvgateway.runtime.startup import StartupError
     from kvgateway.serve.server import loop_factory

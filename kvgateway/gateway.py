@@ -10,7 +10,8 @@ from typing import Any
 import zmq
 from starlette.applications import Starlette
 
-from kvgateway.config import Settings, summary
+from kvgateway.config.settings import Settings
+from kvgateway.config.summary import summary
 from kvgateway.ingest.streams import Ingest
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.startup import StartupError

@@ -29,7 +29,7 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from kvgateway.cluster.leases import Leases
-from kvgateway.cluster.options import NatsOptions
+from kvgateway.config.cluster import NatsOptions
 
 logger = logging.getLogger("kvgateway.cluster.edge")
 

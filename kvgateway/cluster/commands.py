@@ -9,10 +9,15 @@ import ctypes
 import importlib.util
 import logging
 import signal
+from dataclasses import replace
 from typing import Any
 
-from kvgateway import config
-from kvgateway.cluster import options as nats_options
+from kvgateway.config.arguments import add_arguments
+from kvgateway.config.cluster import NatsOptions
+from kvgateway.config.errors import ConfigError
+from kvgateway.config.loading import load
+from kvgateway.config.options import CLIENT_ONLY, NATS_KEYS, SERVER_KEYS, OptionSet
+from kvgateway.config.settings import Settings
 from kvgateway.runtime.startup import StartupError
 
 logger = logging.getLogger("kvgateway.cluster")
@@ -27,14 +32,23 @@ resumes on any edge of the same stream. The edge connects to no engine: it lists
 given (--source or --config), or else those the ingest processes announced."""
 
 
+INGEST = OptionSet(
+    keys=(*(key for key in SERVER_KEYS if key not in CLIENT_ONLY), *NATS_KEYS),
+    needs_sources=True,
+    needs_nats=True,
+    clients=False,  # probes and metrics only: no token on any address
+    help={"host": "HTTP listen address of the probes and metrics (default 127.0.0.1)"},
+)
+"""``kvgateway ingest``: the engines' settings and NATS; none of web clients' (it serves none)."""
+
+EDGE = OptionSet(keys=(*SERVER_KEYS, *NATS_KEYS), needs_nats=True)
+"""``kvgateway edge``: every setting of ``serve`` and NATS; its sources are optional (announced)."""
+
+
 def add_ingest_arguments(parser: argparse.ArgumentParser) -> None:
-    config.add_serve_arguments(parser, skip=config.CLIENT_ONLY)
-    for action in parser._actions:
-        if "--host" in action.option_strings:  # probes and metrics only: no token on any address
-            action.help = "HTTP listen address of the probes and metrics (default 127.0.0.1); $KVGATEWAY_HOST"
     parser.description = INGEST_DESCRIPTION
-    parser.epilog = None
-    nats_options.add_nats_arguments(parser)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_arguments(parser, INGEST)
     _add_child_argument(parser)
     # serve --workers gives its ingest the same member id at every start: a restarted ingest
     # reclaims its own leases at once (cluster/shards.py). The lease time is for tests.
@@ -43,34 +57,13 @@ def add_ingest_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
-    config.add_serve_arguments(parser)
     parser.description = EDGE_DESCRIPTION
-    parser.epilog = None
-    nats_options.add_nats_arguments(parser)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_arguments(parser, EDGE)
     parser.add_argument(
         "--reuse-port", action="store_true", help="share --port with other edges on this machine (SO_REUSEPORT)"
     )
     _add_child_argument(parser)
-
-
-def add_workers_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("many cores (NATS JetStream; each also $KVGATEWAY_..., or [cluster] in the file)")
-    group.add_argument(
-        "--workers",
-        metavar="N",
-        help="run a private nats-server, one ingest and N edge processes sharing --port (default: one process)",
-    )
-    group.add_argument(
-        "--nats",
-        action="append",
-        metavar="URL",
-        help="with --workers: use this NATS server instead of starting a private one",
-    )
-    group.add_argument(
-        "--state-dir",
-        metavar="DIR",
-        help="where --workers keeps the nats-server store (default: ./kvgateway-state)",
-    )
 
 
 def _add_child_argument(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +79,7 @@ def exit_with_parent() -> None:
 def require_nats() -> None:
     """The NATS client is the ``nats`` extra: without it, one line saying how to get it."""
     if importlib.util.find_spec("nats") is None:
-        raise config.ConfigError("the NATS client is missing: pip install 'kvgateway[nats]' (the nats extra)")
+        raise ConfigError("the NATS client is missing: pip install 'kvgateway[nats]' (the nats extra)")
 
 
 def run_ingest(args: argparse.Namespace) -> int:
@@ -95,16 +88,14 @@ def run_ingest(args: argparse.Namespace) -> int:
     from kvgateway.serve import server
     from kvgateway.serve.app import probe_app
 
-    settings = config.settings_from_args(args)
-    if not settings.sources:
-        raise config.ConfigError("no sources: give --source, or a config file with [[sources]]")
-    options = _options(args, "kvgateway-ingest")
+    loaded = load(INGEST, args)
+    settings, options = loaded.settings, replace(loaded.nats, name="kvgateway-ingest")
     if args.exit_with_parent:
         exit_with_parent()
 
     leases: dict[str, Any] = {} if args.lease_seconds is None else {"lease_seconds": args.lease_seconds}
 
-    def make(settings: config.Settings) -> IngestService:
+    def make(settings: Settings) -> IngestService:
         return IngestService(settings, options, member=args.member, **leases)
 
     return server.run(settings, make, probe_app)
@@ -115,31 +106,22 @@ def run_edge(args: argparse.Namespace) -> int:
     from kvgateway.cluster.edge import EdgeService, edge_app
     from kvgateway.serve import server
 
-    settings = config.settings_from_args(args)
-    options = _options(args, "kvgateway-edge")
+    loaded = load(EDGE, args)
+    settings, options = loaded.settings, replace(loaded.nats, name="kvgateway-edge")
     if args.exit_with_parent:
         exit_with_parent()
 
-    def make(settings: config.Settings) -> EdgeService:
+    def make(settings: Settings) -> EdgeService:
         return EdgeService(settings, options)
 
-    async def discover(settings: config.Settings) -> config.Settings:
+    async def discover(settings: Settings) -> Settings:
         return settings if settings.sources else await _discover_sources(settings, options)
 
     return server.run(settings, make, edge_app, prepare=discover, reuse_port=args.reuse_port)
 
 
-def _options(args: argparse.Namespace, name: str) -> nats_options.NatsOptions:
-    try:
-        return nats_options.options_from_args(args, name)
-    except ValueError as exc:
-        raise config.ConfigError(str(exc)) from None
-
-
-async def _discover_sources(settings: config.Settings, options: nats_options.NatsOptions) -> config.Settings:
+async def _discover_sources(settings: Settings, options: NatsOptions) -> Settings:
     """An edge given no sources lists those the ingest processes announced."""
-    from dataclasses import replace
-
     from kvgateway.cluster import nats_link
     from kvgateway.cluster.sources import read_sources
 

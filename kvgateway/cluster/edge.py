@@ -25,10 +25,11 @@ from starlette.applications import Starlette
 
 from kvgateway.cluster import nats_link, records
 from kvgateway.cluster.checkpoints import CheckpointStore
-from kvgateway.cluster.options import INGEST_SILENCE_SECONDS, NatsOptions
+from kvgateway.cluster.heartbeat import INGEST_SILENCE_SECONDS
 from kvgateway.cluster.order import OrderGuard
 from kvgateway.cluster.read_back import StreamReadBack
-from kvgateway.config import Settings
+from kvgateway.config.cluster import NatsOptions
+from kvgateway.config.settings import Settings
 from kvgateway.log.ordered import OffsetGap
 from kvgateway.protocol import messages
 from kvgateway.runtime.metrics import Metrics

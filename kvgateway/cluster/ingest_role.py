@@ -19,12 +19,14 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError
 
 from kvgateway.cluster import nats_link
+from kvgateway.cluster.heartbeat import HEARTBEAT_SECONDS
 from kvgateway.cluster.leases import Leases
-from kvgateway.cluster.options import HEARTBEAT_SECONDS, NatsOptions
 from kvgateway.cluster.publisher import Publisher
 from kvgateway.cluster.shards import LEASE_SECONDS, ROUND_SECONDS, Shards
 from kvgateway.cluster.sources import publish_sources
-from kvgateway.config import Settings, StreamConfig, streams_text
+from kvgateway.config.cluster import NatsOptions
+from kvgateway.config.settings import Settings, StreamConfig
+from kvgateway.config.summary import streams_text
 from kvgateway.engine.sequencer import Unrecovered
 from kvgateway.engine.wire import Stream
 from kvgateway.ingest.streams import Ingest

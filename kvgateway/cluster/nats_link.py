@@ -16,8 +16,8 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
-from kvgateway.cluster.options import NatsOptions
 from kvgateway.cluster.records import epoch_of
+from kvgateway.config.cluster import NatsOptions
 
 logger = logging.getLogger("kvgateway.cluster")
 

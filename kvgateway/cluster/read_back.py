@@ -13,8 +13,8 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 
 from kvgateway.cluster import records
-from kvgateway.cluster.options import NatsOptions
 from kvgateway.cluster.order import OrderGuard
+from kvgateway.config.cluster import NatsOptions
 from kvgateway.log.ordered import Record
 
 AHEAD_WAIT_SECONDS = 5.0

@@ -24,7 +24,7 @@ from typing import Final
 
 from kvgateway.cluster.leases import Leases
 from kvgateway.cluster.records import subject_token
-from kvgateway.config import StreamConfig
+from kvgateway.config.settings import StreamConfig
 from kvgateway.engine.wire import Stream
 
 logger = logging.getLogger("kvgateway.cluster")

@@ -9,9 +9,9 @@ import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 
-from kvgateway.cluster.options import NatsOptions
 from kvgateway.cluster.records import subject_token
-from kvgateway.config import SourceConfig
+from kvgateway.config.cluster import NatsOptions
+from kvgateway.config.settings import SourceConfig
 
 logger = logging.getLogger("kvgateway.cluster")
 

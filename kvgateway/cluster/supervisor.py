@@ -15,7 +15,6 @@ PYTHONPATH (the checkout itself when run from one without an install).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
@@ -25,13 +24,17 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import kvgateway
-from kvgateway import config
 from kvgateway.cluster.commands import exit_with_parent, require_nats
-from kvgateway.cluster.options import NatsOptions, options_to_argv
+from kvgateway.config.arguments import nats_argv
+from kvgateway.config.cluster import NatsOptions
+from kvgateway.config.errors import ConfigError
+from kvgateway.config.loading import Loaded
+from kvgateway.config.options import CLIENT_ONLY, CLUSTER_BY_KEY, OPTION_BY_KEY, OPTIONS
+from kvgateway.config.settings import Settings
 from kvgateway.runtime import logging_setup
 from kvgateway.runtime.startup import StartupError
 from kvgateway.serve.server import listen
@@ -89,8 +92,8 @@ def _free_port() -> int:
 def _server_argv(argv: list[str], *, drop: frozenset[str] = frozenset()) -> list[str]:
     """The serve flags every child shares (sources, HTTP settings, limits, logging): ``argv``
     without ``serve``, the flags that are the supervisor's own and the settings in ``drop``."""
-    own = {"--workers", "--state-dir", "--port", "--nats"} | {config.OPTION_BY_KEY[key].flag_name for key in drop}
-    switches = {option.flag_name for option in config.OPTIONS if option.kind is bool}  # no value follows
+    own = {OPTION_BY_KEY[key].flag_name for key in (*CLUSTER_BY_KEY, "port", *drop)}
+    switches = {option.flag_name for option in OPTIONS if option.is_switch}  # no value follows
     out: list[str] = []
     items = argv[1:] if argv[:1] == ["serve"] else list(argv)
     i = 0
@@ -109,46 +112,47 @@ def nats_log(store: Path) -> Path:
     return store.parent / "nats-server.log"
 
 
-def children(
-    args: argparse.Namespace, argv: list[str], nats_urls: tuple[str, ...], store: Path | None, port: int
-) -> list[Child]:
-    """nats-server (unless ``store`` is None: existing ones at ``nats_urls``), ingest, edges."""
+def children(workers: int, argv: list[str], nats: NatsOptions, store: Path | None, port: int) -> list[Child]:
+    """nats-server (unless ``store`` is None: existing ones at ``nats.servers``), ingest, edges."""
     me = [sys.executable, "-P", "-m", "kvgateway"]  # -P: the working directory cannot shadow the package
     env = child_env()
     shared = _server_argv(argv)
-    nats = options_to_argv(NatsOptions(servers=nats_urls))
+    nats_flags = nats_argv(nats)
     out = []
     if store is not None:
         binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
-        nats_port = nats_urls[0].rsplit(":", 1)[1]
+        nats_port = nats.servers[0].rsplit(":", 1)[1]
         server = [binary, "-js", "-a", "127.0.0.1", "-p", nats_port, "-sd", str(store), "-l", str(nats_log(store))]
         out.append(Child("nats-server", server, output=f"its log: {nats_log(store)}"))
-    ingest = _server_argv(argv, drop=config.CLIENT_ONLY)  # it has no flags for web clients' settings
+    ingest = _server_argv(argv, drop=CLIENT_ONLY)  # it has no flags for web clients' settings
     # One member id for every start of the ingest: started again, it reclaims its own leases at once.
     member = ["--member", f"{socket.gethostname()}-{os.getpid()}-ingest"]
-    out.append(Child("ingest", [*me, "ingest", *ingest, *nats, *member, "--port", "0", "--exit-with-parent"], env))
-    for n in range(args.workers):
-        edge = [*me, "edge", *shared, *nats, "--port", str(port), "--reuse-port", "--exit-with-parent"]
+    out.append(
+        Child("ingest", [*me, "ingest", *ingest, *nats_flags, *member, "--port", "0", "--exit-with-parent"], env)
+    )
+    for n in range(workers):
+        edge = [*me, "edge", *shared, *nats_flags, "--port", str(port), "--reuse-port", "--exit-with-parent"]
         out.append(Child(f"edge {n + 1}", edge, env))
     return out
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> int:
-    settings = config.settings_from_args(args)
+def run(loaded: Loaded, argv: list[str]) -> int:
+    settings, workers = loaded.settings, loaded.workers.count
+    assert workers is not None  # (from 1 on: the loader checked it)
     logging_setup.setup_for(settings)
-    require_nats()  # (--workers is from 1 on: config.resolve_cluster checked it)
+    require_nats()
     store: Path | None = None
-    if args.nats:
-        nats_urls = tuple(args.nats)
+    if loaded.nats.servers:
+        nats_urls = loaded.nats.servers
     elif shutil.which("nats-server") is None and not Path("/usr/sbin/nats-server").exists():
         logger.error("--workers needs nats-server on PATH (Debian: apt-get install nats-server), or --nats URL")
         return 1
     else:
-        store = Path(args.state_dir or "kvgateway-state") / "nats"
+        store = Path(loaded.workers.state_dir) / "nats"
         try:
             store.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise config.ConfigError(f"--state-dir {str(store.parent)!r}: {exc.strerror or exc}") from None
+            raise ConfigError(f"--state-dir {str(store.parent)!r}: {exc.strerror or exc}") from None
         nats_urls = (f"nats://127.0.0.1:{_free_port()}",)
     try:
         # The port is the supervisor's before any child starts: a taken one is the single process's
@@ -160,19 +164,20 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         return 1
     with reserved:
         port = int(reserved.getsockname()[1])
-        return _run_children(args, argv, settings, nats_urls=nats_urls, store=store, port=port)
+        nats = replace(loaded.nats, servers=nats_urls)
+        return _run_children(workers, argv, settings, nats=nats, store=store, port=port)
 
 
 def _run_children(
-    args: argparse.Namespace,
+    workers: int,
     argv: list[str],
-    settings: config.Settings,
+    settings: Settings,
     *,
-    nats_urls: tuple[str, ...],
+    nats: NatsOptions,
     store: Path | None,
     port: int,
 ) -> int:
-    procs = children(args, argv, nats_urls, store, port)
+    procs = children(workers, argv, nats, store, port)
     stopping: list[int] = []
 
     def stop(signum: int, frame: object) -> None:
@@ -186,7 +191,7 @@ def _run_children(
             time.sleep(0.5)  # it listens within milliseconds; the roles retry anyway
     if store is not None:
         logger.info("nats-server log: %s", nats_log(store))
-    announce = f"serving on http://{settings.host}:{port}/ with {args.workers} edge processes"
+    announce = f"serving on http://{settings.host}:{port}/ with {workers} edge processes"
     code = _supervise(procs, stopping, Announcement(settings.host, port, announce))
     _stop_all([c for c in procs if c.name != "nats-server"], [c for c in procs if c.name == "nats-server"])
     return code

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kvgateway.config import StreamConfig
+from kvgateway.config.settings import StreamConfig
 from kvgateway.engine import wire
 from kvgateway.engine.sequencer import (
     Action,

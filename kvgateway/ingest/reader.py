@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import zmq
 
-from kvgateway.config import StreamConfig
+from kvgateway.config.settings import StreamConfig
 from kvgateway.engine import wire
 from kvgateway.engine.endpoints import is_ipv6
 from kvgateway.engine.sequencer import Action, CancelReplay, RequestReplay, Sequencer

@@ -19,7 +19,8 @@ from typing import Any
 
 import zmq
 
-from kvgateway.config import SUMMARY_STREAMS, Settings, StreamConfig, stream_lines
+from kvgateway.config.settings import Settings, StreamConfig
+from kvgateway.config.summary import SUMMARY_STREAMS, stream_lines
 from kvgateway.engine.endpoints import is_ipv6, split_tcp
 from kvgateway.engine.wire import Stream
 from kvgateway.ingest.outlet import StreamOutlet

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, get_args
 
-from kvgateway.config import StreamConfig
+from kvgateway.config.settings import StreamConfig
 from kvgateway.engine.wire import Stream
 from kvgateway.protocol.messages import ConnectionCode
 from kvgateway.runtime.metrics import LOSS_REASONS, StreamFamilies

@@ -13,7 +13,7 @@ import os
 from types import ModuleType
 from typing import Final
 
-from kvgateway.config import NO_EXTENSIONS_ENV
+from kvgateway.config.options import NO_EXTENSIONS_ENV
 
 __all__ = ["COMPILED", "NO_EXTENSIONS_ENV", "PURE", "core", "forced_pure", "load"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from kvgateway.config import Settings
+from kvgateway.config.settings import Settings
 
 logger = logging.getLogger("kvgateway")
 

@@ -10,7 +10,7 @@ import time
 from typing import Any
 from urllib.parse import quote, unquote_plus
 
-from kvgateway.config import Settings
+from kvgateway.config.settings import Settings
 
 _QUERY_PAIR = re.compile(r"([?&])([^=&\s\"'?]*)=([^&\s\"']*)")
 _SECRET_NAMES = frozenset({"token", "access_token"})

@@ -13,7 +13,8 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from kvgateway.config import Settings, is_loopback
+from kvgateway.config.addresses import is_loopback
+from kvgateway.config.settings import Settings
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.serve.errors import json_error
 

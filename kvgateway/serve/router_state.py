@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
-from kvgateway.config import Settings
+from kvgateway.config.settings import Settings
 from kvgateway.engine.wire import Hash, Stream
 from kvgateway.log.ordered import BatchRecord
 from kvgateway.log.ring import Entry

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 import uvicorn
 from starlette.applications import Starlette
 
-from kvgateway.config import Settings, unresolved_hosts
+from kvgateway.config.addresses import unresolved_hosts
+from kvgateway.config.settings import Settings
 from kvgateway.runtime import logging_setup
 from kvgateway.runtime.memory import freeze_startup_heap
 from kvgateway.runtime.startup import StartupError

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kvgateway.config import Settings, StreamConfig
+from kvgateway.config.settings import Settings, StreamConfig
 from kvgateway.log.ordered import MemoryLog, ReadBack
 from kvgateway.protocol import messages
 from kvgateway.protocol.filters import ClientFilter

@@ -28,7 +28,7 @@ from typing import Any, Final
 
 import msgspec
 
-from kvgateway import config
+from kvgateway.config import options
 from kvgateway.engine.wire import Batch, BlockStored, Hash, Stream
 from kvgateway.runtime.memory import release_free_heap
 
@@ -46,11 +46,11 @@ __all__ = [
 DEFAULT_MAX_LEARNED_BLOCKS: Final = 2_000_000
 """Default ceiling of :class:`ChainLearner` (about 25 bytes per learned block: see bench/learner.py)."""
 
-LEARNED_FLOOR: Final = config.LEARNED_FLOOR  # in config: --max-learned-blocks' help gives it
+LEARNED_FLOOR: Final = options.LEARNED_FLOOR  # in config: --max-learned-blocks' help gives it
 """The learner's cap never follows the fleet below this (about 1.6 MB): a fleet that is still
 empty, or holds few blocks, can be learned from without the cap chasing every eviction."""
 
-LEARNED_PER_RESIDENT: Final = config.LEARNED_PER_RESIDENT  # in config, as LEARNED_FLOOR
+LEARNED_PER_RESIDENT: Final = options.LEARNED_PER_RESIDENT  # in config, as LEARNED_FLOOR
 """The cap follows the fleet at this many entries per resident block (every stream, medium and
 group summed): room for every resident block's entry, and a quarter more for blocks announced
 since the fleet was last counted and for the chains the engines dropped a moment ago. No more:

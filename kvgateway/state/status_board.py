@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from kvgateway.config import StreamConfig
+from kvgateway.config.settings import StreamConfig
 from kvgateway.engine.wire import Stream
 from kvgateway.log.ordered import STATUS, BatchRecord, NoticeRecord
 from kvgateway.log.ring import Entry

@@ -121,7 +121,7 @@ def test_a_late_edge_starts_from_the_checkpoint_and_one_without_checkpoints_says
 def test_one_writer_at_a_time_holds_the_lease_and_another_takes_it_once_it_lapses(nats_server: NatsServer) -> None:
     from kvgateway.cluster import nats_link
     from kvgateway.cluster.checkpoints import CheckpointStore
-    from kvgateway.cluster.options import NatsOptions
+    from kvgateway.config.cluster import NatsOptions
 
     options = NatsOptions(servers=(nats_server.url,), stream="LEASES")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kvgateway.cluster.options import INGEST_SILENCE_SECONDS
+from kvgateway.cluster.heartbeat import INGEST_SILENCE_SECONDS
 from tests.support import Gateway, Start, free_ports, start_gateway, start_ingest_and_edge, start_sim, wait_until
 from tests.support.clients import WsCollector
 from tests.support.nats import NatsServer

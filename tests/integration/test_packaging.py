@@ -29,7 +29,7 @@ def test_cli_help_and_bad_arguments() -> None:
 def test_ingest_help_lists_only_what_ingest_uses() -> None:
     """The ingest serves no web client: no flags for their auth, limits and queries; the NATS
     flags show their defaults."""
-    from kvgateway.config import CLIENT_ONLY, OPTION_BY_KEY
+    from kvgateway.config.options import CLIENT_ONLY, OPTION_BY_KEY
 
     result = _cli("ingest", "--help")
     assert result.returncode == 0, result.stderr

@@ -20,7 +20,11 @@ from typing import Any
 
 import pytest
 
-from kvgateway import config
+from kvgateway.config.loading import settings_from_mapping
+from kvgateway.config.options import CLUSTER_BY_KEY, SERVER_BY_KEY
+from kvgateway.config.settings import Settings
+from kvgateway.config.sources import SOURCE_KEYS
+from kvgateway.config.validation import validate
 from tests.support import REPO
 from tests.support.deploy import DEPLOY, load_yaml, load_yaml_all
 
@@ -32,7 +36,7 @@ DOCKERIGNORE = DEPLOY / "Dockerfile.dockerignore"
 SERVE_CMD = ["kvgateway", "serve", "--config", "/etc/kvgateway/kvgateway.toml"]
 
 
-def load_settings(path: Path, tmp_path: Path) -> config.Settings:
+def load_settings(path: Path, tmp_path: Path) -> Settings:
     """Parse a TOML file with the gateway's own loader; a token_file is pointed at a temp file."""
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     server = data.get("server", {})
@@ -40,7 +44,7 @@ def load_settings(path: Path, tmp_path: Path) -> config.Settings:
         token = tmp_path / "token"
         token.write_text("test-token-0123456789\n", encoding="utf-8")
         server["token_file"] = str(token)
-    return config.validate(config.settings_from_mapping(data))
+    return validate(settings_from_mapping(data))
 
 
 # --- every file parses ----------------------------------------------------------------------
@@ -76,11 +80,11 @@ def test_example_toml_is_a_valid_configuration(tmp_path: Path) -> None:
 def test_example_toml_shows_every_server_key() -> None:
     text = EXAMPLE_TOML.read_text(encoding="utf-8")
     shown = set(re.findall(r"^#?\s*([a-z_]+)\s*=", text, re.MULTILINE))
-    missing = set(config._SERVER_KEYS) - shown - {"token"}  # the token itself belongs in a file
+    missing = set(SERVER_BY_KEY) - shown - {"token"}  # the token itself belongs in a file
     assert not missing, f"keys not in {EXAMPLE_TOML.name}: {sorted(missing)}"
-    missing_cluster_keys = set(config.CLUSTER_BY_KEY) - shown
+    missing_cluster_keys = set(CLUSTER_BY_KEY) - shown
     assert not missing_cluster_keys, f"[cluster] keys not in {EXAMPLE_TOML.name}: {sorted(missing_cluster_keys)}"
-    missing_source_keys = set(config.SOURCE_KEYS) - shown
+    missing_source_keys = set(SOURCE_KEYS) - shown
     assert not missing_source_keys, f"source keys not in {EXAMPLE_TOML.name}: {sorted(missing_source_keys)}"
 
 

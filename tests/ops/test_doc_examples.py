@@ -23,7 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from kvgateway import cli, config
+from kvgateway import cli
+from kvgateway.config.addresses import check_overlaps
+from kvgateway.config.arguments import flag_names
+from kvgateway.config.errors import ConfigError
+from kvgateway.config.settings import SourceConfig
+from kvgateway.config.sources import parse_source_flag
 from tests.support import REPO, free_port, free_ports
 from tests.support.catalogue import Catalogue
 from tests.support.deploy import metric_names_in
@@ -163,7 +168,7 @@ def test_documented_commands_parse() -> None:
         except SystemExit:
             pytest.fail(f"{where}: kvgateway {' '.join(argv)} does not parse")
         for spec in getattr(args, "source", None) or []:
-            config.parse_source_flag(spec)  # raises ConfigError naming the problem
+            parse_source_flag(spec)  # raises ConfigError naming the problem
 
 
 # --- names ------------------------------------------------------------------------------------
@@ -182,7 +187,7 @@ def _bench_flags() -> set[str]:
 
 
 def test_every_flag_named_in_the_documents_exists() -> None:
-    known = config.flag_names(cli.build_parser()) | _bench_flags() | set(OTHER_TOOLS_FLAGS) | {"--help", "--version"}
+    known = flag_names(cli.build_parser()) | _bench_flags() | set(OTHER_TOOLS_FLAGS) | {"--help", "--version"}
     for doc in DOCUMENTS:
         text = doc.read_text(encoding="utf-8")
         unknown = set(FLAG.findall(text)) - known
@@ -192,9 +197,9 @@ def test_every_flag_named_in_the_documents_exists() -> None:
 # --- the README's two commands describe one engine -------------------------------------------
 
 
-def _vllm_and_gateway(doc: Path) -> tuple[dict[str, object], int, list[config.SourceConfig]]:
+def _vllm_and_gateway(doc: Path) -> tuple[dict[str, object], int, list[SourceConfig]]:
     vllm: tuple[dict[str, object], int] | None = None
-    sources: list[config.SourceConfig] = []
+    sources: list[SourceConfig] = []
     for block in blocks(doc):
         if block.info.split()[:1] not in (["sh"], ["bash"]):
             continue
@@ -204,7 +209,7 @@ def _vllm_and_gateway(doc: Path) -> tuple[dict[str, object], int, list[config.So
                 dp = int(words[words.index("--data-parallel-size") + 1]) if "--data-parallel-size" in words else 1
                 vllm = (spec, dp)
             if words[:2] == ["kvgateway", "serve"] and "--source" in words:
-                sources.append(config.parse_source_flag(words[words.index("--source") + 1]))
+                sources.append(parse_source_flag(words[words.index("--source") + 1]))
     assert vllm is not None, f"{doc.name} has no vllm serve example"
     return vllm[0], vllm[1], sources
 
@@ -260,10 +265,8 @@ def test_metrics_doc_lists_every_rejection_reason() -> None:
 
 
 def test_operations_quotes_the_collision_message_as_the_gateway_writes_it() -> None:
-    with pytest.raises(config.ConfigError) as info:
-        config.check_overlaps(
-            [config.parse_source_flag("name=vllm-a,endpoint=tcp://h:5557,replay=tcp://h:5558,dp_size=2")]
-        )
+    with pytest.raises(ConfigError) as info:
+        check_overlaps([parse_source_flag("name=vllm-a,endpoint=tcp://h:5557,replay=tcp://h:5558,dp_size=2")])
     real = str(info.value).replace("tcp://h:", "tcp://...:")
     doc = " ".join((REPO / "docs" / "operations.md").read_text(encoding="utf-8").split())
     assert f"(`{real}`)" in doc

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from kvgateway.config import ConfigError, parse_source_flag
+from kvgateway.config.errors import ConfigError
+from kvgateway.config.sources import parse_source_flag
 from tests.support import REPO
 
 

@@ -9,7 +9,11 @@ from typing import Any
 
 import pytest
 
-from kvgateway import config
+from kvgateway.config.errors import ConfigError
+from kvgateway.config.loading import read_token_file, settings_from_mapping
+from kvgateway.config.settings import expand_source
+from kvgateway.config.sources import source_from_mapping
+from kvgateway.config.validation import validate
 from tests.support.deploy import K8S, RULES, load_yaml_all
 
 KUBERNETES_VERSION = "1.29.0"  # the oldest release the manifests are meant for
@@ -133,7 +137,7 @@ def test_config_and_token_are_mounted_where_the_config_says(tmp_path: Path) -> N
     token = tmp_path / "token"
     token.write_text("test-token-0123456789", encoding="utf-8")
     data["server"]["token_file"] = str(token)
-    settings = config.validate(config.settings_from_mapping(data))
+    settings = validate(settings_from_mapping(data))
     assert settings.host == "0.0.0.0" and settings.token
 
 
@@ -142,8 +146,8 @@ def test_secret_fails_closed() -> None:
     token everybody can read in this repository."""
     secret = manifests()["Secret"]
     assert secret["stringData"]["token"] == ""
-    with pytest.raises(config.ConfigError, match="empty"):
-        config.read_token_file(str(Path("/dev/null")))
+    with pytest.raises(ConfigError, match="empty"):
+        read_token_file(str(Path("/dev/null")))
 
 
 def test_network_policy_allows_the_engine_ports() -> None:
@@ -156,8 +160,8 @@ def test_network_policy_allows_the_engine_ports() -> None:
         if p["protocol"] == "TCP"
     ]
     for raw in data["sources"]:
-        source = config.source_from_mapping(raw, "test")
-        for stream in config.expand_source(source):
+        source = source_from_mapping(raw, "test")
+        for stream in expand_source(source):
             for address in (stream.endpoint, stream.replay):
                 assert address is not None
                 port = int(address.rsplit(":", 1)[1])

@@ -5,6 +5,7 @@
 - :mod:`~tests.support.processes`: the process handle :class:`Proc`, :data:`Start` and
   :class:`Procs` (what starts processes for a test and stops them);
 - :mod:`~tests.support.sources`: the ``--source`` builder and the simulator's matching flags;
+- :mod:`~tests.support.command_line`: a command's arguments parsed and loaded as the command does;
 - :mod:`~tests.support.metrics`: the metrics scraper and its views;
 - :mod:`~tests.support.gateway`: :func:`start_gateway` and its :class:`Gateway` handle (and
   :func:`start_ingest_and_edge`, a cluster of one ingest and one edge);

@@ -326,7 +326,9 @@ def test_opaque_values_and_further_fields_render_alike(value: Any, extra: dict[s
 def test_the_pure_core_switch_is_no_unknown_setting() -> None:
     """``KVGATEWAY_NO_EXTENSIONS`` is read by the process, and the settings accept it beside theirs
     (an unknown ``KVGATEWAY_`` name is an error there)."""
-    from kvgateway.config import NO_EXTENSIONS_ENV, Settings, settings_from_env
+    from kvgateway.config.loading import settings_from_env
+    from kvgateway.config.options import NO_EXTENSIONS_ENV
+    from kvgateway.config.settings import Settings
 
     assert settings_from_env({NO_EXTENSIONS_ENV: "1"}, Settings()) == Settings()
 

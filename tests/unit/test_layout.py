@@ -53,7 +53,6 @@ WITHOUT_UNIT_TESTS: dict[str, str] = {
     "cluster/leases.py": "leases in a JetStream key-value bucket: tests/cluster/test_shards.py and "
     "tests/cluster/test_checkpoints.py",
     "cluster/nats_link.py": "the connection to NATS: tests/cluster/test_edge_cli.py and tests/cluster/test_cluster.py",
-    "cluster/options.py": "the cluster's settings: tests/unit/test_config.py and tests/cluster/test_one_truth.py",
     "cluster/publisher.py": "the ingest's appender into JetStream: tests/cluster/test_cluster.py",
     "cluster/read_back.py": "reading the stream back from JetStream: tests/cluster/test_cluster_web.py (a resume "
     "older than the ring); the ring log's use of it is tests/unit/log/test_ordered.py",

@@ -9,7 +9,7 @@ def test_the_supervisor_gives_children_the_shared_flags_only() -> None:
     argv = ["serve", "--source", "name=a,endpoint=tcp://h:1", "--workers=2", "--port", "8080", "--state-dir", "/s"]
     assert _server_argv([*argv, "--token-file", "t"]) == ["--source", "name=a,endpoint=tcp://h:1", "--token-file", "t"]
     # The ingest has no flags for web clients' settings: they are left out of its command line.
-    from kvgateway.config import CLIENT_ONLY
+    from kvgateway.config.options import CLIENT_ONLY
 
     clients = ["--token-file", "t", "--allow-unauthenticated", "--max-clients=5", "--allowed-origin=o", "--host", "h"]
     assert _server_argv([*argv, *clients], drop=CLIENT_ONLY) == ["--source", "name=a,endpoint=tcp://h:1", "--host", "h"]

@@ -7,7 +7,8 @@ import resource
 import pytest
 import zmq
 
-from kvgateway.config import Settings, parse_source_flag
+from kvgateway.config.settings import Settings
+from kvgateway.config.sources import parse_source_flag
 from kvgateway.runtime.fd_budget import (
     DESCRIPTORS_PER_STREAM,
     SOCKETS_PER_STREAM,

@@ -1,0 +1,29 @@
+"""A command's arguments parsed and loaded as the command does: the parser made from its option
+set (kvgateway.config.arguments), then the loader, with the environment given (never the test
+process's own)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+
+from kvgateway.cli import SERVE
+from kvgateway.config.arguments import add_arguments
+from kvgateway.config.loading import Loaded, load
+from kvgateway.config.options import OptionSet
+from kvgateway.config.settings import Settings
+
+
+def parse(takes: OptionSet, *argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, takes)
+    return parser.parse_args(list(argv))
+
+
+def load_command(takes: OptionSet, *argv: str, environ: Mapping[str, str] | None = None) -> Loaded:
+    return load(takes, parse(takes, *argv), environ={} if environ is None else environ)
+
+
+def serve_settings(*argv: str, environ: Mapping[str, str] | None = None) -> Settings:
+    """``kvgateway serve``'s settings for ``argv``."""
+    return load_command(SERVE, *argv, environ=environ).settings
