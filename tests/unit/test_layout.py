@@ -2,8 +2,8 @@
 ``tests/unit/<package>/test_<module>.py`` (a top-level module in ``tests/unit/test_<module>.py``), and
 a test file there is named for a module of its folder (``test_<module>.py``, or
 ``test_<module>_<aspect>.py`` for a second file of one module). A module without its file is listed
-below by name, with the reason and the tests that cover it; a compiled twin is held to its
-pure-Python reference by the differential test. Read from the file tree, nothing imported."""
+below by name, with the reason and the tests that cover it; a compiled twin and its pure-Python
+reference are held together by a differential test. Read from the file tree, nothing imported."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "kvgateway"
 UNIT = REPO / "tests" / "unit"
-DIFFERENTIAL = UNIT / "test_core_differential.py"
 
 SUITE_WIDE: dict[str, str] = {
     "test_structure.py": "the package's structure: no import cycles or upward imports, short functions",
@@ -74,9 +73,16 @@ def unit_test_file(module: str) -> Path:
     return UNIT / path.parent / f"test_{path.stem}.py"
 
 
+def differential_tests() -> list[Path]:
+    """The differential tests: a compiled twin against its pure-Python reference, side by side."""
+    return sorted(UNIT.rglob("test_*differential*.py"))
+
+
 def twin_problem(module: str) -> str | None:
     """For a compiled twin (``_x_c.pyx``) or the pure-Python reference it mirrors (``_x_py.py``): what
-    is wrong with how it is tested (None: nothing); for any other module, ``"no twin"``."""
+    is wrong with how the pair is tested (None: nothing); for any other module, ``"no twin"``. The
+    pair is tested by a differential test that names the reference (the public module that chooses
+    between them at import has its own file)."""
     path = Path(module)
     match = TWIN.fullmatch(path.stem)
     if match is None:
@@ -84,11 +90,8 @@ def twin_problem(module: str) -> str | None:
     reference = path.with_name(f"_{match['name']}_py.py")
     if not (PACKAGE / reference).is_file():
         return f"{module}: no pure-Python reference {reference.as_posix()} beside it"
-    if reference.stem not in DIFFERENTIAL.read_text(encoding="utf-8"):
-        return f"{module}: {DIFFERENTIAL.name} does not test {reference.stem}"
-    public = path.with_name(f"{match['name']}.py")
-    if match["kind"] == "py" and not unit_test_file(public.as_posix()).is_file():
-        return f"{module}: the module it serves, {public.as_posix()}, has no unit test file"
+    if not any(reference.stem in test.read_text(encoding="utf-8") for test in differential_tests()):
+        return f"{module}: no differential test (tests/unit/**/test_*differential*.py) names {reference.stem}"
     return None
 
 
@@ -129,8 +132,10 @@ def misnamed(path: Path) -> str | None:
     package = PACKAGE / folder
     if not package.is_dir():
         return f"{path.relative_to(REPO)}: no package kvgateway/{folder.as_posix()}"
-    # a module, a data file the package ships (protocol/schema.json) or, at the top, a package
+    # a module, a data file the package ships (protocol/schema.json), a compiled pair by its name
+    # (state/_apply_py.py: test_apply_differential.py) or, at the top, a package
     names = {p.stem for p in package.iterdir() if p.suffix in (".py", ".pyx", ".json") or p.is_dir()}
+    names |= {match["name"] for name in names if (match := TWIN.fullmatch(name))}
     subject = path.stem.removeprefix("test_")
     if any(subject == name or subject.startswith(f"{name}_") for name in names - {"__init__", "__pycache__"}):
         return None
@@ -159,6 +164,8 @@ def test_the_checks_see_a_module_without_tests_and_a_misnamed_file() -> None:
         twin_problem("state/_nothing_c.pyx")
         == "state/_nothing_c.pyx: no pure-Python reference state/_nothing_py.py beside it"
     )
+    assert UNIT / "test_core_differential.py" in differential_tests()
+    assert misnamed(UNIT / "state" / "test_learner_differential.py") is None  # a pair by its name
     assert misnamed(UNIT / "engine" / "test_sequencer_model.py") is None
     assert misnamed(UNIT / "protocol" / "test_schema_docs.py") is None
     assert (
