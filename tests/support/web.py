@@ -31,6 +31,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.support import (
+    BIG_QUEUE,
     REPO,
     Gateway,
     Proc,
@@ -194,7 +195,9 @@ def recovery_window() -> str:
 def live(module_procs: Starter, serve: Serve) -> Gateway:
     """Two sources: ``llama`` (2 DP ranks, GPU + CPU offload, a restart, clears) and ``qwen``
     (1 rank, GPU only), behind a gateway whose ring keeps everything this module sees, so a
-    client that resumes from ``<epoch>:0`` gets the whole history from offset 1."""
+    client that resumes from ``<epoch>:0`` gets the whole history from offset 1. Its clients are
+    never cut as slow consumers (slow clients are test_slow_clients' own gateways): on a loaded
+    machine the test's clients, sixteen in one process, fall behind the live stream for a while."""
     http_port, llama_pub, llama_replay, qwen_pub, qwen_replay = free_ports(5, spacing=2)
     gateway = serve(
         module_procs,
@@ -204,6 +207,7 @@ def live(module_procs: Starter, serve: Serve) -> Gateway:
         "1000000",
         "--ring-bytes",
         str(2**30),
+        client_queue_bytes=BIG_QUEUE,
     )
     start_simulator(
         module_procs,
