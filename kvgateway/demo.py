@@ -21,7 +21,7 @@ from kvgateway.config.validation import validate
 from kvgateway.engine.endpoints import rank_endpoints
 from kvgateway.engine.wire import Stream
 from kvgateway.runtime import logging_setup
-from kvgateway.simulator import Faults, HashKind, SimulatedEngine, Workload
+from kvgateway.simulator import Faults, SimulatedEngine, Workload
 
 logger = logging.getLogger("kvgateway.demo")
 
@@ -45,6 +45,10 @@ REPLAY_SECONDS = 120.0
 :data:`MIN_REPLAY_BATCHES`). vLLM keeps 10,000 batches; 64 simulated engines doing that would hold
 about 1.5 GB of payloads the gateway never asks for, since it replays only a gap."""
 MIN_REPLAY_BATCHES = 64
+UNDERSIZED_CONVERSATIONS = 512
+"""Conversations sglang-b serves at once: their histories are several times its 4,096-block GPU
+cache, so a conversation that comes back (every half minute or so) finds part of its history
+evicted (``refetch``) or in the CPU tier (``offloaded``)."""
 
 DEMO = OptionSet(keys=SERVER_KEYS, sources=False)
 """The demo's settings: the HTTP side's (its engines are its own: no --config or --source)."""
@@ -100,7 +104,9 @@ def _check(args: argparse.Namespace) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Role:
-    """How one demo stream behaves: its share of --rate, cache clears, restarts and silences."""
+    """How one demo stream behaves: its share of --rate, cache clears, restarts and silences, and
+    its workload: CPU offload, full report mode, conversations in flight, and ``routed`` (every
+    rank of the source routed: they share one request sequence, see :func:`role_workload`)."""
 
     rate_factor: float = 1.0
     clear_every: int = 0
@@ -108,6 +114,8 @@ class Role:
     silent: bool = False
     cpu_offload: bool = False
     report_hits: bool = False
+    routed: bool = False
+    conversations: int = 32
 
 
 def demo_sources(sockets: Path) -> tuple[SourceConfig, ...]:
@@ -115,17 +123,20 @@ def demo_sources(sockets: Path) -> tuple[SourceConfig, ...]:
     clears its cache now and then), an SGLang-style one with CPU offload that restarts now and
     then, and a vLLM-style one that goes silent now and then. Capacities are configured.
 
-    Every origin of the prefill attribution shows within a minute or two: vllm-a's ranks share
-    system prompts and take requests at random (``elsewhere``); sglang-b's 4,096-block GPU cache is
-    too small for its working set (``refetch``) and offloads to CPU (``offloaded``); vllm-c
-    re-announces reused blocks as vLLM's full report mode does (``hit``).
+    Each shows one part of where the prefill goes (docs/operations.md), so that every origin is a
+    visible share within a minute or two: vllm-a's ranks share system prompts and one stream of
+    conversations routed at random, so a conversation's next turn often lands on the rank that did
+    not compute its history (``elsewhere``); sglang-b serves 512 conversations at once from a
+    4,096-block GPU cache, so a conversation comes back after its history was evicted (``refetch``)
+    or offloaded to its CPU tier (``offloaded``); vllm-c re-announces reused blocks as vLLM's full
+    report mode does (``hit``). The rest is ``new``.
 
     They publish on ipc:// endpoints in a private directory: bound (as vLLM does for ipc),
     local to this machine, and free of port clashes.
     """
     return (
         _source(sockets, "vllm-a", dp_size=2, capacity={"GPU": 32768}),
-        _source(sockets, "sglang-b", capacity={"GPU": 4096, "CPU": 16384}),
+        _source(sockets, "sglang-b", capacity={"GPU": 4096, "CPU": 8192}),
         _source(sockets, SILENT_SOURCE, capacity={"GPU": 8192}),
     )
 
@@ -143,9 +154,9 @@ def _source(sockets: Path, name: str, *, dp_size: int = 1, capacity: dict[str, i
 
 def demo_roles(sources: tuple[SourceConfig, ...]) -> dict[Stream, Role]:
     roles = {
-        ("vllm-a", 0): Role(),
-        ("vllm-a", 1): Role(rate_factor=0.5, clear_every=CLEAR_EVERY),
-        ("sglang-b", 0): Role(restarts=True, cpu_offload=True),
+        ("vllm-a", 0): Role(routed=True),
+        ("vllm-a", 1): Role(rate_factor=0.5, clear_every=CLEAR_EVERY, routed=True),
+        ("sglang-b", 0): Role(restarts=True, cpu_offload=True, conversations=UNDERSIZED_CONVERSATIONS),
         (SILENT_SOURCE, 0): Role(rate_factor=0.5, silent=True, report_hits=True),
     }
     return {(s.name, r): roles.get((s.name, r), Role()) for s in sources for r in range(s.dp_size)}
@@ -193,7 +204,7 @@ def build_engines(
         for rank, pub, replay in rank_endpoints(source.endpoint, source.replay, source.dp_size):
             role = roles[(source.name, rank)]
             rate = base_rate * role.rate_factor
-            hash_kind: HashKind = "signed" if role.cpu_offload else "int"
+            workload = role_workload(source, rank, role, seed, roles)
             # Each restart_at entry fires once and the seq starts again at 0: (N,) * k restarts k times.
             restart_at = (args.restart_every,) * 10_000 if role.restarts and args.restart_every else ()
             engine = SimulatedEngine(
@@ -206,22 +217,33 @@ def build_engines(
                 context=context,
                 form="array" if role.cpu_offload else "map",
                 replay_layout="plain" if role.cpu_offload else "topic",
-                hash_kind=hash_kind,
-                seed=seed,
+                hash_kind=workload.hash_kind,
                 faults=Faults(restart_at=restart_at) if restart_at else None,
-                workload=Workload(
-                    seed,
-                    hash_kind=hash_kind,
-                    gpu_capacity_blocks=source.capacity_blocks.get("GPU", 2048),
-                    cpu_offload=role.cpu_offload,
-                    cpu_capacity_blocks=source.capacity_blocks.get("CPU", 8192),
-                    clear_every=role.clear_every,
-                    stream=rank,
-                    report_hits=role.report_hits,
-                ),
+                workload=workload,
             )
             engines.append((engine, role))
     return engines
+
+
+def role_workload(source: SourceConfig, rank: int, role: Role, seed: int, roles: dict[Stream, Role]) -> Workload:
+    """The workload of one demo rank, as its role says. A routed rank shares one request sequence
+    with its source's other routed ranks, each request sent at random in proportion to the ranks'
+    rates (a load balancer that ignores prefixes)."""
+    weights: tuple[float, ...] = ()
+    if role.routed:
+        weights = tuple(roles[(source.name, r)].rate_factor for r in range(source.dp_size))
+    return Workload(
+        seed,
+        hash_kind="signed" if role.cpu_offload else "int",
+        gpu_capacity_blocks=source.capacity_blocks.get("GPU", 2048),
+        cpu_offload=role.cpu_offload,
+        cpu_capacity_blocks=source.capacity_blocks.get("CPU", 8192),
+        clear_every=role.clear_every,
+        stream=rank,
+        report_hits=role.report_hits,
+        conversations=role.conversations,
+        route_weights=weights,
+    )
 
 
 async def run_engine(engine: SimulatedEngine, role: Role, silence: tuple[float, float]) -> None:

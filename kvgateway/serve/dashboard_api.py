@@ -106,14 +106,18 @@ class DashboardData:
         await cancel_and_wait(task)
 
     async def _run(self) -> None:
-        interval = self.history.interval
+        sampled: float | None = None
         while True:
-            try:
-                self.sample()
-            except Exception:  # a bug here must not end the sampling for good
-                logger.exception("history sampling failed")
             now = self.serving.clock()
-            await asyncio.sleep(max(0.05, interval - math.fmod(now, interval)))
+            # One sample per interval: a timer that fires early (a loaded machine) waits again
+            # rather than sampling the interval it has already sampled.
+            if self.history.slot_time(now) != sampled:
+                sampled = self.history.slot_time(now)
+                try:
+                    self.sample()
+                except Exception:  # a bug here must not end the sampling for good
+                    logger.exception("history sampling failed")
+            await asyncio.sleep(self.history.next_sample_in(now))
 
 
 def parse_history_query(own: dict[str, list[str]], interval: float) -> tuple[float | None, int]:

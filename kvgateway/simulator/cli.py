@@ -8,7 +8,9 @@ import contextlib
 import logging
 import signal
 import sys
+import textwrap
 from collections.abc import Callable
+from typing import Final
 
 import zmq
 import zmq.asyncio
@@ -26,7 +28,40 @@ from kvgateway.simulator.engine import (
     SimulatedEngine,
     build_engines,
 )
-from kvgateway.simulator.workload import _OFFLOAD_CHUNK_BLOCKS, HASH_KINDS
+from kvgateway.simulator.workload import (
+    _OFFLOAD_CHUNK_BLOCKS,
+    DEFAULT_CONVERSATIONS,
+    HASH_KINDS,
+    ROUTED_REQUESTS_PER_BATCH,
+)
+
+_HELP_WIDTH: Final = 79
+
+ORIGIN_RECIPES: Final = (
+    ("hit", "--report-hits: the engine re-announces the prefix it reused, as vLLM's full report mode does"),
+    (
+        "refetch",
+        "more --conversations than --gpu-blocks holds, e.g. --gpu-blocks 1024 --conversations 128: a "
+        "conversation comes back after its history was evicted (within the gateway's 60 s refetch window)",
+    ),
+    ("offloaded", "the same with --cpu-offload: what the CPU tier kept is loaded back, the rest is refetch"),
+    (
+        "elsewhere",
+        "--dp-size 2 --routed: the ranks take one request sequence at random, so a conversation's next "
+        "turn often lands on the rank that did not compute its history (without --routed the ranks share "
+        "only system prompts, which a roomy cache stores once)",
+    ),
+    ("new", "any workload: new conversations, new turns and one-shot requests"),
+)
+"""The epilog's recipe per origin of the gateway's prefill attribution."""
+
+
+def _fill(text: str, first: str = "", rest: str = "") -> str:
+    """``text`` in lines that fit the help's width once argparse indents them (an argument group's
+    description by 2), never broken at a flag's hyphen."""
+    return textwrap.fill(
+        text, width=_HELP_WIDTH - 2, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
+    )
 
 
 class UsageError(Exception):
@@ -129,11 +164,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "endpoint and deterministic fault injection. Each option's help says whose behaviour it is: "
         "vLLM's own, SGLang's, TensorRT-LLM's, or fault injection (no engine does it on purpose)."
     )
-    parser.epilog = (
-        "Where the prefill goes (the gateway's origins): hit: --report-hits; offloaded: --cpu-offload "
-        "with a --gpu-blocks the workload overflows; refetch: a small --gpu-blocks (e.g. 1024); "
-        "elsewhere: two simulators with the same --seed (or --dp-size 2: the ranks share system "
-        "prompts, each takes its own requests); new: any workload."
+    # Laid out here (RawDescription): argparse's own filling breaks "--cpu-offload" at its hyphen.
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = _fill(parser.description)
+    parser.epilog = "\n".join(
+        [
+            "Where the prefill goes (docs/operations.md): how to reproduce each origin:",
+            *(_fill(text, f"  {origin:<11}", " " * 13) for origin, text in ORIGIN_RECIPES),
+            "kvgateway demo runs all five at once.",
+        ]
     )
     out = parser.add_argument_group("endpoints (vLLM's own conventions)")
     out.add_argument(
@@ -155,11 +194,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     flavour = parser.add_argument_group(
         "engine flavour",
-        "--engine only changes defaults; an explicit --format, --hash, --replay-layout, --heartbeat or "
-        "--start-seq wins. vllm: map events, unsigned int hashes, replies with a topic frame, seq from 0. "
-        "sglang: array events, signed hashes, the first batch of every process is AllBlocksCleared, "
-        "replies without a topic frame, offload tier medium CPU_PINNED (unknown removes also DISK and "
-        "EXTERNAL). trtllm: map events, seq from time.time_ns() at process start, a heartbeat every 5 s.",
+        _fill(
+            "--engine only changes defaults; an explicit --format, --hash, --replay-layout, --heartbeat or "
+            "--start-seq wins. vllm: map events, unsigned int hashes, replies with a topic frame, seq from 0. "
+            "sglang: array events, signed hashes, the first batch of every process is AllBlocksCleared, "
+            "replies without a topic frame, offload tier medium CPU_PINNED (unknown removes also DISK and "
+            "EXTERNAL). trtllm: map events, seq from time.time_ns() at process start, a heartbeat every 5 s.",
+        ),
     )
     flavour.add_argument(
         "--engine", choices=ENGINE_FLAVOURS, default="vllm", help="whose publisher to imitate (default: vllm)"
@@ -216,11 +257,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     replay = parser.add_argument_group(
         "replay (vLLM's own behaviour unless marked)",
-        "Like vLLM, the publishing loop answers one waiting request per batch in one tight loop of "
-        "non-blocking sends over the buffer, with no pacing and no yielding, so live publishing waits "
-        "meanwhile; the ROUTER drops what exceeds its send HWM, so a long reply to a consumer that does "
-        "not drain fast enough has holes and may lack its end marker, while the engine still holds those "
-        "batches. A request of any other shape than [identity, b'', seq8] gets no answer at all.",
+        _fill(
+            "Like vLLM, the publishing loop answers one waiting request per batch in one tight loop of "
+            "non-blocking sends over the buffer, with no pacing and no yielding, so live publishing waits "
+            "meanwhile; the ROUTER drops what exceeds its send HWM, so a long reply to a consumer that does "
+            "not drain fast enough has holes and may lack its end marker, while the engine still holds those "
+            "batches. A request of any other shape than [identity, b'', seq8] gets no answer at all.",
+        ),
     )
     replay.add_argument(
         "--replay-layout",
@@ -261,6 +304,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--events-per-batch", type=_events_arg, default=(2, 6), help="minimum events per batch, N or A-B (default: 2-6)"
     )
     work.add_argument(
+        "--conversations",
+        type=_int_arg(1),
+        default=DEFAULT_CONVERSATIONS,
+        metavar="N",
+        help="conversations in flight: each comes back with its next turn on top of its history, some "
+        f"evicted by then when their histories outgrow --gpu-blocks (default: {DEFAULT_CONVERSATIONS})",
+    )
+    work.add_argument(
+        "--routed",
+        action="store_true",
+        help="the ranks (--dp-size 2 or more) take one request sequence, each request sent to a rank at "
+        "random, as a router that ignores prefixes does; each serves about "
+        f"{ROUTED_REQUESTS_PER_BATCH:g} requests a batch, whatever --events-per-batch says "
+        "(default: each rank has its own requests)",
+    )
+    work.add_argument(
         "--report-hits",
         action="store_true",
         help="vLLM's kv_cache_report_mode=full: a request's reused prefix blocks are announced again "
@@ -269,9 +328,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     faults = parser.add_argument_group(
         "fault injection (applied to every rank)",
-        "Deterministic versions of what real publishers do by accident or under load, so a test does "
-        "not depend on the machine's load. Each says which engine it imitates. Seqs are absolute: with "
-        "--engine trtllm (seq from time.time_ns()) give --start-seq to know them.",
+        _fill(
+            "Deterministic versions of what real publishers do by accident or under load, so a test does "
+            "not depend on the machine's load. Each says which engine it imitates. Seqs are absolute: with "
+            "--engine trtllm (seq from time.time_ns()) give --start-seq to know them.",
+        ),
     )
     faults.add_argument(
         "--skip",
@@ -394,6 +455,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError("--restart-down needs --restart-at")
     if args.sglang_metadata and args.engine != "sglang":
         raise UsageError("--sglang-metadata needs --engine sglang")
+    if args.routed and args.dp_size < 2:
+        raise UsageError("--routed needs --dp-size 2 or more (ranks to route between)")
     if args.cpu_offload and args.cpu_blocks < _OFFLOAD_CHUNK_BLOCKS:
         raise UsageError(f"--cpu-blocks must be at least {_OFFLOAD_CHUNK_BLOCKS} with --cpu-offload")
 
@@ -435,6 +498,8 @@ def _build(args: argparse.Namespace, context: zmq.asyncio.Context) -> list[Simul
             "clear_every": args.clear_every,
             "events_per_batch": args.events_per_batch,
             "report_hits": args.report_hits,
+            "conversations": args.conversations,
+            "route_weights": (1.0,) * args.dp_size if args.routed else (),
         },
         context=context,
         engine=args.engine,

@@ -14,6 +14,7 @@ bits read as signed (``signed``, like SGLang and vLLM < 0.10.2).
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import struct
 from collections import OrderedDict
@@ -44,7 +45,8 @@ _USER_HEAD: Final = (151645, 198, 151644, 872, 198)
 _ASSISTANT_HEAD: Final = (151645, 198, 151644, 77091, 198)
 
 _SYSTEM_PROMPTS: Final = 12
-_CONVERSATIONS: Final = 32
+DEFAULT_CONVERSATIONS: Final = 32
+"""Conversations in flight per workload unless told (``conversations``)."""
 _MAX_REQUEST_BLOCKS: Final = 256
 _OFFLOAD_CHUNK_BLOCKS: Final = 4  # vLLM's offloading connector stores fixed-size chunks
 _MAX_ACTIONS_PER_BATCH: Final = 64
@@ -54,6 +56,11 @@ _P_UNKNOWN_REMOVE: Final = 0.03
 _P_DUPLICATE: Final = 0.04
 _P_CONTINUE: Final = 0.50
 _P_NEW_CONVERSATION: Final = 0.25
+_P_REQUEST: Final = 1.0 - _P_UNKNOWN_REMOVE - _P_DUPLICATE
+"""The share of actions that are requests: a request's kind is drawn below it."""
+ROUTED_REQUESTS_PER_BATCH: Final = 1.5
+"""Requests a routed stream serves per batch, on average (about what ``events_per_batch``'s
+default gives an unrouted one)."""
 _P_OFFLOAD_REQUEST: Final = 0.5
 _P_OFFLOAD_EVICTED: Final = 0.25
 _P_PLACEHOLDER: Final = 0.3
@@ -175,6 +182,141 @@ def _stored_extra(n: int) -> dict[str, Any]:
     return {"extra_keys": [None] * n, "group_idx": 0, "kv_cache_spec_kind": "full_attention"}
 
 
+_Request: TypeAlias = tuple[list[_Block], int]
+"""One request as the engine sees it: its chain of full blocks and how many of them are prompt."""
+
+
+class _Users:
+    """Who sends the requests: shared system prompts, conversations that come back, one-shot asks.
+
+    Pure and seeded: the same arguments and the same calls give the same requests, so workloads
+    that share a request sequence (``Workload``'s ``route_weights``) each hold an identical copy.
+    """
+
+    def __init__(
+        self, rng: random.Random, system_seed: int, *, hash_kind: HashKind, block_size: int, max_tokens: int, keep: int
+    ) -> None:
+        self.rng = rng
+        self.hash_kind: HashKind = hash_kind
+        self.block_size = block_size
+        self.max_tokens = max_tokens
+        self.keep = keep
+        # String seeds are hashed with sha512 by `random`: stable across processes and platforms.
+        system_rng = random.Random(f"kvgateway-sim/system/{system_seed}")
+        self.system: list[_Conversation] = []
+        for _ in range(_SYSTEM_PROMPTS):
+            prompt = _Conversation()
+            self.extend(prompt, [*_SYSTEM_HEAD, *_text(system_rng, system_rng.randint(24, 700))])
+            self.system.append(prompt)
+        # Zipf-like popularity: a few system prompts dominate, as in real deployments.
+        self.system_weights = [1.0 / (rank + 1) for rank in range(_SYSTEM_PROMPTS)]
+        self.conversations: list[_Conversation] = []
+
+    def next(self, r: float) -> _Request:
+        """The next request; ``r`` in [0, 1) picks its kind: a conversation's next turn (below
+        :data:`_P_CONTINUE`), a new conversation that comes back (below that plus
+        :data:`_P_NEW_CONVERSATION`), else a one-shot request on a system prompt."""
+        rng = self.rng
+        if r < _P_CONTINUE and self.conversations:
+            index = rng.randrange(len(self.conversations))
+            conv = self.conversations[index]
+            user, reply = self._user_turn(), self._reply()
+            if conv.tokens() + len(user) + len(reply) <= self.max_tokens:
+                self.extend(conv, user)
+                prompt_blocks = len(conv.blocks)
+                self.extend(conv, reply)
+                return conv.blocks, prompt_blocks
+            del self.conversations[index]  # too long: that user starts over below
+        keep = r < _P_CONTINUE + _P_NEW_CONVERSATION
+        conv = rng.choices(self.system, self.system_weights)[0].copy()
+        user, reply = self._user_turn(), self._reply()
+        if conv.tokens() + len(user) + len(reply) > self.max_tokens:
+            return self._truncated(conv, user, reply)
+        self.extend(conv, user)
+        prompt_blocks = len(conv.blocks)
+        self.extend(conv, reply)
+        if keep:
+            if len(self.conversations) >= self.keep:
+                self.conversations.pop(0)
+            self.conversations.append(conv)
+        return conv.blocks, prompt_blocks
+
+    def _truncated(self, conv: _Conversation, user: list[int], reply: list[int]) -> _Request:
+        """Tiny GPU pools: the request cut to fit instead of letting it evict its own blocks."""
+        tokens = [*_unpack(b"".join(b[_PACKED] for b in conv.blocks)), *conv.tail, *user, *reply]
+        conv = _Conversation()
+        split = min(len(tokens) - len(reply), self.max_tokens)
+        self.extend(conv, tokens[:split])
+        prompt_blocks = len(conv.blocks)
+        self.extend(conv, tokens[split : self.max_tokens])
+        return conv.blocks, prompt_blocks
+
+    def extend(self, conv: _Conversation, tokens: Sequence[int]) -> None:
+        conv.tail.extend(tokens)
+        size = self.block_size
+        while len(conv.tail) >= size:
+            packed = _pack(conv.tail[:size])
+            del conv.tail[:size]
+            parent = conv.blocks[-1][_HASH] if conv.blocks else None
+            conv.blocks.append((_packed_hash(parent, packed, self.hash_kind), parent, packed))
+
+    def _user_turn(self) -> list[int]:
+        return [*_USER_HEAD, *_text(self.rng, self.rng.randint(8, 160)), *_ASSISTANT_HEAD]
+
+    def _reply(self) -> list[int]:
+        return _text(self.rng, self.rng.randint(16, 256))
+
+
+def _text(rng: random.Random, n: int) -> list[int]:
+    # One randbytes call instead of n randrange calls: several times faster.
+    return [v % _VOCAB for v in struct.unpack(f">{n}I", rng.randbytes(4 * n))]
+
+
+class _Route:
+    """Where a routed stream is in the request sequence it shares (see ``Workload._routed_batch``)."""
+
+    __slots__ = ("at", "due", "span", "stream", "streams", "weights")
+
+    def __init__(self, weights: Sequence[float], stream: int) -> None:
+        self.weights = tuple(float(w) for w in weights)
+        self.stream = stream
+        self.streams = range(len(self.weights))
+        self.span = ROUTED_REQUESTS_PER_BATCH * sum(self.weights) / self.weights[stream] if self.weights else 0.0
+        self.due = 0.0
+        self.at = 0
+
+    def walk(self) -> int:
+        """How many requests of the sequence the next batch walks (``span`` on average)."""
+        self.due += self.span
+        steps = max(0, math.ceil(self.due) - self.at)
+        self.at += steps
+        return steps
+
+
+def _check_arguments(
+    dialect: str, metadata: bool, hash_kind: str, *, block_size: int, gpu_capacity_blocks: int, cpu_capacity_blocks: int
+) -> None:
+    if dialect not in encode.DIALECTS:
+        raise ValueError(f"dialect must be one of {', '.join(encode.DIALECTS)}, not {dialect!r}")
+    if metadata and dialect != "sglang":
+        raise ValueError("metadata is SGLang's BlockStored field: it needs dialect='sglang'")
+    if hash_kind not in HASH_KINDS:
+        raise ValueError(f"hash_kind must be one of {', '.join(HASH_KINDS)}, not {hash_kind!r}")
+    if block_size < 1:
+        raise ValueError("block_size must be at least 1")
+    if gpu_capacity_blocks < 1 or cpu_capacity_blocks < 1:
+        raise ValueError("pool capacities must be at least 1 block")
+
+
+def _check_requests(*, clear_every: int, conversations: int, stream: int, weights: Sequence[float]) -> None:
+    if clear_every < 0:
+        raise ValueError("clear_every must be 0 (never) or positive")
+    if conversations < 1:
+        raise ValueError("conversations must be at least 1")
+    if weights and not (0 <= stream < len(weights) and all(w > 0 for w in weights)):
+        raise ValueError("route_weights: a positive weight per stream, and stream must index one")
+
+
 class Workload:
     """A deterministic stream of realistic KV-event batches from one engine's prefix cache.
 
@@ -186,6 +328,13 @@ class Workload:
 
     ``stream`` separates workloads that share ``seed``: they have the same system prompts (so the
     same prefix hashes, like DP ranks of one model) but different requests.
+    ``conversations``: how many conversations are in flight; each comes back now and then with its
+    next turn on top of its history (the oldest is forgotten when a new one starts).
+    ``route_weights``: this stream is one of ``len(route_weights)`` (``stream`` indexes it) that
+    take one request sequence, each request sent to a stream at random by these weights, as a
+    router that ignores prefixes does; give every peer the same ``seed``, ``block_size``,
+    ``gpu_capacity_blocks``, ``conversations`` and weights, and rates in proportion to the weights
+    (see :meth:`_routed_batch`). ``events_per_batch`` does not apply to a routed stream.
     ``dialect="sglang"``: events as SGLang fills them: no extra_keys/group_idx, the offload tier's
     medium is ``CPU_PINNED`` (its placeholder stores included), unknown removes also name ``DISK``
     and ``EXTERNAL``; with ``metadata`` every BlockStored carries ``{"cache_salt": ...}`` in
@@ -197,10 +346,12 @@ class Workload:
     are announced again (stored as another physical copy), so the gateway attributes them ``hit``.
 
     The prefill attribution's origins (docs/operations.md, "Where the prefill goes") come from:
-    ``hit``: ``report_hits`` (and the duplicate stores every workload makes); ``offloaded``:
-    ``cpu_offload`` with a GPU pool that evicts; ``refetch``: a GPU pool smaller than the working set
-    (a few thousand blocks); ``elsewhere``: two workloads with the same ``seed`` and different
-    ``stream`` (they share system prompts, and each takes its own requests); ``new``: any workload.
+    ``hit``: ``report_hits`` (and the duplicate stores every workload makes); ``refetch``: more
+    ``conversations`` than the GPU pool holds (their histories evicted before they come back);
+    ``offloaded``: the same with ``cpu_offload`` (what the CPU pool kept); ``elsewhere``: peers with
+    ``route_weights`` (a conversation's next turn on the stream that did not compute its history;
+    unrouted workloads of one ``seed`` share only system prompts, stored once in a roomy pool);
+    ``new``: any workload.
     """
 
     def __init__(
@@ -218,19 +369,18 @@ class Workload:
         dialect: encode.Dialect = "vllm",
         metadata: bool = False,
         report_hits: bool = False,
+        conversations: int = DEFAULT_CONVERSATIONS,
+        route_weights: Sequence[float] = (),
     ) -> None:
-        if dialect not in encode.DIALECTS:
-            raise ValueError(f"dialect must be one of {', '.join(encode.DIALECTS)}, not {dialect!r}")
-        if metadata and dialect != "sglang":
-            raise ValueError("metadata is SGLang's BlockStored field: it needs dialect='sglang'")
-        if hash_kind not in HASH_KINDS:
-            raise ValueError(f"hash_kind must be one of {', '.join(HASH_KINDS)}, not {hash_kind!r}")
-        if block_size < 1:
-            raise ValueError("block_size must be at least 1")
-        if gpu_capacity_blocks < 1 or cpu_capacity_blocks < 1:
-            raise ValueError("pool capacities must be at least 1 block")
-        if clear_every < 0:
-            raise ValueError("clear_every must be 0 (never) or positive")
+        _check_arguments(
+            dialect,
+            metadata,
+            hash_kind,
+            block_size=block_size,
+            gpu_capacity_blocks=gpu_capacity_blocks,
+            cpu_capacity_blocks=cpu_capacity_blocks,
+        )
+        _check_requests(clear_every=clear_every, conversations=conversations, stream=stream, weights=route_weights)
         low, high = (events_per_batch, events_per_batch) if isinstance(events_per_batch, int) else events_per_batch
         if not 1 <= low <= high:
             raise ValueError("events_per_batch must be a positive count or a (low, high) range with low <= high")
@@ -244,23 +394,25 @@ class Workload:
         self.cpu_offload = cpu_offload
         self.report_hits = report_hits
         self.clear_every = clear_every
+        self._route = _Route(route_weights, stream)
+        self.route_weights = self._route.weights
         self._events_range = (low, high)
-        # A request never needs more than half the GPU, so it cannot evict its own blocks.
-        self._max_tokens = max(1, min(_MAX_REQUEST_BLOCKS, gpu_capacity_blocks // 2)) * block_size
         self._gpu = _Pool(gpu_capacity_blocks)
         self._cpu = _Pool(cpu_capacity_blocks)
         self._batches = 0
         # String seeds are hashed with sha512 by `random`: stable across processes and platforms.
-        system_rng = random.Random(f"kvgateway-sim/system/{seed}")
         self._rng = random.Random(f"kvgateway-sim/requests/{seed}/{stream}")
-        self._system: list[_Conversation] = []
-        for _ in range(_SYSTEM_PROMPTS):
-            prompt = _Conversation()
-            self._extend(prompt, [*_SYSTEM_HEAD, *self._text(system_rng, system_rng.randint(24, 700))])
-            self._system.append(prompt)
-        # Zipf-like popularity: a few system prompts dominate, as in real deployments.
-        self._system_weights = [1.0 / (rank + 1) for rank in range(_SYSTEM_PROMPTS)]
-        self._conversations: list[_Conversation] = []
+        # Routed: every peer draws the one shared sequence (and its routing) from the same seed.
+        users_rng = random.Random(f"kvgateway-sim/routed/{seed}") if route_weights else self._rng
+        self._users = _Users(
+            users_rng,
+            seed,
+            hash_kind=hash_kind,
+            block_size=block_size,
+            # A request never needs more than half the GPU, so it cannot evict its own blocks.
+            max_tokens=max(1, min(_MAX_REQUEST_BLOCKS, gpu_capacity_blocks // 2)) * block_size,
+            keep=conversations,
+        )
 
     # -- public ------------------------------------------------------------------------------
 
@@ -277,6 +429,9 @@ class Workload:
             self._gpu.clear()
             self._cpu.clear()
             events.append(wire.AllBlocksCleared())
+        if self.route_weights:
+            self._routed_batch(events)
+            return wire.Batch(ts=ts, events=events, dp_rank=dp_rank)
         target = self._rng.randint(*self._events_range)
         for _ in range(_MAX_ACTIONS_PER_BATCH):
             if len(events) >= target:
@@ -296,8 +451,7 @@ class Workload:
     # -- requests ----------------------------------------------------------------------------
 
     def _act(self, events: list[wire.Event]) -> None:
-        rng = self._rng
-        r = rng.random()
+        r = self._rng.random()
         if r < _P_UNKNOWN_REMOVE:
             self._unknown_remove(events)
             return
@@ -306,39 +460,29 @@ class Workload:
             self._duplicate(events)
             return
         r -= _P_DUPLICATE
-        if r < _P_CONTINUE and self._conversations:
-            index = rng.randrange(len(self._conversations))
-            conv = self._conversations[index]
-            user, reply = self._user_turn(), self._reply()
-            if conv.tokens() + len(user) + len(reply) <= self._max_tokens:
-                self._extend(conv, user)
-                prompt_blocks = len(conv.blocks)
-                self._extend(conv, reply)
-                self._serve(conv.blocks, prompt_blocks, events)
-                return
-            del self._conversations[index]  # too long: that user starts over below
-        keep = r < _P_CONTINUE + _P_NEW_CONVERSATION
-        conv = rng.choices(self._system, self._system_weights)[0].copy()
-        user, reply = self._user_turn(), self._reply()
-        total = conv.tokens() + len(user) + len(reply)
-        if total > self._max_tokens:
-            # Tiny GPU pools: truncate the request instead of letting it evict its own blocks.
-            tokens = [*_unpack(b"".join(b[_PACKED] for b in conv.blocks)), *conv.tail, *user, *reply]
-            conv = _Conversation()
-            split = min(len(tokens) - len(reply), self._max_tokens)
-            self._extend(conv, tokens[:split])
-            prompt_blocks = len(conv.blocks)
-            self._extend(conv, tokens[split : self._max_tokens])
-            self._serve(conv.blocks, prompt_blocks, events)
-            return
-        self._extend(conv, user)
-        prompt_blocks = len(conv.blocks)
-        self._extend(conv, reply)
-        self._serve(conv.blocks, prompt_blocks, events)
-        if keep:
-            if len(self._conversations) >= _CONVERSATIONS:
-                self._conversations.pop(0)
-            self._conversations.append(conv)
+        chain, prompt_blocks = self._users.next(r)
+        self._serve(chain, prompt_blocks, events)
+
+    def _routed_batch(self, events: list[wire.Event]) -> None:
+        """One batch of a routed stream: its slice of the shared request sequence, the requests the
+        router sent here served, the others only drawn (the conversations grow alike everywhere).
+
+        The slice is :data:`ROUTED_REQUESTS_PER_BATCH` over this stream's share of the weights, so
+        peers whose rates are in proportion to their weights walk the sequence at the same pace
+        (in time): a conversation's next turn lands on either, and the other already holds its
+        history."""
+        users, own, route = self._users, self._rng, self._route
+        for _ in range(route.walk()):
+            r = users.rng.random() * _P_REQUEST
+            to = users.rng.choices(route.streams, route.weights)[0]
+            chain, prompt_blocks = users.next(r)
+            if to != route.stream:
+                continue
+            if own.random() < _P_UNKNOWN_REMOVE:
+                self._unknown_remove(events)
+            if own.random() < _P_DUPLICATE and len(self._gpu):
+                self._duplicate(events)
+            self._serve(chain, prompt_blocks, events)
 
     def _serve(self, chain: list[_Block], prompt_blocks: int, events: list[wire.Event]) -> None:
         """Schedule one request: reuse the cached prefix, store the rest (prompt, then output)."""
@@ -441,25 +585,3 @@ class Workload:
         first = blocks[0][_HASH]
         tenant = (first[-1] if isinstance(first, bytes) else first & 0xFF) % 4
         return {"cache_salt": f"tenant-{tenant}"}
-
-    # -- tokens ------------------------------------------------------------------------------
-
-    def _extend(self, conv: _Conversation, tokens: Sequence[int]) -> None:
-        conv.tail.extend(tokens)
-        size = self.block_size
-        while len(conv.tail) >= size:
-            packed = _pack(conv.tail[:size])
-            del conv.tail[:size]
-            parent = conv.blocks[-1][_HASH] if conv.blocks else None
-            conv.blocks.append((_packed_hash(parent, packed, self.hash_kind), parent, packed))
-
-    @staticmethod
-    def _text(rng: random.Random, n: int) -> list[int]:
-        # One randbytes call instead of n randrange calls: several times faster.
-        return [v % _VOCAB for v in struct.unpack(f">{n}I", rng.randbytes(4 * n))]
-
-    def _user_turn(self) -> list[int]:
-        return [*_USER_HEAD, *self._text(self._rng, self._rng.randint(8, 160)), *_ASSISTANT_HEAD]
-
-    def _reply(self) -> list[int]:
-        return self._text(self._rng, self._rng.randint(16, 256))

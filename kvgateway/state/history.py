@@ -228,6 +228,10 @@ class StreamSeries:
         return own + sum(m.nbytes() for m in self.mediums.values())
 
 
+WAKE_AFTER: Final = 0.02
+"""How far into its interval a sample is taken, as a share of the interval (100 ms of 5 s)."""
+
+
 class History:
     """Every stream's series. ``interval`` seconds between samples, ``horizon`` seconds kept."""
 
@@ -241,6 +245,14 @@ class History:
     def slot_time(self, now: float) -> float:
         """The sample time of ``now``: the start of its interval (points of all streams line up)."""
         return math.floor(now / self.interval) * self.interval
+
+    def next_sample_in(self, now: float) -> float:
+        """Seconds from ``now`` to the next sample: a little after the next interval starts, never
+        before it. A timer can fire a few milliseconds early against this clock; a sample taken
+        just before the boundary would put two intervals' counts into one point and leave the next
+        nearly empty (a full-height bar, then a gap, in every chart)."""
+        wake = self.slot_time(now) + self.interval + self.interval * WAKE_AFTER
+        return wake - now
 
     def sample(self, now: float, readings: Iterable[StreamReading]) -> None:
         t = self.slot_time(now)

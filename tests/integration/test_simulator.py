@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -20,7 +21,21 @@ import zmq.asyncio
 from kvgateway import cli
 from kvgateway.engine import wire
 from kvgateway.simulator import Faults, SimulatedEngine, Workload, add_arguments, build_engines, encode
-from tests.support import Proc, arun, connectable, free_ports, sim_done, sim_endpoints, until
+from tests.support import (
+    Proc,
+    Start,
+    arun,
+    connectable,
+    free_ports,
+    sim_done,
+    sim_endpoints,
+    sim_flags,
+    source_spec,
+    start_gateway,
+    start_sim,
+    until,
+    warmup,
+)
 from tests.support.replay import Layout, parse_replay_reply, replay_async, replay_sync
 
 pytestmark = pytest.mark.timeout(60)
@@ -191,6 +206,7 @@ def test_cli_bind_failure_is_one_line() -> None:
         ["--heartbeat", "nan"],
         ["--lose-tail", "-1"],
         ["--drop-queue", "9-2"],
+        ["--conversations", "0"],
     ],
 )
 def test_bad_values_are_one_parser_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -213,6 +229,7 @@ def test_bad_values_are_one_parser_error(argv: list[str], capsys: pytest.Capture
         (["--replay-cut", "3", "--replay-pace"], "--replay-endpoint"),
         (["--restart-down", "1"], "--restart-at"),
         (["--sglang-metadata"], "--engine sglang"),
+        (["--routed"], "--dp-size 2"),
     ],
 )
 def test_inconsistent_options_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -963,10 +980,16 @@ def test_cli_lose_tail_and_real_restart() -> None:
         sim.kill()
 
 
-def test_help_says_whose_behaviour_each_option_is(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_says_whose_behaviour_each_option_is(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit):
         cli.main(["simulate", "--help"])
-    text = " ".join(capsys.readouterr().out.split())
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) < 80, "the help fits a terminal of 80 columns"
+    assert not re.search(r"--[a-z]+-\n", out), "no flag broken at its hyphen"
+    text = " ".join(out.split())
     for needle in ("vLLM's own behaviour", "SGLang", "TensorRT-LLM", "fault injection", "NOT vLLM's behaviour"):
         assert needle in text
     for flag in (
@@ -980,8 +1003,53 @@ def test_help_says_whose_behaviour_each_option_is(capsys: pytest.CaptureFixture[
         "--restart-down",
         "--lose-tail",
         "--drop-queue",
+        "--conversations",
+        "--routed",
     ):
         assert flag in text
+    # how to reproduce each origin of the gateway's prefill attribution, flags unbroken
+    recipes = text[text.index("Where the prefill goes") :]
+    for needle in (
+        "hit --report-hits",
+        "refetch more --conversations than --gpu-blocks",
+        "offloaded the same with --cpu-offload",
+        "elsewhere --dp-size 2 --routed",
+        "new any workload",
+    ):
+        assert needle in recipes, recipes
+
+
+RECIPE_BATCHES = 600
+
+
+def test_each_origin_recipe_of_the_help_through_a_gateway(procs: Start) -> None:
+    """The help's recipes, a simulator each, followed by one real gateway: each stream shows the
+    origin its options are for (shares of its stored tokens since start, from /v1/analytics)."""
+    http, routed, routed_replay, small, small_replay, full, full_replay = free_ports(7, spacing=2)
+    gateway = start_gateway(
+        procs,
+        http,
+        [
+            source_spec("routed", routed, routed_replay, dp_size=2),
+            source_spec("small", small, small_replay),
+            source_spec("full", full, full_replay),
+        ],
+    )
+    common = ["--rate", "100", "--batches", str(RECIPE_BATCHES), "--linger", "-1", *warmup(1.0)]
+    # a seed each: engines of one seed share system prompts (elsewhere across them)
+    start_sim(procs, *sim_flags(routed, routed_replay), "--dp-size", "2", "--routed", "--seed", "5", *common, ranks=2)
+    small_flags = ["--gpu-blocks", "1024", "--conversations", "128", "--cpu-offload", "--cpu-blocks", "2048"]
+    start_sim(procs, *sim_flags(small, small_replay), *small_flags, "--seed", "6", *common)
+    start_sim(procs, *sim_flags(full, full_replay), "--report-hits", "--seed", "7", *common)
+    for source, rank in (("routed", 0), ("routed", 1), ("small", 0), ("full", 0)):
+        gateway.wait_metric("kvgateway_source_last_seq", RECIPE_BATCHES - 1, 45.0, source=source, dp_rank=str(rank))
+    streams = {(s["source"], s["dp_rank"]): s["prefill"] for s in gateway.get("/v1/analytics").json()["streams"]}
+    share = {key: prefill["since_start"]["shares"] for key, prefill in streams.items()}
+    assert not any(prefill["stale"] or prefill["unattributed_tokens"] for prefill in streams.values()), streams
+    assert share[("routed", 0)]["elsewhere"] > 0.1 and share[("routed", 1)]["elsewhere"] > 0.1, share
+    assert share[("small", 0)]["refetch"] > 0.1 and share[("small", 0)]["offloaded"] > 0.1, share
+    assert share[("full", 0)]["hit"] > 0.3, share
+    assert share[("full", 0)]["elsewhere"] == share[("small", 0)]["elsewhere"] == 0, share
 
 
 def test_new_options_parse() -> None:

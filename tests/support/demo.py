@@ -30,9 +30,10 @@ START_TIMEOUT_S = 30.0
 class Demo:
     """One `python -m kvgateway demo` on a loopback port: simulated streams and the gateway.
 
-    Streams: vllm-a ranks 0 and 1 (GPU, capacity 32768 blocks each; rank 1 at half the rate,
-    clearing its cache now and then), sglang-b rank 0 (GPU 4096 + CPU offload 16384;
-    `--restart-every N` restarts it every N batches) and vllm-c rank 0 (GPU 8192; `--silence TALK
+    Streams: vllm-a ranks 0 and 1 (GPU, capacity 32768 blocks each; one stream of conversations
+    routed at random between them, rank 1 at half the rate, clearing its cache now and then),
+    sglang-b rank 0 (GPU 4096 + CPU offload 8192, 512 conversations in flight; `--restart-every N`
+    restarts it every N batches) and vllm-c rank 0 (GPU 8192, full report mode; `--silence TALK
     QUIET`). `--streams N` replaces them with a fleet of N streams.
     """
 

@@ -155,3 +155,25 @@ def test_stored_tokens_per_point_are_the_tokens_since_the_point_before() -> None
     )
     history.sample(30.0, [reading()])  # nothing counted: no shares for that point
     assert history.to_json("e")["streams"][0]["points"][-1]["stored_tokens"] is None
+
+
+@pytest.mark.parametrize("interval", [5.0, 1.0, 0.25])
+def test_the_next_sample_is_taken_just_inside_the_next_interval_whenever_it_is_asked(interval: float) -> None:
+    history = History(interval=interval, horizon=60 * interval)
+    for now in (
+        1000.0,
+        1000.0 + interval * 0.5,
+        1000.0 + interval * 0.999,
+        1000.0 + interval - 1e-6,
+        1000.0 + interval * 0.01,
+    ):
+        wake = now + history.next_sample_in(now)
+        assert history.slot_time(wake) == history.slot_time(now) + interval, now
+        assert wake - history.slot_time(wake) >= interval * 0.01, "at the boundary, not a little after it"
+
+
+def test_a_timer_that_fires_early_is_told_to_wait_for_the_next_interval_again() -> None:
+    history = History(interval=5.0, horizon=60.0)
+    early = 1009.999  # woken 1 ms before the interval that starts at 1010
+    assert history.slot_time(early) == 1005.0
+    assert 0 < history.next_sample_in(early) < 0.2
