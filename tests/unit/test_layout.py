@@ -27,7 +27,6 @@ WITHOUT_UNIT_TESTS: dict[str, str] = {
     "cli.py": "the commands' entry point: run as a process by tests/integration/test_startup.py (help, "
     "one-line start-up errors) and by every integration test",
     "gateway.py": "one process composed (ingest, log, serving): every test in tests/integration starts it",
-    "demo.py": "the demo fleet: tests/integration/test_demo_fleet.py and tests/browser run it",
     "simulator/cli.py": "the simulator's command: tests/integration/test_simulator.py runs it as a process",
     "runtime/startup.py": "one exception class, no logic: its one-line exits are tests/integration/test_startup.py's",
     "serve/role.py": "a Protocol, no code: the roles that implement it are tested as processes "
