@@ -54,7 +54,8 @@ WITHOUT_UNIT_TESTS: dict[str, str] = {
     "cluster/publisher.py": "the ingest's appender into JetStream: tests/cluster/test_cluster.py",
     "cluster/read_back.py": "reading the stream back from JetStream: tests/cluster/test_cluster_web.py (a resume "
     "older than the ring); the ring log's use of it is tests/unit/log/test_ordered.py",
-    "cluster/sources.py": "the sources bucket in JetStream: tests/cluster/test_cluster.py",
+    "cluster/sources.py": "the sources bucket in JetStream: tests/cluster/test_checkpoints.py starts its edges "
+    "without --source",
 }
 """Modules without ``tests/unit/<package>/test_<module>.py``, each with why and what tests it."""
 
