@@ -24,11 +24,15 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy
 
 # Two workers, a test file each at a time (a file's module fixtures stay on its worker): most tests
-# wait on real processes, so two cores run two files in about half the time of one. The whole suite
+# wait on real processes, so two cores run two files in about half the time of one. The files go out
+# in the order they are collected (--no-loadscope-reorder): the slow directories first and the unit
+# files, many and quick, last, where they even out the two workers' ends. xdist's default order,
+# most tests first, sent the files of one or a few long tests (the artifact build, the demo fleet,
+# the backlog) last, where one worker ran them while the other had nothing left. The whole suite
 # runs on the compiled core; the unit suite (the differential tests among it) again on the pure one.
 test: lint
 	$(BIN)/kvgateway --version
-	$(BIN)/pytest -q -ra -n 2 --dist loadfile
+	$(BIN)/pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder
 	KVGATEWAY_NO_EXTENSIONS=1 $(BIN)/pytest -q -n 2 tests/unit
 
 unit: $(VENV)/.installed

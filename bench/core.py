@@ -53,7 +53,7 @@ def _say(text: str) -> None:
 def _modules() -> dict[str, dict[str, ModuleType]]:
     out: dict[str, dict[str, ModuleType]] = {"pure": {}, "compiled": {}}
     parts = (
-        ("render", "kvgateway.log._render"),
+        ("render", "kvgateway.protocol._render"),
         ("learner", "kvgateway.state._learner"),
         ("digest", "kvgateway.state._digest"),
     )
@@ -81,12 +81,13 @@ def _learn(module: ModuleType, batches: list[wire.Batch]) -> None:
 @contextmanager
 def _digest_by(module: ModuleType) -> Iterator[None]:
     """The index's digest sums by ``module`` (pure or compiled) while the block runs."""
-    saved = occupancy.elements_sum
-    occupancy.elements_sum = module.elements_sum
+    passes = sys.modules[occupancy.Group.__module__]  # the index's pass that runs (either core)
+    saved = passes.elements_sum
+    passes.elements_sum = module.elements_sum
     try:
         yield
     finally:
-        occupancy.elements_sum = saved
+        passes.elements_sum = saved
 
 
 def _apply(batches: list[wire.Batch], tracked: bool) -> None:

@@ -22,9 +22,11 @@ every block once, below its cap.
 holds ``--cap-resident`` blocks in all and churns (stores a new 16-block chain, drops its oldest);
 each learner is capped at 1.25 entries per resident block (the current one follows the fleet
 there by itself, as in the gateway), with the gateway's residency question
-(previous: ``Routers.resident`` of REV (now RouterState), every stream's every group per evicted entry; current:
-the announcing stream's groups), is filled past its cap, then timed for ``--cap-blocks``
-announced blocks: microseconds per announced block, index work included and reported apart.
+(previous: ``Routers.resident`` of REV (now RouterState), every stream's every group per evicted
+entry; current: the fleet's holders, then the announcing stream's groups; and the current one twice
+more, asked as the commit before asked, the stream's groups alone, and never asked), is filled past
+its cap, then timed for ``--cap-blocks`` announced blocks: microseconds per announced block, index
+work included and reported apart.
 """
 
 from __future__ import annotations
@@ -205,7 +207,16 @@ class Churn:
         return events
 
 
+CAP_KINDS: Final = (*KINDS, "current_streams_asked", "current_unasked")
+"""At the cap, two more runs of the current learner: asked the residency question as the previous
+commit asked it (the announcing stream's groups, no fleet-wide test first), and never asked."""
+
+
 def _cap_learner(old: ModuleType, kind: str, index: OccupancyIndex, cap: int) -> Any:
+    if kind == "current_streams_asked":
+        return ChainLearner(cap, floor=1, resident=lambda s, h: index.stream(*s).holds(h))
+    if kind == "current_unasked":
+        return ChainLearner(cap, floor=1)
     if kind == "previous":
 
         def resident_old(block_hash: Hash) -> bool:
@@ -214,7 +225,7 @@ def _cap_learner(old: ModuleType, kind: str, index: OccupancyIndex, cap: int) ->
 
         return old.ChainLearner(cap, resident=resident_old)
     learner = _learner_py.ChainLearner if kind == "pure" else ChainLearner
-    return learner(cap, floor=1, resident=lambda s, h: index.stream(*s).holds(h))
+    return learner(cap, floor=1, resident=index.holds, held=index.holders)  # as serve/router_state.py does
 
 
 class _CapRun:
@@ -255,7 +266,7 @@ def at_cap(old: ModuleType, streams: int, resident: int, blocks: int) -> dict[st
     per_stream = max(CAP_CHAIN, resident // streams)
     cap = int(LEARNED_PER_RESIDENT * per_stream * streams)
     out: dict[str, Any] = {"streams": streams, "resident_blocks": per_stream * streams, "cap": cap}
-    runs = [_CapRun(old, kind, cap) for kind in KINDS]
+    runs = [_CapRun(old, kind, cap) for kind in CAP_KINDS]
     churn = Churn(streams, per_stream)
     step = 0
     while not all(run.full(cap, per_stream * streams) for run in runs):
@@ -291,7 +302,8 @@ def at_cap(old: ModuleType, streams: int, resident: int, blocks: int) -> dict[st
         _say(f"at the cap, {run.kind}: {out[run.kind]}")
     out["ratio"] = round(out["current"]["learner_us_per_block"] / out["previous"]["learner_us_per_block"], 4)
     out["current_vs_pure"] = round(out["current"]["learner_us_per_block"] / out["pure"]["learner_us_per_block"], 4)
-    out["current_us_per_20_block_batch"] = round(20 * out["current"]["learner_us_per_block"], 2)
+    for kind in ("current", "current_streams_asked", "current_unasked"):
+        out[f"{kind}_us_per_20_block_batch"] = round(20 * out[kind]["learner_us_per_block"], 2)
     return out
 
 

@@ -5,8 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.support import Procs, Start
+
+# Hypothesis's per-example deadline and its too-slow health check are wall-clock bounds: on a
+# loaded machine (CI shares its cores) a 200 ms example is ordinary. The properties are what
+# the tests assert; their speed is measured in bench/.
+settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 
 @pytest.fixture

@@ -20,7 +20,12 @@ __all__ = ["COMPILED", "NO_EXTENSIONS_ENV", "PURE", "core", "forced_pure", "load
 COMPILED: Final = "compiled"
 PURE: Final = "pure-Python"
 
-COMPILED_MODULES: Final = ("kvgateway.state._learner_c", "kvgateway.protocol._render_c", "kvgateway.state._digest_c")
+COMPILED_MODULES: Final = (
+    "kvgateway.state._learner_c",
+    "kvgateway.protocol._render_c",
+    "kvgateway.state._digest_c",
+    "kvgateway.state._apply_c",
+)
 """Every compiled module of the core: the core is compiled when all of them load."""
 
 _loaded: dict[str, ModuleType | None] = {}

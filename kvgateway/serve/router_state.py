@@ -116,7 +116,8 @@ class RouterState:
         self.metrics = metrics
         self.max_snapshots = settings.max_snapshots
         self.snapshot_queue_bytes = settings.snapshot_queue_bytes
-        self.learner = ChainLearner(settings.max_learned_blocks, resident=self.resident)
+        # asked at each eviction: the fleet's holders in C first, the stream's groups only for a held block
+        self.learner = ChainLearner(settings.max_learned_blocks, resident=index.holds, held=index.holders)
         self.bucket = TokenBucket(settings.lookup_rate, settings.lookup_burst)
         self._fleet: dict[str, Any] | None = None
         self._snapshots = 0
@@ -142,8 +143,8 @@ class RouterState:
     def resident(self, stream: Stream, block_hash: Hash) -> bool:
         """Whether ``stream`` still holds ``block_hash`` in some medium and group (the learner
         keeps such chains at its cap: a long-lived prefix survives churn elsewhere). O(1) in the
-        fleet's size: the stream that announced the block is asked, not every stream."""
-        return self.index.stream(*stream).holds(block_hash)
+        fleet's size: the fleet's holders, then the stream that announced the block, not every stream."""
+        return self.index.holds(stream, block_hash)
 
     # --- lookups ------------------------------------------------------------------------------
 

@@ -101,6 +101,7 @@ cdef class ChainLearner:
     cdef public double per_resident
     cdef public Py_ssize_t cap
     cdef public object resident
+    cdef public object held
     cdef public long long learned
     cdef public long long evicted
     cdef public long long second_chances
@@ -137,6 +138,7 @@ cdef class ChainLearner:
         *,
         floor=LEARNED_FLOOR,
         per_resident=LEARNED_PER_RESIDENT,
+        held=None,
     ):
         if max_blocks < 0:
             raise ValueError(f"max_blocks must be >= 0, got {max_blocks}")
@@ -147,6 +149,7 @@ cdef class ChainLearner:
         self.per_resident = per_resident
         self.cap = min(max_blocks, floor)
         self.resident = resident
+        self.held = held
         self._roots = {}
         self._sizes = {}
         self._streams = []
@@ -368,6 +371,7 @@ cdef class ChainLearner:
         cdef uint16_t sid
         cdef PyObject* block_hash
         resident = self.resident
+        held = self.held
         while True:
             at = self._head
             self._head = (at + 1) % size
@@ -382,6 +386,7 @@ cdef class ChainLearner:
                 and chances < _SECOND_CHANCES
                 and sid != _NO_STREAM
                 and block_hash != NULL
+                and (held is None or <object>block_hash in held)
                 and resident(self._streams[sid], <object>block_hash)
             ):
                 chances += 1

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -192,7 +192,9 @@ class ChainLearner:
     :data:`_SECOND_CHANCES` times per eviction; so the entries of blocks no engine holds any more
     age out first, and a long-lived prefix (a system prompt that stays on the GPU) is not
     forgotten by churn elsewhere. A block's residency is asked of the stream that announced it
-    last (one set lookup per medium and group of one stream: O(1) in the fleet's size).
+    last (one set lookup per medium and group of one stream: O(1) in the fleet's size); with
+    ``held`` (every hash the fleet holds), only of a block some stream holds: at the cap nearly every
+    entry at the front is of a block gone from every engine, answered by one set lookup.
 
     **Layout.** A ring of entries in announcement order, each a 64-bit key, a reference to the
     block hash (the index holds the same object while the block is resident), a 16-bit stream id
@@ -221,6 +223,7 @@ class ChainLearner:
         "cap",
         "evicted",
         "floor",
+        "held",
         "inconsistent",
         "learned",
         "max_blocks",
@@ -238,6 +241,7 @@ class ChainLearner:
         *,
         floor: int = LEARNED_FLOOR,
         per_resident: float = LEARNED_PER_RESIDENT,
+        held: Container[Hash] | None = None,
     ) -> None:
         if max_blocks < 0:
             raise ValueError(f"max_blocks must be >= 0, got {max_blocks}")
@@ -249,6 +253,9 @@ class ChainLearner:
         self.cap = min(max_blocks, floor)
         """Entries held at most now (see :meth:`follow_fleet`)."""
         self.resident = resident
+        self.held = held
+        """Every hash some stream holds (the occupancy index's fleet holders, kept live), or None: an
+        entry whose block is not in it is not resident, and ``resident`` is asked only of the rest."""
         self._roots: dict[Stream, int] = {}
         self._sizes: dict[Stream, list[int]] = {}
         self._streams: list[Stream] = []
@@ -387,7 +394,7 @@ class ChainLearner:
     def _pop(self) -> None:
         """Free the front: a freed slot, or the oldest entry (after at most :data:`_SECOND_CHANCES`
         resident ones moved to the back)."""
-        keys, vals, sids, resident = self._keys, self._vals, self._sids, self.resident
+        keys, vals, sids, resident, held = self._keys, self._vals, self._sids, self.resident, self.held
         size = len(keys)
         chances = 0
         while True:
@@ -404,6 +411,7 @@ class ChainLearner:
                 and chances < _SECOND_CHANCES
                 and sid != _NO_STREAM
                 and block_hash is not None
+                and (held is None or block_hash in held)
                 and resident(self._streams[sid], block_hash)
             ):
                 chances += 1

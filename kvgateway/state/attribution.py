@@ -1,9 +1,11 @@
 """Where the prefill goes: every block a stream stores into its GPU tier, attributed. Sans-I/O.
 
-The occupancy index tells this module of each store before it applies it, and of each remove
-after (:class:`~kvgateway.state.occupancy.StoreObserver`), so every store is judged against the
-fleet as it was at that moment, in the log's order: a process and an edge following the same log
-count the same. Each stored block gets the first origin that holds, in this order:
+The occupancy index's pass (:func:`kvgateway.state._apply_py.apply_batch`) counts the common store
+itself (every hash new to the fleet and not evicted lately: ``new``) and tells this module of every
+other store before it applies it, and of each GPU remove after
+(:class:`~kvgateway.state.occupancy.StoreObserver`), so every store is judged against the fleet as
+it was at that moment, in the log's order: a process and an edge following the same log count the
+same. Each stored block gets the first origin that holds, in this order:
 
 - ``hit``: this stream already held the block in its GPU tier (only engines that re-announce
   reused blocks show this, such as vLLM with ``kv_cache_report_mode="full"``);
@@ -37,22 +39,19 @@ occupancy index's (one refcount per distinct resident block).
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Final
 
 from kvgateway.engine.mediums import medium_tier
-from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Hash, Stream
+from kvgateway.engine.wire import BlockStored, Hash, Stream
 from kvgateway.runtime.metrics import StreamFamilies
+from kvgateway.state._apply_py import COMPARE_ALL, COMPARE_NONE, COMPARE_ROOTS
 from kvgateway.state.history import ORIGINS
 from kvgateway.state.learner import block_digests
-from kvgateway.state.occupancy import StreamIndex
+from kvgateway.state.occupancy import DEFAULT_REFETCH_WINDOW_SECONDS, MAX_EVICTED, Evictions, StreamIndex
 
 HIT, OFFLOADED, REFETCH, ELSEWHERE, NEW = range(5)
-DEFAULT_REFETCH_WINDOW_SECONDS: Final = 60.0
-MAX_EVICTED: Final = 32_768
-"""GPU evictions remembered per stream for the refetch window (the oldest go first)."""
 MAX_CONTENT: Final = 131_072
 """Chain content keys remembered fleet-wide once content comparison started."""
 MAX_ROOTS: Final = 4_096
@@ -63,46 +62,6 @@ _BUCKETS: Final = RECENT_SECONDS // BUCKET_SECONDS
 _SECOND_CHANCES: Final = 4
 _HASHES_PER_CONTENT: Final = 4
 _M64: Final = (1 << 64) - 1
-
-
-class Evictions:
-    """One stream's GPU evictions of the last window: ``hash -> engine time`` in two generations of
-    one window each (the current one and the one before), so that an eviction costs a C-level dict
-    update, a lookup two, and expiry drops a whole generation."""
-
-    __slots__ = ("current", "dropped", "previous", "since")
-
-    def __init__(self) -> None:
-        self.current: dict[Hash, float] = {}
-        self.previous: dict[Hash, float] = {}
-        self.since = -math.inf
-        """The engine time the current generation started."""
-        self.dropped = 0
-        """Evictions forgotten at the bound before the window ended."""
-
-    @property
-    def size(self) -> int:
-        return len(self.current) + len(self.previous)
-
-    def add(self, hashes: list[Hash], ts: float, window: float, bound: int) -> None:
-        if ts - self.since > window:  # the previous generation is older than the window now
-            self.previous, self.current, self.since = self.current, {}, ts
-        self.current.update(dict.fromkeys(hashes, ts))
-        if len(self.current) + len(self.previous) > bound:
-            self.dropped += len(self.previous)
-            self.previous = {}
-            if len(self.current) > bound:
-                self.dropped += len(self.current)
-                self.current = {}
-
-    def none_of(self, hashes: list[Hash]) -> bool:
-        return self.current.keys().isdisjoint(hashes) and self.previous.keys().isdisjoint(hashes)
-
-    def take(self, h: Hash) -> float | None:
-        """When ``h`` was last evicted (None: not remembered); forgets it."""
-        evicted_at = self.current.pop(h, None)
-        previous = self.previous.pop(h, None)
-        return previous if evicted_at is None else evicted_at
 
 
 def _zeros() -> list[int]:
@@ -123,13 +82,13 @@ class Account:
         "unattributed_tokens",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, window: float = DEFAULT_REFETCH_WINDOW_SECONDS, bound: int = MAX_EVICTED) -> None:
         self.tokens = _zeros()
         self.blocks = _zeros()
         self.unattributed_tokens = 0
         self.unattributed_blocks = 0
         self.block_size = 0
-        self.evicted = Evictions()
+        self.evicted = Evictions(window, bound)
         self.bucket_at = [-1] * _BUCKETS
         self.buckets = [_zeros() for _ in range(_BUCKETS)]
 
@@ -142,6 +101,10 @@ class Account:
             self.bucket_at[slot] = at
             self.buckets[slot] = _zeros()
         self.buckets[slot][origin] += tokens
+
+    def add_new(self, blocks: int, tokens: int, now: float) -> None:
+        """Stores the index's pass found new (held nowhere, not evicted lately), a batch's at once."""
+        self.add(NEW, blocks, tokens, now)
 
     def recent(self, now: float) -> list[int]:
         """Tokens per origin over the last :data:`RECENT_SECONDS` (whole buckets)."""
@@ -275,13 +238,12 @@ class Attribution:
         self.max_evicted = max_evicted
         self.content = ContentKeys(max_content)
         self._accounts: dict[Stream, Account] = {}
-        self._by_index: dict[StreamIndex, Account] = {}  # the same accounts, one lookup on the hot path
         self._gpu: dict[str | None, bool] = {}
 
     def account(self, stream: Stream) -> Account:
         account = self._accounts.get(stream)
         if account is None:
-            account = self._accounts[stream] = Account()
+            account = self._accounts[stream] = Account(self.refetch_window, self.max_evicted)
         return account
 
     def _is_gpu(self, medium: str | None) -> bool:
@@ -292,54 +254,13 @@ class Attribution:
                 self._gpu[medium] = gpu
         return gpu
 
-    def batch(self, index: StreamIndex, batch: Batch, now: float) -> bool:
-        """The whole batch at once when every GPU store in it is ``new`` (or the stream is stale):
-        one pass over the events and a few C-level set tests, no call per event. False: the
-        index tells :meth:`stored` and :meth:`removed` of each event instead."""
-        stores: list[Hash] = []
-        evicted: list[Hash] = []
-        tokens = 0
-        account = self._by_index.get(index)
-        if account is None:
-            account = self._by_index[index] = self.account((index.source, index.dp_rank))
-        content = self.content
-        probe = len(self._accounts) > 1  # a second hash family needs a second stream
-        gpu_of = self._gpu
-        for event in batch.events:
-            if type(event) is BlockStored:
-                hashes = event.block_hashes
-                gpu = gpu_of.get(event.medium)
-                if hashes and (gpu if gpu is not None else self._is_gpu(event.medium)):
-                    if event.token_ids and (
-                        content.active or (probe and event.parent_block_hash is None and content.keys_of(event))
-                    ):
-                        return False  # contents to compare
-                    if event.block_size > 0:
-                        account.block_size = event.block_size
-                    stores += hashes
-                    tokens += len(hashes) * account.block_size
-            elif type(event) is BlockRemoved:
-                gpu = gpu_of.get(event.medium)
-                if gpu if gpu is not None else self._is_gpu(event.medium):
-                    evicted += event.block_hashes
-            elif type(event) is AllBlocksCleared:
-                return False
-        if index.stale:
-            account.unattributed_blocks += len(stores)
-            account.unattributed_tokens += tokens
-        elif stores:
-            distinct = set(stores)
-            if not (
-                len(distinct) == len(stores)  # a block stored twice in one batch: the second sees the first
-                and index.fleet_holds_none(stores)
-                and account.evicted.none_of(stores)
-                and distinct.isdisjoint(evicted)
-            ):
-                return False
-            account.add(NEW, len(stores), tokens, now)
-        if evicted:
-            account.evicted.add(evicted, batch.ts, self.refetch_window, self.max_evicted)
-        return True
+    def comparing(self) -> int:
+        """Which stores the index's pass must hand over rather than count as new itself: every one
+        with tokens once contents are compared, only a chain's first (which may show a second hash
+        family) while more than one stream is known, else none."""
+        if self.content.active:
+            return COMPARE_ALL
+        return COMPARE_ROOTS if len(self._accounts) > 1 else COMPARE_NONE
 
     def stored(self, index: StreamIndex, event: BlockStored, ts: float, now: float) -> None:
         hashes = event.block_hashes
@@ -408,7 +329,7 @@ class Attribution:
         remembered too: it is a ``hit`` first when stored again)."""
         if not hashes or not self._is_gpu(medium):
             return
-        self.account((index.source, index.dp_rank)).evicted.add(hashes, ts, self.refetch_window, self.max_evicted)
+        self.account((index.source, index.dp_rank)).evicted.add(hashes, ts)
 
     def export(self, families: StreamFamilies) -> None:
         """``kvgateway_stored_tokens_total`` per stream and origin, at scrape time (nothing per batch)."""

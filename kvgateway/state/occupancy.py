@@ -19,38 +19,51 @@ about 60-80 bytes per resident u64 block including the int object itself.
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from kvgateway.engine.mediums import DEFAULT_MEDIUM, medium_tier, normalise_medium, tier_rank
-from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Hash, Stream
+from kvgateway.engine.wire import Batch, Hash, Stream
 from kvgateway.log.ordered import BatchRecord, NoticeRecord
 from kvgateway.log.ring import Entry
 from kvgateway.log.staleness import Staleness
-from kvgateway.state.digest import MASK, elements_sum, prefix_state
+from kvgateway.runtime.extensions import load
+from kvgateway.state import _apply_py
+from kvgateway.state._apply_py import (
+    DEFAULT_REFETCH_WINDOW_SECONDS,
+    MAX_EVICTED,
+    RATE_WINDOW_SECONDS,
+    StoreAccount,
+    StoreObserver,
+)
+from kvgateway.state.digest import MASK
+
+if TYPE_CHECKING:  # one API: the reference's
+    from kvgateway.state._apply_py import Evictions, Group, Medium, apply_batch
+else:
+    _chosen = load("kvgateway.state._apply_c") or _apply_py
+    Evictions, Group, Medium, apply_batch = _chosen.Evictions, _chosen.Group, _chosen.Medium, _chosen.apply_batch
 
 __all__ = [
     "DEFAULT_MEDIUM",
+    "DEFAULT_REFETCH_WINDOW_SECONDS",
+    "MAX_EVICTED",
+    "RATE_WINDOW_SECONDS",
     "BlockGroup",
+    "Evictions",
     "MediumStats",
     "OccupancyIndex",
+    "StoreAccount",
     "StoreObserver",
     "StreamIndex",
     "normalise_medium",
 ]
 
-RATE_WINDOW_SECONDS: Final = 60
-"""``stores_per_s``/``removes_per_s`` average the 60 one-second buckets ending with the current one,
-or the time since the index started when that is shorter (no ramp-up after a start)."""
-
 RATE_DECIMALS: Final = 3
 """Rates are rounded to this many decimals where they are rendered into JSON (a thousandth of a
 block per second): a sum of floats is otherwise written as ``1185.1999999999998``."""
 
-_NEVER: Final = -(2**62)
 _ROUTE_CACHE_MAX: Final = 256
 """Bound on cached (raw medium, group_idx) routes: the wire's medium strings are not trusted."""
 
@@ -90,218 +103,6 @@ class MediumStats:
         }
 
 
-class StoreObserver(Protocol):
-    """Told of every store before the index applies it, and of every remove after (the prefill
-    attribution, :mod:`kvgateway.state.attribution`): it sees the state the event changes. First
-    of the whole batch: when :meth:`batch` returns True, it accounted for the batch at once (the
-    common case, cheaper) and is not told of its events."""
-
-    def batch(self, index: StreamIndex, batch: Batch, now: float) -> bool: ...
-
-    def stored(self, index: StreamIndex, event: BlockStored, ts: float, now: float) -> None: ...
-
-    def removed(self, index: StreamIndex, medium: str | None, hashes: list[Hash], ts: float) -> None: ...
-
-
-class _Group:
-    """Resident hashes of one (medium, group_idx): refcount = 1 + ``extra.get(hash, 0)``.
-
-    ``shared``: ``blocks`` and ``extra`` were handed out by :meth:`StreamIndex.block_groups` with
-    ``freeze=True``; the group copies them before its next change (copy on write).
-    ``fleet``: the fleet's holders (a group counting the groups that hold each hash), told of every
-    hash entering or leaving this group; None for the fleet's own group.
-
-    ``digest``: None, or (once :meth:`track` was called) the sum of the resident hashes' digest
-    elements (kvgateway/state/digest.py), kept up to date by every change from then on."""
-
-    __slots__ = ("blocks", "digest", "extra", "fleet", "medium", "prefix", "shared")
-
-    def __init__(self, medium: _Medium, fleet: _Group | None = None) -> None:
-        self.blocks: set[Hash] = set()
-        self.extra: dict[Hash, int] = {}
-        self.medium = medium
-        self.shared = False
-        self.fleet = fleet
-        self.digest: int | None = None
-        self.prefix = 0
-
-    def track(self, medium: str, group_idx: int) -> None:
-        """Keep the digest from now on: computed once from the resident hashes (O(blocks))."""
-        self.prefix = prefix_state(medium, group_idx)
-        self.digest = elements_sum(self.prefix, self.blocks)
-
-    def _own(self) -> None:
-        self.blocks = set(self.blocks)
-        self.extra = dict(self.extra)
-        self.shared = False
-
-    def store(self, hashes: list[Hash]) -> None:
-        if self.shared:
-            self._own()
-        blocks = self.blocks
-        if self.digest is not None:  # the hashes that become resident (refs 0 -> 1), counted once
-            self.digest = (self.digest + elements_sum(self.prefix, set(hashes).difference(blocks))) & MASK
-        if blocks.isdisjoint(hashes):
-            # Fast path (the common case): all new. A length mismatch means repeats inside the list.
-            before = len(blocks)
-            blocks.update(hashes)
-            if len(blocks) - before != len(hashes):
-                extra = self.extra
-                for h, n in Counter(hashes).items():
-                    if n > 1:
-                        extra[h] = extra.get(h, 0) + n - 1
-                hashes = list(dict.fromkeys(hashes))
-            fleet = self.fleet
-            if fleet is not None:
-                if fleet.blocks.isdisjoint(hashes):
-                    fleet.blocks.update(hashes)  # held nowhere else: one C call
-                else:
-                    fleet.store(hashes)
-            return
-        extra = self.extra
-        entered = []
-        for h in hashes:
-            if h in blocks:
-                extra[h] = extra.get(h, 0) + 1
-            else:
-                blocks.add(h)
-                entered.append(h)
-        if self.fleet is not None:
-            self.fleet.store(entered)
-
-    def remove(self, hashes: list[Hash]) -> int:
-        """Take one reference per hash; returns how many hashes were not resident."""
-        if self.digest is None:
-            return self._take(hashes)
-        was = self.blocks.intersection(hashes)
-        unknown = self._take(hashes)
-        self.digest = (self.digest - elements_sum(self.prefix, was.difference(self.blocks))) & MASK  # refs 1 -> 0
-        return unknown
-
-    def _take(self, hashes: list[Hash]) -> int:
-        if self.shared:
-            self._own()
-        blocks = self.blocks
-        extra = self.extra
-        if not extra or extra.keys().isdisjoint(hashes):
-            # No extra references involved: a set difference has the sequential semantics
-            # (a repeated hash drops the block once; its second mention is unknown).
-            before = len(blocks)
-            fleet = self.fleet
-            if fleet is None:
-                blocks.difference_update(hashes)
-            elif not fleet.extra and blocks.issuperset(hashes):
-                # the common case: every hash leaves, and no other group holds any: two C calls
-                blocks.difference_update(hashes)
-                fleet.blocks.difference_update(hashes)
-            else:
-                gone = blocks.intersection(hashes)
-                blocks.difference_update(gone)
-                fleet.remove(list(gone))
-            return len(hashes) - (before - len(blocks))
-        unknown = 0
-        left = []
-        for h in hashes:
-            n = extra.get(h)
-            if n is not None:
-                if n == 1:
-                    del extra[h]
-                else:
-                    extra[h] = n - 1
-            elif h in blocks:
-                blocks.remove(h)
-                left.append(h)
-            else:
-                unknown += 1
-        if self.fleet is not None:
-            self.fleet.remove(left)
-        return unknown
-
-    def refcount(self, h: Hash) -> int:
-        return 1 + self.extra.get(h, 0) if h in self.blocks else 0
-
-    def clear(self) -> None:
-        if self.fleet is not None and self.blocks:
-            self.fleet.remove(list(self.blocks))
-        # New objects rather than .clear(): frees the tables, and the dict would otherwise keep its size.
-        self.blocks = set()
-        self.extra = {}
-        self.shared = False
-        if self.digest is not None:
-            self.digest = 0
-
-
-class _Medium:
-    """Counters, block size and per-second rate buckets of one medium of one stream."""
-
-    __slots__ = (
-        "block_size",
-        "bucket_removes",
-        "bucket_sec",
-        "bucket_stores",
-        "cur_removes",
-        "cur_sec",
-        "cur_stores",
-        "fleet",
-        "groups",
-        "removes",
-        "stores",
-    )
-
-    def __init__(self, fleet: _Group | None = None) -> None:
-        self.fleet = fleet
-        self.groups: dict[int, _Group] = {}
-        self.block_size = 0
-        self.stores = 0
-        self.removes = 0
-        # Ring of one-second buckets indexed by second % window; bucket_sec says which second a slot holds.
-        self.bucket_sec = [_NEVER] * RATE_WINDOW_SECONDS
-        self.bucket_stores = [0] * RATE_WINDOW_SECONDS
-        self.bucket_removes = [0] * RATE_WINDOW_SECONDS
-        # The current second is counted in plain attributes (cheap to bump) and rolled into the ring.
-        self.cur_sec = _NEVER
-        self.cur_stores = 0
-        self.cur_removes = 0
-
-    def group(self, group_idx: int) -> _Group:
-        grp = self.groups.get(group_idx)
-        if grp is None:
-            grp = self.groups[group_idx] = _Group(self, self.fleet)
-        return grp
-
-    def roll(self, sec: int) -> None:
-        """Close the current second's bucket and open ``sec``'s."""
-        if sec < self.cur_sec:  # a clock step backwards: keep filling the newest bucket
-            return
-        i = self.cur_sec % RATE_WINDOW_SECONDS
-        self.bucket_sec[i] = self.cur_sec
-        self.bucket_stores[i] = self.cur_stores
-        self.bucket_removes[i] = self.cur_removes
-        self.cur_sec = sec
-        self.cur_stores = self.cur_removes = 0
-
-    def rates(self, now: float, started: float | None = None) -> tuple[float, float]:
-        """Per-second rates over the window, or over the time since ``started`` (at least one
-        second) when the index has not watched a whole window yet: the last 60 s divided by 60
-        would ramp up for a minute after every gateway start."""
-        covered: float = RATE_WINDOW_SECONDS
-        if started is not None:
-            covered = min(float(RATE_WINDOW_SECONDS), max(1.0, now - started))
-        now_sec = math.floor(now)
-        oldest = now_sec - RATE_WINDOW_SECONDS
-        stores = removes = 0
-        if oldest < self.cur_sec <= now_sec:
-            stores, removes = self.cur_stores, self.cur_removes
-        for sec, s, r in zip(self.bucket_sec, self.bucket_stores, self.bucket_removes, strict=True):
-            if oldest < sec <= now_sec:  # the ring never holds cur_sec: roll() only moves forward
-                stores += s
-                removes += r
-        return stores / covered, removes / covered
-
-    def resident(self) -> int:
-        return sum(len(grp.blocks) for grp in self.groups.values())
-
-
 class StreamIndex:
     """The index of one stream ``(source, dp_rank)``.
 
@@ -320,6 +121,7 @@ class StreamIndex:
         "_fleet",
         "_mediums",
         "_routes",
+        "account",
         "dp_rank",
         "observer",
         "source",
@@ -334,11 +136,16 @@ class StreamIndex:
         dp_rank: int,
         capacity_blocks: Mapping[str, int] | None = None,
         started: float | None = None,
-        fleet: _Group | None = None,
+        fleet: Group | None = None,
+        *,
+        observer: StoreObserver | None = None,
     ) -> None:
         self.source = source
-        self._fleet = fleet if fleet is not None else _Group(_Medium())
-        self.observer: StoreObserver | None = None
+        self._fleet = fleet if fleet is not None else Group(Medium())
+        self.observer = observer
+        """Told of the stores the index's pass does not attribute itself, and of GPU removes."""
+        self.account: StoreAccount | None = None
+        """The stream's account at the observer, opened by its first batch."""
         self.started = started
         """When counting began (the gateway's start): rates divide by the time since, up to the
         window. None: as if a whole window had been watched."""
@@ -348,17 +155,19 @@ class StreamIndex:
         a stale notice, cleared by AllBlocksCleared or a restart (the one rule of the ingest too)."""
         self.unknown_removes = 0
         self._capacity = {normalise_medium(m): n for m, n in (capacity_blocks or {}).items()}
-        self._mediums: dict[str, _Medium] = {m: _Medium(self._fleet) for m in sorted(self._capacity)}
+        self._mediums: dict[str, Medium] = {
+            m: Medium(self._fleet, medium_tier(m) == "GPU") for m in sorted(self._capacity)
+        }
         # (raw medium, raw group_idx) -> group: one dict lookup per event on the hot path.
-        self._routes: dict[tuple[str | None, int | None], _Group] = {}
+        self._routes: dict[tuple[str | None, int | None], Group] = {}
         self._digest = False  # every group keeps its digest (see digest())
 
-    def _group(self, medium: str | None, group_idx: int | None) -> _Group:
+    def route(self, medium: str | None, group_idx: int | None) -> Group:
         """The group of a (raw medium, raw group_idx) not yet in the route cache."""
         name = normalise_medium(medium)
         med = self._mediums.get(name)
         if med is None:
-            med = self._mediums[name] = _Medium(self._fleet)
+            med = self._mediums[name] = Medium(self._fleet, medium_tier(name) == "GPU")
         grp = med.group(0 if group_idx is None else group_idx)
         if self._digest and grp.digest is None:
             grp.track(name, 0 if group_idx is None else group_idx)
@@ -372,54 +181,17 @@ class StreamIndex:
         A ``replayed`` batch is history (a catch-up or a gap filled late): it changes the blocks and
         the cumulative counts, but not the per-second rates, which would otherwise spike after
         every start and every recovered gap."""
-        # The ingest hot path: inlined lookups, one route-cache hit per event in the common case.
-        sec = math.floor(now)
-        live = not replayed
-        routes = self._routes
-        observer = self.observer
-        if observer is not None and observer.batch(self, batch, now):
-            observer = None
-        for event in batch.events:
-            if type(event) is BlockStored or type(event) is BlockRemoved:
-                extra = event.extra
-                group_idx = extra.get("group_idx") if extra else None
-                if group_idx is not None and type(group_idx) is not int:
-                    group_idx = None
-                grp = routes.get((event.medium, group_idx))
-                if grp is None:
-                    grp = self._group(event.medium, group_idx)
-                hashes = event.block_hashes
-                med = grp.medium
-                if live and sec != med.cur_sec:
-                    med.roll(sec)
-                if type(event) is BlockStored:
-                    if observer is not None:
-                        observer.stored(self, event, batch.ts, now)
-                    grp.store(hashes)
-                    if event.block_size > 0:
-                        med.block_size = event.block_size
-                    med.stores += len(hashes)
-                    if live:
-                        med.cur_stores += len(hashes)
-                else:
-                    self.unknown_removes += grp.remove(hashes)
-                    if observer is not None:
-                        observer.removed(self, event.medium, hashes, batch.ts)
-                    med.removes += len(hashes)
-                    if live:
-                        med.cur_removes += len(hashes)
-            elif type(event) is AllBlocksCleared:
-                self._clear()
-                self.staleness.cleared()
+        apply_batch(self, batch, now, replayed, routes=self._routes, fleet=self._fleet)  # the compiled core's pass
 
-    def _clear(self) -> None:
+    def clear_blocks(self) -> None:
+        """Every medium and group empty (an AllBlocksCleared, a restart); counters stay."""
         for med in self._mediums.values():
             for grp in med.groups.values():
                 grp.clear()
 
     def reset(self) -> None:
         """The publisher restarted: its cache is gone, and so is any doubt about the old state."""
-        self._clear()
+        self.clear_blocks()
         self.staleness.cleared()
 
     def mark_stale(self, reason: str = "unrecovered") -> None:
@@ -516,14 +288,14 @@ class StreamIndex:
         """A medium as a checkpoint had it (its blocks come with :meth:`restore_group`)."""
         med = self._mediums.get(name)
         if med is None:
-            med = self._mediums[name] = _Medium(self._fleet)
+            med = self._mediums[name] = Medium(self._fleet, medium_tier(name) == "GPU")
         med.block_size, med.stores, med.removes = block_size, stores, removes
 
     def restore_group(self, name: str, group_idx: int, blocks: set[Hash], extra: dict[Hash, int]) -> None:
         """One (medium, group_idx)'s resident hashes as a checkpoint had them."""
         med = self._mediums.get(name)
         if med is None:
-            med = self._mediums[name] = _Medium(self._fleet)
+            med = self._mediums[name] = Medium(self._fleet, medium_tier(name) == "GPU")
         grp = med.group(group_idx)
         grp.clear()
         grp.blocks, grp.extra, grp.shared = blocks, extra, False
@@ -639,7 +411,7 @@ class OccupancyIndex:
         self._streams: dict[Stream, StreamIndex] = {}
         # Who holds each hash, fleet-wide: a refcount of the (stream, medium, group) holding it, kept
         # by the groups' own transitions (a set and a side dict: 60-80 bytes per distinct block).
-        self._fleet = _Group(_Medium())
+        self._fleet = Group(Medium())
         self.observer = observer
         """Told of each store and remove as it is applied, every stream's (see :class:`StoreObserver`)."""
         for source, dp_rank in sorted(self._capacity):
@@ -651,9 +423,8 @@ class OccupancyIndex:
         index = self._streams.get(key)
         if index is None:
             index = self._streams[key] = StreamIndex(
-                source, dp_rank, self._capacity.get(key), self._started, self._fleet
+                source, dp_rank, self._capacity.get(key), self._started, self._fleet, observer=self.observer
             )
-            index.observer = self.observer
             if self._missing_history is not None:
                 index.mark_stale(self._missing_history)
         return index
@@ -673,6 +444,21 @@ class OccupancyIndex:
 
     def apply(self, source: str, dp_rank: int, batch: Batch, now: float, replayed: bool = False) -> None:
         self.stream(source, dp_rank).apply(batch, now, replayed)
+
+    @property
+    def holders(self) -> set[Hash]:
+        """Every hash some stream, medium and group holds: the fleet's holders, live (the same set
+        for the index's lifetime: the learner keeps it). Never change it."""
+        return self._fleet.blocks
+
+    def holds(self, stream: Stream, block_hash: Hash) -> bool:
+        """Whether ``stream`` holds ``block_hash`` in some medium and group (the routers' learner
+        asks at each eviction): the fleet's holders first, one set lookup that answers the common
+        case (a block no stream holds any more), then the stream's own groups."""
+        if block_hash not in self._fleet.blocks:
+            return False
+        index = self._streams.get(stream)
+        return index is not None and index.holds(block_hash)
 
     def resident_blocks(self) -> int:
         """Resident blocks of every stream, medium and group summed: O(groups), no hash visited."""

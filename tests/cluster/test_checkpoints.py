@@ -83,7 +83,7 @@ def test_a_late_edge_starts_from_the_checkpoint_and_one_without_checkpoints_says
     # Once the stream has dropped its first records, and the early edge has written checkpoints:
     wait_until(
         lambda: early.metric("kvgateway_checkpoints_written_total") >= 2 and early.offset() > RATE * RETENTION * 1.5,
-        timeout=30,
+        timeout=120,  # a quiet machine: about 8 s (the engine's start and 1.5 retentions of batches)
         what="the early edge writing checkpoints past the retention",
     )
     late = _edge(procs, nats_server, late_port)

@@ -16,7 +16,7 @@ from tests.support import BIG_QUEUE, Proc, Start, free_port, metric, sim_flags, 
 from tests.support.clients import WsCollector
 from tests.support.nats import NatsServer
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)  # the waits below are bounds for a loaded machine
 
 
 def sim(start: Start, pub: int, rep: int, *more: str) -> Proc:
@@ -109,7 +109,7 @@ def test_resume_across_edges_every_batch_once_and_same_index(procs: Start, nats_
     single.wait_for("serving on", timeout=30)
 
     reader = ws(port_a)
-    wait_until(lambda: len(batches(reader)) >= 300, timeout=30, what="300 batches on edge A")
+    wait_until(lambda: len(batches(reader)) >= 300, timeout=120, what="300 batches on edge A")
     edge_a.popen.send_signal(signal.SIGKILL)
     edge_a.popen.wait(5)
     reader.close()
@@ -121,7 +121,7 @@ def test_resume_across_edges_every_batch_once_and_same_index(procs: Start, nats_
     )
     resumed = ws(port_b, f"last_event_id={seen[-1]['id']}")
     assert resumed.hello["recovered"] is True
-    wait_until(lambda: batches(resumed) and batches(resumed)[-1]["seq"] == total - 1, timeout=40, what="the end")
+    wait_until(lambda: batches(resumed) and batches(resumed)[-1]["seq"] == total - 1, timeout=120, what="the end")
     resumed.close()
     joined = seen + with_offsets(resumed)
     offsets = [m["offset"] for m in joined]
@@ -266,7 +266,7 @@ def take_over(
     first = ingest(procs, nats, spec)
     edge(procs, nats, spec, port)
     reader = ws(port)
-    wait_until(lambda: len(batches(reader)) >= after, timeout=30, what=f"{after} batches")
+    wait_until(lambda: len(batches(reader)) >= after, timeout=120, what=f"{after} batches")
     first.popen.send_signal(signal.SIGKILL)
     first.popen.wait(5)
     time.sleep(pause)  # the scenario: no ingest process this long
@@ -284,7 +284,7 @@ def test_an_ingest_taken_over_after_sigkill_and_a_resume_ahead_of_a_new_edge(
     spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "400", "--batches", str(total), "--start-delay", "2")
     reader, _ = take_over(procs, nats_server, spec, port_a, after=300, pause=0.5)
-    wait_until(lambda: batches(reader) and batches(reader)[-1]["seq"] == total - 1, timeout=40, what="the end")
+    wait_until(lambda: batches(reader) and batches(reader)[-1]["seq"] == total - 1, timeout=120, what="the end")
     time.sleep(0.5)  # not a wait for something: a duplicate, were there one, would arrive meanwhile
     seqs = [m["seq"] for m in batches(reader)]
     # The new process replays what it missed from the engine's ROUTER, which may drop some of it
@@ -318,7 +318,7 @@ def test_an_ingest_outage_longer_than_the_engine_buffer_is_one_exact_loss(
     sim(procs, pub, rep, "--rate", "400", "--batches", str(total), "--buffer-steps", "200", "--start-delay", "2")
     # 1.5 s: about 600 batches, more than the engine's buffer of 200
     reader, second = take_over(procs, nats_server, spec, port, after=200, pause=1.5)
-    wait_until(lambda: batches(reader) and batches(reader)[-1]["seq"] == total - 1, timeout=40, what="the end")
+    wait_until(lambda: batches(reader) and batches(reader)[-1]["seq"] == total - 1, timeout=120, what="the end")
     time.sleep(0.3)  # not a wait for something: a duplicate or a late notice would arrive meanwhile
     reader.close()
     seqs = [m["seq"] for m in batches(reader)]

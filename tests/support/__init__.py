@@ -36,9 +36,18 @@ from tests.support.gateway import (
     start_ingest_and_edge,
 )
 from tests.support.metrics import STREAM_SERIES, metric, metric_values, scrape, stream_metrics
-from tests.support.ports import free_port, free_ports
+from tests.support.ports import established, free_port, free_ports
 from tests.support.processes import ARTIFACTS, REPO, Proc, Procs, Start
-from tests.support.simulator import SIM_READY, WARMUP_BASE, sim_done, sim_endpoints, sim_ready, start_sim, warmup
+from tests.support.simulator import (
+    SIM_READY,
+    WARMUP_BASE,
+    sim_done,
+    sim_endpoints,
+    sim_ready,
+    start_sim,
+    start_sim_seen,
+    warmup,
+)
 from tests.support.sources import connectable, sim_flags, source_spec
 from tests.support.waits import arun, until, wait_until
 
@@ -55,6 +64,7 @@ __all__ = [
     "Start",
     "arun",
     "connectable",
+    "established",
     "free_port",
     "free_ports",
     "metric",
@@ -73,6 +83,7 @@ __all__ = [
     "start_half_fleet",
     "start_ingest_and_edge",
     "start_sim",
+    "start_sim_seen",
     "stream_metrics",
     "until",
     "wait_until",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
 
 
 def _bindable(host: str, port: int) -> bool:
@@ -14,6 +16,25 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to outgoing connections (Linux; else the IANA range's)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
+def _candidate(host: str, spacing: int) -> int:
+    """A port to try as a base: the kernel's free pick for one port; for a range, a random base below
+    the ports outgoing connections take. On a busy machine every connection holds one of those, so
+    a wide range of free ones is rare there, and one could be taken between the check and the bind."""
+    if spacing > 1 and (top := _ephemeral_low() - spacing) > 10_000:
+        return random.randrange(10_000, top)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
 def free_ports(count: int, *, spacing: int = 1, host: str = "127.0.0.1") -> list[int]:
     """``count`` ports free on ``host`` now (``""``: every interface), each with ``spacing - 1``
     free neighbours above it (a DP range: rank N's port is the base + N)."""
@@ -21,9 +42,9 @@ def free_ports(count: int, *, spacing: int = 1, host: str = "127.0.0.1") -> list
     for _ in range(50 * count):
         if len(found) == count:
             return found
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((host, 0))
-            base = int(probe.getsockname()[1])
+        base = _candidate(host, spacing)
+        if spacing > 1 and not _bindable(host, base):
+            continue
         if base + spacing >= 65535:
             continue
         taken = {p for b in found for p in range(b, b + spacing)}
@@ -39,3 +60,18 @@ def free_ports(count: int, *, spacing: int = 1, host: str = "127.0.0.1") -> list
 def free_port() -> int:
     (port,) = free_ports(1)
     return port
+
+
+def established(port: int) -> set[int]:
+    """The remote ports of the established TCP connections to local ``port`` (Linux /proc/net). The
+    kernel completes a connect to a listening socket whose process is stopped (SIGSTOP): this sees
+    that connection before the process accepts it, which nothing in the process can report."""
+    found: set[int] = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(path, encoding="ascii") as table:
+            next(table)
+            for row in table:
+                local, remote, state = row.split()[1:4]
+                if state == "01" and int(local.rsplit(":", 1)[1], 16) == port:  # TCP_ESTABLISHED
+                    found.add(int(remote.rsplit(":", 1)[1], 16))
+    return found

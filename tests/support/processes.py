@@ -12,7 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,6 +104,16 @@ class Proc:
         if self.popen.poll() is None:
             self.popen.kill()
             self.popen.wait(5)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """The process stopped (SIGSTOP) inside the block, as a starved host would stop it: its sockets
+        stay bound and a peer's TCP connect still completes (the kernel's), but it runs nothing."""
+        self.popen.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.popen.send_signal(signal.SIGCONT)
 
 
 Start = Callable[..., Proc]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 
+from tests.support.ports import established
 from tests.support.processes import Proc, Start
+from tests.support.waits import wait_until
 
 SIM_READY = re.compile(r"^simulate: rank (\d+) publishing (?:on|to) (\S+)(?: \(connect\))? replay (\S+)$")
 """The simulator's readiness line, one per rank."""
@@ -19,6 +21,25 @@ def start_sim(start: Start, *args: str, ranks: int = 1, timeout: float = 30.0, w
     proc = start("simulate", *args)
     if wait:
         sim_ready(proc, ranks, timeout)
+    return proc
+
+
+SEEN_DELAY = 3.0
+"""The simulator's silent start under :func:`start_sim_seen`: the gateway's reconnects back off to
+2 s while nothing listens, so its connection comes within about 2.1 s of the bind; what is left is
+for the ZeroMQ handshake and the subscription, milliseconds on a quiet machine."""
+
+
+def start_sim_seen(start: Start, port: int, *args: str, ranks: int = 1, timeout: float = 60.0) -> Proc:
+    """``kvgateway simulate ARGS`` whose run the gateway sees from its first batch: silent for
+    :data:`SEEN_DELAY` s (answering replays) and held (SIGSTOP) from its readiness line until a
+    peer's TCP connection to ``port`` (the gateway's SUB) is established, which the kernel
+    completes for a stopped process. ZeroMQ's PUB drops what it sends before the subscription
+    arrives (the "slow joiner"); without the hold, which of the first batches arrive live, which
+    by the catch-up and which not at all (no replay socket) depends on the machine's speed."""
+    proc = start_sim(start, *args, "--start-delay", str(SEEN_DELAY), ranks=ranks)
+    with proc.held():
+        wait_until(lambda: established(port), timeout=timeout, what=f"a connection to the engine's port {port}")
     return proc
 
 

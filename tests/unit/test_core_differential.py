@@ -122,6 +122,7 @@ def scenario_st(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[str, Any]]]
         "floor": draw(st.sampled_from([1, 4, 16, 64])),
         "per_resident": draw(st.sampled_from([0.5, 1.0, 1.25, 3.0])),
         "resident": draw(st.booleans()),
+        "held": draw(st.booleans()),
     }
     earlier: list[Hash] = []
     steps = [draw(step_st(earlier)) for _ in range(draw(st.integers(1, 20)))]
@@ -148,6 +149,10 @@ class Held:
     def resident(self, stream: Stream, block_hash: Hash) -> bool:
         self.asked.append((stream, block_hash))
         return block_hash in self.by_stream.get(stream, ())
+
+    def __contains__(self, block_hash: object) -> bool:
+        """Whether any stream holds ``block_hash`` (the learner's ``held``: the fleet's holders)."""
+        return any(block_hash in held for held in self.by_stream.values())
 
 
 def state(learner: Any) -> dict[str, Any]:
@@ -187,6 +192,7 @@ def test_the_compiled_learner_answers_and_evicts_as_the_reference(
             resident=held.resident if options["resident"] else None,
             floor=options["floor"],
             per_resident=options["per_resident"],
+            held=held if options["held"] else None,
         )
         for module, held in zip((pure, compiled), helds, strict=True)
     ]

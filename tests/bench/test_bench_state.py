@@ -1,0 +1,35 @@
+"""``python -m bench.state --smoke``: the serving side's state path per batch, against the commit
+before the prefill attribution and the previous commit, on both cores, every figure reported
+(never a speed: smoke sizes mean nothing)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from tests.support.bench_runs import smoke_result
+
+
+def test_state_bench_smoke(tmp_path: Path) -> None:
+    try:
+        importlib.import_module("kvgateway.state._apply_c")
+    except ImportError:
+        pytest.skip("the compiled core is not built here")
+    result = smoke_result("bench.state", tmp_path)
+    assert result["base"] == "8a83c3d"
+    figures = result["variants"]["map"]
+    assert figures["batches"] > 0 and figures["before"]["base"] > 0
+    for stage in ("previous", "index", "attributed", "digest", "learner"):
+        assert figures[stage]["pure"] > 0 and figures[stage]["compiled"] > 0
+    assert figures["attributed_over_before"]["compiled"] == pytest.approx(
+        figures["attributed"]["compiled"] / figures["before"]["base"], rel=0.05
+    )
+    memory = figures["bytes_per_resident_block"]
+    assert memory["resident_blocks"] > 0
+    for name in ("before", "index_pure", "index_compiled", "attributed_pure", "attributed_compiled"):
+        assert memory[name] > 0
+    # Memory is not a speed: the fleet's holders add a set of every resident hash, never less.
+    assert memory["index_compiled"] > memory["before"]
+    assert figures["ingest_path"]["sum_us"] > 0

@@ -1,0 +1,224 @@
+"""The index's compiled pass (kvgateway/state/_apply_c.pyx) against its pure-Python reference
+(_apply_py.py), fed the same generated steps side by side in one process: identical index state
+(every group's hashes and reference counts), snapshots, digests, fleet holders, prefill attribution
+counts and its JSON, and the routers' learner answering alike with each index's residency question;
+over every layout feature the index reads (mediums of every tier and case, groups and group_idx
+that are not ints, repeats inside one event, removes of unknown blocks, clears, restarts, stale
+marks, replayed batches, frozen snapshots, a second hash family with token ids, the refetch window
+and the evictions' bound).
+
+Each index runs with one core's pass: the names :mod:`kvgateway.state.occupancy` and
+:mod:`kvgateway.state.attribution` take from the chosen module are swapped for every step of that
+index (:func:`core`). Skipped where the compiled core was not built."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, UnknownEvent
+from kvgateway.state import _apply_py, _learner_py, attribution, occupancy
+from kvgateway.state.attribution import Attribution
+from kvgateway.state.occupancy import OccupancyIndex
+from tests.unit.test_wire import U64
+
+STREAMS = [("a", 0), ("a", 1), ("b", 0)]
+SWAPPED = ("Evictions", "Group", "Medium", "apply_batch")
+
+
+def _compiled(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        pytest.skip("the compiled core is not built here (no C compiler at install)")
+
+
+@contextmanager
+def core(module: ModuleType) -> Iterator[None]:
+    """The index and the attribution built and applied with ``module``'s pass while the block runs."""
+    saved = [getattr(occupancy, name) for name in SWAPPED]
+    saved_evictions = attribution.Evictions
+    for name in SWAPPED:
+        setattr(occupancy, name, getattr(module, name))
+    attribution.Evictions = module.Evictions
+    try:
+        yield
+    finally:
+        for name, value in zip(SWAPPED, saved, strict=True):
+            setattr(occupancy, name, value)
+        attribution.Evictions = saved_evictions
+
+
+# A small pool of every hash kind, so that blocks come back, repeat and collide across streams.
+POOL: list[Hash] = [0, 1, 2, 3, 5, 8, 2**63, U64, -1, -(2**63), 2**70, b"\x00" * 32, b"\xff" * 32, b"\x01"]
+hash_st = st.sampled_from(POOL)
+medium_st = st.sampled_from([None, "GPU", "gpu", "CPU", "cpu_tier", "DISK", "LMCACHE", ""])
+group_st = st.sampled_from([None, 0, 1, 2, "1", True, 2.0])
+
+
+@st.composite
+def event_st(draw: st.DrawFn) -> Event:
+    kind = draw(st.sampled_from(["stored"] * 5 + ["removed"] * 3 + ["cleared", "unknown"]))
+    extra: dict[str, Any] = {}
+    group_idx = draw(group_st)
+    if group_idx is not None:
+        extra["group_idx"] = group_idx
+    if kind == "stored":
+        hashes = draw(st.lists(hash_st, max_size=5))
+        size = draw(st.sampled_from([0, 1, 2, 4]))
+        # tokens alike for a chain's first blocks whatever the hash: a second hash family shows
+        tokens = [] if size == 0 or draw(st.booleans()) else [i % 3 for i in range(len(hashes) * size)]
+        parent = draw(st.none() | hash_st)
+        return BlockStored(
+            hashes, parent, tokens, size, None, draw(medium_st), draw(st.none() | st.just("lora")), extra
+        )
+    if kind == "removed":
+        return BlockRemoved(draw(st.lists(hash_st, max_size=5)), draw(medium_st), extra)
+    if kind == "cleared":
+        return AllBlocksCleared()
+    return UnknownEvent(type="BlockMoved", body=["BlockMoved", 1])
+
+
+@st.composite
+def step_st(draw: st.DrawFn) -> tuple[str, Any]:
+    kind = draw(st.sampled_from(["batch"] * 8 + ["restart", "stale", "digest", "freeze"]))
+    stream = draw(st.sampled_from(STREAMS))
+    if kind != "batch":
+        return kind, stream
+    events = draw(st.lists(event_st(), min_size=1, max_size=4))
+    return "batch", (stream, events, draw(st.floats(0, 3)), draw(st.booleans()))
+
+
+class Side:
+    """One core's index, attribution and learner, every step applied with that core's pass."""
+
+    def __init__(self, module: ModuleType, window: float, bound: int) -> None:
+        self.module = module
+        with core(module):
+            self.attribution = Attribution(window, max_evicted=bound, max_content=6)
+            self.index = OccupancyIndex(observer=self.attribution)
+        self.learner = _learner_py.ChainLearner(64, resident=self.index.holds, floor=8)
+        self.frozen: list[Any] = []
+
+    def step(self, kind: str, value: Any, ts: float) -> None:
+        with core(self.module):
+            if kind == "batch":
+                (source, rank), events, _dt, replayed = value
+                batch = Batch(ts, events, rank)
+                self.index.apply(source, rank, batch, now=1000.0 + ts, replayed=replayed)
+                self.learner.learn_batch(source, rank, batch)
+            elif kind == "restart":
+                self.index.stream(*value).reset()
+            elif kind == "stale":
+                self.index.stream(*value).mark_stale("unrecovered")
+            elif kind == "digest":
+                self.index.stream(*value).digest()
+            else:  # a snapshot holds the groups: the next change copies them first
+                self.frozen.append(shown_groups(self.index.stream(*value).block_groups(freeze=True)))
+
+    def shown(self, now: float) -> dict[str, Any]:
+        """Everything the index, the attribution and the learner show."""
+        index = self.index
+        streams = list(index.streams())
+        out: dict[str, Any] = {
+            "occupancy": index.snapshot(0, now),
+            "holders": [index.stream(*STREAMS[0]).fleet_holders(h) for h in POOL],
+            "holds": [index.holds(s, h) for s in STREAMS for h in POOL],
+            "resident": index.resident_blocks(),
+            "prefill": self.attribution.to_json(streams, now),
+            "tracked": self.attribution.tracked(),
+            "learner": (self.learner.entries(), self.learner.evicted, self.learner.second_chances),
+        }
+        for stream in streams:
+            key = f"{stream.source}/{stream.dp_rank}"
+            out[key] = {
+                "groups": shown_groups(stream.block_groups()),
+                "unknown_removes": stream.unknown_removes,
+                "stale": stream.stale_reason,
+                "prefill": self.attribution.stream_json(stream, now),
+                "refcounts": [stream.refcount(h, m, g) for h in POOL for m in (None, "CPU") for g in (None, 1)],
+            }
+            if stream._digest:
+                out[key]["digest"] = stream.digest()
+        return out
+
+
+def shown_groups(groups: list[occupancy.BlockGroup]) -> list[Any]:
+    return [
+        (medium, group_idx, size, sorted(map(repr, blocks)), sorted((repr(h), n) for h, n in extra.items()))
+        for medium, group_idx, size, blocks, extra in groups
+    ]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    steps=st.lists(step_st(), min_size=1, max_size=30),
+    window=st.sampled_from([0.5, 2.0, 60.0]),
+    bound=st.sampled_from([2, 5, 32_768]),
+)
+def test_both_passes_keep_the_same_index_attribution_and_learner(
+    steps: list[tuple[str, Any]], window: float, bound: int
+) -> None:
+    compiled = _compiled("kvgateway.state._apply_c")
+    sides = [Side(_apply_py, window, bound), Side(compiled, window, bound)]
+    ts = 0.0
+    for kind, value in steps:
+        if kind == "batch":
+            ts += value[2]
+        for side in sides:
+            side.step(kind, value, ts)
+        assert sides[0].shown(1000.0 + ts) == sides[1].shown(1000.0 + ts)
+    assert sides[0].frozen == sides[1].frozen
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["add", "take", "none_of"]), st.lists(hash_st, max_size=6), st.floats(0, 5)),
+        max_size=25,
+    ),
+    window=st.sampled_from([0.5, 3.0]),
+    bound=st.sampled_from([1, 3, 8]),
+)
+def test_the_compiled_evictions_remember_and_forget_as_the_reference(
+    ops: list[tuple[str, list[Hash], float]], window: float, bound: int
+) -> None:
+    """Generations, expiry and the bound (``dropped``) hash by hash, at every step."""
+    compiled = _compiled("kvgateway.state._apply_c")
+    both = [module.Evictions(window, bound) for module in (_apply_py, compiled)]
+    ts = 0.0
+    for kind, hashes, dt in ops:
+        ts += dt
+        answers = []
+        for evictions in both:
+            if kind == "add":
+                answers.append(evictions.add(hashes, ts))
+            elif kind == "take":
+                answers.append([evictions.take(h) for h in hashes])
+            else:
+                answers.append(evictions.none_of(hashes))
+        assert answers[0] == answers[1]
+        shown = [(list(e.current.items()), list(e.previous.items()), e.since, e.dropped, e.size) for e in both]
+        assert shown[0] == shown[1]
+
+
+def test_the_public_index_runs_the_chosen_pass() -> None:
+    from kvgateway.runtime import extensions
+
+    compiled = _compiled("kvgateway.state._apply_c")
+    chosen = _apply_py if extensions.forced_pure() else compiled
+    assert (occupancy.Group, occupancy.Medium, occupancy.apply_batch, occupancy.Evictions) == (
+        chosen.Group,
+        chosen.Medium,
+        chosen.apply_batch,
+        chosen.Evictions,
+    )
+    assert attribution.Evictions is chosen.Evictions
+    assert "kvgateway.state._apply_c" in extensions.COMPILED_MODULES
