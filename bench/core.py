@@ -2,7 +2,7 @@
 ``python -m bench.core [--smoke] [--batches N] [--rounds R]``.
 
 The stages the compiled core replaces, as scenario 1's in-process table measures them (bench/
-ingest.py's ``_stages``): **render** (the events rendered and encoded to the JSON the log keeps) and
+ingest.py's ``_stages``): **render** (``events_json``: the events' JSON and filter keys the log keeps) and
 **learn** (a default ``ChainLearner`` fed every batch: it reaches its floor cap of 65,536 entries and
 evicts from there). Both cores are loaded side by side (``kvgateway.protocol._render_py`` and
 ``_render_c``, ``kvgateway.state._learner_py`` and ``_learner_c``) and timed on the same decoded
@@ -39,7 +39,6 @@ from bench.ingest import VARIANTS, _stages
 from bench.learner import REPO
 from bench.lookup import _commit
 from kvgateway.engine import wire
-from kvgateway.protocol import messages
 from kvgateway.state import occupancy
 
 RESULTS: Final = REPO / "bench" / "results" / "core"
@@ -67,9 +66,9 @@ def _modules() -> dict[str, dict[str, ModuleType]]:
 
 
 def _render(module: ModuleType, batches: list[wire.Batch]) -> None:
-    render_events, encode_events = module.render_events, messages.encode_events
+    events_json = module.events_json  # the events' JSON and filter keys, as the log keeps them
     for batch in batches:
-        encode_events(render_events(batch.events))
+        events_json(batch.events)
 
 
 def _learn(module: ModuleType, batches: list[wire.Batch]) -> None:

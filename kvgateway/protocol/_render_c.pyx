@@ -1,5 +1,503 @@
-# cython: language_level=3, binding=True
-# The compiled renderer: the pure-Python reference (_render_py.py) compiled unchanged (Cython's
-# include), so the two cannot drift; measured at about 30% less render time per batch than the
-# interpreted module (docs/performance.md, "The compiled core").
+# cython: language_level=3, binding=True, boundscheck=False, wraparound=False, cdivision=True, annotation_typing=False
+"""The compiled renderer: the pure-Python reference (``_render_py.py``) compiled through Cython's
+include, so everything it defines is the same code, with its two per-batch writers replaced.
+
+:func:`events_json` writes a batch's events straight from the decoded structs into one C buffer:
+no dict per event, no list of hash strings, no second pass for the filter keys. It writes exactly
+what the reference's dicts encode to (msgspec's compact JSON: keys in the reference's order, ints
+in decimal, hashes as decimal or hex strings, strings escaped as msgspec escapes them). What it has
+no fast path for (an unknown event, a further field named like one of the event's own, a value of
+a type the reference only passes through) it hands to the reference for that event, whose bytes
+it then copies: the output is the reference's in every case, which
+tests/unit/protocol/test_render_differential.py checks over every wire layout.
+
+:func:`batch_message` writes a message's head (``type`` .. ``ts``) in C and joins it with the
+events' JSON in one allocation; the per-epoch and per-stream parts of the head are encoded once and
+kept.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.array cimport array, clone
+from libc.string cimport memcpy
+
+cdef extern from "Python.h":
+    bint PyLong_CheckExact(object)
+    bint PyUnicode_CheckExact(object)
+    bint PyBytes_CheckExact(object)
+    bint PyList_CheckExact(object)
+    bint PyDict_CheckExact(object)
+    long long PyLong_AsLongLongAndOverflow(object, int*) except? -1
+    unsigned long long PyLong_AsUnsignedLongLong(object) except? -1
+    bint PyUnicode_IS_ASCII(object)
+    Py_ssize_t PyUnicode_GET_LENGTH(object)
+    const char* PyUnicode_1BYTE_DATA(object)
+    int PyDict_Next(object, Py_ssize_t*, PyObject**, PyObject**)
+
 include "_render_py.py"
+
+# --- constants -------------------------------------------------------------------------------------
+
+cdef object _encoder = msgspec.json.Encoder()
+cdef bytes _STORED_OPEN = b'{"type":"BlockStored","block_hashes":'
+cdef bytes _PARENT_BLOCK_HASH = b',"parent_block_hash":'
+cdef bytes _TOKEN_IDS = b',"token_ids":'
+cdef bytes _BLOCK_SIZE = b',"block_size":'
+cdef bytes _LORA_ID = b',"lora_id":'
+cdef bytes _LORA_NAME = b',"lora_name":'
+cdef bytes _REMOVED_OPEN = b'{"type":"BlockRemoved","block_hashes":'
+cdef bytes _CLEARED_OPEN = b'{"type":"AllBlocksCleared"'
+cdef bytes _OFFSET = b'","offset":'
+cdef bytes _TS = b'","ts":'
+cdef bytes _EVENTS = b',"events":['
+cdef bytes _NULL = b'null'
+cdef bytes _TRUE = b'true'
+cdef bytes _FALSE = b'false'
+
+# --- a growing C buffer ---------------------------------------------------------------------------
+
+cdef struct Buffer:
+    char* data
+    Py_ssize_t size
+    Py_ssize_t capacity
+
+
+cdef int _reserve(Buffer* out, Py_ssize_t more) except -1:
+    cdef Py_ssize_t capacity = out.capacity
+    cdef char* data
+    if out.size + more <= capacity:
+        return 0
+    while capacity < out.size + more:
+        capacity *= 2
+    data = <char*>PyMem_Realloc(out.data, capacity)
+    if data == NULL:
+        raise MemoryError()
+    out.data = data
+    out.capacity = capacity
+    return 0
+
+
+cdef inline int _put(Buffer* out, const char* text, Py_ssize_t size) except -1:
+    if out.size + size > out.capacity:
+        _reserve(out, size)
+    memcpy(out.data + out.size, text, size)
+    out.size += size
+    return 0
+
+
+cdef inline int _put_bytes(Buffer* out, bytes text) except -1:
+    return _put(out, PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text))
+
+
+cdef inline int _put_char(Buffer* out, char c) except -1:
+    if out.size + 1 > out.capacity:
+        _reserve(out, 1)
+    out.data[out.size] = c
+    out.size += 1
+    return 0
+
+
+# --- values -----------------------------------------------------------------------------------------
+
+cdef const char* _HEX = b"0123456789abcdef"
+
+
+cdef const char* _PAIRS = (
+    b"00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    b"40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    b"8081828384858687888990919293949596979899"
+)
+
+
+cdef int _put_unsigned(Buffer* out, unsigned long long value) except -1:
+    """Decimal digits, two at a time from a table (token ids are most of a batch's bytes)."""
+    cdef char digits[20]
+    cdef int at = 20
+    cdef unsigned int pair
+    while value >= 100:
+        pair = <unsigned int>(value % 100) * 2
+        value //= 100
+        at -= 2
+        digits[at] = _PAIRS[pair]
+        digits[at + 1] = _PAIRS[pair + 1]
+    if value >= 10:
+        pair = <unsigned int>value * 2
+        at -= 2
+        digits[at] = _PAIRS[pair]
+        digits[at + 1] = _PAIRS[pair + 1]
+    else:
+        at -= 1
+        digits[at] = <char>(48 + value)
+    return _put(out, digits + at, 20 - at)
+
+
+cdef int _put_int(Buffer* out, object value) except -1:
+    """An exact int in decimal, as msgspec writes it (and str() does, for a hash's text)."""
+    cdef int overflow = 0
+    cdef long long small = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow == 0:
+        if small < 0:
+            _put_char(out, 45)  # "-"
+            return _put_unsigned(out, <unsigned long long>(-(small + 1)) + 1)
+        return _put_unsigned(out, <unsigned long long>small)
+    if overflow > 0 and value <= 18446744073709551615:
+        return _put_unsigned(out, PyLong_AsUnsignedLongLong(value))
+    return _put_bytes(out, str(value).encode())  # wider than 64 bits: rare, and the same digits
+
+
+cdef int _put_hex(Buffer* out, bytes value) except -1:
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(value), i
+    cdef const unsigned char* data = <const unsigned char*>PyBytes_AS_STRING(value)
+    cdef char* at
+    _reserve(out, 2 * n)
+    at = out.data + out.size
+    for i in range(n):
+        at[2 * i] = _HEX[data[i] >> 4]
+        at[2 * i + 1] = _HEX[data[i] & 15]
+    out.size += 2 * n
+    return 0
+
+
+cdef bint _put_hash(Buffer* out, object value) except -1:
+    """A block hash as its quoted text (render.hash_text); False for another type (not written)."""
+    if PyLong_CheckExact(value):
+        _put_char(out, 34)
+        _put_int(out, value)
+    elif PyBytes_CheckExact(value):
+        _put_char(out, 34)
+        _put_hex(out, value)
+    else:
+        return False
+    _put_char(out, 34)
+    return True
+
+
+cdef int _put_str(Buffer* out, object text) except -1:
+    """An exact str as a JSON string: ASCII without quotes, backslashes or control characters is
+    copied; anything else is msgspec's own escaping."""
+    cdef Py_ssize_t n, i
+    cdef const unsigned char* data
+    if PyUnicode_IS_ASCII(text):
+        n = PyUnicode_GET_LENGTH(text)
+        data = <const unsigned char*>PyUnicode_1BYTE_DATA(text)
+        for i in range(n):
+            if data[i] < 32 or data[i] == 34 or data[i] == 92:
+                break
+        else:
+            _put_char(out, 34)
+            _put(out, <const char*>data, n)
+            return _put_char(out, 34)
+    return _put_bytes(out, _encoder.encode(text))
+
+
+cdef int _put_value(Buffer* out, object value) except -1:
+    """Any value as the reference encodes it: the common ones here, the rest through msgspec."""
+    if value is None:
+        return _put_bytes(out, _NULL)
+    if value is True:
+        return _put_bytes(out, _TRUE)
+    if value is False:
+        return _put_bytes(out, _FALSE)
+    if PyLong_CheckExact(value):
+        return _put_int(out, value)
+    if PyUnicode_CheckExact(value):
+        return _put_str(out, value)
+    return _put_bytes(out, _encoder.encode(value))
+
+
+cdef int _put_further(Buffer* out, object value) except -1:
+    """A further field's value (render._further: scalars as they are, anything else plain())."""
+    cdef Py_ssize_t i, n
+    if PyList_CheckExact(value):
+        n = PyList_GET_SIZE(value)
+        for i in range(n):  # extra_keys of Nones, the common case
+            if <object>PyList_GET_ITEM(value, i) is not None:
+                break
+        else:
+            _put_char(out, 91)
+            for i in range(n):
+                if i:
+                    _put_char(out, 44)
+                _put_bytes(out, _NULL)
+            return _put_char(out, 93)
+        return _put_bytes(out, _encoder.encode(plain(value)))
+    if value is None or value is True or value is False or PyLong_CheckExact(value) or PyUnicode_CheckExact(value):
+        return _put_value(out, value)
+    return _put_bytes(out, _encoder.encode(plain(value)))
+
+
+# --- events -----------------------------------------------------------------------------------------
+
+cdef frozenset _STORED_OWN = frozenset(
+    {"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "tier", "lora_name"}
+)
+cdef frozenset _REMOVED_OWN = frozenset({"type", "block_hashes", "medium", "tier"})
+cdef frozenset _CLEARED_OWN = frozenset({"type"})
+
+cdef dict _media = {}
+"""(event type, medium) -> (b',"medium":..,"tier":..', the filter key): few distinct, from the wire."""
+cdef int _MEDIA_MAX = 256
+
+
+cdef tuple _medium_part(object event, object kind):
+    medium = event.medium
+    if medium is not None and not PyUnicode_CheckExact(medium):
+        return None
+    found = _media.get((kind, medium))
+    if found is None:
+        part = b',"medium":' + _encoder.encode(medium) + b',"tier":' + _encoder.encode(medium_tier(medium))
+        found = (part, event_key(event))
+        if len(_media) < _MEDIA_MAX:
+            _media[(kind, medium)] = found
+    return <tuple>found
+
+
+cdef bint _put_extra(Buffer* out, object extra, frozenset own) except -1:
+    """The further fields after the event's own; False (nothing usable written) where the reference
+    would not simply append them: a name of the event's own (it overwrites it in place), or not a str."""
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* key
+    cdef PyObject* value
+    if not PyDict_CheckExact(extra):
+        return False
+    while PyDict_Next(extra, &pos, &key, &value):
+        if not PyUnicode_CheckExact(<object>key) or <object>key in own:
+            return False
+        _put_char(out, 44)
+        _put_str(out, <object>key)
+        _put_char(out, 58)
+        _put_further(out, <object>value)
+    return True
+
+
+cdef bint _put_hashes(Buffer* out, object hashes) except -1:
+    cdef Py_ssize_t i, n
+    if not PyList_CheckExact(hashes):
+        return False
+    n = PyList_GET_SIZE(hashes)
+    _put_char(out, 91)
+    for i in range(n):
+        if i:
+            _put_char(out, 44)
+        if not _put_hash(out, <object>PyList_GET_ITEM(hashes, i)):
+            return False
+    _put_char(out, 93)
+    return True
+
+
+cdef int _put_ints(Buffer* out, object values) except -1:
+    """token_ids: a list of exact ints in C, anything else as msgspec encodes it."""
+    cdef Py_ssize_t i, n
+    if PyList_CheckExact(values):
+        n = PyList_GET_SIZE(values)
+        for i in range(n):
+            if not PyLong_CheckExact(<object>PyList_GET_ITEM(values, i)):
+                break
+        else:
+            _put_char(out, 91)
+            for i in range(n):
+                if i:
+                    _put_char(out, 44)
+                _put_int(out, <object>PyList_GET_ITEM(values, i))
+            return _put_char(out, 93)
+    return _put_bytes(out, _encoder.encode(values))
+
+
+cdef tuple _opened(Buffer* out, object event, object kind, bytes opening):
+    """A block event's type and hashes; its medium part and key, or None where the reference
+    must write the event."""
+    media = _medium_part(event, kind)
+    if media is None:
+        return None
+    _put_bytes(out, opening)
+    if not _put_hashes(out, event.block_hashes):
+        return None
+    return media
+
+
+cdef object _put_stored(Buffer* out, object event):
+    """A BlockStored's JSON; its filter key, or None where the reference must write it."""
+    media = _opened(out, event, STORED, _STORED_OPEN)
+    if media is None:
+        return None
+    _put_bytes(out, _PARENT_BLOCK_HASH)
+    parent = event.parent_block_hash
+    if parent is None:
+        _put_bytes(out, _NULL)
+    elif not _put_hash(out, parent):
+        return None
+    _put_bytes(out, _TOKEN_IDS)
+    _put_ints(out, event.token_ids)
+    _put_bytes(out, _BLOCK_SIZE)
+    _put_value(out, event.block_size)
+    _put_bytes(out, _LORA_ID)
+    _put_value(out, event.lora_id)
+    _put_bytes(out, <bytes>media[0])
+    _put_bytes(out, _LORA_NAME)
+    _put_value(out, event.lora_name)
+    if not _put_extra(out, event.extra, _STORED_OWN):
+        return None
+    _put_char(out, 125)
+    return media[1]
+
+
+cdef object _put_removed(Buffer* out, object event):
+    media = _opened(out, event, REMOVED, _REMOVED_OPEN)
+    if media is None:
+        return None
+    _put_bytes(out, <bytes>media[0])
+    if not _put_extra(out, event.extra, _REMOVED_OWN):
+        return None
+    _put_char(out, 125)
+    return media[1]
+
+
+cdef object _CLEARED_KEY = None
+
+
+cdef object _put_cleared(Buffer* out, object event):
+    global _CLEARED_KEY
+    _put_bytes(out, _CLEARED_OPEN)
+    if not _put_extra(out, event.extra, _CLEARED_OWN):
+        return None
+    _put_char(out, 125)
+    if _CLEARED_KEY is None:
+        _CLEARED_KEY = event_key(event)
+    return _CLEARED_KEY
+
+
+cdef object _put_event(Buffer* out, object event):
+    """One event's JSON and its filter key; where the fast paths do not apply, the reference's."""
+    cdef Py_ssize_t start = out.size
+    kind = type(event)
+    key = None
+    try:
+        if kind is BlockStored:
+            key = _put_stored(out, event)
+        elif kind is BlockRemoved:
+            key = _put_removed(out, event)
+        elif kind is AllBlocksCleared:
+            key = _put_cleared(out, event)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        key = None  # a value msgspec refused where the reference may never encode it (overwritten)
+    if key is None:
+        out.size = start
+        _put_bytes(out, _encoder.encode(render_event(event)))
+        key = event_key(event)
+    return key
+
+
+cdef array _ENDS = array("q")
+
+
+cdef Buffer _out = Buffer(NULL, 0, 0)
+"""Reused by every call (the GIL serialises them, and nothing called while writing writes here): a
+fresh buffer per batch cost more in page faults than the writing itself."""
+cdef Py_ssize_t _KEPT = 1 << 20  # a larger one (a huge batch) is given back after its call
+
+
+def _events_json_c(events):
+    cdef Py_ssize_t i, n
+    cdef array ends
+    cdef tuple keys
+    if not PyList_CheckExact(events):
+        events = list(events)
+    n = PyList_GET_SIZE(events)
+    ends = clone(_ENDS, n, False)
+    keys = PyTuple_New(n)
+    if _out.data == NULL:
+        _out.data = <char*>PyMem_Malloc(65536)
+        if _out.data == NULL:
+            raise MemoryError()
+        _out.capacity = 65536
+    _out.size = 0
+    try:
+        for i in range(n):
+            if i:
+                _put_char(&_out, 44)
+            key = _put_event(&_out, <object>PyList_GET_ITEM(events, i))
+            Py_INCREF(key)
+            PyTuple_SET_ITEM(keys, i, key)
+            ends.data.as_longlongs[i] = _out.size
+        body = PyBytes_FromStringAndSize(_out.data, _out.size)
+    finally:
+        if _out.capacity > _KEPT:
+            PyMem_Free(_out.data)
+            _out.data = NULL
+            _out.capacity = 0
+    return messages.EncodedEvents(body, ends), keys
+
+
+# --- the batch message --------------------------------------------------------------------------
+
+cdef object _epoch = None
+cdef bytes _epoch_head = b""  # '{"type":"batch","id":"<epoch>:' as msgspec writes it
+cdef dict _streams = {}  # stream -> b',"source":..,"dp_rank":..,"seq":"'
+cdef int _STREAMS_MAX = 4096
+
+
+cdef bytes _stream_part(object stream):
+    found = _streams.get(stream)
+    if found is None:
+        source, dp_rank = stream
+        found = b',"source":' + _encoder.encode(source) + b',"dp_rank":' + _encoder.encode(dp_rank) + b',"seq":"'
+        if len(_streams) < _STREAMS_MAX:
+            _streams[stream] = found
+    return <bytes>found
+
+
+def _batch_message_c(epoch, offset, stream, *, seq, ts, events):
+    global _epoch, _epoch_head
+    cdef Buffer head
+    cdef char space[256]
+    cdef Py_ssize_t prefix, size
+    cdef bytes body
+    cdef char* at
+    if not (PyUnicode_CheckExact(epoch) and PyLong_CheckExact(offset) and PyLong_CheckExact(seq)):
+        return batch_message_reference(epoch, offset, stream, seq=seq, ts=ts, events=events)
+    if epoch is not _epoch:
+        quoted = _encoder.encode(epoch)
+        _epoch_head = b'{"type":"batch","id":' + quoted[: len(quoted) - 1] + b":"
+        _epoch = epoch
+    head.data = space
+    head.size = 0
+    head.capacity = 256
+    stream_part = _stream_part(stream)
+    if PyBytes_GET_SIZE(_epoch_head) + PyBytes_GET_SIZE(stream_part) > 160:
+        return batch_message_reference(epoch, offset, stream, seq=seq, ts=ts, events=events)  # long names: rare
+    _put_bytes(&head, _epoch_head)
+    _put_int(&head, offset)
+    _put_bytes(&head, _OFFSET)
+    _put_int(&head, offset)
+    _put_bytes(&head, stream_part)
+    _put_int(&head, seq)
+    _put_bytes(&head, _TS)
+    ts_json = _encoder.encode(ts)
+    if head.size + PyBytes_GET_SIZE(ts_json) + 11 > 256:
+        return batch_message_reference(epoch, offset, stream, seq=seq, ts=ts, events=events)
+    _put_bytes(&head, ts_json)
+    _put_bytes(&head, _EVENTS)
+    body = events.body
+    prefix = head.size
+    size = prefix + PyBytes_GET_SIZE(body) + 2
+    data = PyBytes_FromStringAndSize(NULL, size)
+    at = PyBytes_AS_STRING(data)
+    memcpy(at, head.data, prefix)
+    memcpy(at + prefix, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body))
+    at[size - 2] = 93  # "]"
+    at[size - 1] = 125  # "}"
+    message_id = epoch + ":" + str(offset)
+    return messages.EncodedBatch(
+        messages.OutMessage(data, messages.BATCH, message_id), prefix, events.ends.tobytes()
+    )
+
+
+# The public names: the C writers in place of the reference's (which the rest of the included code
+# does not call).
+batch_message_reference = batch_message
+events_json = _events_json_c
+batch_message = _batch_message_c

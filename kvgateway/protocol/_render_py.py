@@ -1,15 +1,18 @@
-"""The pure-Python renderer (the reference), compiled unchanged as ``_render_c`` where a C compiler
-works (:mod:`kvgateway.protocol.render` picks one at import).
+"""The pure-Python renderer (the reference); ``_render_c`` compiles this file (Cython's include)
+and replaces its two per-batch writers, :func:`events_json` and :func:`batch_message`, with one-pass
+C writers that give the same bytes (:mod:`kvgateway.protocol.render` picks a module at import).
 
 Engine events rendered for clients: the JSON-ready form a ``batch`` message carries
 (:mod:`kvgateway.protocol.messages` encodes it), with the engine's own field names, and any msgpack value an
 engine may send (bytes, extension types, maps keyed by nil or arrays, deep nesting) as JSON can
-carry it."""
+carry it. :func:`events_json` is what the log keeps of a batch's events (their JSON, where each
+ends, each one's filter key); :func:`batch_message` puts a message's head in front of them at its
+offset."""
 
 # No ``from __future__ import annotations``: _render_c.pyx includes this file after its own lines,
 # where a __future__ import may not stand (every annotation here evaluates on Python 3.11).
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -24,8 +27,11 @@ from kvgateway.engine.wire import (
     BlockStored,
     Event,
     Hash,
+    Stream,
     UnknownEvent,
 )
+from kvgateway.protocol import messages
+from kvgateway.protocol.filters import EventKey, event_key
 
 # --- msgpack values made JSON-ready ---------------------------------------------------------
 
@@ -127,3 +133,23 @@ def render_event(event: Event) -> dict[str, Any]:
 
 def render_events(events: Iterable[Event]) -> list[dict[str, Any]]:
     return [render_event(event) for event in events]
+
+
+# --- what the log keeps of a batch ------------------------------------------------------------
+
+
+def events_json(events: Sequence[Event]) -> tuple[messages.EncodedEvents, tuple[EventKey, ...]]:
+    """A batch's events as the log keeps them: their JSON, comma-joined, with where each ends
+    (:class:`~kvgateway.protocol.messages.EncodedEvents`), and each event's filter key
+    (:func:`kvgateway.protocol.filters.event_key`). Made once per batch, before it has an offset."""
+    return messages.encode_events(render_events(events)), tuple(event_key(event) for event in events)
+
+
+def batch_message(
+    epoch: str, offset: int, stream: Stream, *, seq: int, ts: float, events: messages.EncodedEvents
+) -> messages.EncodedBatch:
+    """The batch message at ``offset`` of ``epoch``: its head, then ``events`` (:func:`events_json`)."""
+    source, dp_rank = stream
+    return messages.encode_batch(
+        epoch=epoch, offset=offset, source=source, dp_rank=dp_rank, seq=seq, ts=ts, events=events
+    )

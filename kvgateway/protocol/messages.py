@@ -194,18 +194,15 @@ _EVENTS_OPEN: Final = b',"events":['
 _EVENTS_CLOSE: Final = b"]}"
 
 
-class EncodedEvents:
+class EncodedEvents(msgspec.Struct, gc=False, eq=False):
     """A batch's events as JSON, each encoded once, joined by commas, with where each ends.
 
     Made once per batch on the ingest side (it needs no offset), it is what the ordered log
     carries; :func:`encode_batch` puts the message's head in front of it at its offset.
     """
 
-    __slots__ = ("body", "ends")
-
-    def __init__(self, body: bytes, ends: array[int]) -> None:
-        self.body = body
-        self.ends = ends  # end of event i in body; event i+1 starts one comma later
+    body: bytes
+    ends: array[int]  # end of event i in body; event i+1 starts one comma later
 
 
 def encode_events(events: Iterable[dict[str, Any]]) -> EncodedEvents:

@@ -1,0 +1,228 @@
+"""The compiled writers against the reference: what the log keeps of a batch
+(:func:`kvgateway.protocol.render.events_json`: the events' JSON, where each ends, each one's
+filter key) and the batch message around it (:func:`~kvgateway.protocol.render.batch_message`),
+byte for byte, from both cores fed the same decoded batches: every wire layout (positional and map
+events, u64, i64 and byte hashes, extra_keys, mediums, groups, locality, LoRA, clears, unknown
+events), the values the C writer has no fast path for (it must hand them to the reference), the
+further fields named like an event's own, strings that need escaping, integers at every edge of
+64 bits, and the heads' epochs, sources, offsets, seqs and timestamps.
+
+Skipped where the compiled core was not built; hypothesis shrinks any difference to a minimal batch."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from array import array
+from types import ModuleType
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvgateway.engine import wire
+from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored, Event, UnknownEvent
+from kvgateway.protocol import _render_py, render
+from kvgateway.protocol.messages import EncodedBatch, EncodedEvents, encode_events
+from kvgateway.runtime import extensions
+from tests.unit.test_wire import U64, encoded_event
+
+
+def _compiled() -> ModuleType:
+    try:
+        return importlib.import_module("kvgateway.protocol._render_c")
+    except ImportError:
+        pytest.skip("the compiled core is not built here (no C compiler at install)")
+
+
+def assert_same(events: list[Event]) -> tuple[EncodedEvents, Any]:
+    """Both cores' events_json of ``events``: the same body, ends and keys (returned); or, for a
+    value the reference cannot encode (not one a decoder makes), the same error."""
+    compiled = _compiled()
+    try:
+        ours, our_keys = _render_py.events_json(events)
+    except (TypeError, AttributeError) as exc:
+        with pytest.raises(type(exc)):
+            compiled.events_json(events)
+        return EncodedEvents(b"", array("q")), ()
+    theirs, their_keys = compiled.events_json(events)
+    assert theirs.body == ours.body
+    assert list(theirs.ends) == list(ours.ends)
+    assert their_keys == our_keys
+    return theirs, their_keys
+
+
+def assert_same_message(
+    epoch: str, offset: int, stream: tuple[str, int], *, seq: int, ts: float, events: EncodedEvents
+) -> EncodedBatch:
+    compiled = _compiled()
+    ours, theirs = (
+        m.batch_message(epoch, offset, stream, seq=seq, ts=ts, events=events) for m in (_render_py, compiled)
+    )
+    assert theirs.message.data == ours.message.data
+    assert (theirs.message.id, theirs.message.type) == (ours.message.id, ours.message.type)
+    assert theirs._prefix == ours._prefix and theirs._ends == ours._ends
+    return theirs
+
+
+# --- every wire layout ----------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(encoded_event(), max_size=6), rank=st.sampled_from([0, 3]))
+def test_every_wire_layout_gives_the_same_bytes_ends_and_keys(
+    items: list[tuple[Any, Event, tuple[Any, ...]]], rank: int
+) -> None:
+    batch = wire.decode_batch(msgspec.msgpack.encode([1.0, [value for value, _, _ in items], rank]))
+    encoded, keys = assert_same(batch.events)
+    # and what the log kept is what the reference's two steps gave before this writer existed
+    assert encoded.body == encode_events(_render_py.render_events(batch.events)).body
+    assert len(keys) == len(batch.events)
+    message = assert_same_message("0123456789abcdef", 7, ("eng", rank), seq=41, ts=batch.ts, events=encoded)
+    assert msgspec.json.decode(message.message.data)["events"] == msgspec.json.decode(b"[" + encoded.body + b"]")
+
+
+# --- values off the fast paths ----------------------------------------------------------------------
+
+text_st = st.text(max_size=6) | st.sampled_from(
+    ["", "GPU", 'a"b', "a\\b", "\n", "\x00\x1f", "\x7f", "é", "\u2028", "日本"]
+)
+int_st = st.integers(-(2**63), U64) | st.sampled_from(
+    [0, 9, 10, 99, 100, -1, -10, 2**63 - 1, -(2**63), 2**63, U64, U64 + 1, -(2**63) - 1, 2**80, -(2**80)]
+)
+nested_st = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        int_st,
+        st.floats(),
+        text_st,
+        st.binary(max_size=4),
+        st.builds(msgspec.msgpack.Ext, st.integers(-128, 127), st.binary(max_size=4)),
+    ),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.one_of(text_st, st.integers(-3, 3), st.binary(max_size=2), st.none()), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+hash_st = int_st | st.binary(max_size=33)
+# further fields: the usual names, names of the events' own fields (the reference overwrites those
+# in place), and names that need escaping
+OWN_NAMES = [
+    "type",
+    "medium",
+    "tier",
+    "block_hashes",
+    "token_ids",
+    "lora_name",
+    "lora_id",
+    "parent_block_hash",
+    "block_size",
+]
+extra_name_st = st.sampled_from(
+    ["extra_keys", "group_idx", "locality", "kv_cache_spec_kind", "x", 'q"', "é", *OWN_NAMES]
+)
+extra_st = st.dictionaries(extra_name_st, nested_st, max_size=3) | st.sampled_from(
+    [{}, {"extra_keys": [None, None]}, {"extra_keys": []}, {"extra_keys": [None, 1]}, {"group_idx": True}]
+)
+medium_st = st.none() | text_st | st.sampled_from(["GPU", "cpu", "CPU_PINNED", "REMOTE_GPU", "DISK", ""])
+
+
+@st.composite
+def odd_event(draw: st.DrawFn) -> Event:
+    kind = draw(st.sampled_from(["stored"] * 3 + ["removed", "cleared", "unknown"]))
+    extra = draw(extra_st)
+    if kind == "stored":
+        return BlockStored(
+            draw(st.lists(hash_st, max_size=4)),
+            draw(st.none() | hash_st),
+            draw(st.lists(int_st, max_size=6) | st.lists(nested_st, max_size=3)),
+            draw(int_st | st.sampled_from([None, 1.5, True])),
+            draw(st.none() | int_st | st.sampled_from([False, 2.0, "7"])),
+            draw(medium_st),
+            draw(st.none() | text_st | st.sampled_from([1, b"\x01"])),
+            extra,
+        )
+    if kind == "removed":
+        return BlockRemoved(draw(st.lists(hash_st, max_size=4)), draw(medium_st), extra)
+    if kind == "cleared":
+        return AllBlocksCleared(extra=extra)
+    if draw(st.booleans()):
+        return UnknownEvent(type="BlockMoved", body=["BlockMoved", draw(nested_st)])
+    return UnknownEvent(type="X", body={"type": "X", "medium": draw(medium_st), "v": draw(nested_st)})
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=st.lists(odd_event(), max_size=5))
+def test_values_off_the_fast_paths_are_written_as_the_reference_writes_them(events: list[Event]) -> None:
+    """Escaped strings, ints past 64 bits, floats, bools, bytes and nested values in every field,
+    further fields named like the event's own, unknown events: the reference's bytes every time."""
+    assert_same(events)
+
+
+def test_a_hash_of_no_hash_type_fails_alike() -> None:
+    """Neither int nor bytes: the reference fails on ``.hex()``, and so does the compiled writer."""
+    compiled = _compiled()
+    for bad in ("ab", None, True):
+        event = BlockStored([1, bad], None, [], 0)  # type: ignore[list-item]
+        for module in (_render_py, compiled):
+            with pytest.raises(AttributeError):
+                module.events_json([event])
+
+
+def test_a_huge_batch_and_the_next_small_one() -> None:
+    """A batch far larger than the writer's reused buffer, then a small one: both exact."""
+    big = [BlockStored(list(range(2000)), None, list(range(40_000)), 20, None, "GPU", None, {}) for _ in range(30)]
+    encoded, _ = assert_same(big)
+    assert len(encoded.body) > 2**20
+    assert_same([AllBlocksCleared()])
+
+
+# --- the message's head -------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    epoch=st.sampled_from(["0123456789abcdef", "KV_events-1", "a"]) | text_st,
+    offset=st.integers(0, 2**70),
+    source=text_st | st.text(min_size=50, max_size=200),
+    dp_rank=int_st,
+    seq=st.integers(0, 2**70),
+    ts=st.floats() | st.integers(-3, 2**64) | st.sampled_from([0.0, -0.0, 1e20, 1.5e-7, 1789095808.8378847]),
+    events=st.lists(odd_event(), max_size=2),
+)
+def test_the_head_is_the_references_for_every_epoch_stream_offset_seq_and_time(
+    *, epoch: str, offset: int, source: str, dp_rank: int, seq: int, ts: float, events: list[Event]
+) -> None:
+    encoded, _ = assert_same(events)
+    message = assert_same_message(epoch, offset, (source, dp_rank), seq=seq, ts=ts, events=encoded)
+    if not (isinstance(ts, float) and not math.isfinite(ts)):
+        decoded = msgspec.json.decode(message.message.data)
+        assert (decoded["offset"], decoded["seq"], decoded["source"]) == (offset, str(seq), source)
+
+
+def test_one_epoch_after_another_and_a_select_of_the_compiled_message() -> None:
+    """The per-epoch part of the head is kept: a second epoch must not reuse the first's; a
+    filtered variant cut from the compiled message is the reference's too."""
+    events: list[Event] = [
+        BlockStored([1, 2], None, [1, 2], 1, None, "GPU", None, {}),
+        BlockRemoved([b"\x01"], "CPU", {}),
+        AllBlocksCleared(),
+    ]
+    encoded, _ = assert_same(events)
+    for epoch in ("first", "second", "first"):
+        message = assert_same_message(epoch, 3, ("s", 0), seq=5, ts=1.0, events=encoded)
+        assert message.message.id == f"{epoch}:3"
+        reference = _render_py.batch_message(epoch, 3, ("s", 0), seq=5, ts=1.0, events=encoded)
+        for chosen in ([0], [1, 2], [0, 2]):
+            assert message.select(chosen).data == reference.select(chosen).data
+
+
+def test_the_chosen_core_writes_the_log() -> None:
+    compiled = _compiled()
+    chosen = _render_py if extensions.forced_pure() else compiled
+    assert (render.events_json, render.batch_message) == (chosen.events_json, chosen.batch_message)
