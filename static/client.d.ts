@@ -1,9 +1,9 @@
 // TypeScript declarations of static/client.js (and client-state.js, which it re-exports).
 //
 // Each interface marked `@schema NAME` is the message `$defs/NAME` of kvgateway's JSON Schema
-// (GET /v1/schema): tests/unit/test_client_types.py checks it field by field (names, optional or
-// required, nullable or not, types). Engine seqs are `Seq`: decimal strings, whether the gateway
-// sent strings or (older, or compat=int_seqs) numbers; the client converts them exactly.
+// (GET /v1/schema): tests/unit/protocol/test_schema_client_types.py checks it field by field (names,
+// optional or required, nullable or not, types). Engine seqs are `Seq`: decimal strings, whether
+// the gateway sent strings or (older, or compat=int_seqs) numbers; the client converts them exactly.
 
 /** An engine sequence number (unsigned 64-bit), as a decimal string. */
 export type Seq = string;

@@ -4,7 +4,7 @@ At 2,000 streams the per-stream families are about 90,000 samples; prometheus_cl
 writer spends some 5 us on each (a label dict per sample, sorted, each name validated and
 escaped). Here a family's label order is worked out once and each value is formatted once per
 distinct value, so a scrape pays little more than the string joins. The bytes are the ones
-``generate_latest`` writes for the same family (tests/unit/test_exposition.py holds them to it).
+``generate_latest`` writes for the same family (tests/unit/runtime/test_exposition.py holds them to it).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The web protocol's whole suite (tests/integration/test_web.py) against the cluster: every test
-there that serves clients runs again here, with the gateway it starts replaced by the same engines
+"""The web protocol's whole suite (tests/integration/web) against the cluster: every test there
+that serves clients runs again here, with the gateway it starts replaced by the same engines
 behind ``kvgateway ingest`` and a real nats-server, served by the second of two ``kvgateway edge``
 processes (started after the first).
 
@@ -9,35 +9,51 @@ rates, the schema: an edge must pass them as the single process does."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import itertools
-from collections.abc import Iterator
+import pkgutil
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from tests.integration import test_web as single
-from tests.integration.test_web import (  # noqa: F401 - pytest collects the fixtures imported
-    GatewayProcess,
+from tests.integration import web
+from tests.support import GatewayProcess, free_ports
+from tests.support import Start as Starter
+from tests.support.nats import NatsServer
+from tests.support.web import (  # noqa: F401 - pytest collects the fixtures imported
     Serve,
-    Starter,
     _every_message_follows_the_schema,
     gap_gateway,
     guarded,
     live,
     module_procs,
 )
-from tests.support import free_ports
-from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(180)
 
 SERVES = ("live", "guarded", "gap_gateway", "serve")
-"""A test of test_web that takes one of these serves clients: it runs here too."""
+"""A test of the web suite that takes one of these serves clients: it runs here too."""
 
-for _name, _test in vars(single).items():
-    if _name.startswith("test_") and set(inspect.signature(_test).parameters) & set(SERVES):
-        globals()[_name] = _test
+
+def web_tests() -> dict[str, Callable[..., Any]]:
+    """Every test function of the web suite's modules, by name (the names are unique across them)."""
+    tests: dict[str, Callable[..., Any]] = {}
+    for info in pkgutil.iter_modules(web.__path__):
+        if info.name.startswith("test_"):
+            module = importlib.import_module(f"{web.__name__}.{info.name}")
+            found = {name: test for name, test in vars(module).items() if name.startswith("test_")}
+            assert not found.keys() & tests.keys(), f"{info.name}: a test name taken twice"
+            tests |= found
+    return tests
+
+
+def serving_tests() -> dict[str, Callable[..., Any]]:
+    return {name: test for name, test in web_tests().items() if set(inspect.signature(test).parameters) & set(SERVES)}
+
+
+globals().update(serving_tests())
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +66,7 @@ def nats_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
 
 @pytest.fixture(scope="module")
 def serve(nats_module: NatsServer) -> Serve:
-    """test_web's gateway as a cluster: one ingest for its sources and two edges with its flags on a
+    """The web suite's gateway as a cluster: one ingest for its sources and two edges with its flags on a
     stream of its own (one nats-server for the module); the test talks to the second edge."""
     streams = itertools.count()
 
@@ -88,9 +104,5 @@ def recovery_window() -> str:
 
 def test_the_cluster_runs_every_test_of_the_single_process_that_serves_clients() -> None:
     here = {name for name in globals() if name.startswith("test_")}
-    serving = {
-        name
-        for name, test in vars(single).items()
-        if name.startswith("test_") and set(inspect.signature(test).parameters) & set(SERVES)
-    }
+    serving = set(serving_tests())
     assert len(serving) >= 18 and serving <= here, sorted(serving - here)

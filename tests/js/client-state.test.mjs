@@ -1,6 +1,6 @@
 // Unit tests of static/client-state.js: `node --test tests/js/client-state.test.mjs`.
 //
-// KVGATEWAY_DIGEST_VECTORS (set by tests/unit/test_js_client_state.py) holds digests computed by
+// KVGATEWAY_DIGEST_VECTORS (set by tests/integration/test_js_client.py) holds digests computed by
 // Python's own FNV-1a: [{keys: [[medium, group_idx, hash], ...], digest: "<16 hex>"}, ...].
 
 import assert from "node:assert/strict";

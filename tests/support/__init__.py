@@ -14,6 +14,11 @@
 - :mod:`~tests.support.clients`: WebSocket clients; :mod:`~tests.support.seqs`: how they read a
   message's engine seqs (decimal strings on the wire, ints to the tests); :mod:`~tests.support.ports`:
   free ports;
+- :mod:`~tests.support.events`: the engine events and batches unit tests build (one builder of
+  each); :mod:`~tests.support.payloads`: engine payloads built by hand, every layout, and their
+  hypothesis strategies;
+- :mod:`~tests.support.hub`: a hub without sockets and what its unit tests do with it;
+  :mod:`~tests.support.web`: the web suite's clients, schema check, filters and gateway fixtures;
 - :mod:`~tests.support.nats`, :mod:`~tests.support.demo`, :mod:`~tests.support.deploy`,
   :mod:`~tests.support.catalogue`, :mod:`~tests.support.bench_runs`: what one directory's tests use.
 

@@ -27,7 +27,7 @@ from kvgateway.protocol.messages import encode_events
 from kvgateway.state import _digest_py
 from kvgateway.state import _learner_py as pure
 from kvgateway.state._learner_py import block_digests
-from tests.unit.test_wire import U64, encoded_event
+from tests.support.payloads import U64, encoded_event
 
 
 def _compiled(name: str = "kvgateway.state._learner_c") -> ModuleType:
@@ -220,7 +220,7 @@ def test_the_compiled_learner_answers_and_evicts_as_the_reference(
 def test_every_wire_layout_decoded_then_learned_alike(
     items: list[tuple[Any, Event, tuple[Any, ...]]], rank: int
 ) -> None:
-    """The wire's own generator (tests/unit/test_wire.py: every layout, hash kind, medium, group and
+    """The wire's own generator (tests/support/payloads.py: every layout, hash kind, medium, group and
     unknown event), encoded, decoded and learned by both cores."""
     compiled = _compiled()
     batch = wire.decode_batch(msgspec.msgpack.encode([1.0, [value for value, _, _ in items], rank]))

@@ -27,7 +27,7 @@ from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored, E
 from kvgateway.protocol import _render_py, render
 from kvgateway.protocol.messages import EncodedBatch, EncodedEvents, encode_events
 from kvgateway.runtime import extensions
-from tests.unit.test_wire import U64, encoded_event
+from tests.support.payloads import U64, encoded_event
 
 
 def _compiled() -> ModuleType:

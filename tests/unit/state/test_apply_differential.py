@@ -27,7 +27,7 @@ from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockSt
 from kvgateway.state import _apply_py, _learner_py, attribution, occupancy
 from kvgateway.state.attribution import Attribution
 from kvgateway.state.occupancy import OccupancyIndex
-from tests.unit.test_wire import U64
+from tests.support.payloads import U64
 
 STREAMS = [("a", 0), ("a", 1), ("b", 0)]
 SWAPPED = ("Evictions", "Group", "Medium", "apply_batch")

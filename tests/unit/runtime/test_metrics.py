@@ -1,0 +1,71 @@
+"""kvgateway.runtime.metrics: the catalogue's pieces on their own: the lag histogram's buckets, the
+per-stream collector (registered streams exported at scrape time, a removed one gone), the hub's
+narrow view and the rejections declared at zero. (Their text, byte for byte against
+prometheus_client's, is tests/unit/runtime/test_exposition.py.)"""
+
+from __future__ import annotations
+
+from kvgateway.runtime.metrics import LAG_BUCKETS, REJECTION_REASONS, LagHistogram, Metrics, StreamFamilies
+
+
+def test_the_lag_histogram_counts_a_value_in_the_first_bucket_that_holds_it() -> None:
+    histogram = LagHistogram()
+    for value in (0.0, LAG_BUCKETS[0], LAG_BUCKETS[0] * 1.5, LAG_BUCKETS[-1], LAG_BUCKETS[-1] + 1):
+        histogram.observe(value)
+    cumulative = histogram.cumulative()
+    assert [bound for bound, _ in cumulative][-1] == "+Inf" and len(cumulative) == len(LAG_BUCKETS) + 1
+    assert cumulative[0] == (str(LAG_BUCKETS[0]), 2.0)  # 0 and the bound itself
+    assert cumulative[1][1] == 3.0
+    assert cumulative[-2][1] == 4.0 and cumulative[-1][1] == 5.0
+    assert histogram.total == sum((0.0, LAG_BUCKETS[0], LAG_BUCKETS[0] * 1.5, LAG_BUCKETS[-1], LAG_BUCKETS[-1] + 1))
+
+
+class _Stream:
+    def __init__(self, source: str, batches: int) -> None:
+        self.source, self.batches = source, batches
+
+    def export(self, families: StreamFamilies) -> None:
+        families.add("batches_received", (self.source, "0"), self.batches)
+
+
+def test_registered_streams_are_read_at_each_scrape_and_a_removed_one_is_gone() -> None:
+    metrics = Metrics()
+    a, b = _Stream("a", 3), _Stream("b", 5)
+    metrics.streams.add(a)
+    metrics.streams.add(b)
+
+    def batches(source: str) -> float | None:
+        return metrics.registry.get_sample_value("kvgateway_batches_received_total", {"source": source, "dp_rank": "0"})
+
+    assert (batches("a"), batches("b")) == (3, 5)
+    a.batches = 4  # read at the scrape, not when it changed
+    assert batches("a") == 4
+    metrics.streams.remove(b)
+    assert batches("b") is None
+    text, _ = metrics.exposition()
+    assert b'kvgateway_batches_received_total{dp_rank="0",source="a"} 4.0' in text
+    assert b'source="b"' not in text
+
+
+def test_the_hubs_view_counts_clients_resumes_and_the_ring() -> None:
+    metrics = Metrics()
+    hub = metrics.hub()
+    hub.joined("ws")
+    hub.joined("sse")
+    hub.left("sse", "slow_consumer")
+    hub.resumed("ws", recovered=True)
+    hub.retained(7, 700)
+    value = metrics.registry.get_sample_value
+    assert (value("kvgateway_clients", {"transport": "ws"}), value("kvgateway_clients", {"transport": "sse"})) == (1, 0)
+    assert value("kvgateway_client_disconnects_total", {"transport": "sse", "reason": "slow_consumer"}) == 1
+    assert value("kvgateway_resumes_total", {"transport": "ws", "recovered": "true"}) == 1
+    assert (value("kvgateway_ring_messages"), value("kvgateway_ring_bytes")) == (7, 700)
+    assert metrics.hub().sent["ws"] is hub.sent["ws"]  # every view shares the children
+
+
+def test_every_rejection_is_exported_at_zero_before_it_happens() -> None:
+    metrics = Metrics()
+    for transport in ("ws", "sse", "http"):
+        for reason in REJECTION_REASONS:
+            labels = {"transport": transport, "reason": reason}
+            assert metrics.registry.get_sample_value("kvgateway_client_rejections_total", labels) == 0
