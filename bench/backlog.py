@@ -29,8 +29,8 @@ from bench.common import (
     RESULTS_DIR,
     SOURCE_ENV,
     TOPIC,
-    Gateway,
     LogHistogram,
+    ServeProcess,
     code_identity,
     free_port,
     median,
@@ -72,7 +72,7 @@ def one_run(payloads: list[bytes], logs: Path) -> dict[str, Any]:
     """One gateway, one backlog: the probes' latencies while it is read."""
     logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    gateway = Gateway(logs / "gateway.log", endpoint=f"tcp://127.0.0.1:{port}")
+    gateway = ServeProcess(logs / "gateway.log", endpoint=f"tcp://127.0.0.1:{port}")
     try:
         gateway.wait_ready()
         _publish_and_vanish(port, payloads)

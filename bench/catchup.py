@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from bench import payloads
-from bench.common import BenchError, Gateway, Process, median, python_command, say
+from bench.common import BenchError, Process, ServeProcess, median, python_command, say
 from bench.context import Context
 from bench.harness import endpoint_of, replay_of, start_publisher
 from bench.ingest import _last_json
@@ -43,7 +43,7 @@ def gateway_trial(ctx: Context, run: int) -> dict[str, Any]:
         publisher.request({"cmd": "send", "count": count - 1, "rate": 0}, timeout=120)  # nobody listens yet
         publisher.send({"cmd": "send", "count": 1, "rate": 0, "when_subscribed": True})
         spawned = time.time()
-        gateway = Gateway(logs / "gateway.log", endpoint=endpoint_of(publisher), replay=replay_of(publisher))
+        gateway = ServeProcess(logs / "gateway.log", endpoint=endpoint_of(publisher), replay=replay_of(publisher))
         http_ready: float | None = None
         seq_done: float | None = None
         mediums: dict[str, int] = {}

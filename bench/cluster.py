@@ -38,8 +38,8 @@ from websockets.sync.client import connect
 from bench import payloads
 from bench.common import (
     BenchError,
-    Gateway,
     Process,
+    ServeProcess,
     cpu_seconds,
     free_port,
     get_json,
@@ -112,7 +112,7 @@ def _measure(pids: list[int], publisher: Any, base: str, count: int, rate: float
 
 def single_trial(data: Path, logs: Path, count: int, rate: float) -> dict[str, Any]:
     publisher = start_publisher(data, logs, "publisher-single")
-    gateway = Gateway(logs / "single.log", endpoint=endpoint_of(publisher))
+    gateway = ServeProcess(logs / "single.log", endpoint=endpoint_of(publisher))
     try:
         gateway.wait_ready()
         return _measure([gateway.pid], publisher, gateway.base, count, rate)

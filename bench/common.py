@@ -448,8 +448,8 @@ def stopping(*things: Process | Worker | None) -> Iterator[None]:
 # --- the gateway ------------------------------------------------------------------------------
 
 
-class Gateway(Process):
-    """``python -m kvgateway serve`` with one source, on a free loopback port."""
+class ServeProcess(Process):
+    """A ``python -m kvgateway serve`` subprocess with one source, on a free loopback port."""
 
     def __init__(
         self,

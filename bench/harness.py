@@ -19,9 +19,9 @@ from typing import Any, Literal, TypeAlias
 from bench.common import (
     BenchError,
     CpuMeter,
-    Gateway,
     LogHistogram,
     Process,
+    ServeProcess,
     Worker,
     cpu_seconds,
     free_port,
@@ -91,7 +91,7 @@ class Target:
 def start_target(kind: TargetKind, publisher: Worker, logs: Path, extra: Sequence[str] = ()) -> Target:
     """The server under test, subscribed to ``publisher`` (waits until the publisher sees it)."""
     if kind == "kvgateway":
-        gateway = Gateway(logs / "gateway.log", endpoint=endpoint_of(publisher), extra=extra)
+        gateway = ServeProcess(logs / "gateway.log", endpoint=endpoint_of(publisher), extra=extra)
         try:
             gateway.wait_ready()
         except BenchError:

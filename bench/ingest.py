@@ -31,9 +31,9 @@ from bench import payloads
 from bench.common import (
     BenchError,
     CpuMeter,
-    Gateway,
     Process,
     Profiler,
+    ServeProcess,
     median,
     pause,
     python_command,
@@ -105,7 +105,7 @@ def gateway_trial(ctx: Context, run: int, variant: str = "map") -> dict[str, Any
     gateway = None
     fleet = None
     try:
-        gateway = Gateway(
+        gateway = ServeProcess(
             logs / "gateway.log", endpoint=endpoint_of(publisher), extra=("--client-queue-bytes", str(CLIENT_QUEUE))
         )
         gateway.wait_ready()
@@ -148,7 +148,7 @@ CLIENT_QUEUE = 1024 * 1024 * 1024
 """The client may fall behind during the flood: it must not be cut as a slow consumer."""
 
 
-def _wait_ingested(gateway: Gateway, count: int) -> dict[str, Any]:
+def _wait_ingested(gateway: ServeProcess, count: int) -> dict[str, Any]:
     deadline = time.monotonic() + max(120, count / 200)
     source: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -160,7 +160,7 @@ def _wait_ingested(gateway: Gateway, count: int) -> dict[str, Any]:
     raise BenchError(f"the gateway reached seq {source.get('last_seq')} of {count - 1} in time")
 
 
-def _wait_delivered(gateway: Gateway, fleet: Fleet, count: int) -> None:
+def _wait_delivered(gateway: ServeProcess, fleet: Fleet, count: int) -> None:
     deadline = time.monotonic() + max(120, count / 200)
     while time.monotonic() < deadline:
         report = fleet.report()

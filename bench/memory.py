@@ -33,7 +33,7 @@ from typing import Any
 
 from bench import payloads
 from bench.bounded import BOUNDED, bounded_report
-from bench.common import BenchError, Gateway, median, rss_bytes, say
+from bench.common import BenchError, ServeProcess, median, rss_bytes, say
 from bench.context import Context
 from bench.harness import Fleet, endpoint_of, start_publisher
 
@@ -59,7 +59,7 @@ def fill_trial(ctx: Context, run: int, *, learner: bool) -> dict[str, Any]:
     publisher = start_publisher(payloads.path_of(spec), logs, "publisher", streams=STREAMS)
     gateway = None
     try:
-        gateway = Gateway(
+        gateway = ServeProcess(
             logs / "gateway.log",
             endpoint=endpoint_of(publisher),
             dp_size=STREAMS,
@@ -161,7 +161,7 @@ def churn(ctx: Context) -> dict[str, Any]:
     publisher = start_publisher(payloads.path_of(spec), logs, "publisher")
     gateway = fleet = None
     try:
-        gateway = Gateway(logs / "gateway.log", endpoint=endpoint_of(publisher))
+        gateway = ServeProcess(logs / "gateway.log", endpoint=endpoint_of(publisher))
         gateway.wait_ready()
         publisher.request({"cmd": "wait_subscribers", "timeout": 30}, timeout=40)
         fleet = Fleet(gateway.ws_url, "ws", 10, logs, "churn")

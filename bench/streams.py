@@ -15,7 +15,7 @@ import time
 import urllib.request
 from typing import Any
 
-from bench.common import BenchError, CpuMeter, Gateway, free_port_block, median, rss_bytes, say
+from bench.common import BenchError, CpuMeter, ServeProcess, free_port_block, median, rss_bytes, say
 from bench.context import Context
 
 PORTS_PER_SOURCE = 1000
@@ -62,7 +62,7 @@ def trial(ctx: Context, streams: int, run: int) -> dict[str, Any]:
     first, extra = _sources(streams)
     logs = ctx.logs / "streams" / f"n{streams}-run{run}"
     spawned = time.monotonic()
-    gateway = Gateway(
+    gateway = ServeProcess(
         logs / "gateway.log", endpoint=first, dp_size=min(streams, PORTS_PER_SOURCE), extra=extra, name="fleet0"
     )
     try:

@@ -82,37 +82,37 @@ def require_nats() -> None:
         raise ConfigError("the NATS client is missing: pip install 'kvgateway[nats]' (the nats extra)")
 
 
-def run_ingest(args: argparse.Namespace) -> int:
+def _cluster_command(args: argparse.Namespace, option_set: OptionSet, name: str) -> tuple[Settings, NatsOptions]:
+    """What ``ingest`` and ``edge`` do first: the NATS client there, their options loaded (the
+    client's connection named ``name``), and under ``serve --workers`` a death with the parent."""
     require_nats()
-    from kvgateway.cluster.ingest_role import IngestService
+    loaded = load(option_set, args)
+    if args.exit_with_parent:
+        exit_with_parent()
+    return loaded.settings, replace(loaded.nats, name=name)
+
+
+def run_ingest(args: argparse.Namespace) -> int:
+    settings, options = _cluster_command(args, INGEST, "kvgateway-ingest")
+    from kvgateway.cluster.ingest_role import IngestRole
     from kvgateway.serve import server
     from kvgateway.serve.app import probe_app
 
-    loaded = load(INGEST, args)
-    settings, options = loaded.settings, replace(loaded.nats, name="kvgateway-ingest")
-    if args.exit_with_parent:
-        exit_with_parent()
-
     leases: dict[str, Any] = {} if args.lease_seconds is None else {"lease_seconds": args.lease_seconds}
 
-    def make(settings: Settings) -> IngestService:
-        return IngestService(settings, options, member=args.member, **leases)
+    def make(settings: Settings) -> IngestRole:
+        return IngestRole(settings, options, member=args.member, **leases)
 
     return server.run(settings, make, probe_app)
 
 
 def run_edge(args: argparse.Namespace) -> int:
-    require_nats()
-    from kvgateway.cluster.edge import EdgeService, edge_app
+    settings, options = _cluster_command(args, EDGE, "kvgateway-edge")
+    from kvgateway.cluster.edge import EdgeRole, edge_app
     from kvgateway.serve import server
 
-    loaded = load(EDGE, args)
-    settings, options = loaded.settings, replace(loaded.nats, name="kvgateway-edge")
-    if args.exit_with_parent:
-        exit_with_parent()
-
-    def make(settings: Settings) -> EdgeService:
-        return EdgeService(settings, options)
+    def make(settings: Settings) -> EdgeRole:
+        return EdgeRole(settings, options)
 
     async def discover(settings: Settings) -> Settings:
         return settings if settings.sources else await _discover_sources(settings, options)

@@ -50,8 +50,9 @@ LEASE_INTERVALS = 3
 writing when the writer has not renewed it for that long."""
 
 
-class EdgeService:
-    """The serving half, fed by the stream instead of engines."""
+class EdgeRole:
+    """An edge (a :class:`~kvgateway.serve.role.Role`): the serving half, fed by the stream instead
+    of engines."""
 
     def __init__(self, settings: Settings, options: NatsOptions) -> None:
         self.settings = settings
@@ -249,6 +250,6 @@ class EdgeService:
         return f"edge serving on {url}"
 
 
-def edge_app(edge: EdgeService) -> Starlette:
+def edge_app(edge: EdgeRole) -> Starlette:
     """The web app of an edge: the single process's."""
     return create_app(edge, edge.serving)

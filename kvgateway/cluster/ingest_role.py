@@ -37,8 +37,9 @@ from kvgateway.runtime.tasks import cancel_and_wait
 logger = logging.getLogger("kvgateway.cluster")
 
 
-class IngestService:
-    """The ingest half over the JetStream log, started and stopped by its probe app's lifespan."""
+class IngestRole:
+    """An ingest process (a :class:`~kvgateway.serve.role.Role`): the ingest half appending to the
+    JetStream stream, started and stopped by its probe app's lifespan."""
 
     def __init__(
         self,
@@ -56,6 +57,7 @@ class IngestService:
         self.startup_error: StartupError | None = None
         self.fatal: str | None = None
         self.publishing: Publisher | None = None
+        self.epoch: str | None = None  # the stream's, once connected (a re-created stream has a new one)
         self.ingest: Ingest | None = None
         self._nc: Client | None = None
         self._beats: asyncio.Task[None] | None = None
@@ -79,14 +81,15 @@ class IngestService:
             raise StartupError(f"cannot connect to NATS {','.join(options.servers)}: {exc}") from None
         js = nc.jetstream()
         state = await nats_link.ensure_stream(js, options)
+        self.epoch = state.epoch
         await publish_sources(js, options, settings.sources)  # for edges started without --source
 
         async def recreate() -> None:
             # A lost store (or a deleted stream) is a new stream: a new epoch for every edge.
             again = await nats_link.ensure_stream(js, options)
-            if again.epoch != publishing.epoch:
+            if again.epoch != self.epoch:
                 logger.warning("stream %s is new (epoch %s): publishing to it", options.stream, again.epoch)
-                publishing.epoch = again.epoch
+                self.epoch = again.epoch
                 await publish_sources(js, options, settings.sources)  # the bucket went with the store
 
         publishing = self.publishing = Publisher(
@@ -94,7 +97,6 @@ class IngestService:
             js,
             options.subject_prefix,
             options.stream,
-            epoch=state.epoch,
             metrics=self.metrics,
             on_failure=recreate,
             on_lost=self.publishes_lost,
@@ -184,7 +186,7 @@ class IngestService:
     def health(self) -> dict[str, Any]:
         publishing = self.publishing
         return {
-            "epoch": None if publishing is None else publishing.epoch,
+            "epoch": self.epoch,
             "role": "ingest",
             "pending_publishes": 0 if publishing is None else publishing.pending,
         }

@@ -75,8 +75,8 @@ WRONG_LAST_SEQUENCE: Final = b"10071"
 
 
 class Publisher:
-    """Each record encoded once and published to the stream ``stream_name`` of epoch ``epoch``;
-    JetStream assigns its offset. ``on_failure`` runs before publishes are sent again (e.g. to
+    """Each record encoded once and published to the stream ``stream_name``; JetStream assigns its
+    offset. ``on_failure`` runs before publishes are sent again (e.g. to
     re-create a lost stream); ``on_lost`` is told the batches the stream will never hold in order."""
 
     def __init__(
@@ -86,12 +86,10 @@ class Publisher:
         prefix: str,
         stream_name: str,
         *,
-        epoch: str,
         metrics: Metrics,
         on_failure: Callable[[], Awaitable[None]] | None = None,
         on_lost: Callable[[dict[Stream, list[int]]], None] | None = None,
     ) -> None:
-        self.epoch = epoch  # the stream's (it changes when the stream is re-created)
         self.metrics = metrics
         self._nc = nc
         self._js = js

@@ -163,10 +163,6 @@ def to_record(wire_record: WireRecord) -> Record:
     )
 
 
-def decode_record(data: bytes) -> Record:
-    return to_record(decode(data))
-
-
 # --- names ---------------------------------------------------------------------------------
 
 _TOKEN_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")

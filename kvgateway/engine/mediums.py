@@ -40,7 +40,6 @@ DISK: Final = "DISK"
 EXTERNAL: Final = "EXTERNAL"
 TIERS: Final[tuple[Tier, ...]] = (GPU, CPU, DISK, EXTERNAL)
 """Every tier, fastest first (the order the gateway lists them in)."""
-TIER_NAMES: Final[frozenset[str]] = frozenset(TIERS)
 
 DEFAULT_MEDIUM: Final = GPU
 """The medium of an event without one: engines before the field existed only had GPU caches."""

@@ -113,12 +113,6 @@ class Batch(msgspec.Struct, gc=False):
     dp_rank: int | None = None
 
 
-class Message(msgspec.Struct, gc=False):
-    topic: bytes
-    seq: int
-    batch: Batch
-
-
 # --- positional (array) layouts: every historical field count ------------------------------
 
 
@@ -335,16 +329,6 @@ def parse_replay_reply(frames: Sequence[bytes]) -> tuple[int, bytes] | None:
     if seq_frame == END_SEQ_BYTES:
         return END_SEQ, b""
     return int.from_bytes(seq_frame, "big"), payload
-
-
-def decode_message(frames: Sequence[bytes], *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Message:
-    """Decode a whole PUB message ``[topic, seq, payload]``."""
-    if len(frames) != 3:
-        raise DecodeError(f"message has {len(frames)} frames, expected 3 (topic, seq, payload)")
-    topic, seq_frame, payload = frames
-    return Message(
-        topic=bytes(topic), seq=parse_seq(bytes(seq_frame)), batch=decode_batch(payload, max_bytes=max_bytes)
-    )
 
 
 def decode_batch(payload: bytes | memoryview, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Batch:

@@ -33,7 +33,6 @@ COUNTERS = (
     "history_truncations",
 )
 
-CONNECTION_CODES: Final[tuple[str, ...]] = get_args(ConnectionCode)
 _CODES: Final[dict[str, ConnectionCode]] = {code: code for code in get_args(ConnectionCode)}
 NEVER_CONNECTED: Final = "never connected"
 

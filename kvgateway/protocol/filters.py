@@ -87,11 +87,3 @@ class ClientFilter:
         if self.types is None and self.mediums is None:
             return None
         return (self.types, self.mediums)
-
-    def matches_event(self, event: wire.Event) -> bool:
-        return bool(select((event_key(event),), self.types, self.mediums))
-
-    def select_events(self, events: Sequence[wire.Event]) -> list[wire.Event]:
-        """The events of a batch this filter passes, in order (stream notices are never filtered)."""
-        chosen = select([event_key(event) for event in events], self.types, self.mediums)
-        return [events[i] for i in chosen]

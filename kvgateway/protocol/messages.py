@@ -44,7 +44,6 @@ ConnectionCode: TypeAlias = Literal[
 A closed vocabulary: a new code is a new release's."""
 
 MessageType: TypeAlias = Literal["hello", "batch", "notice", "state", "digest"]
-StreamNoticeKind: TypeAlias = Literal["restart", "unrecovered_gap", "degraded", "up", "down"]
 
 HELLO: Final = "hello"
 BATCH: Final = "batch"
@@ -52,9 +51,6 @@ NOTICE: Final = "notice"
 STATE: Final = "state"  # a snapshot=blocks connection's resident blocks (kvgateway/state/blocks.py)
 DIGEST: Final = "digest"  # a digest=SECONDS connection's state digests (kvgateway/serve/digests.py)
 SLOW_CONSUMER: Final = "slow_consumer"
-STREAM_NOTICE_KINDS: Final[frozenset[str]] = frozenset(
-    {"restart", "unrecovered_gap", "stale", "degraded", "up", "down"}
-)
 
 SCHEMA_FILE: Final = "schema.json"
 
@@ -231,10 +227,6 @@ class EncodedBatch(msgspec.Struct, gc=False, eq=False):
     message: OutMessage
     _prefix: int  # bytes up to and including '"events":['
     _ends: bytes  # int64 end of event i after the prefix; event i+1 starts one comma later
-
-    @property
-    def event_count(self) -> int:
-        return len(self._ends) // 8
 
     def select(self, indices: Sequence[int]) -> OutMessage:
         """The batch with only the events at ``indices`` (increasing); the same id and type."""

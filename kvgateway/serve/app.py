@@ -1,14 +1,17 @@
-"""The web app: module-level Starlette routes, thin adapters from HTTP, WebSocket and SSE to the
-gateway on ``app.state``; the lifespan starts and stops it; middleware.py's gates check first."""
+"""The web apps: module-level Starlette routes, thin adapters from HTTP, WebSocket and SSE to the
+role and its serving half on ``app.state``; each app's lifespan (:func:`running`) starts and stops
+what the command composed; middleware.py's gates check first. :func:`create_app` serves the whole
+protocol (one process, an edge), :func:`probe_app` only the probes (an ingest)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from http import HTTPStatus
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol, TypeAlias
 
 import msgspec
 from starlette.applications import Starlette
@@ -46,20 +49,34 @@ def static_dir() -> Path:
     return package.parent / "static"
 
 
-@contextlib.asynccontextmanager
-async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    """The role (on ``app.state``) runs while the app does: started before the first request."""
-    role: Role = app.state.role
-    dashboard_data: DashboardData | None = getattr(app.state, "dashboard_data", None)
-    try:
-        await role.start()
-        if dashboard_data is not None:
-            dashboard_data.start()
-        yield
-    finally:
-        if dashboard_data is not None:
-            await dashboard_data.stop()
-        await role.stop()
+class Beside(Protocol):
+    """What an app runs beside its role while it serves (the dashboard's history sampler)."""
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+Lifespan: TypeAlias = Callable[[Starlette], AbstractAsyncContextManager[None]]
+
+
+def running(role: Role, *beside: Beside) -> Lifespan:
+    """An app's lifespan: ``role`` runs while the app does (started before the first request,
+    stopped after the last), and ``beside`` it what the app composed with it."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            await role.start()
+            for part in beside:
+                part.start()
+            yield
+        finally:
+            for part in reversed(beside):
+                await part.stop()
+            await role.stop()
+
+    return lifespan
 
 
 def _serving(conn: HTTPConnection) -> Serving:
@@ -98,7 +115,7 @@ PROBE_ROUTES: Final[list[Route | WebSocketRoute]] = [
 def probe_app(role: Role) -> Starlette:
     """The app of a role that serves no clients (an ingest): the probes and metrics, and the
     lifespan that starts and stops it."""
-    app = Starlette(routes=list(PROBE_ROUTES), lifespan=lifespan)
+    app = Starlette(routes=list(PROBE_ROUTES), lifespan=running(role))
     app.state.role = role
     return app
 
@@ -221,10 +238,15 @@ def create_app(role: Role, serving: Serving) -> Starlette:
     """The web app of ``role`` (one process, or an edge) and its serving half; the app's lifespan
     starts and stops the role."""
     routes = [*ROUTES, Mount("/", app=StaticFiles(directory=static_dir(), html=True), name="static")]
-    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
+    dashboard_data = DashboardData(serving)
+    app = Starlette(
+        routes=routes,
+        exception_handlers={404: not_found, 405: not_found},
+        lifespan=running(role, dashboard_data),
+    )
     app.state.role = role
     app.state.serving = serving
-    app.state.dashboard_data = DashboardData(serving)
+    app.state.dashboard_data = dashboard_data
     settings = serving.settings
     if settings.allow_unauthenticated and settings.token is None:
         logging.getLogger("kvgateway").warning(

@@ -122,7 +122,7 @@ class DashboardData:
 
 def parse_history_query(own: dict[str, list[str]], interval: float) -> tuple[float | None, int]:
     """``since`` and ``step`` (in samples) of a /v1/history request, from its own parameters
-    (:func:`kvgateway.serve.query.route_query`); raises :class:`BadRequest`."""
+    (:func:`kvgateway.serve.query.parse_route_query`); raises :class:`BadRequest`."""
     since: float | None = None
     step = 1
     for value in own.get("since", []):

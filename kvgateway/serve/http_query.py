@@ -10,7 +10,7 @@ from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
 from kvgateway.serve.errors import json_error
-from kvgateway.serve.query import BadRequest, ClientRequest, route_query
+from kvgateway.serve.query import BadRequest, ClientRequest, parse_route_query
 
 if TYPE_CHECKING:
     from kvgateway.serve.serving import Serving
@@ -20,11 +20,11 @@ def read_query(
     conn: HTTPConnection, route: str, *, last_event_id: str | None = None
 ) -> tuple[ClientRequest, dict[str, list[str]]]:
     """The stream filter (source, dp_rank, ...) of a request to ``route`` and the route's own
-    parameters, against the configured streams (:func:`kvgateway.serve.query.route_query`);
+    parameters, against the configured streams (:func:`kvgateway.serve.query.parse_route_query`);
     raises :class:`BadRequest`."""
     serving: Serving = conn.app.state.serving
     hub = serving.hub
-    return route_query(
+    return parse_route_query(
         route, conn.query_params, sources=hub.source_names, last_event_id=last_event_id, streams=hub.configured
     )
 

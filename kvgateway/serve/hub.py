@@ -26,7 +26,7 @@ from kvgateway.protocol import messages
 from kvgateway.protocol.messages import OutMessage
 from kvgateway.runtime.metrics import HubMetrics
 from kvgateway.serve.query import GAP_LAST, INT_SEQS, ClientRequest
-from kvgateway.serve.subscription import CloseReason, Subscription, Transport
+from kvgateway.serve.subscription import CloseReason, PendingState, Subscription, Transport
 
 logger = logging.getLogger("kvgateway.hub")
 
@@ -79,13 +79,6 @@ class Hub:
     def offset(self) -> int:
         """The last offset of the log (0 before any message)."""
         return self.log.last_offset
-
-    @property
-    def client_count(self) -> int:
-        return len(self._clients)
-
-    def can_accept(self) -> bool:
-        return not self._closed and len(self._clients) < self.max_clients
 
     # following the log
 
@@ -153,10 +146,16 @@ class Hub:
         return ResumePoint(last, False) if after is None else ResumePoint(after, True)
 
     def subscribe(
-        self, request: ClientRequest, transport: Transport, hello: OutMessage, point: ResumePoint
+        self,
+        request: ClientRequest,
+        transport: Transport,
+        hello: OutMessage,
+        point: ResumePoint,
+        snapshot: PendingState | None = None,
     ) -> Subscription:
-        """Register a client whose ``hello`` is for ``point``. When recovered, the messages it
-        missed that match its filter are queued already."""
+        """Register a client whose ``hello`` is for ``point`` (and ``snapshot``, its state at that
+        offset, for a ``snapshot=blocks`` client). When recovered, the messages it missed that
+        match its filter are queued already."""
         client_filter = request.filter
         sub = Subscription(
             self,
@@ -169,9 +168,10 @@ class Hub:
             metrics=self.metrics,
             gap_last=GAP_LAST in request.compat,
             int_seqs=INT_SEQS in request.compat,
+            digest_every=request.digest,
+            snapshot=snapshot,
         )
         if request.digest is not None:
-            sub.digest_every = request.digest
             self._digest_clients[sub] = None
         if point.recovered:
             key = sub.event_key

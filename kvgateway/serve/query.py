@@ -224,7 +224,7 @@ def _digest_seconds(value: str, types: set[str]) -> int:
     return int(value)
 
 
-def route_query(
+def parse_route_query(
     route: str,
     params: QueryInput,
     *,

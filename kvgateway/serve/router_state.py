@@ -25,7 +25,6 @@ from kvgateway.protocol.messages import OutMessage
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.tasks import cancel_and_wait
 from kvgateway.serve.hub import TooManyClients
-from kvgateway.serve.subscription import Subscription
 from kvgateway.state import blocks
 from kvgateway.state.blocks import StreamBlocks
 from kvgateway.state.lookup import ChainLearner, FleetCount, HashQuery, TokenBucket, TokenQuery, lookup
@@ -75,15 +74,22 @@ class BlockSnapshot:
     """One client's frozen block state: the ``state`` messages of its hello's offset, rendered
     lazily, chunk by chunk, while the client's writer sends them (kvgateway/serve/sessions.py)."""
 
-    __slots__ = ("_release", "hello_id", "offset", "streams")
+    __slots__ = ("_release", "hello_id", "offset", "queue_bytes", "streams")
 
     def __init__(
-        self, streams: list[StreamBlocks], offset: int, hello_id: str | None, release: Callable[[], None]
+        self,
+        streams: list[StreamBlocks],
+        offset: int,
+        hello_id: str | None,
+        release: Callable[[], None],
+        queue_bytes: int,
     ) -> None:
         self.streams = streams
         self.offset = offset
         self.hello_id = hello_id
         self._release: Callable[[], None] | None = release
+        self.queue_bytes = queue_bytes
+        """A client's live messages queue behind its state up to this (``snapshot_queue_bytes``)."""
 
     def messages(self, chunk_blocks: int = blocks.DEFAULT_CHUNK_BLOCKS) -> Iterator[OutMessage]:
         """The ``state`` messages; the very last one carries the hello's id (its SSE ``id:``
@@ -177,14 +183,8 @@ class RouterState:
         """Freeze ``streams`` now (call it at ``offset``, with no await since) in a reserved slot;
         ``digest``: with each stream's state digest."""
         self.metrics.block_snapshots.labels(route).inc()
-        return BlockSnapshot(blocks.capture(streams, digest=digest), offset, hello_id, self._free)
-
-    def attach(self, sub: Subscription, streams: Sequence[StreamIndex]) -> None:
-        """Give a new ``snapshot=blocks`` client (a reserved slot) the state at its hello's
-        offset; its live messages queue behind the state, up to ``snapshot_queue_bytes``."""
-        digest = sub.digest_every is not None
-        sub.snapshot = self.capture(streams, sub.offset, sub.hello_message.id, sub.transport, digest=digest)
-        sub.hold(self.snapshot_queue_bytes)
+        frozen = blocks.capture(streams, digest=digest)
+        return BlockSnapshot(frozen, offset, hello_id, self._free, self.snapshot_queue_bytes)
 
     @property
     def snapshots(self) -> int:

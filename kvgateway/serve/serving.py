@@ -163,10 +163,12 @@ class Serving:
             sources=self.statuses(),
             occupancy=None if point.recovered else self.snapshot(point.offset),
         )
-        sub = self.hub.subscribe(request, transport, hello, point)
-        if with_state:  # nothing was appended since point.offset: the state is the hello's
-            self.routers.attach(sub, self.routers.matching(self.board.streams, request.filter))
-        return sub
+        state = None
+        if with_state:  # nothing is appended before the subscription: the state is the hello's
+            streams = self.routers.matching(self.board.streams, request.filter)
+            digest = request.digest is not None
+            state = self.routers.capture(streams, point.offset, hello.id, transport, digest=digest)
+        return self.hub.subscribe(request, transport, hello, point, state)
 
     def refresh_gauges(self) -> None:
         """Gauges read at scrape time (each stream's figures are collected then)."""

@@ -35,6 +35,10 @@ class Owner(Protocol):
 class PendingState(Protocol):
     """A ``snapshot=blocks`` client's state, sent after its hello (kvgateway.serve.router_state.BlockSnapshot)."""
 
+    @property
+    def queue_bytes(self) -> int:
+        """How much live data may queue behind the state while it is written."""
+
     def messages(self) -> Iterator[OutMessage]: ...
 
     def release(self) -> None: ...
@@ -93,6 +97,8 @@ class Subscription:
         metrics: HubMetrics,
         gap_last: bool = False,
         int_seqs: bool = False,
+        digest_every: int | None = None,
+        snapshot: PendingState | None = None,
     ) -> None:
         self._hub = hub
         # compat=gap_last, compat=int_seqs: each chunk taken has the deprecated forms
@@ -110,12 +116,13 @@ class Subscription:
         self.hello = hello.data
         self.offset = offset  # the hello's offset: where the client stands before its first chunk
         self.recovered = recovered
-        self.digest_every: int | None = None
+        self.digest_every = digest_every
         """``digest=SECONDS``: the hub's digest ticker (kvgateway/serve/digests.py) sends this client a
         ``digest`` message per stream every that many seconds, from ``digest_due`` on."""
         self.digest_due = 0.0
-        self.snapshot: PendingState | None = None
-        """``snapshot=blocks``: the state the writer sends after the hello, before any queued message."""
+        self.snapshot = snapshot
+        """``snapshot=blocks``: the state the writer sends after the hello, before any queued message
+        (None once sent)."""
         self.closed_reason: CloseReason | None = None
         self.wakeup: Callable[[], None] | None = None
         """Called when a message arrives in an empty queue, and when the subscription closes."""
@@ -127,6 +134,8 @@ class Subscription:
         self._in_flight = False  # a chunk was taken and is not written yet
         self._metrics = metrics
         self._sent = metrics.sent[transport]
+        if snapshot is not None:  # live messages queue behind the state until it is written
+            self.hold(snapshot.queue_bytes)
 
     @property
     def queued_bytes(self) -> int:

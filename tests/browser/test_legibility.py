@@ -15,7 +15,7 @@ import pytest
 
 from tests.browser.conftest import CHROMIUM
 from tests.browser.test_dashboard import card, open_dashboard, tid, wait_until
-from tests.support import ARTIFACTS, Gateway, Start, start_half_fleet
+from tests.support import ARTIFACTS, GatewayProcess, Start, start_half_fleet
 from tests.support.demo import Demo
 
 pytestmark = pytest.mark.browser
@@ -105,14 +105,16 @@ def test_a_tier_whose_medium_has_its_name_says_it_once(shared_demo: Demo, new_pa
 
 
 @pytest.fixture
-def half_fleet(procs: Start) -> Iterator[Gateway]:
+def half_fleet(procs: Start) -> Iterator[GatewayProcess]:
     """One engine up, one (`gone`) down from the start: :func:`tests.support.start_half_fleet`."""
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing: the dashboard tests drive the system Chromium")
     yield start_half_fleet(procs)
 
 
-def test_a_down_engine_says_why_once_without_an_empty_chart(half_fleet: Gateway, new_page: Callable[..., Any]) -> None:
+def test_a_down_engine_says_why_once_without_an_empty_chart(
+    half_fleet: GatewayProcess, new_page: Callable[..., Any]
+) -> None:
     page = new_page(width=1440, height=900)
     page.goto(half_fleet.base + "/")
     page.wait_for_selector(f'{tid("conn-state")}[data-value="live"]', timeout=20_000)

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import Gateway, Start, free_ports, start_sim, wait_until
+from tests.support import GatewayProcess, Start, free_ports, start_sim, wait_until
 from tests.support.clients import WsCollector
 from tests.support.nats import NatsServer
 
@@ -23,13 +23,13 @@ RATE = 100
 BATCHES = 1000
 
 
-def _edge(procs: Start, nats: NatsServer, port: int, *flags: str) -> Gateway:
+def _edge(procs: Start, nats: NatsServer, port: int, *flags: str) -> GatewayProcess:
     proc = procs("edge", "--nats", nats.url, "--host", "127.0.0.1", "--port", str(port), *flags)
     proc.wait_for("edge serving on", timeout=30)
-    return Gateway(proc, port)
+    return GatewayProcess(proc, port)
 
 
-def _same_offset(a: Gateway, b: Gateway, path: str, within: float = 30.0) -> tuple[Any, Any]:
+def _same_offset(a: GatewayProcess, b: GatewayProcess, path: str, within: float = 30.0) -> tuple[Any, Any]:
     """``path`` of both edges, read until both answers are at the same offset (status heartbeats
     keep the stream moving a little after the engine stopped)."""
     found: list[tuple[Any, Any]] = []
@@ -62,7 +62,7 @@ def _without_rates(value: Any) -> Any:
     return value
 
 
-def _hello(gateway: Gateway) -> dict[str, Any]:
+def _hello(gateway: GatewayProcess) -> dict[str, Any]:
     with WsCollector(gateway.ws_url) as ws:
         return ws.hello
 

@@ -161,9 +161,10 @@ def test_nats_restart_keeps_the_epoch_and_a_lost_store_is_a_new_one(procs: Start
     pub, rep, port_a, port_b = (free_port() for _ in range(4))
     spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "200", "--batches", "100000", "--start-delay", "1")
-    ingest(procs, nats_server, spec)
+    ingest_port = probe_port(ingest(procs, nats_server, spec))
     edge_a = edge(procs, nats_server, spec, port_a)
     epoch = get(port_a, "/healthz")["epoch"]
+    assert get(ingest_port, "/healthz")["epoch"] == epoch  # the stream's, as the ingest publishes to it
     reader = ws(port_a)
     wait_until(lambda: len(batches(reader)) >= 100, timeout=30, what="100 batches")
 
@@ -195,6 +196,7 @@ def test_nats_restart_keeps_the_epoch_and_a_lost_store_is_a_new_one(procs: Start
     fresh = ws(port_b, f"last_event_id={seen[-1]['id']}")
     assert fresh.hello["recovered"] is False
     assert fresh.hello["epoch"] != epoch
+    assert get(ingest_port, "/healthz")["epoch"] == fresh.hello["epoch"]  # it publishes to the new stream
     assert fresh.hello["occupancy"] is not None
     assert [s["source"] for s in fresh.hello["sources"]] == ["sim"]
     fresh.close()

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.integration import web
-from tests.support import Gateway, free_ports
+from tests.support import GatewayProcess, free_ports
 from tests.support import Start as Starter
 from tests.support.nats import NatsServer
 from tests.support.web import (  # noqa: F401 - pytest collects the fixtures imported
@@ -78,7 +78,7 @@ def serve(nats_module: NatsServer) -> Serve:
         token: str | None = None,
         client_queue_bytes: int | None = None,
         timeout: float = 30.0,
-    ) -> Gateway:
+    ) -> GatewayProcess:
         n = next(streams)
         nats = ["--nats", nats_module.url, "--nats-stream", f"WEB{n}", "--nats-subject-prefix", f"web{n}"]
         specs = [arg for spec in sources for arg in ("--source", spec)]
@@ -92,7 +92,7 @@ def serve(nats_module: NatsServer) -> Serve:
         for edge_port in (first_port, port):
             proc = start("edge", *edge_flags, "--port", str(edge_port), env=env)
             proc.wait_for("edge serving on", timeout=timeout)
-        return Gateway(proc, port, token)
+        return GatewayProcess(proc, port, token)
 
     return start
 

@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 
 from kvgateway.cluster.heartbeat import INGEST_SILENCE_SECONDS
-from tests.support import Gateway, Start, free_ports, start_gateway, start_ingest_and_edge, start_sim, wait_until
+from tests.support import (
+    GatewayProcess,
+    Start,
+    free_ports,
+    start_gateway,
+    start_ingest_and_edge,
+    start_sim,
+    wait_until,
+)
 from tests.support.clients import WsCollector
 from tests.support.nats import NatsServer
 
@@ -33,7 +41,7 @@ def _without_timing(status: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in status.items() if key not in TIMING}
 
 
-def _hello(gateway: Gateway) -> dict[str, Any]:
+def _hello(gateway: GatewayProcess) -> dict[str, Any]:
     with WsCollector(gateway.ws_url) as ws:
         return ws.hello
 
@@ -50,11 +58,11 @@ def _streams(occupancy: dict[str, Any]) -> list[dict[str, Any]]:
 EMPTY_DIGEST = "0000000000000000"
 
 
-def _blocks_digests(gateway: Gateway) -> dict[tuple[str, int], str]:
+def _blocks_digests(gateway: GatewayProcess) -> dict[tuple[str, int], str]:
     return {(s["source"], s["dp_rank"]): s["digest"] for s in gateway.get("/v1/blocks").json()["streams"]}
 
 
-def _message_digests(gateway: Gateway) -> dict[tuple[str, int], str]:
+def _message_digests(gateway: GatewayProcess) -> dict[tuple[str, int], str]:
     """The first digest message of each stream on a ``digest=1`` connection."""
     with WsCollector(gateway.ws_url, query="digest=1") as ws:
         streams = {(s["source"], s["dp_rank"]) for s in ws.hello["sources"]}
@@ -94,7 +102,7 @@ def test_one_process_and_an_edge_show_the_same_statuses_counters_and_index(
         *common,
     )
 
-    def settled(gateway: Gateway) -> bool:
+    def settled(gateway: GatewayProcess) -> bool:
         by_source = {s["source"]: s for s in gateway.sources()["sources"]}
         return (
             by_source["lossy"]["last_seq"] == BATCHES - 1
@@ -150,9 +158,9 @@ def test_a_killed_ingest_shows_on_every_edge_as_ingest_unreachable_and_a_new_one
     for port in (http_a, http_b):
         proc = procs("edge", *nats, "--host", "127.0.0.1", "--port", str(port))  # sources: as announced
         proc.wait_for("edge serving on", timeout=30)
-        edges.append(Gateway(proc, port))
+        edges.append(GatewayProcess(proc, port))
 
-    def state(edge: Gateway) -> tuple[str, str | None]:
+    def state(edge: GatewayProcess) -> tuple[str, str | None]:
         (entry,) = edge.sources()["sources"]
         return entry["state"], entry["reason"]
 

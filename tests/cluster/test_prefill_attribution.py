@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from tests.support import (
-    Gateway,
+    GatewayProcess,
     Start,
     free_ports,
     scrape,
@@ -77,12 +77,12 @@ EXPECTED = {
 }
 
 
-def _last_seq(gateway: Gateway, source: str) -> int | None:
+def _last_seq(gateway: GatewayProcess, source: str) -> int | None:
     (entry,) = [s for s in gateway.sources()["sources"] if s["source"] == source]
     return entry["last_seq"]  # type: ignore[no-any-return]
 
 
-def _prefill(gateway: Gateway) -> dict[str, dict[str, int]]:
+def _prefill(gateway: GatewayProcess) -> dict[str, dict[str, int]]:
     body = gateway.get("/v1/analytics").json()
     return {s["source"]: s["prefill"]["since_start"]["tokens"] for s in body["streams"]}
 

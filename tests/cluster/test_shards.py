@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvgateway.cluster.shards import LEASE_SECONDS, ROUND_SECONDS
-from tests.support import Gateway, Proc, Start, free_ports, start_sim, wait_until
+from tests.support import GatewayProcess, Proc, Start, free_ports, start_sim, wait_until
 from tests.support.nats import NatsServer
 
 
@@ -28,7 +28,7 @@ def test_two_ingests_share_the_streams_and_one_takes_over_when_the_other_is_kill
     second.wait_for("ingest publishing to", timeout=30)
     edge_proc = procs("edge", *nats, "--host", "127.0.0.1", "--port", str(http))
     edge_proc.wait_for("edge serving on", timeout=30)
-    edge = Gateway(edge_proc, http)
+    edge = GatewayProcess(edge_proc, http)
 
     def taken(proc: Proc) -> int:
         return sum(1 for line in proc.lines if "taken (lease" in line)

@@ -90,8 +90,9 @@ def test_gofmt_clean(go_env: dict[str, str]) -> None:
 # --- the Go index against the Python one --------------------------------------------------
 
 
-class Gateway:
-    """The messages a gateway would send one client, built from the same sans-I/O parts."""
+class ClientFeed:
+    """The lines the router reads: the messages a gateway would send one client, built from the
+    gateway's own sans-I/O parts, and the test's queries and dumps between them."""
 
     def __init__(self, epoch: str = "e0") -> None:
         self.epoch = epoch
@@ -193,7 +194,7 @@ def _comparable_document(doc: dict[str, Any]) -> dict[str, Any]:
     return {"epoch": doc["epoch"], "offset": doc["offset"], "streams": streams}
 
 
-def _scenario(rng: random.Random, gateway: Gateway, steps: int, expected: list[Any]) -> None:
+def _scenario(rng: random.Random, feed: ClientFeed, steps: int, expected: list[Any]) -> None:
     """Churn over 3 streams: stores (chains, duplicates), removes, clears, restarts, gaps, placeholders."""
     pool: list[Hash] = [rng.getrandbits(64) for _ in range(30)] + [-5, 2**64 - 1, b"\x12\x34", b"\xab" * 32]
     streams = [("a", 0), ("a", 1), ("b", 0)]
@@ -217,25 +218,25 @@ def _scenario(rng: random.Random, gateway: Gateway, steps: int, expected: list[A
                 None,
                 extra,
             )
-            gateway.batch(source, dp_rank, event)
+            feed.batch(source, dp_rank, event)
         elif roll < 0.85:
             hashes = rng.sample(pool, rng.randint(1, 4))
             extra = {"group_idx": rng.choice([0, 1])} if rng.random() < 0.3 else {}
-            gateway.batch(source, dp_rank, BlockRemoved(hashes, rng.choice(mediums), extra))
+            feed.batch(source, dp_rank, BlockRemoved(hashes, rng.choice(mediums), extra))
         elif roll < 0.9:
-            gateway.batch(source, dp_rank, AllBlocksCleared())
+            feed.batch(source, dp_rank, AllBlocksCleared())
         elif roll < 0.95:
-            gateway.notice(source, dp_rank, "restart", seq="0", previous="9", reason="seq_reset")
+            feed.notice(source, dp_rank, "restart", seq="0", previous="9", reason="seq_reset")
         else:
-            gateway.notice(source, dp_rank, "unrecovered_gap", first="1", until="2", count=2, reason="evicted")
-            gateway.notice(source, dp_rank, "stale", reason="unrecovered", seq="1", detail="2 batches lost (evicted)")
+            feed.notice(source, dp_rank, "unrecovered_gap", first="1", until="2", count=2, reason="evicted")
+            feed.notice(source, dp_rank, "stale", reason="unrecovered", seq="1", detail="2 batches lost (evicted)")
         if rng.random() < 0.2:
             chain = [hash_text(h) for h in rng.sample(pool, rng.randint(1, 8))]
-            gateway.query(chain)
-            answer = lookup_hashes(gateway.occupancy.streams(), [parse_hash(t) for t in chain], gateway.offset)
+            feed.query(chain)
+            answer = lookup_hashes(feed.occupancy.streams(), [parse_hash(t) for t in chain], feed.offset)
             expected.append(("query", answer))
-    gateway.dump()
-    doc = blocks_document(gateway.epoch, gateway.offset, capture(gateway.occupancy.streams(), digest=True))
+    feed.dump()
+    doc = blocks_document(feed.epoch, feed.offset, capture(feed.occupancy.streams(), digest=True))
     expected.append(("dump", _comparable_document(doc)))
 
 
@@ -248,31 +249,31 @@ def _normalise_answer(answer: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("seed", range(6))
 def test_router_index_and_answers_equal_the_gateways(router_bin: Path, seed: int) -> None:
     rng = random.Random(seed)
-    gateway = Gateway()
+    feed = ClientFeed()
     expected: list[Any] = []
     # Before the router connects: history it only learns through the snapshot.
-    _scenario(rng, gateway, 60, [])
-    gateway.lines.clear()
-    gateway.hello_with_snapshot(chunk_blocks=rng.choice([1, 3, 1000]))
+    _scenario(rng, feed, 60, [])
+    feed.lines.clear()
+    feed.hello_with_snapshot(chunk_blocks=rng.choice([1, 3, 1000]))
     checked = 0
     for _ in range(3):  # several offsets, each checked against the gateway's digests
-        _scenario(rng, gateway, 40, expected)
-        gateway.digests()
-        checked += len(list(gateway.occupancy.streams()))
-    gateway.lines.append(json.dumps({"type": "digests"}))
+        _scenario(rng, feed, 40, expected)
+        feed.digests()
+        checked += len(list(feed.occupancy.streams()))
+    feed.lines.append(json.dumps({"type": "digests"}))
     expected.append(("digests", {"digest_checks": checked, "digest_mismatches": 0, "last_mismatch_check": 0}))
     # One block dropped from the router's index (its first stream with one), as a missed event
     # would: that stream's next digest tells.
-    gateway.lines.append(json.dumps({"type": "corrupt"}))
-    gateway.digests()
-    gateway.lines.append(json.dumps({"type": "digests"}))
-    streams = list(gateway.occupancy.streams())
+    feed.lines.append(json.dumps({"type": "corrupt"}))
+    feed.digests()
+    feed.lines.append(json.dumps({"type": "digests"}))
+    streams = list(feed.occupancy.streams())
     found = checked + 1 + next(n for n, index in enumerate(streams) if index.resident_blocks())
     checked += len(streams)
     expected.append(("digests", {"digest_checks": checked, "digest_mismatches": 1, "last_mismatch_check": found}))
     proc = subprocess.run(
         [str(router_bin), "-replay"],
-        input="\n".join(gateway.lines) + "\n",
+        input="\n".join(feed.lines) + "\n",
         capture_output=True,
         text=True,
         timeout=60,

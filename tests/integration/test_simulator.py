@@ -37,6 +37,7 @@ from tests.support import (
     warmup,
 )
 from tests.support.replay import Layout, parse_replay_reply, replay_async, replay_sync
+from tests.support.simulator import PubMessage, decode_pub
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,7 +50,7 @@ _names = itertools.count()
 
 def _collect_live(
     context: zmq.Context[zmq.Socket[bytes]], endpoints: list[str], last_seq: int, timeout: float = 20.0
-) -> list[list[tuple[list[bytes], wire.Message]]]:
+) -> list[list[tuple[list[bytes], PubMessage]]]:
     """Every message from each PUB endpoint until each has sent ``last_seq``."""
     subs = []
     for endpoint in endpoints:
@@ -59,7 +60,7 @@ def _collect_live(
         sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
         sub.connect(endpoint)
         subs.append(sub)
-    got: list[list[tuple[list[bytes], wire.Message]]] = [[] for _ in endpoints]
+    got: list[list[tuple[list[bytes], PubMessage]]] = [[] for _ in endpoints]
     poller = zmq.Poller()
     for sub in subs:
         poller.register(sub, zmq.POLLIN)
@@ -71,7 +72,7 @@ def _collect_live(
             for sock, _ in poller.poll(int(remaining * 1000)):
                 index = subs.index(sock)
                 frames = sock.recv_multipart()
-                got[index].append((frames, wire.decode_message(frames)))
+                got[index].append((frames, decode_pub(frames)))
     finally:
         for sub in subs:
             sub.close(linger=0)
@@ -371,9 +372,9 @@ def test_garbage_payload_raises_decode_error_live_and_in_replay() -> None:
             for frames in live:
                 if wire.parse_seq(frames[1]) == 2:
                     with pytest.raises(wire.DecodeError):
-                        wire.decode_message(frames)
+                        decode_pub(frames)
                 else:
-                    wire.decode_message(frames)
+                    decode_pub(frames)
             replayed = dict(await replay_after_run(context, engine, 0))
             with pytest.raises(wire.DecodeError):
                 wire.decode_batch(replayed[2])
@@ -507,7 +508,7 @@ def test_pub_connects_when_endpoint_has_no_wildcard() -> None:
             assert not engine.pub_binds
             runner = asyncio.ensure_future(engine.run())
             assert await sub.poll(5000)
-            message = wire.decode_message(await sub.recv_multipart())
+            message = decode_pub(await sub.recv_multipart())
             assert message.topic == b"kv-events" and message.batch.dp_rank == 0
             engine.stop()
             await runner
@@ -848,7 +849,7 @@ def test_trtllm_flavour_seq_from_time_ns_and_heartbeats() -> None:
             assert 3 <= len(beats) <= 5
             assert seqs_of(beats) == list(range(first + 2, first + 2 + len(beats)))
             for frames in beats:
-                assert wire.decode_message(frames).batch.events == []
+                assert decode_pub(frames).batch.events == []
             replayed = await replay_after_run(context, engine, first)
             assert [seq for seq, _ in replayed][: 2 + len(beats)] == list(range(first, first + 2 + len(beats)))
 
@@ -868,7 +869,7 @@ def test_trtllm_drop_queue_leaves_an_unfillable_gap_then_a_clear_fence() -> None
             fence = msgspec.msgpack.decode(live[3][2])[1]
             assert fence[0] == {"type": "AllBlocksCleared"} and len(fence) > 1, "a clear, then that batch's events"
             for frames in live[4:]:
-                assert not any(isinstance(e, wire.AllBlocksCleared) for e in wire.decode_message(frames).batch.events)
+                assert not any(isinstance(e, wire.AllBlocksCleared) for e in decode_pub(frames).batch.events)
             for start in (base, base + 3):
                 replayed = [seq for seq, _ in await replay_after_run(context, engine, start)]
                 assert replayed == [s for s in expected if s >= start], "no replay fills the gap"

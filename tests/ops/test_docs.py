@@ -3,6 +3,8 @@ operator needs (the PromQL and the metric names are checked in test_metric_names
 
 from __future__ import annotations
 
+import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -87,26 +89,111 @@ def test_protocol_lists_what_each_route_accepts_as_the_code_declares_it() -> Non
     assert documented == dict(ROUTE_PARAMETERS)
 
 
-def test_the_architecture_doc_names_every_module_and_no_module_that_is_gone() -> None:
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "kvgateway"
+ARCHITECTURE = REPO / "docs/architecture.md"
+MODULE = re.compile(r"`((?:[a-z_]+/)?[a-z_]+\.py)`")
+
+
+def architecture_section(title: str) -> str:
+    """The text of docs/architecture.md from the heading ``## title`` to the next ``## `` heading."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : None if end < 0 else end]
+
+
+def code_block(section: str) -> list[str]:
+    """The lines of the section's first fenced code block."""
+    return section.split("```", 2)[1].splitlines()[1:]
+
+
+def module_rows() -> list[tuple[list[str], str]]:
+    """The module table: each row's modules (paths under kvgateway/) and its I/O cell."""
+    rows = []
+    for line in architecture_section("Modules, one concept each").splitlines():
+        if line.startswith("| `"):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            rows.append((MODULE.findall(cells[0]), cells[-1]))
+    return rows
+
+
+def test_the_architecture_doc_names_every_module_once_and_no_module_that_is_gone() -> None:
     """docs/architecture.md's module table: every module of the package, by its path under
-    kvgateway/ (a folder's own table row may name several), and no path that does not exist."""
-    repo = Path(__file__).resolve().parents[2]
-    text = (repo / "docs/architecture.md").read_text(encoding="utf-8")
-    table = text[text.index("## Modules, one concept each") : text.index("## What may import what")]
-    named = set(re.findall(r"`((?:[a-z_]+/)?[a-z_]+\.py)`", table))
-    package = repo / "kvgateway"
-    folders = {p.parent.name for p in package.rglob("__init__.py") if p.parent != package}
+    kvgateway/ (a row may name several), in one row only, and no path that does not exist."""
+    table = architecture_section("Modules, one concept each")
+    named = [name for modules, _ in module_rows() for name in modules]
+    folders = {p.parent.name for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
     modules = {
-        p.relative_to(package).as_posix()
-        for p in package.rglob("*.py")
+        p.relative_to(PACKAGE).as_posix()
+        for p in PACKAGE.rglob("*.py")
         if p.name not in ("__init__.py", "__main__.py") and p.parent.name not in ("cluster", "simulator")
     }
-    assert folders >= {"engine", "ingest", "log", "state", "serve", "runtime", "cluster", "simulator"}
-    assert modules - named == set(), "modules the table does not describe"
-    gone = {name for name in named if not (package / name).is_file()}
+    assert folders >= {"engine", "ingest", "log", "protocol", "state", "serve", "runtime", "cluster", "simulator"}
+    assert modules - set(named) == set(), "modules the table does not describe"
+    assert sorted(name for name in set(named) if named.count(name) > 1) == [], "modules in more than one row"
+    gone = {name for name in named if not (PACKAGE / name).is_file()}
     assert not gone, f"the table names modules that do not exist: {sorted(gone)}"
     for folder in ("cluster", "simulator"):  # described together in one row each
         assert f"`{folder}/`" in table
+
+
+IO_MODULES = {"asyncio", "zmq", "starlette", "uvicorn", "nats", "socket", "httpx", "websockets"}
+
+
+def imported_roots(path: Path) -> set[str]:
+    """The top-level names of every module ``path`` imports (lazy imports too), absolute imports only."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_the_modules_the_architecture_doc_calls_io_free_import_no_io() -> None:
+    io_free = [name for modules, io in module_rows() if io == "none" for name in modules]
+    assert "log/ordered.py" in io_free and "serve/hub.py" in io_free and "protocol/messages.py" in io_free
+    doing_io = {name: sorted(imported_roots(PACKAGE / name) & IO_MODULES) for name in io_free}
+    assert {name: found for name, found in doing_io.items() if found} == {}, "marked none, but they import I/O"
+
+
+PATH_LINE = re.compile(r"^(?P<module>[a-z_]+/[a-z_]+\.py)\s{2,}(?P<names>[\w.]+(?:, [\w.]+)*)(?:\s{2,}|$)")
+PATH_ORDER = ["engine", "ingest", "log", "protocol", "state", "serve"]
+
+
+def test_the_architecture_doc_draws_a_batchs_path_through_each_module_once() -> None:
+    """The drawing of a batch's path names modules that exist, each once, package by package from
+    the engine to the client's session, and beside each only names that module defines."""
+    lines = code_block(architecture_section("A batch's path, from the socket to a client's frame"))
+    named = [line for line in lines if re.match(r"[a-z_]+/[a-z_]+\.py\b", line)]
+    steps = [m for line in named if (m := PATH_LINE.match(line))]
+    assert len(steps) == len(named), "a module's line is not: module, two spaces, its names, two spaces, what"
+    modules = [step["module"] for step in steps]
+    assert len(modules) >= 15 and len(set(modules)) == len(modules), modules
+    folders = [module.split("/")[0] for module in modules]
+    assert list(dict.fromkeys(folders)) == PATH_ORDER, "the packages out of the path's order"
+    assert modules[0] == "engine/sockets.py" and modules[-1] == "serve/sessions.py"
+    for step in steps:
+        module = importlib.import_module("kvgateway." + step["module"].removesuffix(".py").replace("/", "."))
+        for name in step["names"].split(", "):
+            holder: object = module
+            for part in name.split("."):
+                assert hasattr(holder, part), f"{step['module']} defines no {name}"
+                holder = getattr(holder, part)
+
+
+def test_the_architecture_doc_draws_the_import_rules_of_the_structure_test() -> None:
+    from tests.unit.test_structure import MAY_IMPORT
+
+    drawn = {}
+    for line in code_block(architecture_section("What may import what")):
+        part, arrow, targets = line.partition("->")
+        if arrow:
+            names = targets.split("}")[0].strip()
+            drawn[part.strip()] = set() if names.startswith("(") else {t.strip() for t in names.split(",")}
+    assert drawn == MAY_IMPORT
 
 
 def test_the_readme_layout_names_every_folder_of_the_package_and_the_repository() -> None:

@@ -22,7 +22,7 @@ import zmq
 
 from tests.support import (
     BIG_QUEUE,
-    Gateway,
+    GatewayProcess,
     Start,
     arun,
     free_ports,
@@ -76,7 +76,7 @@ def gpu_blocks(snapshot: dict[str, Any], source: str = "e") -> int:
     return 0 if gpu is None else int(gpu["blocks"])
 
 
-async def start_client(gateway: Gateway, *, reconnect: bool = False, query: str = "") -> ResumingClient:
+async def start_client(gateway: GatewayProcess, *, reconnect: bool = False, query: str = "") -> ResumingClient:
     return await ResumingClient(gateway.ws_url, query=query, headers=gateway.headers()).start(reconnect=reconnect)
 
 

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.support import Gateway, Proc, arun, free_ports, source_spec, until, wait_until
+from tests.support import GatewayProcess, Proc, arun, free_ports, source_spec, until, wait_until
 from tests.support.clients import ResumingClient
 
 pytestmark = pytest.mark.timeout(240)
@@ -153,7 +153,7 @@ def with_auth(pairs: list[tuple[str, str]], auth: str) -> tuple[dict[str, str], 
 
 
 @pytest.fixture(scope="module")
-def gateway() -> Iterator[Gateway]:
+def gateway() -> Iterator[GatewayProcess]:
     http, pub, rep = free_ports(3)
     sim = Proc(
         *("simulate", "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}"),
@@ -167,7 +167,7 @@ def gateway() -> Iterator[Gateway]:
     try:
         sim.wait_for("publishing")
         gw_proc.wait_for("serving on http://")
-        gw = Gateway(gw_proc, http, TOKEN)
+        gw = GatewayProcess(gw_proc, http, TOKEN)
         gw.wait_last_seq(SOURCE, 0)
         yield gw
         # after every example: healthy, nobody left connected, nothing crashed
@@ -191,16 +191,16 @@ def gateway() -> Iterator[Gateway]:
 
 
 @pytest.fixture(scope="module")
-def http(gateway: Gateway) -> Iterator[httpx.Client]:
+def http(gateway: GatewayProcess) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=gateway.base, timeout=10, trust_env=False) as client:
         yield client
 
 
-def internal_addresses(gateway: Gateway) -> list[str]:
+def internal_addresses(gateway: GatewayProcess) -> list[str]:
     return [s["endpoint"] for s in gateway.get("/v1/sources").json()["sources"]]
 
 
-def check_refusal(response: httpx.Response, status: int, gateway: Gateway) -> None:
+def check_refusal(response: httpx.Response, status: int, gateway: GatewayProcess) -> None:
     assert response.status_code == status, (status, response.status_code, response.text)
     assert response.headers["content-type"] == "application/json"
     body = response.json()
@@ -227,7 +227,7 @@ def expected_statuses(path: str, headers: dict[str, str], pairs: list[tuple[str,
     return {ok} if allowed else {401} if allowed is False else {401, ok}
 
 
-def request(http: httpx.Client, gateway: Gateway, path: str, query: str, headers: dict[str, str]) -> None:
+def request(http: httpx.Client, gateway: GatewayProcess, path: str, query: str, headers: dict[str, str]) -> None:
     pairs = parse_qsl(query, keep_blank_values=True)  # how the server decodes it
     wanted = expected_statuses(path, headers, pairs)
     url = httpx.URL(gateway.base).copy_with(raw_path=f"{path}?{query}".encode("ascii"))
@@ -260,7 +260,7 @@ PATHS = st.sampled_from(["/v1/events", "/v1/occupancy", "/v1/sources", "/v1/sche
 @example(path="/v1/events", pairs=[("medium", "gpu"), ("medium", "GPU")] * 40, auth="query")
 @example(path="/v1/events", pairs=[("last_event_id", ""), ("last_event_id", "")], auth="bearer")
 def test_query_strings_get_200_400_or_401_with_a_json_error(
-    gateway: Gateway, http: httpx.Client, path: str, pairs: list[tuple[str, str]], auth: str
+    gateway: GatewayProcess, http: httpx.Client, path: str, pairs: list[tuple[str, str]], auth: str
 ) -> None:
     headers, pairs = with_auth(pairs, auth)
     request(http, gateway, path, encode(pairs), headers)
@@ -269,7 +269,7 @@ def test_query_strings_get_200_400_or_401_with_a_json_error(
 @FUZZ
 @given(path=PATHS, pieces=raw_pieces, auth=auth_strategy)
 def test_raw_query_strings_with_bad_escapes(
-    gateway: Gateway, http: httpx.Client, path: str, pieces: list[str], auth: str
+    gateway: GatewayProcess, http: httpx.Client, path: str, pieces: list[str], auth: str
 ) -> None:
     headers, credentials = with_auth([], auth)
     query = "".join(pieces) + "".join(f"&token={quote(value, safe='')}" for _, value in credentials)
@@ -321,7 +321,7 @@ async def handshake(url: str, headers: dict[str, str], origin: str | None) -> tu
 @FUZZ
 @given(pairs=pairs_strategy, auth=auth_strategy, origin=origins)
 def test_websocket_handshakes_with_random_queries_and_origins(
-    gateway: Gateway, pairs: list[tuple[str, str]], auth: str, origin: str | None
+    gateway: GatewayProcess, pairs: list[tuple[str, str]], auth: str, origin: str | None
 ) -> None:
     headers, pairs = with_auth(pairs, auth)
     query = encode(pairs)
@@ -404,7 +404,7 @@ async def send_inbound(url: str, headers: dict[str, str], messages: list[tuple[s
 @example(messages=[("fragmented", LIMIT + 1, 0)])
 @example(messages=[("text", 10, 0)] * 4)
 def test_inbound_websocket_messages_are_ignored_up_to_64_kib_and_close_1009_above(
-    gateway: Gateway, messages: list[tuple[str, int, int]]
+    gateway: GatewayProcess, messages: list[tuple[str, int, int]]
 ) -> None:
     too_big = any(message_bytes(kind, frame_payload(kind, size, fill)) > LIMIT for kind, size, fill in messages)
     open_, code = arun(send_inbound(gateway.ws_url, gateway.headers(), messages), 30)
@@ -437,7 +437,7 @@ header_text = st.text(st.characters(min_codepoint=0x20, max_codepoint=0xFF, blac
 @example(value="EPOCH:01")
 @example(value="EPOCH:" + "9" * 20)
 def test_last_event_id_headers_resume_only_a_current_id_and_never_fail(
-    gateway: Gateway, http: httpx.Client, value: str
+    gateway: GatewayProcess, http: httpx.Client, value: str
 ) -> None:
     epoch = gateway.epoch()
     value = value.replace("EPOCH", epoch)

@@ -31,7 +31,7 @@ from kvgateway.serve.app import create_app, static_dir
 from kvgateway.serve.server import SEND_TIMEOUT_SECONDS
 from tests.support import (
     REPO,
-    Gateway,
+    GatewayProcess,
     Proc,
     Start,
     arun,
@@ -155,7 +155,7 @@ async def ws_status(url: str, headers: dict[str, str] | None = None, origin: str
         return exc.response.status_code, exc.response.body
 
 
-def assert_no_secret(body: bytes | str, gateway: Gateway, endpoints: list[str]) -> None:
+def assert_no_secret(body: bytes | str, gateway: GatewayProcess, endpoints: list[str]) -> None:
     text = bytes(body).decode("utf-8", "replace") if not isinstance(body, str) else body
     assert TOKEN not in text, text
     for endpoint in endpoints:
@@ -167,7 +167,7 @@ def assert_no_secret(body: bytes | str, gateway: Gateway, endpoints: list[str]) 
 
 
 @pytest.fixture(scope="module")
-def guarded() -> Iterator[tuple[Gateway, list[str]]]:
+def guarded() -> Iterator[tuple[GatewayProcess, list[str]]]:
     http, pub, rep = free_ports(3)
     sim = Proc("simulate", "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{rep}", "--rate", "30")
     # --log-level debug: the per-connection access lines, checked for redaction, are written at debug only.
@@ -184,7 +184,7 @@ def guarded() -> Iterator[tuple[Gateway, list[str]]]:
     try:
         sim.wait_for("publishing")
         proc.wait_for("serving on http://")
-        gateway = Gateway(proc, http, TOKEN)
+        gateway = GatewayProcess(proc, http, TOKEN)
         gateway.wait_last_seq("e", 0)
         yield gateway, [f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}"]
     finally:
@@ -206,7 +206,9 @@ BAD_HEADERS = [
 BAD_QUERIES = ["token=guess-one", f"token={TOKEN[:-1]}", "token=", f"Token={TOKEN}", f"tokens={TOKEN}"]
 
 
-def test_every_route_but_probes_metrics_and_dashboard_needs_the_token(guarded: tuple[Gateway, list[str]]) -> None:
+def test_every_route_but_probes_metrics_and_dashboard_needs_the_token(
+    guarded: tuple[GatewayProcess, list[str]],
+) -> None:
     gateway, endpoints = guarded
     http_routes, ws_routes, mounts = app_routes()
     assert "/v1/ws" in ws_routes and ("/v1/events", {"GET", "HEAD"}) in http_routes
@@ -275,7 +277,7 @@ def test_every_route_but_probes_metrics_and_dashboard_needs_the_token(guarded: t
     assert "token=[redacted]" in log  # the WebSocket lines were written, without the query's token
 
 
-def test_error_bodies_and_open_endpoints_carry_no_secret(guarded: tuple[Gateway, list[str]]) -> None:
+def test_error_bodies_and_open_endpoints_carry_no_secret(guarded: tuple[GatewayProcess, list[str]]) -> None:
     gateway, endpoints = guarded
     auth = f"Authorization: Bearer {TOKEN}"
     cases = [
@@ -338,7 +340,9 @@ TRAVERSALS = [
 
 
 @pytest.mark.parametrize("target", TRAVERSALS)
-def test_path_traversal_never_serves_a_file_outside_static(guarded: tuple[Gateway, list[str]], target: str) -> None:
+def test_path_traversal_never_serves_a_file_outside_static(
+    guarded: tuple[GatewayProcess, list[str]], target: str
+) -> None:
     gateway, _ = guarded
     secrets = [
         (REPO / "pyproject.toml").read_bytes()[:60],
@@ -352,7 +356,7 @@ def test_path_traversal_never_serves_a_file_outside_static(guarded: tuple[Gatewa
         assert any(body == p.read_bytes() for p in static_dir().rglob("*") if p.is_file()), target
 
 
-def test_a_foreign_origin_is_refused_before_the_token_is_looked_at(guarded: tuple[Gateway, list[str]]) -> None:
+def test_a_foreign_origin_is_refused_before_the_token_is_looked_at(guarded: tuple[GatewayProcess, list[str]]) -> None:
     gateway, endpoints = guarded
     url = gateway.ws_url
     own = f"http://127.0.0.1:{gateway.port}"
@@ -374,7 +378,7 @@ def test_a_foreign_origin_is_refused_before_the_token_is_looked_at(guarded: tupl
 
 
 def test_inbound_messages_up_to_64_kib_are_dropped_unread_and_cost_no_memory(
-    guarded: tuple[Gateway, list[str]],
+    guarded: tuple[GatewayProcess, list[str]],
 ) -> None:
     """200 messages of exactly 64 KiB (12.5 MiB) are read and ignored: the connection keeps
     receiving and the gateway's memory does not grow; one byte more closes it with 1009."""

@@ -7,7 +7,7 @@
 - :mod:`~tests.support.sources`: the ``--source`` builder and the simulator's matching flags;
 - :mod:`~tests.support.command_line`: a command's arguments parsed and loaded as the command does;
 - :mod:`~tests.support.metrics`: the metrics scraper and its views;
-- :mod:`~tests.support.gateway`: :func:`start_gateway` and its :class:`Gateway` handle (and
+- :mod:`~tests.support.gateway`: :func:`start_gateway` and its :class:`GatewayProcess` handle (and
   :func:`start_ingest_and_edge`, a cluster of one ingest and one edge);
 - :mod:`~tests.support.simulator`, :mod:`~tests.support.replay`, :mod:`~tests.support.fake_engine`,
   :mod:`~tests.support.oracles`: engines, their replay sockets and their truth;
@@ -26,7 +26,7 @@ The most used are re-exported here (``from tests.support import Proc, free_ports
 
 from tests.support.gateway import (
     BIG_QUEUE,
-    Gateway,
+    GatewayProcess,
     occupancy_counts,
     occupancy_stream,
     proc_status,
@@ -58,7 +58,7 @@ __all__ = [
     "SIM_READY",
     "STREAM_SERIES",
     "WARMUP_BASE",
-    "Gateway",
+    "GatewayProcess",
     "Proc",
     "Procs",
     "Start",

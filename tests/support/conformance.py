@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from tests.integration.test_client_conformance import CLEARED, ScriptedEngine
-from tests.support.gateway import BIG_QUEUE, Gateway, start_gateway
+from tests.support.gateway import BIG_QUEUE, GatewayProcess, start_gateway
 from tests.support.ports import free_ports
 from tests.support.processes import REPO, Start
 from tests.support.sources import source_spec
@@ -76,7 +76,7 @@ class ConformanceScript:
         self.window = 0
         self.steps: dict[str, Callable[[], dict[str, Any]]] = {name: getattr(self, f"step_{name}") for name in STEPS}
 
-    def _gateway(self) -> Gateway:
+    def _gateway(self) -> GatewayProcess:
         return start_gateway(self.start, self.http, self.specs, "--replay-timeout", "0.5", client_queue_bytes=BIG_QUEUE)
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
-"""The one way the tests start a gateway (:func:`start_gateway`) and its handle (:class:`Gateway`):
-a ``kvgateway serve`` subprocess on a loopback port, its HTTP endpoints and metrics and the waits
-on them; plus readers of /v1/sources and /v1/occupancy by base URL."""
+"""The one way the tests start a gateway (:func:`start_gateway`) and the handle of a gateway
+subprocess (:class:`GatewayProcess`: ``kvgateway serve``, or an edge, on a loopback port), its HTTP
+endpoints and metrics and the waits on them; plus readers of /v1/sources and /v1/occupancy by base URL."""
 
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ BIG_QUEUE = 256 * 1024 * 1024
 
 
 @dataclass
-class Gateway:
-    """A ``kvgateway serve`` subprocess on 127.0.0.1:``port``."""
+class GatewayProcess:
+    """A subprocess serving the web protocol on 127.0.0.1:``port``: ``kvgateway serve``, or an
+    edge of a cluster (the same protocol, so the same handle); not an in-process gateway."""
 
     proc: Proc
     port: int
@@ -157,7 +158,7 @@ def start_gateway(
     token: str | None = None,
     client_queue_bytes: int | None = None,
     timeout: float = 30.0,
-) -> Gateway:
+) -> GatewayProcess:
     """``kvgateway serve`` on 127.0.0.1:``port``; returns once it logged that it serves (the
     token through the environment, never argv)."""
     args = ["serve", "--host", "127.0.0.1", "--port", str(port)]
@@ -167,12 +168,12 @@ def start_gateway(
         args += ["--source", spec]
     proc = start(*args, *extra, env={"KVGATEWAY_TOKEN": token} if token else None)
     proc.wait_for(r"serving on http://", timeout=timeout)
-    return Gateway(proc, port, token)
+    return GatewayProcess(proc, port, token)
 
 
 def start_ingest_and_edge(
     start: Start, nats_url: str, sources: Iterable[str], edge_port: int, *ingest_extra: str
-) -> tuple[Proc, Gateway]:
+) -> tuple[Proc, GatewayProcess]:
     """A cluster of one ``kvgateway ingest`` (probes on any port) and one ``kvgateway edge`` on
     127.0.0.1:``edge_port``, both over ``nats_url`` and the same ``sources``; returns once each
     logged that it runs."""
@@ -181,10 +182,10 @@ def start_ingest_and_edge(
     ingest.wait_for("ingest publishing to", timeout=30)
     edge = start("edge", *flags, "--nats", nats_url, "--host", "127.0.0.1", "--port", str(edge_port))
     edge.wait_for("edge serving on", timeout=30)
-    return ingest, Gateway(edge, edge_port)
+    return ingest, GatewayProcess(edge, edge_port)
 
 
-def start_half_fleet(start: Start) -> Gateway:
+def start_half_fleet(start: Start) -> GatewayProcess:
     """``kvgateway serve`` with two engines configured and one running: ``up`` (a simulator at 20
     batches/s, with its replay socket) and ``gone`` (nothing listens: down from the start)."""
     http_port, pub, replay, dead_pub = free_ports(4, spacing=2)

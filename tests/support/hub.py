@@ -100,6 +100,11 @@ def sample(hub: Hub, name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
+def clients(hub: Hub) -> float:
+    """The hub's clients, as kvgateway_clients counts them (every transport)."""
+    return sample(hub, "kvgateway_clients", transport="ws") + sample(hub, "kvgateway_clients", transport="sse")
+
+
 def subscribe(hub: Hub, query: str = "", transport: Any = "ws", last_event_id: str | None = None) -> Subscription:
     return subscribe_request(
         hub, parse_query(QueryParams(query), sources=hub.source_names, last_event_id=last_event_id), transport

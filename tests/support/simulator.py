@@ -4,7 +4,10 @@ line), its endpoints read from that line, and a silent warm-up before the run a 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+from kvgateway.engine import wire
 from tests.support.ports import established
 from tests.support.processes import Proc, Start
 from tests.support.waits import wait_until
@@ -14,6 +17,23 @@ SIM_READY = re.compile(r"^simulate: rank (\d+) publishing (?:on|to) (\S+)(?: \(c
 
 WARMUP_BASE = 1_000_000
 """Seqs of the simulator's warm-up run (see :func:`warmup`), far above any seq a test reaches."""
+
+
+@dataclass(frozen=True)
+class PubMessage:
+    """One PUB message as a subscriber reads it off the simulator."""
+
+    topic: bytes
+    seq: int
+    batch: wire.Batch
+
+
+def decode_pub(frames: Sequence[bytes]) -> PubMessage:
+    """A whole PUB message ``[topic, seq, payload]``, read as the gateway reads it
+    (:func:`kvgateway.engine.wire.split_message`, :func:`~kvgateway.engine.wire.decode_batch`);
+    raises :class:`~kvgateway.engine.wire.DecodeError`."""
+    seq, payload = wire.split_message(frames)
+    return PubMessage(bytes(frames[0]), seq, wire.decode_batch(payload))
 
 
 def start_sim(start: Start, *args: str, ranks: int = 1, timeout: float = 30.0, wait: bool = True) -> Proc:

@@ -33,7 +33,7 @@ from websockets.exceptions import ConnectionClosed
 from tests.support import (
     BIG_QUEUE,
     REPO,
-    Gateway,
+    GatewayProcess,
     Proc,
     Procs,
     free_ports,
@@ -160,7 +160,7 @@ def start_simulator(start: Starter, pub: int, replay: int, *extra: str, ranks: i
     return start_sim(start, *sim_flags(pub, replay), *extra, ranks=ranks)
 
 
-def wait_streams(gateway: Gateway, streams: list[tuple[str, int]]) -> None:
+def wait_streams(gateway: GatewayProcess, streams: list[tuple[str, int]]) -> None:
     """Until every stream is connected and has delivered a batch."""
 
     def ready() -> bool:
@@ -173,7 +173,7 @@ def wait_streams(gateway: Gateway, streams: list[tuple[str, int]]) -> None:
 LIVE_RESTART_AT = 50
 
 
-Serve: TypeAlias = Callable[..., Gateway]
+Serve: TypeAlias = Callable[..., GatewayProcess]
 
 """How the module starts a gateway: ``serve(start, port, sources, *flags, token=..., ...)``."""
 
@@ -192,7 +192,7 @@ def recovery_window() -> str:
 
 
 @pytest.fixture(scope="module")
-def live(module_procs: Starter, serve: Serve) -> Gateway:
+def live(module_procs: Starter, serve: Serve) -> GatewayProcess:
     """Two sources: ``llama`` (2 DP ranks, GPU + CPU offload, a restart, clears) and ``qwen``
     (1 rank, GPU only), behind a gateway whose ring keeps everything this module sees, so a
     client that resumes from ``<epoch>:0`` gets the whole history from offset 1. Its clients are
@@ -229,7 +229,7 @@ def live(module_procs: Starter, serve: Serve) -> Gateway:
 
 
 @pytest.fixture(scope="module")
-def guarded(module_procs: Starter, serve: Serve) -> Gateway:
+def guarded(module_procs: Starter, serve: Serve) -> GatewayProcess:
     """A gateway with a token, an Origin allow-list, room for 2 clients and a 20-message ring."""
     http_port, pub, replay = free_ports(3)
     gateway = serve(
@@ -390,7 +390,7 @@ class Conn:
 class Clients:
     """Opens WebSocket and SSE clients for one test and closes them all at the end."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: GatewayProcess) -> None:
         self.gateway = gateway
         self._closers: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -714,7 +714,7 @@ def gap_source(pub: int, replay: int) -> tuple[str, list[str]]:
 
 
 @pytest.fixture
-def gap_gateway(procs: Starter, serve: Serve) -> tuple[Gateway, list[str]]:
+def gap_gateway(procs: Starter, serve: Serve) -> tuple[GatewayProcess, list[str]]:
     """A gateway serving one source, ``gap``, and the flags of its engine, not started yet."""
     http_port, pub, replay = free_ports(3)
     spec, engine = gap_source(pub, replay)

@@ -214,7 +214,7 @@ def test_no_concrete_class_of_the_package_subclasses_another() -> None:
         if not _abstract(parent, classes)
     ]
     assert not wrong, "concrete package classes subclassed (compose them instead): " + ", ".join(wrong)
-    assert "OneProcess" in classes and "Serving" in classes and "EdgeService" in classes
+    assert "OneProcess" in classes and "Serving" in classes and "EdgeRole" in classes
 
 
 # --- the log seam -----------------------------------------------------------------------------

@@ -103,7 +103,7 @@ def test_no_test_module_polls_by_hand() -> None:
 
 
 def test_no_test_module_parses_metrics_itself() -> None:
-    assert offences(metrics_parsing) == [], "scrape with tests.support.scrape (or Gateway.samples)"
+    assert offences(metrics_parsing) == [], "scrape with tests.support.scrape (or GatewayProcess.samples)"
 
 
 def test_the_rules_see_what_they_forbid() -> None:

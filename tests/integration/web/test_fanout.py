@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from tests.support import Gateway, arun, until
+from tests.support import GatewayProcess, arun, until
 from tests.support.web import (
     LIVE_RESTART_AT,
     LIVE_STREAMS,
@@ -39,7 +39,7 @@ FILTERS = {
 }
 
 
-def test_every_batch_reaches_every_matching_client_in_order(live: Gateway) -> None:
+def test_every_batch_reaches_every_matching_client_in_order(live: GatewayProcess) -> None:
     """14 clients resume from offset 0 (the whole history) and stay for live messages: each
     filtered client receives exactly what the test's own filter makes of the unfiltered stream."""
 

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from tests.support import Gateway, arun
+from tests.support import GatewayProcess, arun
 from tests.support.node import node_command
 from tests.support.web import NODE_SCRIPT, PROTOCOL_DOC, TOKEN, U53, Clients, Conn, run_node
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_the_node_client_gets_u64_hashes_digit_for_digit(live: Gateway) -> None:
+def test_the_node_client_gets_u64_hashes_digit_for_digit(live: GatewayProcess) -> None:
     node_command()
     batches = 12
 
@@ -62,7 +62,7 @@ def test_the_node_client_gets_u64_hashes_digit_for_digit(live: Gateway) -> None:
         assert result["notices"] == sum(1 for o in window if o in by_offset and by_offset[o]["type"] == "notice")
 
 
-def test_the_node_client_sends_the_token_and_reports_refusals(guarded: Gateway) -> None:
+def test_the_node_client_sends_the_token_and_reports_refusals(guarded: GatewayProcess) -> None:
     node_command()
 
     async def body() -> None:

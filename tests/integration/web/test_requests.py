@@ -17,7 +17,7 @@ from jsonschema import Draft202012Validator
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from tests.support import Gateway, arun, metric_values, wait_until
+from tests.support import GatewayProcess, arun, metric_values, wait_until
 from tests.support.web import (
     ALLOWED_ORIGIN,
     SCHEMA_FILE,
@@ -85,7 +85,7 @@ def test_the_schema_check_rejects_what_the_schema_forbids() -> None:
             fresh.flush()
 
 
-async def refused_ws(gateway: Gateway, query: str = "", **kwargs: Any) -> Any:
+async def refused_ws(gateway: GatewayProcess, query: str = "", **kwargs: Any) -> Any:
     """The HTTP response that refused a WebSocket handshake."""
     url = gateway.ws_url + (f"?{query}" if query else "")
     with pytest.raises(InvalidStatus) as refused:
@@ -94,13 +94,13 @@ async def refused_ws(gateway: Gateway, query: str = "", **kwargs: Any) -> Any:
     return refused.value.response
 
 
-def rejections(gateway: Gateway) -> Counter[tuple[str, str]]:
+def rejections(gateway: GatewayProcess) -> Counter[tuple[str, str]]:
     """kvgateway_client_rejections_total by (transport, reason)."""
     samples = metric_values(gateway.base, "kvgateway_client_rejections_total")
     return Counter({(dict(labels)["transport"], dict(labels)["reason"]): int(v) for labels, v in samples.items()})
 
 
-def test_a_token_is_required_on_every_v1_endpoint_and_never_logged(guarded: Gateway) -> None:
+def test_a_token_is_required_on_every_v1_endpoint_and_never_logged(guarded: GatewayProcess) -> None:
     unauthorized = {"error": "missing or invalid token"}
     before = rejections(guarded)
     wrong = [
@@ -161,7 +161,7 @@ def test_a_token_is_required_on_every_v1_endpoint_and_never_logged(guarded: Gate
     assert "token=[redacted]" in log  # the WebSocket access line was written, without the token
 
 
-def test_origin_allow_list(guarded: Gateway, live: Gateway) -> None:
+def test_origin_allow_list(guarded: GatewayProcess, live: GatewayProcess) -> None:
     """WebSocket Origin: the allow-list and the gateway's own origin (its dashboard); no Origin
     (not a browser) is fine; anything else is 403 before the upgrade, before the token is looked at."""
     forbidden = {"error": "origin not allowed"}
@@ -200,7 +200,7 @@ def test_origin_allow_list(guarded: Gateway, live: Gateway) -> None:
     assert after[guarded.port][("ws", "unauthorized")] == before[guarded.port][("ws", "unauthorized")]
 
 
-def test_max_clients(guarded: Gateway) -> None:
+def test_max_clients(guarded: GatewayProcess) -> None:
     """--max-clients 2: a third SSE client gets 503, a third WebSocket is closed with 1013."""
     before = rejections(guarded)
 
@@ -250,7 +250,7 @@ BAD_QUERIES = [
 ]
 
 
-def test_invalid_query_parameters_are_a_400_before_any_stream(live: Gateway) -> None:
+def test_invalid_query_parameters_are_a_400_before_any_stream(live: GatewayProcess) -> None:
     before = rejections(live)
 
     async def body() -> None:
@@ -288,7 +288,7 @@ async def _ask(http: httpx.AsyncClient, route: str, query: str) -> httpx.Respons
     return await http.get(f"{route}?{query}")
 
 
-def test_every_route_refuses_a_parameter_it_does_not_take_and_lists_what_it_takes(live: Gateway) -> None:
+def test_every_route_refuses_a_parameter_it_does_not_take_and_lists_what_it_takes(live: GatewayProcess) -> None:
     before = rejections(live)
     refused = 0
 
@@ -320,7 +320,7 @@ def test_every_route_refuses_a_parameter_it_does_not_take_and_lists_what_it_take
     assert counted == refused
 
 
-def test_sources_gives_last_seq_as_a_string_and_as_a_number_only_with_compat_int_seqs(live: Gateway) -> None:
+def test_sources_gives_last_seq_as_a_string_and_as_a_number_only_with_compat_int_seqs(live: GatewayProcess) -> None:
     live.wait_last_seq("qwen", 1)
     plain, numbers = live.get("/v1/sources").json(), live.get("/v1/sources?compat=int_seqs").json()
     assert {type(s["last_seq"]) for s in plain["sources"]} == {str}
@@ -334,7 +334,7 @@ def test_sources_gives_last_seq_as_a_string_and_as_a_number_only_with_compat_int
     )
 
 
-def test_a_filter_that_names_what_is_not_configured_is_a_400_on_every_route(live: Gateway) -> None:
+def test_a_filter_that_names_what_is_not_configured_is_a_400_on_every_route(live: GatewayProcess) -> None:
     """One rule for source and dp_rank (docs/protocol.md): each value must name what the
     configuration has, on the REST routes as on the streams (issue 33, item 8: ``dp_rank=99``
     was a 200 with no streams, ``source=nope`` a 400)."""
@@ -363,7 +363,7 @@ def _keys(entries: list[dict[str, Any]]) -> list[tuple[str, int]]:
     return [(entry["source"], entry["dp_rank"]) for entry in entries]
 
 
-def test_every_per_stream_route_applies_the_streams_source_and_dp_rank(live: Gateway) -> None:
+def test_every_per_stream_route_applies_the_streams_source_and_dp_rank(live: GatewayProcess) -> None:
     every = [("llama", 0), ("llama", 1), ("qwen", 0)]
     selections = {
         "": every,
@@ -400,7 +400,7 @@ def test_every_per_stream_route_applies_the_streams_source_and_dp_rank(live: Gat
 _RATE = re.compile(rb'"(stores|removes)_per_s":(-?[0-9.e+-]+)')
 
 
-def test_rates_are_rounded_to_thousandths_in_the_occupancy_snapshot(live: Gateway) -> None:
+def test_rates_are_rounded_to_thousandths_in_the_occupancy_snapshot(live: GatewayProcess) -> None:
     # the rates are sums of per-second counts over a window: as floats they print as 1185.1999999999998
     raw = httpx.get(f"{live.base}/v1/occupancy", timeout=10, trust_env=False).content
     rates = [float(m.group(2)) for m in _RATE.finditer(raw)]
@@ -409,7 +409,7 @@ def test_rates_are_rounded_to_thousandths_in_the_occupancy_snapshot(live: Gatewa
     assert not too_long, too_long[:5]
 
 
-def test_an_inbound_websocket_message_above_64_kib_closes_with_1009(live: Gateway) -> None:
+def test_an_inbound_websocket_message_above_64_kib_closes_with_1009(live: GatewayProcess) -> None:
     async def body() -> None:
         async with Clients(live) as clients:
             conn, ws = await clients.ws()
@@ -427,7 +427,7 @@ def test_an_inbound_websocket_message_above_64_kib_closes_with_1009(live: Gatewa
     arun(body())
 
 
-def test_the_schema_endpoint_serves_the_packaged_json_schema(live: Gateway) -> None:
+def test_the_schema_endpoint_serves_the_packaged_json_schema(live: GatewayProcess) -> None:
     response = httpx.get(f"{live.base}/v1/schema", timeout=10, trust_env=False)
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/schema+json"
@@ -438,7 +438,7 @@ def test_the_schema_endpoint_serves_the_packaged_json_schema(live: Gateway) -> N
     assert {"hello", "batch", "notice", "BlockStored", "BlockRemoved", "AllBlocksCleared"} <= set(schema["$defs"])
 
 
-def test_the_garbage_collectors_pauses_are_timed_from_the_start(live: Gateway) -> None:
+def test_the_garbage_collectors_pauses_are_timed_from_the_start(live: GatewayProcess) -> None:
     """kvgateway_gc_pause_seconds: the full collection that freezes start-up's heap (when the server
     is up) is the first generation-2 sample; a fed gateway's young collections follow."""
 

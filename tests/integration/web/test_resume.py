@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support import (
-    Gateway,
+    GatewayProcess,
     arun,
     free_ports,
     start_sim,
@@ -40,7 +40,7 @@ from tests.support.web import (
 pytestmark = pytest.mark.timeout(120)
 
 
-async def gateway_passes(gateway: Gateway, offset: int, within: float = 20.0) -> int:
+async def gateway_passes(gateway: GatewayProcess, offset: int, within: float = 20.0) -> int:
     """Until the gateway's latest offset is at least ``offset``; that offset."""
 
     async def passed() -> tuple[int] | None:
@@ -51,7 +51,7 @@ async def gateway_passes(gateway: Gateway, offset: int, within: float = 20.0) ->
     return int(current)
 
 
-async def resumes(gateway: Gateway) -> dict[tuple[str, str], float]:
+async def resumes(gateway: GatewayProcess) -> dict[tuple[str, str], float]:
     values = await asyncio.to_thread(
         lambda: {
             (transport, recovered): gateway.metric("kvgateway_resumes_total", transport=transport, recovered=recovered)
@@ -68,7 +68,7 @@ def check_recovered_hello(conn: Conn, epoch: str, offset: int) -> None:
     assert [(s["source"], s["dp_rank"]) for s in hello["sources"]] == [(s, r) for s, r in LIVE_STREAMS]
 
 
-def test_websocket_resume_inside_the_ring_replays_exactly_the_missed_messages(live: Gateway) -> None:
+def test_websocket_resume_inside_the_ring_replays_exactly_the_missed_messages(live: GatewayProcess) -> None:
     async def body() -> None:
         epoch = live.epoch()
         before = await resumes(live)
@@ -114,7 +114,7 @@ def test_websocket_resume_inside_the_ring_replays_exactly_the_missed_messages(li
     arun(body())
 
 
-def test_sse_resume_with_last_event_id_header_or_query_and_the_header_wins(live: Gateway) -> None:
+def test_sse_resume_with_last_event_id_header_or_query_and_the_header_wins(live: GatewayProcess) -> None:
     async def body() -> None:
         epoch = live.epoch()
         before = await resumes(live)
@@ -166,7 +166,7 @@ def test_sse_resume_with_last_event_id_header_or_query_and_the_header_wins(live:
 
 
 def test_the_gap_notice_has_no_last_unless_the_client_asks_with_compat_gap_last_live_and_on_resume(
-    procs: Starter, gap_gateway: tuple[Gateway, list[str]]
+    procs: Starter, gap_gateway: tuple[GatewayProcess, list[str]]
 ) -> None:
     """``unrecovered_gap``'s integer ``last`` (``until``'s deprecated name) would give the name two
     types beside ``state``'s boolean: it goes only to a client that asks (``compat=gap_last``), on
@@ -295,7 +295,7 @@ def test_trtllm_seqs_are_exact_after_json_parse_in_node_and_numbers_only_with_co
 
 
 def test_resume_is_refused_for_another_epoch_an_id_outside_the_ring_or_a_malformed_id(
-    guarded: Gateway, recovery_window: str
+    guarded: GatewayProcess, recovery_window: str
 ) -> None:
     """All or nothing: recovered false, a fresh snapshot and no replay (the ring holds 20 messages;
     on an edge the stream is the window, and an id older than the ring is read back from it)."""

@@ -37,7 +37,7 @@ def test_a_batch_travels_and_renders_the_same_bytes_and_index() -> None:
     ]
     for offset, record in enumerate(sent, start=1):
         single.append(record)
-        edge.append_at(offset, records.decode_record(records.encode_record(record, generation=4)))
+        edge.append_at(offset, records.to_record(records.decode(records.encode_record(record, generation=4))))
     assert [e.message.data for e in edge.read(0)] == [e.message.data for e in single.read(0)]
     assert index_edge.snapshot(3, 20.0) == index_single.snapshot(3, 20.0)
     assert index_edge.stream("a.b", 3).stale
@@ -56,4 +56,4 @@ def test_ids_name_a_batch_by_engine_generation_and_seq_and_notices_by_content() 
 
 def test_garbage_is_one_line_error() -> None:
     with pytest.raises(records.RecordError, match="not a kvgateway record"):
-        records.decode_record(b"\x93\x01\x02")
+        records.decode(b"\x93\x01\x02")

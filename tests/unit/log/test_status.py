@@ -3,17 +3,19 @@ from the report and the batches after it; its state, its JSON and the one readin
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 
 from kvgateway.config import StreamConfig
 from kvgateway.log.status import (
-    CONNECTION_CODES,
     DEGRADED_SECONDS,
     NEVER_CONNECTED,
     StreamStatus,
     connection_code,
     not_ready,
 )
+from kvgateway.protocol.messages import ConnectionCode
 
 CONFIG = StreamConfig("vllm", 1, "tcp://10.0.0.1:5558", "tcp://10.0.0.1:5559", "", False, {})
 
@@ -63,7 +65,7 @@ def test_a_report_without_a_code_gets_the_broadest_and_an_unknown_code_too() -> 
     assert connection_code(None, connected=True) == "connected"
     assert connection_code(None, connected=False) == "disconnected"
     assert connection_code("no such code", connected=False) == "disconnected"
-    for code in CONNECTION_CODES:
+    for code in get_args(ConnectionCode):
         assert connection_code(code, connected=False) == code
 
 

@@ -9,12 +9,12 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 import pytest
 
 from kvgateway.engine.mediums import medium_tier as tier_of
-from kvgateway.log.status import CONNECTION_CODES
+from kvgateway.protocol.messages import ConnectionCode
 from tests.support import REPO
 
 DOC: Final = REPO / "docs" / "protocol.md"
@@ -240,7 +240,7 @@ def test_the_docs_tier_table_agrees_with_the_code_and_the_schema() -> None:
 
 
 def test_the_connection_codes_are_the_code_s_own() -> None:
-    assert tuple(_schema()["$defs"]["connection_code"]["enum"]) == CONNECTION_CODES
+    assert tuple(_schema()["$defs"]["connection_code"]["enum"]) == get_args(ConnectionCode)
 
 
 # The disagreements issue 32 found at 8a83c3d, each put back into an otherwise agreeing pair:

@@ -15,7 +15,7 @@ from kvgateway.serve.query import (
     BadRequest,
     ClientRequest,
     parse_query,
-    route_query,
+    parse_route_query,
 )
 
 
@@ -125,12 +125,12 @@ def test_every_v1_route_declares_what_it_accepts_and_its_400_lists_exactly_that(
     for route, accepted in ROUTE_PARAMETERS.items():
         assert "token" in accepted
         with pytest.raises(BadRequest) as info:
-            route_query(route, [("x", "1")])
+            parse_route_query(route, [("x", "1")])
         assert info.value.message == f"unknown query parameter 'x' (accepted: {', '.join(accepted)})"
-    client, own = route_query("/v1/history", [("source", "a"), ("step", "10"), ("since", "1"), ("step", "5")])
+    client, own = parse_route_query("/v1/history", [("source", "a"), ("step", "10"), ("since", "1"), ("step", "5")])
     assert client.filter.sources == frozenset({"a"}) and own == {"step": ["10", "5"], "since": ["1"]}
     with pytest.raises(BadRequest, match=r"^unknown query parameter 'type' "):
-        route_query("/v1/occupancy", {"type": ["BlockStored"]})
+        parse_route_query("/v1/occupancy", {"type": ["BlockStored"]})
 
 
 def test_snapshot_query_parameter() -> None:

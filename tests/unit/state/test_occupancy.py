@@ -14,6 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockStored, Event, Hash, UnknownEvent
+from kvgateway.protocol.filters import event_key, select
+from kvgateway.state.attribution import Attribution
 from kvgateway.state.occupancy import RATE_WINDOW_SECONDS, MediumStats, OccupancyIndex, StreamIndex
 from tests.support.events import BIG, batch, removed, stored
 
@@ -340,6 +342,16 @@ def test_stream_is_created_once_and_apply_routes_to_it() -> None:
     assert [(s.source, s.dp_rank) for s in occ.streams()] == [("a", 3), ("a", 4)]
 
 
+def test_every_stream_is_made_with_the_fleets_observer() -> None:
+    """Given when the stream's index is made (by its first batch, or when asked for), not set after."""
+    attribution = Attribution()
+    occ = OccupancyIndex(observer=attribution)
+    occ.apply("b", 0, batch(stored(7), removed(7)), 0.0)
+    assert occ.stream("b", 0).observer is attribution
+    assert occ.stream("c", 1).observer is attribution
+    assert OccupancyIndex().stream("b", 0).observer is None
+
+
 # --- memory ----------------------------------------------------------------------------------
 
 
@@ -585,4 +597,4 @@ def test_empty_medium_counts_as_gpu_like_the_hub_filter() -> None:
     occ.apply("a", 0, batch(*events), 0.0)
     assert occ.stream("a", 0).groups("GPU") == {0: 3}
     gpu_filter = parse_query({"medium": ["GPU"]}).filter
-    assert all(gpu_filter.matches_event(e) for e in events)
+    assert select([event_key(e) for e in events], gpu_filter.types, gpu_filter.mediums) == [0, 1, 2]
