@@ -101,14 +101,16 @@ def test_resume_across_edges_every_batch_once_and_same_index(procs: Start, nats_
     total = 1500
     pub, rep, port_a, port_b, port_c, port_single = (free_port() for _ in range(6))
     spec = source_spec("sim", pub, rep)
-    sim(procs, pub, rep, "--rate", "300", "--batches", str(total), "--start-delay", "3")
     ingests = [ingest(procs, nats_server, spec), ingest(procs, nats_server, spec)]
     single = procs("serve", "--source", spec, "--port", str(port_single))
     edge_a = edge(procs, nats_server, spec, port_a)
     edge(procs, nats_server, spec, port_b, "--ring-messages", "50")
     single.wait_for("serving on", timeout=30)
-
     reader = ws(port_a)
+    # The engine starts once the client reads edge A: on a loaded machine the processes above took
+    # longer to start than the engine took to send everything, and a live client then saw nothing.
+    sim(procs, pub, rep, "--rate", "300", "--batches", str(total), "--start-delay", "3")
+
     wait_until(lambda: len(batches(reader)) >= 300, timeout=120, what="300 batches on edge A")
     edge_a.popen.send_signal(signal.SIGKILL)
     edge_a.popen.wait(5)
