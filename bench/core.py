@@ -49,20 +49,26 @@ def _say(text: str) -> None:
     print(f"[bench.core] {text}", file=sys.stderr, flush=True)
 
 
-def _modules() -> dict[str, dict[str, ModuleType]]:
+def twin_modules(twins: dict[str, str], who: str) -> dict[str, dict[str, ModuleType]]:
+    """Each part's pure-Python and compiled module (``<name>_py``, ``<name>_c``), by core; exits
+    with one line where the compiled core is not built."""
     out: dict[str, dict[str, ModuleType]] = {"pure": {}, "compiled": {}}
-    parts = (
-        ("render", "kvgateway.protocol._render"),
-        ("learner", "kvgateway.state._learner"),
-        ("digest", "kvgateway.state._digest"),
-    )
-    for part, name in parts:
+    for part, name in twins.items():
         out["pure"][part] = importlib.import_module(name + "_py")
         try:
             out["compiled"][part] = importlib.import_module(name + "_c")
         except ImportError as exc:
-            raise SystemExit(f"bench.core: the compiled core is not built here ({exc})") from exc
+            raise SystemExit(f"{who}: the compiled core is not built here ({exc})") from exc
     return out
+
+
+def _modules() -> dict[str, dict[str, ModuleType]]:
+    twins = {
+        "render": "kvgateway.protocol._render",
+        "learner": "kvgateway.state._learner",
+        "digest": "kvgateway.state._digest",
+    }
+    return twin_modules(twins, "bench.core")
 
 
 def _render(module: ModuleType, batches: list[wire.Batch]) -> None:

@@ -52,6 +52,7 @@ from typing import Any, Final
 
 from bench import payloads
 from bench.common import write_run
+from bench.core import twin_modules
 from bench.ingest import VARIANTS, _stages
 from bench.learner import REPO
 from bench.lookup import _commit
@@ -93,14 +94,7 @@ def load_base(rev: str, name: str = "occupancy", replace: tuple[str, str] | None
 
 
 def modules() -> dict[str, dict[str, ModuleType]]:
-    out: dict[str, dict[str, ModuleType]] = {core: {} for core in CORES}
-    for part, name in TWINS.items():
-        out["pure"][part] = importlib.import_module(name + "_py")
-        try:
-            out["compiled"][part] = importlib.import_module(name + "_c")
-        except ImportError as exc:
-            raise SystemExit(f"bench.state: the compiled core is not built here ({exc})") from exc
-    return out
+    return twin_modules(TWINS, "bench.state")
 
 
 @contextmanager
