@@ -251,8 +251,8 @@ cdef class Evictions:
 
     cpdef add(self, hashes, ts):
         cdef Table spare
-        cdef uint64_t key
-        cdef double at
+        cdef uint64_t key = 0  # set through a pointer by _u64
+        cdef double at = 0
         bound = self.bound
         if ts - self.since > self.window:  # the generations move on: the previous one is forgotten
             spare = self._previous
@@ -274,7 +274,7 @@ cdef class Evictions:
                 self._drop_current()
 
     cdef bint _holds_any(self, hashes) except -1:
-        cdef uint64_t key
+        cdef uint64_t key = 0  # set through a pointer by _u64
         for h in hashes:
             if _u64(h, &key):
                 if _table_has(&self._current, key) or _table_has(&self._previous, key):
@@ -287,8 +287,8 @@ cdef class Evictions:
         return not self._holds_any(hashes)
 
     def take(self, h):
-        cdef uint64_t key
-        cdef double at
+        cdef uint64_t key = 0  # set through a pointer by _u64
+        cdef double at = 0
         evicted_at = previous = None
         if _u64(h, &key):
             if _table_pop(&self._current, key, &at):
