@@ -177,10 +177,10 @@ cdef int _table_clear(Table* table) except -1:
 cdef inline bint _u64(object h, uint64_t* key) except -1:
     """Whether ``h`` is an int of 0 to 2**64-1 (then in ``key``): the engines' hashes. Any other hash
     (bytes, a negative or larger int) is kept in a dict beside the table, as the reference keeps all."""
-    if type(h) is not int or h < 0:
+    if type(h) is not int:
         return False
     try:
-        key[0] = h
+        key[0] = h  # a negative or larger int raises here: no Python comparison for the common hash
     except OverflowError:
         return False
     return True
