@@ -193,13 +193,3 @@ def load(takes: OptionSet, args: argparse.Namespace, environ: Mapping[str, str] 
         validate_nats(loaded.nats, needs_servers=takes.needs_nats),
         loaded.workers,
     )
-
-
-def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None) -> Settings:
-    """A TOML document's settings over ``base`` (the defaults)."""
-    return file_layer(data, None).settings_over(base or Settings())
-
-
-def settings_from_env(env: Mapping[str, str], base: Settings) -> Settings:
-    """``KVGATEWAY_*`` variables' settings over ``base``."""
-    return env_layer(env, None).settings_over(base)
