@@ -88,7 +88,7 @@ def run_serve(args: argparse.Namespace, argv: list[str]) -> int:
     from kvgateway.gateway import OneProcess, one_process_app
     from kvgateway.serve import server
 
-    return server.run(loaded.settings, OneProcess, one_process_app)
+    return server.run(loaded.settings, OneProcess, one_process_app, close_clients=OneProcess.close_clients)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -294,7 +294,14 @@ async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
             for engine in engines:
                 await engine.start()
             runners = [asyncio.ensure_future(run_engine(engine, role, silence)) for engine, role in pairs]
-            await serve(settings, make_role=OneProcess, make_app=one_process_app, ready=ready, listening=listening)
+            await serve(
+                settings,
+                make_role=OneProcess,
+                make_app=one_process_app,
+                ready=ready,
+                listening=listening,
+                close_clients=OneProcess.close_clients,
+            )
         finally:
             for engine in engines:
                 engine.stop()

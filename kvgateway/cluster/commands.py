@@ -117,7 +117,9 @@ def run_edge(args: argparse.Namespace) -> int:
     async def discover(settings: Settings) -> Settings:
         return settings if settings.sources else await _discover_sources(settings, options)
 
-    return server.run(settings, make, edge_app, prepare=discover, reuse_port=args.reuse_port)
+    return server.run(
+        settings, make, edge_app, prepare=discover, close_clients=EdgeRole.close_clients, reuse_port=args.reuse_port
+    )
 
 
 async def _discover_sources(settings: Settings, options: NatsOptions) -> Settings:

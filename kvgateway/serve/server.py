@@ -107,6 +107,7 @@ async def serve(
     reuse_port: bool = False,
     listening: Callable[[str], None] = lambda url: None,
     made: Callable[[R], None] = lambda role: None,
+    close_clients: Callable[[R], None] | None = None,
 ) -> None:
     """The one HTTP runner (``serve``, ``edge``, ``ingest``, the demo): the port is bound
     (``listening``), the role ``make_role(settings)`` made (``made``) and its app
@@ -122,7 +123,7 @@ async def serve(
         for host in unresolved_hosts(settings):
             logger.warning("host %r does not resolve (yet): its streams stay down until it does", host)
         try:
-            await _serve_until_signal(server, role, listener, settings, ready)
+            await _serve_until_signal(server, role, listener, settings, ready=ready, close_clients=close_clients)
         finally:
             await role.stop()  # idempotent: the lifespan has stopped it unless start-up failed
     finally:
@@ -130,12 +131,19 @@ async def serve(
 
 
 async def _serve_until_signal(
-    server: _Server, role: Role, listener: socket.socket, settings: Settings, ready: Callable[[str], None] | None
+    server: _Server,
+    role: R,
+    listener: socket.socket,
+    settings: Settings,
+    *,
+    ready: Callable[[str], None] | None,
+    close_clients: Callable[[R], None] | None,
 ) -> None:
     loop = asyncio.get_running_loop()
 
     def shut_down() -> None:
-        role.close_clients()  # clients first, with our own close code (1012); then uvicorn
+        if close_clients is not None:
+            close_clients(role)  # clients first, with our own close code (1012); then uvicorn
         server.should_exit = True
 
     # A failed start is the role's own one line: uvicorn's echo of it (a traceback) is dropped.
@@ -193,6 +201,7 @@ def run(
     make_app: Callable[[R], Starlette],
     *,
     prepare: Callable[[Settings], Coroutine[Any, Any, Settings]] | None = None,
+    close_clients: Callable[[R], None] | None = None,
     reuse_port: bool = False,
 ) -> int:
     """The one command runner (``serve``, ``edge``, ``ingest``): logging, the event loop (uvloop when
@@ -218,6 +227,7 @@ def run(
                     ready=ready,
                     reuse_port=reuse_port,
                     made=roles.append,
+                    close_clients=close_clients,
                 )
             )
     except StartupError as exc:
