@@ -1,4 +1,5 @@
-"""Starting the gateway as a new user does: taken ports, IPv6 engines, the bare command.
+"""Starting the gateway as a new user does: taken ports, IPv6 engines, the bare command; and
+stopping it.
 
 Real processes only: ``python -m kvgateway`` subprocesses, a listening socket holding a port, a
 ZeroMQ socket holding an engine port, and the simulator as an IPv6 engine.
@@ -25,6 +26,7 @@ from tests.support import (
     stream_metrics,
     wait_until,
 )
+from tests.support.clients import closed_by_signal
 
 
 @pytest.fixture
@@ -73,6 +75,21 @@ def test_port_zero_start_up_lines_show_the_port_chosen(procs: Start) -> None:
     url = demo.wait_for(r"^kvgateway demo: dashboard at (\S+)$").group(1)
     assert first == f"kvgateway demo: starting 4 streams; the dashboard will be at {url}", demo.output()
     assert not url.endswith(":0/")
+
+
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_a_signal_closes_web_clients_with_the_gateways_code_then_exits_0(command: str, procs: Start) -> None:
+    """SIGTERM: the shell closes every client with the gateway's own close (1012 and its reason;
+    uvicorn's would have none) before uvicorn stops. The edge's: tests/cluster/test_edge_cli.py."""
+    if command == "serve":
+        gateway = procs("serve", "--port", "0", "--source", "name=a,endpoint=tcp://127.0.0.1:9")
+        url = gateway.wait_for(r"serving on (http://\S+)", timeout=30).group(1)
+    else:
+        gateway = procs("demo", "--port", "0")
+        url = gateway.wait_for(r"dashboard at (http://\S+)", timeout=30).group(1)
+    ws_url = url.replace("http://", "ws://", 1) + "v1/ws"
+    assert closed_by_signal(gateway, ws_url) == (1012, "gateway shutting down", 0), gateway.output()
+    assert "Traceback" not in gateway.output()
 
 
 def test_a_taken_engine_port_names_the_source_address_and_reason() -> None:
