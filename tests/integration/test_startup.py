@@ -7,6 +7,7 @@ ZeroMQ socket holding an engine port, and the simulator as an IPv6 engine.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -38,7 +39,7 @@ def taken_port() -> Iterator[int]:
         yield int(holder.getsockname()[1])
 
 
-def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kvgateway", *args],
         capture_output=True,
@@ -46,6 +47,22 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         timeout=timeout,
         cwd=REPO,
         check=False,
+        env=None if env is None else {**os.environ, **env},
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "named"),
+    [(["--nats", "nats://h:1"], {}, "--nats"), ([], {"KVGATEWAY_NATS": "nats://h:1"}, "KVGATEWAY_NATS")],
+)
+def test_serve_with_nats_but_no_workers_names_where_nats_was_given(
+    flags: list[str], env: dict[str, str], named: str
+) -> None:
+    result = _run("serve", "--source", "name=a,endpoint=tcp://127.0.0.1:9", *flags, env=env)
+    assert result.returncode == 2, result.stderr
+    assert (
+        result.stderr
+        == f"kvgateway serve: error: {named} needs --workers (or run kvgateway ingest and kvgateway edge)\n"
     )
 
 
