@@ -278,7 +278,7 @@ async def running_engines(
             try:
                 await engine.start()
             except (zmq.ZMQError, OSError) as exc:
-                raise StartupError(f"demo engine {engine.endpoint}: cannot start: {exc}") from None
+                raise StartupError(f"demo engines: cannot start: {exc}") from None  # it names the address
         runners = [asyncio.ensure_future(run_engine(engine, role, silence)) for engine, role in pairs]
         yield
     finally:

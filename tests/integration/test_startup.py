@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
@@ -78,6 +79,19 @@ def test_a_taken_http_port_is_one_line_naming_the_port_and_the_flag(command: str
     assert "--port" in lines[0]
     # Nothing claimed to have started.
     assert "started" not in output and "dashboard at" not in output and "serving on" not in output
+
+
+def test_demo_engines_that_cannot_start_are_one_line_and_exit_1(tmp_path: Path) -> None:
+    """Their ipc:// sockets in a directory too deep for a socket path: the shell's one line."""
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    result = _run("demo", "--port", "0", env={"TMPDIR": str(deep)})
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "Traceback" not in output, output
+    (error,) = result.stderr.strip().splitlines()
+    assert "ERROR" in error and "demo engines: cannot start: " in error and str(deep) in error, error
+    assert "dashboard at" not in output
 
 
 def test_port_zero_start_up_lines_show_the_port_chosen(procs: Start) -> None:
