@@ -1,6 +1,7 @@
-"""The one runner of every command that serves HTTP (``serve``, ``edge``, ``ingest``, the demo):
-binds the HTTP port, makes the role the command composes and serves its app with uvicorn (uvloop
-when installed) until a signal, and turns start-up failures into one line and exit code 1."""
+"""The one process shell of every command (``serve``, ``edge``, ``ingest``, the demo): binds the
+HTTP port, enters what the command runs around its server, makes the role the command composes and
+serves its app with uvicorn (uvloop when installed) until a signal, and turns start-up failures
+into one line and exit code 1."""
 
 from __future__ import annotations
 
