@@ -81,6 +81,17 @@ def test_a_taken_http_port_is_one_line_naming_the_port_and_the_flag(command: str
     assert "started" not in output and "dashboard at" not in output and "serving on" not in output
 
 
+@pytest.mark.parametrize("place", ["flag", "env"])
+def test_a_state_dir_that_cannot_be_made_names_where_it_was_given(place: str) -> None:
+    where = "/proc/kvgateway-state"  # no directory can be made there
+    flags, env = (["--state-dir", where], {}) if place == "flag" else ([], {"KVGATEWAY_STATE_DIR": where})
+    result = _run("serve", "--source", "name=a,endpoint=tcp://127.0.0.1:9", "--workers", "1", *flags, env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    named = "--state-dir" if place == "flag" else "KVGATEWAY_STATE_DIR"
+    assert result.stderr.startswith(f"kvgateway serve: error: {named} '{where}': "), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_demo_engines_that_cannot_start_are_one_line_and_exit_1(tmp_path: Path) -> None:
     """Their ipc:// sockets in a directory too deep for a socket path: the shell's one line."""
     deep = tmp_path / ("d" * 100)
