@@ -9,7 +9,12 @@ The three figures a refactor must not worsen, each measured with the scenario's 
   batches/s (every client must get every batch): deliveries per CPU-second of the gateway;
 - ``flood``: the same 100 clients, ``--flood-batches`` queued while the gateway is stopped and
   then sent flat out: deliveries per CPU-second (steadier on a loaded machine than ``fanout``);
-- ``latency``: scenario 4's trial (1,000 batches/s to 10 WebSocket clients, 5 s): p99 in ms.
+- ``latency``: scenario 4's trial (1,000 batches/s to 10 WebSocket clients, 5 s): p99 in ms;
+- ``ceiling``: scenario 1's rate flat out over a raw SUB loop's, measured back to back (a ratio
+  per side, so the A/B figure is a ratio of same-moment ratios);
+- ``catchup``: scenario 6's replay phase (10,000 batches to an exact index) over a raw DEALER's
+  fetch of the same replay, back to back; ``catchup_cpu``: its replay phase in the gateway's CPU
+  seconds (wall time on a loaded machine is mostly other processes' turns).
 
 Each pair runs the two gateways back to back (``python -m kvgateway`` with each checkout as its
 working directory, as ``python -m bench --gateway-source`` does), the order reversed every other
@@ -34,7 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench import ingest, latency, payloads
+from bench import catchup, ingest, latency, payloads
 from bench.common import REPO, SOURCE_ENV, BenchError, CpuMeter, Mode, Worker, median, pause, resume, say, wait_until
 from bench.context import Context
 from bench.harness import Fleet, Stream, Target, fanout_step, start_publisher, start_target
@@ -109,11 +114,43 @@ def _latency(ctx: Context, side: str, run: int, args: argparse.Namespace) -> flo
     return float(latency.trial(ctx, "kvgateway", run)["p99_ms"])
 
 
+def _ceiling(ctx: Context, side: str, run: int, args: argparse.Namespace) -> float:
+    """Scenario 1's ceiling: the gateway's rate flat out over a raw SUB loop's, the two trials
+    back to back for this side (the raw loop is the same on both sides: it is the yardstick)."""
+    raw = ingest.raw_trial(ctx, run)
+    gateway = ingest.gateway_trial(ctx, run, "map")
+    ratio = float(gateway["rate"] / raw["rate"])
+    say(f"  {side}: ceiling {gateway['rate']:,.0f} / raw {raw['rate']:,.0f} batches/s = {ratio:.4f}")
+    return ratio
+
+
+def _catchup(ctx: Context, side: str, run: int, args: argparse.Namespace) -> float:
+    """Scenario 6: 10,000 batches replayed to an exact index, the replay phase (the engine's
+    request to the rebuilt index) over a raw DEALER's fetch of the same replay, back to back."""
+    raw = catchup.raw_trial(ctx, run)
+    gateway = catchup.gateway_trial(ctx, run)
+    ratio = float(gateway["replay_phase_seconds"] / raw["fetch_seconds"])
+    say(
+        f"  {side}: catch-up replay phase {gateway['replay_phase_seconds']:.3f} s (total "
+        f"{gateway['total_seconds']:.3f} s, {gateway['replay_cpu_seconds']:.3f} CPU s) / raw fetch "
+        f"{raw['fetch_seconds']:.3f} s = {ratio:.2f}"
+    )
+    return ratio
+
+
+def _catchup_cpu(ctx: Context, side: str, run: int, args: argparse.Namespace) -> float:
+    """Scenario 6's replay phase in the gateway's CPU seconds (10,000 batches to an exact index)."""
+    return float(catchup.gateway_trial(ctx, run)["replay_cpu_seconds"])
+
+
 FIGURES: dict[str, tuple[Trial, str]] = {
     "ingest": (_ingest, "gateway CPU us per batch, one WS client (lower is better)"),
     "fanout": (_fanout, "deliveries per CPU-second, 100 WS clients (higher is better)"),
     "flood": (_flood, "deliveries per CPU-second, 100 WS clients, flat out (higher is better)"),
     "latency": (_latency, "p99 ms at 1,000 batches/s, 10 WS clients (lower is better)"),
+    "ceiling": (_ceiling, "ingest rate flat out over a raw SUB loop's, one WS client (higher is better)"),
+    "catchup": (_catchup, "10,000-batch catch-up's replay phase over a raw DEALER's fetch (lower is better)"),
+    "catchup_cpu": (_catchup_cpu, "10,000-batch catch-up's replay phase in gateway CPU seconds (lower is better)"),
 }
 
 

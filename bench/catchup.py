@@ -6,7 +6,9 @@ the gateway subscribes. Seeing a first live seq above 0, the gateway asks the en
 from seq 0 and gets all 10,000 batches. The clock runs from the gateway's spawn until
 /v1/sources shows last_seq 9,999 *and* /v1/occupancy shows exactly the engine's resident blocks
 (the workload's own count at that point). Time stamps from the engine side split it into start-up
-(spawn to the replay request) and the replay phase (request to rebuilt index).
+(spawn to the replay request) and the replay phase (request to rebuilt index); the replay phase is
+also taken in the gateway's CPU seconds (from the bench's last look before the request), the
+figure a loaded machine does not stretch.
 
 Baseline: a raw DEALER process (:mod:`bench.raw`) fetching the same 10,000-batch replay from an
 engine in the same state, timed from its spawn, and from its request.
@@ -18,7 +20,7 @@ import time
 from typing import Any
 
 from bench import payloads
-from bench.common import BenchError, Process, ServeProcess, median, python_command, say
+from bench.common import BenchError, Process, ServeProcess, cpu_seconds, median, python_command, say
 from bench.context import Context
 from bench.harness import endpoint_of, replay_of, start_publisher
 from bench.ingest import _last_json
@@ -48,9 +50,11 @@ def gateway_trial(ctx: Context, run: int) -> dict[str, Any]:
         seq_done: float | None = None
         mediums: dict[str, int] = {}
         source: dict[str, Any] = {}
+        cpu_at: list[tuple[float, float]] = []  # (time, the gateway's CPU seconds) at each look
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             gateway.check_alive("the gateway")
+            cpu_at.append((time.time(), cpu_seconds(gateway.pid)))
             try:
                 source = gateway.sources()[0]
             except OSError:
@@ -67,7 +71,7 @@ def gateway_trial(ctx: Context, run: int) -> dict[str, Any]:
             time.sleep(0.02)
         else:
             raise BenchError(f"not rebuilt in time: last_seq {source.get('last_seq')}, occupancy {mediums}")
-        done = time.time()
+        done, cpu_done = time.time(), cpu_seconds(gateway.pid)
         trigger = publisher.reply(timeout=30)
         replays = publisher.request({"cmd": "replays"})["replays"]
         # The catch-up request at connect may reach the engine before it published the last
@@ -83,6 +87,7 @@ def gateway_trial(ctx: Context, run: int) -> dict[str, Any]:
             "replay_request_seconds": round(float(replays[0]["received"]) - spawned, 4),
             "replay_phase_seconds": round(done - float(replays[0]["received"]), 4),
             "engine_answer_seconds": round(float(replays[0]["answered"]) - float(replays[0]["received"]), 4),
+            "replay_cpu_seconds": round(cpu_done - _cpu_before(cpu_at, float(replays[0]["received"])), 4),
             "occupancy": mediums,
             "expected": expected,
             "replayed": counters["replayed"],
@@ -92,6 +97,13 @@ def gateway_trial(ctx: Context, run: int) -> dict[str, Any]:
         if gateway is not None:
             gateway.stop()
         publisher.stop()
+
+
+def _cpu_before(samples: list[tuple[float, float]], moment: float) -> float:
+    """The gateway's CPU seconds at the last look before ``moment`` (its first look if none was):
+    the replay phase in CPU time, which a loaded machine does not stretch as it stretches wall time."""
+    before = [cpu for at, cpu in samples if at <= moment]
+    return before[-1] if before else samples[0][1]
 
 
 def raw_trial(ctx: Context, run: int) -> dict[str, Any]:
@@ -143,6 +155,7 @@ def run(ctx: Context) -> dict[str, Any]:
         "batches": _count(ctx),
         "gateway_total_seconds": median(p["gateway"]["total_seconds"] for p in pairs),
         "gateway_replay_phase_seconds": median(p["gateway"]["replay_phase_seconds"] for p in pairs),
+        "gateway_replay_cpu_seconds": median(p["gateway"]["replay_cpu_seconds"] for p in pairs),
         "gateway_startup_seconds": median(p["gateway"]["replay_request_seconds"] for p in pairs),
         "raw_total_seconds": median(p["raw"]["total_seconds"] for p in pairs),
         "raw_fetch_seconds": median(p["raw"]["fetch_seconds"] for p in pairs),

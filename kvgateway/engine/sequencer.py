@@ -746,7 +746,8 @@ class Sequencer:
         if self.cursor is not None:
             low = max(low, self.cursor + 1)
         run, before = low, len(out)
-        for held in sorted(s for s in self._pending if low <= s < seq):
+        # Nothing pending (nearly every batch): no generator and sort of an empty dict.
+        for held in sorted(s for s in self._pending if low <= s < seq) if self._pending else ():
             if held > run:
                 out.append(GapDetected(run, held - 1))
             run = held + 1

@@ -24,7 +24,6 @@ import zmq
 EVENTS = int(zmq.EVENTS)
 POLLIN = int(zmq.POLLIN)
 FD = int(zmq.FD)
-RCVMORE = int(zmq.RCVMORE)
 # Plain ints: ``zmq.POLLIN`` is an enum.Flag, and ``int & Flag`` goes through enum's slow path.
 
 
@@ -88,19 +87,22 @@ class Readiness:
 
 def receiver(sock: zmq.Socket[bytes]) -> Callable[[], list[bytes] | None]:
     """A function that receives one whole message from ``sock`` without blocking, None when none
-    is queued. Same frames as ``recv_multipart(NOBLOCK)`` at about 2/3 of its cost: pyzmq's
-    version looks ``zmq.RCVMORE`` up and converts the enum for every frame."""
+    is queued. Same frames as ``recv_multipart(NOBLOCK)`` at about 0.7 of its cost: pyzmq's
+    version asks the socket (``RCVMORE``, converted to its enum) after every frame."""
     recv = sock.recv
-    more = sock.getsockopt
     flags = zmq.NOBLOCK
 
     def receive() -> list[bytes] | None:
+        # A frame says itself whether more follow: a getsockopt(RCVMORE) per frame cost 0.7 us
+        # (pyzmq turns the option into its enum first), 2 of a batch's 3.3 us here.
         try:
-            frames = [recv(flags)]
+            frame = recv(flags, copy=False)
         except zmq.Again:
             return None
-        while more(RCVMORE):
-            frames.append(recv(flags))
+        frames = [frame.bytes]
+        while frame.more:
+            frame = recv(flags, copy=False)
+            frames.append(frame.bytes)
         return frames
 
     return receive

@@ -88,6 +88,11 @@ class StreamOutlet:
     def apply(self, actions: Iterable[Action], received: float, held: int) -> None:
         """The sequencer's actions, in order; ``held``: what it holds after them."""
         for action in actions:
+            # The common action first, without the match below: its class patterns cost a type
+            # test and attribute reads per case tried, about 0.5 us a batch.
+            if type(action) is Deliver and action.batch is not None:
+                self._deliver(action.seq, action.batch, action.replayed, received)
+                continue
             match action:
                 case Deliver(seq=seq, batch=None):
                     self._skipped(seq)

@@ -142,9 +142,6 @@ class RouterState:
             if self._batches % LEARNER_FOLLOWS_EVERY == 0:
                 learner.follow_fleet(self.index.resident_blocks())
             learner.learn_batch(record.stream[0], record.stream[1], record.batch)
-            if learner.evicted != self._evicted:
-                self.metrics.learned_evictions.inc(learner.evicted - self._evicted)
-                self._evicted = learner.evicted
 
     def resident(self, stream: Stream, block_hash: Hash) -> bool:
         """Whether ``stream`` still holds ``block_hash`` in some medium and group (the learner
@@ -252,6 +249,12 @@ class RouterState:
             shared.labels(medium).set(counts["shared_blocks"])
 
     def refresh_gauges(self) -> None:
-        self.learner.follow_fleet(self.index.resident_blocks())
+        """At scrape time: the learner's figures. Its evictions are counted here too, not per
+        batch: at its cap nearly every batch evicts, and a Counter.inc per batch cost 1 us."""
+        learner = self.learner
+        if learner.evicted != self._evicted:
+            self.metrics.learned_evictions.inc(learner.evicted - self._evicted)
+            self._evicted = learner.evicted
+        learner.follow_fleet(self.index.resident_blocks())
         self.metrics.learned_blocks.set(len(self.learner))
         self.metrics.learned_blocks_cap.set(self.learner.cap)

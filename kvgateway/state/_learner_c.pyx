@@ -53,14 +53,58 @@ cdef inline uint64_t _mix(object parent) except? 0:
     return (<uint64_t>PyObject_Hash(parent)) * _K64
 
 
+# CPython's tuple hash (Objects/tupleobject.c, xxHash's mixing, the same from 3.8 on), so that a
+# block's digest can be had without building its tuples: two tuple allocations, a reference
+# taken and dropped per token and a deallocation were most of the learner's cost per block.
+# _TUPLE_HASH_OK is checked at import against hash() itself; where it differs, the tuples are built.
+cdef uint64_t _XXPRIME_1 = 11400714785074694791ULL
+cdef uint64_t _XXPRIME_2 = 14029467366897019727ULL
+cdef uint64_t _XXPRIME_5 = 2870177450012600261ULL
+
+
+cdef inline uint64_t _xx_lane(uint64_t acc, uint64_t lane) noexcept:
+    acc += lane * _XXPRIME_2
+    acc = (acc << 31) | (acc >> 33)
+    return acc * _XXPRIME_1
+
+
+cdef inline uint64_t _xx_end(uint64_t acc, uint64_t length) noexcept:
+    acc += length ^ (_XXPRIME_5 ^ 3527539ULL)
+    if acc == <uint64_t>-1:
+        return 1546275796
+    return acc
+
+
+cdef uint64_t _NONE_LANE = <uint64_t>PyObject_Hash(None)
+
+
+cdef int _tuple_digest(list tokens, Py_ssize_t first, Py_ssize_t size, uint64_t* out) except -1:
+    """``hash((tuple(tokens[first:first + size]), None, None))`` without the tuples; 0 (and
+    nothing written) when a token is no exact int, whose hash could run Python code."""
+    cdef uint64_t acc = _XXPRIME_5
+    cdef Py_ssize_t j
+    cdef object token
+    for j in range(size):
+        token = <object>PyList_GET_ITEM(tokens, first + j)
+        if type(token) is not int:
+            return 0
+        acc = _xx_lane(acc, <uint64_t>PyObject_Hash(token))
+    acc = _xx_end(acc, <uint64_t>size)
+    out[0] = _xx_end(_xx_lane(_xx_lane(_xx_lane(_XXPRIME_5, acc), _NONE_LANE), _NONE_LANE), 3)
+    return 1
+
+
 cdef int _plain_digests(list tokens, Py_ssize_t size, Py_ssize_t blocks, uint64_t* out) except -1:
     """:func:`block_digests` of the common case (no LoRA, no extra keys) into ``out``: Python's hash
-    of ``(tuple(the block's tokens), None, None)``, the tuples built in C."""
+    of ``(tuple(the block's tokens), None, None)``, computed as CPython does (``_tuple_digest``)
+    or with the tuples built in C."""
     cdef Py_ssize_t i, j
     cdef object token
     cdef tuple block
     cdef tuple key
     for i in range(blocks):
+        if _TUPLE_HASH_OK and _tuple_digest(tokens, i * size, size, &out[i]):
+            continue
         block = PyTuple_New(size)
         for j in range(size):
             token = <object>PyList_GET_ITEM(tokens, i * size + j)
@@ -69,6 +113,21 @@ cdef int _plain_digests(list tokens, Py_ssize_t size, Py_ssize_t blocks, uint64_
         key = (block, None, None)
         out[i] = <uint64_t>PyObject_Hash(key)
     return 0
+
+
+def _tuple_hash_agrees():
+    """Whether ``_tuple_digest`` gives what ``hash()`` gives on this interpreter (checked once)."""
+    cdef uint64_t got = 0
+    samples = ([], [0], [1, 2, 3], [-1, -2, 2**61 - 1, 2**61, 2**64 + 5, -(2**70)], list(range(16)), [151_643] * 16)
+    for tokens in samples:
+        if not _tuple_digest(tokens, 0, len(tokens), &got):
+            return False
+        if got != <uint64_t>(hash((tuple(tokens), None, None)) & 0xFFFFFFFFFFFFFFFF):
+            return False
+    return True
+
+
+cdef bint _TUPLE_HASH_OK = _tuple_hash_agrees()
 
 
 cdef object _extra_keys_of(object event, Py_ssize_t blocks):
@@ -527,7 +586,9 @@ cdef class ChainLearner:
             return 0
         cdef Py_ssize_t size = size_of
         cdef tuple stream = (source, dp_rank)
-        note_block_size(self._sizes, stream, size_of)
+        known = self._sizes.get(stream)
+        if known is None or known[0] != size_of:  # the same size again (nearly always): no Python call
+            note_block_size(self._sizes, stream, size_of)
         cdef uint64_t* digests = <uint64_t*>malloc(blocks * sizeof(uint64_t))
         if digests == NULL:
             raise MemoryError()

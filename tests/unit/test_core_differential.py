@@ -252,6 +252,32 @@ def test_hash_kinds_at_the_edges_of_fixed_width_integers() -> None:
         assert all(type(a) is type(b) for a, b in zip(learner.chain("s", 0, digests), edge, strict=True))
 
 
+@given(
+    tokens=st.lists(
+        st.one_of(st.integers(0, 200_000), st.integers(-(2**70), 2**70), st.sampled_from([-1, -2, 2**61 - 1, 2**61])),
+        max_size=40,
+    ),
+    size=st.integers(1, 8),
+)
+def test_the_compiled_learners_digests_are_pythons_tuple_hash_without_the_tuples(tokens: list[int], size: int) -> None:
+    """The compiled learner hashes a block's tokens as CPython hashes ``(tuple(tokens), None,
+    None)``, without building the tuples; a block learned by one core is found by the other's
+    digests (the reference: :func:`kvgateway.state._learner_py.block_digests`)."""
+    compiled = _compiled()
+    assert compiled._tuple_hash_agrees()  # else it builds the tuples: slower, still the same digests
+    blocks = len(tokens) // size
+    if not blocks:
+        return
+    tokens = tokens[: blocks * size]
+    hashes: list[Hash] = list(range(1000, 1000 + blocks))
+    event = BlockStored(hashes, None, tokens, size, None, None, None, {})
+    learners = [module.ChainLearner(100, floor=100) for module in (pure, compiled)]
+    for learner in learners:
+        assert learner.learn("s", 0, event) == blocks
+        assert learner.chain("s", 0, block_digests(tokens, size)) == hashes
+    assert state(learners[0]) == state(learners[1])
+
+
 def test_both_cores_are_importable_side_by_side_and_the_public_one_is_chosen() -> None:
     from kvgateway.protocol import render
     from kvgateway.runtime import extensions
