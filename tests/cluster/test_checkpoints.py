@@ -23,9 +23,10 @@ RATE = 100
 BATCHES = 1000
 
 
-def _edge(procs: Start, nats: NatsServer, port: int, *flags: str) -> GatewayProcess:
+def _edge(procs: Start, nats: NatsServer, port: int, *flags: str, wait: bool = True) -> GatewayProcess:
     proc = procs("edge", "--nats", nats.url, "--host", "127.0.0.1", "--port", str(port), *flags)
-    proc.wait_for("edge serving on", timeout=30)
+    if wait:
+        proc.wait_for("edge serving on", timeout=120)
     return GatewayProcess(proc, port)
 
 
@@ -74,8 +75,12 @@ def test_a_late_edge_starts_from_the_checkpoint_and_one_without_checkpoints_says
     source = f"name=sim,endpoint=tcp://127.0.0.1:{pub},replay=tcp://127.0.0.1:{replay}"
     retention = ["--nats-retention", str(RETENTION), "--nats-duplicate-window", "1"]
     ingest = procs("ingest", "--source", source, "--nats", nats_server.url, "--port", "0", *retention)
-    ingest.wait_for("ingest publishing to", timeout=30)
-    early = _edge(procs, nats_server, early_port, "--nats-checkpoint", "0.5")
+    # The early edge starts beside the ingest and waits for its stream: started after it, on a
+    # loaded machine it came up 20 s later, when the stream had dropped its first records (the
+    # ingest's own) and it was history_truncated itself.
+    early = _edge(procs, nats_server, early_port, "--nats-checkpoint", "0.5", wait=False)
+    ingest.wait_for("ingest publishing to", timeout=120)
+    early.proc.wait_for("edge serving on", timeout=120)
     start_sim(
         procs, "--endpoint", f"tcp://*:{pub}", "--replay-endpoint", f"tcp://*:{replay}", f"--rate={RATE}",
         f"--batches={BATCHES}", "--linger=600", "--cpu-offload", "--seed=11",
