@@ -72,7 +72,7 @@ class Engine:
         self.router.close(linger=0)
 
 
-async def until(condition: Callable[[], bool], engine: Engine, within: float = 10.0) -> None:
+async def until(condition: Callable[[], bool], engine: Engine, within: float = 120.0) -> None:
     """:func:`tests.support.until`, the engine answering replay requests between the tries."""
 
     def answered() -> bool:
