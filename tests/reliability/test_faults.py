@@ -558,7 +558,11 @@ def test_gateway_killed_and_restarted_under_20_websocket_clients(procs: Start) -
         def reconnected(c: ResumingClient) -> bool:
             return len(c.sessions) == 2 and any(m["type"] == "batch" for m in c.sessions[1].messages)
 
-        await until(lambda: all(reconnected(c) for c in clients), 120, "every client back with a batch")
+        try:
+            await until(lambda: all(reconnected(c) for c in clients), 120, "every client back with a batch")
+        except AssertionError as exc:  # what each client has: the next run under load says why
+            seen = [(len(c.sessions), len(c.sessions[-1].messages), c.connect_failures) for c in clients]
+            raise AssertionError(f"{exc}; (sessions, last session's messages, failed connects): {seen}") from None
         new_epoch = second.epoch()
         resumes = {
             recovered: second.metric("kvgateway_resumes_total", transport="ws", recovered=recovered)
