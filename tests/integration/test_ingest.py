@@ -145,7 +145,6 @@ def loss_notices(first: int, last: int, reason: str) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(360)
 def test_skipped_range_is_replayed_and_every_batch_delivered_once_in_order(procs: Start) -> None:
     """10,000 batches with seqs 8000-8499 missing live: the replay brings them back in place.
 
@@ -175,7 +174,7 @@ def test_skipped_range_is_replayed_and_every_batch_delivered_once_in_order(procs
         # machine reads them seconds later.
         got = wait_until(
             lambda: (m := stream_metrics(gw.base, "a"))["received"] >= live + (total - first) and m,
-            timeout=240,  # a loaded machine read it in over 90 s
+            timeout=90,
             what="the reply read to its end",
         )
         assert got == counters(
