@@ -202,6 +202,13 @@ class StreamReader:
 
     def _on_live(self, frames: list[bytes]) -> None:
         """One live message (its receipt is counted by the caller)."""
+        if self._peers == 0 and self._drained is None:
+            # A batch while no connection is known: the ZeroMQ thread finished a new connection's
+            # handshake and queued its first batches after this burst's look at the monitor (a
+            # loaded machine stalls the loop between the two). The handshake event is queued
+            # before them: hear of the connection first, or a restarted engine's first batches
+            # are taken for the old one's (a batch before ``up``, a restart before it).
+            self._poll_monitor()
         received = self._clock()
         self._live_count += 1
         try:

@@ -71,7 +71,7 @@ def new_page(browser: Any) -> Iterator[Callable[..., Any]]:
             "console",
             lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None,
         )
-        page.set_default_timeout(60_000)  # a wait, not a bound: a loaded machine loads pages slowly
+        page.set_default_timeout(180_000)  # a wait, not a bound: at load 15-30 a page took over 60 s
         return page
 
     yield make

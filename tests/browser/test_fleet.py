@@ -125,6 +125,7 @@ def test_demo_screenshots(shared_demo: Demo, new_page: Callable[..., Any], width
     screenshot(page, f"dashboard-demo-{width}x{height}.png")
 
 
+@pytest.mark.timeout(600)  # two page loads of a 64-stream demo: at load 15-30 over 300 s
 def test_fleet_of_64_streams(fleet_demo: Demo, new_page: Callable[..., Any]) -> None:
     page = new_page(width=1440, height=900, device_scale_factor=1)
     recorder = OccupancyRecorder()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from tests.support import BIG_QUEUE, Proc, Start, free_port, metric, sim_flags, source_spec, start_sim, wait_until
 from tests.support.clients import WsCollector
 from tests.support.nats import NatsServer
+from tests.support.simulator import EngineWatch
 
 pytestmark = pytest.mark.timeout(300)  # the waits below are bounds for a loaded machine
 
@@ -263,17 +265,27 @@ def test_serve_workers_starts_serves_and_leaves_no_orphan(procs: Start, tmp_path
 
 
 def take_over(
-    procs: Start, nats: NatsServer, spec: str, port: int, *, after: int, pause: float
+    procs: Start,
+    nats: NatsServer,
+    spec: str,
+    port: int,
+    *,
+    engine: Callable[[], object],
+    after: int,
+    outage: Callable[[], object],
 ) -> tuple[WsCollector, Proc]:
-    """An ingest and an edge with a reader; once the reader has ``after`` batches the ingest is
-    SIGKILLed and, ``pause`` seconds later, another one starts (returned with the reader)."""
+    """An ingest and an edge with a reader, then ``engine()`` started; once the reader has
+    ``after`` batches the ingest is SIGKILLed and, once ``outage()`` returns, another one starts
+    (returned with the reader). The engine starts once the reader reads: on a loaded machine the
+    processes took longer to start than the engine took to send everything (at 400/s)."""
     first = ingest(procs, nats, spec)
     edge(procs, nats, spec, port)
     reader = ws(port)
+    engine()
     wait_until(lambda: len(batches(reader)) >= after, timeout=120, what=f"{after} batches")
     first.popen.send_signal(signal.SIGKILL)
     first.popen.wait(5)
-    time.sleep(pause)  # the scenario: no ingest process this long
+    outage()  # the scenario: no ingest process meanwhile
     return reader, ingest(procs, nats, spec)
 
 
@@ -286,8 +298,13 @@ def test_an_ingest_taken_over_after_sigkill_and_a_resume_ahead_of_a_new_edge(
     total = 2400
     pub, rep, port_a, port_b = (free_port() for _ in range(4))
     spec = source_spec("sim", pub, rep)
-    sim(procs, pub, rep, "--rate", "400", "--batches", str(total), "--start-delay", "2")
-    reader, _ = take_over(procs, nats_server, spec, port_a, after=300, pause=0.5)
+
+    def engine() -> None:
+        # --linger -1: the engine answers replays until the test ends (by default it goes 2 s after
+        # its last batch, before a new ingest process started on a loaded machine could ask it).
+        sim(procs, pub, rep, "--rate", "400", "--batches", str(total), "--start-delay", "2", "--linger", "-1")
+
+    reader, _ = take_over(procs, nats_server, spec, port_a, engine=engine, after=300, outage=lambda: time.sleep(0.5))
     wait_until(lambda: batches(reader) and batches(reader)[-1]["seq"] == total - 1, timeout=120, what="the end")
     time.sleep(0.5)  # not a wait for something: a duplicate, were there one, would arrive meanwhile
     seqs = [m["seq"] for m in batches(reader)]
@@ -319,9 +336,22 @@ def test_an_ingest_outage_longer_than_the_engine_buffer_is_one_exact_loss(
     total = 1800
     pub, rep, port = free_port(), free_port(), free_port()
     spec = source_spec("sim", pub, rep)
-    sim(procs, pub, rep, "--rate", "400", "--batches", str(total), "--buffer-steps", "200", "--start-delay", "2")
-    # 1.5 s: about 600 batches, more than the engine's buffer of 200
-    reader, second = take_over(procs, nats_server, spec, port, after=200, pause=1.5)
+    buffer = 200
+
+    flags = ["--rate", "400", "--batches", str(total), "--buffer-steps", str(buffer), "--start-delay", "2"]
+    flags += ["--linger", "-1"]  # answering replays until the test ends, however late the new process
+    with EngineWatch(f"tcp://127.0.0.1:{pub}") as watch:
+
+        def outage() -> None:
+            # Until the engine has gone on by twice its buffer, counted from what a subscriber of
+            # its own has read at the kill (the stream holds no more than the engine published
+            # then): what the new process asks for has left the buffer. A time (1.5 s at 400/s)
+            # was fewer batches than the buffer holds when the engine ran late on a loaded machine.
+            watch.wait_past(watch.last_seq + 2 * buffer, timeout=120)
+
+        reader, second = take_over(
+            procs, nats_server, spec, port, engine=lambda: sim(procs, pub, rep, *flags), after=200, outage=outage
+        )
     wait_until(lambda: batches(reader) and batches(reader)[-1]["seq"] == total - 1, timeout=120, what="the end")
     time.sleep(0.3)  # not a wait for something: a duplicate or a late notice would arrive meanwhile
     reader.close()

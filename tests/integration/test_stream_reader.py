@@ -4,6 +4,7 @@ the reader's outlet on a real log and index."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -32,13 +33,15 @@ def payload(seq: int) -> bytes:
 class Engine:
     """A PUB socket and a replay ROUTER holding every batch 'published', as vLLM's buffer does."""
 
-    def __init__(self, context: zmq.Context[zmq.Socket[bytes]]) -> None:
+    def __init__(
+        self, context: zmq.Context[zmq.Socket[bytes]], endpoints: tuple[str, str] = ("tcp://127.0.0.1:*",) * 2
+    ) -> None:
         self.pub = context.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.bind("tcp://127.0.0.1:*")
+        self.pub.bind(endpoints[0])
         self.router = context.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        self.router.bind("tcp://127.0.0.1:*")
+        self.router.bind(endpoints[1])
         self.buffer: dict[int, bytes] = {}
         self.requests: list[int] = []
 
@@ -69,7 +72,7 @@ class Engine:
         self.router.close(linger=0)
 
 
-async def until(condition: Callable[[], bool], engine: Engine, within: float = 10.0) -> None:
+async def until(condition: Callable[[], bool], engine: Engine, within: float = 120.0) -> None:
     """:func:`tests.support.until`, the engine answering replay requests between the tries."""
 
     def answered() -> bool:
@@ -184,5 +187,54 @@ def test_a_backlog_whose_last_batch_ends_a_turn_still_ends_in_the_disconnect(mon
         time.sleep(0.5)  # noqa: ASYNC251
         await until(lambda: delivered(records) == list(range(41)) and not outlet.status.connected, engine)
         assert [r.kind for r in records if isinstance(r, NoticeRecord)] == ["up", "down"]
+
+    run(scenario)
+
+
+def test_a_new_connections_batch_read_before_its_handshake_event_comes_after_up(monkeypatch: Any) -> None:
+    """The ZeroMQ thread queues a connection's handshake event on the monitor, then its batches on
+    the SUB. A loaded machine can stall the loop between a burst's look at the monitor and its
+    reads, so a restarted engine's first batch is read while the reader still knows no connection
+    (found under load: a client saw ``down``, then batches, then ``up``; or ``restart`` before
+    ``up``). Here the burst's look always comes too early and the monitor's own callback is off:
+    the batch must still come after ``up`` and the restart, never as the old process's."""
+
+    async def scenario(engine: Engine, reader: StreamReader, records: list[Any], index: OccupancyIndex) -> None:
+        outlet = reader._outlet
+        await until(lambda: engine.requests == [0] and reader.sequencer.replay_token is None, engine)
+        await until(_subscribed(engine, records), engine)
+        for seq in range(1, 4):
+            engine.publish(seq)
+        await until(lambda: delivered(records) == [0, 1, 2, 3], engine)
+        endpoints = engine.endpoints()
+        engine.close()  # the engine dies
+        await support_until(lambda: not outlet.status.connected, 10, "down")
+        down_at = len(records)
+
+        loop = asyncio.get_running_loop()
+        assert reader._monitor_fd is not None
+        loop.remove_reader(reader._monitor_fd)
+        looks = reader._poll_monitor
+
+        def too_early() -> None:
+            if sys._getframe(1).f_code.co_name != "_read_live":  # the burst's look finds nothing yet
+                looks()
+
+        monkeypatch.setattr(reader, "_poll_monitor", too_early)
+        restarted = Engine(engine.pub.context, endpoints)  # a new process on the same ports
+        try:
+            restarted.buffer[0] = body = payload(0)
+
+            def first_batch() -> bool:
+                if delivered(records)[4:]:
+                    return True
+                restarted.pub.send_multipart([TOPIC, wire.seq_bytes(0), body])  # until it is subscribed
+                return False
+
+            await until(first_batch, restarted, within=30)
+            after = [r.kind if isinstance(r, NoticeRecord) else r.seq for r in records[down_at:]]
+            assert after == ["up", "restart", 0], after
+        finally:
+            restarted.close()
 
     run(scenario)

@@ -37,7 +37,7 @@ from tests.support.clients import ResumingClient
 from tests.support.fake_engine import END_SEQ, FakeEngine, good_replies, payload
 from tests.support.oracles import WorkloadOracle, event_hashes
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # the waits below are bounds for a loaded machine
 
 
 def batches_of(messages: list[dict[str, Any]], source: str = "e") -> list[dict[str, Any]]:
@@ -94,23 +94,28 @@ def test_engine_killed_and_restarted_on_the_same_ports(procs: Start) -> None:
     http, pub, rep = free_ports(3)
     new_batches = 120
     first = start_sim(procs, *sim_flags(pub, rep), "--rate", "200", "--seed", "1")
-    gateway = start_gateway(procs, http, [source_spec("e", pub, rep)])
+    gateway = start_gateway(procs, http, [source_spec("e", pub, rep)], client_queue_bytes=BIG_QUEUE)
 
     async def body() -> None:
         client = await start_client(gateway)
         # Far above what the new process reaches before the gateway sees it again.
-        await until(lambda: len(batches_of(client.messages)) >= 400, 30, "400 batches of the first process")
+        await until(lambda: len(batches_of(client.messages)) >= 400, 120, "400 batches of the first process")
+        # The catch-up at connect (the engine published before the gateway started) is over first:
+        # on a loaded machine it recovered 600 batches after the 400th, and it is not the restart's.
+        await until(lambda: gateway.counters("e").get("replay_recovered", 0) >= 1, 120, "the catch-up at connect")
         before = gateway.counters("e")
         first.kill()
         await asyncio.to_thread(gateway.wait_up, "e", False)
         start_sim(
             procs, *sim_flags(pub, rep), "--rate", "100", "--seed", "2", "--batches", str(new_batches), "--linger", "-1"
         )
-        await until(
-            lambda: client.messages and client.messages[-1].get("seq") == new_batches - 1,
-            30,
-            "the new process's last batch",
-        )
+        down = len(client.messages)  # the down notice comes after this (wait_up saw it)
+
+        def last_batch() -> bool:
+            # The last batch, not the last message: a status notice may follow it.
+            return any(m["seq"] == new_batches - 1 for m in batches_of(client.messages[down:]))
+
+        await until(last_batch, 120, "the new process's last batch")
         await asyncio.to_thread(gateway.wait_last_seq, "e", new_batches - 1)
         after = gateway.counters("e")
         snapshot = gateway.get("/v1/occupancy").json()
@@ -118,13 +123,18 @@ def test_engine_killed_and_restarted_on_the_same_ports(procs: Start) -> None:
 
         messages = client.messages
         (cut,) = [i for i, m in enumerate(messages) if m["type"] == "notice" and m["kind"] == "down"]
-        old = batches_of(messages[:cut])
+        (up,) = [i for i, m in enumerate(messages) if m["type"] == "notice" and m["kind"] == "up"]
+        # The first process's batches, every one before the new connection's up. A few may come
+        # after the down: ZeroMQ can hand the reader the dead connection's last batches after its
+        # disconnect event (seen at load 15-30); they still continue its seqs, in order.
+        old = batches_of(messages[:up])
         old_seqs = [m["seq"] for m in old]
         assert old_seqs == list(range(old_seqs[0], old_seqs[-1] + 1)), "the first process arrived in order"
         tail = [m for m in messages[cut:] if not (m["type"] == "notice" and m["kind"] == "status")]
         assert kinds(tail) == ["down", "up", "restart"]
-        assert [m["type"] for m in tail[:3]] == ["notice"] * 3, "nothing from the new process before its restart"
-        restart = tail[2]
+        tail = [m for m in messages[up:] if not (m["type"] == "notice" and m["kind"] == "status")]
+        assert [m["type"] for m in tail[:2]] == ["notice"] * 2, "nothing from the new process before its restart"
+        restart = tail[1]
         assert restart["previous"] == old_seqs[-1]
         # After the reconnection the gateway asks the engine for its last delivered batch: the new
         # process does not hold one that old, which gives the restart away at once.
@@ -149,7 +159,7 @@ def test_engine_killed_and_restarted_on_the_same_ports(procs: Start) -> None:
         assert entry["stale"] is False
         assert gpu_blocks(snapshot) == oracle.resident_after(new_batches), "the index holds the new process only"
 
-    arun(body(), 90)
+    arun(body(), 280)
 
 
 # --- the engine's PUB drops at its high-water mark ---------------------------------------------
@@ -290,6 +300,13 @@ def test_malformed_replay_replies_fail_the_replay_and_not_the_live_stream(procs:
         if not current or start != current[2] - 1:
             return good_replies(start, history)
         gap = current[2]
+        if gap + 1 not in history:
+            # Not the case's request but the quiet stream's tail probe (sequencer rule 10: the
+            # previous case's tail is this case's anchor), which a loaded machine can bring after
+            # the test armed the case and before it published the batch after the gap (a KeyError
+            # here when it came before the gap's): the engine answers with what it had sent by
+            # then, the tail alone, and made the gap's batch after that.
+            return good_replies(start, {seq: body for seq, body in history.items() if seq < gap})
         frames: list[list[bytes]] = [good_replies(start, {start: history[start]})[0], *current[0](gap, history[gap])]
         if current[1] == "skipped":  # well formed, so an end marker follows
             frames.append([b"", b"", END_SEQ, b""])
@@ -521,7 +538,9 @@ def test_gateway_killed_and_restarted_under_20_websocket_clients(procs: Start) -
     old ring is gone) with a fresh snapshot in its hello, exactly the engine's cache at that point."""
     http, pub, rep = free_ports(3)
     start_sim(procs, *sim_flags(pub, rep), "--rate", "50", "--seed", "3")
-    first = start_gateway(procs, http, [source_spec("e", pub, rep)])
+    # Big client queues: the 20 clients read in this test's process, which a loaded machine
+    # starves, and a hello with a snapshot and the catch-up behind it must not cut them.
+    first = start_gateway(procs, http, [source_spec("e", pub, rep)], client_queue_bytes=BIG_QUEUE)
     old_epoch = first.epoch()
     oracle = WorkloadOracle(3)
 
@@ -529,16 +548,21 @@ def test_gateway_killed_and_restarted_under_20_websocket_clients(procs: Start) -
         clients = [ResumingClient(first.ws_url) for _ in range(20)]
         for client in clients:
             await client.start(reconnect=True)
-        await until(lambda: all(len(c.messages) >= 5 for c in clients), 30, "5 messages for every client")
+        await until(lambda: all(len(c.messages) >= 5 for c in clients), 120, "5 messages for every client")
         first.proc.kill()
-        await until(lambda: all(c.sessions[0].close_code is not None for c in clients), 10, "every client cut")
+        await until(lambda: all(c.sessions[0].close_code is not None for c in clients), 60, "every client cut")
         last_ids = [c.last_id for c in clients]
-        second = await asyncio.to_thread(start_gateway, procs, http, [source_spec("e", pub, rep)])
+        again = [source_spec("e", pub, rep)]
+        second = await asyncio.to_thread(start_gateway, procs, http, again, client_queue_bytes=BIG_QUEUE)
 
         def reconnected(c: ResumingClient) -> bool:
             return len(c.sessions) == 2 and any(m["type"] == "batch" for m in c.sessions[1].messages)
 
-        await until(lambda: all(reconnected(c) for c in clients), 30, "every client back with a batch")
+        try:
+            await until(lambda: all(reconnected(c) for c in clients), 120, "every client back with a batch")
+        except AssertionError as exc:  # what each client has: the next run under load says why
+            seen = [(len(c.sessions), len(c.sessions[-1].messages), c.connect_failures) for c in clients]
+            raise AssertionError(f"{exc}; (sessions, last session's messages, failed connects): {seen}") from None
         new_epoch = second.epoch()
         resumes = {
             recovered: second.metric("kvgateway_resumes_total", transport="ws", recovered=recovered)
@@ -570,7 +594,7 @@ def test_gateway_killed_and_restarted_under_20_websocket_clients(procs: Start) -
             # snapshot is the engine's cache after every batch before the first one that follows.
             assert gpu_blocks(occupancy) == oracle.resident_after(seqs[0]), f"snapshot at seq {seqs[0]}"
 
-    arun(body(), 100)
+    arun(body(), 280)
 
 
 # --- a client that drops and resumes inside the ring ---------------------------------------------
@@ -596,24 +620,38 @@ def test_clients_that_lose_their_connection_resume_inside_the_ring_and_lose_noth
     its last id: recovered every time, and what all its connections got together is exactly what a
     client that never dropped got over the same span (through the same filter)."""
     http, pub, rep = free_ports(3)
-    start_sim(procs, *sim_flags(pub, rep), "--rate", "100", "--seed", "6", "--restart-at", "250", "--skip", "100-109")
-    gateway = start_gateway(procs, http, [source_spec("e", pub, rep)])
-    epoch = gateway.epoch()
+    sim = start_sim(
+        procs, *sim_flags(pub, rep), "--rate", "100", "--seed", "6", "--restart-at", "250", "--skip", "100-109"
+    )
     queries = ["", "", "type=BlockStored", "type=BlockRemoved"]
 
     async def body() -> None:
-        reference = await ResumingClient(gateway.ws_url).start()
-        droppers = [await ResumingClient(gateway.ws_url, query=q).start(reconnect=True) for q in queries]
+        # The engine held until every client reads: on a loaded machine the gateway and the clients
+        # started after its restart (2.5 s in), and the reference saw none.
+        with sim.held():
+            # Big client queues: the five clients read in this test's process, which a loaded
+            # machine starves; a slow-consumer cut would be one more resume than the test's.
+            flags = [source_spec("e", pub, rep)]
+            gateway = await asyncio.to_thread(start_gateway, procs, http, flags, client_queue_bytes=BIG_QUEUE)
+            epoch = gateway.epoch()
+            reference = await ResumingClient(gateway.ws_url).start()
+            droppers = [await ResumingClient(gateway.ws_url, query=q).start(reconnect=True) for q in queries]
         for round_ in range(1, 4):
-            await until(lambda r=round_: all(c.connected_sessions() == r for c in droppers), 30, "reconnected")
+            await until(lambda r=round_: all(c.connected_sessions() == r for c in droppers), 120, "reconnected")
             await asyncio.sleep(0.4)  # the clients read for a while
             for client in droppers:
                 await client.drop()
             await asyncio.sleep(0.3)  # messages they miss while away
-        await until(lambda: all(len(c.sessions) == 4 for c in droppers), 30, "every client reconnected 3 times")
+        await until(lambda: all(len(c.sessions) == 4 for c in droppers), 120, "every client reconnected 3 times")
+
+        # Past the engine's restart (batch 250), whenever the machine lets it come.
+        def restarted() -> bool:
+            return any(m["type"] == "notice" and m["kind"] == "restart" for m in reference.messages)
+
+        await until(restarted, 120, "the restart")
         end = gateway.offset() + 20
         everyone = [reference, *droppers]
-        await until(lambda: all(c.messages and c.messages[-1]["offset"] >= end for c in everyone), 30, "the end")
+        await until(lambda: all(c.messages and c.messages[-1]["offset"] >= end for c in everyone), 120, "the end")
         resumes = gateway.metric("kvgateway_resumes_total", transport="ws", recovered="true")
         await stop_clients(*everyone)
 
@@ -636,4 +674,4 @@ def test_clients_that_lose_their_connection_resume_inside_the_ring_and_lose_noth
             want = type_filtered(span, query.partition("=")[2]) if query else span
             assert got == want, f"client {query!r} lost or repeated messages"
 
-    arun(body(), 90)
+    arun(body(), 280)

@@ -103,6 +103,12 @@ class Session:
     close_code: int | None = None
 
 
+OPEN_S = 120.0
+"""How long a :class:`ResumingClient` waits for its connection and hello: a bound for a loaded
+machine (at load 15-30 a hello took over 20 s, and a client that gave up at 10 s connected again,
+one resume more than its test made)."""
+
+
 class ResumingClient:
     """A WebSocket client that reads everything and, when the connection drops, reconnects
     with the id of the last message it got (``last_event_id``), as docs/protocol.md asks."""
@@ -132,7 +138,7 @@ class ResumingClient:
         while not self.stopped:
             try:
                 async with websockets.connect(
-                    self._target(), additional_headers=self.headers, max_size=None, open_timeout=10, proxy=None
+                    self._target(), additional_headers=self.headers, max_size=None, open_timeout=OPEN_S, proxy=None
                 ) as ws:
                     self._ws = ws
                     session: Session | None = None
@@ -189,7 +195,7 @@ class ResumingClient:
                     await task
                 raise AssertionError("the client did not stop") from None
 
-    async def start(self, *, reconnect: bool = False, within: float = 20.0) -> ResumingClient:
+    async def start(self, *, reconnect: bool = False, within: float = OPEN_S) -> ResumingClient:
         """Run in a task; return once the first hello arrived."""
         self._task = asyncio.ensure_future(self.run(reconnect=reconnect))
         task = self._task

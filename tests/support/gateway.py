@@ -23,6 +23,9 @@ from tests.support.waits import until, wait_until
 
 BIG_QUEUE = 256 * 1024 * 1024
 """``--client-queue-bytes`` for a gateway whose test clients must never be cut off."""
+WAIT_S = 120.0
+"""The gateway's waits (its start, a metric, a stream up or at a seq): bounds for a loaded machine,
+where a quiet one needs a second or two; at load 15-30, 30 s was not always enough."""
 
 
 # --- the gateway ------------------------------------------------------------------------------
@@ -83,10 +86,10 @@ class GatewayProcess:
         """:func:`tests.support.metrics.stream_counters` of one scrape."""
         return stream_counters(self.samples(), source, dp_rank)
 
-    def wait_metric(self, name: str, value: int, timeout: float = 30.0, **labels: str) -> None:
+    def wait_metric(self, name: str, value: int, timeout: float = WAIT_S, **labels: str) -> None:
         wait_until(lambda: self.metric(name, **labels) >= value, timeout, 0.1, f"{name}{labels} >= {value}")
 
-    def wait_up(self, source: str, up: bool = True, timeout: float = 30.0) -> None:
+    def wait_up(self, source: str, up: bool = True, timeout: float = WAIT_S) -> None:
         wait_until(
             lambda: self.metric("kvgateway_source_up", source=source) == (1 if up else 0),
             timeout,
@@ -94,7 +97,7 @@ class GatewayProcess:
             f"stream {source} {'up' if up else 'down'}",
         )
 
-    def wait_last_seq(self, source: str, seq: int, timeout: float = 30.0) -> None:
+    def wait_last_seq(self, source: str, seq: int, timeout: float = WAIT_S) -> None:
         wait_until(
             lambda: self.metric("kvgateway_source_last_seq", source=source) >= seq,
             timeout,
@@ -157,7 +160,7 @@ def start_gateway(
     *extra: str,
     token: str | None = None,
     client_queue_bytes: int | None = None,
-    timeout: float = 30.0,
+    timeout: float = WAIT_S,
 ) -> GatewayProcess:
     """``kvgateway serve`` on 127.0.0.1:``port``; returns once it logged that it serves (the
     token through the environment, never argv)."""

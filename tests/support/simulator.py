@@ -4,8 +4,12 @@ line), its endpoints read from that line, and a silent warm-up before the run a 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import TracebackType
+
+import zmq
 
 from kvgateway.engine import wire
 from tests.support.ports import established
@@ -96,3 +100,45 @@ def warmup(seconds: float) -> list[str]:
     (one ``recovered`` recovery that brings nothing), and the run begins at seq 0, received live.
     """
     return [] if seconds <= 0 else ["--start-delay", str(seconds)]
+
+
+class EngineWatch:
+    """A subscriber of an engine's PUB endpoint beside the gateway's, reading in a thread: the last
+    seq the engine published. A test that needs the engine to go on by N batches while something
+    is down waits for that here, whatever the machine's speed, where sleeping N / rate seconds
+    does not hold on a loaded machine (the engine publishes late and fewer)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._sub = self._context.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.RCVHWM, 0)
+        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sub.connect(endpoint)
+        self.last_seq = -1
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            if self._sub.poll(50):
+                frames = self._sub.recv_multipart()
+                if len(frames) >= 3 and len(frames[-2]) == 8:
+                    self.last_seq = int.from_bytes(frames[-2], "big")
+
+    def wait_past(self, seq: int, timeout: float) -> int:
+        """Until the engine published a batch after ``seq``; returns the last seq seen."""
+        wait_until(lambda: self.last_seq > seq, timeout, 0.02, f"the engine past seq {seq}")
+        return self.last_seq
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._context.destroy(linger=0)
+
+    def __enter__(self) -> EngineWatch:
+        return self
+
+    def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.close()
