@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.support import Procs, Start
+from tests.support.builds import DockerBuild, build_once
 
 # Hypothesis's per-example deadline and its too-slow health check are wall-clock bounds: on a
 # loaded machine (CI shares its cores) a 200 ms example is ordinary. The properties are what
@@ -22,3 +23,10 @@ def procs() -> Iterator[Start]:
     started = Procs()
     yield started
     started.stop_all()
+
+
+@pytest.fixture(scope="session")
+def docker_build(tmp_path_factory: pytest.TempPathFactory) -> DockerBuild:
+    """The image's build stage, run once for the whole run and shared by every worker: its context
+    and its wheelhouse (tests/integration/test_artifact.py, tests/ops/test_deploy_files.py)."""
+    return build_once(tmp_path_factory)
