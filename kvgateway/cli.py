@@ -80,7 +80,8 @@ def run_serve(args: argparse.Namespace, argv: list[str]) -> int:
     """One process, or with ``--workers`` a supervisor of NATS, an ingest and N edges."""
     loaded = load(SERVE, args)
     if loaded.workers.count is None and loaded.nats.servers:
-        raise ConfigError("--nats needs --workers (or run kvgateway ingest and kvgateway edge)")
+        nats = loaded.given.get("nats", "--nats")  # a flag, a variable or the file's key
+        raise ConfigError(f"{nats} needs --workers (or run kvgateway ingest and kvgateway edge)")
     if loaded.workers.count is not None:
         from kvgateway.cluster import supervisor
 
@@ -88,7 +89,7 @@ def run_serve(args: argparse.Namespace, argv: list[str]) -> int:
     from kvgateway.gateway import OneProcess, one_process_app
     from kvgateway.serve import server
 
-    return server.run(loaded.settings, OneProcess, one_process_app)
+    return server.run(loaded.settings, OneProcess, one_process_app, close_clients=OneProcess.close_clients)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
-import sys
 import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq.asyncio
 
@@ -20,8 +22,11 @@ from kvgateway.config.options import SERVER_KEYS, OptionSet
 from kvgateway.config.validation import validate
 from kvgateway.engine.endpoints import rank_endpoints
 from kvgateway.engine.wire import Stream
-from kvgateway.runtime import logging_setup
+from kvgateway.runtime.startup import StartupError
 from kvgateway.simulator import Faults, SimulatedEngine, Workload
+
+if TYPE_CHECKING:  # the web server is imported when the demo runs, not by every command's parser
+    from kvgateway.serve.server import Around
 
 logger = logging.getLogger("kvgateway.demo")
 
@@ -261,67 +266,84 @@ async def run_engine(engine: SimulatedEngine, role: Role, silence: tuple[float, 
         await engine.serve_replays(quiet)
 
 
-async def _run(args: argparse.Namespace, settings: config.Settings) -> None:
-    from kvgateway.gateway import OneProcess, one_process_app
-    from kvgateway.runtime.memory import freeze_startup_heap
-    from kvgateway.serve.server import serve
+@contextlib.asynccontextmanager
+async def running_engines(
+    pairs: list[tuple[SimulatedEngine, Role]], silence: tuple[float, float]
+) -> AsyncIterator[None]:
+    """The engines started and publishing while the gateway serves, stopped after it."""
+    engines = [engine for engine, _ in pairs]
+    runners: list[asyncio.Future[None]] = []
+    try:
+        for engine in engines:
+            try:
+                await engine.start()
+            except (zmq.ZMQError, OSError) as exc:
+                raise StartupError(f"demo engines: cannot start: {exc}") from None  # it names the address
+        runners = [asyncio.ensure_future(run_engine(engine, role, silence)) for engine, role in pairs]
+        yield
+    finally:
+        for engine in engines:
+            engine.stop()
+        for runner in runners:
+            runner.cancel()
+        # All at once (one turn of the loop), not a turn per engine; a failed engine is no reason
+        # for a traceback at exit.
+        await asyncio.gather(*runners, return_exceptions=True)
+        for engine in engines:
+            await engine.close()
 
-    with tempfile.TemporaryDirectory(prefix="kvgateway-demo-") as directory:
-        sockets = Path(directory)
-        if args.streams:
-            sources = fleet_sources(sockets, args.streams)
-            roles = fleet_roles(sources)
-        else:
-            sources = demo_sources(sockets)
-            roles = demo_roles(sources)
-        settings = validate(replace(settings, sources=sources))
-        context = zmq.asyncio.Context()
-        pairs = build_engines(args, sources, roles, context)
-        engines = [engine for engine, _ in pairs]
-        silence = (args.silence[0], args.silence[1])
-        runners: list[asyncio.Future[None]] = []
 
-        def listening(url: str) -> None:  # first, before a line per stream (many, with --streams)
-            streams = len(settings.streams())
-            print(f"kvgateway demo: starting {streams} streams; the dashboard will be at {url}", flush=True)
+def engines_around(args: argparse.Namespace) -> Around:
+    """What the demo runs around its gateway (the shell's ``around``): the engines, publishing on
+    ipc:// sockets in a private directory, their sources the gateway's. Its first line names the
+    dashboard's address before a line per stream (many, with --streams)."""
 
-        def ready(url: str) -> None:
-            freeze_startup_heap()  # as `serve` does: start-up's objects out of every full collection
-            print(f"kvgateway demo: dashboard at {url}", flush=True)
-            print("kvgateway demo: press Ctrl-C to stop", flush=True)
+    @contextlib.asynccontextmanager
+    async def engines(settings: config.Settings) -> AsyncIterator[config.Settings]:
+        from kvgateway.serve.server import base_url
 
         try:
-            for engine in engines:
-                await engine.start()
-            runners = [asyncio.ensure_future(run_engine(engine, role, silence)) for engine, role in pairs]
-            await serve(settings, make_role=OneProcess, make_app=one_process_app, ready=ready, listening=listening)
-        finally:
-            for engine in engines:
-                engine.stop()
-            for runner in runners:
-                runner.cancel()
-            # All at once (one turn of the loop), not a turn per engine; a failed engine is no
-            # reason for a traceback at exit.
-            await asyncio.gather(*runners, return_exceptions=True)
-            for engine in engines:
-                await engine.close()
-            context.destroy(linger=0)
+            directory = tempfile.TemporaryDirectory(prefix="kvgateway-demo-")
+        except OSError as exc:
+            raise StartupError(f"cannot make the engines' socket directory: {exc.strerror or exc}") from None
+        with directory:
+            sockets = Path(directory.name)
+            sources = fleet_sources(sockets, args.streams) if args.streams else demo_sources(sockets)
+            roles = fleet_roles(sources) if args.streams else demo_roles(sources)
+            settings = validate(replace(settings, sources=sources))
+            streams = len(settings.streams())
+            print(
+                f"kvgateway demo: starting {streams} streams; the dashboard will be at {base_url(settings)}", flush=True
+            )
+            context = zmq.asyncio.Context()
+            try:
+                async with running_engines(build_engines(args, sources, roles, context), tuple(args.silence)):
+                    yield settings
+            finally:
+                context.destroy(linger=0)
+
+    return engines
+
+
+def announce(url: str) -> None:
+    """The demo's own lines once the dashboard is served."""
+    print(f"kvgateway demo: dashboard at {url}", flush=True)
+    print("kvgateway demo: press Ctrl-C to stop", flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    """The demo in the one process shell (:func:`kvgateway.serve.server.run`), as ``serve``: the
+    single process's role and app, with the engines around them."""
     _check(args)
     settings = load(DEMO, args).settings
-    logging_setup.setup_for(settings)
-    from kvgateway.runtime.startup import StartupError
-    from kvgateway.serve.server import loop_factory
+    from kvgateway.gateway import OneProcess, one_process_app
+    from kvgateway.serve import server
 
-    try:
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            runner.run(_run(args, settings))
-    except StartupError as exc:
-        sys.stderr.write(f"kvgateway demo: error: {exc}\n")
-        return 1
-    except OSError as exc:
-        sys.stderr.write(f"kvgateway demo: error: {exc.strerror or exc}\n")
-        return 1
-    return 0
+    return server.run(
+        settings,
+        OneProcess,
+        one_process_app,
+        around=engines_around(args),
+        close_clients=OneProcess.close_clients,
+        on_ready=announce,
+    )

@@ -9,6 +9,7 @@ import ctypes
 import importlib.util
 import logging
 import signal
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -114,10 +115,13 @@ def run_edge(args: argparse.Namespace) -> int:
     def make(settings: Settings) -> EdgeRole:
         return EdgeRole(settings, options)
 
-    async def discover(settings: Settings) -> Settings:
-        return settings if settings.sources else await _discover_sources(settings, options)
+    @contextlib.asynccontextmanager
+    async def discovered(settings: Settings) -> AsyncIterator[Settings]:
+        yield settings if settings.sources else await _discover_sources(settings, options)
 
-    return server.run(settings, make, edge_app, prepare=discover, reuse_port=args.reuse_port)
+    return server.run(
+        settings, make, edge_app, around=discovered, close_clients=EdgeRole.close_clients, reuse_port=args.reuse_port
+    )
 
 
 async def _discover_sources(settings: Settings, options: NatsOptions) -> Settings:

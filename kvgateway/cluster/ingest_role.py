@@ -205,9 +205,6 @@ class IngestRole:
     def started_line(self, url: str) -> str:
         return f"ingest publishing to {options_text(self._nc)}; probes on {url}"
 
-    def close_clients(self) -> None:
-        """An ingest serves no clients."""
-
 
 def ingest_summary(settings: Settings) -> str:
     """The ingest's start line: its probes' address and the streams it may read (it serves no

@@ -152,7 +152,8 @@ def run(loaded: Loaded, argv: list[str]) -> int:
         try:
             store.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"--state-dir {str(store.parent)!r}: {exc.strerror or exc}") from None
+            named = loaded.given.get("state_dir", "--state-dir")  # a flag, a variable or the file's key
+            raise ConfigError(f"{named} {str(store.parent)!r}: {exc.strerror or exc}") from None
         nats_urls = (f"nats://127.0.0.1:{_free_port()}",)
     try:
         # The port is the supervisor's before any child starts: a taken one is the single process's

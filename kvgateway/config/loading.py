@@ -50,11 +50,14 @@ _SERVICE_LINK = re.compile(r"^KVGATEWAY_(SERVICE_|PORT_\d+_)")
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    """Everything one command was given, checked."""
+    """Everything one command was given, checked; ``given``: each option given, by its key, named
+    as the place that won gave it (``--nats``, ``KVGATEWAY_NATS``, ``[cluster] key 'nats'``), for
+    a check across settings to say where a value came from."""
 
     settings: Settings
     nats: NatsOptions
     workers: Workers
+    given: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -64,13 +67,17 @@ class Layer:
 
     values: dict[str, dict[str, Any]] = field(default_factory=lambda: {SERVER: {}, NATS: {}, WORKERS: {}})
     sources: tuple[SourceConfig, ...] | None = None
+    given: dict[str, str] = field(default_factory=dict)  # option key -> where (Loaded.given)
 
-    def give(self, option: Option, value: object) -> None:
+    def give(self, option: Option, value: object, where: str) -> None:
+        """``value`` of ``option``, checked (:func:`coerce`) as ``where`` names it."""
+        value = coerce(option, value, where)
         if option.key == "token_file":  # the file holds the token
             value = read_token_file(str(value))
         elif option.key == "token":
             value = str(value).strip()
         self.values[option.lands][option.attribute] = value
+        self.given[option.key] = where
 
     def settings_over(self, base: Settings) -> Settings:
         settings = replace(base, **self.values[SERVER])
@@ -81,6 +88,7 @@ class Layer:
             self.settings_over(loaded.settings),
             replace(loaded.nats, **self.values[NATS]),
             replace(loaded.workers, **self.values[WORKERS]),
+            {**loaded.given, **self.given},
         )
 
 
@@ -124,9 +132,11 @@ def file_layer(data: Mapping[str, Any], takes: OptionSet | None) -> Layer:
             option = known.get(key)
             if option is None:
                 raise ConfigError(unknown_name(f"[{name}]: unknown key {key!r}", key, list(known)))
-            checked = coerce(option, value, f"[{name}] key {key!r}")
+            where = f"[{name}] key {key!r}"
             if _applies(option, takes):
-                layer.give(option, checked)
+                layer.give(option, value, where)
+            else:  # checked all the same
+                coerce(option, value, where)
     sources = sources_from_tables(data.get("sources", []))
     if sources:
         layer.sources = sources
@@ -153,7 +163,7 @@ def env_layer(env: Mapping[str, str], takes: OptionSet | None) -> Layer:
         if option is None:
             raise ConfigError(unknown_name(f"{name}: unknown variable", name, known, ENV_PREFIX))
         if _applies(option, takes):
-            layer.give(option, coerce(option, env[name], name))
+            layer.give(option, env[name], name)
     return layer
 
 
@@ -164,7 +174,7 @@ def flag_layer(args: argparse.Namespace, takes: OptionSet) -> Layer:
     for option in OPTIONS:  # the table's order: --token-file beats --token, as in the file
         if takes.takes(option) and given[option.dest] is not None:
             value = given[option.dest]
-            layer.give(option, coerce(option, list(value) if option.kind is list else value, option.flag_name))
+            layer.give(option, list(value) if option.kind is list else value, option.flag_name)
     if takes.sources and given["source"]:
         layer.sources = tuple(parse_source_flag(text) for text in given["source"])
     return layer
@@ -190,16 +200,7 @@ def load(takes: OptionSet, args: argparse.Namespace, environ: Mapping[str, str] 
         raise ConfigError(f"no sources: give --source, ${SOURCES_ENV} or a config file with [[sources]]")
     return Loaded(
         validate(loaded.settings, clients=takes.clients),
-        validate_nats(loaded.nats, needs_servers=takes.needs_nats),
+        validate_nats(loaded.nats, needs_servers=takes.needs_nats, given=loaded.given),
         loaded.workers,
+        loaded.given,
     )
-
-
-def settings_from_mapping(data: Mapping[str, Any], base: Settings | None = None) -> Settings:
-    """A TOML document's settings over ``base`` (the defaults)."""
-    return file_layer(data, None).settings_over(base or Settings())
-
-
-def settings_from_env(env: Mapping[str, str], base: Settings) -> Settings:
-    """``KVGATEWAY_*`` variables' settings over ``base``."""
-    return env_layer(env, None).settings_over(base)

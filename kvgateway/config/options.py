@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 ENV_PREFIX = "KVGATEWAY_"
 CONFIG_ENV = "KVGATEWAY_CONFIG"
-TOKEN_ENV = "KVGATEWAY_TOKEN"
 SOURCES_ENV = "KVGATEWAY_SOURCES"
 NO_EXTENSIONS_ENV = "KVGATEWAY_NO_EXTENSIONS"
 """Not a setting: set (to anything but empty or 0), the process runs the pure-Python core

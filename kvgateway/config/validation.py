@@ -3,11 +3,13 @@ given twice, streams on one address, a token for a host others reach, the NATS w
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from kvgateway.config.addresses import check_overlaps, is_loopback
 from kvgateway.config.cluster import NATS_SCHEMES, NatsOptions
 from kvgateway.config.errors import ConfigError
+from kvgateway.config.options import OPTION_BY_KEY
 from kvgateway.config.settings import Settings
 
 
@@ -29,21 +31,44 @@ def validate(settings: Settings, *, clients: bool = True) -> Settings:
     return settings
 
 
-def validate_nats(options: NatsOptions, *, needs_servers: bool) -> NatsOptions:
-    """The options with each server URL apart (a value may hold several, comma-separated)."""
+def validate_nats(options: NatsOptions, *, needs_servers: bool, given: Mapping[str, str] | None = None) -> NatsOptions:
+    """The options with each server URL apart (a value may hold several, comma-separated).
+    ``given``: where each option was given (:attr:`~kvgateway.config.loading.Loaded.given`), so an
+    error names the flag, the variable or the file's key that holds the value; an option not given
+    is named by its flag."""
+    where = dict(given or {})
     servers = tuple(url.strip() for value in options.servers for url in value.split(",") if url.strip())
     if needs_servers and not servers:
         raise ConfigError("no NATS server: give --nats URL, $KVGATEWAY_NATS or [cluster] nats in the file")
-    if options.retention_seconds <= 0 or options.duplicate_window_seconds <= 0:
-        raise ConfigError("--nats-retention and --nats-duplicate-window must be > 0")
+    windows = {"nats_retention": options.retention_seconds, "nats_duplicate_window": options.duplicate_window_seconds}
+    for key, seconds in windows.items():
+        if seconds <= 0:
+            raise ConfigError(f"{_named(key, where)}: must be > 0, got {seconds:g}")
     if options.duplicate_window_seconds > options.retention_seconds:
-        raise ConfigError("--nats-duplicate-window cannot exceed --nats-retention")
+        raise ConfigError(
+            "the NATS duplicate window cannot exceed the retention: "
+            f"{_value('nats_duplicate_window', options.duplicate_window_seconds, where)} > "
+            f"{_value('nats_retention', options.retention_seconds, where)}"
+        )
     if options.checkpoint_seconds < 0:
-        raise ConfigError("--nats-checkpoint must be >= 0 (0: no checkpoints)")
+        raise ConfigError(
+            f"{_named('nats_checkpoint', where)}: must be >= 0 (0: no checkpoints), got {options.checkpoint_seconds:g}"
+        )
     for url in servers:
         scheme, sep, _ = url.partition("://")
         if sep and scheme.lower() not in NATS_SCHEMES:
             raise ConfigError(
-                f"--nats {url!r}: {scheme}:// is not NATS; give nats://HOST:PORT (or tls://, ws://, wss://)"
+                f"{_named('nats', where)} {url!r}: {scheme}:// is not NATS; give nats://HOST:PORT (or tls://, ws://, wss://)"
             )
     return replace(options, servers=servers)
+
+
+def _named(key: str, given: Mapping[str, str]) -> str:
+    """An option as it was given (``--nats-retention``, ``KVGATEWAY_NATS_RETENTION`` or
+    ``[cluster] key 'nats_retention'``); one not given, by its flag."""
+    return given.get(key) or OPTION_BY_KEY[key].flag_name
+
+
+def _value(key: str, value: float, given: Mapping[str, str]) -> str:
+    """``where = value``, or ``--flag = value (default)`` for an option not given."""
+    return f"{given[key]} = {value:g}" if key in given else f"{OPTION_BY_KEY[key].flag_name} = {value:g} (default)"

@@ -1,6 +1,7 @@
 """What a process runs: one process's gateway, an edge, or an ingest. The one lifecycle the command
 runner (:mod:`kvgateway.serve.server`) and the apps' probes and lifespans (:mod:`kvgateway.serve.app`)
-know; each command composes its role and the app that serves it."""
+know; each command composes its role and the app that serves it (and, when the role serves web
+clients, how to close them on a signal: :func:`kvgateway.serve.server.run`'s ``close_clients``)."""
 
 from __future__ import annotations
 
@@ -28,9 +29,6 @@ class Role(Protocol):
 
     async def stop(self) -> None:
         """Idempotent: the lifespan stops it, and the runner again when start-up failed."""
-
-    def close_clients(self) -> None:
-        """On a signal, before uvicorn stops: clients get our own close code, nothing half-sent."""
 
     def health(self) -> dict[str, Any]:
         """/healthz's body beside ``"status": "ok"``."""

@@ -1,6 +1,7 @@
-"""The one runner of every command that serves HTTP (``serve``, ``edge``, ``ingest``, the demo):
-binds the HTTP port, makes the role the command composes and serves its app with uvicorn (uvloop
-when installed) until a signal, and turns start-up failures into one line and exit code 1."""
+"""The one process shell of every command (``serve``, ``edge``, ``ingest``, the demo): binds the
+HTTP port, enters what the command runs around its server, makes the role the command composes and
+serves its app with uvicorn (uvloop when installed) until a signal, and turns start-up failures
+into one line and exit code 1."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import errno
 import logging
 import signal
 import socket
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
@@ -97,45 +99,65 @@ def listen(settings: Settings, reuse_port: bool = False) -> socket.socket:
 
 R = TypeVar("R", bound=Role)
 
+Around: TypeAlias = Callable[[Settings], AbstractAsyncContextManager[Settings]]
+"""What a command runs around its role and server: entered once the HTTP port is bound (given the
+settings with the port it got), it yields the settings to serve with, and is left after the server
+stopped: an edge lists the sources the ingest announced; the demo starts its engines (and stops
+them after)."""
+
+
+@contextlib.asynccontextmanager
+async def as_given(settings: Settings) -> AsyncIterator[Settings]:
+    """Nothing around the server (``serve``, ``ingest``): the settings as loaded."""
+    yield settings
+
 
 async def serve(
     settings: Settings,
     *,
     make_role: Callable[[Settings], R],
     make_app: Callable[[R], Starlette],
+    around: Around = as_given,
     ready: Callable[[str], None] | None = None,
     reuse_port: bool = False,
-    listening: Callable[[str], None] = lambda url: None,
     made: Callable[[R], None] = lambda role: None,
+    close_clients: Callable[[R], None] | None = None,
 ) -> None:
-    """The one HTTP runner (``serve``, ``edge``, ``ingest``, the demo): the port is bound
-    (``listening``), the role ``make_role(settings)`` made (``made``) and its app
-    ``make_app(role)`` served until SIGINT/SIGTERM; the app's lifespan starts and stops the role,
-    HTTP is served (``ready``); a failure is a :class:`StartupError`."""
+    """The one HTTP runner: the port is bound, ``around`` entered, the role ``make_role(settings)``
+    made (``made``) and its app ``make_app(role)`` served until SIGINT/SIGTERM (``close_clients``
+    first); the app's lifespan starts and stops the role, HTTP is served (``ready``); a failure is a
+    :class:`StartupError`."""
     listener = listen(settings, reuse_port)
     settings = replace(settings, port=int(listener.getsockname()[1]))  # --port 0: the port it got
-    listening(base_url(settings))
     try:
-        role = make_role(settings)
-        made(role)
-        server = _Server(uvicorn_config(make_app(role), settings))
-        for host in unresolved_hosts(settings):
-            logger.warning("host %r does not resolve (yet): its streams stay down until it does", host)
-        try:
-            await _serve_until_signal(server, role, listener, settings, ready)
-        finally:
-            await role.stop()  # idempotent: the lifespan has stopped it unless start-up failed
+        async with around(settings) as settings:
+            role = make_role(settings)
+            made(role)
+            server = _Server(uvicorn_config(make_app(role), settings))
+            for host in unresolved_hosts(settings):
+                logger.warning("host %r does not resolve (yet): its streams stay down until it does", host)
+            try:
+                await _serve_until_signal(server, role, listener, settings, ready=ready, close_clients=close_clients)
+            finally:
+                await role.stop()  # idempotent: the lifespan has stopped it unless start-up failed
     finally:
         listener.close()
 
 
 async def _serve_until_signal(
-    server: _Server, role: Role, listener: socket.socket, settings: Settings, ready: Callable[[str], None] | None
+    server: _Server,
+    role: R,
+    listener: socket.socket,
+    settings: Settings,
+    *,
+    ready: Callable[[str], None] | None,
+    close_clients: Callable[[R], None] | None,
 ) -> None:
     loop = asyncio.get_running_loop()
 
     def shut_down() -> None:
-        role.close_clients()  # clients first, with our own close code (1012); then uvicorn
+        if close_clients is not None:
+            close_clients(role)  # clients first, with our own close code (1012); then uvicorn
         server.should_exit = True
 
     # A failed start is the role's own one line: uvicorn's echo of it (a traceback) is dropped.
@@ -192,32 +214,36 @@ def run(
     make_role: Callable[[Settings], R],
     make_app: Callable[[R], Starlette],
     *,
-    prepare: Callable[[Settings], Coroutine[Any, Any, Settings]] | None = None,
+    around: Around = as_given,
+    close_clients: Callable[[R], None] | None = None,
+    on_ready: Callable[[str], None] | None = None,
     reuse_port: bool = False,
 ) -> int:
-    """The one command runner (``serve``, ``edge``, ``ingest``): logging, the event loop (uvloop when
-    installed), ``prepare`` (an edge that lists announced sources), :func:`serve` (the role's
-    started line once HTTP is served), and the exit code: 0 after a signal, 1 with one line when
-    it could not start or stopped on its own."""
+    """The one process shell (``serve``, ``edge``, ``ingest``, the demo): logging, the event loop
+    (uvloop when installed), :func:`serve` with what the command runs ``around`` it, the role's
+    started line once HTTP is served (then the command's own, ``on_ready``), and the exit code: 0
+    after a signal, 1 with one line when it could not start or stopped on its own."""
     logging_setup.setup_for(settings)
     roles: list[R] = []
 
     def ready(url: str) -> None:
         freeze_startup_heap()  # the process's own heap: not for a serve() embedded in another program
         logger.info("%s", roles[0].started_line(url))
+        if on_ready is not None:
+            on_ready(url)
 
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            if prepare is not None:
-                settings = runner.run(prepare(settings))
             runner.run(
                 serve(
                     settings,
                     make_role=make_role,
                     make_app=make_app,
+                    around=around,
                     ready=ready,
                     reuse_port=reuse_port,
                     made=roles.append,
+                    close_clients=close_clients,
                 )
             )
     except StartupError as exc:

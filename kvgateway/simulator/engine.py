@@ -337,10 +337,6 @@ class SimulatedEngine:
         return self._done
 
     @property
-    def buffered_seqs(self) -> list[int]:
-        return [seq for seq, _ in self._buffer]
-
-    @property
     def bound_endpoint(self) -> str:
         """The PUB address in use (with the real port when bound to a wildcard port)."""
         return self._bound_endpoint

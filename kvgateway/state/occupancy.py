@@ -303,17 +303,6 @@ class StreamIndex:
         if self._digest:
             grp.track(name, group_idx)
 
-    def iter_blocks(self) -> Iterator[tuple[Hash, int, str, int, int]]:
-        """Every resident block as ``(hash, refs, medium, group_idx, block_size)`` (block size 0:
-        unknown), as they are when it is called (a frozen snapshot, :meth:`block_groups`): safe
-        to interleave with applies."""
-        groups = self.block_groups(freeze=True)
-        return (
-            (block_hash, 1 + extra.get(block_hash, 0), medium, group_idx, block_size)
-            for medium, group_idx, block_size, blocks, extra in groups
-            for block_hash in blocks
-        )
-
     def medium_stats(self, now: float) -> dict[str, MediumStats]:
         out: dict[str, MediumStats] = {}
         for name in sorted(self._mediums):

@@ -14,6 +14,7 @@ from nats.js import api as js_api
 from kvgateway.cluster.edge import EPOCH_CHECK_SECONDS
 from tests.cluster.test_cluster import edge, ingest, probe_port, sim
 from tests.support import Proc, Start, free_port, source_spec
+from tests.support.clients import closed_by_signal
 from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -41,6 +42,15 @@ def test_edge_stops_cleanly_after_nats_is_gone(procs: Start, nats_server: NatsSe
     assert follower.stop(20) == 0
     output = follower.output()
     assert "Traceback" not in output and "shutdown failed" not in output, output
+
+
+def test_a_signal_closes_an_edges_clients_with_the_gateways_code(procs: Start, nats_server: NatsServer) -> None:
+    """As in one process (tests/integration/test_startup.py): 1012 with the gateway's reason, exit 0."""
+    port = free_port()
+    ingest(procs, nats_server, source_spec("sim", free_port(), free_port()))
+    follower = edge(procs, nats_server, None, port)
+    ws_url = f"ws://127.0.0.1:{port}/v1/ws"
+    assert closed_by_signal(follower, ws_url) == (1012, "gateway shutting down", 0), follower.output()
 
 
 def test_edge_given_a_stream_that_does_not_exist_fails_fast(nats_server: NatsServer) -> None:

@@ -1,4 +1,5 @@
-"""Starting the gateway as a new user does: taken ports, IPv6 engines, the bare command.
+"""Starting the gateway as a new user does: taken ports, IPv6 engines, the bare command; and
+stopping it.
 
 Real processes only: ``python -m kvgateway`` subprocesses, a listening socket holding a port, a
 ZeroMQ socket holding an engine port, and the simulator as an IPv6 engine.
@@ -6,10 +7,12 @@ ZeroMQ socket holding an engine port, and the simulator as an IPv6 engine.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
@@ -25,6 +28,7 @@ from tests.support import (
     stream_metrics,
     wait_until,
 )
+from tests.support.clients import closed_by_signal
 
 
 @pytest.fixture
@@ -36,7 +40,7 @@ def taken_port() -> Iterator[int]:
         yield int(holder.getsockname()[1])
 
 
-def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kvgateway", *args],
         capture_output=True,
@@ -44,6 +48,22 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         timeout=timeout,
         cwd=REPO,
         check=False,
+        env=None if env is None else {**os.environ, **env},
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "named"),
+    [(["--nats", "nats://h:1"], {}, "--nats"), ([], {"KVGATEWAY_NATS": "nats://h:1"}, "KVGATEWAY_NATS")],
+)
+def test_serve_with_nats_but_no_workers_names_where_nats_was_given(
+    flags: list[str], env: dict[str, str], named: str
+) -> None:
+    result = _run("serve", "--source", "name=a,endpoint=tcp://127.0.0.1:9", *flags, env=env)
+    assert result.returncode == 2, result.stderr
+    assert (
+        result.stderr
+        == f"kvgateway serve: error: {named} needs --workers (or run kvgateway ingest and kvgateway edge)\n"
     )
 
 
@@ -61,6 +81,30 @@ def test_a_taken_http_port_is_one_line_naming_the_port_and_the_flag(command: str
     assert "started" not in output and "dashboard at" not in output and "serving on" not in output
 
 
+@pytest.mark.parametrize("place", ["flag", "env"])
+def test_a_state_dir_that_cannot_be_made_names_where_it_was_given(place: str) -> None:
+    where = "/proc/kvgateway-state"  # no directory can be made there
+    flags, env = (["--state-dir", where], {}) if place == "flag" else ([], {"KVGATEWAY_STATE_DIR": where})
+    result = _run("serve", "--source", "name=a,endpoint=tcp://127.0.0.1:9", "--workers", "1", *flags, env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    named = "--state-dir" if place == "flag" else "KVGATEWAY_STATE_DIR"
+    assert result.stderr.startswith(f"kvgateway serve: error: {named} '{where}': "), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_demo_engines_that_cannot_start_are_one_line_and_exit_1(tmp_path: Path) -> None:
+    """Their ipc:// sockets in a directory too deep for a socket path: the shell's one line."""
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    result = _run("demo", "--port", "0", env={"TMPDIR": str(deep)})
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "Traceback" not in output, output
+    (error,) = result.stderr.strip().splitlines()
+    assert "ERROR" in error and "demo engines: cannot start: " in error and str(deep) in error, error
+    assert "dashboard at" not in output
+
+
 def test_port_zero_start_up_lines_show_the_port_chosen(procs: Start) -> None:
     """--port 0: the start-up line and the demo's first line (before a line per stream) hold the
     real port, not 0."""
@@ -73,6 +117,21 @@ def test_port_zero_start_up_lines_show_the_port_chosen(procs: Start) -> None:
     url = demo.wait_for(r"^kvgateway demo: dashboard at (\S+)$").group(1)
     assert first == f"kvgateway demo: starting 4 streams; the dashboard will be at {url}", demo.output()
     assert not url.endswith(":0/")
+
+
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_a_signal_closes_web_clients_with_the_gateways_code_then_exits_0(command: str, procs: Start) -> None:
+    """SIGTERM: the shell closes every client with the gateway's own close (1012 and its reason;
+    uvicorn's would have none) before uvicorn stops. The edge's: tests/cluster/test_edge_cli.py."""
+    if command == "serve":
+        gateway = procs("serve", "--port", "0", "--source", "name=a,endpoint=tcp://127.0.0.1:9")
+        url = gateway.wait_for(r"serving on (http://\S+)", timeout=30).group(1)
+    else:
+        gateway = procs("demo", "--port", "0")
+        url = gateway.wait_for(r"dashboard at (http://\S+)", timeout=30).group(1)
+    ws_url = url.replace("http://", "ws://", 1) + "v1/ws"
+    assert closed_by_signal(gateway, ws_url) == (1012, "gateway shutting down", 0), gateway.output()
+    assert "Traceback" not in gateway.output()
 
 
 def test_a_taken_engine_port_names_the_source_address_and_reason() -> None:

@@ -19,13 +19,12 @@ from typing import Any
 
 import pytest
 
-from kvgateway.config.loading import settings_from_mapping
 from kvgateway.config.options import CLUSTER_BY_KEY, SERVER_BY_KEY
 from kvgateway.config.settings import Settings
 from kvgateway.config.sources import SOURCE_KEYS
-from kvgateway.config.validation import validate
 from tests.support import REPO
 from tests.support.builds import DOCKERFILE, DOCKERIGNORE, DockerBuild, docker_context_files
+from tests.support.command_line import serve_file_settings
 from tests.support.deploy import DEPLOY, load_yaml, load_yaml_all
 
 EXAMPLE_TOML = DEPLOY / "kvgateway.example.toml"
@@ -35,14 +34,8 @@ SERVE_CMD = ["kvgateway", "serve", "--config", "/etc/kvgateway/kvgateway.toml"]
 
 
 def load_settings(path: Path, tmp_path: Path) -> Settings:
-    """Parse a TOML file with the gateway's own loader; a token_file is pointed at a temp file."""
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    server = data.get("server", {})
-    if "token_file" in server:
-        token = tmp_path / "token"
-        token.write_text("test-token-0123456789\n", encoding="utf-8")
-        server["token_file"] = str(token)
-    return validate(settings_from_mapping(data))
+    """The file as ``kvgateway serve --config`` loads it; a token_file is pointed at a temp file."""
+    return serve_file_settings(path.read_text(encoding="utf-8"), tmp_path)
 
 
 # --- every file parses ----------------------------------------------------------------------

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from kvgateway.config.errors import ConfigError
-from kvgateway.config.loading import read_token_file, settings_from_mapping
+from kvgateway.config.loading import read_token_file
 from kvgateway.config.settings import expand_source
 from kvgateway.config.sources import source_from_mapping
-from kvgateway.config.validation import validate
+from tests.support.command_line import serve_file_settings
 from tests.support.deploy import K8S, RULES, load_yaml_all
 
 KUBERNETES_VERSION = "1.29.0"  # the oldest release the manifests are meant for
@@ -133,11 +133,8 @@ def test_config_and_token_are_mounted_where_the_config_says(tmp_path: Path) -> N
     assert data["server"]["token_file"] == f"{mounts[token_volume]}/{token_key}"
     assert data["server"]["port"] == {p["name"]: p["containerPort"] for p in c["ports"]}["http"]
 
-    # the configuration parses with the gateway's own loader
-    token = tmp_path / "token"
-    token.write_text("test-token-0123456789", encoding="utf-8")
-    data["server"]["token_file"] = str(token)
-    settings = validate(settings_from_mapping(data))
+    # the configuration loads as the container's command loads it
+    settings = serve_file_settings(config_map["data"][file_name], tmp_path)
     assert settings.host == "0.0.0.0" and settings.token
 
 

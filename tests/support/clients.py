@@ -15,8 +15,9 @@ import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from tests.support.processes import Proc
 from tests.support.seqs import read_message
-from tests.support.waits import until
+from tests.support.waits import until, wait_until
 
 
 class WsCollector:
@@ -81,6 +82,16 @@ class WsCollector:
             for m in self.of(source, dp_rank)
             if m["type"] == "notice" and m["kind"] not in ("up", "down", "status") and (not kinds or m["kind"] in kinds)
         ]
+
+
+def closed_by_signal(proc: Proc, ws_url: str) -> tuple[int, str, int]:
+    """A WebSocket client of ``proc``, then SIGTERM to ``proc``: the close code and reason the
+    client got, and the process's exit code."""
+    client = WsCollector(ws_url)
+    exit_code = proc.stop(60)
+    closed = wait_until(lambda: client.closed_error, timeout=30, what="the client's connection closed")
+    assert isinstance(closed, ConnectionClosed) and closed.rcvd is not None, repr(closed)
+    return closed.rcvd.code, closed.rcvd.reason, exit_code
 
 
 @dataclass

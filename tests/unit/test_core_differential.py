@@ -332,11 +332,11 @@ def test_opaque_values_and_further_fields_render_alike(value: Any, extra: dict[s
 def test_the_pure_core_switch_is_no_unknown_setting() -> None:
     """``KVGATEWAY_NO_EXTENSIONS`` is read by the process, and the settings accept it beside theirs
     (an unknown ``KVGATEWAY_`` name is an error there)."""
-    from kvgateway.config.loading import settings_from_env
     from kvgateway.config.options import NO_EXTENSIONS_ENV
-    from kvgateway.config.settings import Settings
+    from tests.support.command_line import serve_settings
 
-    assert settings_from_env({NO_EXTENSIONS_ENV: "1"}, Settings()) == Settings()
+    source = ("--source", "name=a,endpoint=tcp://127.0.0.1:9")
+    assert serve_settings(*source, environ={NO_EXTENSIONS_ENV: "1"}) == serve_settings(*source)
 
 
 # --- the state digest ------------------------------------------------------------------------------

@@ -11,9 +11,8 @@ import pytest
 from kvgateway.cli import SERVE
 from kvgateway.cluster.commands import EDGE, INGEST
 from kvgateway.config.errors import ConfigError
-from kvgateway.config.loading import Loaded, settings_from_env, settings_from_mapping
+from kvgateway.config.loading import Loaded
 from kvgateway.config.options import NATS, OPTIONS, SERVER, Option, OptionSet
-from kvgateway.config.settings import Settings
 from kvgateway.demo import DEMO
 from tests.support.command_line import load_command, serve_settings
 
@@ -192,8 +191,7 @@ def test_variables_that_are_not_settings_are_no_error() -> None:
         "KVGATEWAY_NO_EXTENSIONS": "1",
         "OTHER": "x",
     }
-    assert serve_settings(*SOURCE, environ=env).port == 8080
-    assert settings_from_env(env, Settings()) == Settings()
+    assert serve_settings(*SOURCE, environ=env) == serve_settings(*SOURCE)
 
 
 def test_toml_errors_name_the_key_and_unknown_keys_list_the_known(tmp_path: Path) -> None:
@@ -322,10 +320,3 @@ def test_the_demo_has_no_config_flag_but_reads_the_variable(tmp_path: Path) -> N
     path = tmp_path / "kv.toml"
     path.write_text("[server]\nport = 9001\n")
     assert load_command(DEMO, environ={"KVGATEWAY_CONFIG": str(path)}).settings.port == 9001
-
-
-def test_a_document_over_the_defaults() -> None:
-    """What the ops tests load deploy/'s files with."""
-    settings = settings_from_mapping({"server": {"port": 9002}, "cluster": {"workers": 2}})
-    assert settings == Settings(port=9002)
-    assert settings_from_mapping({}, Settings(port=1)) == Settings(port=1)

@@ -38,10 +38,20 @@ def multiset(blocks: list[dict[str, Any]]) -> Counter[str]:
     return Counter(json.dumps(b, sort_keys=True) for b in blocks)
 
 
+def resident(index: StreamIndex) -> list[tuple[Hash, int, str, int, int]]:
+    """Every resident block as ``(hash, refs, medium, group_idx, block_size)``, read from the
+    index's frozen groups as a router's snapshot reads them."""
+    return [
+        (block_hash, 1 + extra.get(block_hash, 0), medium, group_idx, block_size)
+        for medium, group_idx, block_size, blocks, extra in index.block_groups(freeze=True)
+        for block_hash in blocks
+    ]
+
+
 # --- the index's accessors ------------------------------------------------------------------
 
 
-def test_iter_blocks_lists_refs_medium_group_and_block_size() -> None:
+def test_frozen_groups_hold_refs_medium_group_and_block_size() -> None:
     index = index_with(
         stored(BIG, 5, block_size=16),
         stored(BIG, block_size=16),
@@ -49,7 +59,7 @@ def test_iter_blocks_lists_refs_medium_group_and_block_size() -> None:
         stored(7, group=1),
         placeholder(9, medium="DISK"),
     )
-    assert sorted(index.iter_blocks(), key=repr) == sorted(
+    assert sorted(resident(index), key=repr) == sorted(
         [
             (BIG, 2, "GPU", 0, 16),
             (5, 1, "GPU", 0, 16),
@@ -77,20 +87,20 @@ def test_frozen_groups_never_change_while_the_index_moves_on() -> None:
     index.apply(batch(removed(2, 2)), 0.0)
     assert [(m, g, s, set(b), dict(e)) for m, g, s, b, e in frozen] == before
     # ... and the index itself is right.
-    assert sorted(index.iter_blocks()) == [(3, 1, "GPU", 0, 16), (4, 1, "GPU", 0, 16)]
+    assert sorted(resident(index)) == [(3, 1, "GPU", 0, 16), (4, 1, "GPU", 0, 16)]
     # A second freeze after the copy shares again, and a clear leaves both snapshots alone.
     second = index.block_groups(freeze=True)
     index.apply(batch(AllBlocksCleared()), 0.0)
     assert set(second[0][3]) == {3, 4}
     assert set(frozen[0][3]) == {1, 2, 3}
-    assert list(index.iter_blocks()) == []
+    assert resident(index) == []
 
 
-def test_iter_blocks_freezes_when_called_not_when_first_read() -> None:
+def test_groups_freeze_when_asked_not_when_first_read() -> None:
     index = index_with(stored(1, 2))
-    blocks = index.iter_blocks()
+    ((*_, blocks, _extra),) = index.block_groups(freeze=True)
     index.apply(batch(removed(1), stored(3)), 0.0)
-    assert sorted(h for h, *_ in blocks) == [1, 2]
+    assert sorted(blocks) == [1, 2]
 
 
 def test_reset_after_freeze_keeps_the_snapshot() -> None:
@@ -280,7 +290,7 @@ def _apply_ops(index: StreamIndex, pool: list[Hash], ops: list[tuple[str, list[i
 
 
 def _model(index: StreamIndex) -> Counter[str]:
-    """What the index says, block by block, through refcount() (independent of iter_blocks)."""
+    """What the index says, block by block, through refcount() (independent of the frozen groups)."""
     out: Counter[str] = Counter()
     for medium, group, size, blocks, _extra in index.block_groups():
         for h in blocks:
