@@ -24,7 +24,9 @@ turn); ``before`` has only its own. The ratios to read: ``attributed / before`` 
 at most 1.05 of the path before), and compiled against pure.
 
 ``bytes_per_resident_block``: tracemalloc's bytes after all the batches, per resident block, of
-``before``'s index and of this tree's without and with the attribution, on each core.
+``before``'s index and of this tree's without and with the attribution, on each core; and
+``with_hashes``, this tree's with the batches decoded while traced (the hashes' ints counted, as
+the gateway holds them: the evictions keep an evicted block's int alive in the pure core only).
 
 ``ingest_path``: scenario 1's in-process stage table (bench/ingest.py, its ``sum``, wall time, best
 of 3) under the core this process runs (``KVGATEWAY_NO_EXTENSIONS=1`` for the pure one), and
@@ -222,7 +224,7 @@ def variant(
     out["attributed_over_previous"] = {
         core: round(best["attributed"][core] / best["previous"][core], 3) for core in CORES
     }
-    out["bytes_per_resident_block"] = memory(bases, mods, batches)
+    out["bytes_per_resident_block"] = memory(bases, mods, batches, stream[:wanted])
     running = extensions.core()
     gc.collect()
     gc.disable()  # as bench/ingest.py's breakdown
@@ -237,17 +239,27 @@ def variant(
     return out
 
 
-def memory(bases: Bases, mods: dict[str, dict[str, ModuleType]], batches: list[wire.Batch]) -> dict[str, Any]:
+def memory(
+    bases: Bases, mods: dict[str, dict[str, ModuleType]], batches: list[wire.Batch], payloads: list[bytes]
+) -> dict[str, Any]:
     """Bytes per resident block (tracemalloc, the batches decoded before tracing): ``before``'s index,
     and this tree's on each core without and with the attribution (its evictions at their bound
-    or what the workload evicted within the window, whichever is less)."""
+    or what the workload evicted within the window, whichever is less).
+
+    ``with_hashes``: the same with each batch decoded while traced, as the gateway holds them: the
+    hashes' ints count where the index (or the evictions, after their block left) keeps them alive."""
     out: dict[str, Any] = {}
 
-    def traced(make: Callable[[], Any]) -> tuple[float, int]:
+    def traced(make: Callable[[], Any], decoding: bool = False) -> tuple[float, int]:
         gc.collect()
         tracemalloc.start()
         index = make()
-        _apply(index, batches)
+        if decoding:
+            now = time.time()
+            for payload in payloads:
+                index.apply("bench", 0, wire.decode_batch(payload), now)
+        else:
+            _apply(index, batches)
         gc.collect()
         size = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
@@ -259,6 +271,11 @@ def memory(bases: Bases, mods: dict[str, dict[str, ModuleType]], batches: list[w
         with core_of(chosen):
             out[f"index_{name}"] = traced(occupancy.OccupancyIndex)[0]
             out[f"attributed_{name}"] = traced(lambda: occupancy.OccupancyIndex(observer=attribution.Attribution()))[0]
+            hashed = out.setdefault("with_hashes", {})
+            hashed[f"index_{name}"] = traced(occupancy.OccupancyIndex, decoding=True)[0]
+            hashed[f"attributed_{name}"] = traced(
+                lambda: occupancy.OccupancyIndex(observer=attribution.Attribution()), decoding=True
+            )[0]
     return out
 
 

@@ -7,7 +7,10 @@ operations on them in the same order, the same calls to the observer: the index'
 digests and the attribution's counts are the reference's (checked by
 tests/unit/state/test_apply_differential.py). What changes is the cost around the set operations:
 the groups' and mediums' fields are C struct members, their methods C calls, and the per-event loop
-runs without the interpreter.
+runs without the interpreter. One structure differs inside, not in what it shows: a stream's GPU
+evictions (:class:`Evictions`) keep each generation in a flat C table of (u64 hash, engine time),
+16 bytes a slot, rather than a dict of Python ints and floats: no object per eviction, an evicted
+hash's int freed with its block, and a lookup one probe into one array.
 
 Counts are Python objects where a value comes from the wire or a clock unbounded (a block size, a
 second), so no value a Python int holds can overflow here.
@@ -15,6 +18,10 @@ second), so no value a Python int holds can overflow here.
 
 from collections import Counter
 import math
+
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport uint64_t
+from libc.string cimport memset
 
 from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored
 from kvgateway.state._apply_py import (
@@ -31,73 +38,277 @@ cdef Py_ssize_t _WINDOW = RATE_WINDOW_SECONDS
 cdef int _COMPARE_ALL = COMPARE_ALL
 
 
+cdef struct Slot:
+    uint64_t key  # 0: the slot is empty (hash 0 is kept in its table's ``zero``)
+    double ts
+
+
+cdef struct Table:
+    # Open addressing, linear probing, at most 3/4 full: one probe (one cache line) answers most
+    # lookups. Deletion shifts the entries after a freed slot back (no tombstones).
+    Slot* slots
+    size_t mask
+    size_t n  # entries, hash 0 included
+    bint has_zero
+    double zero
+
+
+cdef size_t _MIN_SLOTS = 16
+
+
+cdef inline size_t _mix(uint64_t key) noexcept nogil:
+    # splitmix64's finaliser: engines' hashes are good, but a test's 0, 1, 2, ... must spread too
+    key ^= key >> 30
+    key *= 0xbf58476d1ce4e5b9ULL
+    key ^= key >> 27
+    key *= 0x94d049bb133111ebULL
+    key ^= key >> 31
+    return <size_t>key
+
+
+cdef int _table_init(Table* table, size_t slots) except -1:
+    table.slots = <Slot*>PyMem_Malloc(slots * sizeof(Slot))  # traced by tracemalloc, as a dict's table is
+    if table.slots is NULL:
+        raise MemoryError()
+    memset(table.slots, 0, slots * sizeof(Slot))
+    table.mask = slots - 1
+    table.n = 0
+    table.has_zero = False
+    return 0
+
+
+cdef inline Py_ssize_t _table_find(Table* table, uint64_t key) noexcept nogil:
+    """The slot of a non-zero ``key``, or -1."""
+    cdef size_t i = _mix(key) & table.mask
+    while table.slots[i].key:
+        if table.slots[i].key == key:
+            return <Py_ssize_t>i
+        i = (i + 1) & table.mask
+    return -1
+
+
+cdef inline bint _table_has(Table* table, uint64_t key) noexcept nogil:
+    return table.has_zero if key == 0 else _table_find(table, key) >= 0
+
+
+cdef int _table_grow(Table* table) except -1:
+    cdef Slot* old = table.slots
+    cdef size_t count = table.mask + 1
+    cdef size_t i, j
+    cdef size_t n = table.n
+    cdef bint has_zero = table.has_zero
+    cdef double zero = table.zero
+    _table_init(table, count * 2)
+    table.n = n
+    table.has_zero, table.zero = has_zero, zero
+    for i in range(count):
+        if old[i].key:
+            j = _mix(old[i].key) & table.mask
+            while table.slots[j].key:
+                j = (j + 1) & table.mask
+            table.slots[j] = old[i]
+    PyMem_Free(old)
+    return 0
+
+
+cdef int _table_set(Table* table, uint64_t key, double ts) except -1:
+    cdef size_t i
+    if key == 0:
+        table.n += not table.has_zero
+        table.has_zero, table.zero = True, ts
+        return 0
+    if (table.n + 1) * 4 > (table.mask + 1) * 3:
+        _table_grow(table)
+    i = _mix(key) & table.mask
+    while table.slots[i].key:
+        if table.slots[i].key == key:
+            table.slots[i].ts = ts
+            return 0
+        i = (i + 1) & table.mask
+    table.slots[i].key = key
+    table.slots[i].ts = ts
+    table.n += 1
+    return 0
+
+
+cdef void _table_delete(Table* table, size_t i) noexcept nogil:
+    """Free slot ``i``, moving back every later entry of the run that would no longer be found."""
+    cdef size_t j = i
+    cdef size_t home
+    while True:
+        j = (j + 1) & table.mask
+        if not table.slots[j].key:
+            break
+        home = _mix(table.slots[j].key) & table.mask
+        # the entry at j stays where it is if its home lies cyclically in (i, j]
+        if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
+            continue
+        table.slots[i] = table.slots[j]
+        i = j
+    table.slots[i].key = 0
+    table.n -= 1
+
+
+cdef inline bint _table_pop(Table* table, uint64_t key, double* ts) noexcept nogil:
+    """Forget ``key``; whether it was there (its time in ``ts``)."""
+    cdef Py_ssize_t i
+    if key == 0:
+        if not table.has_zero:
+            return False
+        ts[0] = table.zero
+        table.has_zero = False
+        table.n -= 1
+        return True
+    i = _table_find(table, key)
+    if i < 0:
+        return False
+    ts[0] = table.slots[i].ts
+    _table_delete(table, <size_t>i)
+    return True
+
+
+cdef int _table_clear(Table* table) except -1:
+    """Empty, back to its smallest size (a generation dropped at the bound gives its memory back)."""
+    PyMem_Free(table.slots)
+    table.slots = NULL
+    return _table_init(table, _MIN_SLOTS)
+
+
+cdef inline bint _u64(object h, uint64_t* key) except -1:
+    """Whether ``h`` is an int of 0 to 2**64-1 (then in ``key``): the engines' hashes. Any other hash
+    (bytes, a negative or larger int) is kept in a dict beside the table, as the reference keeps all."""
+    if type(h) is not int:
+        return False
+    try:
+        key[0] = h  # a negative or larger int raises here: no Python comparison for the common hash
+    except OverflowError:
+        return False
+    return True
+
+
 cdef class Evictions:
     """The compiled twin of :class:`kvgateway.state._apply_py.Evictions` (see there): the same two
-    dicts, filled and tested one hash at a time in C."""
+    generations, each a C table of (hash, engine time) with no Python object per eviction (an
+    evicted hash's int is freed with its block, as without the attribution), and a dict beside it
+    for the hashes that are not unsigned 64-bit ints. Each generation shows as the reference's
+    dict (``current``, ``previous``; built on demand, for tests and inspection)."""
 
+    cdef Table _current
+    cdef Table _previous
+    cdef dict _current_other
+    cdef dict _previous_other
     cdef public object window
     cdef public object bound
-    cdef public dict current
-    cdef public dict previous
     cdef public object since
     cdef public object dropped
+
+    def __cinit__(self):
+        _table_init(&self._current, _MIN_SLOTS)
+        _table_init(&self._previous, _MIN_SLOTS)
+        self._current_other = {}
+        self._previous_other = {}
+
+    def __dealloc__(self):
+        PyMem_Free(self._current.slots)
+        PyMem_Free(self._previous.slots)
 
     def __init__(self, window=DEFAULT_REFETCH_WINDOW_SECONDS, bound=MAX_EVICTED):
         self.window = window
         self.bound = bound
-        self.current = {}
-        self.previous = {}
         self.since = -math.inf
         self.dropped = 0
 
+    @staticmethod
+    cdef dict _shown(Table* table, dict other):
+        cdef size_t i
+        out = {0: table.zero} if table.has_zero else {}
+        for i in range(table.mask + 1):
+            if table.slots[i].key:
+                out[table.slots[i].key] = table.slots[i].ts
+        out.update(other)
+        return out
+
+    @property
+    def current(self):
+        return Evictions._shown(&self._current, self._current_other)
+
+    @property
+    def previous(self):
+        return Evictions._shown(&self._previous, self._previous_other)
+
+    cdef inline Py_ssize_t _size(self):
+        return <Py_ssize_t>(self._current.n + self._previous.n) + len(self._current_other) + len(self._previous_other)
+
     @property
     def size(self):
-        return len(self.current) + len(self.previous)
+        return self._size()
+
+    cdef int _drop_current(self) except -1:
+        self.dropped += <Py_ssize_t>self._current.n + len(self._current_other)
+        _table_clear(&self._current)
+        self._current_other = {}
+        return 0
 
     cpdef add(self, hashes, ts):
-        cdef dict current
+        cdef Table spare
+        cdef uint64_t key = 0  # set through a pointer by _u64
+        cdef double at = 0
         bound = self.bound
-        if ts - self.since > self.window:
-            self.previous, self.current, self.since = self.current, {}, ts
-        current = self.current
-        for h in hashes:  # the reference's update(fromkeys): a repeat sets the same value again
-            current[h] = ts
-        if len(self.current) + len(self.previous) > bound:
-            self.dropped += len(self.previous)
-            self.previous = {}
-            if len(self.current) > bound:
-                self.dropped += len(self.current)
-                self.current = {}
+        if ts - self.since > self.window:  # the generations move on: the previous one is forgotten
+            spare = self._previous
+            self._previous, self._previous_other = self._current, self._current_other
+            self._current, self._current_other = spare, {}
+            _table_clear(&self._current)
+            self.since = ts
+        at = ts
+        for h in hashes:
+            if _u64(h, &key):
+                _table_set(&self._current, key, at)
+            else:
+                self._current_other[h] = ts
+        if self._size() > bound:
+            self.dropped += <Py_ssize_t>self._previous.n + len(self._previous_other)
+            _table_clear(&self._previous)
+            self._previous_other = {}
+            if <Py_ssize_t>self._current.n + len(self._current_other) > bound:
+                self._drop_current()
+
+    cdef bint _holds_any(self, hashes) except -1:
+        cdef uint64_t key = 0  # set through a pointer by _u64
+        for h in hashes:
+            if _u64(h, &key):
+                if _table_has(&self._current, key) or _table_has(&self._previous, key):
+                    return True
+            elif h in self._current_other or h in self._previous_other:
+                return True
+        return False
 
     cpdef bint none_of(self, hashes) except -1:
-        cdef dict current = self.current
-        cdef dict previous = self.previous
-        for h in hashes:
-            if h in current or h in previous:
-                return False
-        return True
+        return not self._holds_any(hashes)
 
     def take(self, h):
-        evicted_at = self.current.pop(h, None)
-        previous = self.previous.pop(h, None)
+        cdef uint64_t key = 0  # set through a pointer by _u64
+        cdef double at = 0
+        evicted_at = previous = None
+        if _u64(h, &key):
+            if _table_pop(&self._current, key, &at):
+                evicted_at = at
+            if _table_pop(&self._previous, key, &at):
+                previous = at
+        else:
+            evicted_at = self._current_other.pop(h, None)
+            previous = self._previous_other.pop(h, None)
         return previous if evicted_at is None else evicted_at
 
 
 cdef bint _fresh(set fleet, object evicted, object hashes) except -1:
     """No hash held anywhere in the fleet nor evicted lately (the reference's two tests, one loop)."""
-    cdef dict current
-    cdef dict previous
     if type(evicted) is not Evictions:
         return fleet.isdisjoint(hashes) and evicted.none_of(hashes)
-    current = (<Evictions>evicted).current
-    previous = (<Evictions>evicted).previous
     for h in hashes:
         if h in fleet:
             return False
-    for h in hashes:
-        if h in current or h in previous:
-            return False
-    return True
+    return not (<Evictions>evicted)._holds_any(hashes)
 
 
 cdef class Group:

@@ -27,10 +27,12 @@ the chain from its first block), and a block whose content another stream holds 
 is ``elsewhere`` too. A chain whose parent's content key is unknown (announced before, or forgotten)
 is compared by hash.
 
-**Memory.** Per stream: the GPU evictions within the window, at most :data:`MAX_EVICTED` (about 130
-bytes each: about 4 MiB a stream at the bound, reached only by evicting more than 546 blocks a second
-for a whole minute; beyond it the oldest are forgotten first, counted in ``evicted_dropped``), and
-30 ten-second buckets of counts. Fleet-wide, only once content comparison started: at most
+**Memory.** Per stream: the GPU evictions within the window, at most :data:`MAX_EVICTED` (compiled
+core: 16-byte slots of a C table at most 3/4 full, at most 2 MiB a stream at the bound, about 33 bytes
+per remembered eviction measured; pure core: dicts of Python ints, about 130 bytes each, about 4 MiB;
+the bound is reached only by evicting more than 546 blocks a second for a whole minute; beyond it the
+oldest generation is forgotten first, counted in ``evicted_dropped``), and 30 ten-second buckets of
+counts. Fleet-wide, only once content comparison started: at most
 :data:`MAX_CONTENT` content keys (about 300 bytes each, 40 MiB at the bound; a key whose block is
 still held somewhere gets up to four second chances before it is dropped), and at most
 :data:`MAX_ROOTS` first-block digests before (about 150 bytes each). The fleet's holders are the

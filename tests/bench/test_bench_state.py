@@ -32,4 +32,9 @@ def test_state_bench_smoke(tmp_path: Path) -> None:
         assert memory[name] > 0
     # Memory is not a speed: the fleet's holders add a set of every resident hash, never less.
     assert memory["index_compiled"] > memory["before"]
+    # With the hashes' ints counted the index costs more than without, on either core.
+    hashed = memory["with_hashes"]
+    for core in ("pure", "compiled"):
+        assert hashed[f"index_{core}"] > memory[f"index_{core}"]
+        assert hashed[f"attributed_{core}"] >= hashed[f"index_{core}"]
     assert figures["ingest_path"]["sum_us"] > 0
