@@ -23,7 +23,8 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check kvgateway tests bench
 	$(BIN)/mypy
 
-# Two workers, a test file each at a time (a file's module fixtures stay on its worker): most tests
+# Two workers, a test file each at a time (a file's module fixtures stay on its worker; the files of
+# tests/integration/web go out as one, since they share its gateways: tests/conftest.py): most tests
 # wait on real processes, so two cores run two files in about half the time of one. The files go out
 # in the order they are collected (--no-loadscope-reorder): the slow directories first and the unit
 # files, many and quick, last, where they even out the two workers' ends. xdist's default order,

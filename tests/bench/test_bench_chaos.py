@@ -1,4 +1,4 @@
-"""bench.chaos: its checker catches what it must, and a 2-minute soak of the cluster passes it."""
+"""bench.chaos: its checker catches what it must, and a 75-second soak of the cluster passes it."""
 
 from __future__ import annotations
 
@@ -103,10 +103,14 @@ def test_the_model_is_compared_with_an_edges_blocks_block_for_block_and_by_stale
 
 
 @pytest.mark.slow
-def test_a_two_minute_chaos_soak_is_exact_through_every_kind_of_fault() -> None:
+def test_a_short_chaos_soak_is_exact_through_every_kind_of_fault() -> None:
+    """75 s of traffic: gamma restarts at 25 s and 50 s (3 processes), and faults 12-17 s apart up
+    to 20 s before the end (59 s) make at least 3, one of each kind (they come in shuffled rounds
+    of the three). Each fault is healed before the next; the checks run once every edge shows
+    every stream's last batch, however long a loaded machine takes."""
     nats_binary()  # skips without nats-server
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.chaos", "--minutes", "2", "--fault-every", "20-30", "--restart-every", "40"],
+        [sys.executable, "-m", "bench.chaos", "--minutes", "1.25", "--fault-every", "12-17", "--restart-every", "25"],
         cwd=REPO,
         check=False,
         capture_output=True,

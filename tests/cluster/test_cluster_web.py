@@ -23,6 +23,8 @@ from tests.support import GatewayProcess, free_ports
 from tests.support import Start as Starter
 from tests.support.nats import NatsServer
 from tests.support.web import (  # noqa: F401 - pytest collects the fixtures imported
+    TEST_WITHIN,
+    WITHIN,
     Serve,
     _every_message_follows_the_schema,
     gap_gateway,
@@ -31,7 +33,7 @@ from tests.support.web import (  # noqa: F401 - pytest collects the fixtures imp
     module_procs,
 )
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(TEST_WITHIN)
 
 SERVES = ("live", "guarded", "gap_gateway", "serve")
 """A test of the web suite that takes one of these serves clients: it runs here too."""
@@ -77,7 +79,7 @@ def serve(nats_module: NatsServer) -> Serve:
         *flags: str,
         token: str | None = None,
         client_queue_bytes: int | None = None,
-        timeout: float = 30.0,
+        timeout: float = WITHIN,
     ) -> GatewayProcess:
         n = next(streams)
         nats = ["--nats", nats_module.url, "--nats-stream", f"WEB{n}", "--nats-subject-prefix", f"web{n}"]

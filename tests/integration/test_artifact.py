@@ -4,23 +4,19 @@ every command started from a directory that is not the checkout, and the Dockerf
 Built here (a C compiler exists), the wheel carries the compiled core; built without one, it
 installs the pure-Python core with one warning line.
 
-One module-scoped build serves every test: the Dockerfile's ``pip wheel`` step fills a wheelhouse
-once, and every environment is installed from it with ``--no-index`` (offline, seconds each)."""
+One build serves every test (and tests/ops/test_deploy_files.py): the Dockerfile's ``pip wheel`` step
+fills a wheelhouse once per run (:mod:`tests.support.builds`), and every environment is installed
+from it with ``--no-index`` (offline, seconds each)."""
 
 from __future__ import annotations
 
 import fnmatch
 import json
-import os
 import re
-import shlex
-import shutil
 import subprocess
 import sys
 import tarfile
-import tomllib
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,94 +25,48 @@ import pytest
 
 from kvgateway.runtime.extensions import COMPILED_MODULES
 from tests.support import REPO, Proc, free_ports, sim_endpoints, source_spec, wait_until
+from tests.support.builds import ENV, DockerBuild, build_requires, copy_context, dockerfile_steps
+from tests.support.builds import run as _run
 from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.timeout(300)
 
 COMMANDS = ("serve", "ingest", "edge", "simulate", "demo")
-ENV = {**os.environ, "PYTHONPATH": "", "PYTHONDONTWRITEBYTECODE": "1"}  # nothing from the checkout
-
-
-def _run(argv: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(argv, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout, check=False)
-    assert result.returncode == 0, f"{shlex.join(argv)}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
-    return result
-
-
-def _context(dest: Path) -> Path:
-    """The checkout's files that deploy/Dockerfile.dockerignore lets into the image's build context
-    (its allow-list: ``*`` then ``!NAME`` lines), so the build sees what ``docker build`` would."""
-    allowed, excluded = [], []
-    for raw in (REPO / "deploy/Dockerfile.dockerignore").read_text().splitlines():
-        line = raw.strip()
-        if line.startswith("!"):
-            allowed.append(line[1:])
-        elif line and not line.startswith("#") and line != "*":
-            excluded.append(line.removeprefix("**/"))
-    ignore = shutil.ignore_patterns(*excluded)
-    for entry in REPO.iterdir():
-        if not any(fnmatch.fnmatch(entry.name, pattern) for pattern in allowed):
-            continue
-        if entry.is_dir():
-            shutil.copytree(entry, dest / entry.name, ignore=ignore)
-        else:
-            shutil.copy2(entry, dest / entry.name)
-    return dest
-
-
-def dockerfile_steps() -> list[list[str]]:
-    """The pip, kvgateway and python commands of deploy/Dockerfile's RUN instructions, in order
-    (packages, users, groups and directories are the image's business)."""
-    text = (REPO / "deploy/Dockerfile").read_text().replace("\\\n", " ")
-    steps = []
-    for line in text.splitlines():
-        if not line.startswith("RUN "):
-            continue
-        for command in line[4:].split("&&"):
-            words = [word for word in shlex.split(command) if not word.startswith("--mount=")]
-            if words and words[0] in ("pip", "kvgateway", "python"):
-                steps.append(words)
-    return steps
 
 
 @dataclass
 class Artifacts:
-    root: Path
-    context: Path  # the build context (a copy)
-    wheels: Path  # the Dockerfile's wheelhouse: kvgateway, nats-py and every dependency
+    build: DockerBuild  # the run's one build of the image's first stage (tests/support/builds.py)
+    root: Path  # this module's environments
     elsewhere: Path  # the working directory of every command: not the checkout
-    docker_steps: list[list[str]]
+
+    @property
+    def context(self) -> Path:
+        return self.build.context
+
+    @property
+    def wheels(self) -> Path:
+        return self.build.wheels
 
     def wheel(self) -> Path:
-        (wheel,) = self.wheels.glob("kvgateway-*.whl")
-        return wheel
+        return self.build.wheel()
 
-    def venv(self, name: str, *requirements: str) -> Path:
+    def venv(self, name: str, *requirements: str, env: dict[str, str] | None = None) -> Path:
         """A fresh virtual environment with ``requirements`` installed from the wheelhouse alone."""
         venv = self.root / name
         if not venv.exists():
             _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=self.elsewhere)
             pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q"]
-            _run([*pip, "--no-index", "--find-links", str(self.wheels), *requirements], cwd=self.elsewhere)
+            _run([*pip, "--no-index", "--find-links", str(self.wheels), *requirements], cwd=self.elsewhere, env=env)
         return venv
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Artifacts]:
+def artifacts(tmp_path_factory: pytest.TempPathFactory, docker_build: DockerBuild) -> Artifacts:
     root = tmp_path_factory.mktemp("artifact")
-    context = _context(root / "src")
-    wheels = root / "wheels"
     elsewhere = root / "elsewhere"
     elsewhere.mkdir()
-    steps = dockerfile_steps()
-    build = [step for step in steps if step[:2] == ["pip", "wheel"]]
-    assert len(build) == 1, steps
-    # The Dockerfile's build step, as written, with its wheel directory here.
-    _run([sys.executable, "-m", *[str(wheels) if word == "/wheels" else word for word in build[0]]], cwd=context)
-    # The sdist's build needs the build backend pyproject.toml asks for, from the wheelhouse too.
-    backend = tomllib.loads((context / "pyproject.toml").read_text())["build-system"]["requires"]
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels), *backend], cwd=context)
-    yield Artifacts(root, context, wheels, elsewhere, steps)
+    return Artifacts(docker_build, root, elsewhere)
 
 
 def _ready(base: str) -> bool:
@@ -156,10 +106,11 @@ def test_dockerfile_steps(artifacts: Artifacts) -> None:
     """The runtime stage's install and check, as the Dockerfile writes them, into a fresh venv."""
     venv = artifacts.root / "docker"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=artifacts.elsewhere)
-    installs = [step for step in artifacts.docker_steps if step[:2] == ["pip", "install"]]
-    checks = [step for step in artifacts.docker_steps if step[0] == "kvgateway"]
-    core_checks = [step for step in artifacts.docker_steps if step[0] == "python"]
-    assert installs and checks and core_checks, artifacts.docker_steps
+    steps = dockerfile_steps()
+    installs = [step for step in steps if step[:2] == ["pip", "install"]]
+    checks = [step for step in steps if step[0] == "kvgateway"]
+    core_checks = [step for step in steps if step[0] == "python"]
+    assert installs and checks and core_checks, steps
     for step in installs:
         words = [word.replace("/wheels", str(artifacts.wheels)) for word in step[1:]]
         _run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), *words], cwd=artifacts.elsewhere)
@@ -261,9 +212,7 @@ def test_installed_ingest_and_edge_on_nats(artifacts: Artifacts) -> None:
 def test_sdist_builds_and_installs(artifacts: Artifacts) -> None:
     """The sdist, built by the PEP 517 backend pyproject.toml names, holds what the wheel needs and
     installs (built from itself, offline) into a fresh venv that runs outside the checkout."""
-    builder = artifacts.venv(
-        "builder", *tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
-    )
+    builder = artifacts.venv("builder", *build_requires(REPO))
     out = artifacts.root / "sdist"
     out.mkdir()
     hook = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
@@ -281,8 +230,13 @@ def test_sdist_builds_and_installs(artifacts: Artifacts) -> None:
         assert {f"{path}.pyx", f"{path.removesuffix('_c')}_py.py"} <= members, module
     assert not [name for name in members if name.endswith((".so", "_c.c"))], members
     assert "static/vendor/uplot/uPlot.iife.min.js" in members
-    venv = artifacts.venv("from-sdist", str(sdist))
+    # Built from itself, its compiled core too (a source the sdist lacks fails the compile: the
+    # install would fall back to pure Python). At -O0: the wheelhouse's build already compiled the
+    # same sources at -O3; this one shows the sdist holds them, and takes a third of the time.
+    venv = artifacts.venv("from-sdist", str(sdist), env={**ENV, "CFLAGS": "-O0"})
     assert _installed_at(venv, artifacts.elsewhere).is_relative_to(venv)
+    version = _run([*_kvgateway(venv), "--version"], cwd=artifacts.elsewhere).stdout
+    assert version.endswith(" (compiled core)\n"), version
     result = _run([*_kvgateway(venv), "edge", "--help"], cwd=artifacts.elsewhere)
     assert "usage: kvgateway edge" in result.stdout
     static = _run(
@@ -295,12 +249,10 @@ def test_sdist_builds_and_installs(artifacts: Artifacts) -> None:
 def test_without_a_compiler_the_install_is_pure_python(artifacts: Artifacts) -> None:
     """CC=/bin/false (a compiler that fails every step): the wheel still builds, with one warning
     line, and installs the pure-Python core; it runs outside the checkout."""
-    builder = artifacts.venv(
-        "builder", *tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
-    )
+    builder = artifacts.venv("builder", *build_requires(REPO))
     out = artifacts.root / "no-compiler"
     out.mkdir()
-    context = _context(artifacts.root / "src-no-compiler")  # a fresh copy: no build/ of an earlier build
+    context = copy_context(artifacts.root / "src-no-compiler")  # a fresh copy: no build/ of an earlier build
     hook = "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
     result = subprocess.run(
         [str(builder / "bin/python"), "-c", hook, str(out)],

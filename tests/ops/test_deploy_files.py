@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -24,14 +23,13 @@ from kvgateway.config.options import CLUSTER_BY_KEY, SERVER_BY_KEY
 from kvgateway.config.settings import Settings
 from kvgateway.config.sources import SOURCE_KEYS
 from tests.support import REPO
+from tests.support.builds import DOCKERFILE, DOCKERIGNORE, DockerBuild, docker_context_files
 from tests.support.command_line import serve_file_settings
 from tests.support.deploy import DEPLOY, load_yaml, load_yaml_all
 
 EXAMPLE_TOML = DEPLOY / "kvgateway.example.toml"
 COMPOSE = DEPLOY / "compose.yaml"
 COMPOSE_TOML = DEPLOY / "compose" / "kvgateway.toml"
-DOCKERFILE = DEPLOY / "Dockerfile"
-DOCKERIGNORE = DEPLOY / "Dockerfile.dockerignore"
 SERVE_CMD = ["kvgateway", "serve", "--config", "/etc/kvgateway/kvgateway.toml"]
 
 
@@ -336,76 +334,16 @@ def test_docs_show_the_vllm_flag() -> None:
 
 # --- the build context ----------------------------------------------------------------------
 
-SKIPPED_DIRS = {".git", ".venv", "node_modules", "test-artifacts", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
 
-
-def _pattern_regex(pattern: str) -> re.Pattern[str]:
-    out = ""
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out += "(?:.*/)?"
-            i += 3
-        elif pattern.startswith("**", i):
-            out += ".*"
-            i += 2
-        elif pattern[i] == "*":
-            out += "[^/]*"
-            i += 1
-        elif pattern[i] == "?":
-            out += "[^/]"
-            i += 1
-        else:
-            out += re.escape(pattern[i])
-            i += 1
-    return re.compile(out + r"\Z")
-
-
-def docker_context_files() -> list[str]:
-    """The files `docker build -f deploy/Dockerfile .` sends, by Docker's .dockerignore rules: the
-    last matching pattern decides, and a pattern matches a path or any of its parent directories."""
-    patterns = []
-    for raw in DOCKERIGNORE.read_text(encoding="utf-8").splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#"):
-            negate = line.startswith("!")
-            patterns.append((negate, _pattern_regex(line.lstrip("!").strip("/"))))
-    files = []
-    for path in sorted(REPO.rglob("*")):
-        relative = path.relative_to(REPO)
-        if relative.parts[0] in SKIPPED_DIRS or not path.is_file():
-            continue
-        candidates = ["/".join(relative.parts[: i + 1]) for i in range(len(relative.parts))]
-        excluded = False
-        for negate, regex in patterns:
-            if any(regex.match(candidate) for candidate in candidates):
-                excluded = not negate
-        if not excluded:
-            files.append(relative.as_posix())
-    return files
-
-
-def test_build_context_is_small_and_builds_the_wheel(tmp_path: Path) -> None:
-    """The first stage of the Dockerfile, without Docker: `pip wheel` from exactly the context."""
+def test_build_context_is_small_and_builds_the_wheel(docker_build: DockerBuild) -> None:
+    """The first stage of the Dockerfile, without Docker: its `pip wheel` from exactly the context
+    (the run's one build, tests/support/builds.py)."""
     files = docker_context_files()
     assert "pyproject.toml" in files
     assert not [f for f in files if f.startswith(("tests/", "deploy/", "bench/", "docs/"))], "context too wide"
     assert not [f for f in files if "__pycache__" in f]
-    context = tmp_path / "context"
-    for name in files:
-        target = context / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, target)
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "wheels"), str(context)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    (wheel,) = (tmp_path / "wheels").glob("kvgateway-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
+    assert set(files) <= {p.relative_to(docker_build.context).as_posix() for p in docker_build.context.rglob("*")}
+    names = set(zipfile.ZipFile(docker_build.wheel()).namelist())
     assert "kvgateway/cli.py" in names
     assert "kvgateway/static/index.html" in names
     assert "kvgateway/protocol/schema.json" in names

@@ -19,6 +19,8 @@
   hypothesis strategies;
 - :mod:`~tests.support.hub`: a hub without sockets and what its unit tests do with it;
   :mod:`~tests.support.web`: the web suite's clients, schema check, filters and gateway fixtures;
+- :mod:`~tests.support.builds`: the package built as users get it (the image's build context and
+  its wheelhouse), once for the whole run;
 - :mod:`~tests.support.nats`, :mod:`~tests.support.demo`, :mod:`~tests.support.deploy`,
   :mod:`~tests.support.catalogue`, :mod:`~tests.support.bench_runs`: what one directory's tests use.
 

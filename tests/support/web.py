@@ -8,8 +8,11 @@ client receives is collected for the JSON Schema check (:func:`schema_check`), r
 test by the autouse fixture, so validation never slows a client down while it matters. The filters
 and the occupancy a client builds are the suite's own implementations of docs/protocol.md.
 
-The gateways are fixtures: ``live``, ``guarded`` and ``gap_gateway``, started through ``serve`` (one
-process here; the cluster's test overrides it with an edge of a two-edge cluster)."""
+The gateways: ``live`` and ``guarded`` (:func:`start_live`, :func:`start_guarded`), shared by every
+test of tests/integration/web (its conftest starts each once for the folder) and of
+tests/cluster/test_cluster_web.py (once for the module, the fixtures here), and ``gap_gateway``, one
+per test. Each is started through the fixture ``serve``: one process in the folder, an edge of a
+two-edge cluster in the cluster's test."""
 
 from __future__ import annotations
 
@@ -39,7 +42,6 @@ from tests.support import (
     free_ports,
     sim_flags,
     source_spec,
-    start_gateway,
     start_sim,
     until,
     wait_until,
@@ -71,36 +73,73 @@ UNKNOWN_EPOCH = "ffffffffffffffff"
 U53 = 2**53
 
 
+WITHIN = 120.0
+"""How long the web suite waits for what it awaits (a message, an offset, a notice, a stream up):
+ten times and more what a quiet machine takes, so that a loaded one (load 15-30, where the test's
+own clients fall behind too) does not fail on it; only a failing test waits this long."""
+
+
+BODY_WITHIN = 3 * WITHIN
+"""A test's whole body on its event loop (:func:`tests.support.arun`), a few waits in a row."""
+
+
+TEST_WITHIN = 2 * BODY_WITHIN
+"""pytest-timeout's bound for a web test with its gateways' start and its schema check: a hang guard."""
+
+
 _INTEGER = {"type": "integer"}
 
 
 _items = Draft202012Validator.VALIDATORS["items"]
 
 
-def _items_fast(validator: Any, items: Any, instance: Any, schema: Any) -> Iterator[Any]:
-    """``items`` with a fast path for arrays of integers (token_ids); the same verdicts."""
-    if items == _INTEGER and validator.is_type(instance, "array"):
+def _fast_item_checks(schema: dict[str, Any]) -> dict[str, Callable[[Any], bool]]:
+    """For an ``items`` schema (as JSON text) that many long arrays use: a plain test that
+    passes exactly the items the schema passes (integers: token_ids; a ``$defs`` string with a
+    pattern and nothing else: block_hashes). An item it does not pass is validated as usual."""
+    checks: dict[str, Callable[[Any], bool]] = {json.dumps(_INTEGER): lambda item: type(item) is int}
+    for name, definition in schema.get("$defs", {}).items():
+        if set(definition) - {"description"} == {"type", "pattern"} and definition["type"] == "string":
+            search = re.compile(definition["pattern"]).search
+            checks[json.dumps({"$ref": f"#/$defs/{name}"})] = lambda item, s=search: (
+                type(item) is str and s(item) is not None
+            )
+    return checks
+
+
+def _validator_class(schema: dict[str, Any]) -> Any:
+    """Draft 2020-12 with ``items`` taking :func:`_fast_item_checks`' path; the same verdicts."""
+    fast = _fast_item_checks(schema)
+    by_id: dict[int, tuple[Any, Callable[[Any], bool] | None]] = {}  # the schema's objects live as long
+
+    def items(validator: Any, items: Any, instance: Any, schema: Any) -> Iterator[Any]:
+        if id(items) not in by_id:
+            by_id[id(items)] = (items, fast.get(json.dumps(items)) if isinstance(items, dict) else None)
+        check = by_id[id(items)][1]
+        if check is None or not validator.is_type(instance, "array"):
+            yield from _items(validator, items, instance, schema)
+            return
         for index, item in enumerate(instance):
-            if not validator.is_type(item, "integer"):
+            if not check(item):
                 yield from validator.descend(item, items, path=index)
-        return
-    yield from _items(validator, items, instance, schema)
 
-
-_Validator = validators.extend(Draft202012Validator, {"items": _items_fast})
+    return validators.extend(Draft202012Validator, {"items": items})
 
 
 class SchemaCheck:
     """Validates each distinct message once. A batch is checked as its envelope (with no events)
     against the whole schema plus each distinct event against ``$defs/event``: the schema puts
     no constraint across array items, so this is the same verdict as the whole message, with
-    the events shared by many messages and clients checked once."""
+    the events shared by many messages and clients checked once, and an envelope shared by a
+    batch's filtered variants (the same fields, fewer events) checked once too."""
 
     def __init__(self, schema: dict[str, Any]) -> None:
         Draft202012Validator.check_schema(schema)
-        self.message = _Validator(schema)
-        self.event = _Validator({k: v for k, v in schema.items() if k != "oneOf"} | {"$ref": "#/$defs/event"})
+        validator = _validator_class(schema)
+        self.message = validator(schema)
+        self.event = validator({k: v for k, v in schema.items() if k != "oneOf"} | {"$ref": "#/$defs/event"})
         self.seen_keys: set[int] = set()
+        self.seen_envelopes: set[str] = set()
         self.seen_events: set[str] = set()
         self.pending: list[str] = []
 
@@ -117,16 +156,20 @@ class SchemaCheck:
         for line in lines:
             message = json.loads(line)
             if message.get("type") == "batch" and isinstance(message.get("events"), list):
-                self._raise_first(self.message, {**message, "events": []}, line)
+                envelope = {**message, "events": []}
+                self._once(self.seen_envelopes, self.message, envelope, line)
                 for event in message["events"]:
-                    key = json.dumps(event, sort_keys=True)
-                    if key not in self.seen_events:
-                        self.seen_events.add(key)
-                        self._raise_first(self.event, event, key)
+                    self._once(self.seen_events, self.event, event)
             else:
                 self._raise_first(self.message, message, line)
             checked += 1
         return checked
+
+    def _once(self, seen: set[str], validator: Any, instance: Any, text: str | None = None) -> None:
+        key = json.dumps(instance, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            self._raise_first(validator, instance, text or key)
 
     @staticmethod
     def _raise_first(validator: Any, instance: Any, text: str) -> None:
@@ -150,7 +193,7 @@ def _every_message_follows_the_schema() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def module_procs() -> Iterator[Starter]:
-    """Like conftest's ``procs``, for the gateways this module's tests share."""
+    """Like conftest's ``procs``, for the gateways the module's tests share."""
     started = Procs()
     yield started
     started.stop_all()
@@ -167,7 +210,7 @@ def wait_streams(gateway: GatewayProcess, streams: list[tuple[str, int]]) -> Non
         by_key = {(s["source"], s["dp_rank"]): s for s in gateway.sources()["sources"]}
         return all(by_key[key]["connected"] and by_key[key]["last_seq"] is not None for key in streams)
 
-    wait_until(ready, timeout=30, what=f"streams {streams} up and delivering")
+    wait_until(ready, timeout=WITHIN, what=f"streams {streams} up and delivering")
 
 
 LIVE_RESTART_AT = 50
@@ -178,29 +221,18 @@ Serve: TypeAlias = Callable[..., GatewayProcess]
 """How the module starts a gateway: ``serve(start, port, sources, *flags, token=..., ...)``."""
 
 
-@pytest.fixture(scope="module")
-def serve() -> Serve:
-    """One process here; tests/cluster/test_cluster_web.py runs every test of this module that
-    serves clients again with an edge of a two-edge cluster instead."""
-    return start_gateway
-
-
-@pytest.fixture(scope="module")
-def recovery_window() -> str:
-    """How far back a client resumes: the ring here; the stream's retention on an edge."""
-    return "ring"
-
-
-@pytest.fixture(scope="module")
-def live(module_procs: Starter, serve: Serve) -> GatewayProcess:
+def start_live(start: Starter, serve: Serve) -> GatewayProcess:
     """Two sources: ``llama`` (2 DP ranks, GPU + CPU offload, a restart, clears) and ``qwen``
-    (1 rank, GPU only), behind a gateway whose ring keeps everything this module sees, so a
+    (1 rank, GPU only), behind a gateway whose ring keeps everything its tests see, so a
     client that resumes from ``<epoch>:0`` gets the whole history from offset 1. Its clients are
     never cut as slow consumers (slow clients are test_slow_clients' own gateways): on a loaded
-    machine the test's clients, sixteen in one process, fall behind the live stream for a while."""
+    machine the test's clients, sixteen in one process, fall behind the live stream for a while.
+    Its engines are slow (26 batches/s in all): what its tests need is counted in batches (the
+    restarts at seq 50, clears, evictions), and test_fanout's clients each read and check the whole
+    history, which grows with the time a loaded machine takes to get there."""
     http_port, llama_pub, llama_replay, qwen_pub, qwen_replay = free_ports(5, spacing=2)
     gateway = serve(
-        module_procs,
+        start,
         http_port,
         [source_spec("llama", llama_pub, llama_replay, 2), source_spec("qwen", qwen_pub, qwen_replay)],
         "--ring-messages",
@@ -210,12 +242,12 @@ def live(module_procs: Starter, serve: Serve) -> GatewayProcess:
         client_queue_bytes=BIG_QUEUE,
     )
     start_simulator(
-        module_procs,
+        start,
         llama_pub,
         llama_replay,
         "--dp-size=2",
         "--cpu-offload",
-        "--rate=25",
+        "--rate=10",
         f"--restart-at={LIVE_RESTART_AT}",
         "--clear-every=37",
         "--gpu-blocks=256",
@@ -223,17 +255,16 @@ def live(module_procs: Starter, serve: Serve) -> GatewayProcess:
         "--seed=3",
         ranks=2,
     )
-    start_simulator(module_procs, qwen_pub, qwen_replay, "--rate=15", "--gpu-blocks=256", "--seed=4")
+    start_simulator(start, qwen_pub, qwen_replay, "--rate=6", "--gpu-blocks=256", "--seed=4")
     wait_streams(gateway, [("llama", 0), ("llama", 1), ("qwen", 0)])
     return gateway
 
 
-@pytest.fixture(scope="module")
-def guarded(module_procs: Starter, serve: Serve) -> GatewayProcess:
+def start_guarded(start: Starter, serve: Serve) -> GatewayProcess:
     """A gateway with a token, an Origin allow-list, room for 2 clients and a 20-message ring."""
     http_port, pub, replay = free_ports(3)
     gateway = serve(
-        module_procs,
+        start,
         http_port,
         [source_spec("llama", pub, replay)],
         "--allowed-origin",
@@ -246,10 +277,22 @@ def guarded(module_procs: Starter, serve: Serve) -> GatewayProcess:
         "debug",  # per-connection access lines (checked for redaction) are written at debug only
         token=TOKEN,
     )
-    start_simulator(module_procs, pub, replay, "--rate=20", "--seed=5")
+    start_simulator(start, pub, replay, "--rate=20", "--seed=5")
     wait_streams(gateway, [("llama", 0)])
-    wait_until(lambda: gateway.offset() > 45, timeout=30, what="more than twice the ring")
+    wait_until(lambda: gateway.offset() > 45, timeout=WITHIN, what="more than twice the ring")
     return gateway
+
+
+@pytest.fixture(scope="module")
+def live(module_procs: Starter, serve: Serve) -> GatewayProcess:
+    """:func:`start_live` once for the module (the web folder's conftest: once for the folder)."""
+    return start_live(module_procs, serve)
+
+
+@pytest.fixture(scope="module")
+def guarded(module_procs: Starter, serve: Serve) -> GatewayProcess:
+    """:func:`start_guarded` once for the module (the web folder's conftest: once for the folder)."""
+    return start_guarded(module_procs, serve)
 
 
 _OFFSET = re.compile(r'"offset":(\d+)')
@@ -363,11 +406,11 @@ class Conn:
     def by_offset(self) -> dict[int, dict[str, Any]]:
         return {m["offset"]: m for m in self.after_hello if "offset" in m}
 
-    async def wait_messages(self, count: int, within: float = 20.0) -> None:
+    async def wait_messages(self, count: int, within: float = WITHIN) -> None:
         await until(lambda: len(self.messages) >= count or self._failed(), within, f"{self.label}: {count} messages")
         self._check_alive(len(self.messages) >= count)
 
-    async def wait_offset(self, offset: int, within: float = 20.0) -> None:
+    async def wait_offset(self, offset: int, within: float = WITHIN) -> None:
         """Until a message with an offset >= ``offset`` arrived."""
         await until(
             lambda: (self.messages and self.last_offset >= offset) or self._failed(),
@@ -376,7 +419,7 @@ class Conn:
         )
         self._check_alive(self.last_offset >= offset)
 
-    async def wait_ended(self, within: float = 20.0) -> None:
+    async def wait_ended(self, within: float = WITHIN) -> None:
         await until(lambda: self.ended, within, f"{self.label}: end of the connection")
 
     def _failed(self) -> bool:
@@ -715,10 +758,12 @@ def gap_source(pub: int, replay: int) -> tuple[str, list[str]]:
 
 @pytest.fixture
 def gap_gateway(procs: Starter, serve: Serve) -> tuple[GatewayProcess, list[str]]:
-    """A gateway serving one source, ``gap``, and the flags of its engine, not started yet."""
+    """A gateway serving one source, ``gap``, and the flags of its engine, not started yet. Its
+    clients are never cut as slow consumers: the test's reference client reads everything, and
+    on a loaded machine it falls behind a 50 batches/s engine for a while."""
     http_port, pub, replay = free_ports(3)
     spec, engine = gap_source(pub, replay)
-    return serve(procs, http_port, [spec]), engine
+    return serve(procs, http_port, [spec], client_queue_bytes=BIG_QUEUE), engine
 
 
 async def run_node(*args: str, token: str | None = None) -> tuple[int, str, str]:

@@ -135,3 +135,15 @@ def f(n, check):
     assert hand_polls(ast.parse(pacing)) == []
     assert metrics_parsing(ast.parse("from prometheus_client.parser import text_string_to_metric_families")) == [1]
     assert metrics_parsing(ast.parse("from prometheus_client import generate_latest")) == []
+
+
+def test_make_tests_scheduler_keeps_the_web_folder_on_one_worker_and_hands_out_every_other_file() -> None:
+    """The web folder's gateways are package-scoped: its files go to one worker, as one unit."""
+    from tests.conftest import scope_of
+
+    web = sorted(path.name for path in (TESTS / "integration" / "web").glob("test_*.py"))
+    assert len(web) >= 5
+    assert {scope_of(f"tests/integration/web/{name}::test_a[x-1]") for name in web} == {"tests/integration/web/"}
+    assert scope_of("tests/integration/test_backlog.py::test_b") == "tests/integration/test_backlog.py"
+    assert scope_of("tests/cluster/test_cluster_web.py::test_c[1]") == "tests/cluster/test_cluster_web.py"
+    assert scope_of("tests/unit/serve/test_hub.py::Test::test_d") == "tests/unit/serve/test_hub.py"

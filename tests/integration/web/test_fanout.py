@@ -10,8 +10,11 @@ import pytest
 
 from tests.support import GatewayProcess, arun, until
 from tests.support.web import (
+    BODY_WITHIN,
     LIVE_RESTART_AT,
     LIVE_STREAMS,
+    TEST_WITHIN,
+    WITHIN,
     Clients,
     Conn,
     Filter,
@@ -24,7 +27,7 @@ from tests.support.web import (
     occupancy_from_history,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(TEST_WITHIN)
 
 
 FILTERS = {
@@ -65,11 +68,11 @@ def test_every_batch_reaches_every_matching_client_in_order(live: GatewayProcess
             def restarts() -> int:
                 return sum(1 for m in reference.after_hello if m["type"] == "notice" and m["kind"] == "restart")
 
-            await until(lambda: restarts() == 2, 30, "both llama restarts")
+            await until(lambda: restarts() == 2, WITHIN, "both llama restarts")
             end = reference.last_offset + 60
-            await reference.wait_offset(end + 1, 30)
+            await reference.wait_offset(end + 1)
             for _, conn in [(None, plain_sse), *filtered]:
-                await conn.wait_offset(end + 1, 30)  # a later message arrived: everything up to end is in
+                await conn.wait_offset(end + 1)  # a later message arrived: everything up to end is in
 
         history = [m for m in reference.after_hello if m["offset"] <= end]
         reference_by_offset = {m["offset"]: m for m in history}
@@ -161,4 +164,4 @@ def test_every_batch_reaches_every_matching_client_in_order(live: GatewayProcess
             assert_contiguous(fresh, offset + 1)
         check_sse_framing(fresh_sse)
 
-    arun(body())
+    arun(body(), BODY_WITHIN)

@@ -11,9 +11,9 @@ import pytest
 
 from tests.support import GatewayProcess, arun
 from tests.support.node import node_command
-from tests.support.web import NODE_SCRIPT, PROTOCOL_DOC, TOKEN, U53, Clients, Conn, run_node
+from tests.support.web import BODY_WITHIN, NODE_SCRIPT, PROTOCOL_DOC, TEST_WITHIN, TOKEN, U53, Clients, Conn, run_node
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(TEST_WITHIN)
 
 
 def test_the_node_client_gets_u64_hashes_digit_for_digit(live: GatewayProcess) -> None:
@@ -29,7 +29,7 @@ def test_the_node_client_gets_u64_hashes_digit_for_digit(live: GatewayProcess) -
             await python.wait_offset(max(b["offset"] for s in summary.values() for b in s["batches"]))
             return summary, python
 
-    summary, python = arun(body())
+    summary, python = arun(body(), BODY_WITHIN)
     by_offset = python.by_offset()
     assert set(summary) == {"ws", "sse"}
     for transport, result in summary.items():
@@ -80,7 +80,7 @@ def test_the_node_client_sends_the_token_and_reports_refusals(guarded: GatewayPr
         assert "kvgateway-client: websocket: connection failed or refused" in err
         await guarded.wait_clients(0)
 
-    arun(body())
+    arun(body(), BODY_WITHIN)
 
 
 def test_the_protocol_doc_shows_the_node_client_as_it_is() -> None:

@@ -20,8 +20,11 @@ from websockets.exceptions import InvalidStatus
 from tests.support import GatewayProcess, arun, metric_values, wait_until
 from tests.support.web import (
     ALLOWED_ORIGIN,
+    BODY_WITHIN,
     SCHEMA_FILE,
+    TEST_WITHIN,
     TOKEN,
+    WITHIN,
     Clients,
     SchemaCheck,
     assert_contiguous,
@@ -29,7 +32,7 @@ from tests.support.web import (
     check_sse_framing,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(TEST_WITHIN)
 
 
 def test_the_schema_check_rejects_what_the_schema_forbids() -> None:
@@ -151,7 +154,7 @@ def test_a_token_is_required_on_every_v1_endpoint_and_never_logged(guarded: Gate
                 await conn.close()
             await guarded.wait_clients(0)
 
-    arun(body())
+    arun(body(), BODY_WITHIN)
     after = rejections(guarded)
     assert after[("ws", "unauthorized")] - before[("ws", "unauthorized")] == 3
     assert after[("sse", "unauthorized")] - before[("sse", "unauthorized")] == 3
@@ -193,7 +196,7 @@ def test_origin_allow_list(guarded: GatewayProcess, live: GatewayProcess) -> Non
         response = await refused_ws(guarded, origin="http://evil.example")
         assert response.status_code == 403
 
-    arun(body())
+    arun(body(), BODY_WITHIN)
     after = {gateway.port: rejections(gateway) for gateway in (guarded, live)}
     assert after[guarded.port][("ws", "forbidden_origin")] - before[guarded.port][("ws", "forbidden_origin")] == 2
     assert after[live.port][("ws", "forbidden_origin")] - before[live.port][("ws", "forbidden_origin")] == 3
@@ -226,7 +229,7 @@ def test_max_clients(guarded: GatewayProcess) -> None:
             check_sse_framing(first_sse)
         await guarded.wait_clients(0)
 
-    arun(body())
+    arun(body(), BODY_WITHIN)
     after = rejections(guarded)
     assert after[("sse", "too_many_clients")] - before[("sse", "too_many_clients")] == 1
     assert after[("ws", "too_many_clients")] - before[("ws", "too_many_clients")] == 1
@@ -262,7 +265,7 @@ def test_invalid_query_parameters_are_a_400_before_any_stream(live: GatewayProce
                 ws_response = await refused_ws(live, query)
                 assert (ws_response.status_code, json.loads(ws_response.body)) == (400, {"error": error}), query
 
-    arun(body())
+    arun(body(), BODY_WITHIN)
     after = rejections(live)
     assert after[("sse", "bad_request")] - before[("sse", "bad_request")] == len(BAD_QUERIES)
     assert after[("ws", "bad_request")] - before[("ws", "bad_request")] == len(BAD_QUERIES)
@@ -314,7 +317,7 @@ def test_every_route_refuses_a_parameter_it_does_not_take_and_lists_what_it_take
                     assert response.json() == {"error": "dp_rank: expected a non-negative integer, got '-1'"}, route
                     refused += 1
 
-    arun(body())
+    arun(body(), BODY_WITHIN)
     after = rejections(live)
     counted = sum(after[(t, "bad_request")] - before[(t, "bad_request")] for t in ("http", "sse"))
     assert counted == refused
@@ -356,7 +359,7 @@ def test_a_filter_that_names_what_is_not_configured_is_a_400_on_every_route(live
                 ws_response = await refused_ws(live, query)
                 assert (ws_response.status_code, json.loads(ws_response.body)) == (400, {"error": error}), query
 
-    arun(body())
+    arun(body(), BODY_WITHIN)
 
 
 def _keys(entries: list[dict[str, Any]]) -> list[tuple[str, int]]:
@@ -394,7 +397,7 @@ def test_every_per_stream_route_applies_the_streams_source_and_dp_rank(live: Gat
                 lookup = (await http.post(f"/v1/lookup?{query}", json={"block_hashes": ["1"]})).json()
                 assert sorted(_keys(lookup["streams"])) == expected, query
 
-    arun(body())
+    arun(body(), BODY_WITHIN)
 
 
 _RATE = re.compile(rb'"(stores|removes)_per_s":(-?[0-9.e+-]+)')
@@ -424,7 +427,7 @@ def test_an_inbound_websocket_message_above_64_kib_closes_with_1009(live: Gatewa
             assert conn.close_code == 1009
             assert_contiguous(conn, conn.hello["offset"] + 1)
 
-    arun(body())
+    arun(body(), BODY_WITHIN)
 
 
 def test_the_schema_endpoint_serves_the_packaged_json_schema(live: GatewayProcess) -> None:
@@ -448,6 +451,6 @@ def test_the_garbage_collectors_pauses_are_timed_from_the_start(live: GatewayPro
 
     assert set(counts()) == {"0", "1", "2"}
     assert counts()["2"] >= 1
-    wait_until(lambda: counts()["0"] > 0, timeout=20, what="a young collection while batches flow")
+    wait_until(lambda: counts()["0"] > 0, timeout=WITHIN, what="a young collection while batches flow")
     total = sum(metric_values(live.base, "kvgateway_gc_pause_seconds_sum").values())
     assert 0 < total < 5  # seconds: the whole module's collections, not one pause of that size

@@ -17,6 +17,9 @@ from websockets.asyncio.client import connect
 from tests.support import Start as Starter
 from tests.support import arun, free_ports, source_spec, until
 from tests.support.web import (
+    BODY_WITHIN,
+    TEST_WITHIN,
+    WITHIN,
     Clients,
     Conn,
     Serve,
@@ -27,7 +30,7 @@ from tests.support.web import (
     wait_streams,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(TEST_WITHIN)
 
 
 SLOW_QUEUE_BYTES = 65536
@@ -115,8 +118,8 @@ def test_slow_clients_are_cut_off_while_50_others_keep_receiving_every_batch(pro
                 assert not cut_readers, f"clients that kept reading were cut off too: {cut_readers}"
                 slow = Conn("ws", "slow ws")
                 clients._spawn(Clients._pump_ws(slow, slow_ws))
-                await slow.wait_ended(30)
-                status, headers, sse_body = await read_http_response(slow_sse_sock, 30)
+                await slow.wait_ended()
+                status, headers, sse_body = await read_http_response(slow_sse_sock, WITHIN)
             finally:
                 slow_sse_sock.close()
             slow_sse = sse_conn_from_text(sse_body.decode(), "slow sse")
@@ -125,7 +128,7 @@ def test_slow_clients_are_cut_off_while_50_others_keep_receiving_every_batch(pro
             resumed_sse = await clients.sse(headers={"Last-Event-ID": slow_sse.last_id}, label="resumed sse")
             target = await gateway.offset_async() + 5
             for conn in (resumed_ws, resumed_sse, *readers):
-                await conn.wait_offset(target, 30) if conn.parse else await wait_digest_offset(conn, target)
+                await conn.wait_offset(target) if conn.parse else await wait_digest_offset(conn, target)
             assert not any(reader.ended for reader in readers), "a reading client was cut off"
 
         # What the gateway counted: one cut per transport, both resumes recovered.
@@ -178,10 +181,10 @@ def test_slow_clients_are_cut_off_while_50_others_keep_receiving_every_batch(pro
         assert all(union[o] == digest for o, digest in resumed_sse.digests[1:] if o is not None)
         check_sse_framing(resumed_sse)
 
-    arun(body(), 100)
+    arun(body(), BODY_WITHIN)
 
 
-async def wait_digest_offset(conn: Conn, offset: int, within: float = 30.0) -> None:
+async def wait_digest_offset(conn: Conn, offset: int, within: float = WITHIN) -> None:
     def reached() -> bool:
         offsets = conn.digest_offsets()
         return conn.ended or bool(offsets and offsets[-1] >= offset)
@@ -219,7 +222,7 @@ def test_clients_that_keep_reading_survive_a_stall_of_the_gateway(procs: Starter
                 os.kill(gateway.proc.popen.pid, signal.SIGCONT)
             target = await gateway.offset_async() + 20
             for reader in readers:
-                await until(lambda r=reader: r.ended or r.last_offset >= target, 30, f"{reader.label} at {target}")
+                await until(lambda r=reader: r.ended or r.last_offset >= target, WITHIN, f"{reader.label} at {target}")
             cut = {
                 r.label: (r.close_code, r.close_reason) if r.transport == "ws" else r.messages[-1]
                 for r in readers
@@ -230,7 +233,7 @@ def test_clients_that_keep_reading_survive_a_stall_of_the_gateway(procs: Starter
             for reader in readers:
                 assert_contiguous(reader, reader.hello["offset"] + 1)
 
-    arun(body())
+    arun(body(), BODY_WITHIN)
 
 
 def gateway_holds(gateway_port: int, client_port: int) -> bool:
@@ -296,4 +299,4 @@ def test_a_cut_client_that_never_reads_again_is_disconnected(procs: Starter, ser
             ws_sock.close()
             sse_sock.close()
 
-    arun(body())
+    arun(body(), BODY_WITHIN)
