@@ -23,17 +23,19 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check kvgateway tests bench
 	$(BIN)/mypy
 
-# Two workers, a test file each at a time (a file's module fixtures stay on its worker; the files of
-# tests/integration/web go out as one, since they share its gateways: tests/conftest.py): most tests
-# wait on real processes, so two cores run two files in about half the time of one. The files go out
-# in the order they are collected (--no-loadscope-reorder): the slow directories first and the unit
-# files, many and quick, last, where they even out the two workers' ends. xdist's default order,
-# most tests first, sent the files of one or a few long tests (the artifact build, the demo fleet,
-# the backlog) last, where one worker ran them while the other had nothing left. The whole suite
-# runs on the compiled core; the unit suite (the differential tests among it) again on the pure one.
+# Three workers, a test file each at a time (a file's module fixtures stay on its worker; the files
+# of tests/integration/web go out as one, since they share its gateways: tests/conftest.py). Most
+# tests wait on real processes (engines, gateways, Chromium, nats-server), so a third worker on two
+# cores fills those waits: at b043ccb, on a quiet two-core machine, the first run took 11:31 on two
+# workers and 8:39 on three. The files go out in the order they are collected
+# (--no-loadscope-reorder): the slow directories first and the unit files, many and quick, last,
+# where they even out the workers' ends. xdist's default order, most tests first, sent the files of
+# one or a few long tests (the artifact build, the demo fleet, the backlog) last, where one worker
+# ran them while the others had nothing left. The whole suite runs on the compiled core; the unit
+# suite (the differential tests among it) again on the pure one.
 test: lint
 	$(BIN)/kvgateway --version
-	$(BIN)/pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -q -ra -n 3 --dist loadfile --no-loadscope-reorder
 	KVGATEWAY_NO_EXTENSIONS=1 $(BIN)/pytest -q -n 2 tests/unit
 
 unit: $(VENV)/.installed
