@@ -61,8 +61,8 @@ class OneProcess:
         await self.serving.stop()
         await self.ingest.stop()
 
-    def close_clients(self) -> None:
-        self.serving.hub.close()
+    async def close_clients(self) -> None:
+        await self.serving.close_clients()
 
     def health(self) -> dict[str, Any]:
         return self.serving.health()

@@ -178,8 +178,8 @@ class EdgeRole:
         if self._nc is not None:
             await nats_link.close(self._nc)
 
-    def close_clients(self) -> None:
-        self.serving.hub.close()
+    async def close_clients(self) -> None:
+        await self.serving.close_clients()
 
     def _die(self, reason: str) -> None:
         """The stream this edge followed is gone or broken: exit, a fresh edge starts over."""

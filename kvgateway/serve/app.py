@@ -200,7 +200,8 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
         await websocket.accept()
         await websocket.close(code, reason)
         return
-    await ws_session(websocket, subscription)
+    with serving.writers.writing():
+        await ws_session(websocket, subscription)
 
 
 ROUTES: Final[list[Route | WebSocketRoute]] = [

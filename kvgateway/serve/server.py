@@ -11,7 +11,7 @@ import errno
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import Any, TypeAlias, TypeVar
@@ -59,6 +59,10 @@ class _Server(uvicorn.Server):
         with contextlib.suppress(SystemExit):
             await super().serve(sockets)
 
+
+CLOSE_CLIENTS_SECONDS = 5.0
+"""How long a signal's shutdown waits for the WebSocket sessions to send the gateway's own close
+before uvicorn stops (and closes what is left with a bare 1012)."""
 
 SEND_TIMEOUT_SECONDS = 15
 """A client whose TCP peer acknowledges nothing for this long is dropped by the kernel.
@@ -121,7 +125,7 @@ async def serve(
     ready: Callable[[str], None] | None = None,
     reuse_port: bool = False,
     made: Callable[[R], None] = lambda role: None,
-    close_clients: Callable[[R], None] | None = None,
+    close_clients: Callable[[R], Awaitable[None]] | None = None,
 ) -> None:
     """The one HTTP runner: the port is bound, ``around`` entered, the role ``make_role(settings)``
     made (``made``) and its app ``make_app(role)`` served until SIGINT/SIGTERM (``close_clients``
@@ -151,14 +155,24 @@ async def _serve_until_signal(
     settings: Settings,
     *,
     ready: Callable[[str], None] | None,
-    close_clients: Callable[[R], None] | None,
+    close_clients: Callable[[R], Awaitable[None]] | None,
 ) -> None:
     loop = asyncio.get_running_loop()
+    closing: list[asyncio.Task[None]] = []
+
+    async def close_then_exit(close: Callable[[R], Awaitable[None]]) -> None:
+        # clients first, each sent our own close (1012 and its reason); then uvicorn, whose own
+        # close of a connection still open is a bare 1012. A client that reads nothing cannot hold
+        # the exit longer than CLOSE_CLIENTS_SECONDS.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(close(role), CLOSE_CLIENTS_SECONDS)
+        server.should_exit = True
 
     def shut_down() -> None:
-        if close_clients is not None:
-            close_clients(role)  # clients first, with our own close code (1012); then uvicorn
-        server.should_exit = True
+        if close_clients is None or closing:  # a second signal: stop now
+            server.should_exit = True
+            return
+        closing.append(loop.create_task(close_then_exit(close_clients)))
 
     # A failed start is the role's own one line: uvicorn's echo of it (a traceback) is dropped.
     uvicorn_errors = logging.getLogger("uvicorn.error")
@@ -183,6 +197,8 @@ async def _serve_until_signal(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         uvicorn_errors.removeFilter(quiet_failure)
+        for task in closing:
+            task.cancel()
 
 
 def base_url(settings: Settings) -> str:
@@ -215,7 +231,7 @@ def run(
     make_app: Callable[[R], Starlette],
     *,
     around: Around = as_given,
-    close_clients: Callable[[R], None] | None = None,
+    close_clients: Callable[[R], Awaitable[None]] | None = None,
     on_ready: Callable[[str], None] | None = None,
     reuse_port: bool = False,
 ) -> int:

@@ -24,6 +24,7 @@ from kvgateway.serve.digests import DigestTicker
 from kvgateway.serve.hub import Hub
 from kvgateway.serve.query import ClientRequest
 from kvgateway.serve.router_state import RouterState
+from kvgateway.serve.sessions import Writers
 from kvgateway.serve.subscription import Subscription, Transport
 from kvgateway.state import checkpoint
 from kvgateway.state.activity import Activity
@@ -55,8 +56,7 @@ class Serving:
             settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained, read_back=read_back
         )
         hub_metrics.retained(0, 0)
-        self.metrics = metrics
-        self.clock = clock
+        self.metrics, self.clock = metrics, clock
         self.started_at = clock()
         streams = settings.streams()
         # told of each store before the index applies it and each remove after (issue 30)
@@ -71,6 +71,7 @@ class Serving:
         self.board = StatusBoard(streams, self.index, silence=silence, clock=clock)
         metrics.streams.add(BoardFigures(self.board, clock))
         self.routers = RouterState(settings, self.index, metrics)
+        self.writers = Writers()
         self.hub = Hub(
             log,
             metrics=hub_metrics,
@@ -105,6 +106,12 @@ class Serving:
         self.routers.start(lambda: self.log.last_offset)
         self.digests.start()
         self.collections.install()
+
+    async def close_clients(self) -> None:
+        """Close every web client with the gateway's own close, and return once each WebSocket
+        session has sent it (a signal's shutdown, before uvicorn closes the connections)."""
+        self.hub.close()
+        await self.writers.closed()
 
     async def stop(self) -> None:
         self.collections.uninstall()

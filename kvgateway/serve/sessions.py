@@ -25,6 +25,34 @@ WS_CLOSE: Final[dict[str, tuple[int, str]]] = {
 """WebSocket close code and reason for each way the gateway ends a connection (docs/protocol.md)."""
 
 
+class Writers:
+    """The WebSocket sessions still open, so that a shutdown can wait for each to send the
+    gateway's own close (1012 and its reason) before uvicorn closes what is left with a bare 1012:
+    on a loaded machine a session may still be writing its last chunk when the signal comes."""
+
+    __slots__ = ("_idle", "_open")
+
+    def __init__(self) -> None:
+        self._open = 0
+        self._idle: asyncio.Event | None = None
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        self._open += 1
+        try:
+            yield
+        finally:
+            self._open -= 1
+            if self._open == 0 and self._idle is not None:
+                self._idle.set()
+
+    async def closed(self) -> None:
+        """Returns once no session is open."""
+        while self._open:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+
+
 class Pump:
     """Waits on one subscription for its chunks."""
 

@@ -12,6 +12,7 @@ from kvgateway.protocol.filters import ClientFilter
 from kvgateway.protocol.messages import OutMessage
 from kvgateway.serve.hub import TooManyClients
 from kvgateway.serve.query import ClientRequest
+from kvgateway.serve.sessions import Writers
 from tests.support.events import batch, stored
 from tests.support.hub import make_hub, next_chunk, offsets, publish_batch, run, sample, subscribe, subscribe_request
 
@@ -79,3 +80,34 @@ def test_next_chunk_waits_for_a_publish_and_close_wakes_it() -> None:
     assert sample(hub, "kvgateway_client_disconnects_total", transport="ws", reason="shutdown") == 1
     with pytest.raises(TooManyClients):
         subscribe(hub)
+
+
+def test_writers_closed_waits_for_every_open_session_and_no_longer() -> None:
+    """A signal's shutdown waits on :meth:`Writers.closed` so that each WebSocket session sends
+    the gateway's own close before uvicorn's bare 1012: it returns at once with none open, and
+    otherwise only when the last one has returned."""
+
+    async def scenario() -> list[str]:
+        writers = Writers()
+        await asyncio.wait_for(writers.closed(), 1)  # none open: at once
+        said: list[str] = []
+        first, second = writers.writing(), writers.writing()
+        first.__enter__()
+        second.__enter__()
+        waiter = asyncio.ensure_future(writers.closed())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        said.append(f"two open, done={waiter.done()}")
+        first.__exit__(None, None, None)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        said.append(f"one open, done={waiter.done()}")
+        second.__exit__(None, None, None)
+        await asyncio.wait_for(waiter, 1)
+        said.append("none open, done=True")
+        with writers.writing():  # a session that ends with an error still counts as closed
+            pass
+        await asyncio.wait_for(writers.closed(), 1)
+        return said
+
+    assert asyncio.run(scenario()) == ["two open, done=False", "one open, done=False", "none open, done=True"]
