@@ -150,10 +150,11 @@ def test_engine_killed_and_restarted_on_the_same_ports(procs: Start) -> None:
         assert changed.get("unrecovered_batches", 0) == 0
         assert changed.get("decode_errors", 0) == 0
         # The verification and the new process's catch-up both recovered; what the new process sent
-        # before the gateway reconnected came back by that catch-up.
+        # before the gateway reconnected came back by that catch-up: none when the gateway was back
+        # before its first batch, which a loaded machine can do (every batch arrived, in order, above).
         assert changed.get("replay_recovered", 0) >= 2
         assert changed.get("replay_failed", 0) == changed.get("replay_partial", 0) == 0
-        assert 0 < changed.get("replayed_batches", 0) <= new_batches
+        assert changed.get("replayed_batches", 0) <= new_batches
         assert after["source_up"] == 1
         (entry,) = snapshot["streams"]
         assert entry["stale"] is False
