@@ -56,8 +56,7 @@ class Serving:
             settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained, read_back=read_back
         )
         hub_metrics.retained(0, 0)
-        self.metrics, self.clock = metrics, clock
-        self.started_at = clock()
+        self.metrics, self.clock, self.started_at = metrics, clock, clock()
         streams = settings.streams()
         # told of each store before the index applies it and each remove after (issue 30)
         self.attribution = Attribution(settings.refetch_window)
@@ -80,7 +79,8 @@ class Serving:
             max_clients=settings.max_clients,
         )
         self.activity = Activity()
-        self.analytics = CacheAnalytics(AnalyticsSink(metrics), settings.refetch_window)
+        self.analytics = CacheAnalytics(settings.refetch_window)
+        AnalyticsSink(metrics, self.analytics)  # its figures, when /metrics is scraped
         # Everything that follows the log, here only. The index follows it before the hub: a
         # hello's snapshot is exact at its offset.
         for follower in (
