@@ -153,7 +153,10 @@ class CacheAnalytics:
                     stored_at = stats.stored_at
                     for h in hashes:
                         if h not in stored_at:  # a second copy keeps the first one's time
-                            _bounded_put(stored_at, h, ts)
+                            # _bounded_put inline (a new key is the newest already): a call per block
+                            stored_at[h] = ts
+                            if len(stored_at) > MAX_TRACKED:
+                                stored_at.popitem(last=False)
                 if event.parent_block_hash is None:
                     self._root(stream, medium, hashes[0])
             elif type(event) is BlockRemoved:
