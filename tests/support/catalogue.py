@@ -12,7 +12,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from kvgateway.config import StreamConfig
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.log.ordered import MemoryLog
-from kvgateway.runtime.metrics import ANALYTICS_LABELS, STREAM, STREAM_METRICS, Metrics, analytics_families
+from kvgateway.runtime.metrics import STREAM, STREAM_METRICS, Metrics, ScrapedFamilies
 from kvgateway.state.occupancy import OccupancyIndex
 from kvgateway.state.status_board import BoardFigures, StatusBoard
 
@@ -81,7 +81,8 @@ def build_catalogue() -> Catalogue:
         if isinstance(wrapper, MetricWrapperBase)
     }
     labels.update({spec.name: (*STREAM, *spec.labels) for spec in STREAM_METRICS.values()})
-    labels.update({family.name: ANALYTICS_LABELS for family in analytics_families()})
+    scraped = [c for c in vars(metrics).values() if isinstance(c, ScrapedFamilies)]  # (made when scraped)
+    labels.update({family.name: c.labels for c in scraped for family in c.describe()})
     created = any(name.endswith("_created") for name in exposed)
     families = {
         family.name: Family(family.name, family.type, labels[family.name], family.documentation, created)
