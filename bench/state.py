@@ -9,8 +9,10 @@ alternating round after round and the order reversed every other round:
 
 - ``before``: ``REV``'s index (default 8a83c3d, the commit before the prefill attribution), loaded
   from git into a module of its own: the index's apply alone, no fleet holders, no attribution;
-- ``previous``: ``--previous``'s index and attribution (default HEAD: the commit before this
-  tree's changes), loaded from git the same way, run as ``attributed`` is;
+- ``previous`` (only with ``--previous REV``): ``REV``'s index and attribution, loaded from git the
+  same way, run as ``attributed`` is, over this tree's pass: for a commit whose index and
+  attribution speak this tree's pass interface (``StoreObserver``, ``Account``); across a change of
+  that interface, compare two trees with ``python -m bench.ab`` or two runs of this bench instead;
 - ``index``: this tree's index without an observer (the index's apply and the fleet's holders);
 - ``attributed``: the same with the prefill attribution observing it, as the gateway runs it;
 - ``digest``: the same with every group's state digest kept (after a client's first ask);
@@ -103,20 +105,20 @@ def modules() -> dict[str, dict[str, ModuleType]]:
 def core_of(chosen: dict[str, ModuleType]) -> Iterator[None]:
     """The index's pass by ``chosen``'s apply module, its digest sums by ``chosen``'s digest module,
     while the block runs."""
-    names = ("Evictions", "Group", "Medium", "apply_batch")
+    names = ("Account", "Evictions", "Group", "Medium", "apply_batch")
     saved = [getattr(occupancy, name) for name in names]
-    saved_evictions = attribution.Evictions
+    saved_account = attribution.Account
     saved_sum = chosen["apply"].elements_sum
     for name in names:
         setattr(occupancy, name, getattr(chosen["apply"], name))
-    attribution.Evictions = chosen["apply"].Evictions
+    attribution.Account = chosen["apply"].Account
     chosen["apply"].elements_sum = chosen["digest"].elements_sum
     try:
         yield
     finally:
         for name, value in zip(names, saved, strict=True):
             setattr(occupancy, name, value)
-        attribution.Evictions = saved_evictions
+        attribution.Account = saved_account
         chosen["apply"].elements_sum = saved_sum
 
 
@@ -132,14 +134,17 @@ class Bases:
     """The commits the tree is measured against: ``before`` (the index alone, before the prefill
     attribution) and ``previous`` (the index with the attribution as the previous commit had it)."""
 
-    def __init__(self, before: str, previous: str) -> None:
+    def __init__(self, before: str, previous: str | None) -> None:
         self.before = load_base(before)
-        self.previous = load_base(previous, "occupancy")
-        self.previous_attribution = load_base(
-            previous,
-            "attribution",
-            ("from kvgateway.state.occupancy import", f"from occupancy_{previous} import"),
-        )
+        self.previous: ModuleType | None = None
+        self.previous_attribution: ModuleType | None = None
+        if previous is not None:
+            self.previous = load_base(previous, "occupancy")
+            self.previous_attribution = load_base(
+                previous,
+                "attribution",
+                ("from kvgateway.state.occupancy import", f"from occupancy_{previous} import"),
+            )
 
 
 def _before(bases: Bases, chosen: dict[str, ModuleType], batches: list[wire.Batch]) -> float:
@@ -147,6 +152,7 @@ def _before(bases: Bases, chosen: dict[str, ModuleType], batches: list[wire.Batc
 
 
 def _previous(bases: Bases, chosen: dict[str, ModuleType], batches: list[wire.Batch]) -> float:
+    assert bases.previous is not None and bases.previous_attribution is not None
     with core_of(chosen):
         observer = bases.previous_attribution.Attribution()
         return _apply(bases.previous.OccupancyIndex(observer=observer), batches)
@@ -208,6 +214,8 @@ def variant(
         for n in range(rounds):
             order = CORES if n % 2 == 0 else tuple(reversed(CORES))
             for stage, run in STAGES.items():
+                if stage == "previous" and bases.previous is None:
+                    continue
                 for core in order[:1] if stage == "before" else order:
                     took = run(bases, mods[core], batches) / len(batches) * 1e6
                     key = "base" if stage == "before" else core
@@ -217,13 +225,15 @@ def variant(
         gc.enable()
     out: dict[str, Any] = {"batches": len(batches), "blocks_per_batch": _blocks(batches)}
     for stage, figures in best.items():
-        out[stage] = {key: round(us, 2) for key, us in figures.items()}
+        if figures:
+            out[stage] = {key: round(us, 2) for key, us in figures.items()}
     before = best["before"]["base"]
     out["attributed_over_before"] = {core: round(best["attributed"][core] / before, 3) for core in CORES}
     out["holders_over_before"] = {core: round(best["index"][core] / before, 3) for core in CORES}
-    out["attributed_over_previous"] = {
-        core: round(best["attributed"][core] / best["previous"][core], 3) for core in CORES
-    }
+    if best["previous"]:
+        out["attributed_over_previous"] = {
+            core: round(best["attributed"][core] / best["previous"][core], 3) for core in CORES
+        }
     out["bytes_per_resident_block"] = memory(bases, mods, batches, stream[:wanted])
     running = extensions.core()
     gc.collect()
@@ -291,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="alternating rounds (default 5; smoke 2)")
     parser.add_argument("--variant", action="append", choices=sorted(VARIANTS), help="payloads (default: map)")
     parser.add_argument("--base", default=BASE_REV, help=f"the index before attribution (default {BASE_REV})")
-    parser.add_argument("--previous", default="HEAD", help="the commit before this change (default HEAD)")
+    parser.add_argument("--previous", help="a commit before this change, of the same pass interface (default: none)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     batches = args.batches or (300 if args.smoke else 5_000)

@@ -19,23 +19,30 @@ second), so no value a Python int holds can overflow here.
 from collections import Counter
 import math
 
+cimport cython
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport uint64_t
 from libc.string cimport memset
 
 from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored
 from kvgateway.state._apply_py import (
+    BUCKET_SECONDS,
     COMPARE_ALL,
     COMPARE_NONE,
     DEFAULT_REFETCH_WINDOW_SECONDS,
     MAX_EVICTED,
+    NEW,
+    ORIGIN_COUNT,
     RATE_WINDOW_SECONDS,
+    RECENT_SECONDS,
 )
 from kvgateway.state.digest import MASK, elements_sum, prefix_state
 
 _NEVER = -(2**62)
 cdef Py_ssize_t _WINDOW = RATE_WINDOW_SECONDS
 cdef int _COMPARE_ALL = COMPARE_ALL
+cdef int _NEW = NEW
+_BUCKETS = RECENT_SECONDS // BUCKET_SECONDS
 
 
 cdef struct Slot:
@@ -534,13 +541,62 @@ cdef class Medium:
         return sum(len((<Group>grp).blocks) for grp in self.groups.values())
 
 
-cdef bint _new_store(index, event, account, int compare, Group fleet) except -1:
+cdef class Account:
+    """The compiled twin of :class:`kvgateway.state._apply_py.Account` (see there): the same lists
+    and Python ints, so that the pass reads the block size and the evictions and counts a batch's
+    new stores with C calls rather than attribute lookups and two Python frames."""
+
+    cdef public list tokens
+    cdef public list blocks
+    cdef public object unattributed_tokens
+    cdef public object unattributed_blocks
+    cdef public object block_size
+    cdef public object evicted
+    cdef public list bucket_at
+    cdef public list buckets
+
+    def __init__(self, window=DEFAULT_REFETCH_WINDOW_SECONDS, bound=MAX_EVICTED):
+        self.tokens = [0] * ORIGIN_COUNT
+        self.blocks = [0] * ORIGIN_COUNT
+        self.unattributed_tokens = 0
+        self.unattributed_blocks = 0
+        self.block_size = 0
+        self.evicted = Evictions(window, bound)
+        self.bucket_at = [-1] * _BUCKETS
+        self.buckets = [[0] * ORIGIN_COUNT for _ in range(_BUCKETS)]
+
+    @cython.boundscheck(True)  # the lists are public: whatever a caller put there, no unchecked index
+    @cython.wraparound(True)
+    cpdef add(self, int origin, blocks, tokens, now):
+        self.tokens[origin] += tokens
+        self.blocks[origin] += blocks
+        at = int(now // BUCKET_SECONDS)
+        slot = at % _BUCKETS
+        if self.bucket_at[slot] != at:
+            self.bucket_at[slot] = at
+            self.buckets[slot] = [0] * ORIGIN_COUNT
+        self.buckets[slot][origin] += tokens
+
+    def add_new(self, blocks, tokens, now):
+        self.add(_NEW, blocks, tokens, now)
+
+    def recent(self, now):
+        at = int(now // BUCKET_SECONDS)
+        out = [0] * ORIGIN_COUNT
+        for bucket_at, counts in zip(self.bucket_at, self.buckets, strict=True):
+            if at - _BUCKETS < bucket_at <= at:
+                for i, n in enumerate(counts):
+                    out[i] += n
+        return out
+
+
+cdef bint _new_store(bint stale, event, Account account, int compare, Group fleet) except -1:
     """:func:`kvgateway.state._apply_py._new_store`, the sets tested in one C loop."""
     size = event.block_size
     if size > 0:
         account.block_size = size
     return (
-        index.staleness.reason is None
+        not stale
         and not (event.token_ids and (compare == _COMPARE_ALL or (compare and event.parent_block_hash is None)))
         and _fresh(fleet.blocks, account.evicted, event.block_hashes)
     )
@@ -553,13 +609,16 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
     cdef Py_ssize_t n
     cdef long long fresh = 0
     cdef int compare
+    cdef bint stale
     cdef bint live = not replayed
+    cdef Account account  # a pure-Python Account here is a TypeError: the cores are chosen together
     sec = math.floor(now)
     observer = index.observer
     account = index.account
     if account is None and observer is not None:
         account = index.account = observer.account((index.source, index.dp_rank))
-    compare = COMPARE_NONE if observer is None else observer.comparing()
+    compare = COMPARE_NONE if observer is None else observer.compare
+    stale = index.staleness.reason is not None
     tokens = 0
     for event in batch.events:
         kind = type(event)
@@ -579,14 +638,14 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
             if kind is BlockStored:
                 if account is None or not med.gpu or not n:
                     grp.store(hashes)
-                elif _new_store(index, event, account, compare, fleet):
+                elif _new_store(stale, event, account, compare, fleet):
                     fresh += n
                     tokens += n * account.block_size
                     grp.store_new(hashes)
                 else:
                     if observer is not None:
                         observer.stored(index, event, batch.ts, now)
-                        compare = observer.comparing()
+                        compare = observer.compare
                     grp.store(hashes)
                 size = event.block_size
                 if size > 0:
@@ -608,5 +667,6 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
         elif kind is AllBlocksCleared:
             index.clear_blocks()
             index.staleness.cleared()
+            stale = index.staleness.reason is not None
     if fresh and account is not None:
-        account.add_new(fresh, tokens, now)
+        account.add(_NEW, fresh, tokens, now)

@@ -26,13 +26,15 @@ from kvgateway.log.staleness import Staleness
 from kvgateway.state.digest import MASK, elements_sum, prefix_state
 
 __all__ = [
+    "BUCKET_SECONDS",
     "DEFAULT_REFETCH_WINDOW_SECONDS",
     "MAX_EVICTED",
     "RATE_WINDOW_SECONDS",
+    "RECENT_SECONDS",
+    "Account",
     "Evictions",
     "Group",
     "Medium",
-    "StoreAccount",
     "StoreObserver",
     "StreamView",
     "apply_batch",
@@ -51,17 +53,16 @@ MAX_EVICTED: Final = 32_768
 COMPARE_NONE: Final = 0
 COMPARE_ROOTS: Final = 1
 COMPARE_ALL: Final = 2
-"""What :meth:`StoreObserver.comparing` says: no store's contents are compared; only those of a
+"""What :attr:`StoreObserver.compare` says: no store's contents are compared; only those of a
 chain's first event (the observer watches for a second hash family); every store with tokens."""
 
-
-class StoreAccount(Protocol):
-    """One stream's account at the observer (the prefill attribution's ``Account``)."""
-
-    block_size: int
-    evicted: Evictions
-
-    def add_new(self, blocks: int, tokens: int, now: float) -> None: ...
+HIT, OFFLOADED, REFETCH, ELSEWHERE, NEW = range(5)
+"""The origins of a stored block, in order of precedence (:mod:`kvgateway.state.attribution`):
+indexes into an :class:`Account`'s counts (``kvgateway.state.history.ORIGINS`` names them)."""
+ORIGIN_COUNT: Final = 5
+RECENT_SECONDS: Final = 300
+BUCKET_SECONDS: Final = 10
+_BUCKETS: Final = RECENT_SECONDS // BUCKET_SECONDS
 
 
 class StoreObserver(Protocol):
@@ -69,9 +70,11 @@ class StoreObserver(Protocol):
     every GPU remove after (the prefill attribution, :mod:`kvgateway.state.attribution`): it sees
     the state the event changes."""
 
-    def account(self, stream: Stream) -> StoreAccount: ...
+    compare: int
+    """Which stores the pass hands over (``COMPARE_*``): an attribute, not a call, because the pass
+    reads it once a batch and after every store it hands over."""
 
-    def comparing(self) -> int: ...
+    def account(self, stream: Stream) -> Account: ...
 
     # ``index``: the stream's StreamIndex (kvgateway/state/occupancy.py, which imports this module)
     def stored(self, index: Any, event: BlockStored, ts: float, now: float) -> None: ...
@@ -85,7 +88,7 @@ class StreamView(Protocol):
     source: str
     dp_rank: int
     observer: StoreObserver | None
-    account: StoreAccount | None
+    account: Account | None
     unknown_removes: int
     staleness: Staleness
 
@@ -137,6 +140,62 @@ class Evictions:
         evicted_at = self.current.pop(h, None)
         previous = self.previous.pop(h, None)
         return previous if evicted_at is None else evicted_at
+
+
+def _zeros() -> list[int]:
+    return [0] * ORIGIN_COUNT
+
+
+class Account:
+    """One stream's attributed stores: tokens and blocks per origin since start, tokens in
+    ten-second buckets for the last five minutes, the stream's last known block size and its GPU
+    evictions of the refetch window. Here, beside the pass, because the pass counts its common
+    case (``new``) into it once a batch and reads it per event: the compiled twin makes both C."""
+
+    __slots__ = (
+        "block_size",
+        "blocks",
+        "bucket_at",
+        "buckets",
+        "evicted",
+        "tokens",
+        "unattributed_blocks",
+        "unattributed_tokens",
+    )
+
+    def __init__(self, window: float = DEFAULT_REFETCH_WINDOW_SECONDS, bound: int = MAX_EVICTED) -> None:
+        self.tokens = _zeros()
+        self.blocks = _zeros()
+        self.unattributed_tokens = 0
+        self.unattributed_blocks = 0
+        self.block_size = 0
+        self.evicted = Evictions(window, bound)
+        self.bucket_at = [-1] * _BUCKETS
+        self.buckets = [_zeros() for _ in range(_BUCKETS)]
+
+    def add(self, origin: int, blocks: int, tokens: int, now: float) -> None:
+        self.tokens[origin] += tokens
+        self.blocks[origin] += blocks
+        at = int(now // BUCKET_SECONDS)
+        slot = at % _BUCKETS
+        if self.bucket_at[slot] != at:
+            self.bucket_at[slot] = at
+            self.buckets[slot] = _zeros()
+        self.buckets[slot][origin] += tokens
+
+    def add_new(self, blocks: int, tokens: int, now: float) -> None:
+        """Stores the pass found new (held nowhere, not evicted lately), a batch's at once."""
+        self.add(NEW, blocks, tokens, now)
+
+    def recent(self, now: float) -> list[int]:
+        """Tokens per origin over the last :data:`RECENT_SECONDS` (whole buckets)."""
+        at = int(now // BUCKET_SECONDS)
+        out = _zeros()
+        for bucket_at, counts in zip(self.bucket_at, self.buckets, strict=True):
+            if at - _BUCKETS < bucket_at <= at:
+                for i, n in enumerate(counts):
+                    out[i] += n
+        return out
 
 
 class Group:
@@ -361,14 +420,14 @@ class Medium:
         return sum(len(grp.blocks) for grp in self.groups.values())
 
 
-def _new_store(index: StreamView, event: BlockStored, account: StoreAccount, compare: int, fleet: Group) -> bool:
+def _new_store(stale: bool, event: BlockStored, account: Account, compare: int, fleet: Group) -> bool:
     """Whether a GPU store is the common case the pass counts itself (the stream is not stale, no
     content to compare, every hash held nowhere in the fleet and not evicted lately: ``new``); the
     account learns the event's block size either way, as the observer's ``stored`` does."""
     if event.block_size > 0:
         account.block_size = event.block_size
     return (
-        index.staleness.reason is None
+        not stale
         and not (event.token_ids and (compare == COMPARE_ALL or (compare and event.parent_block_hash is None)))
         and fleet.blocks.isdisjoint(event.block_hashes)
         and account.evicted.none_of(event.block_hashes)
@@ -386,19 +445,18 @@ def apply_batch(
 ) -> None:
     """Apply one delivered batch to ``index`` in order (:meth:`StreamIndex.apply`); ``routes``: its
     (raw medium, raw group_idx) -> group cache; ``fleet``: the fleet's holders."""
-    sec = math.floor(now)
-    live = not replayed
+    sec, live = math.floor(now), not replayed
     observer = index.observer
     account = index.account
     if account is None and observer is not None:  # the stream's first batch opens its account
         account = index.account = observer.account((index.source, index.dp_rank))
-    compare = COMPARE_NONE if observer is None else observer.comparing()
+    compare = COMPARE_NONE if observer is None else observer.compare
+    stale = index.staleness.reason is not None  # changed inside the pass only by a clear
     fresh = tokens = 0  # the stores found new here, counted once at the end
     for event in batch.events:
         if type(event) is BlockStored or type(event) is BlockRemoved:
             group_idx = event.extra.get("group_idx") if event.extra else None
-            if type(group_idx) is not int:
-                group_idx = None
+            group_idx = group_idx if type(group_idx) is int else None
             grp = routes.get((event.medium, group_idx))
             if grp is None:
                 grp = index.route(event.medium, group_idx)
@@ -409,14 +467,14 @@ def apply_batch(
             if type(event) is BlockStored:
                 if account is None or not med.gpu or not hashes:
                     grp.store(hashes)
-                elif _new_store(index, event, account, compare, fleet):
+                elif _new_store(stale, event, account, compare, fleet):
                     fresh += len(hashes)
                     tokens += len(hashes) * account.block_size
                     grp.store_new(hashes)
                 else:
                     if observer is not None:
                         observer.stored(index, event, batch.ts, now)
-                        compare = observer.comparing()  # a second hash family may show at any store
+                        compare = observer.compare  # a second hash family may show at any store
                     grp.store(hashes)
                 if event.block_size > 0:
                     med.block_size = event.block_size
@@ -433,5 +491,6 @@ def apply_batch(
         elif type(event) is AllBlocksCleared:
             index.clear_blocks()
             index.staleness.cleared()
+            stale = index.staleness.reason is not None
     if fresh and account is not None:
         account.add_new(fresh, tokens, now)

@@ -48,75 +48,33 @@ from typing import Any, Final
 from kvgateway.engine.mediums import medium_tier
 from kvgateway.engine.wire import BlockStored, Hash, Stream
 from kvgateway.runtime.metrics import StreamFamilies
-from kvgateway.state._apply_py import COMPARE_ALL, COMPARE_NONE, COMPARE_ROOTS
+from kvgateway.state._apply_py import (
+    COMPARE_ALL,
+    COMPARE_NONE,
+    COMPARE_ROOTS,
+    ELSEWHERE,
+    HIT,
+    NEW,
+    OFFLOADED,
+    ORIGIN_COUNT,
+    RECENT_SECONDS,
+    REFETCH,
+)
 from kvgateway.state.history import ORIGINS
 from kvgateway.state.learner import block_digests
-from kvgateway.state.occupancy import DEFAULT_REFETCH_WINDOW_SECONDS, MAX_EVICTED, Evictions, StreamIndex
+from kvgateway.state.occupancy import DEFAULT_REFETCH_WINDOW_SECONDS, MAX_EVICTED, Account, StreamIndex
 
-HIT, OFFLOADED, REFETCH, ELSEWHERE, NEW = range(5)
 MAX_CONTENT: Final = 131_072
 """Chain content keys remembered fleet-wide once content comparison started."""
 MAX_ROOTS: Final = 4_096
 """First-block digests remembered to notice a second hash family (the table restarts when full)."""
-RECENT_SECONDS: Final = 300
-BUCKET_SECONDS: Final = 10
-_BUCKETS: Final = RECENT_SECONDS // BUCKET_SECONDS
 _SECOND_CHANCES: Final = 4
 _HASHES_PER_CONTENT: Final = 4
 _M64: Final = (1 << 64) - 1
 
 
 def _zeros() -> list[int]:
-    return [0] * len(ORIGINS)
-
-
-class Account:
-    """One stream's counts: since start, and in ten-second buckets for the last five minutes."""
-
-    __slots__ = (
-        "block_size",
-        "blocks",
-        "bucket_at",
-        "buckets",
-        "evicted",
-        "tokens",
-        "unattributed_blocks",
-        "unattributed_tokens",
-    )
-
-    def __init__(self, window: float = DEFAULT_REFETCH_WINDOW_SECONDS, bound: int = MAX_EVICTED) -> None:
-        self.tokens = _zeros()
-        self.blocks = _zeros()
-        self.unattributed_tokens = 0
-        self.unattributed_blocks = 0
-        self.block_size = 0
-        self.evicted = Evictions(window, bound)
-        self.bucket_at = [-1] * _BUCKETS
-        self.buckets = [_zeros() for _ in range(_BUCKETS)]
-
-    def add(self, origin: int, blocks: int, tokens: int, now: float) -> None:
-        self.tokens[origin] += tokens
-        self.blocks[origin] += blocks
-        at = int(now // BUCKET_SECONDS)
-        slot = at % _BUCKETS
-        if self.bucket_at[slot] != at:
-            self.bucket_at[slot] = at
-            self.buckets[slot] = _zeros()
-        self.buckets[slot][origin] += tokens
-
-    def add_new(self, blocks: int, tokens: int, now: float) -> None:
-        """Stores the index's pass found new (held nowhere, not evicted lately), a batch's at once."""
-        self.add(NEW, blocks, tokens, now)
-
-    def recent(self, now: float) -> list[int]:
-        """Tokens per origin over the last :data:`RECENT_SECONDS` (whole buckets)."""
-        at = int(now // BUCKET_SECONDS)
-        out = _zeros()
-        for bucket_at, counts in zip(self.bucket_at, self.buckets, strict=True):
-            if at - _BUCKETS < bucket_at <= at:
-                for i, n in enumerate(counts):
-                    out[i] += n
-        return out
+    return [0] * ORIGIN_COUNT
 
 
 def shares(tokens: list[int]) -> dict[str, float | None]:
@@ -241,12 +199,24 @@ class Attribution:
         self.content = ContentKeys(max_content)
         self._accounts: dict[Stream, Account] = {}
         self._gpu: dict[str | None, bool] = {}
+        self.compare = COMPARE_NONE
+        """Which stores the index's pass must hand over rather than count as new itself: every one
+        with tokens once contents are compared, only a chain's first (which may show a second hash
+        family) while more than one stream is known, else none. Kept up to date by :meth:`account`
+        and :meth:`stored`, the only places that change it."""
 
     def account(self, stream: Stream) -> Account:
         account = self._accounts.get(stream)
         if account is None:
             account = self._accounts[stream] = Account(self.refetch_window, self.max_evicted)
+            self._compared()
         return account
+
+    def _compared(self) -> None:
+        if self.content.active:
+            self.compare = COMPARE_ALL
+        else:
+            self.compare = COMPARE_ROOTS if len(self._accounts) > 1 else COMPARE_NONE
 
     def _is_gpu(self, medium: str | None) -> bool:
         gpu = self._gpu.get(medium)
@@ -255,14 +225,6 @@ class Attribution:
             if len(self._gpu) < 256:  # medium names are not trusted: a bounded cache
                 self._gpu[medium] = gpu
         return gpu
-
-    def comparing(self) -> int:
-        """Which stores the index's pass must hand over rather than count as new itself: every one
-        with tokens once contents are compared, only a chain's first (which may show a second hash
-        family) while more than one stream is known, else none."""
-        if self.content.active:
-            return COMPARE_ALL
-        return COMPARE_ROOTS if len(self._accounts) > 1 else COMPARE_NONE
 
     def stored(self, index: StreamIndex, event: BlockStored, ts: float, now: float) -> None:
         hashes = event.block_hashes
@@ -277,7 +239,10 @@ class Attribution:
             account.unattributed_blocks += len(hashes)
             account.unattributed_tokens += len(hashes) * size
             return
-        keys = self.content.keys_of(event) if event.token_ids and len(self._accounts) > 1 else None
+        keys = None
+        if event.token_ids and len(self._accounts) > 1:
+            keys = self.content.keys_of(event)
+            self._compared()  # a second hash family may show here
         evicted = account.evicted
         if keys is None and index.fleet_holds_none(hashes) and evicted.none_of(hashes):
             self._count(stream, account, NEW, len(hashes), now)  # the common case, in C

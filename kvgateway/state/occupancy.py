@@ -34,27 +34,27 @@ from kvgateway.state._apply_py import (
     DEFAULT_REFETCH_WINDOW_SECONDS,
     MAX_EVICTED,
     RATE_WINDOW_SECONDS,
-    StoreAccount,
     StoreObserver,
 )
 from kvgateway.state.digest import MASK
 
 if TYPE_CHECKING:  # one API: the reference's
-    from kvgateway.state._apply_py import Evictions, Group, Medium, apply_batch
+    from kvgateway.state._apply_py import Account, Evictions, Group, Medium, apply_batch
 else:
     _chosen = load("kvgateway.state._apply_c") or _apply_py
-    Evictions, Group, Medium, apply_batch = _chosen.Evictions, _chosen.Group, _chosen.Medium, _chosen.apply_batch
+    Account, Evictions, Group, Medium = _chosen.Account, _chosen.Evictions, _chosen.Group, _chosen.Medium
+    apply_batch = _chosen.apply_batch
 
 __all__ = [
     "DEFAULT_MEDIUM",
     "DEFAULT_REFETCH_WINDOW_SECONDS",
     "MAX_EVICTED",
     "RATE_WINDOW_SECONDS",
+    "Account",
     "BlockGroup",
     "Evictions",
     "MediumStats",
     "OccupancyIndex",
-    "StoreAccount",
     "StoreObserver",
     "StreamIndex",
     "normalise_medium",
@@ -144,7 +144,7 @@ class StreamIndex:
         self._fleet = fleet if fleet is not None else Group(Medium())
         self.observer = observer
         """Told of the stores the index's pass does not attribute itself, and of GPU removes."""
-        self.account: StoreAccount | None = None
+        self.account: Account | None = None
         """The stream's account at the observer, opened by its first batch."""
         self.started = started
         """When counting began (the gateway's start): rates divide by the time since, up to the

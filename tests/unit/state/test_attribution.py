@@ -235,3 +235,26 @@ def _model_origin(refs: dict[tuple[str, str], Counter[int]], evicted: dict[str, 
     if any(held[h] > 0 for (other, _tier), held in refs.items() if other != source):
         return "elsewhere"
     return "new"
+
+
+def test_the_origins_names_follow_the_accounts_indexes() -> None:
+    """The pass counts by index (kvgateway/state/_apply_py.py); the documents and metrics by name."""
+    from kvgateway.state import _apply_py
+
+    indexes = [_apply_py.HIT, _apply_py.OFFLOADED, _apply_py.REFETCH, _apply_py.ELSEWHERE, _apply_py.NEW]
+    assert [ORIGINS[i] for i in indexes] == ["hit", "offloaded", "refetch", "elsewhere", "new"]
+    assert len(ORIGINS) == _apply_py.ORIGIN_COUNT
+
+
+def test_the_observer_says_what_to_compare_as_streams_and_families_appear() -> None:
+    from kvgateway.state._apply_py import COMPARE_ALL, COMPARE_NONE, COMPARE_ROOTS
+
+    observer = Attribution()
+    assert observer.compare == COMPARE_NONE
+    observer.account(("a", 0))
+    assert observer.compare == COMPARE_NONE  # one stream: no second family possible
+    observer.account(("b", 0))
+    assert observer.compare == COMPARE_ROOTS
+    observer.content.active = True  # as a second hash family makes it
+    observer.account(("c", 0))
+    assert observer.compare == COMPARE_ALL
