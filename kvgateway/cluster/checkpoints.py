@@ -12,10 +12,12 @@ The lease is a :class:`~kvgateway.cluster.leases.Leases` key, as the ingest proc
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import Final
 
 import msgspec
 from nats.js import JetStreamContext
@@ -35,6 +37,15 @@ logger = logging.getLogger("kvgateway.cluster.edge")
 
 LATEST = "latest"
 WRITER = "writer"
+
+READ_ATTEMPTS: Final = 5
+POINTER_POLL_SECONDS: Final = 1.0
+READ_SECONDS: Final = 60.0
+"""An object's read waits for its last chunk with no bound of its own (nats-py's ``ObjectStore.get``):
+if the writer replaces the checkpoint and drops the old one's chunks while a slow reader is still
+reading them, the last chunk never comes. So a read is abandoned once the pointer names another
+object (the new checkpoint is read instead, at most :data:`READ_ATTEMPTS` times), or after
+:data:`READ_SECONDS` (the edge then starts without a checkpoint, as when there is none)."""
 
 
 class Pointer(msgspec.Struct, frozen=True):
@@ -81,21 +92,49 @@ class CheckpointStore:
             self._objects = await self._js.create_object_store(self._bucket)
 
     async def latest(self) -> Found | None:
-        """The latest checkpoint written, or None (none yet, or its object was replaced meanwhile)."""
-        assert self._kv is not None and self._objects is not None
+        """The latest checkpoint written, or None (none yet, or none could be read: see
+        :data:`READ_SECONDS`)."""
+        for _ in range(READ_ATTEMPTS):
+            pointer = await self._pointer()
+            if pointer is None:
+                return None
+            try:
+                data = await self._read_unless_replaced(pointer)
+            except (NotFoundError, ObjectNotFoundError):
+                continue  # dropped after the pointer was read: the pointer names its successor now
+            except TimeoutError:
+                logger.warning("checkpoint %s not read within %.0f s: starting without", pointer.object, READ_SECONDS)
+                return None
+            if data is not None and len(data) == pointer.size:
+                return Found(pointer, data)
+        return None
+
+    async def _pointer(self) -> Pointer | None:
+        assert self._kv is not None
         try:
             entry = await self._kv.get(LATEST)
-            pointer = msgspec.json.decode(entry.value or b"", type=Pointer)
-            result = await self._objects.get(pointer.object)
-        except (KeyNotFoundError, NotFoundError, ObjectNotFoundError):
+            return msgspec.json.decode(entry.value or b"", type=Pointer)
+        except KeyNotFoundError:
             return None
         except msgspec.DecodeError as exc:
             logger.warning("checkpoint pointer unreadable, starting without: %s", exc)
             return None
-        data = result.data or b""
-        if len(data) != pointer.size:
-            return None  # replaced while it was read: the next start reads the new one
-        return Found(pointer, data)
+
+    async def _read_unless_replaced(self, pointer: Pointer) -> bytes | None:
+        """The object's bytes; None once the pointer names another object before they all came."""
+        assert self._objects is not None
+        reading = asyncio.ensure_future(self._objects.get(pointer.object))
+        try:
+            async with asyncio.timeout(READ_SECONDS):
+                while True:
+                    done, _ = await asyncio.wait({reading}, timeout=POINTER_POLL_SECONDS)
+                    if done:
+                        return reading.result().data or b""
+                    now = await self._pointer()
+                    if now is None or now.object != pointer.object:
+                        return None
+        finally:
+            reading.cancel()
 
     async def hold_lease(self, now: float | None = None) -> bool:
         """Take or renew the writer's lease; False while another edge holds it."""

@@ -151,3 +151,45 @@ def test_one_writer_at_a_time_holds_the_lease_and_another_takes_it_once_it_lapse
             await nats_link.close(nc)
 
     asyncio.run(scenario())
+
+
+def test_a_checkpoint_whose_chunks_are_gone_is_left_for_its_successor_or_given_up(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race a slow edge met at start under load (it never served): the writer replaced the
+    checkpoint and dropped the old one's chunks while the edge was reading them, and nats-py's read
+    waits for a last chunk that never comes. The state that race leaves is made here for real (the
+    object's meta still there, its chunks purged): the read moves to the successor once the pointer
+    names it, and gives up after the bound when none comes."""
+    from kvgateway.cluster import checkpoints, nats_link
+    from kvgateway.cluster.checkpoints import CheckpointStore
+    from kvgateway.config.cluster import NatsOptions
+
+    options = NatsOptions(servers=(nats_server.url,), stream="HALFREAD")
+    bucket = checkpoints.bucket_name(options)
+
+    async def scenario() -> None:
+        nc = await nats_link.connect(options)
+        try:
+            js = nc.jetstream()
+            reader, writer = (CheckpointStore(js, options, owner, lease_seconds=10) for owner in ("r", "w"))
+            await reader.open()
+            await writer.open()
+            await writer.write("epoch", 41, b"one" * 50_000)
+            info = await (await js.object_store(bucket)).get_info("epoch-41")
+            await js.purge_stream(f"OBJ_{bucket}", subject=f"$O.{bucket}.C.{info.nuid}")
+            reading = asyncio.ensure_future(reader.latest())
+            await asyncio.sleep(2 * checkpoints.POINTER_POLL_SECONDS)
+            assert not reading.done(), "the purged object's read waits, as nats-py's does"
+            await writer.write("epoch", 42, b"two")
+            found = await asyncio.wait_for(reading, 120)
+            assert found is not None and (found.pointer.offset, found.data) == (42, b"two")
+
+            info = await (await js.object_store(bucket)).get_info("epoch-42")
+            await js.purge_stream(f"OBJ_{bucket}", subject=f"$O.{bucket}.C.{info.nuid}")
+            monkeypatch.setattr(checkpoints, "READ_SECONDS", 3.0)
+            assert await asyncio.wait_for(reader.latest(), 120) is None, "no successor: started without"
+        finally:
+            await nats_link.close(nc)
+
+    asyncio.run(scenario())
