@@ -1,5 +1,5 @@
 """The gateway's whole per-batch path in one process, without sockets:
-``python -m bench.path [--smoke] [--batches N] [--rounds R] [--base DIR [--pairs N]]``.
+``python -m bench.path [--smoke] [--batches N] [--rounds R] [--base DIR | --attribution] [--pairs N]``.
 
 What the gateway does with each message of scenario 1's flood short of the sockets: split, decode,
 the stream's sequencer and outlet, the ring log and its six followers (the index with the prefill
@@ -15,6 +15,11 @@ each side in its own process (this file run with that tree as the working direct
 alternating and the order reversed every other pair; per variant the ratio new / base of each pair,
 their median and range. Same-run ratios: on a loaded machine the figures alone mean little. Both
 sides run with one hash seed, so byte hashes sample alike in the analytics.
+
+``--attribution``: the prefill attribution's cost (issue 30), this tree's path with it ("new")
+against the same path with the index given no observer ("base", as a gateway without the
+attribution), in pairs the same way: the ingest CPU per batch it adds, without the publisher and
+the client sharing the cores as they do in ``bench.ab``.
 """
 
 from __future__ import annotations
@@ -54,14 +59,17 @@ def _say(text: str) -> None:
     print(f"[bench.path] {text}", file=sys.stderr, flush=True)
 
 
-def _gateway() -> tuple[StreamOutlet, Sequencer, Subscription]:
-    """One stream's outlet and sequencer over a fresh serving half, with one client subscribed."""
+def _gateway(attribution: bool = True) -> tuple[Serving, StreamOutlet, Sequencer, Subscription]:
+    """A fresh serving half, one stream's outlet and sequencer over it and one client subscribed;
+    without ``attribution`` the index is given no observer before its first stream opens."""
     source = SourceConfig(name="bench", endpoint="tcp://127.0.0.1:1", replay="tcp://127.0.0.1:2")
     settings = Settings(sources=(source,), client_queue_bytes=2**30)
     serving = Serving(settings, Metrics())
+    if not attribution:
+        serving.index.observer = None
     outlet = StreamOutlet(settings.streams()[0], serving.log, clock=time.time)
     client = serving.subscribe_held(ClientRequest(ClientFilter()), "ws")
-    return outlet, Sequencer(has_replay=True), client
+    return serving, outlet, Sequencer(has_replay=True), client
 
 
 def _run(messages: list[list[bytes]], outlet: StreamOutlet, sequencer: Sequencer, client: Subscription) -> None:
@@ -81,7 +89,7 @@ def _run(messages: list[list[bytes]], outlet: StreamOutlet, sequencer: Sequencer
             client.written()
 
 
-def measure(variant: str, batches: int, rounds: int) -> float:
+def measure(variant: str, batches: int, rounds: int, attribution: bool = True) -> float:
     """The best round's CPU microseconds per batch, over ``batches`` after the warm-up."""
     form, hashes = VARIANTS[variant]
     stream = payloads.load_or_generate(payloads.standard(30_000, form, hashes)).stream(0)
@@ -90,7 +98,7 @@ def measure(variant: str, batches: int, rounds: int) -> float:
     warm, timed = messages[:WARM], messages[WARM:]
     best = float("inf")
     for _ in range(rounds):
-        outlet, sequencer, client = _gateway()
+        _, outlet, sequencer, client = _gateway(attribution)
         _run(warm, outlet, sequencer, client)
         gc.collect()
         started = time.process_time()
@@ -99,10 +107,14 @@ def measure(variant: str, batches: int, rounds: int) -> float:
     return round(best / len(timed) * 1e6, 2)
 
 
-def _side(tree: Path, variant: str, batches: int, rounds: int) -> float:
-    """:func:`measure` in a process of ``tree``'s gateway (and its bench package)."""
+Side = tuple[Path, tuple[str, ...]]  # a checkout, and the flags its side runs with
+
+
+def _side(side: Side, variant: str, batches: int, rounds: int) -> float:
+    """:func:`measure` in a process of the side's tree (its gateway and its bench package)."""
+    tree, flags = side
     code = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-    args = [__file__, "--one", variant, "--batches", str(batches), "--rounds", str(rounds)]
+    args = [__file__, "--one", variant, "--batches", str(batches), "--rounds", str(rounds), *flags]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     proc = subprocess.run(
         [sys.executable, "-c", code, *args], cwd=tree, env=env, capture_output=True, text=True, check=False
@@ -112,13 +124,12 @@ def _side(tree: Path, variant: str, batches: int, rounds: int) -> float:
     return float(json.loads(proc.stdout)["us_per_batch"])
 
 
-def against(base: Path, variant: str, batches: int, rounds: int, pairs: int) -> dict[str, Any]:
-    """This tree against ``base``, ``pairs`` pairs alternating: per pair both figures and the ratio."""
-    trees = {"new": REPO, "base": base.resolve()}
+def against(sides: dict[str, Side], variant: str, batches: int, rounds: int, pairs: int) -> dict[str, Any]:
+    """Side "new" against side "base", ``pairs`` pairs alternating: per pair both figures and the ratio."""
     runs = []
     for n in range(pairs):
         order = ("new", "base") if n % 2 == 0 else ("base", "new")
-        pair: dict[str, Any] = {side: _side(trees[side], variant, batches, rounds) for side in order}
+        pair: dict[str, Any] = {side: _side(sides[side], variant, batches, rounds) for side in order}
         pair |= {"ratio": round(pair["new"] / pair["base"], 4), "load": os.getloadavg()[0]}
         _say(f"{variant} pair {n + 1}/{pairs}: {pair}")
         runs.append(pair)
@@ -139,16 +150,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, help="timed batches per round (default 9,000; smoke 200)")
     parser.add_argument("--rounds", type=int, help="rounds, the best kept (default 5; smoke 1)")
     parser.add_argument("--base", type=Path, help="another checkout to measure against, alternating")
-    parser.add_argument("--pairs", type=int, default=6, help="A/B pairs per variant with --base")
-    parser.add_argument("--one", choices=tuple(VARIANTS), help=argparse.SUPPRESS)  # a side of --base
+    parser.add_argument("--attribution", action="store_true", help="the prefill attribution on against off")
+    parser.add_argument("--pairs", type=int, default=6, help="A/B pairs per variant with --base or --attribution")
+    parser.add_argument("--one", choices=tuple(VARIANTS), help=argparse.SUPPRESS)  # a side of a pair
+    parser.add_argument("--no-attribution", action="store_true", help=argparse.SUPPRESS)  # its base side
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     batches = args.batches or (200 if args.smoke else 9_000)
     rounds = args.rounds or (1 if args.smoke else 5)
     if min(batches, rounds, args.pairs) < 1:
         parser.error("sizes must be at least 1")
+    if args.base is not None and args.attribution:
+        parser.error("--base and --attribution are two different pairs: give one")
     if args.one is not None:
-        print(json.dumps({"us_per_batch": measure(args.one, batches, rounds)}))
+        print(json.dumps({"us_per_batch": measure(args.one, batches, rounds, not args.no_attribution)}))
         return 0
     out: dict[str, Any] = {
         "mode": "smoke" if args.smoke else "full",
@@ -156,11 +171,17 @@ def main(argv: list[str] | None = None) -> int:
         "code": _commit(),
         "python": sys.version.split()[0],
     }
-    if args.base is None:
+    sides: dict[str, Side] | None = None
+    if args.base is not None:
+        out["base"] = str(args.base)
+        sides = {"new": (REPO, ()), "base": (args.base.resolve(), ())}
+    elif args.attribution:
+        out["base"] = "this tree without the prefill attribution"
+        sides = {"new": (REPO, ()), "base": (REPO, ("--no-attribution",))}
+    if sides is None:
         out["us_per_batch"] = {name: measure(name, batches, rounds) for name in VARIANTS}
     else:
-        out["base"] = str(args.base)
-        out["ab"] = {name: against(args.base, name, batches, rounds, args.pairs) for name in VARIANTS}
+        out["ab"] = {name: against(sides, name, batches, rounds, args.pairs) for name in VARIANTS}
     _say(f"wrote {write_run(out, args.results_dir)}")
     return 0
 

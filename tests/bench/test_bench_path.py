@@ -25,3 +25,29 @@ def test_path_bench_against_a_base_alternates_the_pairs(tmp_path: Path) -> None:
         assert list(first)[:2] == ["new", "base"] and list(second)[:2] == ["base", "new"]
         assert figures["ratio_low"] <= figures["ratio"] <= figures["ratio_high"]
         assert first["ratio"] == round(first["new"] / first["base"], 4)
+
+
+def test_path_bench_attribution_pairs_run_the_same_tree_with_and_without_it(tmp_path: Path) -> None:
+    printed = run_bench("bench.path", "--smoke", "--attribution", "--pairs", "2", "--results-dir", str(tmp_path))
+    assert printed["base"] == "this tree without the prefill attribution"
+    for figures in printed["ab"].values():
+        first, second = figures["pairs"]
+        assert list(first)[:2] == ["new", "base"] and list(second)[:2] == ["base", "new"]
+        assert all(pair["new"] > 0 and pair["base"] > 0 for pair in (first, second))
+
+
+def test_the_base_side_of_the_attribution_pairs_counts_nothing() -> None:
+    """The off side is the gateway without the attribution: its account stays empty, the on side's
+    does not, over the same batches."""
+    from bench import path, payloads
+
+    form, hashes = path.VARIANTS["map"]
+    stream = payloads.load_or_generate(payloads.standard(30_000, form, hashes)).stream(0)[:300]
+    messages = [[b"", path.wire.seq_bytes(seq), payload] for seq, payload in enumerate(stream)]
+    tokens: dict[bool, int] = {}
+    for attribution in (True, False):
+        serving, outlet, sequencer, client = path._gateway(attribution)
+        path._run(messages, outlet, sequencer, client)
+        assert serving.index.resident_blocks() > 0
+        tokens[attribution] = sum(serving.attribution.totals([("bench", 0)]))
+    assert tokens[True] > 0 and tokens[False] == 0
