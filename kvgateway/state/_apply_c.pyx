@@ -175,19 +175,74 @@ cdef inline bint _table_pop(Table* table, uint64_t key, double* ts) noexcept nog
 
 
 cdef int _table_clear(Table* table) except -1:
-    """Empty, back to its smallest size (a generation dropped at the bound gives its memory back)."""
+    """Empty, back to its smallest size (a generation the window leaves behind gives its memory back)."""
     PyMem_Free(table.slots)
     table.slots = NULL
     return _table_init(table, _MIN_SLOTS)
 
 
+cdef int _table_empty(Table* table, Py_ssize_t bound) except -1:
+    """Empty, keeping its slots if ``bound`` entries need as many: a generation dropped at the bound
+    fills again at the same rate, and growing back from 16 slots rehashed each entry about once
+    more (and zeroed twice the memory). A table grown past the bound's size (by the one ``add`` that
+    crossed it) goes back to the smallest size, so the bound's memory holds."""
+    cdef Py_ssize_t slots = <Py_ssize_t>(table.mask + 1)
+    if bound * 4 <= (slots // 2) * 3:  # the bound fits in half of it: more slots than it needs
+        return _table_clear(table)
+    memset(table.slots, 0, <size_t>slots * sizeof(Slot))
+    table.n = 0
+    table.has_zero = False
+    return 0
+
+
+cdef extern from *:
+    """
+    /* An int's digits, read where Cython reads them (its own macros, expanded where these are used,
+       after Cython defines them): 30-bit digits on every CPython this package supports. */
+    #if CYTHON_USE_PYLONG_INTERNALS && PYLONG_BITS_IN_DIGIT == 30
+      #define KV_LONG_DIGITS_READ 1
+      #define KV_LONG_NEGATIVE(h) __Pyx_PyLong_IsNeg(h)
+      #define KV_LONG_DIGIT_COUNT(h) __Pyx_PyLong_DigitCount(h)
+      #define KV_LONG_DIGIT(h, i) ((uint64_t)__Pyx_PyLong_Digits(h)[i])
+    #else
+      #define KV_LONG_DIGITS_READ 0
+      #define KV_LONG_NEGATIVE(h) 0
+      #define KV_LONG_DIGIT_COUNT(h) 0
+      #define KV_LONG_DIGIT(h, i) 0
+    #endif
+    """
+    bint KV_LONG_DIGITS_READ
+    bint KV_LONG_NEGATIVE(object h) noexcept
+    Py_ssize_t KV_LONG_DIGIT_COUNT(object h) noexcept
+    uint64_t KV_LONG_DIGIT(object h, Py_ssize_t i) noexcept
+
+
 cdef inline bint _u64(object h, uint64_t* key) except -1:
     """Whether ``h`` is an int of 0 to 2**64-1 (then in ``key``): the engines' hashes. Any other hash
-    (bytes, a negative or larger int) is kept in a dict beside the table, as the reference keeps all."""
+    (bytes, a negative or larger int) is kept in a dict beside the table, as the reference keeps all.
+    Read from its digits where Cython can (a 64-bit hash has three of 30 bits: Cython's own
+    conversion takes CPython's general path for three, and a try block around it cost as much
+    again); otherwise converted, an overflow saying it is out of range."""
+    cdef Py_ssize_t size
     if type(h) is not int:
         return False
+    if KV_LONG_DIGITS_READ:
+        if KV_LONG_NEGATIVE(h):
+            return False
+        size = KV_LONG_DIGIT_COUNT(h)
+        if size == 0:
+            key[0] = 0
+        elif size == 1:
+            key[0] = KV_LONG_DIGIT(h, 0)
+        elif size == 2:
+            key[0] = (KV_LONG_DIGIT(h, 1) << 30) | KV_LONG_DIGIT(h, 0)
+        elif size == 3 and KV_LONG_DIGIT(h, 2) < 16:  # 4 bits above the 60 of the two below
+            key[0] = (KV_LONG_DIGIT(h, 2) << 60) | (KV_LONG_DIGIT(h, 1) << 30) | KV_LONG_DIGIT(h, 0)
+        else:
+            return False  # 2**64 or more
+        return True
     try:
-        key[0] = h  # a negative or larger int raises here: no Python comparison for the common hash
+        key[0] = h  # a negative or larger int raises here
     except OverflowError:
         return False
     return True
@@ -205,7 +260,7 @@ cdef class Evictions:
     cdef dict _current_other
     cdef dict _previous_other
     cdef public object window
-    cdef public object bound
+    cdef public Py_ssize_t bound
     cdef public object since
     cdef public object dropped
 
@@ -252,7 +307,7 @@ cdef class Evictions:
 
     cdef int _drop_current(self) except -1:
         self.dropped += <Py_ssize_t>self._current.n + len(self._current_other)
-        _table_clear(&self._current)
+        _table_empty(&self._current, self.bound)
         self._current_other = {}
         return 0
 
@@ -260,7 +315,7 @@ cdef class Evictions:
         cdef Table spare
         cdef uint64_t key = 0  # set through a pointer by _u64
         cdef double at = 0
-        bound = self.bound
+        cdef Py_ssize_t bound = self.bound
         if ts - self.since > self.window:  # the generations move on: the previous one is forgotten
             spare = self._previous
             self._previous, self._previous_other = self._current, self._current_other
@@ -275,7 +330,7 @@ cdef class Evictions:
                 self._current_other[h] = ts
         if self._size() > bound:
             self.dropped += <Py_ssize_t>self._previous.n + len(self._previous_other)
-            _table_clear(&self._previous)
+            _table_clear(&self._previous)  # not filled again before the window turns
             self._previous_other = {}
             if <Py_ssize_t>self._current.n + len(self._current_other) > bound:
                 self._drop_current()
@@ -286,7 +341,9 @@ cdef class Evictions:
             if _u64(h, &key):
                 if _table_has(&self._current, key) or _table_has(&self._previous, key):
                     return True
-            elif h in self._current_other or h in self._previous_other:
+            elif (self._current_other and h in self._current_other) or (
+                self._previous_other and h in self._previous_other
+            ):  # most streams' hashes are all ints: no lookup in an empty dict
                 return True
         return False
 

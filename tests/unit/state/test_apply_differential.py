@@ -245,6 +245,30 @@ def test_the_compiled_evictions_table_grows_and_deletes_as_the_reference_forgets
         assert not any(both[1].none_of([h]) for h in [*both[0].current, *both[0].previous])
 
 
+EDGES: list[Hash] = [
+    *(2**k + d for k in (0, 29, 30, 31, 59, 60, 61, 63, 64) for d in (-1, 0, 1)),
+    (15 << 60) | 12_345,  # a three-digit hash whose top digit is the largest that fits
+    (17 << 60) + 3,  # one whose top digit does not
+    2**90 + 7,
+    -1,
+    -(2**30),
+    -(2**64),
+]
+
+
+def test_the_compiled_evictions_read_every_digit_of_a_hash_at_the_digit_edges() -> None:
+    """Ints at the edges of 30-bit digits and of 64 bits: each shows as itself (a digit lost or
+    shifted wrong shows another int), is found and is taken back, as the reference does."""
+    compiled = _compiled("kvgateway.state._apply_c")
+    both = [module.Evictions(3.0, 1_000) for module in (_apply_py, compiled)]
+    for evictions in both:
+        evictions.add(EDGES, 1.0)
+    assert both[1].current == both[0].current == dict.fromkeys(EDGES, 1.0)
+    assert all(not e.none_of([h]) for e in both for h in EDGES)
+    assert [both[1].take(h) for h in EDGES] == [both[0].take(h) for h in EDGES] == [1.0] * len(EDGES)
+    assert both[1].size == both[0].size == 0
+
+
 def test_the_public_index_runs_the_chosen_pass() -> None:
     from kvgateway.runtime import extensions
 
