@@ -8,9 +8,10 @@ digests and the attribution's counts are the reference's (checked by
 tests/unit/state/test_apply_differential.py). What changes is the cost around the set operations:
 the groups' and mediums' fields are C struct members, their methods C calls, and the per-event loop
 runs without the interpreter. One structure differs inside, not in what it shows: a stream's GPU
-evictions (:class:`Evictions`) keep each generation in a flat C table of (u64 hash, engine time),
-16 bytes a slot, rather than a dict of Python ints and floats: no object per eviction, an evicted
-hash's int freed with its block, and a lookup one probe into one array.
+evictions (:class:`Evictions`) keep each generation in flat C tables of (hash, engine time), 16
+bytes a slot for u64 hashes and 48 for 32-byte ones, rather than a dict of Python hashes and
+floats: no object per eviction, an evicted hash's int or bytes freed with its block, and a lookup
+one probe into one array (other hashes, rare, in a dict beside them).
 
 Counts are Python objects where a value comes from the wire or a clock unbounded (a block size, a
 second), so no value a Python int holds can overflow here.
@@ -20,9 +21,10 @@ from collections import Counter
 import math
 
 cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport uint64_t
-from libc.string cimport memset
+from libc.string cimport memcmp, memcpy, memset
 
 from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored
 from kvgateway.state._apply_py import (
@@ -50,10 +52,18 @@ cdef struct Slot:
     double ts
 
 
+cdef enum:
+    CONTENT = 32  # the bytes of a content-keyed slot: a sha256 block hash (vLLM's raw-bytes hashes)
+
+
 cdef struct Table:
     # Open addressing, linear probing, at most 3/4 full: one probe (one cache line) answers most
     # lookups. Deletion shifts the entries after a freed slot back (no tombstones).
+    # Two kinds share the code: keyed by a u64 hash itself (``content`` NULL), or by 32-byte hashes
+    # (``content`` holds each slot's bytes; ``key`` a non-zero fingerprint of them, compared first,
+    # so a lookup of an absent hash touches the slots alone).
     Slot* slots
+    unsigned char* content
     size_t mask
     size_t n  # entries, hash 0 included
     bint has_zero
@@ -73,39 +83,68 @@ cdef inline size_t _mix(uint64_t key) noexcept nogil:
     return <size_t>key
 
 
-cdef int _table_init(Table* table, size_t slots) except -1:
+cdef inline uint64_t _fingerprint(const unsigned char* data) noexcept nogil:
+    """A non-zero 64-bit fingerprint of 32 bytes: the four words weighed by odd constants, so that
+    hashes alike in all but one word, or of four equal words, still differ (the table mixes it again
+    for the slot); equal fingerprints are told apart by the bytes."""
+    cdef uint64_t w0, w1, w2, w3
+    memcpy(&w0, data, 8)
+    memcpy(&w1, data + 8, 8)
+    memcpy(&w2, data + 16, 8)
+    memcpy(&w3, data + 24, 8)
+    cdef uint64_t fp = w0 + w1 * 0x9e3779b97f4a7c15ULL + w2 * 0xc2b2ae3d27d4eb4fULL + w3 * 0x165667b19e3779f9ULL
+    return fp if fp else 1
+
+
+cdef int _table_init(Table* table, size_t slots, bint content) except -1:
     table.slots = <Slot*>PyMem_Malloc(slots * sizeof(Slot))  # traced by tracemalloc, as a dict's table is
     if table.slots is NULL:
         raise MemoryError()
     memset(table.slots, 0, slots * sizeof(Slot))
+    table.content = NULL
+    if content:
+        table.content = <unsigned char*>PyMem_Malloc(slots * CONTENT)
+        if table.content is NULL:
+            PyMem_Free(table.slots)
+            table.slots = NULL
+            raise MemoryError()
     table.mask = slots - 1
     table.n = 0
     table.has_zero = False
     return 0
 
 
-cdef inline Py_ssize_t _table_find(Table* table, uint64_t key) noexcept nogil:
-    """The slot of a non-zero ``key``, or -1."""
+cdef inline Py_ssize_t _table_find(Table* table, uint64_t key, const unsigned char* data) noexcept nogil:
+    """The slot of a non-zero ``key`` (with ``data``, its bytes, in a content table), or -1."""
     cdef size_t i = _mix(key) & table.mask
     while table.slots[i].key:
-        if table.slots[i].key == key:
+        if table.slots[i].key == key and (
+            table.content is NULL or memcmp(table.content + i * CONTENT, data, CONTENT) == 0
+        ):
             return <Py_ssize_t>i
         i = (i + 1) & table.mask
     return -1
 
 
-cdef inline bint _table_has(Table* table, uint64_t key) noexcept nogil:
-    return table.has_zero if key == 0 else _table_find(table, key) >= 0
+cdef inline bint _table_has(Table* table, uint64_t key, const unsigned char* data) noexcept nogil:
+    return table.has_zero if key == 0 else _table_find(table, key, data) >= 0
+
+
+cdef inline void _table_move(Table* table, size_t to, size_t frm) noexcept nogil:
+    table.slots[to] = table.slots[frm]
+    if table.content is not NULL:
+        memcpy(table.content + to * CONTENT, table.content + frm * CONTENT, CONTENT)
 
 
 cdef int _table_grow(Table* table) except -1:
     cdef Slot* old = table.slots
+    cdef unsigned char* old_content = table.content
     cdef size_t count = table.mask + 1
     cdef size_t i, j
     cdef size_t n = table.n
     cdef bint has_zero = table.has_zero
     cdef double zero = table.zero
-    _table_init(table, count * 2)
+    _table_init(table, count * 2, old_content is not NULL)
     table.n = n
     table.has_zero, table.zero = has_zero, zero
     for i in range(count):
@@ -114,11 +153,14 @@ cdef int _table_grow(Table* table) except -1:
             while table.slots[j].key:
                 j = (j + 1) & table.mask
             table.slots[j] = old[i]
+            if old_content is not NULL:
+                memcpy(table.content + j * CONTENT, old_content + i * CONTENT, CONTENT)
     PyMem_Free(old)
+    PyMem_Free(old_content)
     return 0
 
 
-cdef int _table_set(Table* table, uint64_t key, double ts) except -1:
+cdef inline int _table_set(Table* table, uint64_t key, const unsigned char* data, double ts) except -1:
     cdef size_t i
     if key == 0:
         table.n += not table.has_zero
@@ -128,12 +170,16 @@ cdef int _table_set(Table* table, uint64_t key, double ts) except -1:
         _table_grow(table)
     i = _mix(key) & table.mask
     while table.slots[i].key:
-        if table.slots[i].key == key:
+        if table.slots[i].key == key and (
+            table.content is NULL or memcmp(table.content + i * CONTENT, data, CONTENT) == 0
+        ):
             table.slots[i].ts = ts
             return 0
         i = (i + 1) & table.mask
     table.slots[i].key = key
     table.slots[i].ts = ts
+    if table.content is not NULL:
+        memcpy(table.content + i * CONTENT, data, CONTENT)
     table.n += 1
     return 0
 
@@ -150,13 +196,13 @@ cdef void _table_delete(Table* table, size_t i) noexcept nogil:
         # the entry at j stays where it is if its home lies cyclically in (i, j]
         if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
             continue
-        table.slots[i] = table.slots[j]
+        _table_move(table, i, j)
         i = j
     table.slots[i].key = 0
     table.n -= 1
 
 
-cdef inline bint _table_pop(Table* table, uint64_t key, double* ts) noexcept nogil:
+cdef inline bint _table_pop(Table* table, uint64_t key, const unsigned char* data, double* ts) noexcept nogil:
     """Forget ``key``; whether it was there (its time in ``ts``)."""
     cdef Py_ssize_t i
     if key == 0:
@@ -166,7 +212,7 @@ cdef inline bint _table_pop(Table* table, uint64_t key, double* ts) noexcept nog
         table.has_zero = False
         table.n -= 1
         return True
-    i = _table_find(table, key)
+    i = _table_find(table, key, data)
     if i < 0:
         return False
     ts[0] = table.slots[i].ts
@@ -174,11 +220,18 @@ cdef inline bint _table_pop(Table* table, uint64_t key, double* ts) noexcept nog
     return True
 
 
+cdef void _table_free(Table* table) noexcept:
+    PyMem_Free(table.slots)
+    PyMem_Free(table.content)
+    table.slots = NULL
+    table.content = NULL
+
+
 cdef int _table_clear(Table* table) except -1:
     """Empty, back to its smallest size (a generation the window leaves behind gives its memory back)."""
-    PyMem_Free(table.slots)
-    table.slots = NULL
-    return _table_init(table, _MIN_SLOTS)
+    cdef bint content = table.content is not NULL
+    _table_free(table)
+    return _table_init(table, _MIN_SLOTS, content)
 
 
 cdef int _table_empty(Table* table, Py_ssize_t bound) except -1:
@@ -248,31 +301,119 @@ cdef inline bint _u64(object h, uint64_t* key) except -1:
     return True
 
 
+cdef enum:
+    _INT = 0  # an int of 0 to 2**64-1: the u64 table, keyed by itself
+    _BYTES = 1  # bytes of CONTENT length: the content table, keyed by its fingerprint and bytes
+    _OTHER = 2  # any other hash: the dict
+
+
+cdef struct Key:
+    int kind
+    uint64_t key
+    const unsigned char* data  # a _BYTES hash's own buffer (alive while the hash is)
+
+
+cdef inline int _key_of(object h, Key* k) except -1:
+    if _u64(h, &k.key):
+        k.kind = _INT
+    elif type(h) is bytes and PyBytes_GET_SIZE(h) == CONTENT:
+        k.kind = _BYTES
+        k.data = <const unsigned char*>PyBytes_AS_STRING(h)
+        k.key = _fingerprint(k.data)
+    else:
+        k.kind = _OTHER
+    return 0
+
+
+@cython.final
+cdef class _Generation:
+    """One generation of :class:`Evictions`: the engines' two kinds of hash in C tables (u64 ints,
+    32-byte hashes), any other hash in a dict, each with its engine time."""
+
+    cdef Table ints
+    cdef Table blobs
+    cdef dict other
+
+    def __cinit__(self):
+        _table_init(&self.ints, _MIN_SLOTS, False)
+        _table_init(&self.blobs, _MIN_SLOTS, True)
+        self.other = {}
+
+    def __dealloc__(self):
+        _table_free(&self.ints)
+        _table_free(&self.blobs)
+
+    cdef inline Py_ssize_t size(self):
+        return <Py_ssize_t>(self.ints.n + self.blobs.n) + len(self.other)
+
+    cdef inline int set(self, Key* k, object h, double at, object ts) except -1:
+        if k.kind == _INT:
+            _table_set(&self.ints, k.key, NULL, at)
+        elif k.kind == _BYTES:
+            _table_set(&self.blobs, k.key, k.data, at)
+        else:
+            self.other[h] = ts
+        return 0
+
+    cdef inline bint has(self, Key* k, object h) except -1:
+        if k.kind == _INT:
+            return _table_has(&self.ints, k.key, NULL)
+        if k.kind == _BYTES:
+            return _table_has(&self.blobs, k.key, k.data)
+        return bool(self.other) and h in self.other  # most streams' dict is empty: no lookup
+
+    cdef object pop(self, Key* k, object h):
+        cdef double at = 0
+        if k.kind == _OTHER:
+            return self.other.pop(h, None)
+        if _table_pop(&self.ints if k.kind == _INT else &self.blobs, k.key, k.data, &at):
+            return at
+        return None
+
+    cdef dict shown(self):
+        cdef size_t i
+        cdef const char* content = <const char*>self.blobs.content
+        out = {0: self.ints.zero} if self.ints.has_zero else {}
+        for i in range(self.ints.mask + 1):
+            if self.ints.slots[i].key:
+                out[self.ints.slots[i].key] = self.ints.slots[i].ts
+        for i in range(self.blobs.mask + 1):
+            if self.blobs.slots[i].key:
+                out[content[i * CONTENT : (i + 1) * CONTENT]] = self.blobs.slots[i].ts
+        out.update(self.other)
+        return out
+
+    cdef int clear(self) except -1:
+        _table_clear(&self.ints)
+        _table_clear(&self.blobs)
+        self.other = {}
+        return 0
+
+    cdef int empty(self, Py_ssize_t bound) except -1:
+        _table_empty(&self.ints, bound)
+        _table_empty(&self.blobs, bound)
+        self.other = {}
+        return 0
+
+
 cdef class Evictions:
     """The compiled twin of :class:`kvgateway.state._apply_py.Evictions` (see there): the same two
-    generations, each a C table of (hash, engine time) with no Python object per eviction (an
-    evicted hash's int is freed with its block, as without the attribution), and a dict beside it
-    for the hashes that are not unsigned 64-bit ints. Each generation shows as the reference's
-    dict (``current``, ``previous``; built on demand, for tests and inspection)."""
+    generations, each holding the engines' hashes in flat C tables of (hash, engine time) with no
+    Python object per eviction: a u64 hash's int and a 32-byte hash's bytes are freed with their
+    block, as without the attribution (the 32 bytes copied into the table). Any other hash is kept
+    in a dict beside them. Each generation shows as the reference's dict (``current``,
+    ``previous``; built on demand, for tests and inspection)."""
 
-    cdef Table _current
-    cdef Table _previous
-    cdef dict _current_other
-    cdef dict _previous_other
+    cdef _Generation _current
+    cdef _Generation _previous
     cdef public object window
     cdef public Py_ssize_t bound
     cdef public object since
     cdef public object dropped
 
     def __cinit__(self):
-        _table_init(&self._current, _MIN_SLOTS)
-        _table_init(&self._previous, _MIN_SLOTS)
-        self._current_other = {}
-        self._previous_other = {}
-
-    def __dealloc__(self):
-        PyMem_Free(self._current.slots)
-        PyMem_Free(self._previous.slots)
+        self._current = _Generation()
+        self._previous = _Generation()
 
     def __init__(self, window=DEFAULT_REFETCH_WINDOW_SECONDS, bound=MAX_EVICTED):
         self.window = window
@@ -280,70 +421,44 @@ cdef class Evictions:
         self.since = -math.inf
         self.dropped = 0
 
-    @staticmethod
-    cdef dict _shown(Table* table, dict other):
-        cdef size_t i
-        out = {0: table.zero} if table.has_zero else {}
-        for i in range(table.mask + 1):
-            if table.slots[i].key:
-                out[table.slots[i].key] = table.slots[i].ts
-        out.update(other)
-        return out
-
     @property
     def current(self):
-        return Evictions._shown(&self._current, self._current_other)
+        return self._current.shown()
 
     @property
     def previous(self):
-        return Evictions._shown(&self._previous, self._previous_other)
-
-    cdef inline Py_ssize_t _size(self):
-        return <Py_ssize_t>(self._current.n + self._previous.n) + len(self._current_other) + len(self._previous_other)
+        return self._previous.shown()
 
     @property
     def size(self):
-        return self._size()
-
-    cdef int _drop_current(self) except -1:
-        self.dropped += <Py_ssize_t>self._current.n + len(self._current_other)
-        _table_empty(&self._current, self.bound)
-        self._current_other = {}
-        return 0
+        return self._current.size() + self._previous.size()
 
     cpdef add(self, hashes, ts):
-        cdef Table spare
-        cdef uint64_t key = 0  # set through a pointer by _u64
+        cdef Key k
+        cdef _Generation spare
         cdef double at = 0
         cdef Py_ssize_t bound = self.bound
         if ts - self.since > self.window:  # the generations move on: the previous one is forgotten
             spare = self._previous
-            self._previous, self._previous_other = self._current, self._current_other
-            self._current, self._current_other = spare, {}
-            _table_clear(&self._current)
+            spare.clear()  # its memory back: the new generation grows as it fills
+            self._previous, self._current = self._current, spare
             self.since = ts
         at = ts
         for h in hashes:
-            if _u64(h, &key):
-                _table_set(&self._current, key, at)
-            else:
-                self._current_other[h] = ts
-        if self._size() > bound:
-            self.dropped += <Py_ssize_t>self._previous.n + len(self._previous_other)
-            _table_clear(&self._previous)  # not filled again before the window turns
-            self._previous_other = {}
-            if <Py_ssize_t>self._current.n + len(self._current_other) > bound:
-                self._drop_current()
+            _key_of(h, &k)
+            self._current.set(&k, h, at, ts)
+        if self._current.size() + self._previous.size() > bound:
+            self.dropped += self._previous.size()
+            self._previous.clear()  # not filled again before the window turns
+            if self._current.size() > bound:
+                self.dropped += self._current.size()
+                self._current.empty(bound)  # it fills again at the same rate: its slots kept
 
     cdef bint _holds_any(self, hashes) except -1:
-        cdef uint64_t key = 0  # set through a pointer by _u64
+        cdef Key k
         for h in hashes:
-            if _u64(h, &key):
-                if _table_has(&self._current, key) or _table_has(&self._previous, key):
-                    return True
-            elif (self._current_other and h in self._current_other) or (
-                self._previous_other and h in self._previous_other
-            ):  # most streams' hashes are all ints: no lookup in an empty dict
+            _key_of(h, &k)
+            if self._current.has(&k, h) or self._previous.has(&k, h):
                 return True
         return False
 
@@ -351,17 +466,10 @@ cdef class Evictions:
         return not self._holds_any(hashes)
 
     def take(self, h):
-        cdef uint64_t key = 0  # set through a pointer by _u64
-        cdef double at = 0
-        evicted_at = previous = None
-        if _u64(h, &key):
-            if _table_pop(&self._current, key, &at):
-                evicted_at = at
-            if _table_pop(&self._previous, key, &at):
-                previous = at
-        else:
-            evicted_at = self._current_other.pop(h, None)
-            previous = self._previous_other.pop(h, None)
+        cdef Key k
+        _key_of(h, &k)
+        evicted_at = self._current.pop(&k, h)
+        previous = self._previous.pop(&k, h)
         return previous if evicted_at is None else evicted_at
 
 

@@ -28,8 +28,10 @@ is ``elsewhere`` too. A chain whose parent's content key is unknown (announced b
 is compared by hash.
 
 **Memory.** Per stream: the GPU evictions within the window, at most :data:`MAX_EVICTED` (compiled
-core: 16-byte slots of a C table at most 3/4 full, at most 2 MiB a stream at the bound, about 33 bytes
-per remembered eviction measured; pure core: dicts of Python ints, about 130 bytes each, about 4 MiB;
+core: C tables at most 3/4 full, of 16-byte slots for u64 hashes (at most 2 MiB a stream at the bound,
+about 33 bytes per remembered eviction measured) and of 48-byte slots for 32-byte hashes (at most 6
+MiB, about 98 bytes each, where the dict kept each hash's bytes object alive besides: about 106);
+pure core: dicts of the hashes, about 130 bytes each with a u64 hash's int, about 4 MiB;
 the bound is reached only by evicting more than 546 blocks a second for a whole minute; beyond it the
 oldest generation is forgotten first, counted in ``evicted_dropped``), and 30 ten-second buckets of
 counts. Fleet-wide, only once content comparison started: at most

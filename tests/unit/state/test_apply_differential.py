@@ -59,6 +59,14 @@ def core(module: ModuleType) -> Iterator[None]:
 # A small pool of every hash kind, so that blocks come back, repeat and collide across streams.
 POOL: list[Hash] = [0, 1, 2, 3, 5, 8, 2**63, U64, -1, -(2**63), 2**70, b"\x00" * 32, b"\xff" * 32, b"\x01"]
 hash_st = st.sampled_from(POOL)
+# 32-byte hashes (vLLM's raw sha256 ones) alike in all but one byte, and bytes of other lengths
+BLOBS: list[Hash] = [
+    *(bytes([i]) * 32 for i in range(0, 256, 17)),
+    *(b"\x00" * 31 + bytes([i]) for i in range(1, 40)),
+    *(bytes([i]) + b"\x00" * 31 for i in range(1, 9)),
+    b"\x00" * 31,
+    b"\x00" * 33,
+]
 medium_st = st.sampled_from([None, "GPU", "gpu", "CPU", "cpu_tier", "DISK", "LMCACHE", ""])
 group_st = st.sampled_from([None, 0, 1, 2, "1", True, 2.0])
 
@@ -214,7 +222,12 @@ def test_the_compiled_evictions_remember_and_forget_as_the_reference(
     ops=st.lists(
         st.tuples(
             st.sampled_from(["add", "add", "take", "none_of"]),
-            st.lists(st.integers(0, 300) | st.sampled_from([U64, 2**63, 2**64, -5, b"k"]), max_size=40),
+            st.lists(
+                st.integers(0, 300)
+                | st.sampled_from([U64, 2**63, 2**64, -5, b"k", *BLOBS])
+                | st.binary(min_size=32, max_size=32),
+                max_size=40,
+            ),
             st.floats(0, 2),
         ),
         max_size=40,
@@ -225,8 +238,9 @@ def test_the_compiled_evictions_table_grows_and_deletes_as_the_reference_forgets
     ops: list[tuple[str, list[Hash], float]], bound: int
 ) -> None:
     """Many hashes at once: the compiled generations' tables grow past their first size, a take
-    frees a slot inside a run of collisions, hash 0 and the hashes that are not u64 ints sit beside
-    them; every generation still shows the reference's, at every step."""
+    frees a slot inside a run of collisions, 32-byte hashes that differ in one byte share the
+    content table, hash 0 and the hashes of neither kind sit beside them; every generation still
+    shows the reference's, at every step."""
     compiled = _compiled("kvgateway.state._apply_c")
     both = [module.Evictions(3.0, bound) for module in (_apply_py, compiled)]
     ts = 0.0
