@@ -755,14 +755,13 @@ cdef class Account:
         return out
 
 
-cdef bint _new_store(bint stale, event, Account account, int compare, Group fleet) except -1:
+cdef bint _new_store(bint stale, event, size, Account account, int compare, Group fleet) except -1:
     """:func:`kvgateway.state._apply_py._new_store`, the sets tested in one C loop."""
-    size = event.block_size
     if size > 0:
         account.block_size = size
     return (
         not stale
-        and not (event.token_ids and (compare == _COMPARE_ALL or (compare and event.parent_block_hash is None)))
+        and not (compare and event.token_ids and (compare == _COMPARE_ALL or event.parent_block_hash is None))
         and _fresh(fleet.blocks, account.evicted, event.block_hashes)
     )
 
@@ -801,9 +800,10 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
             if live and sec != med.cur_sec:
                 med.roll(sec)
             if kind is BlockStored:
+                size = event.block_size  # read once: the account and the medium both learn it
                 if account is None or not med.gpu or not n:
                     grp.store(hashes)
-                elif _new_store(stale, event, account, compare, fleet):
+                elif _new_store(stale, event, size, account, compare, fleet):
                     fresh += n
                     tokens += n * account.block_size
                     grp.store_new(hashes)
@@ -812,7 +812,6 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
                         observer.stored(index, event, batch.ts, now)
                         compare = observer.compare
                     grp.store(hashes)
-                size = event.block_size
                 if size > 0:
                     med.block_size = size
                 med.stores += n

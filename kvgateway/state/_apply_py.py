@@ -420,15 +420,15 @@ class Medium:
         return sum(len(grp.blocks) for grp in self.groups.values())
 
 
-def _new_store(stale: bool, event: BlockStored, account: Account, compare: int, fleet: Group) -> bool:
+def _new_store(stale: bool, event: BlockStored, size: int, account: Account, compare: int, *, fleet: Group) -> bool:
     """Whether a GPU store is the common case the pass counts itself (the stream is not stale, no
     content to compare, every hash held nowhere in the fleet and not evicted lately: ``new``); the
-    account learns the event's block size either way, as the observer's ``stored`` does."""
-    if event.block_size > 0:
-        account.block_size = event.block_size
+    account learns the event's block size (``size``) either way, as the observer's ``stored`` does."""
+    if size > 0:
+        account.block_size = size
     return (
         not stale
-        and not (event.token_ids and (compare == COMPARE_ALL or (compare and event.parent_block_hash is None)))
+        and not (compare and event.token_ids and (compare == COMPARE_ALL or event.parent_block_hash is None))
         and fleet.blocks.isdisjoint(event.block_hashes)
         and account.evicted.none_of(event.block_hashes)
     )
@@ -465,9 +465,10 @@ def apply_batch(
             if live and sec != med.cur_sec:
                 med.roll(sec)
             if type(event) is BlockStored:
+                size = event.block_size  # read once: the account and the medium both learn it
                 if account is None or not med.gpu or not hashes:
                     grp.store(hashes)
-                elif _new_store(stale, event, account, compare, fleet):
+                elif _new_store(stale, event, size, account, compare, fleet=fleet):
                     fresh += len(hashes)
                     tokens += len(hashes) * account.block_size
                     grp.store_new(hashes)
@@ -476,8 +477,8 @@ def apply_batch(
                         observer.stored(index, event, batch.ts, now)
                         compare = observer.compare  # a second hash family may show at any store
                     grp.store(hashes)
-                if event.block_size > 0:
-                    med.block_size = event.block_size
+                if size > 0:
+                    med.block_size = size
                 med.stores += len(hashes)
                 if live:
                     med.cur_stores += len(hashes)
