@@ -14,9 +14,14 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kvgateway.protocol.messages import SSE_PING, OutMessage, sse_bytes, sse_preamble, ws_parts, ws_text
 from kvgateway.serve.subscription import CHUNK_BYTES, Subscription
-from kvgateway.serve.ws_protocol import UTF8_TEXT
 
 SSE_RETRY_MS = 2000
+
+UTF8_TEXT: Final = "kvgateway.websocket.utf8_text"
+"""An ASGI extension (in ``scope["extensions"]``) and the key of a ``websocket.send`` message whose
+value is a sequence of bytes: one text frame whose payload is their concatenation, UTF-8 already.
+The gateway's uvicorn protocol offers it (kvgateway.serve.ws_protocol, not imported here: uvicorn's
+modules stay out of a process that only serves in process)."""
 
 WS_CLOSE: Final[dict[str, tuple[int, str]]] = {
     "slow_consumer": (1013, "slow consumer"),

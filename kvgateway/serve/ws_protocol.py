@@ -25,9 +25,7 @@ from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import OPEN
 
-UTF8_TEXT: Final = "kvgateway.websocket.utf8_text"
-"""The ASGI extension (in ``scope["extensions"]``) and the key of a ``websocket.send`` message
-whose value is a sequence of bytes: one text frame whose payload is their concatenation (UTF-8)."""
+from kvgateway.serve.sessions import UTF8_TEXT
 
 _FIN_TEXT: Final = 0x81  # FIN, no RSV bit, opcode 1 (text); a server's frames are not masked
 

@@ -18,8 +18,8 @@ from websockets.frames import Frame, Opcode
 
 from kvgateway.protocol import messages
 from kvgateway.protocol.messages import OutMessage
-from kvgateway.serve.sessions import frame_writer
-from kvgateway.serve.ws_protocol import UTF8_TEXT, WebSocketProtocol, frame_head
+from kvgateway.serve.sessions import UTF8_TEXT, frame_writer
+from kvgateway.serve.ws_protocol import WebSocketProtocol, frame_head
 
 HANDSHAKE = (
     b"GET /v1/ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
