@@ -99,7 +99,8 @@ class OutMessage(msgspec.Struct, gc=False, eq=False):
 
     @property
     def text(self) -> str:
-        """``data`` as str (a WebSocket text frame needs str)."""
+        """``data`` as str, for an ASGI server that takes a text frame only as str (the gateway's
+        own takes the bytes as they are: :func:`ws_parts`, kvgateway.serve.ws_protocol)."""
         if self._text is None:
             self._text = self.data.decode()
         return self._text
@@ -121,6 +122,20 @@ def ws_text(chunk: Sequence[OutMessage]) -> str:
     if len(chunk) == 1:
         return chunk[0].text  # the common case shares the cached str
     return "\n".join(message.text for message in chunk)
+
+
+_NEWLINE: Final = b"\n"
+
+
+def ws_parts(chunk: Sequence[OutMessage]) -> list[bytes]:
+    """:func:`ws_text`'s frame as the UTF-8 bytes it is made of, in order: each message's own
+    ``data`` and the newlines between them, for a writer that hands them to the socket as they are
+    (kvgateway.serve.ws_protocol) instead of decoding, joining and encoding them again."""
+    if len(chunk) == 1:
+        return [chunk[0].data]
+    parts = [_NEWLINE] * (2 * len(chunk) - 1)
+    parts[::2] = [message.data for message in chunk]
+    return parts
 
 
 def sse_bytes(chunk: Sequence[OutMessage]) -> bytes:

@@ -25,6 +25,7 @@ from kvgateway.runtime import logging_setup
 from kvgateway.runtime.memory import freeze_startup_heap
 from kvgateway.runtime.startup import StartupError
 from kvgateway.serve.role import Role
+from kvgateway.serve.ws_protocol import WebSocketProtocol
 
 logger = logging.getLogger("kvgateway")
 
@@ -34,7 +35,7 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         app,
         host=settings.host,
         port=settings.port,
-        ws="websockets-sansio",
+        ws=WebSocketProtocol,  # uvicorn's "websockets-sansio", writing the log's bytes as they are (ws_protocol.py)
         ws_max_size=64 * 1024,
         ws_per_message_deflate=False,
         ws_ping_interval=settings.keepalive_seconds,

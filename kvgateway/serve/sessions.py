@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Final
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from kvgateway.protocol.messages import SSE_PING, OutMessage, sse_bytes, sse_preamble, ws_text
+from kvgateway.protocol.messages import SSE_PING, OutMessage, sse_bytes, sse_preamble, ws_parts, ws_text
 from kvgateway.serve.subscription import CHUNK_BYTES, Subscription
 
 SSE_RETRY_MS = 2000
+
+UTF8_TEXT: Final = "kvgateway.websocket.utf8_text"
+"""An ASGI extension (in ``scope["extensions"]``) and the key of a ``websocket.send`` message whose
+value is a sequence of bytes: one text frame whose payload is their concatenation, UTF-8 already.
+The gateway's uvicorn protocol offers it (kvgateway.serve.ws_protocol, not imported here: uvicorn's
+modules stay out of a process that only serves in process)."""
 
 WS_CLOSE: Final[dict[str, tuple[int, str]]] = {
     "slow_consumer": (1013, "slow consumer"),
@@ -139,17 +145,36 @@ def _state(subscription: Subscription) -> Iterator[OutMessage]:
         subscription.unhold()
 
 
+def frame_writer(websocket: WebSocket) -> Callable[[Sequence[OutMessage]], Awaitable[None]]:
+    """How a session writes a chunk as one text frame (its messages joined by newlines): the
+    messages' own bytes, uncopied, where the server offers :data:`UTF8_TEXT` (the gateway's
+    uvicorn protocol, kvgateway.serve.ws_protocol); else as the ``str`` ASGI defines."""
+    send = websocket.send
+    if UTF8_TEXT in (websocket.scope.get("extensions") or {}):
+
+        async def send_parts(chunk: Sequence[OutMessage]) -> None:
+            await send({"type": "websocket.send", UTF8_TEXT: ws_parts(chunk)})
+
+        return send_parts
+
+    async def send_text(chunk: Sequence[OutMessage]) -> None:
+        await send({"type": "websocket.send", "text": ws_text(chunk)})
+
+    return send_text
+
+
 async def ws_session(websocket: WebSocket, subscription: Subscription) -> None:
     await websocket.accept()
     pump = Pump(subscription)
+    write = frame_writer(websocket)
     # The reader closes the subscription when the client leaves, which wakes the pump: the pump
     # awaits next_chunk() itself, with no task and no asyncio.wait() per chunk (they cost more
     # than the write).
     reader = asyncio.ensure_future(_drain_inbound(websocket, subscription))
     try:
-        await websocket.send_text(subscription.hello_message.text)
+        await write((subscription.hello_message,))
         for state in _state(subscription):
-            await websocket.send_text(state.text)
+            await write((state,))
             await asyncio.sleep(0)  # one chunk per turn: other clients keep their latency
         while True:
             chunk = await pump.next_chunk()
@@ -161,7 +186,7 @@ async def ws_session(websocket: WebSocket, subscription: Subscription) -> None:
             # Several messages in one frame, newline-delimited: one frame per message would
             # collapse throughput under load.
             try:
-                await websocket.send_text(ws_text(chunk))
+                await write(chunk)
             finally:
                 subscription.written()
     except (WebSocketDisconnect, RuntimeError, OSError):

@@ -1,0 +1,201 @@
+"""kvgateway.serve.ws_protocol: a text frame sent from its UTF-8 parts is the frame uvicorn's own
+protocol writes for the same text, byte for byte, written as the parts themselves (no copy); what is
+not the plain case (the client gone, a close sent) goes the way uvicorn's send goes. The protocols
+run in process over a recording transport, a real handshake fed to them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import pytest
+from uvicorn.config import Config
+from uvicorn.protocols.utils import ClientDisconnected
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from uvicorn.server import ServerState
+from websockets.frames import Frame, Opcode
+
+from kvgateway.protocol import messages
+from kvgateway.protocol.messages import OutMessage
+from kvgateway.serve.sessions import UTF8_TEXT, frame_writer
+from kvgateway.serve.ws_protocol import WebSocketProtocol, frame_head
+
+HANDSHAKE = (
+    b"GET /v1/ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+Send = Callable[[Mapping[str, Any]], Awaitable[None]]
+Protocol = WebSocketsSansIOProtocol
+
+
+class RecordingTransport(asyncio.Transport):
+    """What the protocol writes, call by call: each ``write`` or ``writelines`` with its buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, list[Any]]] = []
+        self.closing = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    def write(self, data: Any) -> None:
+        self.calls.append(("write", [data]))
+
+    def writelines(self, list_of_data: Iterable[Any]) -> None:
+        self.calls.append(("writelines", list(list_of_data)))
+
+    def close(self) -> None:
+        self.closing = True
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def written(self) -> bytes:
+        return b"".join(bytes(buffer) for _, buffers in self.calls for buffer in buffers)
+
+
+async def serve(
+    protocol_class: type[Protocol], session: Callable[[Protocol, dict[str, Any], Send], Awaitable[None]]
+) -> tuple[Protocol, RecordingTransport]:
+    """A handshake fed to a fresh ``protocol_class``; the app accepts and runs ``session(protocol,
+    scope, send)``. Returns once the app has returned, the handshake's answer dropped from the record."""
+    done = asyncio.get_running_loop().create_future()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Send) -> None:
+        try:
+            assert (await receive())["type"] == "websocket.connect"
+            await send({"type": "websocket.accept"})
+            await session(protocol, scope, send)
+        except BaseException as exc:
+            done.set_exception(exc)
+            raise
+        done.set_result(None)
+
+    config = Config(app=app, ws=protocol_class, ws_per_message_deflate=False, log_config=None, lifespan="off")
+    config.load()
+    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+    transport = RecordingTransport()
+    protocol.connection_made(transport)
+    protocol.data_received(HANDSHAKE)
+    await done
+    assert transport.calls[0][1][0].startswith(b"HTTP/1.1 101 Switching Protocols\r\n")
+    del transport.calls[0]
+    return protocol, transport
+
+
+CHUNKS = [
+    [b""],
+    [b"{}"],
+    [b"x" * 125],
+    [b"x" * 126],
+    [b"x" * 65535],
+    [b"x" * 65536],
+    [b'{"type":"batch"}', b"\n", '{"source":"caf\u00e9"}'.encode(), b"\n", b"y" * 70_000],
+    [b"a" * 60, b"\n", b"b" * 65],  # 126 bytes in three parts
+]
+"""Payloads around the frame head's three length forms (7 bits, 16, 64), whole and in parts,
+non-ASCII UTF-8 among them."""
+
+
+def test_a_frame_from_parts_is_uvicorns_frame_for_the_same_text_and_the_parts_are_written_as_they_are() -> None:
+    async def by_text(protocol: Protocol, scope: dict[str, Any], send: Send) -> None:
+        assert UTF8_TEXT not in scope.get("extensions", {})  # uvicorn's own protocol offers nothing new
+        for parts in CHUNKS:
+            await send({"type": "websocket.send", "text": b"".join(parts).decode()})
+
+    async def by_parts(protocol: Protocol, scope: dict[str, Any], send: Send) -> None:
+        assert UTF8_TEXT in scope["extensions"]
+        for parts in CHUNKS:
+            await send({"type": "websocket.send", UTF8_TEXT: parts})
+
+    async def scenario() -> tuple[RecordingTransport, RecordingTransport]:
+        _, uvicorns = await serve(WebSocketsSansIOProtocol, by_text)
+        _, ours = await serve(WebSocketProtocol, by_parts)
+        return uvicorns, ours
+
+    uvicorns, ours = asyncio.run(scenario())
+    assert ours.written() == uvicorns.written()
+    expected = b"".join(Frame(Opcode.TEXT, b"".join(parts)).serialize(mask=False) for parts in CHUNKS)
+    assert ours.written() == expected
+    assert len(ours.calls) == len(CHUNKS)
+    for (kind, buffers), parts in zip(ours.calls, CHUNKS, strict=True):
+        assert kind == "writelines" and buffers[0] == frame_head(len(b"".join(parts)))
+        assert len(buffers) == len(parts) + 1 and all(a is b for a, b in zip(buffers[1:], parts, strict=True))
+
+
+def test_frame_head_has_each_length_form_at_its_bounds() -> None:
+    for length in (0, 1, 125, 126, 127, 65535, 65536, 2**32):
+        assert frame_head(length) == Frame(Opcode.TEXT, b"").serialize(mask=False)[:1] + _length_field(length)
+
+
+def _length_field(length: int) -> bytes:
+    if length < 126:
+        return bytes((length,))
+    if length < 65536:
+        return bytes((126,)) + length.to_bytes(2, "big")
+    return bytes((127,)) + length.to_bytes(8, "big")
+
+
+def test_not_the_plain_case_goes_uvicorns_way() -> None:
+    """After the client is gone, the send raises what uvicorn's raises (ClientDisconnected, an
+    OSError the session ends on); after a close is sent, uvicorn's RuntimeError. Nothing is written."""
+    said: list[str] = []
+
+    async def after_close(protocol: Protocol, scope: dict[str, Any], send: Send) -> None:
+        await send({"type": "websocket.close", "code": 1013, "reason": "slow consumer"})
+        with pytest.raises(RuntimeError, match=r"after sending 'websocket\.close'"):
+            await send({"type": "websocket.send", UTF8_TEXT: [b"late"]})
+        said.append("refused after the close")
+
+    async def gone(protocol: Protocol, scope: dict[str, Any], send: Send) -> None:
+        await send({"type": "websocket.send", UTF8_TEXT: [b"first"]})
+        protocol.connection_lost(None)
+        with pytest.raises(ClientDisconnected):
+            await send({"type": "websocket.send", UTF8_TEXT: [b"second"]})
+        said.append("client disconnected")
+
+    async def scenario() -> tuple[RecordingTransport, RecordingTransport]:
+        _, closed = await serve(WebSocketProtocol, after_close)
+        _, lost = await serve(WebSocketProtocol, gone)
+        return closed, lost
+
+    closed, lost = asyncio.run(scenario())
+    assert said == ["refused after the close", "client disconnected"]
+    assert closed.written() == Frame(Opcode.CLOSE, b"\x03\xf5slow consumer").serialize(mask=False)  # nothing after it
+    assert lost.written() == Frame(Opcode.TEXT, b"first").serialize(mask=False)
+
+
+class FakeWebSocket:
+    """What :func:`frame_writer` reads of a Starlette WebSocket: its scope and its ``send``."""
+
+    def __init__(self, extensions: dict[str, Any] | None) -> None:
+        self.scope: dict[str, Any] = {"type": "websocket"} if extensions is None else {"extensions": extensions}
+        self.sent: list[Mapping[str, Any]] = []
+
+    async def send(self, message: Mapping[str, Any]) -> None:
+        self.sent.append(message)
+
+
+def test_a_session_writes_parts_where_the_server_offers_them_and_text_elsewhere() -> None:
+    chunk = [OutMessage(b'{"n":1}', "batch"), OutMessage('{"s":"\u00e9"}'.encode(), "batch")]
+    offered, plain, no_extension = FakeWebSocket({UTF8_TEXT: {}}), FakeWebSocket({}), FakeWebSocket(None)
+
+    async def scenario() -> None:
+        for websocket in (offered, plain, no_extension):
+            await frame_writer(websocket)(chunk)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+    (parts,) = offered.sent
+    assert parts["type"] == "websocket.send" and b"".join(parts[UTF8_TEXT]).decode() == messages.ws_text(chunk)
+    assert [p for p in parts[UTF8_TEXT] if p != b"\n"] == [m.data for m in chunk]
+    for websocket in (plain, no_extension):
+        assert websocket.sent == [{"type": "websocket.send", "text": messages.ws_text(chunk)}]
