@@ -29,6 +29,20 @@ from kvgateway.serve.sessions import UTF8_TEXT
 
 _FIN_TEXT: Final = 0x81  # FIN, no RSV bit, opcode 1 (text); a server's frames are not masked
 
+INTERNALS: Final = (
+    "writable",
+    "conn",
+    "transport",
+    "disconnected",
+    "handshake_complete",
+    "close_sent",
+    "initial_response",
+)
+CONNECTION: Final = ("state", "expect_continuation_frame", "extensions", "debug", "data_to_send")
+"""What the plain case reads of uvicorn's protocol and of its websockets connection, none of it
+uvicorn's public API (pyproject admits any uvicorn from 0.30): a release without one of them gets
+no extension, so every frame goes uvicorn's own way, as the str frame."""
+
 
 def frame_head(length: int) -> bytes:
     """The head of an unmasked, unfragmented text frame of ``length`` payload bytes (RFC 6455 5.2),
@@ -44,7 +58,9 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's ``websockets-sansio`` protocol, offering :data:`UTF8_TEXT` to the app."""
 
     async def run_asgi(self) -> None:
-        self.scope.setdefault("extensions", {})[UTF8_TEXT] = {}
+        conn = getattr(self, "conn", None)
+        if all(hasattr(self, name) for name in INTERNALS) and all(hasattr(conn, name) for name in CONNECTION):
+            self.scope.setdefault("extensions", {})[UTF8_TEXT] = {}
         await super().run_asgi()
 
     async def send(self, message: ASGISendEvent) -> None:

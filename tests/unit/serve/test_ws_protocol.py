@@ -132,6 +132,29 @@ def test_a_frame_from_parts_is_uvicorns_frame_for_the_same_text_and_the_parts_ar
         assert len(buffers) == len(parts) + 1 and all(a is b for a, b in zip(buffers[1:], parts, strict=True))
 
 
+@pytest.mark.parametrize("names", ["INTERNALS", "CONNECTION"])
+def test_a_uvicorn_without_what_the_plain_case_reads_gets_no_extension_and_uvicorns_frames(
+    monkeypatch: pytest.MonkeyPatch, names: str
+) -> None:
+    """As if a uvicorn release had dropped an attribute the plain case reads (of the protocol or of
+    its connection): the extension is not offered, and the session's frames are uvicorn's."""
+    from kvgateway.serve import ws_protocol
+
+    monkeypatch.setattr(ws_protocol, names, (*getattr(ws_protocol, names), "attribute_of_another_release"))
+    chunk = [OutMessage(b'{"n":1}', "batch"), OutMessage('{"s":"\u00e9"}'.encode(), "batch")]
+
+    async def session(protocol: Protocol, scope: dict[str, Any], send: Send) -> None:
+        assert UTF8_TEXT not in scope.get("extensions", {})
+        websocket = FakeWebSocket(scope.get("extensions"))
+        await frame_writer(websocket)(chunk)  # type: ignore[arg-type]
+        for message in websocket.sent:
+            await send(message)
+
+    _, transport = asyncio.run(serve(WebSocketProtocol, session))
+    assert transport.written() == Frame(Opcode.TEXT, messages.ws_text(chunk).encode()).serialize(mask=False)
+    assert [kind for kind, _ in transport.calls] == ["write"]  # uvicorn's write, not the parts' writelines
+
+
 def test_frame_head_has_each_length_form_at_its_bounds() -> None:
     for length in (0, 1, 125, 126, 127, 65535, 65536, 2**32):
         assert frame_head(length) == Frame(Opcode.TEXT, b"").serialize(mask=False)[:1] + _length_field(length)
