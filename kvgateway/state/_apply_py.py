@@ -446,8 +446,7 @@ def apply_batch(
     """Apply one delivered batch to ``index`` in order (:meth:`StreamIndex.apply`); ``routes``: its
     (raw medium, raw group_idx) -> group cache; ``fleet``: the fleet's holders."""
     sec, live = math.floor(now), not replayed
-    observer = index.observer
-    account = index.account
+    observer, account = index.observer, index.account
     if account is None and observer is not None:  # the stream's first batch opens its account
         account = index.account = observer.account((index.source, index.dp_rank))
     compare = COMPARE_NONE if observer is None else observer.compare
