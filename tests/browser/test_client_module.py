@@ -123,9 +123,9 @@ def test_the_javascript_client_follows_the_gateway_in_chromium(procs: Start, new
                 0,
                 True,
             ]
-            seen = len(client.log("digests"))
             corrupt = "const k = kvtest.m.keyText('GPU', 0, '99'); s.blocks.set(k, 1); s.digest.add(k); return true"
             assert client.stream(f"(() => {{ {corrupt}; }})()")
+            seen = len(client.log("digests"))  # after the corruption: a digest logged before it matched
             wait_until(lambda: "a" in client.log("digests")[seen:], timeout=15, what="the next digest of stream a")
             assert page.evaluate("() => kvtest.client.digestMismatches") >= 1
     finally:
