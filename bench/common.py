@@ -112,6 +112,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
+def minor_faults(pid: int) -> int:
+    """Page faults a process (all its threads) took without reading a disk: mostly the kernel
+    giving it a fresh page (zeroed), from /proc/<pid>/stat."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return int(text[text.rindex(")") + 2 :].split()[7])
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process, from /proc/<pid>/statm."""
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE

@@ -95,11 +95,22 @@ def _ingest(r: dict[str, Any]) -> list[str]:
         out += [
             "",
             "Gateway CPU per batch (every thread, until the client has the last batch) against the floor: "
-            "msgspec's decode plus JSON encode of the same payloads, in the bench process, same run:",
+            "msgspec's decode plus JSON encode of the same payloads, in the bench process, same run. "
+            "The gateway's figure is its second flood (warm: its resume ring, heap and queues grown, as in a "
+            "gateway that has run a while); the first flood, into a process just started, is beside it (cold), "
+            "with the page faults a batch of each:",
             "",
         ]
         out += _table(
-            ["payloads", "gateway CPU us/batch", "floor us/batch", "ratio to floor", "gateway batches/s"],
+            [
+                "payloads",
+                "gateway CPU us/batch",
+                "floor us/batch",
+                "ratio to floor",
+                "gateway batches/s",
+                "cold: CPU us/batch",
+                "page faults a batch, warm / cold",
+            ],
             [
                 [
                     name,
@@ -107,6 +118,9 @@ def _ingest(r: dict[str, Any]) -> list[str]:
                     _num(v["floor_us"], 1),
                     f"**{_num(v['floor_ratio'], 2)}**",
                     _num(v["gateway_rate"]),
+                    _num(v.get("gateway_cold_cpu_us_per_batch"), 1),
+                    f"{_num(v.get('gateway_page_faults_per_batch'), 2)} / "
+                    f"{_num(v.get('gateway_cold_page_faults_per_batch'), 2)}",
                 ]
                 for name, v in r["variants"].items()
             ],

@@ -46,8 +46,13 @@ def check_ingest(r: dict[str, Any]) -> None:
     assert {"decode", "index", "render", "json_encode", "sum"} <= set(r["breakdown_us"])
     assert set(r["variants"]) == {"map", "array", "bytes"}  # map events, positional events, byte hashes
     for variant in r["variants"].values():
-        for key in ("gateway_cpu_us_per_batch", "floor_us", "floor_ratio"):
+        for key in ("gateway_cpu_us_per_batch", "gateway_cold_cpu_us_per_batch", "floor_us", "floor_ratio"):
             assert number(variant[key]) and variant[key] > 0, key
+        # the gateway's fresh pages are counted in both floods (the first into a process just started)
+        assert (
+            number(variant["gateway_cold_page_faults_per_batch"]) and variant["gateway_cold_page_faults_per_batch"] > 0
+        )
+        assert number(variant["gateway_page_faults_per_batch"])
 
 
 def check_fanout(r: dict[str, Any], target: str, transports: set[str]) -> None:
