@@ -23,6 +23,7 @@ import math
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.set cimport PySet_Discard
 from libc.stdint cimport uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
@@ -609,9 +610,9 @@ cdef class Group:
                 # loop, the reference's set differences hash by hash
                 held = fleet.blocks
                 for h in hashes:
-                    if h in blocks:
-                        blocks.discard(h)
-                        held.discard(h)
+                    # discard's answer says whether it was there: two set lookups a hash, not three
+                    if PySet_Discard(blocks, h):
+                        PySet_Discard(held, h)
             else:
                 gone = blocks.intersection(hashes)
                 blocks.difference_update(gone)
