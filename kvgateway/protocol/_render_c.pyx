@@ -23,7 +23,10 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.array cimport array, clone
+from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
+
+from kvgateway._pylong cimport u64_of  # an int read from its digits
 
 cdef extern from "Python.h":
     bint PyLong_CheckExact(object)
@@ -32,7 +35,6 @@ cdef extern from "Python.h":
     bint PyList_CheckExact(object)
     bint PyDict_CheckExact(object)
     long long PyLong_AsLongLongAndOverflow(object, int*) except? -1
-    unsigned long long PyLong_AsUnsignedLongLong(object) except? -1
     bint PyUnicode_IS_ASCII(object)
     Py_ssize_t PyUnicode_GET_LENGTH(object)
     const char* PyUnicode_1BYTE_DATA(object)
@@ -113,39 +115,75 @@ cdef const char* _PAIRS = (
 )
 
 
-cdef int _put_unsigned(Buffer* out, unsigned long long value) except -1:
-    """Decimal digits, two at a time from a table (token ids are most of a batch's bytes)."""
-    cdef char digits[20]
-    cdef int at = 20
-    cdef unsigned int pair
-    while value >= 100:
-        pair = <unsigned int>(value % 100) * 2
+cdef inline int _digit_count(uint32_t value) noexcept:
+    if value < 100000:
+        if value < 100:
+            return 1 if value < 10 else 2
+        return 3 if value < 1000 else (4 if value < 10000 else 5)
+    if value < 10000000:
+        return 6 if value < 1000000 else 7
+    return 8 if value < 100000000 else (9 if value < 1000000000 else 10)
+
+
+cdef inline void _pairs_back(char* end, uint32_t value, int digits) noexcept:
+    """``value``'s last ``digits`` digits (zeros in front where it has fewer), ending at ``end``:
+    two at a time from a table, in 32-bit arithmetic."""
+    cdef uint32_t pair
+    while digits >= 2:
+        pair = (value % 100) * 2
         value //= 100
-        at -= 2
-        digits[at] = _PAIRS[pair]
-        digits[at + 1] = _PAIRS[pair + 1]
-    if value >= 10:
-        pair = <unsigned int>value * 2
-        at -= 2
-        digits[at] = _PAIRS[pair]
-        digits[at + 1] = _PAIRS[pair + 1]
-    else:
-        at -= 1
-        digits[at] = <char>(48 + value)
-    return _put(out, digits + at, 20 - at)
+        end -= 2
+        end[0] = _PAIRS[pair]
+        end[1] = _PAIRS[pair + 1]
+        digits -= 2
+    if digits:
+        end[-1] = <char>(48 + value % 10)
+
+
+cdef inline char* _write_u64(char* at, uint64_t value) noexcept:
+    """``value`` in decimal at ``at`` (room for 20 digits); returns the end. Token ids are most of a
+    batch's bytes and fit 32 bits; a hash's 64 bits are split in parts of 8 digits, so that every
+    division but one or two is a 32-bit one."""
+    cdef int digits
+    cdef uint64_t top
+    if value <= 0xFFFFFFFFULL:
+        digits = _digit_count(<uint32_t>value)
+        _pairs_back(at + digits, <uint32_t>value, digits)
+        return at + digits
+    if value < 10000000000000000ULL:  # up to 16 digits: two parts (the first under 10**8)
+        top = value // 100000000ULL
+        digits = _digit_count(<uint32_t>top)
+        _pairs_back(at + digits, <uint32_t>top, digits)
+        at += digits
+    else:  # 17 to 20 digits: three parts (the first at most 1844)
+        top = value // 10000000000000000ULL
+        digits = _digit_count(<uint32_t>top)
+        _pairs_back(at + digits, <uint32_t>top, digits)
+        at += digits
+        _pairs_back(at + 8, <uint32_t>((value // 100000000ULL) % 100000000ULL), 8)
+        at += 8
+    _pairs_back(at + 8, <uint32_t>(value % 100000000ULL), 8)
+    return at + 8
+
+
+cdef inline int _put_unsigned(Buffer* out, uint64_t value) except -1:
+    if out.size + 20 > out.capacity:
+        _reserve(out, 20)
+    out.size = _write_u64(out.data + out.size, value) - out.data
+    return 0
 
 
 cdef int _put_int(Buffer* out, object value) except -1:
     """An exact int in decimal, as msgspec writes it (and str() does, for a hash's text)."""
+    cdef uint64_t unsigned
     cdef int overflow = 0
-    cdef long long small = PyLong_AsLongLongAndOverflow(value, &overflow)
-    if overflow == 0:
-        if small < 0:
-            _put_char(out, 45)  # "-"
-            return _put_unsigned(out, <unsigned long long>(-(small + 1)) + 1)
-        return _put_unsigned(out, <unsigned long long>small)
-    if overflow > 0 and value <= 18446744073709551615:
-        return _put_unsigned(out, PyLong_AsUnsignedLongLong(value))
+    cdef long long small
+    if u64_of(value, &unsigned):  # nearly every int: read from its digits
+        return _put_unsigned(out, unsigned)
+    small = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow == 0:  # negative
+        _put_char(out, 45)  # "-"
+        return _put_unsigned(out, <uint64_t>(-(small + 1)) + 1)
     return _put_bytes(out, str(value).encode())  # wider than 64 bits: rare, and the same digits
 
 
@@ -290,10 +328,29 @@ cdef bint _put_hashes(Buffer* out, object hashes) except -1:
 
 
 cdef int _put_ints(Buffer* out, object values) except -1:
-    """token_ids: a list of exact ints in C, anything else as msgspec encodes it."""
-    cdef Py_ssize_t i, n
+    """token_ids: a list of exact ints in C, anything else as msgspec encodes it. The list's room is
+    reserved once and each id written in place; a list with an int that is not a u64 (negative,
+    wider) is written again from its start, an int at a time."""
+    cdef Py_ssize_t i, n, start = out.size
+    cdef uint64_t value
+    cdef char* at
     if PyList_CheckExact(values):
         n = PyList_GET_SIZE(values)
+        _reserve(out, 2 + 21 * n)  # 20 digits and a comma each, the brackets
+        at = out.data + start
+        at[0] = 91  # "["
+        at += 1
+        for i in range(n):
+            if not u64_of(<object>PyList_GET_ITEM(values, i), &value):
+                break
+            if i:
+                at[0] = 44  # ","
+                at += 1
+            at = _write_u64(at, value)
+        else:
+            at[0] = 93  # "]"
+            out.size = at + 1 - out.data
+            return 0
         for i in range(n):
             if not PyLong_CheckExact(<object>PyList_GET_ITEM(values, i)):
                 break

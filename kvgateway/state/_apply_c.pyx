@@ -27,6 +27,8 @@ from cpython.set cimport PySet_Discard
 from libc.stdint cimport uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
+from kvgateway._pylong cimport u64_of  # a hash's int read from its digits
+
 from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored
 from kvgateway.state._apply_py import (
     BUCKET_SECONDS,
@@ -252,59 +254,6 @@ cdef int _table_empty(Table* table, Py_ssize_t bound) except -1:
     return 0
 
 
-cdef extern from *:
-    """
-    /* An int's digits, read where Cython reads them (its own macros, expanded where these are used,
-       after Cython defines them): 30-bit digits on every CPython this package supports. */
-    #if CYTHON_USE_PYLONG_INTERNALS && PYLONG_BITS_IN_DIGIT == 30
-      #define KV_LONG_DIGITS_READ 1
-      #define KV_LONG_NEGATIVE(h) __Pyx_PyLong_IsNeg(h)
-      #define KV_LONG_DIGIT_COUNT(h) __Pyx_PyLong_DigitCount(h)
-      #define KV_LONG_DIGIT(h, i) ((uint64_t)__Pyx_PyLong_Digits(h)[i])
-    #else
-      #define KV_LONG_DIGITS_READ 0
-      #define KV_LONG_NEGATIVE(h) 0
-      #define KV_LONG_DIGIT_COUNT(h) 0
-      #define KV_LONG_DIGIT(h, i) 0
-    #endif
-    """
-    bint KV_LONG_DIGITS_READ
-    bint KV_LONG_NEGATIVE(object h) noexcept
-    Py_ssize_t KV_LONG_DIGIT_COUNT(object h) noexcept
-    uint64_t KV_LONG_DIGIT(object h, Py_ssize_t i) noexcept
-
-
-cdef inline bint _u64(object h, uint64_t* key) except -1:
-    """Whether ``h`` is an int of 0 to 2**64-1 (then in ``key``): the engines' hashes. Any other hash
-    (bytes, a negative or larger int) is kept in a dict beside the table, as the reference keeps all.
-    Read from its digits where Cython can (a 64-bit hash has three of 30 bits: Cython's own
-    conversion takes CPython's general path for three, and a try block around it cost as much
-    again); otherwise converted, an overflow saying it is out of range."""
-    cdef Py_ssize_t size
-    if type(h) is not int:
-        return False
-    if KV_LONG_DIGITS_READ:
-        if KV_LONG_NEGATIVE(h):
-            return False
-        size = KV_LONG_DIGIT_COUNT(h)
-        if size == 0:
-            key[0] = 0
-        elif size == 1:
-            key[0] = KV_LONG_DIGIT(h, 0)
-        elif size == 2:
-            key[0] = (KV_LONG_DIGIT(h, 1) << 30) | KV_LONG_DIGIT(h, 0)
-        elif size == 3 and KV_LONG_DIGIT(h, 2) < 16:  # 4 bits above the 60 of the two below
-            key[0] = (KV_LONG_DIGIT(h, 2) << 60) | (KV_LONG_DIGIT(h, 1) << 30) | KV_LONG_DIGIT(h, 0)
-        else:
-            return False  # 2**64 or more
-        return True
-    try:
-        key[0] = h  # a negative or larger int raises here
-    except OverflowError:
-        return False
-    return True
-
-
 cdef enum:
     _INT = 0  # an int of 0 to 2**64-1: the u64 table, keyed by itself
     _BYTES = 1  # bytes of CONTENT length: the content table, keyed by its fingerprint and bytes
@@ -319,7 +268,7 @@ cdef struct Key:
 
 cdef inline int _key_of(object h, Key* k) except -1:
     k.data = NULL
-    if _u64(h, &k.key):
+    if u64_of(h, &k.key):
         k.kind = _INT
     elif type(h) is bytes and PyBytes_GET_SIZE(h) == CONTENT:
         k.kind = _BYTES

@@ -164,6 +164,31 @@ def test_values_off_the_fast_paths_are_written_as_the_reference_writes_them(even
     assert_same(events)
 
 
+# every decimal length and the values on each side of it, the 32-bit split, the 10**16 split of
+# a 64-bit value into three parts, CPython's 30-bit digits, and what is not a u64 at all
+DECIMAL_EDGES = sorted(
+    {v for k in range(21) for v in (10**k - 1, 10**k, 10**k + 1) if 0 <= v <= U64}
+    | {v for k in (30, 31, 32, 33, 60, 61, 63, 64) for v in (2**k - 1, 2**k, 2**k + 1) if v <= U64}
+    | {10**16 * 1844 + 10**16 - 1, 10**8 * (10**8 - 1), 10**8 * 10**8 - 1, 4_294_967_295 * 10**8 + 99_999_999}
+)
+NOT_U64 = [-1, -(2**63), U64 + 1, 2**80, -(2**80)]
+
+
+def test_ints_at_every_decimal_and_digit_edge_are_written_as_the_reference_writes_them() -> None:
+    """token_ids (the list written in place), hashes and further fields at every edge of the C
+    writer's arithmetic; then each non-u64 int at the start, the middle and the end of a token
+    list (the list written again from its start, an int at a time)."""
+    edges = [v for v in DECIMAL_EDGES if v <= U64]
+    assert_same([BlockStored(edges, edges[-1], edges, 16, edges[-2], "GPU", None, {"n": edges[-3]})])
+    for v in edges:
+        assert_same([BlockStored([v], v, [v, v], v, v, None, None, {})])
+    for bad in NOT_U64:
+        for tokens in ([bad, 1, 2], [1, bad, 2], [1, 2, bad], [bad]):
+            assert_same([BlockStored([1], None, tokens, 1, None, "GPU", None, {})])
+            assert_same([BlockStored([bad, 2], bad, [3, *tokens], 1, bad, None, None, {})])
+    assert_same([BlockStored([], None, [], 0, None, None, None, {})])
+
+
 def test_a_hash_of_no_hash_type_fails_alike() -> None:
     """Neither int nor bytes: the reference fails on ``.hex()``, and so does the compiled writer."""
     compiled = _compiled()
