@@ -27,6 +27,8 @@ from cpython.mem cimport PyMem_RawMalloc as malloc
 from cpython.mem cimport PyMem_RawRealloc as realloc
 from libc.string cimport memset
 
+from kvgateway._pylong cimport u64_of  # a token read from its digits
+
 from kvgateway.engine.wire import BlockStored
 from kvgateway.runtime.memory import release_free_heap
 from kvgateway.state._learner_py import (
@@ -76,19 +78,24 @@ cdef inline uint64_t _xx_end(uint64_t acc, uint64_t length) noexcept:
 
 
 cdef uint64_t _NONE_LANE = <uint64_t>PyObject_Hash(None)
+cdef uint64_t _HASH_MODULUS = (1ULL << 61) - 1  # CPython's int hash is the value modulo this (64-bit builds)
 
 
 cdef int _tuple_digest(list tokens, Py_ssize_t first, Py_ssize_t size, uint64_t* out) except -1:
     """``hash((tuple(tokens[first:first + size]), None, None))`` without the tuples; 0 (and
     nothing written) when a token is no exact int, whose hash could run Python code."""
     cdef uint64_t acc = _XXPRIME_5
+    cdef uint64_t value
     cdef Py_ssize_t j
     cdef object token
     for j in range(size):
         token = <object>PyList_GET_ITEM(tokens, first + j)
-        if type(token) is not int:
+        if u64_of(token, &value) and value < _HASH_MODULUS:
+            acc = _xx_lane(acc, value)  # a non-negative int below the modulus hashes to itself
+        elif type(token) is int:
+            acc = _xx_lane(acc, <uint64_t>PyObject_Hash(token))
+        else:
             return 0
-        acc = _xx_lane(acc, <uint64_t>PyObject_Hash(token))
     acc = _xx_end(acc, <uint64_t>size)
     out[0] = _xx_end(_xx_lane(_xx_lane(_xx_lane(_XXPRIME_5, acc), _NONE_LANE), _NONE_LANE), 3)
     return 1
@@ -118,7 +125,9 @@ cdef int _plain_digests(list tokens, Py_ssize_t size, Py_ssize_t blocks, uint64_
 def _tuple_hash_agrees():
     """Whether ``_tuple_digest`` gives what ``hash()`` gives on this interpreter (checked once)."""
     cdef uint64_t got = 0
-    samples = ([], [0], [1, 2, 3], [-1, -2, 2**61 - 1, 2**61, 2**64 + 5, -(2**70)], list(range(16)), [151_643] * 16)
+    samples = (
+        [], [0], [1, 2, 3], [-1, -2, 2**61 - 2, 2**61 - 1, 2**61, 2**64 - 1, 2**64 + 5, -(2**70)], list(range(16)), [151_643] * 16
+    )
     for tokens in samples:
         if not _tuple_digest(tokens, 0, len(tokens), &got):
             return False

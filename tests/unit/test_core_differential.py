@@ -254,7 +254,11 @@ def test_hash_kinds_at_the_edges_of_fixed_width_integers() -> None:
 
 @given(
     tokens=st.lists(
-        st.one_of(st.integers(0, 200_000), st.integers(-(2**70), 2**70), st.sampled_from([-1, -2, 2**61 - 1, 2**61])),
+        st.one_of(
+            st.integers(0, 200_000),
+            st.integers(-(2**70), 2**70),
+            st.sampled_from([-1, -2, 0, 2**61 - 2, 2**61 - 1, 2**61, 2**64 - 1, 2**64]),
+        ),
         max_size=40,
     ),
     size=st.integers(1, 8),
