@@ -241,6 +241,15 @@ class _FastMapBatch(msgspec.Struct, gc=False):
     data_parallel_rank: int | None = None
 
 
+class _FastArrayBatch(msgspec.Struct, array_like=True, gc=False):
+    """A batch of positional events only (SGLang, vLLM <= 0.23), in one msgspec call: each event
+    decoded by the same union the general path decodes it by, one at a time."""
+
+    ts: float
+    events: list[_ArrStored | _ArrRemoved | _ArrCleared]
+    data_parallel_rank: int | None = None
+
+
 def _located(medium: str | None, extra: dict[str, Any]) -> str | None:
     """The medium a block is counted under: its own, or for a block held by a remote pool
     (``locality: "REMOTE"``) ``REMOTE_<medium>``, in the EXTERNAL tier."""
@@ -286,6 +295,7 @@ def _from_fast(event: _FastStored | _FastRemoved | _FastCleared) -> Event:
 
 
 _fast_batch_decoder: Final = msgspec.msgpack.Decoder(_FastBatch)
+_fast_array_batch_decoder: Final = msgspec.msgpack.Decoder(_FastArrayBatch)
 _batch_decoder: Final = msgspec.msgpack.Decoder(_WireBatch)
 _fast_map_batch_decoder: Final = msgspec.msgpack.Decoder(_FastMapBatch)
 _map_batch_decoder: Final = msgspec.msgpack.Decoder(_WireMapBatch)
@@ -337,15 +347,60 @@ def decode_batch(payload: bytes | memoryview, *, max_bytes: int = MAX_PAYLOAD_BY
         raise DecodeError(f"payload of {len(payload)} bytes exceeds the {max_bytes}-byte limit")
     # The envelope is an array in every shipped engine; a map one (forks) has decoders of its own.
     as_map = bool(payload) and _is_map_byte(payload[0])
-    # Fast path: a batch of map events with only known keys (vLLM >= 0.24: nearly every batch) in
-    # one msgspec call. Anything else (arrays, unknown types or keys, bad data) takes the general
-    # path below, which also words the errors.
-    try:
-        fast = (_fast_map_batch_decoder if as_map else _fast_batch_decoder).decode(payload)
-    except (*_MALFORMED, msgspec.ValidationError):
-        pass
+    # Fast paths: a batch whose events are all map events with only known keys (vLLM >= 0.24: nearly
+    # every batch), or all positional events (SGLang, older vLLM), in one msgspec call. Anything else
+    # (mixed, unknown types or keys, bad data) takes the general path, which also words the errors.
+    if as_map:
+        first: msgspec.msgpack.Decoder[Any] = _fast_map_batch_decoder
     else:
-        return Batch(ts=fast.ts, events=[_from_fast(e) for e in fast.events], dp_rank=fast.data_parallel_rank)
+        first = _fast_array_batch_decoder if _layout.positional else _fast_batch_decoder
+    try:
+        fast = first.decode(payload)
+    except (*_MALFORMED, msgspec.ValidationError):
+        return _decode_other(payload, as_map)
+    if type(fast) is _FastArrayBatch:
+        return Batch(ts=fast.ts, events=[_from_array(e) for e in fast.events], dp_rank=fast.data_parallel_rank)
+    return Batch(ts=fast.ts, events=[_from_fast(e) for e in fast.events], dp_rank=fast.data_parallel_rank)
+
+
+class _Layout:
+    """Which fast decoder an array envelope tries first: the one the last such batch decoded with.
+    An engine keeps its layout, so the other one is tried (and fails, a few microseconds) only when
+    the layout changes. A speed hint only: what either fast decoder takes, the general path decodes
+    to the same events."""
+
+    __slots__ = ("positional",)
+
+    def __init__(self) -> None:
+        self.positional = False
+
+
+_layout: Final = _Layout()
+
+
+def _decode_other(payload: bytes | memoryview, as_map: bool) -> Batch:
+    """An array envelope the fast decoder tried first did not take: the other fast one, else the
+    general path; a map envelope: the general path."""
+    if not as_map:
+        other = _fast_batch_decoder if _layout.positional else _fast_array_batch_decoder
+        try:
+            fast = other.decode(payload)
+        except (*_MALFORMED, msgspec.ValidationError):
+            pass
+        else:
+            if isinstance(fast, _FastArrayBatch):
+                _layout.positional = True
+                events = [_from_array(e) for e in fast.events]
+            else:
+                _layout.positional = False
+                events = [_from_fast(e) for e in fast.events]
+            return Batch(ts=fast.ts, events=events, dp_rank=fast.data_parallel_rank)
+    return _decode_general(payload, as_map)
+
+
+def _decode_general(payload: bytes | memoryview, as_map: bool) -> Batch:
+    """Event by event: every layout, mixed in one batch, unknown types and keys kept; the errors'
+    wording. What the fast paths take, it decodes to the same events."""
     try:
         wire = (_map_batch_decoder if as_map else _batch_decoder).decode(payload)
     except (*_MALFORMED, msgspec.ValidationError) as exc:
@@ -383,6 +438,10 @@ def _decode_array_event(raw: msgspec.Raw) -> Event:
         return _unknown_or_error(raw, exc)
     except _MALFORMED as exc:
         raise DecodeError(_one_line(exc)) from None
+    return _from_array(decoded)
+
+
+def _from_array(decoded: _ArrStored | _ArrRemoved | _ArrCleared) -> Event:
     if type(decoded) is _ArrStored:
         return BlockStored(
             block_hashes=decoded.block_hashes,

@@ -323,6 +323,57 @@ def test_every_layout_mixed_in_one_batch_decodes_to_the_same_events(
     assert [core_of(e) for e in got.events] == [core for _, _, core in items]
 
 
+def _positional(item: tuple[Any, Event, tuple[Any, ...]]) -> bool:
+    return isinstance(item[0], list)
+
+
+one_layout_st = st.one_of(
+    st.lists(encoded_event().filter(_positional), max_size=6),
+    st.lists(encoded_event().filter(lambda item: not _positional(item)), max_size=6),
+    st.lists(encoded_event(), max_size=6),
+)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(items=one_layout_st, as_map=st.booleans(), rank=st.sampled_from([None, 0, 3]))
+def test_the_fast_paths_decode_what_the_general_path_decodes(
+    items: list[tuple[Any, Event, tuple[Any, ...]]], as_map: bool, rank: int | None
+) -> None:
+    """All positional, all map or mixed events, in an array or a map envelope: a fast path takes the
+    batch or leaves it, and decode_batch gives the general path's events either way (which the
+    tests above check against the engines' values)."""
+    values = [value for value, _, _ in items]
+    envelope: Any = {"ts": 1.5, "events": values, "data_parallel_rank": rank} if as_map else [1.5, values, rank]
+    payload = enc(envelope)
+    general = wire._decode_general(payload, as_map)
+    assert wire.decode_batch(payload) == general
+    assert general.events == [expected for _, expected, _ in items]
+
+
+def test_positional_and_map_batches_each_take_a_fast_path_as_an_engine_switches_layout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An array envelope of positional events, then of map events, and back: each decoded in one
+    msgspec call, not event by event (the order the two are tried in follows the layout), to the
+    general path's events."""
+    stored = {"block_hashes": [1, 2], "parent_block_hash": None, "token_ids": [5, 6, 7, 8], "block_size": 2}
+    positional = enc([1.0, [["BlockStored", [1, 2], None, [5, 6, 7, 8], 2, None], ["BlockRemoved", [1]]], 0])
+    as_map = enc([1.0, [{"type": "BlockStored", **stored}, {"type": "BlockRemoved", "block_hashes": [1]}], 0])
+    expected = {payload: wire._decode_general(payload, False) for payload in (positional, as_map)}
+    layouts = []
+
+    def no_general(payload: bytes, as_map: bool) -> Batch:
+        raise AssertionError("took the general path")
+
+    monkeypatch.setattr(wire, "_decode_general", no_general)
+    for payload in (positional, positional, as_map, as_map, positional, as_map):
+        got = wire.decode_batch(payload)
+        assert got == expected[payload]
+        assert [type(e) for e in got.events] == [BlockStored, BlockRemoved]
+        layouts.append(wire._layout.positional)
+    assert layouts == [True, True, False, False, True, False]
+
+
 # --- garbage never escapes as anything but DecodeError ------------------------------------------
 
 
