@@ -22,7 +22,8 @@ Memory: at most :data:`MAX_TRACKED` stored and as many evicted sampled blocks pe
 Cost on the ingest path: per event, a ``hash() % 16`` of its first block and a membership test of
 its blocks, in the per-batch pass (:mod:`kvgateway.state._analytics_py`, the reference; its
 compiled twin ``_analytics_c.pyx`` where it was built): about 3 us a batch of scenario 1's
-payloads compiled, 5 to 6 interpreted (docs/performance.md, round eight).
+payloads compiled, about 5 interpreted (docs/performance.md, "1b. Ingest against the floor, round
+eight").
 """
 
 from __future__ import annotations
