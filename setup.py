@@ -24,6 +24,7 @@ SOURCES = {
     "kvgateway.protocol._render_c": "kvgateway/protocol/_render_c.pyx",  # includes kvgateway/protocol/_render_py.py
     "kvgateway.state._digest_c": "kvgateway/state/_digest_c.pyx",
     "kvgateway.state._apply_c": "kvgateway/state/_apply_c.pyx",
+    "kvgateway.state._analytics_c": "kvgateway/state/_analytics_c.pyx",
 }
 BUILD_ERRORS = (CCompilerError, ExecError, PlatformError, OSError, ValueError)
 """What a missing or broken compiler raises (distutils' CompileError and LinkError are

@@ -4,8 +4,10 @@
 The stages the compiled core replaces, as scenario 1's in-process table measures them (bench/
 ingest.py's ``_stages``): **render** (``events_json``: the events' JSON and filter keys the log keeps) and
 **learn** (a default ``ChainLearner`` fed every batch: it reaches its floor cap of 65,536 entries and
-evicts from there). Both cores are loaded side by side (``kvgateway.protocol._render_py`` and
-``_render_c``, ``kvgateway.state._learner_py`` and ``_learner_c``) and timed on the same decoded
+evicts from there) and **analytics** (the cache analytics' pass, a default ``AnalyticsPass``, fed
+every batch as the log's follower feeds it). Both cores are loaded side by side
+(``kvgateway.protocol._render_py`` and ``_render_c``, ``kvgateway.state._learner_py`` and
+``_learner_c``, ``kvgateway.state._analytics_py`` and ``_analytics_c``) and timed on the same decoded
 batches of each payload variant (map, positional, byte hashes), the two alternating round after
 round and the order reversed every other round; each figure is the best round's CPU time of this
 process (``time.process_time``: on a shared machine a round that was preempted counts less than in
@@ -67,6 +69,7 @@ def _modules() -> dict[str, dict[str, ModuleType]]:
         "render": "kvgateway.protocol._render",
         "learner": "kvgateway.state._learner",
         "digest": "kvgateway.state._digest",
+        "analytics": "kvgateway.state._analytics",
     }
     return twin_modules(twins, "bench.core")
 
@@ -81,6 +84,13 @@ def _learn(module: ModuleType, batches: list[wire.Batch]) -> None:
     learner = module.ChainLearner()
     for batch in batches:
         learner.learn_batch("bench", 0, batch)
+
+
+def _analytics(module: ModuleType, batches: list[wire.Batch]) -> None:
+    analytics = module.AnalyticsPass()
+    stream = ("bench", 0)
+    for batch in batches:
+        analytics.apply(stream, batch.events, batch.ts)
 
 
 @contextmanager
@@ -117,6 +127,7 @@ def _digest(module: ModuleType, batches: list[wire.Batch]) -> None:
 STAGES: Final[dict[str, tuple[str, Callable[[ModuleType, list[wire.Batch]], None]]]] = {
     "render": ("render", _render),
     "learn": ("learner", _learn),
+    "analytics": ("analytics", _analytics),
     "index": ("digest", _index),  # no digest kept: the same code under both cores, the upkeep's base
     "digest": ("digest", _digest),
 }

@@ -25,6 +25,7 @@ COMPILED_MODULES: Final = (
     "kvgateway.protocol._render_c",
     "kvgateway.state._digest_c",
     "kvgateway.state._apply_c",
+    "kvgateway.state._analytics_c",
 )
 """Every compiled module of the core: the core is compiled when all of them load."""
 

@@ -1,4 +1,4 @@
-"""``python -m bench.core --smoke``: both cores' render and learn stages in one run, every figure
+"""``python -m bench.core --smoke``: both cores' render, learn and analytics stages in one run, every figure
 reported (never a speed: smoke sizes mean nothing)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def test_core_bench_smoke(tmp_path: Path) -> None:
     assert set(result["variants"]) == {"map", "array", "bytes"}
     for figures in result["variants"].values():
         assert figures["batches"] > 0
-        for stage in ("render", "learn"):
+        for stage in ("render", "learn", "analytics"):
             assert figures[stage]["pure"] > 0 and figures[stage]["compiled"] > 0
             assert figures[stage]["ratio"] == pytest.approx(
                 figures[stage]["compiled"] / figures[stage]["pure"], rel=0.05

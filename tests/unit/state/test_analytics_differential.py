@@ -1,0 +1,181 @@
+"""The cache analytics' compiled pass (kvgateway/state/_analytics_c.pyx) against its pure-Python
+reference (_analytics_py.py), fed the same generated steps side by side in one process: identical
+observable state after every step (every stream's tiers with every :class:`TierStats` field, the
+sampled blocks stored and evicted with their times in their order, the first blocks of chains in
+theirs, the tiers counted in the order of their first eviction, the routes cached) and identical
+answers of :class:`~kvgateway.state.analytics.CacheAnalytics` around each (``tracked``,
+``counted``, ``streams``, the /v1/analytics document with its prefix spread); over stores, removes,
+clears, restarts and unknown events, u64, i64 and bytes hashes that repeat within and across
+events, sampled and not, mediums of every tier and odd names (None, empty, any case, unknown),
+engine times that go back or are ints, refetch windows, and every bound small enough to be hit
+(tracked blocks, first blocks, the routes' cache).
+
+Each side is a :class:`CacheAnalytics` built around one core's pass (:func:`analytics_with`).
+Skipped where the compiled core was not built."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, UnknownEvent
+from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
+from kvgateway.state import _analytics_py, analytics
+from kvgateway.state.analytics import SAMPLE, CacheAnalytics
+from kvgateway.state.occupancy import OccupancyIndex
+from tests.support.payloads import U64
+
+STREAMS = [("a", 0), ("a", 1), ("b", 0)]
+
+
+def _compiled() -> ModuleType:
+    try:
+        return importlib.import_module("kvgateway.state._analytics_c")
+    except ImportError:
+        pytest.skip("the compiled core is not built here (no C compiler at install)")
+
+
+def analytics_with(module: ModuleType, window: float = 60.0, **bounds: int) -> CacheAnalytics:
+    """A :class:`CacheAnalytics` around ``module``'s pass."""
+    return CacheAnalytics(core=module.AnalyticsPass(window, **bounds))
+
+
+# Few hashes of every kind, so that blocks come back, repeat and sample alike across streams: ints
+# sampled by their value (multiples of SAMPLE, 0 and -16 among them), ints whose hash is not their
+# value (-1 hashes to -2; u64s above 2**61 - 1 are reduced), and bytes (hashed by the process).
+POOL: list[Hash] = [
+    *(SAMPLE * i for i in range(-1, 6)),
+    1,
+    3,
+    -1,
+    -2,
+    2**61 - 1,
+    2**61 + SAMPLE,
+    2**63,
+    U64,
+    U64 - 15,
+    -(2**63),
+    b"\x00" * 32,
+    b"\xff" * 32,
+    b"\x01",
+    b"",
+]
+hash_st = st.sampled_from(POOL)
+medium_st = st.sampled_from([None, "GPU", "gpu", "CPU", "cpu_pinned", "", "DISK", "LMCACHE", "REMOTE_GPU", "Ünï"])
+
+
+@st.composite
+def event_st(draw: st.DrawFn) -> Event:
+    kind = draw(st.sampled_from(["stored"] * 5 + ["removed"] * 4 + ["cleared", "unknown"]))
+    if kind == "stored":
+        hashes = draw(st.lists(hash_st, max_size=6))
+        return BlockStored(hashes, draw(st.none() | hash_st), [], 4, None, draw(medium_st))
+    if kind == "removed":
+        return BlockRemoved(draw(st.lists(hash_st, max_size=6)), draw(medium_st))
+    if kind == "cleared":
+        return AllBlocksCleared()
+    return UnknownEvent(type="BlockMoved", body=["BlockMoved", 1])
+
+
+@st.composite
+def step_st(draw: st.DrawFn) -> tuple[str, Any]:
+    """A batch through the log, a batch applied directly (its time an int or a float), or a restart."""
+    kind = draw(st.sampled_from(["batch"] * 6 + ["apply"] * 3 + ["restart"]))
+    stream = draw(st.sampled_from(STREAMS))
+    if kind == "restart":
+        return kind, stream
+    events = draw(st.lists(event_st(), min_size=1, max_size=5))
+    return kind, (stream, events, draw(st.sampled_from([0, 1, 2, 30, 0.5, 1.25, -1, -0.75])))
+
+
+def shown(side: CacheAnalytics, index: OccupancyIndex) -> dict[str, Any]:
+    """Everything the analytics keep and show: each table's entries in their order, each value
+    by its ``repr`` (an int and a float that are equal still differ)."""
+    core = side.core
+    tiers = core.tiers
+    return {
+        "tiers": [(key, repr(stats)) for key, stats in tiers.items()],
+        "counted": [(key, stats is tiers[key]) for key, stats in core.counted.items()],
+        "roots": repr(list(core.roots.items())),
+        "routes": [
+            (key, medium, tier, stats is tiers[(key[0], tier)]) for key, (medium, tier, stats) in core.routes.items()
+        ],
+        "bounds": (core.refetch_window, core.max_tracked, core.max_roots, core.max_routes),
+        "tracked": side.tracked(),
+        "listed": repr([*side.counted(), *side.streams()]),
+        "document": side.to_json(index.streams()),
+    }
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    steps=st.lists(step_st(), min_size=1, max_size=30),
+    window=st.sampled_from([0.0, 1.5, 60.0]),
+    max_tracked=st.sampled_from([1, 2, 3, 20_000]),
+    max_roots=st.sampled_from([1, 2, 256]),
+    max_routes=st.sampled_from([0, 1, 3, 4_096]),
+)
+def test_both_passes_keep_and_show_the_same_analytics(
+    steps: list[tuple[str, Any]], window: float, max_tracked: int, max_roots: int, max_routes: int
+) -> None:
+    compiled = _compiled()
+    bounds = {"max_tracked": max_tracked, "max_roots": max_roots, "max_routes": max_routes}
+    sides = [analytics_with(module, window, **bounds) for module in (_analytics_py, compiled)]
+    index = OccupancyIndex()  # the streams the document lists and the prefix spread looks up
+    log = MemoryLog()
+    for follower in (index.follow, *(side.follow for side in sides)):
+        log.follow(follower)
+    ts: float = 0
+    for n, (kind, value) in enumerate(steps):
+        if kind == "restart":
+            log.append(NoticeRecord(value, "restart", {"seq": 0, "previous": n, "reason": "seq_reset"}))
+        else:
+            stream, events, dt = value
+            ts += dt
+            if kind == "batch":
+                log.append(batch_record(stream, n, Batch(ts, events), received=1.0, replayed=False))
+            else:
+                for side in sides:
+                    side.apply(stream, events, ts)
+        assert shown(sides[0], index) == shown(sides[1], index)
+
+
+def test_the_bounds_evict_the_oldest_alike() -> None:
+    """Each bound hit on purpose, then every table's order compared: the oldest entry went first."""
+    compiled = _compiled()
+    sides = [analytics_with(module, max_tracked=3, max_roots=2, max_routes=1) for module in (_analytics_py, compiled)]
+    a = STREAMS[0]
+    sampled = [SAMPLE * i for i in range(1, 7)]
+    for side in sides:
+        side.apply(a, [BlockStored(sampled, None, [], 4, None, "cpu")], 1.0)  # the newest 3 kept
+        for n, h in enumerate(sampled[:4]):
+            side.apply(a, [BlockStored([h], None, [], 4, None, None)], 2.0 + n)  # 4 first blocks
+        side.apply(a, [BlockRemoved(sampled, "CPU")], 9.0)
+        side.apply(a, [BlockStored(sampled[:2], 7, [], 4, None, "cpu")], 10.0)
+        side.apply(a, [BlockRemoved(sampled[:2], "cpu")], 11.0)  # a fourth and fifth eviction
+        side.apply(a, [BlockStored(sampled[5:], 7, [], 4, None, "cpu")], 12.0)  # refetched
+    pure, fast = (side.core for side in sides)
+    evicted = list(pure.tier(a, "CPU").evicted_at.items())
+    assert list(fast.tier(a, "CPU").evicted_at.items()) == evicted == [(16, 11.0), (32, 11.0)]
+    assert fast.tier(a, "CPU").refetches == pure.tier(a, "CPU").refetches == 1
+    assert list(fast.tier(a, "CPU").stored_at) == list(pure.tier(a, "CPU").stored_at) == [sampled[5]]
+    assert list(fast.tier(a, "GPU").stored_at) == list(pure.tier(a, "GPU").stored_at) == sampled[1:4]
+    assert list(fast.roots[a]) == list(pure.roots[a]) == [("GPU", sampled[2]), ("GPU", sampled[3])]
+    assert list(fast.routes) == list(pure.routes) == [(a, "cpu")]
+    assert repr(sides[0].counted()) == repr(sides[1].counted())
+    assert repr(sides[0].streams()) == repr(sides[1].streams())
+
+
+def test_the_public_analytics_run_the_chosen_pass() -> None:
+    from kvgateway.runtime import extensions
+
+    compiled = _compiled()
+    chosen = _analytics_py if extensions.forced_pure() else compiled
+    assert analytics.AnalyticsPass is chosen.AnalyticsPass
+    assert type(CacheAnalytics().core) is chosen.AnalyticsPass
+    assert "kvgateway.state._analytics_c" in extensions.COMPILED_MODULES
