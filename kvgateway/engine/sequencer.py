@@ -504,6 +504,11 @@ class Sequencer:
             self._anchor = (seq, raw)
             self._heap.clear()  # every entry left is stale (as _drain)
             return [Deliver(seq, batch, False)]
+        return self._live(seq, batch, raw)
+
+    def _live(self, seq: int, batch: Batch | None, raw: bytes) -> list[Action]:
+        """:meth:`on_live` by the rules themselves (the general case, and the reference its fast
+        case is tested against)."""
         # ``reconnected``: the first live batch since an unverified reconnect. A restart it reveals
         # began at the reconnect, so what the new connection brought (replay items) is the new
         # process's and stays pending for the new epoch instead of being flushed into the old one.
@@ -515,7 +520,7 @@ class Sequencer:
         if seq in self._pending:
             self._live_pending(seq, raw, item, out)
             return out
-        cursor = self.cursor  # again: a suspect's settling may have moved them
+        cursor = self.cursor
         rec = self._rec
         verifying = rec is not None and rec.purpose == "verify"
         if cursor is not None and seq <= cursor:
