@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Final, Protocol, TypeAlias, cast
 
 from kvgateway.protocol.filters import ClientFilter
 
@@ -32,7 +32,6 @@ class ClientRequest:
     """``digest=SECONDS``: a ``digest`` message per selected stream every that many seconds."""
 
 
-@runtime_checkable
 class MultiItems(Protocol):
     """Starlette's ``QueryParams`` (every value of a repeated parameter, in order)."""
 
@@ -91,12 +90,15 @@ def _show(value: str) -> str:
 
 
 def _query_items(params: QueryInput) -> Iterator[tuple[str, str]]:
-    # QueryParams is a Mapping too, but its items() keeps only the last value of each name
-    if isinstance(params, MultiItems):
-        yield from params.multi_items()
+    # QueryParams is a Mapping too, but its items() keeps only the last value of each name.
+    # MultiItems was a runtime-checkable protocol tested with isinstance; this is what that asked
+    # (the attribute is there and not None) without typing's check: 7 to 20 us, twice a request.
+    multi_items = getattr(params, "multi_items", None)
+    if multi_items is not None:
+        yield from multi_items()
         return
     if not isinstance(params, Mapping):
-        yield from params
+        yield from cast("Sequence[tuple[str, str]]", params)  # what is left of QueryInput
         return
     for name, values in params.items():
         if isinstance(values, str):

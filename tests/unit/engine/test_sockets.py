@@ -38,6 +38,16 @@ def test_the_receiver_returns_whole_messages_of_any_frame_count_then_none(pair: 
     assert receive() is None
 
 
+def test_the_receiver_takes_each_frame_count_past_the_three_it_reads_without_a_loop(pair: Pair) -> None:
+    sender, reader = pair
+    messages = [[b"seq", b"payload"], [b"t", b"s", b"p"], [b""], [b"1", b"2", b"3", b"4", b"5"], [b"x", b""]]
+    for message in messages:
+        sender.send_multipart(message)
+    receive = receiver(reader)
+    assert [receive() for _ in messages] == messages
+    assert receive() is None
+
+
 def test_readiness_waits_for_a_message_and_times_out_without_one(pair: Pair) -> None:
     sender, reader = pair
 

@@ -5,7 +5,16 @@ prometheus_client's, is tests/unit/runtime/test_exposition.py.)"""
 
 from __future__ import annotations
 
-from kvgateway.runtime.metrics import LAG_BUCKETS, REJECTION_REASONS, LagHistogram, Metrics, StreamFamilies
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from kvgateway.runtime.metrics import (
+    LAG_BUCKETS,
+    QUEUE_BYTES_BUCKETS,
+    REJECTION_REASONS,
+    LagHistogram,
+    Metrics,
+    StreamFamilies,
+)
 
 
 def test_the_lag_histogram_counts_a_value_in_the_first_bucket_that_holds_it() -> None:
@@ -69,3 +78,24 @@ def test_every_rejection_is_exported_at_zero_before_it_happens() -> None:
         for reason in REJECTION_REASONS:
             labels = {"transport": transport, "reason": reason}
             assert metrics.registry.get_sample_value("kvgateway_client_rejections_total", labels) == 0
+
+
+def test_the_client_queue_bytes_scraped_are_what_a_prometheus_histogram_shows() -> None:
+    """Observed as plain numbers, made into a family when scraped: the same text as
+    prometheus_client's own Histogram with these buckets, edges and sizes past the last included."""
+    sizes = [0, 1, 1023, 1024, 1025, 4096, 262_144, 262_145, 16_777_216, 2**25, *range(0, 2**25, 2**25 // 997)]
+    metrics = Metrics()
+    queued = metrics.hub().queued
+    registry = CollectorRegistry()
+    reference = Histogram(
+        "kvgateway_client_queue_bytes",
+        "Bytes queued for a client, observed at each write.",
+        buckets=QUEUE_BYTES_BUCKETS,
+        registry=registry,
+    )
+    for size in sizes:
+        queued(size)
+        reference.observe(size)
+    ours = [line for line in generate_latest(metrics.registry).decode().splitlines() if "client_queue_bytes" in line]
+    assert ours == generate_latest(registry).decode().splitlines()
+    assert f"kvgateway_client_queue_bytes_count {float(len(sizes))}" in ours
