@@ -35,8 +35,6 @@ WITHOUT_UNIT_TESTS: dict[str, str] = {
     # the web routes: each is a thin layer over a tested core, checked end to end over HTTP
     "serve/app.py": "the routes: tests/integration/web (every route, its parameters and 400s) and "
     "tests/integration/test_health_and_logs.py",
-    "serve/middleware.py": "token and Origin checks on real requests: tests/integration/web/test_requests.py "
-    "and tests/reliability/test_security.py",
     "serve/router_api.py": "the routers' routes over a real server: tests/integration/test_routers_web.py",
     "serve/dashboard_api.py": "the dashboard's routes: tests/integration/test_history.py and tests/browser",
     # the ingest half's sockets
