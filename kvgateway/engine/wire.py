@@ -357,7 +357,9 @@ def decode_batch(payload: bytes | memoryview, *, max_bytes: int = MAX_PAYLOAD_BY
     try:
         fast = first.decode(payload)
     except (*_MALFORMED, msgspec.ValidationError):
-        return _decode_other(payload, as_map)
+        fast = None if as_map else _other_fast(payload)
+        if fast is None:
+            return _decode_general(payload, as_map)
     if type(fast) is _FastArrayBatch:
         return Batch(ts=fast.ts, events=[_from_array(e) for e in fast.events], dp_rank=fast.data_parallel_rank)
     return Batch(ts=fast.ts, events=[_from_fast(e) for e in fast.events], dp_rank=fast.data_parallel_rank)
@@ -378,24 +380,16 @@ class _Layout:
 _layout: Final = _Layout()
 
 
-def _decode_other(payload: bytes | memoryview, as_map: bool) -> Batch:
-    """An array envelope the fast decoder tried first did not take: the other fast one, else the
-    general path; a map envelope: the general path."""
-    if not as_map:
-        other = _fast_batch_decoder if _layout.positional else _fast_array_batch_decoder
-        try:
-            fast = other.decode(payload)
-        except (*_MALFORMED, msgspec.ValidationError):
-            pass
-        else:
-            if isinstance(fast, _FastArrayBatch):
-                _layout.positional = True
-                events = [_from_array(e) for e in fast.events]
-            else:
-                _layout.positional = False
-                events = [_from_fast(e) for e in fast.events]
-            return Batch(ts=fast.ts, events=events, dp_rank=fast.data_parallel_rank)
-    return _decode_general(payload, as_map)
+def _other_fast(payload: bytes | memoryview) -> _FastBatch | _FastArrayBatch | None:
+    """An array envelope the fast decoder tried first did not take: the other fast decoder's batch
+    (the layout remembered from it), or None for the general path."""
+    other = _fast_batch_decoder if _layout.positional else _fast_array_batch_decoder
+    try:
+        fast = other.decode(payload)
+    except (*_MALFORMED, msgspec.ValidationError):
+        return None
+    _layout.positional = type(fast) is _FastArrayBatch
+    return fast
 
 
 def _decode_general(payload: bytes | memoryview, as_map: bool) -> Batch:

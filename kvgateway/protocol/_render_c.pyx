@@ -142,28 +142,26 @@ cdef inline void _pairs_back(char* end, uint32_t value, int digits) noexcept:
 
 cdef inline char* _write_u64(char* at, uint64_t value) noexcept:
     """``value`` in decimal at ``at`` (room for 20 digits); returns the end. Token ids are most of a
-    batch's bytes and fit 32 bits; a hash's 64 bits are split in parts of 8 digits, so that every
-    division but one or two is a 32-bit one."""
-    cdef int digits
+    batch's bytes and fit 32 bits; a hash's 64 bits are split in a top part and one or two parts of
+    8 digits, so that every division but one or two is a 32-bit one."""
     cdef uint64_t top
+    cdef int digits, parts  # parts: the 8-digit parts after the top
     if value <= 0xFFFFFFFFULL:
-        digits = _digit_count(<uint32_t>value)
-        _pairs_back(at + digits, <uint32_t>value, digits)
-        return at + digits
-    if value < 10000000000000000ULL:  # up to 16 digits: two parts (the first under 10**8)
-        top = value // 100000000ULL
-        digits = _digit_count(<uint32_t>top)
-        _pairs_back(at + digits, <uint32_t>top, digits)
-        at += digits
-    else:  # 17 to 20 digits: three parts (the first at most 1844)
-        top = value // 10000000000000000ULL
-        digits = _digit_count(<uint32_t>top)
-        _pairs_back(at + digits, <uint32_t>top, digits)
-        at += digits
+        top, parts = value, 0
+    elif value < 10000000000000000ULL:  # up to 16 digits: the top under 10**8
+        top, parts = value // 100000000ULL, 1
+    else:  # 17 to 20 digits: the top at most 1844
+        top, parts = value // 10000000000000000ULL, 2
+    digits = _digit_count(<uint32_t>top)
+    _pairs_back(at + digits, <uint32_t>top, digits)
+    at += digits
+    if parts == 2:
         _pairs_back(at + 8, <uint32_t>((value // 100000000ULL) % 100000000ULL), 8)
         at += 8
-    _pairs_back(at + 8, <uint32_t>(value % 100000000ULL), 8)
-    return at + 8
+    if parts:
+        _pairs_back(at + 8, <uint32_t>(value % 100000000ULL), 8)
+        at += 8
+    return at
 
 
 cdef inline int _put_unsigned(Buffer* out, uint64_t value) except -1:
