@@ -19,7 +19,7 @@ import zmq
 from kvgateway.config.settings import StreamConfig
 from kvgateway.engine import wire
 from kvgateway.engine.endpoints import is_ipv6
-from kvgateway.engine.sequencer import Action, CancelReplay, Deliver, RequestReplay, Sequencer
+from kvgateway.engine.sequencer import Action, CancelReplay, RequestReplay, Sequencer
 from kvgateway.engine.sockets import FD, Readiness, has_message, monitor_event, receiver
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.runtime.tasks import cancel_and_wait
@@ -216,19 +216,8 @@ class StreamReader:
         except wire.DecodeError as exc:
             self._outlet.decode_error(None, str(exc))
             return
-        try:  # _decode, inline: a call less per message
-            batch: wire.Batch | None = wire.decode_batch(payload)
-        except wire.DecodeError as exc:
-            self._outlet.decode_error(seq, str(exc))
-            batch = None
-        actions = self.sequencer.on_live(seq, batch, payload)
-        if len(actions) == 1 and type(actions[0]) is Deliver:
-            # The common turn: _apply without its look for replays to start or cancel.
-            self._outlet.apply(actions, received, self.sequencer.held)
-            if self._quiet is None:
-                self._arm_quiet()
-        else:
-            self._apply(actions, received)
+        batch = self._decode(seq, payload)
+        self._apply(self.sequencer.on_live(seq, batch, payload), received)
 
     def _decode(self, seq: int, payload: bytes) -> wire.Batch | None:
         try:
@@ -248,11 +237,7 @@ class StreamReader:
                 task = self._replays.pop(action.token, None)
                 if task is not None:
                     task.cancel()
-        if self._quiet is None:
-            self._arm_quiet()
-
-    def _arm_quiet(self) -> None:
-        if self.sequencer.waiting_for_live or self._live_count != self._quiet_seen:
+        if self._quiet is None and (self.sequencer.waiting_for_live or self._live_count != self._quiet_seen):
             # One timer per quiet period, not per message: it re-arms itself while batches flow.
             self._quiet = asyncio.get_running_loop().call_later(
                 self._quiet_seconds, self._quiet_check, self._live_count
