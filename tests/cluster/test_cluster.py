@@ -375,6 +375,8 @@ def test_serve_workers_on_an_existing_nats_server(procs: Start, nats_server: Nat
     kids = _children(parent.popen.pid)
     assert len(kids) == 2  # ingest and one edge: no private nats-server
     assert all(b"nats-server" not in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in kids)
-    assert get(port, "/v1/sources")["sources"][0]["connected"] is True
+    # ready() lets an engine-side reason pass (the engine may still be starting): the connection is
+    # awaited, as the edge hears of it through the ingest's status record
+    wait_until(lambda: get(port, "/v1/sources")["sources"][0]["connected"] is True, timeout=40, what="connected")
     assert parent.stop(20) == 0
     wait_until(lambda: _gone(kids), timeout=20, what="every child gone")
