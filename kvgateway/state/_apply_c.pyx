@@ -18,16 +18,32 @@ second), so no value a Python int holds can overflow here.
 """
 
 from collections import Counter
+from collections.abc import Set as AbstractSet
 import math
 
 cimport cython
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.set cimport PySet_Discard
 from libc.stdint cimport uint64_t
-from libc.string cimport memcmp, memcpy, memset
 
-from kvgateway._pylong cimport u64_of  # a hash's int read from its digits
+from kvgateway.state._hashtable cimport (  # the C tables of hashes: the evictions' and the groups'
+    CONTENT,
+    Key,
+    Table,
+    _BYTES,
+    _INT,
+    _MIN_SLOTS,
+    _OTHER,
+    _key_of,
+    _table_add,
+    _table_clear,
+    _table_copy,
+    _table_empty,
+    _table_free,
+    _table_has,
+    _table_init,
+    _table_pop,
+    _table_set,
+)
 
 from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored
 from kvgateway.state._apply_py import (
@@ -48,235 +64,6 @@ cdef Py_ssize_t _WINDOW = RATE_WINDOW_SECONDS
 cdef int _COMPARE_ALL = COMPARE_ALL
 cdef int _NEW = NEW
 _BUCKETS = RECENT_SECONDS // BUCKET_SECONDS
-
-
-cdef struct Slot:
-    uint64_t key  # 0: the slot is empty (hash 0 is kept in its table's ``zero``)
-    double ts
-
-
-cdef enum:
-    CONTENT = 32  # the bytes of a content-keyed slot: a sha256 block hash (vLLM's raw-bytes hashes)
-
-
-cdef struct Table:
-    # Open addressing, linear probing, at most 3/4 full: one probe (one cache line) answers most
-    # lookups. Deletion shifts the entries after a freed slot back (no tombstones).
-    # Two kinds share the code: keyed by a u64 hash itself (``content`` NULL), or by 32-byte hashes
-    # (``content`` holds each slot's bytes; ``key`` a non-zero fingerprint of them, compared first,
-    # so a lookup of an absent hash touches the slots alone).
-    Slot* slots
-    unsigned char* content
-    size_t mask
-    size_t n  # entries, hash 0 included
-    bint has_zero
-    double zero
-
-
-cdef size_t _MIN_SLOTS = 16
-
-
-cdef inline size_t _mix(uint64_t key) noexcept nogil:
-    # splitmix64's finaliser: engines' hashes are good, but a test's 0, 1, 2, ... must spread too
-    key ^= key >> 30
-    key *= 0xbf58476d1ce4e5b9ULL
-    key ^= key >> 27
-    key *= 0x94d049bb133111ebULL
-    key ^= key >> 31
-    return <size_t>key
-
-
-cdef inline uint64_t _fingerprint(const unsigned char* data) noexcept nogil:
-    """A non-zero 64-bit fingerprint of 32 bytes: the four words weighed by odd constants, so that
-    hashes alike in all but one word, or of four equal words, still differ (the table mixes it again
-    for the slot); equal fingerprints are told apart by the bytes."""
-    cdef uint64_t w0, w1, w2, w3
-    memcpy(&w0, data, 8)
-    memcpy(&w1, data + 8, 8)
-    memcpy(&w2, data + 16, 8)
-    memcpy(&w3, data + 24, 8)
-    cdef uint64_t fp = w0 + w1 * 0x9e3779b97f4a7c15ULL + w2 * 0xc2b2ae3d27d4eb4fULL + w3 * 0x165667b19e3779f9ULL
-    return fp if fp else 1
-
-
-cdef int _table_init(Table* table, size_t slots, bint content) except -1:
-    table.slots = <Slot*>PyMem_Malloc(slots * sizeof(Slot))  # traced by tracemalloc, as a dict's table is
-    if table.slots is NULL:
-        raise MemoryError()
-    memset(table.slots, 0, slots * sizeof(Slot))
-    table.content = NULL
-    if content:
-        table.content = <unsigned char*>PyMem_Malloc(slots * CONTENT)
-        if table.content is NULL:
-            PyMem_Free(table.slots)
-            table.slots = NULL
-            raise MemoryError()
-    table.mask = slots - 1
-    table.n = 0
-    table.has_zero = False
-    return 0
-
-
-cdef inline bint _slot_is(Table* table, size_t i, uint64_t key, const unsigned char* data) noexcept nogil:
-    """Whether slot ``i`` holds ``key`` (and, in a content table, ``data``, its bytes)."""
-    return table.slots[i].key == key and (
-        table.content is NULL or memcmp(table.content + i * CONTENT, data, CONTENT) == 0
-    )
-
-
-cdef inline Py_ssize_t _table_find(Table* table, uint64_t key, const unsigned char* data) noexcept nogil:
-    """The slot of a non-zero ``key`` (with ``data``, its bytes, in a content table), or -1."""
-    cdef size_t i = _mix(key) & table.mask
-    while table.slots[i].key:
-        if _slot_is(table, i, key, data):
-            return <Py_ssize_t>i
-        i = (i + 1) & table.mask
-    return -1
-
-
-cdef inline bint _table_has(Table* table, uint64_t key, const unsigned char* data) noexcept nogil:
-    return table.has_zero if key == 0 else _table_find(table, key, data) >= 0
-
-
-cdef inline void _table_move(Table* table, size_t to, size_t frm) noexcept nogil:
-    table.slots[to] = table.slots[frm]
-    if table.content is not NULL:
-        memcpy(table.content + to * CONTENT, table.content + frm * CONTENT, CONTENT)
-
-
-cdef int _table_grow(Table* table) except -1:
-    cdef Slot* old = table.slots
-    cdef unsigned char* old_content = table.content
-    cdef size_t count = table.mask + 1
-    cdef size_t i, j
-    cdef size_t n = table.n
-    cdef bint has_zero = table.has_zero
-    cdef double zero = table.zero
-    _table_init(table, count * 2, old_content is not NULL)
-    table.n = n
-    table.has_zero, table.zero = has_zero, zero
-    for i in range(count):
-        if old[i].key:
-            j = _mix(old[i].key) & table.mask
-            while table.slots[j].key:
-                j = (j + 1) & table.mask
-            table.slots[j] = old[i]
-            if old_content is not NULL:
-                memcpy(table.content + j * CONTENT, old_content + i * CONTENT, CONTENT)
-    PyMem_Free(old)
-    PyMem_Free(old_content)
-    return 0
-
-
-cdef inline int _table_set(Table* table, uint64_t key, const unsigned char* data, double ts) except -1:
-    cdef size_t i
-    if key == 0:
-        table.n += not table.has_zero
-        table.has_zero, table.zero = True, ts
-        return 0
-    if (table.n + 1) * 4 > (table.mask + 1) * 3:
-        _table_grow(table)
-    i = _mix(key) & table.mask
-    while table.slots[i].key:
-        if _slot_is(table, i, key, data):
-            table.slots[i].ts = ts
-            return 0
-        i = (i + 1) & table.mask
-    table.slots[i].key = key
-    table.slots[i].ts = ts
-    if table.content is not NULL:
-        memcpy(table.content + i * CONTENT, data, CONTENT)
-    table.n += 1
-    return 0
-
-
-cdef void _table_delete(Table* table, size_t i) noexcept nogil:
-    """Free slot ``i``, moving back every later entry of the run that would no longer be found."""
-    cdef size_t j = i
-    cdef size_t home
-    while True:
-        j = (j + 1) & table.mask
-        if not table.slots[j].key:
-            break
-        home = _mix(table.slots[j].key) & table.mask
-        # the entry at j stays where it is if its home lies cyclically in (i, j]
-        if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
-            continue
-        _table_move(table, i, j)
-        i = j
-    table.slots[i].key = 0
-    table.n -= 1
-
-
-cdef inline bint _table_pop(Table* table, uint64_t key, const unsigned char* data, double* ts) noexcept nogil:
-    """Forget ``key``; whether it was there (its time in ``ts``)."""
-    cdef Py_ssize_t i
-    if key == 0:
-        if not table.has_zero:
-            return False
-        ts[0] = table.zero
-        table.has_zero = False
-        table.n -= 1
-        return True
-    i = _table_find(table, key, data)
-    if i < 0:
-        return False
-    ts[0] = table.slots[i].ts
-    _table_delete(table, <size_t>i)
-    return True
-
-
-cdef void _table_free(Table* table) noexcept:
-    PyMem_Free(table.slots)
-    PyMem_Free(table.content)
-    table.slots = NULL
-    table.content = NULL
-
-
-cdef int _table_clear(Table* table) except -1:
-    """Empty, back to its smallest size (a generation the window leaves behind gives its memory back)."""
-    cdef bint content = table.content is not NULL
-    _table_free(table)
-    return _table_init(table, _MIN_SLOTS, content)
-
-
-cdef int _table_empty(Table* table, Py_ssize_t bound) except -1:
-    """Empty, keeping its slots if ``bound`` entries need as many: a generation dropped at the bound
-    fills again at the same rate, and growing back from 16 slots rehashed each entry about once
-    more (and zeroed twice the memory). A table grown past the bound's size (by the one ``add`` that
-    crossed it) goes back to the smallest size, so the bound's memory holds."""
-    cdef Py_ssize_t slots = <Py_ssize_t>(table.mask + 1)
-    if bound * 4 <= (slots // 2) * 3:  # the bound fits in half of it: more slots than it needs
-        return _table_clear(table)
-    memset(table.slots, 0, <size_t>slots * sizeof(Slot))
-    table.n = 0
-    table.has_zero = False
-    return 0
-
-
-cdef enum:
-    _INT = 0  # an int of 0 to 2**64-1: the u64 table, keyed by itself
-    _BYTES = 1  # bytes of CONTENT length: the content table, keyed by its fingerprint and bytes
-    _OTHER = 2  # any other hash: the dict
-
-
-cdef struct Key:
-    int kind
-    uint64_t key
-    const unsigned char* data  # a _BYTES hash's own buffer (alive while the hash is), else NULL
-
-
-cdef inline int _key_of(object h, Key* k) except -1:
-    k.data = NULL
-    if u64_of(h, &k.key):
-        k.kind = _INT
-    elif type(h) is bytes and PyBytes_GET_SIZE(h) == CONTENT:
-        k.kind = _BYTES
-        k.data = <const unsigned char*>PyBytes_AS_STRING(h)
-        k.key = _fingerprint(k.data)
-    else:
-        k.kind = _OTHER
-    return 0
 
 
 @cython.final
@@ -430,20 +217,228 @@ cdef class Evictions:
         return previous if evicted_at is None else evicted_at
 
 
-cdef bint _fresh(set fleet, object evicted, object hashes) except -1:
+@cython.final
+cdef class BlockSet:
+    """A group's resident hashes (and the fleet's holders), in C tables: the set the reference
+    keeps, read through the same ``collections.abc.Set`` interface (registered as one).
+
+    u64 hashes live in one table, 32-byte hashes in another, any other hash in a Python set beside
+    them: no int object is kept per resident block, and a lookup is one probe into one array (a
+    Python set's reads its entry and then the int the entry points to: two cache misses each on an
+    index larger than the cache, where the gateway spent a fifth of a batch in ``set_lookkey``).
+    The pass changes it through C methods. Its iteration order is the tables', not a Python set's:
+    nothing depends on it (a group's blocks are listed in no order). Changing it while iterating
+    raises RuntimeError, as a set does (the tables may have moved)."""
+
+    cdef Table ints
+    cdef Table blobs
+    cdef set other
+    cdef size_t changes  # every insertion and removal: what an iterator checks
+
+    __hash__ = None  # mutable, as a set
+
+    def __cinit__(self, hashes=()):
+        _table_init(&self.ints, _MIN_SLOTS, False)
+        _table_init(&self.blobs, _MIN_SLOTS, True)
+        self.other = set()
+        self.changes = 0
+        for h in hashes:
+            self.enter(h)
+
+    def __dealloc__(self):
+        _table_free(&self.ints)
+        _table_free(&self.blobs)
+
+    cdef inline bint has_key(self, Key* k, object h) except -1:
+        if k.kind == _INT:
+            return _table_has(&self.ints, k.key, NULL)
+        if k.kind == _BYTES:
+            return _table_has(&self.blobs, k.key, k.data)
+        return h in self.other
+
+    cdef inline bint has(self, object h) except -1:
+        cdef Key k
+        _key_of(h, &k)
+        return self.has_key(&k, h)
+
+    cdef inline bint add_key(self, Key* k, object h) except -1:
+        """Put ``h`` in; whether it was not there."""
+        cdef Py_ssize_t before
+        self.changes += 1
+        if k.kind == _INT:
+            return _table_add(&self.ints, k.key, NULL)
+        if k.kind == _BYTES:
+            return _table_add(&self.blobs, k.key, k.data)
+        before = len(self.other)
+        self.other.add(h)
+        return len(self.other) != before
+
+    cpdef bint enter(self, object h) except -1:
+        """Put ``h`` in; whether it was not there (the pass's ``add``, public for the tests)."""
+        cdef Key k
+        _key_of(h, &k)
+        return self.add_key(&k, h)
+
+    cdef inline bint discard_key(self, Key* k, object h) except -1:
+        """Take ``h`` out; whether it was there."""
+        cdef double at
+        self.changes += 1
+        if k.kind == _INT:
+            return _table_pop(&self.ints, k.key, NULL, &at)
+        if k.kind == _BYTES:
+            return _table_pop(&self.blobs, k.key, k.data, &at)
+        return PySet_Discard(self.other, h) == 1
+
+    cpdef bint leave(self, object h) except -1:
+        """Take ``h`` out; whether it was there (the pass's ``discard``, public for the tests)."""
+        cdef Key k
+        _key_of(h, &k)
+        return self.discard_key(&k, h)
+
+    cdef inline bint none_of(self, hashes) except -1:
+        for h in hashes:
+            if self.has(h):
+                return False
+        return True
+
+    cdef BlockSet copied(self):
+        cdef BlockSet out = BlockSet.__new__(BlockSet)
+        _table_free(&out.ints)
+        _table_free(&out.blobs)
+        _table_copy(&out.ints, &self.ints)
+        _table_copy(&out.blobs, &self.blobs)
+        out.other = set(self.other)
+        return out
+
+    cdef inline Py_ssize_t size(self):
+        return <Py_ssize_t>(self.ints.n + self.blobs.n) + len(self.other)
+
+    # --- the read-only set interface (collections.abc.Set), for everything outside the pass ---
+
+    def __len__(self):
+        return self.size()
+
+    def __contains__(self, h):
+        return self.has(h)
+
+    def __iter__(self):
+        return _BlockSetIterator(self)
+
+    def __reduce__(self):
+        return BlockSet, (list(self),)
+
+    def __repr__(self):
+        return f"BlockSet({set(self)!r})"
+
+    def copy(self):
+        return self.copied()
+
+    def isdisjoint(self, other):
+        return self.none_of(other)
+
+    def __richcmp__(self, other, int op):
+        if not isinstance(other, (BlockSet, set, frozenset)):
+            return NotImplemented
+        mine = set(self)
+        if op == 0:
+            return mine < other
+        if op == 1:
+            return mine <= other
+        if op == 2:
+            return mine == other
+        if op == 3:
+            return mine != other
+        if op == 4:
+            return mine > other
+        return mine >= other
+
+    def __and__(self, other):
+        return set(self) & set(other)
+
+    def __or__(self, other):
+        return set(self) | set(other)
+
+    def __sub__(self, other):
+        return set(self) - set(other)
+
+    def __xor__(self, other):
+        return set(self) ^ set(other)
+
+    def __rand__(self, other):
+        return set(other) & set(self)
+
+    def __ror__(self, other):
+        return set(other) | set(self)
+
+    def __rsub__(self, other):
+        return set(other) - set(self)
+
+    def __rxor__(self, other):
+        return set(other) ^ set(self)
+
+
+@cython.final
+cdef class _BlockSetIterator:
+    """A :class:`BlockSet`'s hashes: the u64 table (its zero first), the 32-byte table, the rest."""
+
+    cdef BlockSet owner
+    cdef size_t changes
+    cdef size_t at  # the next slot of the table being read
+    cdef int stage  # 0: the u64 zero, 1: the u64 slots, 2: the 32-byte slots, 3: the rest
+    cdef object rest
+
+    def __cinit__(self, BlockSet owner):
+        self.owner = owner
+        self.changes = owner.changes
+        self.at = 0
+        self.stage = 0
+        self.rest = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        cdef BlockSet owner = self.owner
+        cdef Table* table
+        if owner.changes != self.changes:
+            raise RuntimeError("BlockSet changed size during iteration")
+        if self.stage == 0:
+            self.stage = 1
+            if owner.ints.has_zero:
+                return 0
+        if self.stage == 1:
+            table = &owner.ints
+            while self.at <= table.mask:
+                self.at += 1
+                if table.slots[self.at - 1].key:
+                    return table.slots[self.at - 1].key
+            self.stage, self.at = 2, 0
+        if self.stage == 2:
+            table = &owner.blobs
+            while self.at <= table.mask:
+                self.at += 1
+                if table.slots[self.at - 1].key:
+                    return (<const char*>table.content)[(self.at - 1) * CONTENT : self.at * CONTENT]
+            self.stage = 3
+            self.rest = iter(owner.other)
+        return next(self.rest)
+
+
+cdef bint _fresh(BlockSet fleet, object evicted, object hashes) except -1:
     """No hash held anywhere in the fleet nor evicted lately (the reference's two tests, one loop)."""
     if type(evicted) is not Evictions:
-        return fleet.isdisjoint(hashes) and evicted.none_of(hashes)
-    for h in hashes:
-        if h in fleet:
-            return False
+        return fleet.none_of(hashes) and evicted.none_of(hashes)
+    if not fleet.none_of(hashes):
+        return False
     return not (<Evictions>evicted)._holds_any(hashes)
 
 
 cdef class Group:
-    """The compiled twin of :class:`kvgateway.state._apply_py.Group` (see there)."""
+    """The compiled twin of :class:`kvgateway.state._apply_py.Group` (see there), its hashes in a
+    :class:`BlockSet`. Its stores and removes go hash by hash, in order, each hash's kind read once
+    for both the group's set and the fleet's: the reference's set operations, one loop."""
 
-    cdef public set blocks
+    cdef public BlockSet blocks
     cdef public dict extra
     cdef public Medium medium
     cdef public bint shared
@@ -452,7 +447,7 @@ cdef class Group:
     cdef public object prefix
 
     def __init__(self, medium, fleet=None):
-        self.blocks = set()
+        self.blocks = BlockSet()
         self.extra = {}
         self.medium = medium
         self.shared = False
@@ -464,42 +459,38 @@ cdef class Group:
         self.prefix = prefix_state(medium, group_idx)
         self.digest = elements_sum(self.prefix, self.blocks)
 
+    def restore(self, blocks, extra):
+        self.blocks = BlockSet(blocks)
+        self.extra = dict(extra)
+        self.shared = False
+
     cdef void _own(self):
-        self.blocks = set(self.blocks)
+        self.blocks = self.blocks.copied()
         self.extra = dict(self.extra)
         self.shared = False
 
     cpdef store(self, hashes):
         cdef Group fleet = self.fleet
-        cdef set blocks
+        cdef BlockSet blocks
         cdef dict extra
         cdef list entered
-        cdef Py_ssize_t before
-        if fleet is not None and fleet.blocks.isdisjoint(hashes):
+        if fleet is not None and fleet.blocks.none_of(hashes):
             self.store_new(hashes)  # the common case: held nowhere in the fleet
             return
         if self.shared:
             self._own()
         blocks = self.blocks
-        if self.digest is not None:
-            self.digest = (self.digest + elements_sum(self.prefix, set(hashes).difference(blocks))) & MASK
-        if blocks.isdisjoint(hashes):
-            before = len(blocks)
-            blocks.update(hashes)
-            if len(blocks) - before != len(hashes):
-                self._repeats(hashes)
-                hashes = list(dict.fromkeys(hashes))
-            if fleet is not None:
-                fleet.store(hashes)
-            return
+        if self.digest is not None:  # the hashes that become resident (refs 0 -> 1), counted once
+            self.digest = (self.digest + elements_sum(self.prefix, [h for h in set(hashes) if not blocks.has(h)])) & MASK
+        # the reference's two cases (all new here, or some held) in one loop: a hash held, or named
+        # again, takes an extra reference; the others enter, in their first mention's order
         extra = self.extra
         entered = []
         for h in hashes:
-            if h in blocks:
-                extra[h] = extra.get(h, 0) + 1
-            else:
-                blocks.add(h)
+            if blocks.enter(h):
                 entered.append(h)
+            else:
+                extra[h] = extra.get(h, 0) + 1
         if fleet is not None:
             fleet.store(entered)
 
@@ -510,65 +501,77 @@ cdef class Group:
                 extra[h] = extra.get(h, 0) + n - 1
 
     cpdef store_new(self, hashes):
-        cdef set blocks
-        cdef set held
+        cdef BlockSet blocks
+        cdef BlockSet held
+        cdef Key k
         cdef Py_ssize_t before
         if self.shared:
             self._own()
         blocks = self.blocks
         if self.digest is not None:
             self.digest = (self.digest + elements_sum(self.prefix, set(hashes))) & MASK
-        before = len(blocks)
+        before = blocks.size()
         if self.fleet is None:
-            blocks.update(hashes)
-        else:  # both sets in one loop (a repeat adds nothing to either, as the reference's update)
+            for h in hashes:
+                blocks.enter(h)
+        else:  # both sets in one loop, each hash's kind read once (a repeat adds nothing to either)
             held = self.fleet.blocks
             for h in hashes:
-                blocks.add(h)
-                held.add(h)
-        if len(blocks) - before != len(hashes):
+                _key_of(h, &k)
+                blocks.add_key(&k, h)
+                held.add_key(&k, h)
+        if blocks.size() - before != len(hashes):
             self._repeats(hashes)
 
     cpdef Py_ssize_t remove(self, hashes) except -1:
         cdef set was
         cdef Py_ssize_t unknown
+        cdef BlockSet blocks
         if self.digest is None:
             return self._take(hashes)
-        was = self.blocks.intersection(hashes)
+        blocks = self.blocks
+        was = {h for h in hashes if blocks.has(h)}
         unknown = self._take(hashes)
-        self.digest = (self.digest - elements_sum(self.prefix, was.difference(self.blocks))) & MASK
+        blocks = self.blocks  # a copy, if the group was shared
+        self.digest = (self.digest - elements_sum(self.prefix, [h for h in was if not blocks.has(h)])) & MASK
         return unknown
 
     cdef Py_ssize_t _take(self, hashes) except -1:
-        cdef set blocks, gone, held
+        cdef BlockSet blocks, held
         cdef dict extra
         cdef Group fleet
-        cdef Py_ssize_t before, unknown
+        cdef Py_ssize_t before
         cdef list left
+        cdef Key k
         if self.shared:
             self._own()
         blocks = self.blocks
         extra = self.extra
         if not extra or extra.keys().isdisjoint(hashes):
-            before = len(blocks)
+            # no extra references involved: each hash held leaves (a repeated hash's second
+            # mention is unknown), and leaves the fleet's holders too when no other group holds it
+            before = blocks.size()
             fleet = self.fleet
             if fleet is None:
-                blocks.difference_update(hashes)
-            elif not fleet.extra:
-                # every hash this group held leaves the fleet too (no other group holds any): one
-                # loop, the reference's set differences hash by hash
+                for h in hashes:
+                    blocks.leave(h)
+            elif not fleet.extra:  # no other group holds any hash: each leaves the fleet too
                 held = fleet.blocks
                 for h in hashes:
-                    # discard's answer says whether it was there: two set lookups a hash, not three
-                    if PySet_Discard(blocks, h):
-                        PySet_Discard(held, h)
+                    _key_of(h, &k)
+                    if blocks.discard_key(&k, h):
+                        held.discard_key(&k, h)
             else:
-                gone = blocks.intersection(hashes)
-                blocks.difference_update(gone)
-                fleet.remove(list(gone))
-            return len(hashes) - (before - len(blocks))
-        unknown = 0
-        left = []
+                fleet.remove([h for h in hashes if blocks.leave(h)])
+            return len(hashes) - (before - blocks.size())
+        return self._take_extra(hashes)
+
+    cdef Py_ssize_t _take_extra(self, hashes) except -1:
+        """:meth:`_take` where extra references are involved: hash by hash."""
+        cdef BlockSet blocks = self.blocks
+        cdef dict extra = self.extra
+        cdef Py_ssize_t unknown = 0
+        cdef list left = []
         for h in hashes:
             n = extra.get(h)
             if n is not None:
@@ -576,8 +579,7 @@ cdef class Group:
                     del extra[h]
                 else:
                     extra[h] = n - 1
-            elif h in blocks:
-                blocks.remove(h)
+            elif blocks.leave(h):
                 left.append(h)
             else:
                 unknown += 1
@@ -586,12 +588,12 @@ cdef class Group:
         return unknown
 
     def refcount(self, h):
-        return 1 + self.extra.get(h, 0) if h in self.blocks else 0
+        return 1 + self.extra.get(h, 0) if self.blocks.has(h) else 0
 
     def clear(self):
-        if self.fleet is not None and self.blocks:
+        if self.fleet is not None and self.blocks.size():
             self.fleet.remove(list(self.blocks))
-        self.blocks = set()
+        self.blocks = BlockSet()
         self.extra = {}
         self.shared = False
         if self.digest is not None:
@@ -791,3 +793,6 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
             stale = index.staleness.reason is not None
     if fresh and account is not None:
         account.add(_NEW, fresh, tokens, now)
+
+
+AbstractSet.register(BlockSet)  # read as the reference's sets are: isinstance(blocks, collections.abc.Set)

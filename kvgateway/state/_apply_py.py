@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Protocol
 
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Hash, Stream
@@ -224,6 +225,12 @@ class Group:
         """Keep the digest from now on: computed once from the resident hashes (O(blocks))."""
         self.prefix = prefix_state(medium, group_idx)
         self.digest = elements_sum(self.prefix, self.blocks)
+
+    def restore(self, blocks: Iterable[Hash], extra: Mapping[Hash, int]) -> None:
+        """The hashes and extra references a checkpoint had (the fleet's holders are the caller's)."""
+        self.blocks = set(blocks)
+        self.extra = dict(extra)
+        self.shared = False
 
     def _own(self) -> None:
         self.blocks = set(self.blocks)

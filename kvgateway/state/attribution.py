@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
 from kvgateway.engine.mediums import medium_tier
@@ -267,7 +268,7 @@ class Attribution:
         key: int | None,
         *,
         ts: float,
-        sets: list[tuple[str, set[Hash]]],
+        sets: list[tuple[str, AbstractSet[Hash]]],
     ) -> int:
         own = 0
         offloaded = False

@@ -46,6 +46,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -251,7 +252,7 @@ class TokenBucket:
 # --- lookup by hashes -----------------------------------------------------------------------
 
 
-def _prefix(chain: Sequence[tuple[Hash, ...]], sets: list[set[Hash]], start: int = 0) -> int:
+def _prefix(chain: Sequence[tuple[Hash, ...]], sets: list[AbstractSet[Hash]], start: int = 0) -> int:
     """How many leading positions from ``start`` have a candidate in one of ``sets``, plus ``start``."""
     n = start
     if len(sets) == 1:
@@ -279,7 +280,7 @@ def _stream_answer(
     index: StreamIndex, chain: Sequence[tuple[Hash, ...]], group_idx: int | None, block_size: int | None
 ) -> dict[str, Any]:
     """One stream's entry. ``block_size``: the chain's own (by tokens), or None: the mediums'."""
-    mediums: dict[str, list[set[Hash]]] = {}
+    mediums: dict[str, list[AbstractSet[Hash]]] = {}
     sizes: dict[str, int] = {}
     for medium, group, size, blocks, _extra in index.block_groups():
         if group_idx is None or group == group_idx:
@@ -394,9 +395,9 @@ class FleetCount:
     def __init__(self, indexes: Iterable[StreamIndex], step_blocks: int = 16384) -> None:
         if step_blocks < 1:
             raise ValueError(f"step_blocks must be at least 1, got {step_blocks}")
-        todo: list[tuple[int, list[tuple[str, set[Hash]]]]] = []
+        todo: list[tuple[int, list[tuple[str, AbstractSet[Hash]]]]] = []
         for index in indexes:
-            by_group: dict[int, list[tuple[str, set[Hash]]]] = {}
+            by_group: dict[int, list[tuple[str, AbstractSet[Hash]]]] = {}
             for medium, group, _size, blocks, _extra in index.block_groups(freeze=True):
                 by_group.setdefault(group, []).append((medium, blocks))
             todo.extend(by_group.items())
@@ -415,7 +416,7 @@ class FleetCount:
         multi |= seen & blocks
         seen |= blocks
 
-    def _count(self, todo: list[tuple[int, list[tuple[str, set[Hash]]]]], step_blocks: int) -> Iterator[None]:
+    def _count(self, todo: list[tuple[int, list[tuple[str, AbstractSet[Hash]]]]], step_blocks: int) -> Iterator[None]:
         for group, parts in todo:
             every = self._all[group]
             mine: set[Hash] = set()  # this stream's hashes of the group so far, any medium

@@ -12,14 +12,19 @@ Engines announce every physical copy, so the index counts references: a store ad
 a remove takes one away and the block leaves at zero. A remove of a hash the index does not hold
 is normal (the gateway joined late, a gap) and only counted.
 
-Memory: nearly every block has a single reference, so the resident hashes live in a ``set`` and
-only hashes with more than one reference get an entry in a side ``dict`` of extra references,
-about 60-80 bytes per resident u64 block including the int object itself.
+Memory: nearly every block has a single reference, so the resident hashes live in a set and only
+hashes with more than one reference get an entry in a side ``dict`` of extra references. The
+pure-Python core's set is a ``set`` of the hashes' objects (60-80 bytes per resident u64 block,
+the int included); the compiled core's is a :class:`~kvgateway.state._apply_c.BlockSet`, C tables
+of 16-byte slots with no object per hash (21 to 43 bytes per block as a table fills, and as
+much again in the fleet's holders). Both read as a ``collections.abc.Set``, which is all that
+leaves the index.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
@@ -67,7 +72,7 @@ block per second): a sum of floats is otherwise written as ``1185.1999999999998`
 _ROUTE_CACHE_MAX: Final = 256
 """Bound on cached (raw medium, group_idx) routes: the wire's medium strings are not trusted."""
 
-BlockGroup: TypeAlias = tuple[str, int, int, "set[Hash]", "dict[Hash, int]"]
+BlockGroup: TypeAlias = tuple[str, int, int, "AbstractSet[Hash]", "dict[Hash, int]"]
 """One (medium, group_idx) of a stream, from :meth:`StreamIndex.block_groups`: ``(medium name,
 group_idx, the medium's last announced block size (0: unknown), resident hashes, extra references)``;
 a hash's reference count is ``1 + extra.get(hash, 0)``."""
@@ -212,7 +217,7 @@ class StreamIndex:
         grp = None if med is None else med.groups.get(0 if group_idx is None else group_idx)
         return 0 if grp is None else grp.refcount(block_hash)
 
-    def tier_sets(self) -> list[tuple[str, set[Hash]]]:
+    def tier_sets(self) -> list[tuple[str, AbstractSet[Hash]]]:
         """(tier, live resident hashes) of every medium and group: valid until the next change."""
         return [(medium_tier(name), grp.blocks) for name, med in self._mediums.items() for grp in med.groups.values()]
 
@@ -298,7 +303,7 @@ class StreamIndex:
             med = self._mediums[name] = Medium(self._fleet, medium_tier(name) == "GPU")
         grp = med.group(group_idx)
         grp.clear()
-        grp.blocks, grp.extra, grp.shared = blocks, extra, False
+        grp.restore(blocks, extra)
         self._fleet.store(list(blocks))
         if self._digest:
             grp.track(name, group_idx)
@@ -399,7 +404,7 @@ class OccupancyIndex:
         self._missing_history: str | None = None  # see history_missing
         self._streams: dict[Stream, StreamIndex] = {}
         # Who holds each hash, fleet-wide: a refcount of the (stream, medium, group) holding it, kept
-        # by the groups' own transitions (a set and a side dict: 60-80 bytes per distinct block).
+        # by the groups' own transitions (a set and a side dict, as a group's).
         self._fleet = Group(Medium())
         self.observer = observer
         """Told of each store and remove as it is applied, every stream's (see :class:`StoreObserver`)."""
@@ -435,7 +440,7 @@ class OccupancyIndex:
         self.stream(source, dp_rank).apply(batch, now, replayed)
 
     @property
-    def holders(self) -> set[Hash]:
+    def holders(self) -> AbstractSet[Hash]:
         """Every hash some stream, medium and group holds: the fleet's holders, live (the same set
         for the index's lifetime: the learner keeps it). Never change it."""
         return self._fleet.blocks

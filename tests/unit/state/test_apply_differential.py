@@ -14,7 +14,9 @@ index (:func:`core`). Skipped where the compiled core was not built."""
 from __future__ import annotations
 
 import importlib
+import pickle
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
@@ -281,6 +283,68 @@ def test_the_compiled_evictions_read_every_digit_of_a_hash_at_the_digit_edges() 
     assert all(not e.none_of([h]) for e in both for h in EDGES)
     assert [both[1].take(h) for h in EDGES] == [both[0].take(h) for h in EDGES] == [1.0] * len(EDGES)
     assert both[1].size == both[0].size == 0
+
+
+KEY_ST = (
+    st.integers(0, 300)
+    | st.sampled_from([U64, 2**63, 2**64, -5, b"k", "s", (1, 2), *EDGES, *BLOBS])
+    | st.binary(min_size=32, max_size=32)
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["enter", "enter", "leave", "copy"]), st.lists(KEY_ST, max_size=40)), max_size=30
+    )
+)
+def test_the_compiled_groups_hashes_are_the_set_the_reference_keeps(ops: list[tuple[str, list[Hash]]]) -> None:
+    """The compiled groups' :class:`BlockSet` against a Python set, step by step: what each
+    insertion and removal answers, membership, size, the hashes listed (each once), comparisons both
+    ways, the set operators, and copies that stay as they were while the original changes; past
+    the tables' first size, with frees inside runs of collisions, hash 0, 32-byte hashes alike in
+    one byte and hashes of neither kind (in the Python set beside the tables)."""
+    compiled = _compiled("kvgateway.state._apply_c")
+    mine, ref = compiled.BlockSet(), set()
+    copies: list[tuple[Any, set[Any]]] = []
+    for kind, hashes in ops:
+        for h in hashes:
+            if kind == "enter":
+                assert mine.enter(h) is (h not in ref)
+                ref.add(h)
+            elif kind == "leave":
+                assert mine.leave(h) is (h in ref)
+                ref.discard(h)
+        if kind == "copy":
+            copies.append((mine.copy(), set(ref)))
+        listed = list(mine)
+        assert len(listed) == len(mine) == len(ref) and set(listed) == ref
+        assert all(h in mine for h in ref) and not any(h in mine for h in hashes if h not in ref)
+    for copied, was in copies:
+        assert set(copied) == was and len(list(copied)) == len(copied) == len(was)
+    other = {0, 1, b"k", U64}
+    assert mine == ref and ref == mine and (mine != other) == (ref != other) and mine <= ref and mine >= ref
+    assert (mine & other, mine | other) == (ref & other, ref | other)
+    assert (mine - other, mine ^ other) == (ref - other, ref ^ other)
+    assert (other & mine, other - mine) == (other & ref, other - ref)
+    assert mine.isdisjoint(other) == ref.isdisjoint(other)
+    assert pickle.loads(pickle.dumps(mine)) == ref
+    assert isinstance(mine, AbstractSet)
+
+
+def test_a_compiled_groups_hashes_cannot_change_under_an_iterator() -> None:
+    """Iterating a :class:`BlockSet` while it changes raises, as a set does (its tables may have
+    moved: reading on would read freed memory); an iterator started after the change runs."""
+    compiled = _compiled("kvgateway.state._apply_c")
+    blocks = compiled.BlockSet(range(10))
+    listed = iter(blocks)
+    next(listed)
+    blocks.enter(10_000)
+    with pytest.raises(RuntimeError, match="changed size during iteration"):
+        next(listed)
+    assert sorted(blocks) == [*range(10), 10_000]
+    with pytest.raises(TypeError):
+        hash(blocks)
 
 
 def test_the_public_index_runs_the_chosen_pass() -> None:

@@ -1,0 +1,265 @@
+# cython: language_level=3
+"""Open-addressed C tables of block hashes, for the compiled index (``cimport``-ed, like
+:mod:`kvgateway._pylong`: compiled into each module that uses them; nothing of it exists at run time).
+
+Two kinds of table share the code: keyed by a u64 hash itself, or by a 32-byte hash (vLLM's raw
+sha256 bytes: the table keeps the bytes beside a 64-bit fingerprint of them, compared first). Each
+slot carries a double (an eviction's engine time; unused by a set of resident hashes). A hash of
+any other kind (a negative or larger int, bytes of another length) is the caller's to keep in a
+Python container beside the tables: :func:`_key_of` says which kind a hash is.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport uint64_t
+from libc.string cimport memcmp, memcpy, memset
+
+from kvgateway._pylong cimport u64_of  # a hash's int read from its digits
+
+
+cdef struct Slot:
+    uint64_t key  # 0: the slot is empty (hash 0 is kept in its table's ``zero``)
+    double ts
+
+
+cdef enum:
+    CONTENT = 32  # the bytes of a content-keyed slot: a sha256 block hash (vLLM's raw-bytes hashes)
+
+
+cdef struct Table:
+    # Open addressing, linear probing, at most 3/4 full: one probe (one cache line) answers most
+    # lookups. Deletion shifts the entries after a freed slot back (no tombstones).
+    # Two kinds share the code: keyed by a u64 hash itself (``content`` NULL), or by 32-byte hashes
+    # (``content`` holds each slot's bytes; ``key`` a non-zero fingerprint of them, compared first,
+    # so a lookup of an absent hash touches the slots alone).
+    Slot* slots
+    unsigned char* content
+    size_t mask
+    size_t n  # entries, hash 0 included
+    bint has_zero
+    double zero
+
+
+cdef enum:
+    _MIN_SLOTS = 16  # a new or emptied table's slots
+
+
+cdef inline size_t _mix(uint64_t key) noexcept nogil:
+    # splitmix64's finaliser: engines' hashes are good, but a test's 0, 1, 2, ... must spread too
+    key ^= key >> 30
+    key *= 0xbf58476d1ce4e5b9ULL
+    key ^= key >> 27
+    key *= 0x94d049bb133111ebULL
+    key ^= key >> 31
+    return <size_t>key
+
+
+cdef inline uint64_t _fingerprint(const unsigned char* data) noexcept nogil:
+    """A non-zero 64-bit fingerprint of 32 bytes: the four words weighed by odd constants, so that
+    hashes alike in all but one word, or of four equal words, still differ (the table mixes it again
+    for the slot); equal fingerprints are told apart by the bytes."""
+    cdef uint64_t w0, w1, w2, w3
+    memcpy(&w0, data, 8)
+    memcpy(&w1, data + 8, 8)
+    memcpy(&w2, data + 16, 8)
+    memcpy(&w3, data + 24, 8)
+    cdef uint64_t fp = w0 + w1 * 0x9e3779b97f4a7c15ULL + w2 * 0xc2b2ae3d27d4eb4fULL + w3 * 0x165667b19e3779f9ULL
+    return fp if fp else 1
+
+
+cdef inline int _table_init(Table* table, size_t slots, bint content) except -1:
+    table.slots = <Slot*>PyMem_Malloc(slots * sizeof(Slot))  # traced by tracemalloc, as a dict's table is
+    if table.slots is NULL:
+        raise MemoryError()
+    memset(table.slots, 0, slots * sizeof(Slot))
+    table.content = NULL
+    if content:
+        table.content = <unsigned char*>PyMem_Malloc(slots * CONTENT)
+        if table.content is NULL:
+            PyMem_Free(table.slots)
+            table.slots = NULL
+            raise MemoryError()
+    table.mask = slots - 1
+    table.n = 0
+    table.has_zero = False
+    return 0
+
+
+cdef inline bint _slot_is(Table* table, size_t i, uint64_t key, const unsigned char* data) noexcept nogil:
+    """Whether slot ``i`` holds ``key`` (and, in a content table, ``data``, its bytes)."""
+    return table.slots[i].key == key and (
+        table.content is NULL or memcmp(table.content + i * CONTENT, data, CONTENT) == 0
+    )
+
+
+cdef inline Py_ssize_t _table_find(Table* table, uint64_t key, const unsigned char* data) noexcept nogil:
+    """The slot of a non-zero ``key`` (with ``data``, its bytes, in a content table), or -1."""
+    cdef size_t i = _mix(key) & table.mask
+    while table.slots[i].key:
+        if _slot_is(table, i, key, data):
+            return <Py_ssize_t>i
+        i = (i + 1) & table.mask
+    return -1
+
+
+cdef inline bint _table_has(Table* table, uint64_t key, const unsigned char* data) noexcept nogil:
+    return table.has_zero if key == 0 else _table_find(table, key, data) >= 0
+
+
+cdef inline void _table_move(Table* table, size_t to, size_t frm) noexcept nogil:
+    table.slots[to] = table.slots[frm]
+    if table.content is not NULL:
+        memcpy(table.content + to * CONTENT, table.content + frm * CONTENT, CONTENT)
+
+
+cdef inline int _table_grow(Table* table) except -1:
+    cdef Slot* old = table.slots
+    cdef unsigned char* old_content = table.content
+    cdef size_t count = table.mask + 1
+    cdef size_t i, j
+    cdef size_t n = table.n
+    cdef bint has_zero = table.has_zero
+    cdef double zero = table.zero
+    _table_init(table, count * 2, old_content is not NULL)
+    table.n = n
+    table.has_zero, table.zero = has_zero, zero
+    for i in range(count):
+        if old[i].key:
+            j = _mix(old[i].key) & table.mask
+            while table.slots[j].key:
+                j = (j + 1) & table.mask
+            table.slots[j] = old[i]
+            if old_content is not NULL:
+                memcpy(table.content + j * CONTENT, old_content + i * CONTENT, CONTENT)
+    PyMem_Free(old)
+    PyMem_Free(old_content)
+    return 0
+
+
+cdef inline int _table_set(Table* table, uint64_t key, const unsigned char* data, double ts) except -1:
+    cdef size_t i
+    if key == 0:
+        table.n += not table.has_zero
+        table.has_zero, table.zero = True, ts
+        return 0
+    if (table.n + 1) * 4 > (table.mask + 1) * 3:
+        _table_grow(table)
+    i = _mix(key) & table.mask
+    while table.slots[i].key:
+        if _slot_is(table, i, key, data):
+            table.slots[i].ts = ts
+            return 0
+        i = (i + 1) & table.mask
+    table.slots[i].key = key
+    table.slots[i].ts = ts
+    if table.content is not NULL:
+        memcpy(table.content + i * CONTENT, data, CONTENT)
+    table.n += 1
+    return 0
+
+
+cdef inline void _table_delete(Table* table, size_t i) noexcept nogil:
+    """Free slot ``i``, moving back every later entry of the run that would no longer be found."""
+    cdef size_t j = i
+    cdef size_t home
+    while True:
+        j = (j + 1) & table.mask
+        if not table.slots[j].key:
+            break
+        home = _mix(table.slots[j].key) & table.mask
+        # the entry at j stays where it is if its home lies cyclically in (i, j]
+        if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
+            continue
+        _table_move(table, i, j)
+        i = j
+    table.slots[i].key = 0
+    table.n -= 1
+
+
+cdef inline bint _table_pop(Table* table, uint64_t key, const unsigned char* data, double* ts) noexcept nogil:
+    """Forget ``key``; whether it was there (its time in ``ts``)."""
+    cdef Py_ssize_t i
+    if key == 0:
+        if not table.has_zero:
+            return False
+        ts[0] = table.zero
+        table.has_zero = False
+        table.n -= 1
+        return True
+    i = _table_find(table, key, data)
+    if i < 0:
+        return False
+    ts[0] = table.slots[i].ts
+    _table_delete(table, <size_t>i)
+    return True
+
+
+cdef inline void _table_free(Table* table) noexcept:
+    PyMem_Free(table.slots)
+    PyMem_Free(table.content)
+    table.slots = NULL
+    table.content = NULL
+
+
+cdef inline int _table_clear(Table* table) except -1:
+    """Empty, back to its smallest size (a generation the window leaves behind gives its memory back)."""
+    cdef bint content = table.content is not NULL
+    _table_free(table)
+    return _table_init(table, _MIN_SLOTS, content)
+
+
+cdef inline int _table_empty(Table* table, Py_ssize_t bound) except -1:
+    """Empty, keeping its slots if ``bound`` entries need as many: a generation dropped at the bound
+    fills again at the same rate, and growing back from 16 slots rehashed each entry about once
+    more (and zeroed twice the memory). A table grown past the bound's size (by the one ``add`` that
+    crossed it) goes back to the smallest size, so the bound's memory holds."""
+    cdef Py_ssize_t slots = <Py_ssize_t>(table.mask + 1)
+    if bound * 4 <= (slots // 2) * 3:  # the bound fits in half of it: more slots than it needs
+        return _table_clear(table)
+    memset(table.slots, 0, <size_t>slots * sizeof(Slot))
+    table.n = 0
+    table.has_zero = False
+    return 0
+
+
+cdef enum:
+    _INT = 0  # an int of 0 to 2**64-1: the u64 table, keyed by itself
+    _BYTES = 1  # bytes of CONTENT length: the content table, keyed by its fingerprint and bytes
+    _OTHER = 2  # any other hash: the dict
+
+
+cdef struct Key:
+    int kind
+    uint64_t key
+    const unsigned char* data  # a _BYTES hash's own buffer (alive while the hash is), else NULL
+
+
+cdef inline int _key_of(object h, Key* k) except -1:
+    k.data = NULL
+    if u64_of(h, &k.key):
+        k.kind = _INT
+    elif type(h) is bytes and PyBytes_GET_SIZE(h) == CONTENT:
+        k.kind = _BYTES
+        k.data = <const unsigned char*>PyBytes_AS_STRING(h)
+        k.key = _fingerprint(k.data)
+    else:
+        k.kind = _OTHER
+    return 0
+
+
+cdef inline bint _table_add(Table* table, uint64_t key, const unsigned char* data) except -1:
+    """Put ``key`` (with ``data``, its bytes, in a content table) in; whether it was not there."""
+    cdef size_t before = table.n
+    _table_set(table, key, data, 0.0)
+    return table.n != before
+
+
+cdef inline int _table_copy(Table* table, Table* source) except -1:
+    """``table`` (uninitialised or freed) made an equal copy of ``source``, the same size."""
+    cdef size_t slots = source.mask + 1
+    _table_init(table, slots, source.content is not NULL)
+    memcpy(table.slots, source.slots, slots * sizeof(Slot))
+    if source.content is not NULL:
+        memcpy(table.content, source.content, slots * CONTENT)
+    table.n, table.has_zero, table.zero = source.n, source.has_zero, source.zero
+    return 0
