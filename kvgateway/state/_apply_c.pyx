@@ -76,8 +76,8 @@ cdef class _Generation:
     cdef dict other
 
     def __cinit__(self):
-        _table_init(&self.ints, _MIN_SLOTS, False)
-        _table_init(&self.blobs, _MIN_SLOTS, True)
+        _table_init(&self.ints, _MIN_SLOTS, False, True)
+        _table_init(&self.blobs, _MIN_SLOTS, True, True)
         self.other = {}
 
     def __dealloc__(self):
@@ -119,11 +119,11 @@ cdef class _Generation:
         cdef const char* content = <const char*>self.blobs.content
         out = {0: self.ints.zero} if self.ints.has_zero else {}
         for i in range(self.ints.mask + 1):
-            if self.ints.slots[i].key:
-                out[self.ints.slots[i].key] = self.ints.slots[i].ts
+            if self.ints.keys[i]:
+                out[self.ints.keys[i]] = self.ints.times[i]
         for i in range(self.blobs.mask + 1):
-            if self.blobs.slots[i].key:
-                out[content[i * CONTENT : (i + 1) * CONTENT]] = self.blobs.slots[i].ts
+            if self.blobs.keys[i]:
+                out[content[i * CONTENT : (i + 1) * CONTENT]] = self.blobs.times[i]
         out.update(self.other)
         return out
 
@@ -238,8 +238,8 @@ cdef class BlockSet:
     __hash__ = None  # mutable, as a set
 
     def __cinit__(self, hashes=()):
-        _table_init(&self.ints, _MIN_SLOTS, False)
-        _table_init(&self.blobs, _MIN_SLOTS, True)
+        _table_init(&self.ints, _MIN_SLOTS, False, False)
+        _table_init(&self.blobs, _MIN_SLOTS, True, False)
         self.other = set()
         self.changes = 0
         for h in hashes:
@@ -410,14 +410,14 @@ cdef class _BlockSetIterator:
             table = &owner.ints
             while self.at <= table.mask:
                 self.at += 1
-                if table.slots[self.at - 1].key:
-                    return table.slots[self.at - 1].key
+                if table.keys[self.at - 1]:
+                    return table.keys[self.at - 1]
             self.stage, self.at = 2, 0
         if self.stage == 2:
             table = &owner.blobs
             while self.at <= table.mask:
                 self.at += 1
-                if table.slots[self.at - 1].key:
+                if table.keys[self.at - 1]:
                     return (<const char*>table.content)[(self.at - 1) * CONTENT : self.at * CONTENT]
             self.stage = 3
             self.rest = iter(owner.other)

@@ -3,8 +3,9 @@
 :mod:`kvgateway._pylong`: compiled into each module that uses them; nothing of it exists at run time).
 
 Two kinds of table share the code: keyed by a u64 hash itself, or by a 32-byte hash (vLLM's raw
-sha256 bytes: the table keeps the bytes beside a 64-bit fingerprint of them, compared first). Each
-slot carries a double (an eviction's engine time; unused by a set of resident hashes). A hash of
+sha256 bytes: the table keeps the bytes beside a 64-bit fingerprint of them, compared first). A
+timed table keeps a double beside each key (an eviction's engine time); a set of resident hashes
+keeps the keys alone, 8 bytes a slot. A hash of
 any other kind (a negative or larger int, bytes of another length) is the caller's to keep in a
 Python container beside the tables: :func:`_key_of` says which kind a hash is.
 """
@@ -17,11 +18,6 @@ from libc.string cimport memcmp, memcpy, memset
 from kvgateway._pylong cimport u64_of  # a hash's int read from its digits
 
 
-cdef struct Slot:
-    uint64_t key  # 0: the slot is empty (hash 0 is kept in its table's ``zero``)
-    double ts
-
-
 cdef enum:
     CONTENT = 32  # the bytes of a content-keyed slot: a sha256 block hash (vLLM's raw-bytes hashes)
 
@@ -30,9 +26,11 @@ cdef struct Table:
     # Open addressing, linear probing, at most 3/4 full: one probe (one cache line) answers most
     # lookups. Deletion shifts the entries after a freed slot back (no tombstones).
     # Two kinds share the code: keyed by a u64 hash itself (``content`` NULL), or by 32-byte hashes
-    # (``content`` holds each slot's bytes; ``key`` a non-zero fingerprint of them, compared first,
-    # so a lookup of an absent hash touches the slots alone).
-    Slot* slots
+    # (``content`` holds each slot's bytes; ``keys`` a non-zero fingerprint of them, compared first,
+    # so a lookup of an absent hash touches the keys alone). Columns, not slots of a struct: a set
+    # keeps no times (NULL), and a lookup reads the keys alone either way.
+    uint64_t* keys  # 0: the slot is empty (hash 0 is kept in ``has_zero`` and ``zero``)
+    double* times  # each slot's time, or NULL: the table keeps none
     unsigned char* content
     size_t mask
     size_t n  # entries, hash 0 included
@@ -67,27 +65,34 @@ cdef inline uint64_t _fingerprint(const unsigned char* data) noexcept nogil:
     return fp if fp else 1
 
 
-cdef inline int _table_init(Table* table, size_t slots, bint content) except -1:
-    table.slots = <Slot*>PyMem_Malloc(slots * sizeof(Slot))  # traced by tracemalloc, as a dict's table is
-    if table.slots is NULL:
-        raise MemoryError()
-    memset(table.slots, 0, slots * sizeof(Slot))
+cdef inline void _table_free(Table* table) noexcept:
+    PyMem_Free(table.keys)
+    PyMem_Free(table.times)
+    PyMem_Free(table.content)
+    table.keys = NULL
+    table.times = NULL
     table.content = NULL
-    if content:
-        table.content = <unsigned char*>PyMem_Malloc(slots * CONTENT)
-        if table.content is NULL:
-            PyMem_Free(table.slots)
-            table.slots = NULL
-            raise MemoryError()
+
+
+cdef inline int _table_init(Table* table, size_t slots, bint content, bint timed) except -1:
+    # PyMem: traced by tracemalloc, as a dict's table is
+    table.keys = <uint64_t*>PyMem_Malloc(slots * sizeof(uint64_t))
+    table.times = <double*>PyMem_Malloc(slots * sizeof(double)) if timed else NULL
+    table.content = <unsigned char*>PyMem_Malloc(slots * CONTENT) if content else NULL
+    if table.keys is NULL or (timed and table.times is NULL) or (content and table.content is NULL):
+        _table_free(table)
+        raise MemoryError()
+    memset(table.keys, 0, slots * sizeof(uint64_t))
     table.mask = slots - 1
     table.n = 0
     table.has_zero = False
+    table.zero = 0
     return 0
 
 
 cdef inline bint _slot_is(Table* table, size_t i, uint64_t key, const unsigned char* data) noexcept nogil:
     """Whether slot ``i`` holds ``key`` (and, in a content table, ``data``, its bytes)."""
-    return table.slots[i].key == key and (
+    return table.keys[i] == key and (
         table.content is NULL or memcmp(table.content + i * CONTENT, data, CONTENT) == 0
     )
 
@@ -95,7 +100,7 @@ cdef inline bint _slot_is(Table* table, size_t i, uint64_t key, const unsigned c
 cdef inline Py_ssize_t _table_find(Table* table, uint64_t key, const unsigned char* data) noexcept nogil:
     """The slot of a non-zero ``key`` (with ``data``, its bytes, in a content table), or -1."""
     cdef size_t i = _mix(key) & table.mask
-    while table.slots[i].key:
+    while table.keys[i]:
         if _slot_is(table, i, key, data):
             return <Py_ssize_t>i
         i = (i + 1) & table.mask
@@ -106,37 +111,32 @@ cdef inline bint _table_has(Table* table, uint64_t key, const unsigned char* dat
     return table.has_zero if key == 0 else _table_find(table, key, data) >= 0
 
 
-cdef inline void _table_move(Table* table, size_t to, size_t frm) noexcept nogil:
-    table.slots[to] = table.slots[frm]
+cdef inline void _slot_copy(Table* table, size_t to, Table* source, size_t frm) noexcept nogil:
+    """Slot ``frm`` of ``source`` (of the same kind) into slot ``to`` of ``table``."""
+    table.keys[to] = source.keys[frm]
+    if table.times is not NULL:
+        table.times[to] = source.times[frm]
     if table.content is not NULL:
-        memcpy(table.content + to * CONTENT, table.content + frm * CONTENT, CONTENT)
+        memcpy(table.content + to * CONTENT, source.content + frm * CONTENT, CONTENT)
 
 
 cdef inline int _table_grow(Table* table) except -1:
-    cdef Slot* old = table.slots
-    cdef unsigned char* old_content = table.content
-    cdef size_t count = table.mask + 1
+    cdef Table old = table[0]
     cdef size_t i, j
-    cdef size_t n = table.n
-    cdef bint has_zero = table.has_zero
-    cdef double zero = table.zero
-    _table_init(table, count * 2, old_content is not NULL)
-    table.n = n
-    table.has_zero, table.zero = has_zero, zero
-    for i in range(count):
-        if old[i].key:
-            j = _mix(old[i].key) & table.mask
-            while table.slots[j].key:
+    _table_init(table, (old.mask + 1) * 2, old.content is not NULL, old.times is not NULL)
+    table.n, table.has_zero, table.zero = old.n, old.has_zero, old.zero
+    for i in range(old.mask + 1):
+        if old.keys[i]:
+            j = _mix(old.keys[i]) & table.mask
+            while table.keys[j]:
                 j = (j + 1) & table.mask
-            table.slots[j] = old[i]
-            if old_content is not NULL:
-                memcpy(table.content + j * CONTENT, old_content + i * CONTENT, CONTENT)
-    PyMem_Free(old)
-    PyMem_Free(old_content)
+            _slot_copy(table, j, &old, i)
+    _table_free(&old)
     return 0
 
 
 cdef inline int _table_set(Table* table, uint64_t key, const unsigned char* data, double ts) except -1:
+    """Put ``key`` (with ``data``, its bytes, in a content table) in, at time ``ts`` (in a timed table)."""
     cdef size_t i
     if key == 0:
         table.n += not table.has_zero
@@ -145,13 +145,15 @@ cdef inline int _table_set(Table* table, uint64_t key, const unsigned char* data
     if (table.n + 1) * 4 > (table.mask + 1) * 3:
         _table_grow(table)
     i = _mix(key) & table.mask
-    while table.slots[i].key:
+    while table.keys[i]:
         if _slot_is(table, i, key, data):
-            table.slots[i].ts = ts
+            if table.times is not NULL:
+                table.times[i] = ts
             return 0
         i = (i + 1) & table.mask
-    table.slots[i].key = key
-    table.slots[i].ts = ts
+    table.keys[i] = key
+    if table.times is not NULL:
+        table.times[i] = ts
     if table.content is not NULL:
         memcpy(table.content + i * CONTENT, data, CONTENT)
     table.n += 1
@@ -164,20 +166,20 @@ cdef inline void _table_delete(Table* table, size_t i) noexcept nogil:
     cdef size_t home
     while True:
         j = (j + 1) & table.mask
-        if not table.slots[j].key:
+        if not table.keys[j]:
             break
-        home = _mix(table.slots[j].key) & table.mask
+        home = _mix(table.keys[j]) & table.mask
         # the entry at j stays where it is if its home lies cyclically in (i, j]
         if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
             continue
-        _table_move(table, i, j)
+        _slot_copy(table, i, table, j)
         i = j
-    table.slots[i].key = 0
+    table.keys[i] = 0
     table.n -= 1
 
 
 cdef inline bint _table_pop(Table* table, uint64_t key, const unsigned char* data, double* ts) noexcept nogil:
-    """Forget ``key``; whether it was there (its time in ``ts``)."""
+    """Forget ``key``; whether it was there (its time in ``ts``, in a timed table)."""
     cdef Py_ssize_t i
     if key == 0:
         if not table.has_zero:
@@ -189,23 +191,18 @@ cdef inline bint _table_pop(Table* table, uint64_t key, const unsigned char* dat
     i = _table_find(table, key, data)
     if i < 0:
         return False
-    ts[0] = table.slots[i].ts
+    if table.times is not NULL:
+        ts[0] = table.times[i]
     _table_delete(table, <size_t>i)
     return True
-
-
-cdef inline void _table_free(Table* table) noexcept:
-    PyMem_Free(table.slots)
-    PyMem_Free(table.content)
-    table.slots = NULL
-    table.content = NULL
 
 
 cdef inline int _table_clear(Table* table) except -1:
     """Empty, back to its smallest size (a generation the window leaves behind gives its memory back)."""
     cdef bint content = table.content is not NULL
+    cdef bint timed = table.times is not NULL
     _table_free(table)
-    return _table_init(table, _MIN_SLOTS, content)
+    return _table_init(table, _MIN_SLOTS, content, timed)
 
 
 cdef inline int _table_empty(Table* table, Py_ssize_t bound) except -1:
@@ -216,7 +213,7 @@ cdef inline int _table_empty(Table* table, Py_ssize_t bound) except -1:
     cdef Py_ssize_t slots = <Py_ssize_t>(table.mask + 1)
     if bound * 4 <= (slots // 2) * 3:  # the bound fits in half of it: more slots than it needs
         return _table_clear(table)
-    memset(table.slots, 0, <size_t>slots * sizeof(Slot))
+    memset(table.keys, 0, <size_t>slots * sizeof(uint64_t))
     table.n = 0
     table.has_zero = False
     return 0
@@ -248,7 +245,7 @@ cdef inline int _key_of(object h, Key* k) except -1:
 
 
 cdef inline bint _table_add(Table* table, uint64_t key, const unsigned char* data) except -1:
-    """Put ``key`` (with ``data``, its bytes, in a content table) in; whether it was not there."""
+    """:func:`_table_set` in a table that keeps no times; whether ``key`` was not there."""
     cdef size_t before = table.n
     _table_set(table, key, data, 0.0)
     return table.n != before
@@ -257,8 +254,10 @@ cdef inline bint _table_add(Table* table, uint64_t key, const unsigned char* dat
 cdef inline int _table_copy(Table* table, Table* source) except -1:
     """``table`` (uninitialised or freed) made an equal copy of ``source``, the same size."""
     cdef size_t slots = source.mask + 1
-    _table_init(table, slots, source.content is not NULL)
-    memcpy(table.slots, source.slots, slots * sizeof(Slot))
+    _table_init(table, slots, source.content is not NULL, source.times is not NULL)
+    memcpy(table.keys, source.keys, slots * sizeof(uint64_t))
+    if source.times is not NULL:
+        memcpy(table.times, source.times, slots * sizeof(double))
     if source.content is not NULL:
         memcpy(table.content, source.content, slots * CONTENT)
     table.n, table.has_zero, table.zero = source.n, source.has_zero, source.zero

@@ -16,9 +16,9 @@ Memory: nearly every block has a single reference, so the resident hashes live i
 hashes with more than one reference get an entry in a side ``dict`` of extra references. The
 pure-Python core's set is a ``set`` of the hashes' objects (60-80 bytes per resident u64 block,
 the int included); the compiled core's is a :class:`~kvgateway.state._apply_c.BlockSet`, C tables
-of 16-byte slots with no object per hash (21 to 43 bytes per block as a table fills, and as
-much again in the fleet's holders). Both read as a ``collections.abc.Set``, which is all that
-leaves the index.
+of 8-byte slots with no object per hash (11 to 21 bytes per u64 block as a table fills, and as
+much again in the fleet's holders; 42 bytes a block in all measured, against 161). Both read as a
+``collections.abc.Set``, which is all that leaves the index.
 """
 
 from __future__ import annotations
