@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Final, NoReturn
 
 from kvgateway import __version__
 from kvgateway.config.arguments import add_arguments
@@ -52,16 +52,27 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from kvgateway import demo, simulator
-    from kvgateway.cluster import commands as cluster
+COMMANDS: Final = ("simulate", "serve", "ingest", "edge", "demo")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``kvgateway`` parser: every command listed; each command's arguments, or with ``command``
+    only that command's. A command's arguments come from the module that runs it, and importing
+    the simulator, the demo and the cluster's commands for a ``serve`` that needs none of them was
+    a tenth of its start-up's imports: a command line names its command first, so it is known
+    before the parser is built (``kvgateway --help`` and a mistyped command get every command)."""
+
+    def wanted(name: str) -> bool:
+        return command is None or command == name
 
     parser = _Parser(prog="kvgateway", description="An observable gateway for LLM engines' KV-cache events.")
     parser.add_argument("--version", action="version", version=f"kvgateway {__version__} ({core()} core)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    simulator.add_arguments(
-        sub.add_parser("simulate", help="run a vLLM-compatible engine publisher (for demos and tests)")
-    )
+    simulate = sub.add_parser("simulate", help="run a vLLM-compatible engine publisher (for demos and tests)")
+    if wanted("simulate"):
+        from kvgateway import simulator
+
+        simulator.add_arguments(simulate)
     serve = sub.add_parser(
         "serve",
         help="subscribe to engines and serve their events",
@@ -69,10 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=SERVE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_arguments(serve, SERVE)
-    cluster.add_ingest_arguments(sub.add_parser("ingest", help="read engines, publish to NATS JetStream"))
-    cluster.add_edge_arguments(sub.add_parser("edge", help="serve clients from NATS JetStream"))
-    demo.add_arguments(sub.add_parser("demo", help="simulated engines and the gateway in one process"))
+    if wanted("serve"):
+        add_arguments(serve, SERVE)
+    ingest = sub.add_parser("ingest", help="read engines, publish to NATS JetStream")
+    edge = sub.add_parser("edge", help="serve clients from NATS JetStream")
+    if wanted("ingest") or wanted("edge"):
+        from kvgateway.cluster import commands as cluster
+
+        cluster.add_ingest_arguments(ingest)
+        cluster.add_edge_arguments(edge)
+    demo = sub.add_parser("demo", help="simulated engines and the gateway in one process")
+    if wanted("demo"):
+        from kvgateway import demo as demo_command
+
+        demo_command.add_arguments(demo)
     return parser
 
 
@@ -92,27 +113,40 @@ def run_serve(args: argparse.Namespace, argv: list[str]) -> int:
     return server.run(loaded.settings, OneProcess, one_process_app, close_clients=OneProcess.close_clients)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from kvgateway import demo, simulator
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    """The chosen command, its module imported now."""
+    if args.command == "serve":
+        return run_serve(args, argv)
+    if args.command == "simulate":
+        from kvgateway import simulator
 
-    parser = build_parser()
+        return simulator.run(args)
+    if args.command in ("ingest", "edge"):
+        from kvgateway.cluster import commands as cluster
+
+        return cluster.run_ingest(args) if args.command == "ingest" else cluster.run_edge(args)
+    from kvgateway import demo
+
+    return demo.run(args)
+
+
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """What a command reports as a one-line usage error: a configuration's, and the simulator's
+    (when it was imported: nothing else raises it)."""
+    simulator = sys.modules.get("kvgateway.simulator")
+    return (ConfigError,) if simulator is None else (ConfigError, simulator.UsageError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     if not argv:  # a first try: show what there is rather than "the following arguments are required"
         parser.print_help()
         return 0
     args = parser.parse_args(argv)
-    from kvgateway.cluster import commands as cluster
-
-    commands = {
-        "simulate": simulator.run,
-        "serve": lambda args: run_serve(args, argv),
-        "ingest": cluster.run_ingest,
-        "edge": cluster.run_edge,
-        "demo": demo.run,
-    }
     try:
-        return commands[args.command](args)
-    except (simulator.UsageError, ConfigError) as exc:
+        return _run(args, argv)
+    except _usage_errors() as exc:
         sys.stderr.write(f"kvgateway {args.command}: error: {exc}\n")
         return 2
     except KeyboardInterrupt:

@@ -203,3 +203,32 @@ def test_serve_help_has_description_examples_and_groups() -> None:
         assert f"\n{title}" in text, title
     assert "kv_events_config=" in text and "KVGATEWAY_RING_BYTES" in text
     assert "a flag beats the\nenvironment" in text or "a flag beats the environment" in text.replace("\n", " ")
+
+
+def _imported(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """The command run with ``-X importtime``: its result and every module it imported."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "kvgateway", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    lines = [line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")]
+    return result, set(lines)
+
+
+def test_each_command_imports_the_modules_of_its_own_arguments_only() -> None:
+    """``serve`` does not import the simulator, the demo or the cluster's commands to build its
+    parser (a tenth of its start-up's imports); ``simulate`` still gets its own arguments, and a
+    mistyped command still hears of every command."""
+    others = {"kvgateway.simulator", "kvgateway.demo", "kvgateway.cluster.commands"}
+    result, modules = _imported("serve", "--help")
+    assert result.returncode == 0 and "--source" in result.stdout
+    assert "kvgateway.cli" in modules and not modules & others
+    result, modules = _imported("simulate", "--help")
+    assert result.returncode == 0 and "--endpoint" in result.stdout and "kvgateway.simulator" in modules
+    result = _run("serv")
+    assert result.returncode == 2
+    assert all(command in result.stderr for command in ("simulate", "serve", "ingest", "edge", "demo"))
