@@ -228,7 +228,9 @@ cdef class BlockSet:
     index larger than the cache, where the gateway spent a fifth of a batch in ``set_lookkey``).
     The pass changes it through C methods. Its iteration order is the tables', not a Python set's:
     nothing depends on it (a group's blocks are listed in no order). Changing it while iterating
-    raises RuntimeError, as a set does (the tables may have moved)."""
+    raises RuntimeError, as a set does (the tables may have moved). Hashes are the decoder's, exact
+    ints and bytes: an int's subclass (a bool) or a float equal to an int is another hash here,
+    where a set would take it for the int (the evictions' tables are the same)."""
 
     cdef Table ints
     cdef Table blobs
