@@ -29,7 +29,7 @@ from libc.string cimport memcmp
 
 import types
 
-from kvgateway.engine._tokens_py import EMPTY, token_ids as _reference
+from kvgateway.engine._tokens_py import EMPTY, NotTokens, token_ids as _reference
 
 cdef extern from "structmember.h":
     ctypedef struct PyMemberDef:
@@ -39,7 +39,7 @@ cdef extern from "Python.h":
     ctypedef struct PyMemberDescrObject:
         PyMemberDef* d_member
 
-__all__ = ["EMPTY", "Field", "Tokens", "install", "token_ids"]
+__all__ = ["EMPTY", "Field", "NotTokens", "Tokens", "install", "token_ids"]
 
 
 cdef class Tokens:
@@ -177,7 +177,7 @@ cdef object _packed(const unsigned char* data, Py_ssize_t size):
 def token_ids(raw):
     """What a BlockStored's ``token_ids`` field holds for the msgpack value ``raw``: a
     :class:`Tokens` for a non-empty array of ints of 0 to 2**32-1; otherwise the reference's answer
-    (its list of ints, or None where it is no array of msgpack ints)."""
+    (its list of ints, or :class:`NotTokens` where it is no array of msgpack ints)."""
     cdef Py_buffer view
     PyObject_GetBuffer(raw, &view, PyBUF_SIMPLE)
     try:

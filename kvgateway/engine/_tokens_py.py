@@ -2,8 +2,9 @@
 
 The fast decoders of :mod:`kvgateway.engine.wire` take ``token_ids`` as the raw msgpack of the
 array (``msgspec.Raw``) and hand it to :func:`token_ids`, which gives what the event's field holds:
-here the list msgspec decodes it to as ``list[int]``, or None where msgspec would refuse it (the
-batch then takes the general path, which decodes and words the error as ever). The compiled twin
+here the list msgspec decodes it to as ``list[int]``; where msgspec would refuse it,
+:class:`NotTokens` (the batch then takes the general path, which decodes and words the error as
+ever). The compiled twin
 (``_tokens_c``) keeps a list of token ids that all fit 32 bits as a compact C array instead, which
 the field turns into this same list when it is first read (:func:`install`), and which the
 compiled renderer and learner read without it; anything else it answers as this module does.
@@ -19,13 +20,17 @@ EMPTY: Final = msgspec.Raw(b"\x90")
 _decoder: Final = msgspec.msgpack.Decoder(list[int])
 
 
-def token_ids(raw: msgspec.Raw) -> list[int] | None:
+class NotTokens(ValueError):
+    """``token_ids`` that are no array of msgpack ints: what a batch's typed decode refuses."""
+
+
+def token_ids(raw: msgspec.Raw) -> list[int]:
     """What a BlockStored's ``token_ids`` field holds for the msgpack value ``raw``: its list of
-    ints, or None where it is no array of msgpack ints."""
+    ints; :class:`NotTokens` where it is no array of msgpack ints."""
     try:
         return _decoder.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError):
-        return None
+        raise NotTokens("token_ids: not an array of msgpack ints") from None
 
 
 def install(cls: Any) -> None:

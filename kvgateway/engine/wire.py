@@ -223,25 +223,21 @@ def _tokens_core() -> ModuleType:
 
 _tokens: Final = _tokens_core()
 _tokens.install(BlockStored)
-_token_ids: Final[Callable[[msgspec.Raw], list[int] | None]] = _tokens.token_ids
 _KEPT: Final = _tokens is not _tokens_py
 """Whether the fast decoders take ``token_ids`` as the wire sent them (``msgspec.Raw``), for the
-compiled core to keep; the reference core's take the list msgspec makes of them, as ever."""
+compiled core to keep (:func:`_token_ids`; :class:`kvgateway.engine._tokens_py.NotTokens` sends the
+batch to the general path); the reference core's take the list msgspec makes of them, as ever."""
 if TYPE_CHECKING:
-    _Sent: TypeAlias = msgspec.Raw | list[int]
+    _Sent: TypeAlias = Any  # the one or the other
 else:
     _Sent = msgspec.Raw if _KEPT else list[int]
+_token_ids: Final[Callable[[_Sent], list[int]]] = _tokens.token_ids
 _NO_TOKENS: Final[Any] = _tokens_py.EMPTY if _KEPT else []
-
-
-class _NotFast(Exception):
-    """A fast decoder took the batch but an event's ``token_ids`` are no list of ints (which its
-    typed decode would have refused): the general path decodes it and words the error."""
 
 
 class _FastStored(msgspec.Struct, tag_field="type", tag=STORED, forbid_unknown_fields=True, gc=False):
     """A map BlockStored with no key beyond these (defaults as the general path applies them);
-    ``token_ids`` as :func:`_fast_tokens` takes them."""
+    ``token_ids`` as sent where the compiled core keeps them (``_KEPT``)."""
 
     block_hashes: list[Hash]
     parent_block_hash: Hash | None = None
@@ -296,7 +292,8 @@ else:
         gc=False,
         module=__name__,
     )
-    """A positional BlockStored with _ArrStored's fields, ``token_ids`` as :func:`_fast_tokens` takes them."""
+    """A positional BlockStored with _ArrStored's fields, ``token_ids`` as sent where the compiled
+    core keeps them (``_KEPT``)."""
 
 
 class _FastArrayBatch(msgspec.Struct, array_like=True, gc=False):
@@ -306,17 +303,6 @@ class _FastArrayBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: list[_FastArrStored | _ArrRemoved | _ArrCleared]
     data_parallel_rank: int | None = None
-
-
-def _fast_tokens(sent: _Sent) -> list[int]:
-    """A fast-decoded event's ``token_ids`` as its field holds them: the list msgspec made (the
-    reference core), or what the compiled core keeps of the msgpack array."""
-    if isinstance(sent, list):  # the reference core's
-        return sent
-    tokens = _token_ids(sent)
-    if tokens is None:
-        raise _NotFast
-    return tokens
 
 
 def _located(medium: str | None, extra: dict[str, Any]) -> str | None:
@@ -346,7 +332,7 @@ def _from_fast(event: _FastStored | _FastRemoved | _FastCleared) -> Event:
         return BlockStored(
             event.block_hashes,
             event.parent_block_hash,
-            _fast_tokens(event.token_ids),
+            _token_ids(event.token_ids) if _KEPT else event.token_ids,
             event.block_size,
             event.lora_id,
             medium,
@@ -434,7 +420,7 @@ def decode_batch(payload: bytes | memoryview, *, max_bytes: int = MAX_PAYLOAD_BY
             events = [_from_array(e) for e in fast.events]
         else:
             events = [_from_fast(e) for e in fast.events]
-    except _NotFast:
+    except _tokens_py.NotTokens:  # what the typed decode would have refused
         return _decode_general(payload, as_map)
     return Batch(ts=fast.ts, events=events, dp_rank=fast.data_parallel_rank)
 
@@ -511,7 +497,7 @@ def _decode_array_event(raw: msgspec.Raw) -> Event:
 
 def _from_array(decoded: _ArrStored | _ArrRemoved | _ArrCleared) -> Event:
     if type(decoded) is _ArrStored or type(decoded) is _FastArrStored:
-        tokens = _fast_tokens(decoded.token_ids) if type(decoded) is _FastArrStored else decoded.token_ids
+        tokens = _token_ids(decoded.token_ids) if _KEPT and type(decoded) is _FastArrStored else decoded.token_ids
         return BlockStored(
             block_hashes=decoded.block_hashes,
             parent_block_hash=decoded.parent_block_hash,
