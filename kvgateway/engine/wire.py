@@ -15,12 +15,16 @@ elements and each is dispatched on its first msgpack byte.
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Literal, TypeAlias
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from kvgateway.engine import _tokens_py
 from kvgateway.engine.mediums import remote_medium
 
 Hash: TypeAlias = int | bytes
@@ -65,7 +69,11 @@ class _Grouped:
 
 
 class BlockStored(msgspec.Struct, _Grouped, gc=False):
-    """Blocks entered a cache. ``extra`` holds every further field the engine sent, by name."""
+    """Blocks entered a cache. ``extra`` holds every further field the engine sent, by name.
+
+    ``token_ids`` reads as a list of ints. Decoded by the compiled core, its slot may hold them as a
+    compact array until first read (:mod:`kvgateway.engine._tokens_c`), which compares, prints and
+    pickles as the list; the compiled renderer and learner read that array as it is."""
 
     block_hashes: list[Hash]
     parent_block_hash: Hash | None
@@ -201,12 +209,39 @@ class _WireMapBatch(msgspec.Struct, gc=False):
     data_parallel_rank: int | None = None
 
 
+def _tokens_core() -> ModuleType:
+    """The token ids' core: the compiled one (``_tokens_c``) where it was built and
+    ``KVGATEWAY_NO_EXTENSIONS`` is not set (as :func:`kvgateway.runtime.extensions.load` decides,
+    from below it), else the reference."""
+    if os.environ.get("KVGATEWAY_NO_EXTENSIONS", "") not in ("", "0"):
+        return _tokens_py
+    try:
+        return importlib.import_module("kvgateway.engine._tokens_c")
+    except ImportError:
+        return _tokens_py
+
+
+_tokens: Final = _tokens_core()
+_tokens.install(BlockStored)
+_KEPT: Final = _tokens is not _tokens_py
+"""Whether the fast decoders take ``token_ids`` as the wire sent them (``msgspec.Raw``), for the
+compiled core to keep (:func:`_token_ids`; :class:`kvgateway.engine._tokens_py.NotTokens` sends the
+batch to the general path); the reference core's take the list msgspec makes of them, as ever."""
+if TYPE_CHECKING:
+    _Sent: TypeAlias = Any  # the one or the other
+else:
+    _Sent = msgspec.Raw if _KEPT else list[int]
+_token_ids: Final[Callable[[_Sent], list[int]]] = _tokens.token_ids
+_NO_TOKENS: Final[Any] = _tokens_py.EMPTY if _KEPT else []
+
+
 class _FastStored(msgspec.Struct, tag_field="type", tag=STORED, forbid_unknown_fields=True, gc=False):
-    """A map BlockStored with no key beyond these (defaults as the general path applies them)."""
+    """A map BlockStored with no key beyond these (defaults as the general path applies them);
+    ``token_ids`` as sent where the compiled core keeps them (``_KEPT``)."""
 
     block_hashes: list[Hash]
     parent_block_hash: Hash | None = None
-    token_ids: list[int] = []
+    token_ids: _Sent = _NO_TOKENS
     block_size: int = 0
     lora_id: int | None = None
     medium: str | None = None
@@ -241,12 +276,32 @@ class _FastMapBatch(msgspec.Struct, gc=False):
     data_parallel_rank: int | None = None
 
 
+if TYPE_CHECKING:  # what is read of it here is _ArrStored's, token_ids aside
+    _FastArrStored = _ArrStored
+else:
+    _FastArrStored = msgspec.defstruct(
+        "_FastArrStored",
+        [
+            (f.name, _Sent if f.name == "token_ids" else f.type)
+            if f.default is msgspec.NODEFAULT
+            else (f.name, f.type, f.default)
+            for f in msgspec.structs.fields(_ArrStored)
+        ],
+        array_like=True,
+        tag=STORED,
+        gc=False,
+        module=__name__,
+    )
+    """A positional BlockStored with _ArrStored's fields, ``token_ids`` as sent where the compiled
+    core keeps them (``_KEPT``)."""
+
+
 class _FastArrayBatch(msgspec.Struct, array_like=True, gc=False):
     """A batch of positional events only (SGLang, vLLM <= 0.23), in one msgspec call: each event
-    decoded by the same union the general path decodes it by, one at a time."""
+    decoded by the same union the general path decodes it by, one at a time (``token_ids`` aside)."""
 
     ts: float
-    events: list[_ArrStored | _ArrRemoved | _ArrCleared]
+    events: list[_FastArrStored | _ArrRemoved | _ArrCleared]
     data_parallel_rank: int | None = None
 
 
@@ -277,7 +332,7 @@ def _from_fast(event: _FastStored | _FastRemoved | _FastCleared) -> Event:
         return BlockStored(
             event.block_hashes,
             event.parent_block_hash,
-            event.token_ids,
+            _token_ids(event.token_ids) if _KEPT else event.token_ids,
             event.block_size,
             event.lora_id,
             medium,
@@ -360,9 +415,14 @@ def decode_batch(payload: bytes | memoryview, *, max_bytes: int = MAX_PAYLOAD_BY
         fast = None if as_map else _other_fast(payload)
         if fast is None:
             return _decode_general(payload, as_map)
-    if type(fast) is _FastArrayBatch:
-        return Batch(ts=fast.ts, events=[_from_array(e) for e in fast.events], dp_rank=fast.data_parallel_rank)
-    return Batch(ts=fast.ts, events=[_from_fast(e) for e in fast.events], dp_rank=fast.data_parallel_rank)
+    try:
+        if type(fast) is _FastArrayBatch:
+            events = [_from_array(e) for e in fast.events]
+        else:
+            events = [_from_fast(e) for e in fast.events]
+    except _tokens_py.NotTokens:  # what the typed decode would have refused
+        return _decode_general(payload, as_map)
+    return Batch(ts=fast.ts, events=events, dp_rank=fast.data_parallel_rank)
 
 
 class _Layout:
@@ -436,11 +496,12 @@ def _decode_array_event(raw: msgspec.Raw) -> Event:
 
 
 def _from_array(decoded: _ArrStored | _ArrRemoved | _ArrCleared) -> Event:
-    if type(decoded) is _ArrStored:
+    if type(decoded) is _ArrStored or type(decoded) is _FastArrStored:
+        tokens = _token_ids(decoded.token_ids) if _KEPT and type(decoded) is _FastArrStored else decoded.token_ids
         return BlockStored(
             block_hashes=decoded.block_hashes,
             parent_block_hash=decoded.parent_block_hash,
-            token_ids=decoded.token_ids,
+            token_ids=tokens,
             block_size=decoded.block_size,
             lora_id=decoded.lora_id,
             medium=None if decoded.medium is UNSET else decoded.medium,

@@ -27,6 +27,7 @@ from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from kvgateway._pylong cimport u64_of  # an int read from its digits
+from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 
 cdef extern from "Python.h":
     bint PyLong_CheckExact(object)
@@ -164,6 +165,13 @@ cdef inline char* _write_u64(char* at, uint64_t value) noexcept:
     return at
 
 
+cdef inline char* _write_u32(char* at, uint32_t value) noexcept:
+    """``value`` in decimal at ``at`` (room for 10 digits); returns the end."""
+    cdef int digits = _digit_count(value)
+    _pairs_back(at + digits, value, digits)
+    return at + digits
+
+
 cdef inline int _put_unsigned(Buffer* out, uint64_t value) except -1:
     if out.size + 20 > out.capacity:
         _reserve(out, 20)
@@ -274,6 +282,8 @@ cdef frozenset _STORED_OWN = frozenset(
 cdef frozenset _REMOVED_OWN = frozenset({"type", "block_hashes", "medium", "tier"})
 cdef frozenset _CLEARED_OWN = frozenset({"type"})
 
+cdef Py_ssize_t _TOKENS_AT = slot_offset(BlockStored)
+
 cdef dict _media = {}
 """(event type, medium) -> (b',"medium":..,"tier":..', the filter key): few distinct, from the wire."""
 cdef int _MEDIA_MAX = 256
@@ -325,6 +335,24 @@ cdef bint _put_hashes(Buffer* out, object hashes) except -1:
     return True
 
 
+cdef int _put_tokens(Buffer* out, Tokens tokens) except -1:
+    """token_ids held as the wire sent them (:class:`kvgateway.engine._tokens_c.Tokens`, never
+    empty): the digits of each, as msgspec writes the list they read as."""
+    cdef Py_ssize_t i, n = tokens.count
+    cdef const uint32_t* ids = tokens.ids
+    cdef char* at
+    _reserve(out, 2 + 11 * n)  # 10 digits and a comma each, the brackets
+    at = out.data + out.size
+    at[0] = 91  # "["
+    at = _write_u32(at + 1, ids[0])
+    for i in range(1, n):
+        at[0] = 44  # ","
+        at = _write_u32(at + 1, ids[i])
+    at[0] = 93  # "]"
+    out.size = at + 1 - out.data
+    return 0
+
+
 cdef int _put_ints(Buffer* out, object values) except -1:
     """token_ids: a list of exact ints in C, anything else as msgspec encodes it. The list's room is
     reserved once and each id written in place; a list with an int that is not a u64 (negative,
@@ -332,6 +360,8 @@ cdef int _put_ints(Buffer* out, object values) except -1:
     cdef Py_ssize_t i, n, start = out.size
     cdef uint64_t value
     cdef char* at
+    if type(values) is Tokens:
+        return _put_tokens(out, <Tokens>values)
     if PyList_CheckExact(values):
         n = PyList_GET_SIZE(values)
         _reserve(out, 2 + 21 * n)  # 20 digits and a comma each, the brackets
@@ -386,7 +416,7 @@ cdef object _put_stored(Buffer* out, object event):
     elif not _put_hash(out, parent):
         return None
     _put_bytes(out, _TOKEN_IDS)
-    _put_ints(out, event.token_ids)
+    _put_ints(out, slot_value(event, _TOKENS_AT))  # not made a list where the wire's ids are kept
     _put_bytes(out, _BLOCK_SIZE)
     _put_value(out, event.block_size)
     _put_bytes(out, _LORA_ID)

@@ -28,6 +28,7 @@ from cpython.mem cimport PyMem_RawRealloc as realloc
 from libc.string cimport memset
 
 from kvgateway._pylong cimport u64_of  # a token read from its digits
+from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 
 from kvgateway.engine.wire import BlockStored
 from kvgateway.runtime.memory import release_free_heap
@@ -81,6 +82,12 @@ cdef uint64_t _NONE_LANE = <uint64_t>PyObject_Hash(None)
 cdef uint64_t _HASH_MODULUS = (1ULL << 61) - 1  # CPython's int hash is the value modulo this (64-bit builds)
 
 
+cdef inline uint64_t _block_end(uint64_t acc, Py_ssize_t size) noexcept:
+    """The digest of a block whose tokens' lanes ``acc`` holds: the hash of ``(tokens, None, None)``."""
+    acc = _xx_end(acc, <uint64_t>size)
+    return _xx_end(_xx_lane(_xx_lane(_xx_lane(_XXPRIME_5, acc), _NONE_LANE), _NONE_LANE), 3)
+
+
 cdef int _tuple_digest(list tokens, Py_ssize_t first, Py_ssize_t size, uint64_t* out) except -1:
     """``hash((tuple(tokens[first:first + size]), None, None))`` without the tuples; 0 (and
     nothing written) when a token is no exact int, whose hash could run Python code."""
@@ -96,9 +103,23 @@ cdef int _tuple_digest(list tokens, Py_ssize_t first, Py_ssize_t size, uint64_t*
             acc = _xx_lane(acc, <uint64_t>PyObject_Hash(token))
         else:
             return 0
-    acc = _xx_end(acc, <uint64_t>size)
-    out[0] = _xx_end(_xx_lane(_xx_lane(_xx_lane(_XXPRIME_5, acc), _NONE_LANE), _NONE_LANE), 3)
+    out[0] = _block_end(acc, size)
     return 1
+
+
+cdef int _packed_digests(Tokens tokens, Py_ssize_t size, Py_ssize_t blocks, uint64_t* out) except -1:
+    """:func:`_plain_digests` of token ids held as the wire sent them (a ``Tokens`` of ``blocks *
+    size``): each is below the modulus, so its lane is its value (``_TUPLE_HASH_OK`` only)."""
+    cdef const uint32_t* ids = tokens.ids
+    cdef uint64_t acc
+    cdef Py_ssize_t i, j
+    for i in range(blocks):
+        acc = _XXPRIME_5
+        for j in range(size):
+            acc = _xx_lane(acc, ids[j])
+        out[i] = _block_end(acc, size)
+        ids += size
+    return 0
 
 
 cdef int _plain_digests(list tokens, Py_ssize_t size, Py_ssize_t blocks, uint64_t* out) except -1:
@@ -137,6 +158,7 @@ def _tuple_hash_agrees():
 
 
 cdef bint _TUPLE_HASH_OK = _tuple_hash_agrees()
+cdef Py_ssize_t _TOKENS_AT = slot_offset(BlockStored)
 
 
 cdef object _extra_keys_of(object event, Py_ssize_t blocks):
@@ -580,7 +602,8 @@ cdef class ChainLearner:
 
     cdef Py_ssize_t _learn(self, object source, object dp_rank, object event) except -1:
         cdef object hashes = event.block_hashes
-        cdef object tokens = event.token_ids
+        # a Tokens (never empty) is not made a list
+        cdef object tokens = slot_value(event, _TOKENS_AT if type(event) is BlockStored else -1)
         cdef object size_of = event.block_size
         if not self.max_blocks or not hashes:
             return 0
@@ -613,8 +636,13 @@ cdef class ChainLearner:
         lora_name = event.lora_name
         extra_keys = _extra_keys_of(event, blocks)
         cdef Py_ssize_t i
-        if lora_name is None and (extra_keys is None or _all_none(extra_keys)) and type(tokens) is list:
-            return _plain_digests(tokens, size, blocks, out)
+        if lora_name is None and (extra_keys is None or _all_none(extra_keys)):
+            if type(tokens) is Tokens and _TUPLE_HASH_OK:
+                return _packed_digests(<Tokens>tokens, size, blocks, out)
+            if type(tokens) is list:
+                return _plain_digests(tokens, size, blocks, out)
+        if type(tokens) is Tokens:
+            tokens = event.token_ids  # the list they read as, for the reference's digests
         for i, digest in enumerate(block_digests(tokens, size, lora_name, extra_keys)):
             out[i] = <uint64_t>digest
         return 0

@@ -243,7 +243,7 @@ class Attribution:
             account.unattributed_tokens += len(hashes) * size
             return
         keys = None
-        if event.token_ids and len(self._accounts) > 1:
+        if len(self._accounts) > 1 and event.token_ids:  # one stream: its ids not read (nor made a list)
             keys = self.content.keys_of(event)
             self._compared()  # a second hash family may show here
         evicted = account.evicted

@@ -223,13 +223,62 @@ def test_every_wire_layout_decoded_then_learned_alike(
     """The wire's own generator (tests/support/payloads.py: every layout, hash kind, medium, group and
     unknown event), encoded, decoded and learned by both cores."""
     compiled = _compiled()
-    batch = wire.decode_batch(msgspec.msgpack.encode([1.0, [value for value, _, _ in items], rank]))
+    payload = msgspec.msgpack.encode([1.0, [value for value, _, _ in items], rank])
+    # a batch each: the compiled core's token ids as its decoder kept them, not read as a list first
+    batches = [wire.decode_batch(payload) for _ in range(2)]
     learners = [module.ChainLearner(16, floor=16) for module in (pure, compiled)]
-    taught = [learner.learn_batch("eng", rank, batch) for learner in learners]
+    taught = [learner.learn_batch("eng", rank, batch) for learner, batch in zip(learners, batches, strict=True)]
     assert taught[0] == taught[1]
     assert state(learners[0]) == state(learners[1])
-    seen = [(("eng", rank), e) for e in batch.events if type(e) is BlockStored]
+    seen = [(("eng", rank), e) for e in batches[0].events if type(e) is BlockStored]
     assert answers(learners[0], seen) == answers(learners[1], seen)
+
+
+def _held(event: BlockStored) -> Any:
+    """What a BlockStored's ``token_ids`` slot holds, not read through the field."""
+    field = BlockStored.__dict__["token_ids"]
+    return getattr(field, "member", field).__get__(event, BlockStored)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tokens=st.lists(
+        st.integers(0, 2**32 - 1) | st.sampled_from([0, 2**32 - 1, 2**31, 151_643]), min_size=1, max_size=24
+    ),
+    size=st.sampled_from([1, 2, 3, 4]),
+    lora_name=st.none() | st.just("lora-a"),
+    extra_keys=st.sampled_from(["none", "all-none", "one"]),
+    positional=st.booleans(),
+)
+def test_token_ids_kept_as_sent_are_learned_as_their_list(
+    tokens: list[int], size: int, lora_name: str | None, extra_keys: str, positional: bool
+) -> None:
+    """The compiled decoder keeps ids of 0 to 2**32-1 as the wire sent them
+    (kvgateway/engine/_tokens_c.pyx); the compiled learner digests them there (no LoRA, no extra
+    keys: the list is not made) or from the list they read as, and learns what the reference learns."""
+    compiled = _compiled()
+    blocks = max(1, len(tokens) // size)
+    tokens = (tokens * size)[: blocks * size]
+    keys = {"none": None, "all-none": [None] * blocks, "one": [None] * (blocks - 1) + [["img", 1]]}[extra_keys]
+    hashes = list(range(500, 500 + blocks))
+    if positional:
+        event: Any = ["BlockStored", hashes, None, tokens, size, None, "GPU", lora_name, keys]
+    else:
+        event = {"type": "BlockStored", "block_hashes": hashes, "token_ids": tokens, "block_size": size,
+                 "lora_name": lora_name, "extra_keys": keys}  # fmt: skip
+    payload = msgspec.msgpack.encode([1.0, [event], 0])
+    batches = [wire.decode_batch(payload) for _ in range(2)]
+    learners = [module.ChainLearner(64, floor=64) for module in (pure, compiled)]
+    assert [learner.learn_batch("eng", 0, batch) for learner, batch in zip(learners, batches, strict=True)] == [
+        blocks,
+        blocks,
+    ]
+    assert state(learners[0]) == state(learners[1])
+    plain = lora_name is None and extra_keys != "one"
+    if wire._tokens.__name__.endswith("_c"):  # the common case learned without making the list
+        assert (type(_held(batches[1].events[0])).__name__ == "Tokens") == plain
+    seen = [(("eng", 0), batches[0].events[0])]
+    assert answers(learners[0], seen) == answers(learners[1], seen) == [hashes]
 
 
 def test_hash_kinds_at_the_edges_of_fixed_width_integers() -> None:
@@ -331,7 +380,7 @@ def test_every_wire_layout_renders_to_the_same_bytes(
 ) -> None:
     compiled = _compiled("kvgateway.protocol._render_c")
     batch = wire.decode_batch(msgspec.msgpack.encode([1.0, [value for value, _, _ in items], rank]))
-    ours, theirs = (encode_events(m.render_events(batch.events)) for m in (_render_py, compiled))
+    theirs, ours = (encode_events(m.render_events(batch.events)) for m in (compiled, _render_py))
     assert ours.body == theirs.body and list(ours.ends) == list(theirs.ends)
 
 

@@ -39,15 +39,16 @@ def _compiled() -> ModuleType:
 
 def assert_same(events: list[Event]) -> tuple[EncodedEvents, Any]:
     """Both cores' events_json of ``events``: the same body, ends and keys (returned); or, for a
-    value the reference cannot encode (not one a decoder makes), the same error."""
+    value the reference cannot encode (not one a decoder makes), the same error. The compiled
+    writer goes first: token ids a compiled decoder kept as sent are not yet read as a list."""
     compiled = _compiled()
     try:
-        ours, our_keys = _render_py.events_json(events)
+        theirs, their_keys = compiled.events_json(events)
     except (TypeError, AttributeError) as exc:
         with pytest.raises(type(exc)):
-            compiled.events_json(events)
+            _render_py.events_json(events)
         return EncodedEvents(b"", array("q")), ()
-    theirs, their_keys = compiled.events_json(events)
+    ours, our_keys = _render_py.events_json(events)
     assert theirs.body == ours.body
     assert list(theirs.ends) == list(ours.ends)
     assert their_keys == our_keys
@@ -187,6 +188,33 @@ def test_ints_at_every_decimal_and_digit_edge_are_written_as_the_reference_write
             assert_same([BlockStored([1], None, tokens, 1, None, "GPU", None, {})])
             assert_same([BlockStored([bad, 2], bad, [3, *tokens], 1, bad, None, None, {})])
     assert_same([BlockStored([], None, [], 0, None, None, None, {})])
+
+
+def _held(event: Event) -> Any:
+    """What a BlockStored's ``token_ids`` slot holds, not read through the field."""
+    field = type(event).__dict__["token_ids"]
+    return getattr(field, "member", field).__get__(event, type(event))
+
+
+def test_token_ids_kept_as_sent_are_written_as_the_reference_writes_their_list() -> None:
+    """The compiled decoder keeps ids of 0 to 2**32-1 as the wire sent them
+    (kvgateway/engine/_tokens_c.pyx): written from there at every decimal length, in map and
+    positional events, beside ids that are lists (wider or negative ones, empty lists, and every
+    list of a batch that takes the general path)."""
+    edges = [v for v in DECIMAL_EDGES if v < 2**32]
+    lists: list[list[int]] = [edges, [0], [2**32 - 1, 1], [], [2**32], [-1, 5], [U64, 0], [-(2**63)]]
+    events: list[Any] = []
+    for tokens in lists:
+        events.append({"type": "BlockStored", "block_hashes": [1], "token_ids": tokens, "block_size": 1})
+        events.append(["BlockStored", [2], None, tokens, 1, None, "GPU"])
+    compiled_decoder = wire._tokens.__name__.endswith("_c")
+    for group, kept in ((events[0::2], 3), (events[1::2], 3), (events, 0)):  # map, positional: fast; mixed
+        batch = wire.decode_batch(msgspec.msgpack.encode([1.0, group, 0]))
+        held = [type(_held(e)).__name__ for e in batch.events]
+        assert held.count("Tokens") == (kept if compiled_decoder else 0)
+        assert_same(batch.events)
+        expected = lists if group is not events else [tokens for tokens in lists for _ in "mp"]
+        assert [e.token_ids for e in batch.events] == expected
 
 
 def test_a_hash_of_no_hash_type_fails_alike() -> None:

@@ -1,0 +1,236 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""A BlockStored's ``token_ids`` kept as the wire sent them: the compiled twin of
+:mod:`kvgateway.engine._tokens_py` (the reference, whose API it has).
+
+msgspec makes a Python int of each token id a batch carries (about 320 a batch) and the list
+holding them, and they are all freed when the log lets the batch go; the compiled renderer writes
+them out again in decimal and the compiled learner digests them, neither needing an int object.
+:func:`token_ids` reads the msgpack array itself: where every element is an int of 0 to 2**32-1
+(every vocabulary's token ids), it answers a :class:`Tokens`, the ids in a C array (4 bytes each
+against an int's 32 and a list's 8); anything else (an empty array, ints outside that range, or no
+array of ints at all) it answers as the reference does.
+
+The event's field keeps its name, its place and its list: :func:`install` puts a :class:`Field` in
+place of the Struct's own descriptor of the ``token_ids`` slot, which answers a :class:`Tokens` as
+the list it stands for, made on the first read and kept in the slot in its place. Everything that
+reads ``event.token_ids`` gets the list; what msgspec does with the slot itself (equality,
+``repr``, copies, pickling) sees a :class:`Tokens`, which compares equal to its list, prints as it
+and pickles as it. The compiled readers take the slot as it is (``slot_value`` in the .pxd).
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.long cimport PyLong_FromUnsignedLong
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF
+from libc.stdint cimport uint32_t
+from libc.string cimport memcmp
+
+import types
+
+from kvgateway.engine._tokens_py import EMPTY, NotTokens, token_ids as _reference
+
+cdef extern from "structmember.h":
+    ctypedef struct PyMemberDef:
+        Py_ssize_t offset
+
+cdef extern from "Python.h":
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+
+__all__ = ["EMPTY", "Field", "NotTokens", "Tokens", "install", "token_ids"]
+
+
+cdef class Tokens:
+    """Token ids of 0 to 2**32-1 in a C array: what ``token_ids`` holds until it is read as a list."""
+
+    def __dealloc__(self):
+        PyMem_Free(self.ids)
+
+    def __len__(self):
+        return self.count
+
+    cdef list to_list(self):
+        cdef list out = PyList_New(self.count)
+        cdef Py_ssize_t i
+        for i in range(self.count):
+            item = PyLong_FromUnsignedLong(self.ids[i])
+            Py_INCREF(item)
+            PyList_SET_ITEM(out, i, item)
+        return out
+
+    def tolist(self):
+        """The token ids as a list of ints (what the field reads as)."""
+        return self.to_list()
+
+    def __eq__(self, other):
+        if type(other) is Tokens:
+            return self.count == (<Tokens>other).count and (
+                self.count == 0 or memcmp(self.ids, (<Tokens>other).ids, self.count * sizeof(uint32_t)) == 0
+            )
+        if isinstance(other, list):
+            return self.to_list() == other
+        return NotImplemented
+
+    def __ne__(self, other):
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None  # as a list's
+
+    def __repr__(self):
+        return repr(self.to_list())
+
+    def __reduce__(self):
+        return (list, (self.to_list(),))
+
+
+cdef inline bint _read(const unsigned char* data, Py_ssize_t size, Py_ssize_t* at, uint32_t* out) noexcept:
+    """The msgpack int at ``data[at[0]]`` into ``out`` (``at`` moved past it) where it is one of 0 to
+    2**32-1, in any of msgpack's int formats; False for anything else (nothing promised of ``at``)."""
+    cdef Py_ssize_t i = at[0]
+    cdef unsigned char first
+    cdef Py_ssize_t width
+    if i >= size:
+        return False
+    first = data[i]
+    if first <= 0x7F:  # positive fixint
+        out[0] = first
+        at[0] = i + 1
+        return True
+    if first == 0xCC or first == 0xD0:  # uint 8, int 8
+        width = 1
+    elif first == 0xCD or first == 0xD1:  # uint 16, int 16
+        width = 2
+    elif first == 0xCE or first == 0xD2:  # uint 32, int 32
+        width = 4
+    elif first == 0xCF or first == 0xD3:  # uint 64, int 64: the top half must be zero
+        if i + 9 > size or data[i + 1] | data[i + 2] | data[i + 3] | data[i + 4]:
+            return False
+        i += 4
+        width = 4
+        first = 0xCE
+    else:
+        return False
+    if i + 1 + width > size:
+        return False
+    if first >= 0xD0 and data[i + 1] & 0x80:  # a signed format's negative value
+        return False
+    if width == 1:
+        out[0] = data[i + 1]
+    elif width == 2:
+        out[0] = (<uint32_t>data[i + 1] << 8) | data[i + 2]
+    else:
+        out[0] = (
+            (<uint32_t>data[i + 1] << 24) | (<uint32_t>data[i + 2] << 16) | (<uint32_t>data[i + 3] << 8) | data[i + 4]
+        )
+    at[0] = i + 1 + width
+    return True
+
+
+cdef object _packed(const unsigned char* data, Py_ssize_t size):
+    """The msgpack array ``data`` as a :class:`Tokens`; None where it is not a non-empty array of
+    ints of 0 to 2**32-1 filling ``data`` exactly."""
+    cdef Py_ssize_t count, at, i
+    cdef Tokens tokens
+    cdef uint32_t* ids
+    cdef unsigned char first
+    if size < 1:
+        return None
+    if 0x90 <= data[0] <= 0x9F:  # fixarray
+        count, at = data[0] & 0x0F, 1
+    elif data[0] == 0xDC and size >= 3:  # array 16
+        count, at = (<Py_ssize_t>data[1] << 8) | data[2], 3
+    elif data[0] == 0xDD and size >= 5:  # array 32
+        count = (<Py_ssize_t>data[1] << 24) | (<Py_ssize_t>data[2] << 16) | (<Py_ssize_t>data[3] << 8) | data[4]
+        at = 5
+    else:
+        return None
+    if count == 0 or count > size - at:  # empty (the reference's []), or shorter than its count
+        return None
+    tokens = Tokens.__new__(Tokens)
+    ids = tokens.ids = <uint32_t*>PyMem_Malloc(count * sizeof(uint32_t))
+    if ids == NULL:
+        raise MemoryError()
+    for i in range(count):
+        if at >= size:
+            return None
+        first = data[at]
+        if first <= 0x7F:  # the formats of token ids, first: a positive fixint, uint 16, uint 32
+            ids[i] = first
+            at += 1
+        elif first == 0xCD and at + 3 <= size:
+            ids[i] = (<uint32_t>data[at + 1] << 8) | data[at + 2]
+            at += 3
+        elif first == 0xCE and at + 5 <= size:
+            ids[i] = (<uint32_t>data[at + 1] << 24) | (<uint32_t>data[at + 2] << 16) | (<uint32_t>data[at + 3] << 8) | data[at + 4]
+            at += 5
+        elif not _read(data, size, &at, &ids[i]):
+            return None
+    if at != size:
+        return None
+    tokens.count = count
+    return tokens
+
+
+def token_ids(raw):
+    """What a BlockStored's ``token_ids`` field holds for the msgpack value ``raw``: a
+    :class:`Tokens` for a non-empty array of ints of 0 to 2**32-1; otherwise the reference's answer
+    (its list of ints, or :class:`NotTokens` where it is no array of msgpack ints)."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(raw, &view, PyBUF_SIMPLE)
+    try:
+        found = _packed(<const unsigned char*>view.buf, view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return _reference(raw) if found is None else found
+
+
+cdef class Field:
+    """A Struct's ``token_ids`` field, read through the slot's own descriptor (``member``) but
+    answering a :class:`Tokens` there as its list, which then takes its place in the slot."""
+
+    def __init__(self, owner, member):
+        if type(member) is not types.MemberDescriptorType or not isinstance(owner, type) or not issubclass(owner, member.__objclass__):
+            raise TypeError(f"{owner.__name__}.token_ids is not a slot of its instances")
+        self.owner = owner
+        self.member = member
+        self.offset = (<PyMemberDescrObject*><PyObject*>member).d_member.offset
+
+    cdef object read(self, object instance):
+        cdef PyObject** slot
+        cdef PyObject* value
+        if not isinstance(instance, self.owner):
+            return self.member.__get__(instance, type(instance))  # the slot descriptor's TypeError
+        slot = <PyObject**>((<char*><PyObject*>instance) + self.offset)
+        value = slot[0]
+        if value == NULL:
+            return self.member.__get__(instance, type(instance))  # its AttributeError
+        if type(<object>value) is not Tokens:
+            return <object>value
+        old = <object>value
+        items = (<Tokens>old).to_list()
+        Py_INCREF(items)
+        slot[0] = <PyObject*>items
+        Py_DECREF(old)  # the slot's reference (``old`` holds its own until it goes)
+        return items
+
+    def __get__(self, instance, owner):
+        if instance is None:
+            return self
+        return self.read(instance)
+
+    def __set__(self, instance, value):
+        self.member.__set__(instance, value)
+
+    def __delete__(self, instance):
+        self.member.__delete__(instance)
+
+
+def install(cls):
+    """Make ``cls.token_ids`` (a Struct's field) read as a list of ints whatever its slot holds: a
+    :class:`Field` in place of the slot's own descriptor (once; the field is left as it is)."""
+    current = cls.__dict__["token_ids"]
+    if type(current) is not Field:
+        type.__setattr__(cls, "token_ids", Field(cls, current))
