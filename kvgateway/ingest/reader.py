@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import zmq
 
@@ -20,9 +20,21 @@ from kvgateway.config.settings import StreamConfig
 from kvgateway.engine import wire
 from kvgateway.engine.endpoints import is_ipv6
 from kvgateway.engine.sequencer import Action, CancelReplay, RequestReplay, Sequencer
-from kvgateway.engine.sockets import FD, Readiness, has_message, monitor_event, receiver
+from kvgateway.engine.sockets import FD, Readiness, has_message, monitor_event
 from kvgateway.ingest.outlet import StreamOutlet
+from kvgateway.runtime.extensions import load
 from kvgateway.runtime.tasks import cancel_and_wait
+
+if TYPE_CHECKING:  # one API: the reference's
+    from kvgateway.engine.sockets import receiver
+else:
+    # Every socket's receive (live, replay, monitor): the compiled one where it was built and
+    # found pyzmq's libzmq (kvgateway/engine/_receive_c.pyx), else the pure-Python reference.
+    _compiled_receive = load("kvgateway.engine._receive_c")
+    if _compiled_receive is None:
+        from kvgateway.engine.sockets import receiver
+    else:
+        receiver = _compiled_receive.receiver
 
 logger = logging.getLogger("kvgateway.ingest")
 

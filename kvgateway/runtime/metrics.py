@@ -196,6 +196,15 @@ class LagHistogram:
         return out
 
 
+class Tally:
+    """A counter as a plain number (``count += n``), made into a family when scraped."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class StreamFamilies:
     """The per-stream samples of one scrape, which each stream fills with its own; written as
     Prometheus text by :func:`kvgateway.runtime.exposition.stream_text`, or as families (``iter``)."""
@@ -347,9 +356,11 @@ class Metrics:
         self.build_info.labels(__version__, core()).set(1)
         # web clients
         self.clients = Gauge("kvgateway_clients", "Connected web clients.", ("transport",), registry=r)
-        self.messages_sent = Counter(
-            "kvgateway_messages_sent", "Messages written to web clients.", ("transport",), registry=r
-        )
+        # Counted at each chunk a client's writer takes (every client's, at every turn), as plain
+        # numbers, a family when scraped at its place: a Counter.inc there cost about 0.7 us.
+        self.sent_counts = {transport: Tally() for transport in TRANSPORTS}
+        self.messages_sent = ScrapedFamilies(self._sent_family, ("transport",))
+        r.register(self.messages_sent)
         self.client_disconnects = Counter(
             "kvgateway_client_disconnects",
             "Client disconnections by reason (closed, slow_consumer, error, shutdown).",
@@ -495,7 +506,6 @@ class Metrics:
         # Every client series exists from the start, so increase() sees the first event too.
         for transport in TRANSPORTS:
             self.clients.labels(transport).set(0)
-            self.messages_sent.labels(transport)
             for recovered in ("true", "false"):
                 self.resumes.labels(transport, recovered)
             for reason in DISCONNECT_REASONS:
@@ -503,6 +513,14 @@ class Metrics:
         for transport in REJECTION_TRANSPORTS:
             for reason in REJECTION_REASONS:
                 self.client_rejections.labels(transport, reason)
+
+    def _sent_family(self) -> list[Metric]:
+        family = CounterMetricFamily(
+            "kvgateway_messages_sent", "Messages written to web clients.", labels=["transport"]
+        )
+        for transport, tally in self.sent_counts.items():
+            family.add_metric([transport], float(tally.count))
+        return [family]
 
     def _queue_family(self) -> list[Metric]:
         documentation = "Bytes queued for a client, observed at each write."
@@ -558,8 +576,9 @@ class HubMetrics:
         self.broadcast: Callable[[float], None] = metrics.broadcast_times.observe
         """Told how long each broadcast took (plain numbers: :meth:`Metrics._broadcast_family`)."""
         self._held = metrics.ring_held  # shared by every view of these metrics
-        self.sent = {t: metrics.messages_sent.labels(t) for t in TRANSPORTS}
-        """Messages handed to a client's writer, by transport (a subscription keeps its own child)."""
+        self.sent = metrics.sent_counts
+        """Messages handed to a client's writer, by transport (a subscription keeps its own tally:
+        plain numbers, :meth:`Metrics._sent_family`)."""
 
     def retained(self, messages: int, nbytes: int) -> None:
         """What the resume ring holds now (after every append: plain numbers, read at scrape time)."""

@@ -21,7 +21,10 @@ UTF8_TEXT: Final = "kvgateway.websocket.utf8_text"
 """An ASGI extension (in ``scope["extensions"]``) and the key of a ``websocket.send`` message whose
 value is a sequence of bytes: one text frame whose payload is their concatenation, UTF-8 already.
 The gateway's uvicorn protocol offers it (kvgateway.serve.ws_protocol, not imported here: uvicorn's
-modules stay out of a process that only serves in process)."""
+modules stay out of a process that only serves in process), with ``"send"``: the ASGI send it gives
+the app, which a session's chunks take directly, not through Starlette's ``WebSocket.send`` and the
+middlewares' wrappers (a state check and pass-throughs for a ``websocket.send``, about 1 us a chunk;
+what they would make of an error, a WebSocketDisconnect from an OSError, ends the session alike)."""
 
 WS_CLOSE: Final[dict[str, tuple[int, str]]] = {
     "slow_consumer": (1013, "slow consumer"),
@@ -148,14 +151,18 @@ def _state(subscription: Subscription) -> Iterator[OutMessage]:
 def frame_writer(websocket: WebSocket) -> Callable[[Sequence[OutMessage]], Awaitable[None]]:
     """How a session writes a chunk as one text frame (its messages joined by newlines): the
     messages' own bytes, uncopied, where the server offers :data:`UTF8_TEXT` (the gateway's
-    uvicorn protocol, kvgateway.serve.ws_protocol); else as the ``str`` ASGI defines."""
-    send = websocket.send
-    if UTF8_TEXT in (websocket.scope.get("extensions") or {}):
+    uvicorn protocol, kvgateway.serve.ws_protocol), through the send it offers with it; else as the
+    ``str`` ASGI defines, through ``websocket.send``."""
+    offered = (websocket.scope.get("extensions") or {}).get(UTF8_TEXT)
+    if offered is not None:
+        send_raw = offered.get("send", websocket.send)
 
         async def send_parts(chunk: Sequence[OutMessage]) -> None:
-            await send({"type": "websocket.send", UTF8_TEXT: ws_parts(chunk)})
+            await send_raw({"type": "websocket.send", UTF8_TEXT: ws_parts(chunk)})
 
         return send_parts
+
+    send = websocket.send
 
     async def send_text(chunk: Sequence[OutMessage]) -> None:
         await send({"type": "websocket.send", "text": ws_text(chunk)})
@@ -167,36 +174,48 @@ async def ws_session(websocket: WebSocket, subscription: Subscription) -> None:
     await websocket.accept()
     pump = Pump(subscription)
     write = frame_writer(websocket)
-    # The reader closes the subscription when the client leaves, which wakes the pump: the pump
-    # awaits next_chunk() itself, with no task and no asyncio.wait() per chunk (they cost more
-    # than the write).
+    # The reader closes the subscription when the client leaves, which wakes the pump.
     reader = asyncio.ensure_future(_drain_inbound(websocket, subscription))
+    live: asyncio.Future[None] | None = None
     try:
         await write((subscription.hello_message,))
         for state in _state(subscription):
             await write((state,))
             await asyncio.sleep(0)  # one chunk per turn: other clients keep their latency
-        while True:
-            chunk = await pump.next_chunk()
-            if chunk is None:
-                if not reader.done():  # cut by the gateway (slow, shutdown), not gone by itself
-                    code, reason = WS_CLOSE.get(subscription.closed_reason or "", (1000, ""))
-                    await websocket.close(code, reason)
-                return
-            # Several messages in one frame, newline-delimited: one frame per message would
-            # collapse throughput under load.
-            try:
-                await write(chunk)
-            finally:
-                subscription.written()
+        # The live chunks are written by a task of their own, for the session's life (not one per
+        # chunk): each wake-up then resumes that task's two frames, not this coroutine's callers,
+        # the ASGI app's dozen middlewares and routes, each resumed and suspended again per chunk.
+        live = asyncio.ensure_future(_write_live(pump, write))
+        await live
+        if not reader.done():  # cut by the gateway (slow, shutdown), not gone by itself
+            code, reason = WS_CLOSE.get(subscription.closed_reason or "", (1000, ""))
+            await websocket.close(code, reason)
     except (WebSocketDisconnect, RuntimeError, OSError):
         pass
     finally:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await reader
+        for task in (live, reader):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         subscription.close("closed")
         _drop_state(subscription)
+
+
+async def _write_live(pump: Pump, write: Callable[[Sequence[OutMessage]], Awaitable[None]]) -> None:
+    """Every chunk the subscription hands out, until it is closed: awaits next_chunk() itself, with
+    no task and no asyncio.wait() per chunk (they cost more than the write)."""
+    subscription = pump.subscription
+    while True:
+        chunk = await pump.next_chunk()
+        if chunk is None:
+            return
+        # Several messages in one frame, newline-delimited: one frame per message would collapse
+        # throughput under load.
+        try:
+            await write(chunk)
+        finally:
+            subscription.written()
 
 
 async def _drain_inbound(websocket: WebSocket, subscription: Subscription) -> None:

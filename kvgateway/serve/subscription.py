@@ -183,7 +183,7 @@ class Subscription:
             size += len(message.data)
         self._queued -= size
         self._credit = max(0, self._credit - size)  # the exempt messages are at the front
-        self._sent.inc(len(chunk))  # counted when handed to the writer
+        self._sent.count += len(chunk)  # counted when handed to the writer
         self._in_flight = True
         if self._compat:  # one test per chunk: other clients' messages go as they are
             gap_last, int_seqs = self._gap_last, self._int_seqs

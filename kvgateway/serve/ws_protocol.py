@@ -60,7 +60,9 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
     async def run_asgi(self) -> None:
         conn = getattr(self, "conn", None)
         if all(hasattr(self, name) for name in INTERNALS) and all(hasattr(conn, name) for name in CONNECTION):
-            self.scope.setdefault("extensions", {})[UTF8_TEXT] = {}
+            # with the send this protocol gives the app: the session's chunks skip the wrappers
+            # between (Starlette's WebSocket and the middlewares pass a websocket.send on untouched)
+            self.scope.setdefault("extensions", {})[UTF8_TEXT] = {"send": self.send}
         await super().run_asgi()
 
     async def send(self, message: ASGISendEvent) -> None:

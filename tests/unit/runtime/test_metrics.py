@@ -5,7 +5,7 @@ prometheus_client's, is tests/unit/runtime/test_exposition.py.)"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from kvgateway.runtime.metrics import (
     LAG_BUCKETS,
@@ -78,6 +78,33 @@ def test_every_rejection_is_exported_at_zero_before_it_happens() -> None:
         for reason in REJECTION_REASONS:
             labels = {"transport": transport, "reason": reason}
             assert metrics.registry.get_sample_value("kvgateway_client_rejections_total", labels) == 0
+
+
+def test_the_messages_sent_scraped_are_what_a_prometheus_counter_shows() -> None:
+    """Counted as plain numbers per transport, made into a family when scraped: the same text as
+    prometheus_client's own Counter with the same increments, at the Counter's place."""
+    metrics = Metrics()
+    registry = CollectorRegistry()
+    reference = Counter(
+        "kvgateway_messages_sent", "Messages written to web clients.", ("transport",), registry=registry
+    )
+    for transport in ("ws", "sse"):
+        reference.labels(transport)
+
+    def lines() -> list[str]:
+        return [line for line in generate_latest(metrics.registry).decode().splitlines() if "messages_sent" in line]
+
+    assert lines() == generate_latest(registry).decode().splitlines()  # both series at 0 before any client
+    hub = metrics.hub()
+    for transport, count in [("ws", 3), ("sse", 1), ("ws", 64), ("ws", 1), ("sse", 250)]:
+        hub.sent[transport].count += count
+        reference.labels(transport).inc(count)
+    assert lines() == generate_latest(registry).decode().splitlines()
+    assert 'kvgateway_messages_sent_total{transport="ws"} 68.0' in lines()
+    text = generate_latest(metrics.registry).decode()
+    names = ("clients", "messages_sent_total", "client_disconnects_total")
+    places = [text.index(f"# HELP kvgateway_{name} ") for name in names]
+    assert places == sorted(places)
 
 
 def test_the_client_queue_bytes_scraped_are_what_a_prometheus_histogram_shows() -> None:

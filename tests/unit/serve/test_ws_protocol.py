@@ -113,9 +113,10 @@ def test_a_frame_from_parts_is_uvicorns_frame_for_the_same_text_and_the_parts_ar
             await send({"type": "websocket.send", "text": b"".join(parts).decode()})
 
     async def by_parts(protocol: Protocol, scope: dict[str, Any], send: Send) -> None:
-        assert UTF8_TEXT in scope["extensions"]
+        offered = scope["extensions"][UTF8_TEXT]
+        assert offered["send"] == send  # the ASGI send the app was given, offered to the session
         for parts in CHUNKS:
-            await send({"type": "websocket.send", UTF8_TEXT: parts})
+            await offered["send"]({"type": "websocket.send", UTF8_TEXT: parts})
 
     async def scenario() -> tuple[RecordingTransport, RecordingTransport]:
         _, uvicorns = await serve(WebSocketsSansIOProtocol, by_text)
@@ -206,6 +207,21 @@ class FakeWebSocket:
 
     async def send(self, message: Mapping[str, Any]) -> None:
         self.sent.append(message)
+
+
+def test_a_session_writes_parts_through_the_send_the_server_offers_with_them() -> None:
+    """The chunk goes to the send offered with the extension, not through the WebSocket's."""
+    chunk = [OutMessage(b'{"n":1}', "batch"), OutMessage(b'{"n":2}', "batch")]
+    direct: list[Mapping[str, Any]] = []
+
+    async def offered_send(message: Mapping[str, Any]) -> None:
+        direct.append(message)
+
+    websocket = FakeWebSocket({UTF8_TEXT: {"send": offered_send}})
+    asyncio.run(frame_writer(websocket)(chunk))  # type: ignore[arg-type]
+    assert websocket.sent == []
+    (parts,) = direct
+    assert parts["type"] == "websocket.send" and b"".join(parts[UTF8_TEXT]) == b'{"n":1}\n{"n":2}'
 
 
 def test_a_session_writes_parts_where_the_server_offers_them_and_text_elsewhere() -> None:
