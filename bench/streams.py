@@ -17,6 +17,7 @@ from typing import Any
 
 from bench.common import BenchError, CpuMeter, ServeProcess, free_port_block, median, rss_bytes, say
 from bench.context import Context
+from kvgateway.ingest.streams import DIAGNOSE_INTERVAL_SECONDS
 
 PORTS_PER_SOURCE = 1000
 """Streams per configured source (``dp_size``, which is at most 1024)."""
@@ -27,7 +28,10 @@ def _sizes(ctx: Context) -> list[int]:
 
 
 def _idle_seconds(ctx: Context) -> float:
-    return float(ctx.pick(20.0, 10.0, 1.0))
+    """One whole diagnosis period: every stream of an absent engine is diagnosed once in it (every
+    30 s, all 2,000 at about the same time, as they started together). A shorter window held the
+    diagnoses of every stream or of none, by where it fell (10 s: none; 20 s: all)."""
+    return float(ctx.pick(DIAGNOSE_INTERVAL_SECONDS, DIAGNOSE_INTERVAL_SECONDS, 1.0))
 
 
 def _settle_seconds(ctx: Context) -> float:
