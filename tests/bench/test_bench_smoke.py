@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from bench.streams import streams_reached
 from tests.support import REPO
 
 SCENARIOS = ("ingest", "fanout", "naive", "latency", "memory", "catchup", "streams")
@@ -107,6 +108,15 @@ def check_streams(r: dict[str, Any]) -> None:
         assert number(row[key]), key
     assert row["descriptors"] > row["one_stream"]["descriptors"]  # every stream holds its sockets
     assert set(row["per_stream"]) >= {"rss_bytes", "descriptors", "metrics_bytes"}
+    assert [run["reached"] for run in row["runs"]] == [0]  # every port closed: nothing answered
+
+
+def test_a_stream_that_reached_another_process_is_told_from_one_refused() -> None:
+    down = {"connected": False, "last_seq": None, "reason_code": "refused"}
+    assert streams_reached([down, {**down, "reason_code": "retrying"}]) == 0
+    assert streams_reached([down, {**down, "connected": True, "reason_code": "connected"}]) == 1
+    assert streams_reached([{**down, "last_seq": 29999, "reason_code": "disconnected"}, down]) == 1  # came and went
+    assert streams_reached([{**down, "reason_code": "not_zeromq"}]) == 1  # something listens, no engine
 
 
 CHECKS = {
