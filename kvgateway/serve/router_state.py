@@ -40,7 +40,7 @@ FLEET_REFRESH_SECONDS: Final = 15.0
 
 FLEET_EMPTY_CHECK_SECONDS: Final = 0.25
 """How often, between two counts, the index is asked whether it holds blocks although the last
-count found none (O(groups)): the count at start, before the engines' first blocks, is then
+count found none (O(1)): the count at start, before the engines' first blocks, is then
 followed by another as soon as blocks exist, not 15 s later."""
 
 
@@ -208,7 +208,7 @@ class RouterState:
         return None if fleet is None or self._found_none_before_blocks(fleet) else fleet
 
     def _found_none_before_blocks(self, fleet: dict[str, Any]) -> bool:
-        return fleet["distinct_blocks"] == 0 and self.index.resident_blocks() > 0
+        return fleet["distinct_blocks"] == 0 and self.index.holds_any()
 
     async def count_fleet(self, offset: int) -> dict[str, Any]:
         """Fleet facts at ``offset`` (frozen now), counted one stream and group per event-loop turn."""

@@ -454,6 +454,12 @@ class OccupancyIndex:
         index = self._streams.get(stream)
         return index is not None and index.holds(block_hash)
 
+    def holds_any(self) -> bool:
+        """Whether some stream, medium and group holds a block: O(1), the fleet's holders not empty
+        (the routers ask it four times a second while a count found none; :meth:`resident_blocks`
+        is O(groups): with 2,000 streams 0.35% of a core, idle)."""
+        return len(self._fleet.blocks) > 0
+
     def resident_blocks(self) -> int:
         """Resident blocks of every stream, medium and group summed: O(groups), no hash visited."""
         return sum(index.resident_blocks() for index in self._streams.values())

@@ -598,3 +598,33 @@ def test_empty_medium_counts_as_gpu_like_the_hub_filter() -> None:
     assert occ.stream("a", 0).groups("GPU") == {0: 3}
     gpu_filter = parse_query({"medium": ["GPU"]}).filter
     assert select([event_key(e) for e in events], gpu_filter.types, gpu_filter.mediums) == [0, 1, 2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from([("a", 0), ("a", 1), ("b", 0)]),
+            st.sampled_from(["stored", "removed", "cleared", "restart"]),
+            st.lists(st.integers(0, 6), min_size=1, max_size=4),
+            st.sampled_from([None, "CPU"]),
+        ),
+        max_size=30,
+    )
+)
+def test_holds_any_answers_as_the_resident_count_does(
+    steps: list[tuple[tuple[str, int], str, list[int], str | None]],
+) -> None:
+    """The O(1) question the routers ask (the fleet's holders not empty) against the O(groups)
+    count, after every store, remove, clear and restart of any stream, medium and group."""
+    occupancy = OccupancyIndex()
+    assert not occupancy.holds_any()
+    for (source, rank), kind, hashes, medium in steps:
+        if kind == "restart":
+            occupancy.stream(source, rank).reset()
+        elif kind == "cleared":
+            occupancy.apply(source, rank, batch(AllBlocksCleared()), 0.0)
+        else:
+            make = stored if kind == "stored" else removed
+            occupancy.apply(source, rank, batch(make(*hashes, medium=medium)), 0.0)
+        assert occupancy.holds_any() == (occupancy.resident_blocks() > 0)
