@@ -347,9 +347,12 @@ class StreamReader:
         if monitor is None:
             return
         receive = self._monitor_receive
-        # has_message is cheaper than a receive raising Again, and it empties the descriptor's
-        # mailbox, which the loop's callback needs (it is level-triggered there).
-        while self._drained is None and has_message(monitor):
+        # Received until there is none: a receive that finds nothing has processed the socket's
+        # commands, as has_message does, so the descriptor's mailbox is empty when this returns
+        # (the loop's callback is level-triggered). The compiled receive's None costs 0.7 us
+        # against has_message's 1.7, twice per event: an absent engine's monitor wakes the loop at
+        # every reconnection attempt (1,000 a second with 2,000 streams down).
+        while self._drained is None:
             frames = receive()
             if frames is None:
                 return
