@@ -22,6 +22,7 @@ from collections.abc import Set as AbstractSet
 import math
 
 cimport cython
+from cpython.object cimport PyObject_RichCompare
 from cpython.set cimport PySet_Discard
 from libc.stdint cimport uint64_t
 
@@ -341,18 +342,7 @@ cdef class BlockSet:
     def __richcmp__(self, other, int op):
         if not isinstance(other, (BlockSet, set, frozenset)):
             return NotImplemented
-        mine = set(self)
-        if op == 0:
-            return mine < other
-        if op == 1:
-            return mine <= other
-        if op == 2:
-            return mine == other
-        if op == 3:
-            return mine != other
-        if op == 4:
-            return mine > other
-        return mine >= other
+        return PyObject_RichCompare(set(self), other, op)  # the set's own comparison, whichever op
 
     def __and__(self, other):
         return set(self) & set(other)
@@ -543,7 +533,6 @@ cdef class Group:
         cdef dict extra
         cdef Group fleet
         cdef Py_ssize_t before
-        cdef list left
         cdef Key k
         if self.shared:
             self._own()
