@@ -40,9 +40,12 @@ def taken_port() -> Iterator[int]:
         yield int(holder.getsockname()[1])
 
 
-def _run(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None, python: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """``kvgateway *args`` run as a process (``python``: the interpreter's own options first)."""
     return subprocess.run(
-        [sys.executable, "-m", "kvgateway", *args],
+        [sys.executable, *python, "-m", "kvgateway", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -207,14 +210,7 @@ def test_serve_help_has_description_examples_and_groups() -> None:
 
 def _imported(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
     """The command run with ``-X importtime``: its result and every module it imported."""
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "kvgateway", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        check=False,
-    )
+    result = _run(*args, python=("-X", "importtime"))
     lines = [line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")]
     return result, set(lines)
 
