@@ -76,6 +76,20 @@ class Readiness:
             if has_message(sock):
                 return True
 
+    async def signalled(self) -> None:
+        """Until the descriptor signals, without asking ZeroMQ first: for a caller whose last
+        receive found the socket empty. A receive that finds nothing has processed the socket's
+        commands, as :func:`has_message` does, so the mailbox is empty and the descriptor stays
+        quiet until something new comes; asking again would cost a ``ZMQ_EVENTS`` call before and
+        after each wait. The caller receives after it: a wake-up may bring no message (a command
+        that was not one), and its receive then finds none and waits again."""
+        waiter = self._loop.create_future()
+        self._waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
     def close(self) -> None:
         if self._fd is not None:
             self._loop.remove_reader(self._fd)
