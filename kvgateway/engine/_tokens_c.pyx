@@ -26,18 +26,11 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.stdint cimport uint32_t
 from libc.string cimport memcmp
+from kvgateway.engine._slots cimport member_offset  # where a Struct keeps a field
 
 import types
 
 from kvgateway.engine._tokens_py import EMPTY, NotTokens, token_ids as _reference
-
-cdef extern from "structmember.h":
-    ctypedef struct PyMemberDef:
-        Py_ssize_t offset
-
-cdef extern from "Python.h":
-    ctypedef struct PyMemberDescrObject:
-        PyMemberDef* d_member
 
 __all__ = ["EMPTY", "Field", "NotTokens", "Tokens", "install", "token_ids"]
 
@@ -196,7 +189,7 @@ cdef class Field:
             raise TypeError(f"{owner.__name__}.token_ids is not a slot of its instances")
         self.owner = owner
         self.member = member
-        self.offset = (<PyMemberDescrObject*><PyObject*>member).d_member.offset
+        self.offset = member_offset(member)
 
     cdef object read(self, object instance):
         cdef PyObject** slot

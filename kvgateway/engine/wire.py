@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from kvgateway.engine import _tokens_py
-from kvgateway.engine.mediums import remote_medium
+from kvgateway.engine import _events_py, _tokens_py
+from kvgateway.engine._events_py import located as _located
+from kvgateway.engine._events_py import present as _present
 
 Hash: TypeAlias = int | bytes
 
@@ -209,19 +210,19 @@ class _WireMapBatch(msgspec.Struct, gc=False):
     data_parallel_rank: int | None = None
 
 
-def _tokens_core() -> ModuleType:
-    """The token ids' core: the compiled one (``_tokens_c``) where it was built and
-    ``KVGATEWAY_NO_EXTENSIONS`` is not set (as :func:`kvgateway.runtime.extensions.load` decides,
-    from below it), else the reference."""
+def _compiled(name: str) -> ModuleType | None:
+    """The compiled module ``name`` where it was built and ``KVGATEWAY_NO_EXTENSIONS`` is not set (as
+    :func:`kvgateway.runtime.extensions.load` decides, from below it), else None."""
     if os.environ.get("KVGATEWAY_NO_EXTENSIONS", "") not in ("", "0"):
-        return _tokens_py
+        return None
     try:
-        return importlib.import_module("kvgateway.engine._tokens_c")
+        return importlib.import_module(name)
     except ImportError:
-        return _tokens_py
+        return None
 
 
-_tokens: Final = _tokens_core()
+_tokens: Final = _compiled("kvgateway.engine._tokens_c") or _tokens_py
+"""The token ids' core: the compiled one where it was built, else the reference."""
 _tokens.install(BlockStored)
 _KEPT: Final = _tokens is not _tokens_py
 """Whether the fast decoders take ``token_ids`` as the wire sent them (``msgspec.Raw``), for the
@@ -305,50 +306,6 @@ class _FastArrayBatch(msgspec.Struct, array_like=True, gc=False):
     data_parallel_rank: int | None = None
 
 
-def _located(medium: str | None, extra: dict[str, Any]) -> str | None:
-    """The medium a block is counted under: its own, or for a block held by a remote pool
-    (``locality: "REMOTE"``) ``REMOTE_<medium>``, in the EXTERNAL tier."""
-    locality = extra.get("locality")
-    if type(locality) is str and locality.upper() == "REMOTE":
-        return remote_medium(medium)
-    return medium
-
-
-def _from_fast(event: _FastStored | _FastRemoved | _FastCleared) -> Event:
-    if type(event) is _FastStored:
-        extra: dict[str, Any] = {}
-        if event.extra_keys is not UNSET:
-            extra["extra_keys"] = event.extra_keys
-        if event.group_idx is not UNSET:
-            extra["group_idx"] = event.group_idx
-        if event.kv_cache_spec_kind is not UNSET:
-            extra["kv_cache_spec_kind"] = event.kv_cache_spec_kind
-        if event.kv_cache_spec_sliding_window is not UNSET:
-            extra["kv_cache_spec_sliding_window"] = event.kv_cache_spec_sliding_window
-        medium = event.medium
-        if event.locality is not UNSET:
-            extra["locality"] = event.locality
-            medium = _located(medium, extra)
-        return BlockStored(
-            event.block_hashes,
-            event.parent_block_hash,
-            _token_ids(event.token_ids) if _KEPT else event.token_ids,
-            event.block_size,
-            event.lora_id,
-            medium,
-            event.lora_name,
-            extra,
-        )
-    if type(event) is _FastRemoved:
-        removed_extra: dict[str, Any] = {} if event.group_idx is UNSET else {"group_idx": event.group_idx}
-        medium = event.medium
-        if event.locality is not UNSET:
-            removed_extra["locality"] = event.locality
-            medium = _located(medium, removed_extra)
-        return BlockRemoved(event.block_hashes, medium, removed_extra)
-    return AllBlocksCleared()
-
-
 _fast_batch_decoder: Final = msgspec.msgpack.Decoder(_FastBatch)
 _fast_array_batch_decoder: Final = msgspec.msgpack.Decoder(_FastArrayBatch)
 _batch_decoder: Final = msgspec.msgpack.Decoder(_WireBatch)
@@ -416,13 +373,36 @@ def decode_batch(payload: bytes | memoryview, *, max_bytes: int = MAX_PAYLOAD_BY
         if fast is None:
             return _decode_general(payload, as_map)
     try:
-        if type(fast) is _FastArrayBatch:
-            events = [_from_array(e) for e in fast.events]
-        else:
-            events = [_from_fast(e) for e in fast.events]
+        events = _events_of(fast)
     except _tokens_py.NotTokens:  # what the typed decode would have refused
         return _decode_general(payload, as_map)
     return Batch(ts=fast.ts, events=events, dp_rank=fast.data_parallel_rank)
+
+
+def _events_core() -> ModuleType:
+    """What makes a fast-decoded batch's events the public ones: the compiled twin where it was
+    built, else the reference (:mod:`kvgateway.engine._events_py`); each given this module's types."""
+    chosen = _compiled("kvgateway.engine._events_c") or _events_py
+    for core in (_events_py, chosen):  # the reference too: the general path and the twin use it
+        core.install(
+            stored=BlockStored,
+            removed=BlockRemoved,
+            cleared=AllBlocksCleared,
+            map_stored=_FastStored,
+            map_removed=_FastRemoved,
+            array_stored=_FastArrStored,
+            general_stored=_ArrStored,
+            array_removed=_ArrRemoved,
+            fast_array_batch=_FastArrayBatch,
+            stored_further=_STORED_FURTHER,
+            removed_further=_REMOVED_FURTHER,
+            token_ids=_token_ids,
+            kept=_KEPT,
+        )
+    return chosen
+
+
+_events_of: Final[Callable[[Any], list[Event]]] = _events_core().events_of
 
 
 class _Layout:
@@ -492,29 +472,7 @@ def _decode_array_event(raw: msgspec.Raw) -> Event:
         return _unknown_or_error(raw, exc)
     except _MALFORMED as exc:
         raise DecodeError(_one_line(exc)) from None
-    return _from_array(decoded)
-
-
-def _from_array(decoded: _ArrStored | _ArrRemoved | _ArrCleared) -> Event:
-    if type(decoded) is _ArrStored or type(decoded) is _FastArrStored:
-        tokens = _token_ids(decoded.token_ids) if _KEPT and type(decoded) is _FastArrStored else decoded.token_ids
-        return BlockStored(
-            block_hashes=decoded.block_hashes,
-            parent_block_hash=decoded.parent_block_hash,
-            token_ids=tokens,
-            block_size=decoded.block_size,
-            lora_id=decoded.lora_id,
-            medium=None if decoded.medium is UNSET else decoded.medium,
-            lora_name=None if decoded.lora_name is UNSET else decoded.lora_name,
-            extra=_present(decoded, _STORED_FURTHER),
-        )
-    if type(decoded) is _ArrRemoved:
-        return BlockRemoved(
-            block_hashes=decoded.block_hashes,
-            medium=None if decoded.medium is UNSET else decoded.medium,
-            extra=_present(decoded, _REMOVED_FURTHER),
-        )
-    return AllBlocksCleared()
+    return _events_py.from_array(decoded)
 
 
 def _unknown_or_error(raw: msgspec.Raw, exc: msgspec.ValidationError) -> Event:
@@ -540,10 +498,6 @@ def _map_len(data: memoryview) -> int:
     if first == 0xDE:
         return int.from_bytes(data[1:3], "big")
     return int.from_bytes(data[1:5], "big")
-
-
-def _present(struct: msgspec.Struct, names: tuple[str, ...]) -> dict[str, Any]:
-    return {name: value for name in names if (value := getattr(struct, name)) is not UNSET}
 
 
 def _decode_map_event(raw: msgspec.Raw) -> Event:
