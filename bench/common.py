@@ -467,6 +467,7 @@ class ServeProcess(Process):
         dp_size: int = 1,
         extra: Sequence[str] = (),
         name: str = "bench",
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -479,7 +480,7 @@ class ServeProcess(Process):
             "kvgateway", "serve", "--source", spec, "--port", str(self.port), "--log-level", "warning", *extra
         )
         source = os.environ.get(SOURCE_ENV)
-        super().__init__(command, log_path, cwd=Path(source) if source else REPO)
+        super().__init__(command, log_path, env=env, cwd=Path(source) if source else REPO)
 
     @property
     def ws_url(self) -> str:
@@ -509,6 +510,15 @@ class ServeProcess(Process):
 
     def occupancy(self) -> dict[str, Any]:
         return dict(get_json(f"{self.base}/v1/occupancy", timeout=30))
+
+    def core(self) -> str:
+        """Which core the gateway runs (``kvgateway_build_info``'s ``core`` label)."""
+        with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        for line in text.splitlines():
+            if line.startswith("kvgateway_build_info{") and 'core="' in line:
+                return line.split('core="', 1)[1].split('"', 1)[0]
+        raise BenchError("the gateway's /metrics has no kvgateway_build_info")
 
     def metric(self, name: str) -> float:
         """The sum of every sample of one metric on /metrics."""

@@ -14,6 +14,9 @@ gateway it is the last batch's ``ts`` plus the ``lag_seconds`` /v1/sources repor
 gateway's own ``time.time()`` when it received that batch), so polling does not blur it.
 Raw and gateway trials alternate, and the figure is the median of the per-pair ratios.
 
+Each variant's gateway runs a second time on the pure-Python core (``KVGATEWAY_NO_EXTENSIONS=1``,
+what an install without a C compiler runs), its CPU per batch held against the same floor.
+
 The in-process breakdown (microseconds per batch for each stage, same payloads) is there to
 explain the ratio, not to replace it.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 import gc
 import json
 import time
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -46,6 +49,7 @@ from bench.context import Context
 from bench.harness import Fleet, endpoint_of, start_publisher
 from kvgateway.engine import wire
 from kvgateway.protocol import render
+from kvgateway.runtime.extensions import PURE
 from kvgateway.simulator import encode
 from kvgateway.simulator.workload import HashKind
 
@@ -97,7 +101,12 @@ def raw_trial(ctx: Context, run: int) -> dict[str, Any]:
         publisher.stop()
 
 
-def gateway_trial(ctx: Context, run: int, variant: str = "map") -> dict[str, Any]:
+PURE_CORE: Final = {"KVGATEWAY_NO_EXTENSIONS": "1"}
+"""The environment of the gateway run on the pure-Python core: what an install without a C
+compiler runs (issue 29: users without a compiler know what they get)."""
+
+
+def gateway_trial(ctx: Context, run: int, variant: str = "map", *, pure: bool = False) -> dict[str, Any]:
     """The gateway ingesting the variant's batches flat out, one WebSocket client receiving every
     one (so rendering, encoding and sending are paid as in real use). CPU is the gateway process's
     (every thread) from SIGCONT until the client has the last batch.
@@ -106,17 +115,24 @@ def gateway_trial(ctx: Context, run: int, variant: str = "map") -> dict[str, Any
     just started, whose resume ring, heap and socket queues grow into fresh pages (about two page
     faults a batch, each one the kernel zeroing a page); the second finds them grown, as a gateway
     that has run a while does (a fifth of a fault a batch, the same as after a third flood), and is
-    the trial's figure: the floor it is held against is a warm loop too."""
+    the trial's figure: the floor it is held against is a warm loop too.
+
+    ``pure``: the gateway on the pure-Python core (checked by its ``kvgateway_build_info``)."""
     count = _batches(ctx)
-    logs = ctx.logs / "ingest" / f"gateway-{variant}-run{run}"
+    logs = ctx.logs / "ingest" / f"gateway-{variant}{'-pure' if pure else ''}-run{run}"
     publisher = start_publisher(payloads.path_of(_spec(ctx, variant)), logs, "publisher")
     gateway = None
     fleet = None
     try:
         gateway = ServeProcess(
-            logs / "gateway.log", endpoint=endpoint_of(publisher), extra=("--client-queue-bytes", str(CLIENT_QUEUE))
+            logs / "gateway.log",
+            endpoint=endpoint_of(publisher),
+            extra=("--client-queue-bytes", str(CLIENT_QUEUE)),
+            env=PURE_CORE if pure else None,
         )
         gateway.wait_ready()
+        if pure and gateway.core() != PURE:
+            raise BenchError(f"the gateway meant to run the pure-Python core runs the {gateway.core()} one")
         fleet = Fleet(gateway.ws_url, "ws", 1, logs, "ingest")
         publisher.request({"cmd": "wait_subscribers", "timeout": 30}, timeout=40)
         cold = _flood(gateway, fleet, publisher, 0, count)
@@ -322,14 +338,21 @@ def _variant_runs(ctx: Context, variant: str, raw_rates: list[float] | None) -> 
     for run_index in range(ctx.runs):
         floor = floor_us(ctx, variant)
         gateway = gateway_trial(ctx, run_index, variant)
-        entry = {"gateway": gateway, "floor_us": round(floor, 2), "floor_ratio": gateway["cpu_us_per_batch"] / floor}
+        pure = gateway_trial(ctx, run_index, variant, pure=True)
+        entry = {
+            "gateway": gateway,
+            "pure": pure,
+            "floor_us": round(floor, 2),
+            "floor_ratio": gateway["cpu_us_per_batch"] / floor,
+            "pure_floor_ratio": pure["cpu_us_per_batch"] / floor,
+        }
         if raw_rates is not None:
             raw = raw_trial(ctx, run_index)
             raw_rates.append(raw["rate"])
             entry |= {"raw": raw, "ratio": gateway["rate"] / raw["rate"]}
         say(
             f"  {variant}: gateway {gateway['cpu_us_per_batch']:.1f} us/batch, floor {floor:.1f}, "
-            f"ratio {entry['floor_ratio']:.2f}"
+            f"ratio {entry['floor_ratio']:.2f}; pure-Python core {pure['cpu_us_per_batch']:.1f} us/batch"
         )
         runs.append(entry)
     return {
@@ -340,6 +363,8 @@ def _variant_runs(ctx: Context, variant: str, raw_rates: list[float] | None) -> 
         "gateway_rate": median(r["gateway"]["rate"] for r in runs),
         "floor_us": median(r["floor_us"] for r in runs),
         "floor_ratio": round(median(r["floor_ratio"] for r in runs) or 0.0, 3),
+        "pure_cpu_us_per_batch": median(r["pure"]["cpu_us_per_batch"] for r in runs),
+        "pure_floor_ratio": round(median(r["pure_floor_ratio"] for r in runs) or 0.0, 3),
         "breakdown_us": breakdown(ctx, variant),
         "runs": runs,
     }

@@ -98,7 +98,8 @@ def _ingest(r: dict[str, Any]) -> list[str]:
             "msgspec's decode plus JSON encode of the same payloads, in the bench process, same run. "
             "The gateway's figure is its second flood (warm: its resume ring, heap and queues grown, as in a "
             "gateway that has run a while); the first flood, into a process just started, is beside it (cold), "
-            "with the page faults a batch of each:",
+            "with the page faults a batch of each; and the same gateway on the pure-Python core "
+            "(`KVGATEWAY_NO_EXTENSIONS=1`: an install without a C compiler), warm:",
             "",
         ]
         out += _table(
@@ -110,6 +111,7 @@ def _ingest(r: dict[str, Any]) -> list[str]:
                 "gateway batches/s",
                 "cold: CPU us/batch",
                 "page faults a batch, warm / cold",
+                "pure-Python core: CPU us/batch, ratio to floor",
             ],
             [
                 [
@@ -121,6 +123,7 @@ def _ingest(r: dict[str, Any]) -> list[str]:
                     _num(v.get("gateway_cold_cpu_us_per_batch"), 1),
                     f"{_num(v.get('gateway_page_faults_per_batch'), 2)} / "
                     f"{_num(v.get('gateway_cold_page_faults_per_batch'), 2)}",
+                    f"{_num(v.get('pure_cpu_us_per_batch'), 1)}, {_num(v.get('pure_floor_ratio'), 2)}",
                 ]
                 for name, v in r["variants"].items()
             ],

@@ -49,6 +49,9 @@ def check_ingest(r: dict[str, Any]) -> None:
     for variant in r["variants"].values():
         for key in ("gateway_cpu_us_per_batch", "gateway_cold_cpu_us_per_batch", "floor_us", "floor_ratio"):
             assert number(variant[key]) and variant[key] > 0, key
+        # the same gateway on the pure-Python core (the trial checks its build_info says so)
+        assert number(variant["pure_cpu_us_per_batch"]) and variant["pure_cpu_us_per_batch"] > 0
+        assert number(variant["pure_floor_ratio"]) and variant["pure_floor_ratio"] > 0
         # the gateway's fresh pages are counted in both floods (the first into a process just started)
         assert (
             number(variant["gateway_cold_page_faults_per_batch"]) and variant["gateway_cold_page_faults_per_batch"] > 0
