@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
@@ -130,7 +129,7 @@ class StreamReader:
         self._drained: asyncio.Event | None = None
         self._monitor_events = MONITOR_EVENTS  # what the monitor carries now...
         self._rearm: int | None = None  # ...and what it should carry, when that changed (_switch_monitor)
-        self._monitor_backlog: deque[list[bytes]] = deque()  # a replaced monitor's last events: read first
+        self._monitor_backlog: list[list[bytes]] = []  # a replaced monitor's last events: read first
         self._monitor_serial = 0  # numbers each monitor's inproc address
         self._rearm_later: asyncio.TimerHandle | None = None  # a switch waiting for its turn (or a socket)
         self._turn_taken = False
@@ -381,7 +380,7 @@ class StreamReader:
         # (the loop's callback is level-triggered). The compiled receive's None costs 0.7 us
         # against has_message's 1.7, twice per event.
         while self._drained is None:
-            frames = backlog.popleft() if backlog else receive()
+            frames = backlog.pop(0) if backlog else receive()
             if frames is None:
                 if self._rearm is None or not self._switch_monitor():
                     return
@@ -431,7 +430,11 @@ class StreamReader:
                 return
             self._handshake_failure = None
         self._outlet.connection(False, "connection refused, retrying", "retrying")
-        self._want(QUIET_EVENTS)  # known now: the retries say nothing new until something else happens
+        if interval_ms >= RECONNECT_IVL_MAX_MS:
+            # Refused for 3 s, ZeroMQ's retries backed off to their longest: they say nothing new
+            # until something else happens (not at the first refusal: 2,000 streams started
+            # together would re-arm their monitors while the gateway starts, delaying it).
+            self._want(QUIET_EVENTS)
 
     def _want(self, events: int) -> None:
         """Have the monitor carry ``events`` (re-armed when the events queued now are handled)."""
@@ -448,7 +451,7 @@ class StreamReader:
         leaves two sockets for libzmq's reaper thread to free, and 2,000 streams going quiet at
         once would outrun it."""
         events, sub, old = self._rearm, self._sub, self._monitor
-        if events is None or sub is None or old is None:
+        if events is None or sub is None or old is None or self._monitor_fd is None:  # or stopping
             return False
         if events == QUIET_EVENTS and not self._quiet_turn():
             return False
