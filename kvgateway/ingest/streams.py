@@ -142,6 +142,7 @@ class Ingest:
         if task is not None:
             task.cancel()
         self._stop_diagnosing(key)
+        self._said.pop(key, None)
         for reader in [r for r in self.readers if r.key == key]:
             self.readers.remove(reader)
             await reader.stop()
