@@ -67,8 +67,9 @@ MONITOR_EVENTS = HANDSHAKE_SUCCEEDED | DISCONNECTED | CONNECT_RETRIED | BIND_FAI
 """What a stream's monitor carries while the stream's reason may change with the next retry."""
 
 QUIET_EVENTS = MONITOR_EVENTS & ~CONNECT_RETRIED
-"""...and once a down stream's reason is known (refused): every event but the retries, which then
-say nothing new (with 2,000 absent engines, 1,000 a second, each a wake of the event loop)."""
+"""...and once a down stream's reason is known (refused, the retries backed off to their longest):
+every event but the retries, which then say nothing new (with 2,000 absent engines, 1,000 a
+second, each a wake of the event loop). See StreamReader._switch_monitor."""
 
 RECONNECT_IVL_MS = 100
 """ZeroMQ's first wait before it tries a connection again (the first retry of each new attempt)..."""
@@ -570,8 +571,12 @@ ARM_AGAIN_TRIES = 200
 def _connected_pair(context: zmq.Context[zmq.Socket[bytes]], address: str) -> zmq.Socket[bytes]:
     """A PAIR connected to ``address``, where a monitor will bind (ZMQError: no socket left)."""
     pair = context.socket(zmq.PAIR)
-    pair.setsockopt(zmq.LINGER, 0)
-    pair.connect(address)
+    try:
+        pair.setsockopt(zmq.LINGER, 0)
+        pair.connect(address)
+    except zmq.ZMQError:
+        pair.close(linger=0)
+        raise
     return pair
 
 
