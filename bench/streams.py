@@ -40,6 +40,27 @@ def _settle_seconds(ctx: Context) -> float:
     return float(ctx.pick(12.0, 10.0, 0.5))
 
 
+ZEROMQ_IO_THREAD = "ZMQbg/IO/0"
+"""The name libzmq gives its (one) I/O thread: the reconnection attempts themselves run there."""
+
+
+def thread_ticks(pid: int) -> dict[str, int]:
+    """CPU time so far (clock ticks) of ``pid``'s event loop (its main thread), of ZeroMQ's I/O
+    thread, and of its other threads together, from ``/proc``."""
+    ticks = {"loop": 0, "zeromq_io": 0, "other": 0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+                text = stat.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text[text.rindex(")") + 2 :].split()
+        kind = "loop" if int(tid) == pid else "zeromq_io" if name == ZEROMQ_IO_THREAD else "other"
+        ticks[kind] += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks
+
+
 def _descriptors(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -97,9 +118,12 @@ def trial(ctx: Context, streams: int, run: int) -> dict[str, Any]:
             raise BenchError(f"/v1/sources lists {listed} streams, expected {streams}")
         time.sleep(_settle_seconds(ctx))
         cpu = CpuMeter(gateway.pid)
+        before, watched = thread_ticks(gateway.pid), time.monotonic()
         cpu.start()
         time.sleep(_idle_seconds(ctx))
         idle = cpu.stop()
+        after, watched = thread_ticks(gateway.pid), time.monotonic() - watched
+        per_tick = 1.0 / os.sysconf("SC_CLK_TCK") / watched  # a clock tick as a share of a core
         gateway.check_alive("the gateway")
         reached = streams_reached(gateway.sources())
         scrapes = [_scrape(gateway.base) for _ in range(3)]
@@ -107,6 +131,9 @@ def trial(ctx: Context, streams: int, run: int) -> dict[str, Any]:
             "streams": streams,
             "start_seconds": round(start_seconds, 3),
             "idle_cpu_cores": round(idle, 4),
+            # ...split by thread: the event loop's, and ZeroMQ's I/O thread's (its reconnections)
+            "idle_loop_cores": round((after["loop"] - before["loop"]) * per_tick, 4),
+            "idle_zeromq_io_cores": round((after["zeromq_io"] - before["zeromq_io"]) * per_tick, 4),
             "rss_bytes": rss_bytes(gateway.pid),
             "descriptors": _descriptors(gateway.pid),
             "metrics_seconds": round(median(s for s, _ in scrapes) or 0.0, 4),
@@ -139,6 +166,8 @@ def run(ctx: Context) -> dict[str, Any]:
         rows.append({**big, "one_stream": one, "per_stream": _per_stream(big, one), "runs": trials})
         say(
             f"  {size:,} streams: start {big['start_seconds']:.2f} s, idle {big['idle_cpu_cores'] * 100:.1f}% "
-            f"of a core, {big['descriptors']:,} fds, /metrics {big['metrics_seconds'] * 1000:.0f} ms"
+            f"of a core (loop {big['idle_loop_cores'] * 100:.1f}%, "
+            f"ZeroMQ I/O {big['idle_zeromq_io_cores'] * 100:.1f}%), {big['descriptors']:,} fds, "
+            f"/metrics {big['metrics_seconds'] * 1000:.0f} ms"
         )
     return {"closed_ports": True, "sizes": rows}

@@ -63,6 +63,20 @@ HANDSHAKE_FAILED = (
     | int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 )
 
+MONITOR_EVENTS = HANDSHAKE_SUCCEEDED | DISCONNECTED | CONNECT_RETRIED | BIND_FAILED | HANDSHAKE_FAILED
+"""What a stream's monitor carries while the stream's reason may change with the next retry."""
+
+QUIET_EVENTS = MONITOR_EVENTS & ~CONNECT_RETRIED
+"""...and once a down stream's reason is known (refused, the retries backed off to their longest):
+every event but the retries, which then say nothing new (with 2,000 absent engines, 1,000 a
+second, each a wake of the event loop). See StreamReader._switch_monitor."""
+
+RECONNECT_IVL_MS = 100
+"""ZeroMQ's first wait before it tries a connection again (the first retry of each new attempt)..."""
+
+RECONNECT_IVL_MAX_MS = 2000
+"""...doubled at each failure up to this: a restarted engine is found within 2 s at any age."""
+
 NOT_ZEROMQ: Final = "not_zeromq"
 """The reason code of a stream whose endpoint answers TCP but fails ZeroMQ's handshake."""
 
@@ -114,6 +128,12 @@ class StreamReader:
         # Set while the old connection's batches are read after a disconnect: connection events
         # queued after the disconnect wait until they are all read (see _begin_drain).
         self._drained: asyncio.Event | None = None
+        self._monitor_events = MONITOR_EVENTS  # what the monitor carries now...
+        self._rearm: int | None = None  # ...and what it should carry, when that changed (_switch_monitor)
+        self._monitor_backlog: list[list[bytes]] = []  # a replaced monitor's last events: read first
+        self._monitor_serial = 0  # numbers each monitor's inproc address
+        self._rearm_later: asyncio.TimerHandle | None = None  # a switch waiting for its turn (or a socket)
+        self._turn_taken = False
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -124,12 +144,17 @@ class StreamReader:
         sub.setsockopt(zmq.SUBSCRIBE, self.config.topic.encode())
         sub.setsockopt(zmq.IPV6, is_ipv6(self.config.endpoint))  # ZeroMQ refuses IPv6 addresses without it
         # Reconnect quickly after an engine restart, but back off against a dead address.
-        sub.setsockopt(zmq.RECONNECT_IVL, 100)
-        sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        sub.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
         sub.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
-        self._monitor = sub.get_monitor_socket(
-            HANDSHAKE_SUCCEEDED | DISCONNECTED | CONNECT_RETRIED | BIND_FAILED | HANDSHAKE_FAILED
-        )
+        address = self._monitor_address()
+        self._monitor = _connected_pair(self._context, address)
+        try:
+            sub.monitor(address, MONITOR_EVENTS)
+        except zmq.ZMQError:
+            self._monitor.close(linger=0)
+            self._monitor = None
+            raise
         if self.config.bind:
             sub.bind(self.config.endpoint)
         else:
@@ -151,6 +176,8 @@ class StreamReader:
     async def stop(self) -> None:
         if self._quiet is not None:
             self._quiet.cancel()
+        if self._rearm_later is not None:
+            self._rearm_later.cancel()
         if self._monitor_fd is not None:  # before the socket closes: its descriptor leaves the loop first
             asyncio.get_running_loop().remove_reader(self._monitor_fd)
             self._monitor_fd = None
@@ -350,28 +377,32 @@ class StreamReader:
 
     def _poll_monitor(self) -> None:
         """Handle every connection event queued now (cheap when there is none), up to a disconnect
-        whose batches are still being read (the events after it wait for them: _end_drain)."""
+        whose batches are still being read (the events after it wait for them: _end_drain); then
+        re-arm the monitor when the events it should carry changed."""
         monitor = self._monitor
         if monitor is None:
             return
         receive = self._monitor_receive
+        backlog = self._monitor_backlog
         # Received until there is none: a receive that finds nothing has processed the socket's
         # commands, as has_message does, so the descriptor's mailbox is empty when this returns
         # (the loop's callback is level-triggered). The compiled receive's None costs 0.7 us
-        # against has_message's 1.7, twice per event: an absent engine's monitor wakes the loop at
-        # every reconnection attempt (1,000 a second with 2,000 streams down).
+        # against has_message's 1.7, twice per event.
         while self._drained is None:
-            frames = receive()
+            frames = backlog.pop(0) if backlog else receive()
             if frames is None:
-                return
+                if self._rearm is None or not self._switch_monitor():
+                    return
+                receive = self._monitor_receive  # the new monitor's, after what the old one held
+                continue
             event = monitor_event(frames)
             if event is not None:
-                self._on_monitor_event(event)
+                self._on_monitor_event(event, frames)
 
-    def _on_monitor_event(self, event: int) -> None:
+    def _on_monitor_event(self, event: int, frames: list[bytes]) -> None:
         if event == CONNECT_RETRIED:  # first: an absent engine's monitor says nothing else
             if self._peers == 0:
-                self._retried()
+                self._retried(int.from_bytes(frames[0][2:6], "little"))
         elif event == HANDSHAKE_SUCCEEDED:
             self._handshake_failure = None
             self._peers += 1
@@ -385,6 +416,7 @@ class StreamReader:
             self._handshake_failure = not_zeromq_reason(self.config.endpoint)
             if self._peers == 0:
                 self._outlet.connection(False, self._handshake_failure, NOT_ZEROMQ)
+            self._want(MONITOR_EVENTS)  # the retries tell when the port refuses again
         elif event == DISCONNECTED:
             if self._handshake_failure is not None and self._peers == 0:
                 return  # the failed handshake's connection closing: it never was a peer
@@ -394,14 +426,99 @@ class StreamReader:
         elif event == BIND_FAILED:
             self._outlet.connection(False, "bind failed", "bind_failed")
 
-    def _retried(self) -> None:
-        """ZeroMQ tries again: say why the stream is down (a retry after a failed handshake is no
-        refusal: keep saying what failed)."""
-        reason, self._handshake_failure = self._handshake_failure, None
-        if reason is None:
-            self._outlet.connection(False, "connection refused, retrying", "retrying")
-        else:
-            self._outlet.connection(False, reason, NOT_ZEROMQ)
+    def _retried(self, interval_ms: int) -> None:
+        """ZeroMQ tries again (in ``interval_ms``): say why the stream is down. After a failed
+        handshake, the retry that ZeroMQ schedules at once as the connection closes (a new
+        attempt's first, after RECONNECT_IVL) is no refusal: keep saying what failed. A later
+        retry (each waits twice the one before) is; it is told by its interval, not by its place
+        after the failure, because a quiet monitor did not carry it while being re-armed."""
+        failure = self._handshake_failure
+        if failure is not None:
+            if interval_ms < 2 * RECONNECT_IVL_MS:
+                self._outlet.connection(False, failure, NOT_ZEROMQ)
+                return
+            self._handshake_failure = None
+        self._outlet.connection(False, "connection refused, retrying", "retrying")
+        if interval_ms >= RECONNECT_IVL_MAX_MS:
+            # Refused for 3 s, ZeroMQ's retries backed off to their longest: they say nothing new
+            # until something else happens (not at the first refusal: 2,000 streams started
+            # together would re-arm their monitors while the gateway starts, delaying it).
+            self._want(QUIET_EVENTS)
+
+    def _want(self, events: int) -> None:
+        """Have the monitor carry ``events`` (re-armed when the events queued now are handled)."""
+        self._rearm = None if events == self._monitor_events or self.config.bind else events
+
+    def _switch_monitor(self) -> bool:
+        """Re-arm the monitor to carry the events wanted (``_rearm``), losing none of those it
+        sends: True when it did. ``zmq_socket_monitor`` stops the old monitor and starts the new
+        one under the lock that every event is sent under, so each event goes to the old PAIR or
+        to the new one; the new PAIR is connected before libzmq binds its end (an inproc
+        connection waits for its bind), so libzmq's first send to it never waits for a reader (its
+        sends block); and what the old PAIR holds is read into the backlog before it closes, to be
+        handled before anything of the new one. A switch to quiet is paced (QUIETING): each
+        leaves two sockets for libzmq's reaper thread to free, and 2,000 streams going quiet at
+        once would outrun it."""
+        events, sub, old = self._rearm, self._sub, self._monitor
+        if events is None or sub is None or old is None or self._monitor_fd is None:  # or stopping
+            return False
+        if events == QUIET_EVENTS and not self._quiet_turn():
+            return False
+        address = self._monitor_address()
+        try:
+            pair = _connected_pair(self._context, address)
+        except zmq.ZMQError:  # no socket left now: the old monitor still carries everything
+            if self._rearm_later is None:  # a quiet monitor may not wake again: look again soon
+                self._rearm_later = asyncio.get_running_loop().call_later(0.01, self._rearm_due, False)
+            return False
+        try:
+            sub.monitor(address, events)
+            armed = True
+        except zmq.ZMQError:
+            armed = False  # libzmq stopped the old one, then found no socket for the new one
+        self._replace_pair(old, pair)
+        if not armed:
+            _arm_again(sub, address, events, self.key)
+        self._monitor_events = events
+        self._rearm = None
+        self._turn_taken = False
+        return True
+
+    def _quiet_turn(self) -> bool:
+        """Whether this stream's turn to switch to quiet has come (they are paced across the
+        process: QUIETING); if not, it is taken, and the switch made then."""
+        if self._turn_taken:
+            self._turn_taken = False
+            return True
+        if self._rearm_later is None:
+            loop = asyncio.get_running_loop()
+            self._rearm_later = loop.call_later(QUIETING.wait(loop.time()), self._rearm_due, True)
+        return False
+
+    def _rearm_due(self, turn: bool) -> None:
+        self._rearm_later = None
+        self._turn_taken = turn
+        self._poll_monitor()
+
+    def _monitor_address(self) -> str:
+        self._monitor_serial += 1
+        return f"inproc://kvgateway.monitor.{id(self):x}.{self._monitor_serial}"
+
+    def _replace_pair(self, old: zmq.Socket[bytes], pair: zmq.Socket[bytes]) -> None:
+        """Read what the old PAIR holds into the backlog, close it, and read the new one from now on."""
+        receive = self._monitor_receive
+        while (frames := receive()) is not None:
+            self._monitor_backlog.append(frames)
+        loop = asyncio.get_running_loop()
+        if self._monitor_fd is not None:
+            loop.remove_reader(self._monitor_fd)
+        old.close(linger=0)
+        self._monitor = pair
+        self._monitor_receive = receiver(pair)
+        self._monitor_fd = int(pair.getsockopt(FD))
+        loop.add_reader(self._monitor_fd, self._poll_monitor)
+        # Its descriptor signals only once ZeroMQ found it empty, and the backlog none: a first look.
+        loop.call_soon(self._poll_monitor)
 
     def _begin_drain(self) -> None:
         """The publisher went away. What it delivered is queued before this event: it is read as
@@ -428,6 +545,61 @@ class StreamReader:
     def _disconnected(self) -> None:
         self.sequencer.on_disconnected()
         self._outlet.connection(False, "disconnected", "disconnected")
+        if not self.config.bind:
+            # ZeroMQ schedules the reconnection as the connection closes and says so at once (its
+            # CONNECT_RETRIED), which a quiet monitor does not carry: its word, said here (when the
+            # monitor carries it too, it changes nothing).
+            self._outlet.connection(False, "connection refused, retrying", "retrying")
+
+
+class Pacer:
+    """Turns, one every ``interval`` seconds: :meth:`wait` says how long until the caller's."""
+
+    __slots__ = ("_interval", "_next")
+
+    def __init__(self, interval: float) -> None:
+        self._interval = interval
+        self._next = 0.0
+
+    def wait(self, now: float) -> float:
+        turn = max(now, self._next)
+        self._next = turn + self._interval
+        return turn - now
+
+
+QUIETING = Pacer(0.001)
+"""The monitors switched to quiet, across the process, one a millisecond: 2,000 streams started
+together go quiet within 2 s, and few switches at a time wait for libzmq's reaper thread (each
+leaves it two sockets to free)."""
+
+ARM_AGAIN_TRIES = 200
+"""How often (a millisecond apart) a monitor that libzmq stopped is made again, before giving up."""
+
+
+def _connected_pair(context: zmq.Context[zmq.Socket[bytes]], address: str) -> zmq.Socket[bytes]:
+    """A PAIR connected to ``address``, where a monitor will bind (ZMQError: no socket left)."""
+    pair = context.socket(zmq.PAIR)
+    try:
+        pair.setsockopt(zmq.LINGER, 0)
+        pair.connect(address)
+    except zmq.ZMQError:
+        pair.close(linger=0)
+        raise
+    return pair
+
+
+def _arm_again(sub: zmq.Socket[bytes], address: str, events: int, key: wire.Stream) -> None:
+    """libzmq stopped ``sub``'s old monitor, then had no socket for the new one (the sockets closed
+    before wait for its reaper thread): make it again as soon as one is free. The events meanwhile
+    are lost; a fuller budget of sockets (kvgateway/ingest/streams.py) and the pacing of switches
+    make this all but unreachable, and it is logged."""
+    logger.warning("stream %s[%d]: its connection monitor was stopped with no socket left: re-made", *key)
+    for _ in range(ARM_AGAIN_TRIES):
+        time.sleep(0.001)  # the reaper's turn
+        with contextlib.suppress(zmq.ZMQError):
+            sub.monitor(address, events)
+            return
+    logger.error("stream %s[%d]: its connection monitor could not be re-made: its status stays as it is", *key)
 
 
 def not_zeromq_reason(endpoint: str) -> str:

@@ -35,8 +35,13 @@ from kvgateway.runtime.startup import StartupError
 logger = logging.getLogger("kvgateway")
 
 DIAGNOSE_INTERVAL_SECONDS = 30.0
-"""A stream that stays down has its reason re-checked (DNS, refused, no answer) at most this often;
-a changed reason is logged."""
+"""A stream that stays down has its reason re-checked (DNS, refused, no answer) this often, by a
+timer (its monitor does not wake at every retry once its reason is known); a changed reason is
+logged."""
+
+REARM_SOCKETS = 64
+"""ZeroMQ sockets beyond the budget's, for streams' monitors being re-armed (ingest/reader.py): a
+switch closes two PAIRs whose places libzmq's reaper thread frees a moment later."""
 
 
 class Ingest:
@@ -74,6 +79,8 @@ class Ingest:
         self._logged: dict[Stream, tuple[bool, str]] = {}  # last connection state logged
         self._diagnoses: dict[Stream, asyncio.Task[None]] = {}
         self._diagnosed_at: dict[Stream, float] = {}  # time.monotonic() of the last diagnosis
+        self._next_diagnosis: dict[Stream, asyncio.TimerHandle] = {}  # of each stream that is down
+        self._said: dict[Stream, tuple[str, ConnectionCode]] = {}  # ZeroMQ's last word on a stream down
 
     def _outlet(self, stream: StreamConfig) -> StreamOutlet:
         outlet = self.outlets[stream.key] = StreamOutlet(
@@ -134,6 +141,8 @@ class Ingest:
         task = self._diagnoses.pop(key, None)
         if task is not None:
             task.cancel()
+        self._stop_diagnosing(key)
+        self._said.pop(key, None)
         for reader in [r for r in self.readers if r.key == key]:
             self.readers.remove(reader)
             await reader.stop()
@@ -141,6 +150,9 @@ class Ingest:
     async def stop(self) -> None:
         for task in list(self._diagnoses.values()):
             task.cancel()
+        for timer in self._next_diagnosis.values():
+            timer.cancel()
+        self._next_diagnosis.clear()
         # Every reader at once: one after the other, each waited for the loop's next turn while
         # the others went on ingesting (a backlogged fleet of 64 took minutes to stop).
         await asyncio.gather(*(reader.stop() for reader in self.readers))
@@ -165,22 +177,51 @@ class Ingest:
     def _connection(
         self, outlet: StreamOutlet, connected: bool, changed: bool, reason: str, code: ConnectionCode
     ) -> None:
-        """Log connection changes; find out why a TCP engine stays unreachable (off the loop's path)."""
+        """Log connection changes; find out why a TCP engine stays unreachable (off the loop's path),
+        from its first word of being down (its first retry) and every DIAGNOSE_INTERVAL_SECONDS
+        after, while it stays down."""
         config = outlet.config
+        key = outlet.key
         if connected or config.bind or not config.endpoint.startswith("tcp://"):
+            if connected:
+                self._stop_diagnosing(key)
             self._log_connection(outlet, connected, reason)
             return
-        key = outlet.key
+        self._said[key] = (reason, code)
         now = time.monotonic()
-        if changed:  # the engine went away: say so at once, find out more on the next retries
+        if changed:  # the engine went away: say so at once, find out more a diagnosis period later
             self._diagnosed_at[key] = now
             self._log_connection(outlet, connected, reason)
-        elif key not in self._diagnoses and now - self._diagnosed_at.get(key, -1e9) >= DIAGNOSE_INTERVAL_SECONDS:
-            # ZeroMQ only says "retrying": find out why (DNS, refused, no answer).
+            self._stop_diagnosing(key)
+            self._diagnose_at(outlet, now + DIAGNOSE_INTERVAL_SECONDS)
+        elif key not in self._next_diagnosis:  # ZeroMQ only says "retrying": find out why (DNS, refused, no answer)
+            self._diagnose_at(outlet, self._diagnosed_at.get(key, -1e9) + DIAGNOSE_INTERVAL_SECONDS)
+
+    def _diagnose_at(self, outlet: StreamOutlet, when: float) -> None:
+        """Diagnose ``outlet``'s stream at ``when`` (time.monotonic()), at once if that is past."""
+        delay = when - time.monotonic()
+        if delay > 0:
+            self._next_diagnosis[outlet.key] = asyncio.get_running_loop().call_later(delay, self._diagnosis_due, outlet)
+        else:
+            self._diagnosis_due(outlet)
+
+    def _diagnosis_due(self, outlet: StreamOutlet) -> None:
+        key = outlet.key
+        self._next_diagnosis.pop(key, None)
+        if self.outlets.get(key) is not outlet or outlet.status.connected:
+            return  # removed, or up again
+        now = time.monotonic()
+        if key not in self._diagnoses:
             self._diagnosed_at[key] = now
-            task = asyncio.ensure_future(self._diagnose(outlet, reason, code))
+            task = asyncio.ensure_future(self._diagnose(outlet, *self._said[key]))
             self._diagnoses[key] = task
             task.add_done_callback(lambda _: self._diagnoses.pop(key, None))
+        self._diagnose_at(outlet, now + DIAGNOSE_INTERVAL_SECONDS)
+
+    def _stop_diagnosing(self, key: Stream) -> None:
+        timer = self._next_diagnosis.pop(key, None)
+        if timer is not None:
+            timer.cancel()
 
     async def _diagnose(self, outlet: StreamOutlet, reason: str, code: ConnectionCode) -> None:
         why = await diagnose_connect(outlet.config.endpoint)
@@ -205,9 +246,12 @@ def _sized_context(settings: Settings) -> zmq.Context[zmq.Socket[bytes]]:
     budget = Budget.of(settings)
     try:
         raise_open_files(budget)
-        return open_context(budget)
+        context = open_context(budget)
     except BudgetError as exc:
         raise StartupError(str(exc)) from None
+    room = int(context.get(zmq.MAX_SOCKETS)) + REARM_SOCKETS
+    context.set(zmq.MAX_SOCKETS, min(room, int(context.get(zmq.SOCKET_LIMIT))))
+    return context
 
 
 def _zmq_failure(stream: StreamConfig, exc: zmq.ZMQError) -> str:

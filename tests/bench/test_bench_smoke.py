@@ -109,6 +109,7 @@ def check_streams(r: dict[str, Any]) -> None:
     assert row["streams"] == 40 and row["one_stream"]["streams"] == 1
     for key in ("start_seconds", "idle_cpu_cores", "rss_bytes", "descriptors", "metrics_seconds", "metrics_bytes"):
         assert number(row[key]), key
+    assert number(row["idle_loop_cores"]) and number(row["idle_zeromq_io_cores"])  # split by thread, from /proc
     assert row["descriptors"] > row["one_stream"]["descriptors"]  # every stream holds its sockets
     assert set(row["per_stream"]) >= {"rss_bytes", "descriptors", "metrics_bytes"}
     assert [run["reached"] for run in row["runs"]] == [0]  # every port closed: nothing answered
