@@ -104,13 +104,14 @@ TURNS: Final = Turns()
 class Pump:
     """Waits on one subscription for its chunks."""
 
-    __slots__ = ("_direct", "_turn", "_waiter", "subscription")
+    __slots__ = ("_coalescing", "_direct", "_turn", "_waiter", "subscription")
 
     def __init__(self, subscription: Subscription) -> None:
         self.subscription = subscription
         self._waiter: asyncio.Future[None] | None = None
         self._direct: Callable[[], bool] | None = None
         self._turn = -1  # the turn of the last chunk written straight from the hub
+        self._coalescing = False  # the writer's last chunk held several messages: a burst, a flood
         subscription.wakeup = self._wake
 
     def _wake(self) -> None:
@@ -130,14 +131,16 @@ class Pump:
         push, with ``send_now``: no wake-up of the writer's task, which goes on waiting, and no
         wait for the rest of the ingest's turn (the other followers of the log, the next batches of
         a burst). At most one chunk a turn of the event loop: what comes later in the same turn (a
-        burst of batches) wakes the writer, which takes it as one chunk, as before."""
+        burst of batches) wakes the writer, which takes it as one chunk, as before; and none while
+        the writer's last chunk held more than one message (a flood: each turn of the reader brings
+        many, and a write of the first alone would double the writes), until it takes one alone."""
         sub = self.subscription
 
         def parts() -> Sequence[bytes]:
             return ws_parts(sub.take())
 
         def direct() -> bool:
-            if not sub.pending or sub.closed_reason is not None:
+            if self._coalescing or not sub.pending or sub.closed_reason is not None:
                 return False
             turn = TURNS.claim(self._turn)
             if turn is None:
@@ -182,7 +185,9 @@ class Pump:
                     timer.cancel()
             if idle is not None and not sub.pending and sub.closed_reason is None:
                 return []
-        return sub.take(max_bytes)
+        chunk = sub.take(max_bytes)
+        self._coalescing = len(chunk) > 1
+        return chunk
 
 
 def _wake_idle(waiter: asyncio.Future[None]) -> None:

@@ -123,17 +123,26 @@ def _offsets_of(parts: Sequence[bytes]) -> list[int]:
 def test_a_pump_writes_one_chunk_a_turn_from_the_push_and_wakes_its_writer_for_the_rest() -> None:
     """With ``write_directly``, a message queued while the writer waits is written by the push
     itself (the writer not woken); a second in the same turn of the loop (a burst) wakes the writer,
-    which takes it and the rest as one chunk; the next turn writes directly again."""
+    which takes it and the rest as one chunk. After a chunk of several messages the next turn's
+    message goes to the writer too (a flood stays coalesced); once it took one alone, the push
+    writes directly again."""
     hub = make_hub()
 
-    async def scenario() -> tuple[list[list[int]], list[int]]:
+    async def scenario() -> tuple[list[list[int]], list[list[int]]]:
         sub = subscribe(hub)
         pump = Pump(sub)
         direct: list[list[int]] = []
+        woken: list[list[int]] = []
 
         def send_now(chunk: Callable[[], Sequence[bytes]]) -> bool:
             direct.append(_offsets_of(chunk()))
             return True
+
+        async def writer_takes() -> None:
+            chunk = await asyncio.wait_for(waiting, 1)
+            assert chunk is not None
+            woken.append(offsets(chunk))
+            sub.written()
 
         pump.write_directly(send_now)
         waiting = asyncio.ensure_future(pump.next_chunk())
@@ -143,21 +152,22 @@ def test_a_pump_writes_one_chunk_a_turn_from_the_push_and_wakes_its_writer_for_t
         assert not sub._in_flight  # written: the bound applies as to an idle writer
         for seq in (1, 2):  # the same turn: queued, the writer woken
             publish_batch(hub, "a", 0, seq, batch(stored(seq)))
-        chunk = await asyncio.wait_for(waiting, 1)
-        assert chunk is not None
-        sub.written()
-        waiting = asyncio.ensure_future(pump.next_chunk())
-        await asyncio.sleep(0)
-        publish_batch(hub, "a", 0, 3, batch(stored(3)))  # a later turn: directly again
+        await writer_takes()
+        for seq in (3, 4):  # a turn each, after a chunk of two: to the writer, then directly again
+            waiting = asyncio.ensure_future(pump.next_chunk())
+            await asyncio.sleep(0)
+            publish_batch(hub, "a", 0, seq, batch(stored(seq)))
+            if seq == 3:
+                await writer_takes()
         assert not waiting.done()
         hub.close()
         assert await asyncio.wait_for(waiting, 1) is None
-        return direct, offsets(chunk)
+        return direct, woken
 
     direct, woken = run(scenario())
-    assert direct == [[1], [4]]
-    assert woken == [2, 3]
-    assert sample(hub, "kvgateway_messages_sent_total", transport="ws") == 4
+    assert direct == [[1], [5]]
+    assert woken == [[2, 3], [4]]
+    assert sample(hub, "kvgateway_messages_sent_total", transport="ws") == 5
 
 
 def test_a_pump_that_cannot_write_at_once_wakes_its_writer_and_a_failing_write_ends_the_client() -> None:
