@@ -55,7 +55,6 @@ SO_TIMESTAMPNS: Final = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's number 
 _STAMP_SPACE: Final = socket.CMSG_SPACE(16)
 READ_BYTES: Final = 1 << 16
 _READ_VIEW: Final = memoryview(bytearray(READ_BYTES))
-_READ_INTO: Final = [_READ_VIEW]
 
 
 class Stats:
@@ -152,7 +151,7 @@ class WSReader:
         try:
             # into a buffer kept for every read: a recvmsg of its own would allocate READ_BYTES a
             # read (mapped and unmapped by malloc each time: the CPU the client must not take)
-            size, ancillary, _, _ = sock.recvmsg_into(_READ_INTO, _STAMP_SPACE)
+            size, ancillary, _, _ = sock.recvmsg_into([_READ_VIEW[: self.wanted(sock)]], _STAMP_SPACE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -174,6 +173,30 @@ class WSReader:
                 self.buffer = buffer
                 return
         self.buffer = self.frames(buffer, now, delivered)
+
+    def wanted(self, sock: socket.socket) -> int:
+        """How much to read: up to the end of the next frame, so that each frame's receive time is
+        its own (a read of several segments has the last one's: a batch written alone, then the
+        next one, both read late, would take the second's time); as much as there is during the
+        handshake or when the head is not in yet."""
+        if not self.ready.done():
+            return READ_BYTES
+        # after a frame's beginning, its end (the servers' frames are a segment each); else a look
+        head = self.buffer or sock.recv(10, socket.MSG_PEEK)
+        if len(head) < 2:
+            return READ_BYTES
+        length = head[1] & 0x7F
+        if length == 126:
+            if len(head) < 4:
+                return READ_BYTES
+            size = 4 + struct.unpack_from("!H", head, 2)[0]
+        elif length == 127:
+            if len(head) < 10:
+                return READ_BYTES
+            size = 10 + struct.unpack_from("!Q", head, 2)[0]
+        else:
+            size = 2 + length
+        return max(1, min(READ_BYTES, size - len(self.buffer)))
 
     def handshake(self, buffer: bytes) -> bytes:
         end = buffer.find(b"\r\n\r\n")
