@@ -62,22 +62,101 @@ class Writers:
             await self._idle.wait()
 
 
+SendNow = Callable[[Callable[[], Sequence[bytes]]], bool]
+"""The ``"send_now"`` of :data:`UTF8_TEXT`: writes the frame of the parts its argument returns
+without awaiting, or returns False (and calls nothing) when it cannot (flow control, a close)."""
+
+
+class Turns:
+    """Which turn of the event loop it is, as far as a session's writes straight from the hub need
+    it: a pump writes at most one chunk that way per turn (:meth:`Pump.write_directly`). A new
+    turn is noticed by a callback scheduled when the first write of a turn claims it, which runs
+    after every callback of this turn (the reader's whole burst among them)."""
+
+    __slots__ = ("_loop", "_scheduled", "turn")
+
+    def __init__(self) -> None:
+        self.turn = 0
+        self._scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def claim(self, last: int) -> int | None:
+        """This turn's number, or None when it is ``last`` (the caller's previous claim)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # another loop (tests run one each): its first turn
+            self._loop, self._scheduled = loop, False
+            self.turn += 1
+        elif self.turn == last:
+            return None
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._next)
+        return self.turn
+
+    def _next(self) -> None:
+        self.turn += 1
+        self._scheduled = False
+
+
+TURNS: Final = Turns()
+
+
 class Pump:
     """Waits on one subscription for its chunks."""
 
-    __slots__ = ("_waiter", "subscription")
+    __slots__ = ("_coalescing", "_direct", "_turn", "_waiter", "subscription")
 
     def __init__(self, subscription: Subscription) -> None:
         self.subscription = subscription
         self._waiter: asyncio.Future[None] | None = None
+        self._direct: Callable[[], bool] | None = None
+        self._turn = -1  # the turn of the last chunk written straight from the hub
+        self._coalescing = False  # the writer's last chunk held several messages: a burst, a flood
         subscription.wakeup = self._wake
 
     def _wake(self) -> None:
+        if self._waiter is None:
+            return
+        direct = self._direct
+        if direct is not None and direct():
+            return  # written: the writer goes on waiting
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
+
+    def write_directly(self, send_now: SendNow) -> None:
+        """From now on, a message queued while the writer waits is written at once, from the hub's
+        push, with ``send_now``: no wake-up of the writer's task, which goes on waiting, and no
+        wait for the rest of the ingest's turn (the other followers of the log, the next batches of
+        a burst). At most one chunk a turn of the event loop: what comes later in the same turn (a
+        burst of batches) wakes the writer, which takes it as one chunk, as before; and none while
+        the writer's last chunk held more than one message (a flood: each turn of the reader brings
+        many, and a write of the first alone would double the writes), until it takes one alone."""
+        sub = self.subscription
+
+        def parts() -> Sequence[bytes]:
+            return ws_parts(sub.take())
+
+        def direct() -> bool:
+            if self._coalescing or not sub.pending or sub.closed_reason is not None:
+                return False
+            turn = TURNS.claim(self._turn)
+            if turn is None:
+                return False
+            self._turn = turn
+            try:
+                sent = send_now(parts)
+            except Exception:  # a transport failing: this client ends, never the hub's push
+                # closed after the push: closing edits the hub's clients, which it is iterating
+                asyncio.get_running_loop().call_soon(sub.close, "error")
+                return False
+            if sent:
+                sub.written()
+            return sent
+
+        self._direct = direct
 
     async def next_chunk(self, max_bytes: int = CHUNK_BYTES, idle: float | None = None) -> list[OutMessage] | None:
         """Wait for at least one message, then take every queued one up to ``max_bytes``; the
@@ -106,7 +185,9 @@ class Pump:
                     timer.cancel()
             if idle is not None and not sub.pending and sub.closed_reason is None:
                 return []
-        return sub.take(max_bytes)
+        chunk = sub.take(max_bytes)
+        self._coalescing = len(chunk) > 1
+        return chunk
 
 
 def _wake_idle(waiter: asyncio.Future[None]) -> None:
@@ -170,6 +251,12 @@ def frame_writer(websocket: WebSocket) -> Callable[[Sequence[OutMessage]], Await
     return send_text
 
 
+def direct_sender(websocket: WebSocket) -> SendNow | None:
+    """The ``send_now`` the server offers with :data:`UTF8_TEXT` (the gateway's uvicorn protocol), or None."""
+    offered = (websocket.scope.get("extensions") or {}).get(UTF8_TEXT)
+    return None if offered is None else offered.get("send_now")
+
+
 async def ws_session(websocket: WebSocket, subscription: Subscription) -> None:
     await websocket.accept()
     pump = Pump(subscription)
@@ -185,7 +272,7 @@ async def ws_session(websocket: WebSocket, subscription: Subscription) -> None:
         # The live chunks are written by a task of their own, for the session's life (not one per
         # chunk): each wake-up then resumes that task's two frames, not this coroutine's callers,
         # the ASGI app's dozen middlewares and routes, each resumed and suspended again per chunk.
-        live = asyncio.ensure_future(_write_live(pump, write))
+        live = asyncio.ensure_future(_write_live(pump, write, direct_sender(websocket)))
         await live
         if not reader.done():  # cut by the gateway (slow, shutdown), not gone by itself
             code, reason = WS_CLOSE.get(subscription.closed_reason or "", (1000, ""))
@@ -202,10 +289,16 @@ async def ws_session(websocket: WebSocket, subscription: Subscription) -> None:
         _drop_state(subscription)
 
 
-async def _write_live(pump: Pump, write: Callable[[Sequence[OutMessage]], Awaitable[None]]) -> None:
+async def _write_live(
+    pump: Pump, write: Callable[[Sequence[OutMessage]], Awaitable[None]], send_now: SendNow | None = None
+) -> None:
     """Every chunk the subscription hands out, until it is closed: awaits next_chunk() itself, with
-    no task and no asyncio.wait() per chunk (they cost more than the write)."""
+    no task and no asyncio.wait() per chunk (they cost more than the write). With ``send_now``
+    (the gateway's uvicorn protocol), most chunks are written by the pump, from the hub's push,
+    while this waits (:meth:`Pump.write_directly`)."""
     subscription = pump.subscription
+    if send_now is not None:
+        pump.write_directly(send_now)
     while True:
         chunk = await pump.next_chunk()
         if chunk is None:

@@ -18,7 +18,7 @@ code. The handshake, the close, pings and flow control are uvicorn's unchanged.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, cast
 
 from uvicorn._types import ASGISendEvent
@@ -62,17 +62,14 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         if all(hasattr(self, name) for name in INTERNALS) and all(hasattr(conn, name) for name in CONNECTION):
             # with the send this protocol gives the app: the session's chunks skip the wrappers
             # between (Starlette's WebSocket and the middlewares pass a websocket.send on untouched)
-            self.scope.setdefault("extensions", {})[UTF8_TEXT] = {"send": self.send}
+            self.scope.setdefault("extensions", {})[UTF8_TEXT] = {"send": self.send, "send_now": self.send_now}
         await super().run_asgi()
 
-    async def send(self, message: ASGISendEvent) -> None:
-        parts: Sequence[bytes] | None = cast("Mapping[str, Any]", message).get(UTF8_TEXT)
-        if parts is None:
-            await super().send(message)
-            return
-        await self.writable.wait()  # as uvicorn's send: flow control first
+    def _plain(self) -> bool:
+        """Whether a frame may go the plain way: the connection open and nothing but text frames
+        on it (else uvicorn's own send, with what it raises or logs there)."""
         conn = self.conn
-        if (
+        return not (
             self.disconnected
             or not self.handshake_complete
             or self.close_sent
@@ -81,9 +78,30 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             or conn.expect_continuation_frame
             or conn.extensions
             or conn.debug
-        ):
+        )
+
+    def _write_frame(self, parts: Sequence[bytes]) -> None:
+        pending = self.conn.data_to_send()  # empty: uvicorn writes what the library queues at once
+        self.transport.writelines([*pending, frame_head(sum(map(len, parts))), *parts])
+
+    async def send(self, message: ASGISendEvent) -> None:
+        parts: Sequence[bytes] | None = cast("Mapping[str, Any]", message).get(UTF8_TEXT)
+        if parts is None:
+            await super().send(message)
+            return
+        await self.writable.wait()  # as uvicorn's send: flow control first
+        if not self._plain():
             # not the plain case: uvicorn's send, with what it raises or logs there
             await super().send({"type": "websocket.send", "text": b"".join(parts).decode()})
             return
-        pending = conn.data_to_send()  # empty: uvicorn writes what the library queues at once
-        self.transport.writelines([*pending, frame_head(sum(map(len, parts))), *parts])
+        self._write_frame(parts)
+
+    def send_now(self, chunk: Callable[[], Sequence[bytes]]) -> bool:
+        """The text frame of the parts ``chunk()`` returns, written without awaiting anything:
+        only in the plain case and while flow control lets writes through (the transport's buffer
+        below its high-water mark), else False and ``chunk`` is not called (the caller sends the
+        frame by :meth:`send`, which waits)."""
+        if not self.writable.is_set() or not self._plain():
+            return False
+        self._write_frame(chunk())
+        return True

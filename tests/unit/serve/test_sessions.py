@@ -4,6 +4,8 @@ and wakes on a publish or a close."""
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -12,7 +14,7 @@ from kvgateway.protocol.filters import ClientFilter
 from kvgateway.protocol.messages import OutMessage
 from kvgateway.serve.hub import TooManyClients
 from kvgateway.serve.query import ClientRequest
-from kvgateway.serve.sessions import Writers
+from kvgateway.serve.sessions import Pump, Writers
 from tests.support.events import batch, stored
 from tests.support.hub import make_hub, next_chunk, offsets, publish_batch, run, sample, subscribe, subscribe_request
 
@@ -111,3 +113,89 @@ def test_writers_closed_waits_for_every_open_session_and_no_longer() -> None:
         return said
 
     assert asyncio.run(scenario()) == ["two open, done=False", "one open, done=False", "none open, done=True"]
+
+
+def _offsets_of(parts: Sequence[bytes]) -> list[int]:
+    """The offsets of a frame's messages, from its parts (messages and the newlines between)."""
+    return [json.loads(line)["offset"] for line in b"".join(parts).split(b"\n")]
+
+
+def test_a_pump_writes_one_chunk_a_turn_from_the_push_and_wakes_its_writer_for_the_rest() -> None:
+    """With ``write_directly``, a message queued while the writer waits is written by the push
+    itself (the writer not woken); a second in the same turn of the loop (a burst) wakes the writer,
+    which takes it and the rest as one chunk. After a chunk of several messages the next turn's
+    message goes to the writer too (a flood stays coalesced); once it took one alone, the push
+    writes directly again."""
+    hub = make_hub()
+
+    async def scenario() -> tuple[list[list[int]], list[list[int]]]:
+        sub = subscribe(hub)
+        pump = Pump(sub)
+        direct: list[list[int]] = []
+        woken: list[list[int]] = []
+
+        def send_now(chunk: Callable[[], Sequence[bytes]]) -> bool:
+            direct.append(_offsets_of(chunk()))
+            return True
+
+        async def writer_takes() -> None:
+            chunk = await asyncio.wait_for(waiting, 1)
+            assert chunk is not None
+            woken.append(offsets(chunk))
+            sub.written()
+
+        pump.write_directly(send_now)
+        waiting = asyncio.ensure_future(pump.next_chunk())
+        await asyncio.sleep(0)
+        publish_batch(hub, "a", 0, 0, batch(stored(0)))
+        assert direct == [[1]] and not sub.pending and not waiting.done()
+        assert not sub._in_flight  # written: the bound applies as to an idle writer
+        for seq in (1, 2):  # the same turn: queued, the writer woken
+            publish_batch(hub, "a", 0, seq, batch(stored(seq)))
+        await writer_takes()
+        for seq in (3, 4):  # a turn each, after a chunk of two: to the writer, then directly again
+            waiting = asyncio.ensure_future(pump.next_chunk())
+            await asyncio.sleep(0)
+            publish_batch(hub, "a", 0, seq, batch(stored(seq)))
+            if seq == 3:
+                await writer_takes()
+        assert not waiting.done()
+        hub.close()
+        assert await asyncio.wait_for(waiting, 1) is None
+        return direct, woken
+
+    direct, woken = run(scenario())
+    assert direct == [[1], [5]]
+    assert woken == [[2, 3], [4]]
+    assert sample(hub, "kvgateway_messages_sent_total", transport="ws") == 5
+
+
+def test_a_pump_that_cannot_write_at_once_wakes_its_writer_and_a_failing_write_ends_the_client() -> None:
+    """``send_now`` refusing (flow control) leaves the message queued for the woken writer; one
+    raising closes the subscription (reason error) and ends the writer's wait, never the push."""
+    hub = make_hub()
+
+    async def scenario() -> tuple[list[int], str | None]:
+        sub = subscribe(hub)
+        pump = Pump(sub)
+        pump.write_directly(lambda chunk: False)
+        waiting = asyncio.ensure_future(pump.next_chunk())
+        await asyncio.sleep(0)
+        publish_batch(hub, "a", 0, 0, batch(stored(0)))
+        chunk = await asyncio.wait_for(waiting, 1)
+        assert chunk is not None
+        sub.written()
+
+        def failing(chunk: Callable[[], Sequence[bytes]]) -> bool:
+            chunk()
+            raise OSError("gone")
+
+        pump.write_directly(failing)
+        waiting = asyncio.ensure_future(pump.next_chunk())
+        await asyncio.sleep(0)
+        publish_batch(hub, "a", 0, 1, batch(stored(1)))  # the push returns: the hub goes on
+        assert await asyncio.wait_for(waiting, 1) is None
+        return offsets(chunk), sub.closed_reason
+
+    assert run(scenario()) == ([1], "error")
+    assert sample(hub, "kvgateway_client_disconnects_total", transport="ws", reason="error") == 1

@@ -238,3 +238,34 @@ def test_a_session_writes_parts_where_the_server_offers_them_and_text_elsewhere(
     assert [p for p in parts[UTF8_TEXT] if p != b"\n"] == [m.data for m in chunk]
     for websocket in (plain, no_extension):
         assert websocket.sent == [{"type": "websocket.send", "text": messages.ws_text(chunk)}]
+
+
+def test_send_now_writes_the_frame_send_writes_and_only_while_it_need_not_wait() -> None:
+    """``send_now`` (offered with the extension) writes the same frame as the awaited send, the
+    parts as they are; while flow control holds writes (``pause_writing``), or after a close is
+    sent, it writes nothing, asks nothing of its argument and says False."""
+    asked: list[str] = []
+
+    def chunk(name: str, parts: list[bytes]) -> Callable[[], list[bytes]]:
+        def parts_of() -> list[bytes]:
+            asked.append(name)
+            return parts
+
+        return parts_of
+
+    async def session(protocol: Protocol, scope: dict[str, Any], send: Send) -> None:
+        send_now = scope["extensions"][UTF8_TEXT]["send_now"]
+        assert send_now(chunk("first", CHUNKS[6]))
+        protocol.pause_writing()
+        assert not send_now(chunk("paused", [b"no"]))
+        protocol.resume_writing()
+        assert send_now(chunk("resumed", CHUNKS[7]))
+        await send({"type": "websocket.close", "code": 1000})
+        assert not send_now(chunk("closed", [b"no"]))
+
+    _, transport = asyncio.run(serve(WebSocketProtocol, session))
+    assert asked == ["first", "resumed"]
+    frames = [Frame(Opcode.TEXT, b"".join(parts)).serialize(mask=False) for parts in (CHUNKS[6], CHUNKS[7])]
+    assert transport.written() == b"".join(frames) + Frame(Opcode.CLOSE, b"\x03\xe8").serialize(mask=False)
+    kind, buffers = transport.calls[0]
+    assert kind == "writelines" and all(a is b for a, b in zip(buffers[1:], CHUNKS[6], strict=True))
