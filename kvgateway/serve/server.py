@@ -25,9 +25,22 @@ from kvgateway.runtime import logging_setup
 from kvgateway.runtime.memory import freeze_startup_heap
 from kvgateway.runtime.startup import StartupError
 from kvgateway.serve.role import Role
-from kvgateway.serve.ws_protocol import WebSocketProtocol
 
 logger = logging.getLogger("kvgateway")
+
+
+class WebSocketUpgrade(asyncio.Protocol):
+    """What uvicorn makes for a WebSocket upgrade: the gateway's protocol
+    (:class:`kvgateway.serve.ws_protocol.WebSocketProtocol`, uvicorn's ``websockets-sansio``
+    writing the log's bytes as they are), its module imported at the first upgrade. The websockets
+    library and uvicorn's protocol under it were 11 ms of start-up's imports, which a gateway
+    catching up from an engine's buffer, with no client yet, spent before it could ask for the
+    replay; the first WebSocket client pays them once."""
+
+    def __new__(cls, **kwargs: Any) -> Any:  # uvicorn passes config, server_state and app_state
+        from kvgateway.serve.ws_protocol import WebSocketProtocol
+
+        return WebSocketProtocol(**kwargs)
 
 
 def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
@@ -35,7 +48,7 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         app,
         host=settings.host,
         port=settings.port,
-        ws=WebSocketProtocol,  # uvicorn's "websockets-sansio", writing the log's bytes as they are (ws_protocol.py)
+        ws=WebSocketUpgrade,
         ws_max_size=64 * 1024,
         ws_per_message_deflate=False,
         ws_ping_interval=settings.keepalive_seconds,

@@ -8,6 +8,7 @@ ZeroMQ socket holding an engine port, and the simulator as an IPv6 engine.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import zmq
 from tests.support import (
     BIG_QUEUE,
     REPO,
+    Proc,
     Start,
     free_port,
     free_ports,
@@ -28,7 +30,7 @@ from tests.support import (
     stream_metrics,
     wait_until,
 )
-from tests.support.clients import closed_by_signal
+from tests.support.clients import WsCollector, closed_by_signal
 
 
 @pytest.fixture
@@ -228,3 +230,42 @@ def test_each_command_imports_the_modules_of_its_own_arguments_only() -> None:
     result = _run("serv")
     assert result.returncode == 2
     assert all(command in result.stderr for command in ("simulate", "serve", "ingest", "edge", "demo"))
+
+
+IMPORT_LINE = re.compile(r"^import time: +\d+ \| +\d+ \| +(\S+)$")
+"""A line of ``-X importtime`` (``PYTHONPROFILEIMPORTTIME``): the module imported."""
+
+NOT_AT_START: frozenset[str] = frozenset(
+    {
+        "kvgateway.simulator",
+        "kvgateway.demo",
+        "kvgateway.cluster.commands",
+        "kvgateway.cluster.supervisor",
+        "kvgateway.serve.ws_protocol",  # at the first WebSocket upgrade (serve.server.WebSocketUpgrade)
+        "websockets",
+        "tomllib",  # with a configuration file only
+        "difflib",  # for a mistyped name only
+    }
+)
+"""What a ``serve`` start-up without a file and without a client must not import (what a gateway
+catching up from an engine's buffer spent before it could ask for the replay)."""
+
+
+def _imports(proc: Proc) -> set[str]:
+    return {match.group(1) for line in list(proc.lines) if (match := IMPORT_LINE.match(line))}
+
+
+def test_serve_imports_the_websocket_protocol_and_the_file_parser_only_when_needed(procs: Start) -> None:
+    """Started without a configuration file, the gateway serves (/healthz, the start-up line)
+    without having imported what only a WebSocket client, a file or a typo needs; the first
+    WebSocket client gets its hello through the protocol imported at its upgrade."""
+    gateway = procs(
+        "serve", "--port", "0", "--source", "name=a,endpoint=tcp://127.0.0.1:9", env={"PYTHONPROFILEIMPORTTIME": "1"}
+    )
+    url = gateway.wait_for(r"serving on (http://\S+)", timeout=60).group(1)
+    started = _imports(gateway)
+    assert "kvgateway.serve.server" in started and "uvicorn.protocols.http.httptools_impl" in started
+    assert not started & NOT_AT_START, sorted(started & NOT_AT_START)
+    with WsCollector(url.replace("http://", "ws://", 1) + "v1/ws") as client:
+        assert client.hello["type"] == "hello"
+    gateway.wait_for(r"^import time: .*\| +kvgateway\.serve\.ws_protocol$")
