@@ -7,6 +7,7 @@ ZeroMQ socket holding an engine port, and the simulator as an IPv6 engine.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import socket
@@ -269,3 +270,62 @@ def test_serve_imports_the_websocket_protocol_and_the_file_parser_only_when_need
     with WsCollector(url.replace("http://", "ws://", 1) + "v1/ws") as client:
         assert client.hello["type"] == "hello"
     gateway.wait_for(r"^import time: .*\| +kvgateway\.serve\.ws_protocol$")
+
+
+GC_PROBE = """
+import gc, os, signal, sys
+from kvgateway import gateway
+from kvgateway.cli import main
+
+seen = []
+made = gateway.OneProcess.__init__
+start = gateway.OneProcess.start
+
+def init(self, *args, **kwargs):
+    seen.append(("made", gc.isenabled(), gc.get_freeze_count()))
+    made(self, *args, **kwargs)
+
+async def started(self):
+    seen.append(("start", gc.isenabled(), gc.get_freeze_count()))
+    await start(self)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+gateway.OneProcess.__init__ = init
+gateway.OneProcess.start = started
+code = main(sys.argv[1:])
+print(repr((seen, code, gc.isenabled())))
+"""
+
+
+def test_serve_holds_the_collector_through_start_up_and_freezes_its_heap_before_the_streams_open() -> None:
+    """The collector is off while start-up builds the role (its objects live as long as the
+    process); the heap is frozen, and the collector on again, before the role starts the streams:
+    the freeze's full collection no longer falls into a catch-up's first batches. main gives the
+    collector back when it returns."""
+    result = subprocess.run(
+        [sys.executable, "-c", GC_PROBE, "serve", "--port", "0", "--source", "name=a,endpoint=tcp://127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    seen, code, enabled_after = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    (made, held, frozen_before), (start, collecting, frozen) = seen
+    assert (made, held, frozen_before) == ("made", False, 0)
+    assert start == "start" and collecting and frozen > 10_000  # the modules, classes and functions of start-up
+    assert code == 0 and enabled_after
+
+
+def test_a_command_other_than_serve_runs_with_the_collector() -> None:
+    probe = (
+        "import gc, sys\n"
+        "from kvgateway import cli, simulator\n"
+        "simulator.run = lambda args: print(gc.isenabled()) or 0\n"
+        "sys.exit(cli.main(['simulate']))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO, check=False
+    )
+    assert (result.returncode, result.stdout) == (0, "True\n"), result.stderr
