@@ -144,8 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command line run. The cyclic garbage collector is held from here until ``serve``'s
     start-up heap is frozen (:func:`kvgateway.serve.server.run`, before the streams open; every
     other command gets it back before it runs): start-up's imports make some 40,000 objects that
-    live as long as the process and almost no garbage, and the collections they set off took
-    about 15 ms of a 0.3 s start-up. The freeze's one collection takes what garbage there is."""
+    live as long as the process and little garbage, and the collections they set off took 12 to
+    14 ms of a 0.2 to 0.3 s start-up. The freeze's one collection takes what garbage there is."""
     argv = sys.argv[1:] if argv is None else list(argv)
     gc.disable()
     try:
