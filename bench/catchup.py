@@ -8,22 +8,70 @@ from seq 0 and gets all 10,000 batches. The clock runs from the gateway's spawn 
 (the workload's own count at that point). Time stamps from the engine side split it into start-up
 (spawn to the replay request) and the replay phase (request to rebuilt index); the replay phase is
 also taken in the gateway's CPU seconds (from the bench's last look before the request), the
-figure a loaded machine does not stretch.
+figure a loaded machine does not stretch, and so is the whole (``cpu_seconds``: spawn to rebuilt
+index, every thread of the gateway).
 
 Baseline: a raw DEALER process (:mod:`bench.raw`) fetching the same 10,000-batch replay from an
 engine in the same state, timed from its spawn, and from its request.
+
+Both processes start from compiled bytecode, as an installed package does (:func:`from_bytecode`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Final
 
 from bench import payloads
-from bench.common import BenchError, Process, ServeProcess, cpu_seconds, median, python_command, say
+from bench.common import CACHE_DIR, BenchError, Process, ServeProcess, cpu_seconds, median, python_command, say
 from bench.context import Context
 from bench.harness import endpoint_of, replay_of, start_publisher
 from bench.ingest import _last_json
+
+BYTECODE_DIR: Final = CACHE_DIR / "bytecode"
+"""The spawned processes' compiled modules (``PYTHONPYCACHEPREFIX``): a tree of its own, so that
+nothing is written into a checkout (the one ``--gateway-source`` names may be another's)."""
+
+
+@contextlib.contextmanager
+def from_bytecode() -> Iterator[None]:
+    """Processes spawned inside start from compiled bytecode, as an installed package does (pip
+    compiles it at install, the image's too). The gateway runs from a checkout, and where
+    ``PYTHONDONTWRITEBYTECODE`` is set (this machine's environment sets it) every spawn compiled
+    the package's modules from source again: 40% of a start-up's instructions, which no installed
+    gateway spends (docs/performance.md, section 6, round ten). Here the processes write and read
+    their bytecode under :data:`BYTECODE_DIR`; the first start of a checkout compiles it
+    (:func:`prime`)."""
+    names = ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ["PYTHONPYCACHEPREFIX"] = str(BYTECODE_DIR)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def prime(ctx: Context) -> None:
+    """A gateway started (against no engine) and the raw DEALER's module loaded, unmeasured: their
+    bytecode is compiled before the first measured start."""
+    logs = ctx.logs / "catchup" / "prime"
+    with from_bytecode():
+        gateway = ServeProcess(logs / "gateway.log", endpoint="tcp://127.0.0.1:9")
+        dealer = Process(python_command("bench.raw", "--help"), logs / "dealer.log")
+    try:
+        gateway.wait_ready()
+        dealer.popen.wait(timeout=120)
+    finally:
+        gateway.stop()
+        dealer.stop()
 
 
 def _count(ctx: Context) -> int:
@@ -45,7 +93,8 @@ def gateway_trial(ctx: Context, run: int) -> dict[str, Any]:
         publisher.request({"cmd": "send", "count": count - 1, "rate": 0}, timeout=120)  # nobody listens yet
         publisher.send({"cmd": "send", "count": 1, "rate": 0, "when_subscribed": True})
         spawned = time.time()
-        gateway = ServeProcess(logs / "gateway.log", endpoint=endpoint_of(publisher), replay=replay_of(publisher))
+        with from_bytecode():
+            gateway = ServeProcess(logs / "gateway.log", endpoint=endpoint_of(publisher), replay=replay_of(publisher))
         http_ready: float | None = None
         seq_done: float | None = None
         mediums: dict[str, int] = {}
@@ -88,6 +137,7 @@ def gateway_trial(ctx: Context, run: int) -> dict[str, Any]:
             "replay_phase_seconds": round(done - float(replays[0]["received"]), 4),
             "engine_answer_seconds": round(float(replays[0]["answered"]) - float(replays[0]["received"]), 4),
             "replay_cpu_seconds": round(cpu_done - _cpu_before(cpu_at, float(replays[0]["received"])), 4),
+            "cpu_seconds": round(cpu_done, 4),
             "occupancy": mediums,
             "expected": expected,
             "replayed": counters["replayed"],
@@ -114,10 +164,11 @@ def raw_trial(ctx: Context, run: int) -> dict[str, Any]:
     try:
         publisher.request({"cmd": "send", "count": count, "rate": 0}, timeout=120)
         spawned = time.time()
-        dealer = Process(
-            python_command("bench.raw", "dealer", "--endpoint", str(replay_of(publisher)), "--start", "0"),
-            logs / "dealer.log",
-        )
+        with from_bytecode():
+            dealer = Process(
+                python_command("bench.raw", "dealer", "--endpoint", str(replay_of(publisher)), "--start", "0"),
+                logs / "dealer.log",
+            )
         dealer.popen.wait(timeout=120)
         result = _last_json(dealer)
         if result["items"] != count:
@@ -134,6 +185,7 @@ def raw_trial(ctx: Context, run: int) -> dict[str, Any]:
 
 
 def run(ctx: Context) -> dict[str, Any]:
+    prime(ctx)
     pairs = []
     for run_index in range(ctx.runs):
         say(f"catch-up run {run_index + 1}/{ctx.runs}: raw DEALER, then the gateway")
@@ -156,6 +208,7 @@ def run(ctx: Context) -> dict[str, Any]:
         "gateway_total_seconds": median(p["gateway"]["total_seconds"] for p in pairs),
         "gateway_replay_phase_seconds": median(p["gateway"]["replay_phase_seconds"] for p in pairs),
         "gateway_replay_cpu_seconds": median(p["gateway"]["replay_cpu_seconds"] for p in pairs),
+        "gateway_cpu_seconds": median(p["gateway"]["cpu_seconds"] for p in pairs),
         "gateway_startup_seconds": median(p["gateway"]["replay_request_seconds"] for p in pairs),
         "raw_total_seconds": median(p["raw"]["total_seconds"] for p in pairs),
         "raw_fetch_seconds": median(p["raw"]["fetch_seconds"] for p in pairs),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 
 
@@ -14,6 +13,8 @@ def unknown_name(what: str, name: str, known: Sequence[str], prefix: str = "") -
     """``what`` (``unknown key 'ring_byts'``) with the closest known name, or every known name
     when none is close: a typo is named back, a guess gets the whole list. Names are compared
     without ``prefix`` (``KVGATEWAY_``), which would make every variable look alike."""
+    import difflib  # for a mistyped name only: not in every start-up
+
     bare = {item.removeprefix(prefix): item for item in known}
     close = difflib.get_close_matches(name.removeprefix(prefix), bare, n=1, cutoff=0.75)
     if close:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -109,6 +108,8 @@ def read_token_file(path: str) -> str:
 
 
 def load_file(path: str) -> dict[str, Any]:
+    import tomllib  # for a configuration file only: not in every start-up
+
     try:
         with open(path, "rb") as handle:
             return tomllib.load(handle)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import logging
 import signal
 import socket
@@ -25,9 +26,22 @@ from kvgateway.runtime import logging_setup
 from kvgateway.runtime.memory import freeze_startup_heap
 from kvgateway.runtime.startup import StartupError
 from kvgateway.serve.role import Role
-from kvgateway.serve.ws_protocol import WebSocketProtocol
 
 logger = logging.getLogger("kvgateway")
+
+
+class WebSocketUpgrade(asyncio.Protocol):
+    """What uvicorn makes for a WebSocket upgrade: the gateway's protocol
+    (:class:`kvgateway.serve.ws_protocol.WebSocketProtocol`, uvicorn's ``websockets-sansio``
+    writing the log's bytes as they are), its module imported at the first upgrade. The websockets
+    library and uvicorn's protocol under it were 11 ms of start-up's imports, which a gateway
+    catching up from an engine's buffer, with no client yet, spent before it could ask for the
+    replay; the first WebSocket client pays them once."""
+
+    def __new__(cls, **kwargs: Any) -> Any:  # uvicorn passes config, server_state and app_state
+        from kvgateway.serve.ws_protocol import WebSocketProtocol
+
+        return WebSocketProtocol(**kwargs)
 
 
 def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
@@ -35,7 +49,7 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         app,
         host=settings.host,
         port=settings.port,
-        ws=WebSocketProtocol,  # uvicorn's "websockets-sansio", writing the log's bytes as they are (ws_protocol.py)
+        ws=WebSocketUpgrade,
         ws_max_size=64 * 1024,
         ws_per_message_deflate=False,
         ws_ping_interval=settings.keepalive_seconds,
@@ -126,12 +140,13 @@ async def serve(
     ready: Callable[[str], None] | None = None,
     reuse_port: bool = False,
     made: Callable[[R], None] = lambda role: None,
+    built: Callable[[], None] = lambda: None,
     close_clients: Callable[[R], Awaitable[None]] | None = None,
 ) -> None:
     """The one HTTP runner: the port is bound, ``around`` entered, the role ``make_role(settings)``
-    made (``made``) and its app ``make_app(role)`` served until SIGINT/SIGTERM (``close_clients``
-    first); the app's lifespan starts and stops the role, HTTP is served (``ready``); a failure is a
-    :class:`StartupError`."""
+    made (``made``) and its app ``make_app(role)`` and uvicorn's server built (``built``, before
+    the role starts), served until SIGINT/SIGTERM (``close_clients`` first); the app's lifespan
+    starts and stops the role, HTTP is served (``ready``); a failure is a :class:`StartupError`."""
     listener = listen(settings, reuse_port)
     settings = replace(settings, port=int(listener.getsockname()[1]))  # --port 0: the port it got
     try:
@@ -139,8 +154,10 @@ async def serve(
             role = make_role(settings)
             made(role)
             server = _Server(uvicorn_config(make_app(role), settings))
+            server.config.load()  # uvicorn's protocol modules imported now, not after ``built``
             for host in unresolved_hosts(settings):
                 logger.warning("host %r does not resolve (yet): its streams stay down until it does", host)
+            built()
             try:
                 await _serve_until_signal(server, role, listener, settings, ready=ready, close_clients=close_clients)
             finally:
@@ -226,6 +243,17 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+def start_up_built() -> None:
+    """Start-up's heap is built (modules, the role, the app, uvicorn's server): freeze it out of
+    the collector's walks (:func:`~kvgateway.runtime.memory.freeze_startup_heap`) and let the
+    collector run again (``kvgateway.cli.main`` holds it through start-up). Before the role starts:
+    frozen when the server was ready, the heap held the catch-up's first batches too, and the
+    freeze's full collection (30 to 46 ms) stalled the replay. The process's own heap: not for a
+    :func:`serve` embedded in another program."""
+    freeze_startup_heap()
+    gc.enable()
+
+
 def run(
     settings: Settings,
     make_role: Callable[[Settings], R],
@@ -244,7 +272,6 @@ def run(
     roles: list[R] = []
 
     def ready(url: str) -> None:
-        freeze_startup_heap()  # the process's own heap: not for a serve() embedded in another program
         logger.info("%s", roles[0].started_line(url))
         if on_ready is not None:
             on_ready(url)
@@ -260,6 +287,7 @@ def run(
                     ready=ready,
                     reuse_port=reuse_port,
                     made=roles.append,
+                    built=start_up_built,
                     close_clients=close_clients,
                 )
             )

@@ -7,7 +7,9 @@ ZeroMQ socket holding an engine port, and the simulator as an IPv6 engine.
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -20,6 +22,7 @@ import zmq
 from tests.support import (
     BIG_QUEUE,
     REPO,
+    Proc,
     Start,
     free_port,
     free_ports,
@@ -28,7 +31,7 @@ from tests.support import (
     stream_metrics,
     wait_until,
 )
-from tests.support.clients import closed_by_signal
+from tests.support.clients import WsCollector, closed_by_signal
 
 
 @pytest.fixture
@@ -228,3 +231,101 @@ def test_each_command_imports_the_modules_of_its_own_arguments_only() -> None:
     result = _run("serv")
     assert result.returncode == 2
     assert all(command in result.stderr for command in ("simulate", "serve", "ingest", "edge", "demo"))
+
+
+IMPORT_LINE = re.compile(r"^import time: +\d+ \| +\d+ \| +(\S+)$")
+"""A line of ``-X importtime`` (``PYTHONPROFILEIMPORTTIME``): the module imported."""
+
+NOT_AT_START: frozenset[str] = frozenset(
+    {
+        "kvgateway.simulator",
+        "kvgateway.demo",
+        "kvgateway.cluster.commands",
+        "kvgateway.cluster.supervisor",
+        "kvgateway.serve.ws_protocol",  # at the first WebSocket upgrade (serve.server.WebSocketUpgrade)
+        "websockets",
+        "tomllib",  # with a configuration file only
+        "difflib",  # for a mistyped name only
+    }
+)
+"""What a ``serve`` start-up without a file and without a client must not import (what a gateway
+catching up from an engine's buffer spent before it could ask for the replay)."""
+
+
+def _imports(proc: Proc) -> set[str]:
+    return {match.group(1) for line in list(proc.lines) if (match := IMPORT_LINE.match(line))}
+
+
+def test_serve_imports_the_websocket_protocol_and_the_file_parser_only_when_needed(procs: Start) -> None:
+    """Started without a configuration file, the gateway serves (/healthz, the start-up line)
+    without having imported what only a WebSocket client, a file or a typo needs; the first
+    WebSocket client gets its hello through the protocol imported at its upgrade."""
+    gateway = procs(
+        "serve", "--port", "0", "--source", "name=a,endpoint=tcp://127.0.0.1:9", env={"PYTHONPROFILEIMPORTTIME": "1"}
+    )
+    url = gateway.wait_for(r"serving on (http://\S+)", timeout=60).group(1)
+    started = _imports(gateway)
+    assert "kvgateway.serve.server" in started and "uvicorn.protocols.http.httptools_impl" in started
+    assert not started & NOT_AT_START, sorted(started & NOT_AT_START)
+    with WsCollector(url.replace("http://", "ws://", 1) + "v1/ws") as client:
+        assert client.hello["type"] == "hello"
+    gateway.wait_for(r"^import time: .*\| +kvgateway\.serve\.ws_protocol$")
+
+
+GC_PROBE = """
+import gc, os, signal, sys
+from kvgateway import gateway
+from kvgateway.cli import main
+
+seen = []
+made = gateway.OneProcess.__init__
+start = gateway.OneProcess.start
+
+def init(self, *args, **kwargs):
+    seen.append(("made", gc.isenabled(), gc.get_freeze_count()))
+    made(self, *args, **kwargs)
+
+async def started(self):
+    seen.append(("start", gc.isenabled(), gc.get_freeze_count()))
+    await start(self)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+gateway.OneProcess.__init__ = init
+gateway.OneProcess.start = started
+code = main(sys.argv[1:])
+print(repr((seen, code, gc.isenabled())))
+"""
+
+
+def test_serve_holds_the_collector_through_start_up_and_freezes_its_heap_before_the_streams_open() -> None:
+    """The collector is off while start-up builds the role (its objects live as long as the
+    process); the heap is frozen, and the collector on again, before the role starts the streams:
+    the freeze's full collection no longer falls into a catch-up's first batches. main gives the
+    collector back when it returns."""
+    result = subprocess.run(
+        [sys.executable, "-c", GC_PROBE, "serve", "--port", "0", "--source", "name=a,endpoint=tcp://127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    seen, code, enabled_after = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    (made, held, frozen_before), (start, collecting, frozen) = seen
+    assert (made, held, frozen_before) == ("made", False, 0)
+    assert start == "start" and collecting and frozen > 10_000  # the modules, classes and functions of start-up
+    assert code == 0 and enabled_after
+
+
+def test_a_command_other_than_serve_runs_with_the_collector() -> None:
+    probe = (
+        "import gc, sys\n"
+        "from kvgateway import cli, simulator\n"
+        "simulator.run = lambda args: print(gc.isenabled()) or 0\n"
+        "sys.exit(cli.main(['simulate']))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO, check=False
+    )
+    assert (result.returncode, result.stdout) == (0, "True\n"), result.stderr

@@ -442,15 +442,15 @@ def test_the_schema_endpoint_serves_the_packaged_json_schema(live: GatewayProces
 
 
 def test_the_garbage_collectors_pauses_are_timed_from_the_start(live: GatewayProcess) -> None:
-    """kvgateway_gc_pause_seconds: the full collection that freezes start-up's heap (when the server
-    is up) is the first generation-2 sample; a fed gateway's young collections follow."""
+    """kvgateway_gc_pause_seconds: every generation from the start, and a fed gateway's young
+    collections timed. The full collection that freezes start-up's heap comes before the streams
+    open (kvgateway.serve.server.start_up_built), before the timer: no client or batch waits on it."""
 
     def counts() -> dict[str, float]:
         samples = metric_values(live.base, "kvgateway_gc_pause_seconds_count")
         return {dict(labels)["generation"]: value for labels, value in samples.items()}
 
     assert set(counts()) == {"0", "1", "2"}
-    assert counts()["2"] >= 1
     wait_until(lambda: counts()["0"] > 0, timeout=WITHIN, what="a young collection while batches flow")
     total = sum(metric_values(live.base, "kvgateway_gc_pause_seconds_sum").values())
     assert 0 < total < 5  # seconds: the whole module's collections, not one pause of that size
