@@ -24,7 +24,7 @@ from kvgateway.engine.mediums import remote_medium
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from kvgateway.engine.wire import Event
+Event = Any  # wire's Event union, which this module cannot import (wire imports it)
 
 __all__ = ["events_of", "from_array", "install", "located", "present"]
 
@@ -109,7 +109,7 @@ def _from_map(event: Any) -> Event:
         if event.locality is not UNSET:
             extra["locality"] = event.locality
             medium = located(medium, extra)
-        return _BlockStored(  # type: ignore[no-any-return]
+        return _BlockStored(
             event.block_hashes,
             event.parent_block_hash,
             _token_ids(event.token_ids) if _KEPT else event.token_ids,
@@ -125,15 +125,15 @@ def _from_map(event: Any) -> Event:
         if event.locality is not UNSET:
             removed_extra["locality"] = event.locality
             medium = located(medium, removed_extra)
-        return _BlockRemoved(event.block_hashes, medium, removed_extra)  # type: ignore[no-any-return]
-    return _AllBlocksCleared()  # type: ignore[no-any-return]
+        return _BlockRemoved(event.block_hashes, medium, removed_extra)
+    return _AllBlocksCleared()
 
 
 def from_array(decoded: Any) -> Event:
     """One positional event, the fast decoder's or the general path's, as the public one."""
     if type(decoded) is _GeneralStored or type(decoded) is _ArrayStored:
         kept = _KEPT and type(decoded) is _ArrayStored
-        return _BlockStored(  # type: ignore[no-any-return]
+        return _BlockStored(
             block_hashes=decoded.block_hashes,
             parent_block_hash=decoded.parent_block_hash,
             token_ids=_token_ids(decoded.token_ids) if kept else decoded.token_ids,
@@ -144,9 +144,9 @@ def from_array(decoded: Any) -> Event:
             extra=present(decoded, _STORED_FURTHER),
         )
     if type(decoded) is _ArrayRemoved:
-        return _BlockRemoved(  # type: ignore[no-any-return]
+        return _BlockRemoved(
             block_hashes=decoded.block_hashes,
             medium=None if decoded.medium is UNSET else decoded.medium,
             extra=present(decoded, _REMOVED_FURTHER),
         )
-    return _AllBlocksCleared()  # type: ignore[no-any-return]
+    return _AllBlocksCleared()

@@ -472,7 +472,8 @@ def _decode_array_event(raw: msgspec.Raw) -> Event:
         return _unknown_or_error(raw, exc)
     except _MALFORMED as exc:
         raise DecodeError(_one_line(exc)) from None
-    return _events_py.from_array(decoded)
+    event: Event = _events_py.from_array(decoded)
+    return event
 
 
 def _unknown_or_error(raw: msgspec.Raw, exc: msgspec.ValidationError) -> Event:

@@ -52,8 +52,10 @@ def release_free_heap() -> bool:
 
 
 def freeze_startup_heap() -> int:
-    """Collect once, then keep everything alive now out of future collections: called when the
-    server has started (routes built, streams opened). The number of objects frozen."""
+    """Collect once, then keep everything alive now out of future collections: called once the
+    process's start-up heap is built (modules, the role, the app, uvicorn's server), before the
+    role starts its streams (:func:`kvgateway.serve.server.start_up_built`). The number of objects
+    frozen."""
     gc.collect()  # what start-up left as garbage goes now, not into the frozen generation
     gc.freeze()
     return gc.get_freeze_count()
