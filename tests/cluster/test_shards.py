@@ -39,7 +39,11 @@ def test_two_ingests_share_the_streams_and_one_takes_over_when_the_other_is_kill
     def up() -> int:
         return sum(1 for s in edge.sources()["sources"] if s["state"] == "up")
 
-    wait_until(lambda: up() == ranks, timeout=30, what="every stream up on the edge")
+    def read() -> bool:  # up, and a batch read: a stream is up from its connection, before its first batch
+        sources = edge.sources()["sources"]
+        return len(sources) == ranks and all(s["state"] == "up" and s["last_seq"] is not None for s in sources)
+
+    wait_until(read, timeout=30, what="every stream up on the edge, a batch of each read")
     offsets = [s["last_seq"] for s in edge.sources()["sources"]]
     first.kill()
     # Within a lease and a round, the survivor reads every stream: each goes on past where it was.
