@@ -39,10 +39,6 @@ DIAGNOSE_INTERVAL_SECONDS = 30.0
 timer (its monitor does not wake at every retry once its reason is known); a changed reason is
 logged."""
 
-REARM_SOCKETS = 64
-"""ZeroMQ sockets beyond the budget's, for streams' monitors being re-armed (ingest/reader.py): a
-switch closes two PAIRs whose places libzmq's reaper thread frees a moment later."""
-
 
 class Ingest:
     """Readers and outlets for every configured stream, appending to ``log``."""
@@ -249,9 +245,7 @@ def _sized_context(settings: Settings) -> zmq.Context[zmq.Socket[bytes]]:
         context = open_context(budget)
     except BudgetError as exc:
         raise StartupError(str(exc)) from None
-    room = int(context.get(zmq.MAX_SOCKETS)) + REARM_SOCKETS
-    context.set(zmq.MAX_SOCKETS, min(room, int(context.get(zmq.SOCKET_LIMIT))))
-    return context
+    return context  # sized for the streams' sockets and the room their monitors' re-arms take
 
 
 def _zmq_failure(stream: StreamConfig, exc: zmq.ZMQError) -> str:

@@ -1,7 +1,9 @@
 """The sockets and file descriptors a gateway needs, and the limits raised to fit them at start.
 
 Every stream holds three ZeroMQ sockets for its whole life: its SUB, the PAIR that libzmq's
-monitor writes events into, and the PAIR this process reads them from. Each ZeroMQ socket owns a
+monitor writes events into, and the PAIR this process reads them from. A monitor re-armed (a down
+stream's, ingest/reader.py) closes its two PAIRs for two new ones, and libzmq frees the old ones'
+places a moment later: the budget keeps room for those (``REARM_SOCKETS``). Each ZeroMQ socket owns a
 mailbox (one eventfd), and the SUB's TCP connection is one more descriptor while it is connected
 or connecting: four descriptors a stream. A replay adds a DEALER (its mailbox and its connection)
 for its duration, at most ``max_concurrent_replays`` at once. A web client is one descriptor.
@@ -36,6 +38,10 @@ DESCRIPTORS_PER_REPLAY = 2
 BASE_SOCKETS = 16
 """Room for ZeroMQ sockets outside the streams (none today): a margin, not a need."""
 
+REARM_SOCKETS = 64
+"""Room for the PAIRs of monitors being re-armed, closed and not yet freed by libzmq's reaper
+thread (the re-arms are paced, one a millisecond across the process: ingest/reader.py)."""
+
 BASE_DESCRIPTORS = 64
 """The interpreter, stdio, the HTTP listener, the event loop's own, ZeroMQ's I/O thread."""
 
@@ -53,7 +59,7 @@ class Budget:
     @property
     def sockets(self) -> int:
         """ZeroMQ sockets open at once, at most."""
-        return BASE_SOCKETS + SOCKETS_PER_STREAM * self.streams + self.replays
+        return BASE_SOCKETS + REARM_SOCKETS + SOCKETS_PER_STREAM * self.streams + self.replays
 
     @property
     def engine_descriptors(self) -> int:

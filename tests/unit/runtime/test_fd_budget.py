@@ -25,7 +25,7 @@ INF = resource.RLIM_INFINITY
 def test_the_budget_counts_three_sockets_and_four_descriptors_a_stream() -> None:
     budget = Budget(streams=2000, replays=4, clients=1000)
     assert (SOCKETS_PER_STREAM, DESCRIPTORS_PER_STREAM) == (3, 4)
-    assert budget.sockets == 16 + 3 * 2000 + 4
+    assert budget.sockets == 16 + 64 + 3 * 2000 + 4  # the base, the monitors' re-arms, 3 a stream, the replays
     assert budget.engine_descriptors == 64 + 4 * 2000 + 2 * 4
     assert budget.descriptors == budget.engine_descriptors + 1000
 
@@ -62,7 +62,7 @@ def test_the_context_admits_the_budgets_sockets_and_never_fewer_than_zeromqs_def
     big = open_context(Budget(streams=2000, replays=4, clients=0))
     small = open_context(Budget(streams=1, replays=4, clients=0))
     try:
-        assert big.get(zmq.MAX_SOCKETS) == 16 + 3 * 2000 + 4
+        assert big.get(zmq.MAX_SOCKETS) == 16 + 64 + 3 * 2000 + 4
         assert small.get(zmq.MAX_SOCKETS) == 1023
     finally:
         big.destroy(linger=0)
@@ -70,5 +70,5 @@ def test_the_context_admits_the_budgets_sockets_and_never_fewer_than_zeromqs_def
 
 
 def test_more_sockets_than_libzmq_allows_is_refused_in_one_line() -> None:
-    with pytest.raises(BudgetError, match=r"^30000 streams need 90020 ZeroMQ sockets but this libzmq allows \d+"):
+    with pytest.raises(BudgetError, match=r"^30000 streams need 90084 ZeroMQ sockets but this libzmq allows \d+"):
         open_context(Budget(streams=30000, replays=4, clients=0))
