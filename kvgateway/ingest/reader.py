@@ -20,7 +20,17 @@ from kvgateway.config.settings import StreamConfig
 from kvgateway.engine import wire
 from kvgateway.engine.endpoints import is_ipv6
 from kvgateway.engine.sequencer import Action, CancelReplay, RequestReplay, Sequencer
-from kvgateway.engine.sockets import FD, Readiness, has_message, monitor_event
+from kvgateway.engine.sockets import Readiness, has_message, monitor_event
+from kvgateway.ingest.monitor import (
+    BIND_FAILED,
+    CONNECT_RETRIED,
+    DISCONNECTED,
+    HANDSHAKE_FAILED,
+    HANDSHAKE_SUCCEEDED,
+    MONITOR_EVENTS,
+    QUIET_EVENTS,
+    ConnectionMonitor,
+)
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.runtime.extensions import load
 from kvgateway.runtime.tasks import cancel_and_wait
@@ -50,26 +60,6 @@ MAX_REPLAY_SECONDS_FACTOR = 20
 HANDSHAKE_MS = 5000
 """A peer that accepts the TCP connection but sends no ZeroMQ greeting within this is no engine
 (ZeroMQ's default is 30 s; a real publisher's I/O thread answers in milliseconds)."""
-
-# The monitor's events as plain ints: ``zmq.EVENT_*`` are enum.Flag members, whose ``&`` and
-# ``|`` go through enum's slow path (this runs at every reconnection attempt of every stream).
-HANDSHAKE_SUCCEEDED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
-CONNECT_RETRIED = int(zmq.EVENT_CONNECT_RETRIED)
-BIND_FAILED = int(zmq.EVENT_BIND_FAILED)
-HANDSHAKE_FAILED = (
-    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-    | int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-    | int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-)
-
-MONITOR_EVENTS = HANDSHAKE_SUCCEEDED | DISCONNECTED | CONNECT_RETRIED | BIND_FAILED | HANDSHAKE_FAILED
-"""What a stream's monitor carries while the stream's reason may change with the next retry."""
-
-QUIET_EVENTS = MONITOR_EVENTS & ~CONNECT_RETRIED
-"""...and once a down stream's reason is known (refused, the retries backed off to their longest):
-every event but the retries, which then say nothing new (with 2,000 absent engines, 1,000 a
-second, each a wake of the event loop). See StreamReader._switch_monitor."""
 
 RECONNECT_IVL_MS = 100
 """ZeroMQ's first wait before it tries a connection again (the first retry of each new attempt)..."""
@@ -117,23 +107,15 @@ class StreamReader:
             has_replay=config.replay is not None, restart_window=restart_window, hold_limit=hold_limit
         )
         self._sub: zmq.Socket[bytes] | None = None
-        self._monitor: zmq.Socket[bytes] | None = None
+        self.monitor: ConnectionMonitor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._replays: dict[int, asyncio.Task[None]] = {}
         self._peers = 0
         self._handshake_failure: str | None = None  # why the last connection never became a peer
         self._readiness: Readiness | None = None  # the SUB socket's (see _begin_drain)
-        self._monitor_fd: int | None = None
-        self._monitor_receive: Callable[[], list[bytes] | None] = lambda: None
         # Set while the old connection's batches are read after a disconnect: connection events
         # queued after the disconnect wait until they are all read (see _begin_drain).
         self._drained: asyncio.Event | None = None
-        self._monitor_events = MONITOR_EVENTS  # what the monitor carries now...
-        self._rearm: int | None = None  # ...and what it should carry, when that changed (_switch_monitor)
-        self._monitor_backlog: list[list[bytes]] = []  # a replaced monitor's last events: read first
-        self._monitor_serial = 0  # numbers each monitor's inproc address
-        self._rearm_later: asyncio.TimerHandle | None = None  # a switch waiting for its turn (or a socket)
-        self._turn_taken = False
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -147,48 +129,29 @@ class StreamReader:
         sub.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
         sub.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
-        address = self._monitor_address()
-        self._monitor = _connected_pair(self._context, address)
-        try:
-            sub.monitor(address, MONITOR_EVENTS)
-        except zmq.ZMQError:
-            self._monitor.close(linger=0)
-            self._monitor = None
-            raise
+        monitor = ConnectionMonitor(self._context, sub, self.key, receiver)
         if self.config.bind:
             sub.bind(self.config.endpoint)
         else:
             sub.connect(self.config.endpoint)
         self._sub = sub
-        loop = asyncio.get_running_loop()
-        self._readiness = Readiness(sub, loop)
+        self._readiness = Readiness(sub, asyncio.get_running_loop())
         self._spawn(self._read_loop(sub, self._readiness))
-        # The monitor is read straight from the loop's callback, not by a task waiting on it: an
-        # absent engine's monitor wakes at every reconnection attempt (1,000 a second with 2,000
-        # streams), and a task's future and step per wake were half the gateway's idle CPU.
-        self._monitor_receive = receiver(self._monitor)
-        self._monitor_fd = int(self._monitor.getsockopt(FD))
-        loop.add_reader(self._monitor_fd, self._poll_monitor)
-        # The descriptor signals only once ZeroMQ found the socket empty: until a first look, events
-        # already queued would wait for ever.
-        loop.call_soon(self._poll_monitor)
+        self.monitor = monitor
+        monitor.start(self._poll_monitor)
 
     async def stop(self) -> None:
         if self._quiet is not None:
             self._quiet.cancel()
-        if self._rearm_later is not None:
-            self._rearm_later.cancel()
-        if self._monitor_fd is not None:  # before the socket closes: its descriptor leaves the loop first
-            asyncio.get_running_loop().remove_reader(self._monitor_fd)
-            self._monitor_fd = None
+        if self.monitor is not None:  # before the sockets close: its descriptor leaves the loop first
+            self.monitor.stop()
         await cancel_and_wait(*self._tasks, *self._replays.values())
         if self._sub is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._sub.disable_monitor()
             self._sub.close(linger=0)
-        if self._monitor is not None:
-            self._monitor.close(linger=0)
-            self._monitor = None  # a look already scheduled (start's) finds nothing to read
+        if self.monitor is not None:
+            self.monitor.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -377,24 +340,15 @@ class StreamReader:
 
     def _poll_monitor(self) -> None:
         """Handle every connection event queued now (cheap when there is none), up to a disconnect
-        whose batches are still being read (the events after it wait for them: _end_drain); then
-        re-arm the monitor when the events it should carry changed."""
-        monitor = self._monitor
+        whose batches are still being read (the events after it wait for them: _end_drain). The
+        monitor re-arms itself when it finds none and the events it should carry changed."""
+        monitor = self.monitor
         if monitor is None:
             return
-        receive = self._monitor_receive
-        backlog = self._monitor_backlog
-        # Received until there is none: a receive that finds nothing has processed the socket's
-        # commands, as has_message does, so the descriptor's mailbox is empty when this returns
-        # (the loop's callback is level-triggered). The compiled receive's None costs 0.7 us
-        # against has_message's 1.7, twice per event.
         while self._drained is None:
-            frames = backlog.pop(0) if backlog else receive()
+            frames = monitor.next()
             if frames is None:
-                if self._rearm is None or not self._switch_monitor():
-                    return
-                receive = self._monitor_receive  # the new monitor's, after what the old one held
-                continue
+                return
             event = monitor_event(frames)
             if event is not None:
                 self._on_monitor_event(event, frames)
@@ -446,79 +400,9 @@ class StreamReader:
             self._want(QUIET_EVENTS)
 
     def _want(self, events: int) -> None:
-        """Have the monitor carry ``events`` (re-armed when the events queued now are handled)."""
-        self._rearm = None if events == self._monitor_events or self.config.bind else events
-
-    def _switch_monitor(self) -> bool:
-        """Re-arm the monitor to carry the events wanted (``_rearm``), losing none of those it
-        sends: True when it did. ``zmq_socket_monitor`` stops the old monitor and starts the new
-        one under the lock that every event is sent under, so each event goes to the old PAIR or
-        to the new one; the new PAIR is connected before libzmq binds its end (an inproc
-        connection waits for its bind), so libzmq's first send to it never waits for a reader (its
-        sends block); and what the old PAIR holds is read into the backlog before it closes, to be
-        handled before anything of the new one. A switch to quiet is paced (QUIETING): each
-        leaves two sockets for libzmq's reaper thread to free, and 2,000 streams going quiet at
-        once would outrun it."""
-        events, sub, old = self._rearm, self._sub, self._monitor
-        if events is None or sub is None or old is None or self._monitor_fd is None:  # or stopping
-            return False
-        if events == QUIET_EVENTS and not self._quiet_turn():
-            return False
-        address = self._monitor_address()
-        try:
-            pair = _connected_pair(self._context, address)
-        except zmq.ZMQError:  # no socket left now: the old monitor still carries everything
-            if self._rearm_later is None:  # a quiet monitor may not wake again: look again soon
-                self._rearm_later = asyncio.get_running_loop().call_later(0.01, self._rearm_due, False)
-            return False
-        try:
-            sub.monitor(address, events)
-            armed = True
-        except zmq.ZMQError:
-            armed = False  # libzmq stopped the old one, then found no socket for the new one
-        self._replace_pair(old, pair)
-        if not armed:
-            _arm_again(sub, address, events, self.key)
-        self._monitor_events = events
-        self._rearm = None
-        self._turn_taken = False
-        return True
-
-    def _quiet_turn(self) -> bool:
-        """Whether this stream's turn to switch to quiet has come (they are paced across the
-        process: QUIETING); if not, it is taken, and the switch made then."""
-        if self._turn_taken:
-            self._turn_taken = False
-            return True
-        if self._rearm_later is None:
-            loop = asyncio.get_running_loop()
-            self._rearm_later = loop.call_later(QUIETING.wait(loop.time()), self._rearm_due, True)
-        return False
-
-    def _rearm_due(self, turn: bool) -> None:
-        self._rearm_later = None
-        self._turn_taken = turn
-        self._poll_monitor()
-
-    def _monitor_address(self) -> str:
-        self._monitor_serial += 1
-        return f"inproc://kvgateway.monitor.{id(self):x}.{self._monitor_serial}"
-
-    def _replace_pair(self, old: zmq.Socket[bytes], pair: zmq.Socket[bytes]) -> None:
-        """Read what the old PAIR holds into the backlog, close it, and read the new one from now on."""
-        receive = self._monitor_receive
-        while (frames := receive()) is not None:
-            self._monitor_backlog.append(frames)
-        loop = asyncio.get_running_loop()
-        if self._monitor_fd is not None:
-            loop.remove_reader(self._monitor_fd)
-        old.close(linger=0)
-        self._monitor = pair
-        self._monitor_receive = receiver(pair)
-        self._monitor_fd = int(pair.getsockopt(FD))
-        loop.add_reader(self._monitor_fd, self._poll_monitor)
-        # Its descriptor signals only once ZeroMQ found it empty, and the backlog none: a first look.
-        loop.call_soon(self._poll_monitor)
+        """Have the monitor carry ``events`` (a bound SUB's keeps all: no retries to quiet)."""
+        if self.monitor is not None and not self.config.bind:
+            self.monitor.want(events)
 
     def _begin_drain(self) -> None:
         """The publisher went away. What it delivered is queued before this event: it is read as
@@ -550,56 +434,6 @@ class StreamReader:
             # CONNECT_RETRIED), which a quiet monitor does not carry: its word, said here (when the
             # monitor carries it too, it changes nothing).
             self._outlet.connection(False, "connection refused, retrying", "retrying")
-
-
-class Pacer:
-    """Turns, one every ``interval`` seconds: :meth:`wait` says how long until the caller's."""
-
-    __slots__ = ("_interval", "_next")
-
-    def __init__(self, interval: float) -> None:
-        self._interval = interval
-        self._next = 0.0
-
-    def wait(self, now: float) -> float:
-        turn = max(now, self._next)
-        self._next = turn + self._interval
-        return turn - now
-
-
-QUIETING = Pacer(0.001)
-"""The monitors switched to quiet, across the process, one a millisecond: 2,000 streams started
-together go quiet within 2 s, and few switches at a time wait for libzmq's reaper thread (each
-leaves it two sockets to free)."""
-
-ARM_AGAIN_TRIES = 200
-"""How often (a millisecond apart) a monitor that libzmq stopped is made again, before giving up."""
-
-
-def _connected_pair(context: zmq.Context[zmq.Socket[bytes]], address: str) -> zmq.Socket[bytes]:
-    """A PAIR connected to ``address``, where a monitor will bind (ZMQError: no socket left)."""
-    pair = context.socket(zmq.PAIR)
-    try:
-        pair.setsockopt(zmq.LINGER, 0)
-        pair.connect(address)
-    except zmq.ZMQError:
-        pair.close(linger=0)
-        raise
-    return pair
-
-
-def _arm_again(sub: zmq.Socket[bytes], address: str, events: int, key: wire.Stream) -> None:
-    """libzmq stopped ``sub``'s old monitor, then had no socket for the new one (the sockets closed
-    before wait for its reaper thread): make it again as soon as one is free. The events meanwhile
-    are lost; a fuller budget of sockets (kvgateway/ingest/streams.py) and the pacing of switches
-    make this all but unreachable, and it is logged."""
-    logger.warning("stream %s[%d]: its connection monitor was stopped with no socket left: re-made", *key)
-    for _ in range(ARM_AGAIN_TRIES):
-        time.sleep(0.001)  # the reaper's turn
-        with contextlib.suppress(zmq.ZMQError):
-            sub.monitor(address, events)
-            return
-    logger.error("stream %s[%d]: its connection monitor could not be re-made: its status stays as it is", *key)
 
 
 def not_zeromq_reason(endpoint: str) -> str:

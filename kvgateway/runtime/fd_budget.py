@@ -2,7 +2,7 @@
 
 Every stream holds three ZeroMQ sockets for its whole life: its SUB, the PAIR that libzmq's
 monitor writes events into, and the PAIR this process reads them from. A monitor re-armed (a down
-stream's, ingest/reader.py) closes its two PAIRs for two new ones, and libzmq frees the old ones'
+stream's, ingest/monitor.py) closes its two PAIRs for two new ones, and libzmq frees the old ones'
 places a moment later: the budget keeps room for those (``REARM_SOCKETS``). Each ZeroMQ socket owns a
 mailbox (one eventfd), and the SUB's TCP connection is one more descriptor while it is connected
 or connecting: four descriptors a stream. A replay adds a DEALER (its mailbox and its connection)
@@ -40,7 +40,7 @@ BASE_SOCKETS = 16
 
 REARM_SOCKETS = 64
 """Room for the PAIRs of monitors being re-armed, closed and not yet freed by libzmq's reaper
-thread (the re-arms are paced, one a millisecond across the process: ingest/reader.py)."""
+thread (the re-arms are paced, one a millisecond across the process: ingest/monitor.py)."""
 
 BASE_DESCRIPTORS = 64
 """The interpreter, stdio, the HTTP listener, the event loop's own, ZeroMQ's I/O thread."""

@@ -22,15 +22,9 @@ from kvgateway.config.settings import Settings, SourceConfig
 from kvgateway.engine import wire
 from kvgateway.ingest import reader as reader_module
 from kvgateway.ingest import streams as streams_module
+from kvgateway.ingest.monitor import DISCONNECTED, HANDSHAKE_FAILED, MONITOR_EVENTS, QUIET_EVENTS, ConnectionMonitor
 from kvgateway.ingest.outlet import StreamOutlet
-from kvgateway.ingest.reader import (
-    DISCONNECTED,
-    HANDSHAKE_FAILED,
-    MONITOR_EVENTS,
-    QUIET_EVENTS,
-    StreamReader,
-    not_zeromq_reason,
-)
+from kvgateway.ingest.reader import StreamReader, not_zeromq_reason
 from kvgateway.ingest.streams import Ingest
 from kvgateway.log.ordered import BatchRecord, MemoryLog, NoticeRecord
 from kvgateway.log.ring import Entry
@@ -106,10 +100,15 @@ def _reader_run(scenario: Callable[[StreamReader, int, list[str], list[Any]], Co
     asyncio.run(main())
 
 
+def _monitor(reader: StreamReader) -> ConnectionMonitor:
+    assert reader.monitor is not None
+    return reader.monitor
+
+
 def _quiet_and(reader: StreamReader, reason: str) -> Callable[[], bool]:
     def check() -> bool:
         status = reader._outlet.status
-        return not status.connected and status.down_reason == reason and reader._monitor_events == QUIET_EVENTS
+        return not status.connected and status.down_reason == reason and _monitor(reader).events == QUIET_EVENTS
 
     return check
 
@@ -147,7 +146,7 @@ def test_the_reason_follows_the_port_refused_not_zeromq_an_engine_and_its_restar
         nz = not_zeromq_reason(reader.config.endpoint)
         try:
             await until(lambda: reader._outlet.status.down_reason == nz, 60, "not ZeroMQ")
-            assert reader._monitor_events == MONITOR_EVENTS
+            assert _monitor(reader).events == MONITOR_EVENTS
             since = len(seen)
             attempts = wrong.connections
             await until(lambda: wrong.connections >= attempts + 4 and len(seen) >= since + 4, 60, "four more")
@@ -189,9 +188,10 @@ def test_no_event_is_lost_when_the_monitor_is_re_armed(monkeypatch: pytest.Monke
         try:
             for switch in range(300):
                 time.sleep(0.002)  # noqa: ASYNC251  the loop held: events queue in the monitor being replaced
-                reader._rearm = QUIET_EVENTS if switch % 2 else MONITOR_EVENTS
-                reader._turn_taken = True
-                assert reader._switch_monitor()
+                monitor = _monitor(reader)
+                monitor._rearm = QUIET_EVENTS if switch % 2 else MONITOR_EVENTS
+                monitor._turn_taken = True
+                assert monitor._switch()
                 await asyncio.sleep(0)
         finally:
             wrong.close()
@@ -231,7 +231,7 @@ def test_a_stream_that_stays_down_is_diagnosed_by_a_timer(monkeypatch: pytest.Mo
         [reader] = ingest.readers
         outlet = ingest.outlets[("e", 0)]
         try:
-            await until(lambda: len(diagnosed) >= 4 and reader._monitor_events == QUIET_EVENTS, 60, "diagnoses")
+            await until(lambda: len(diagnosed) >= 4 and _monitor(reader).events == QUIET_EVENTS, 60, "diagnoses")
             assert (outlet.status.down_reason, outlet.status.down_code) == ("no route to host, retrying", "unreachable")
             pub = await _engine_up(reader, port, records)
             assert ("e", 0) not in ingest._next_diagnosis

@@ -212,8 +212,8 @@ def test_a_new_connections_batch_read_before_its_handshake_event_comes_after_up(
         down_at = len(records)
 
         loop = asyncio.get_running_loop()
-        assert reader._monitor_fd is not None
-        loop.remove_reader(reader._monitor_fd)
+        assert reader.monitor is not None and reader.monitor.fd is not None
+        loop.remove_reader(reader.monitor.fd)
         looks = reader._poll_monitor
 
         def too_early() -> None:

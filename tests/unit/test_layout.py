@@ -39,6 +39,7 @@ WITHOUT_UNIT_TESTS: dict[str, str] = {
     "serve/dashboard_api.py": "the dashboard's routes: tests/integration/test_history.py and tests/browser",
     # the ingest half's sockets
     "ingest/reader.py": "a stream's ZeroMQ reader over real sockets: tests/integration/test_stream_reader.py",
+    "ingest/monitor.py": "a monitor re-armed, over real sockets: tests/integration/test_connection_monitor.py",
     "ingest/streams.py": "every stream's reader and outlet together: tests/integration/test_ingest.py",
     # the cluster: JetStream and processes, tested against a real nats-server
     "cluster/checkpoints.py": "checkpoints in JetStream: tests/cluster/test_checkpoints.py",
