@@ -513,12 +513,15 @@ class ServeProcess(Process):
 
     def core(self) -> str:
         """Which core the gateway runs (``kvgateway_build_info``'s ``core`` label)."""
-        with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        for line in text.splitlines():
+        for line in self.metrics_text().splitlines():
             if line.startswith("kvgateway_build_info{") and 'core="' in line:
                 return line.split('core="', 1)[1].split('"', 1)[0]
         raise BenchError("the gateway's /metrics has no kvgateway_build_info")
+
+    def metrics_text(self) -> str:
+        """One scrape of /metrics."""
+        with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as response:
+            return str(response.read().decode())
 
     def metric(self, name: str) -> float:
         """The sum of every sample of one metric on /metrics."""
@@ -526,10 +529,8 @@ class ServeProcess(Process):
 
     def metrics(self, names: list[str]) -> dict[str, float]:
         """The sum of every sample of each of ``names``, from one scrape of /metrics."""
-        with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as response:
-            text = response.read().decode()
         totals = dict.fromkeys(names, 0.0)
-        for line in text.splitlines():
+        for line in self.metrics_text().splitlines():
             for name in names:
                 if line.startswith(name) and (line[len(name)] in " {"):
                     totals[name] += float(line.rsplit(" ", 1)[1])

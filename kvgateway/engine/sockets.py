@@ -59,20 +59,16 @@ class Readiness:
         loop = self._loop
         deadline = None if within is None else loop.time() + within
         while True:
-            waiter = loop.create_future()
-            self._waiter = waiter
-            try:
-                if deadline is None:
-                    await waiter
-                else:
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        return False
-                    await asyncio.wait_for(waiter, remaining)
-            except TimeoutError:
-                return False
-            finally:
-                self._waiter = None
+            if deadline is None:
+                await self.signalled()
+            else:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(self.signalled(), remaining)
+                except TimeoutError:
+                    return False
             if has_message(sock):
                 return True
 
@@ -106,6 +102,12 @@ def receiver(sock: zmq.Socket[bytes]) -> Callable[[], list[bytes] | None]:
     from kvgateway.engine import _receive_py  # the receive's own module (engine/_receive_c.pyx mirrors it)
 
     return _receive_py.receiver(sock)
+
+
+def monitor_value(frames: list[bytes]) -> int:
+    """The 32-bit value of a monitor message whose event :func:`monitor_event` read (for
+    ``CONNECT_RETRIED``: the milliseconds until the retry)."""
+    return int.from_bytes(frames[0][2:6], "little")
 
 
 def monitor_event(frames: list[bytes]) -> int | None:

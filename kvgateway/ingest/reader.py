@@ -20,7 +20,7 @@ from kvgateway.config.settings import StreamConfig
 from kvgateway.engine import wire
 from kvgateway.engine.endpoints import is_ipv6
 from kvgateway.engine.sequencer import Action, CancelReplay, RequestReplay, Sequencer
-from kvgateway.engine.sockets import Readiness, has_message, monitor_event
+from kvgateway.engine.sockets import Readiness, has_message, monitor_event, monitor_value
 from kvgateway.ingest.monitor import (
     BIND_FAILED,
     CONNECT_RETRIED,
@@ -356,7 +356,7 @@ class StreamReader:
     def _on_monitor_event(self, event: int, frames: list[bytes]) -> None:
         if event == CONNECT_RETRIED:  # first: an absent engine's monitor says nothing else
             if self._peers == 0:
-                self._retried(int.from_bytes(frames[0][2:6], "little"))
+                self._retried(monitor_value(frames))
         elif event == HANDSHAKE_SUCCEEDED:
             self._handshake_failure = None
             self._peers += 1
@@ -392,7 +392,7 @@ class StreamReader:
                 self._outlet.connection(False, failure, NOT_ZEROMQ)
                 return
             self._handshake_failure = None
-        self._outlet.connection(False, "connection refused, retrying", "retrying")
+        self._refused()
         if interval_ms >= RECONNECT_IVL_MAX_MS:
             # Refused for 3 s, ZeroMQ's retries backed off to their longest: they say nothing new
             # until something else happens (not at the first refusal: 2,000 streams started
@@ -433,7 +433,11 @@ class StreamReader:
             # ZeroMQ schedules the reconnection as the connection closes and says so at once (its
             # CONNECT_RETRIED), which a quiet monitor does not carry: its word, said here (when the
             # monitor carries it too, it changes nothing).
-            self._outlet.connection(False, "connection refused, retrying", "retrying")
+            self._refused()
+
+    def _refused(self) -> None:
+        """ZeroMQ's word on a connecting stream it retries: refused (or not answered yet)."""
+        self._outlet.connection(False, "connection refused, retrying", "retrying")
 
 
 def not_zeromq_reason(endpoint: str) -> str:

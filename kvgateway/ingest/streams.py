@@ -242,10 +242,9 @@ def _sized_context(settings: Settings) -> zmq.Context[zmq.Socket[bytes]]:
     budget = Budget.of(settings)
     try:
         raise_open_files(budget)
-        context = open_context(budget)
+        return open_context(budget)
     except BudgetError as exc:
         raise StartupError(str(exc)) from None
-    return context  # sized for the streams' sockets and the room their monitors' re-arms take
 
 
 def _zmq_failure(stream: StreamConfig, exc: zmq.ZMQError) -> str:

@@ -115,16 +115,15 @@ class Pump:
         subscription.wakeup = self._wake
 
     def _wake(self) -> None:
-        if self._waiter is None:
+        waiter = self._waiter
+        if waiter is None:
             return
         direct = self._direct
         if direct is not None and direct():
             return  # written: the writer goes on waiting
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        self._waiter = None
+        if not waiter.done():
+            waiter.set_result(None)
 
     def write_directly(self, send_now: SendNow) -> None:
         """From now on, a message queued while the writer waits is written at once, from the hub's

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from kvgateway.engine.sockets import Readiness, has_message, monitor_event, receiver
+from kvgateway.engine.sockets import Readiness, has_message, monitor_event, monitor_value, receiver
 
 Pair = tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
 
@@ -71,6 +71,7 @@ def test_readiness_waits_for_a_message_and_times_out_without_one(pair: Pair) -> 
 def test_a_monitor_message_gives_its_event_number() -> None:
     frame = struct.pack("<HI", int(zmq.EVENT_CONNECT_RETRIED), 100)
     assert monitor_event([frame, b"tcp://127.0.0.1:5557"]) == zmq.EVENT_CONNECT_RETRIED
+    assert monitor_value([frame, b"tcp://127.0.0.1:5557"]) == 100  # the retry's interval, in ms
     assert monitor_event([frame]) is None
     assert monitor_event([b"short", b"x"]) is None
 
