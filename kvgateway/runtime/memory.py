@@ -17,22 +17,25 @@ objects frozen with the rest (:func:`freeze_startup_heap`).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import functools
 import gc
 import time
 from collections.abc import Callable
 from typing import Any
 
 
+@functools.cache
 def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim`` from the process's own symbols (``dlopen(NULL)``: the C library the
+    interpreter runs on), or None. Looked up at the first trim, not at import: the search for the
+    library by name (``ctypes.util.find_library``, which runs ``ldconfig -p``) was 2 to 4 ms of
+    every start-up, for a call a gateway makes only once the learner's ring has grown."""
+    import ctypes
+
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to call
         return None
-
-
-_TRIM: Any = _malloc_trim()
 
 
 def release_free_heap() -> bool:
@@ -46,9 +49,10 @@ def release_free_heap() -> bool:
     after a trim). A trim takes milliseconds; the learner calls it after its ring grew by a
     quarter, a few dozen times in a gateway's life.
     """
-    if _TRIM is None:
+    trim = _malloc_trim()
+    if trim is None:
         return False
-    _TRIM(0)
+    trim(0)
     return True
 
 

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import zmq
 
@@ -246,6 +247,8 @@ NOT_AT_START: frozenset[str] = frozenset(
         "websockets",
         "tomllib",  # with a configuration file only
         "difflib",  # for a mistyped name only
+        "ctypes.util",  # the C library's malloc_trim, looked up at the first trim (runtime.memory)
+        "importlib.readers",  # the JSON Schema's file, read at the first GET /v1/schema (serve.app)
     }
 )
 """What a ``serve`` start-up without a file and without a client must not import (what a gateway
@@ -270,6 +273,8 @@ def test_serve_imports_the_websocket_protocol_and_the_file_parser_only_when_need
     with WsCollector(url.replace("http://", "ws://", 1) + "v1/ws") as client:
         assert client.hello["type"] == "hello"
     gateway.wait_for(r"^import time: .*\| +kvgateway\.serve\.ws_protocol$")
+    schema = httpx.get(url + "v1/schema", timeout=30)  # read at its first request
+    assert schema.status_code == 200 and "$defs" in schema.json()
 
 
 GC_PROBE = """
