@@ -13,9 +13,7 @@ this module only carries them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 from collections.abc import Callable
 
 import zmq
@@ -69,7 +67,8 @@ together go quiet within 2 s, and few switches at a time wait for libzmq's reape
 leaves it two sockets to free)."""
 
 ARM_AGAIN_TRIES = 200
-"""How often (a millisecond apart) a monitor that libzmq stopped is made again, before giving up."""
+"""How often (a millisecond apart, by a timer) a monitor that libzmq stopped is made again, before
+giving up."""
 
 
 class ConnectionMonitor:
@@ -88,6 +87,7 @@ class ConnectionMonitor:
         self._backlog: list[list[bytes]] = []  # a replaced monitor's last events: read first
         self._serial = 0  # numbers each monitor's inproc address
         self._later: asyncio.TimerHandle | None = None  # a switch waiting for its turn (or a socket)
+        self._arming: asyncio.TimerHandle | None = None  # a monitor libzmq stopped, made again soon
         self._turn_taken = False
         self._look: Callable[[], None] = lambda: None
         self.fd: int | None = None
@@ -110,9 +110,10 @@ class ConnectionMonitor:
     def stop(self) -> None:
         """No more looks: first of all when the stream stops (its descriptor leaves the loop
         before any socket closes); no re-arm after it."""
-        if self._later is not None:
-            self._later.cancel()
-            self._later = None
+        for timer in (self._later, self._arming):
+            if timer is not None:
+                timer.cancel()
+        self._later = self._arming = None
         if self.fd is not None:
             asyncio.get_running_loop().remove_reader(self.fd)
             self.fd = None
@@ -164,6 +165,9 @@ class ConnectionMonitor:
             if self._later is None:  # a quiet monitor may not wake again: look again soon
                 self._later = asyncio.get_running_loop().call_later(0.01, self._due, False)
             return False
+        if self._arming is not None:  # an earlier monitor still to be made: this one replaces it
+            self._arming.cancel()
+            self._arming = None
         try:
             self._sub.monitor(address, events)
             armed = True
@@ -171,7 +175,8 @@ class ConnectionMonitor:
             armed = False  # libzmq stopped the old one, then found no socket for the new one
         self._replace(old, pair)
         if not armed:
-            _arm_again(self._sub, address, events, self._key)
+            logger.warning("stream %s[%d]: its connection monitor was stopped with no socket left: re-made", *self._key)
+            self._arm_later(address, events, ARM_AGAIN_TRIES)
         self.events = events
         self._rearm = None
         self._turn_taken = False
@@ -192,6 +197,27 @@ class ConnectionMonitor:
         self._later = None
         self._turn_taken = turn
         self._look()
+
+    def _arm_later(self, address: str, events: int, tries: int) -> None:
+        """Make the monitor at ``address`` again a millisecond from now, when libzmq's reaper thread
+        may have freed a socket: libzmq stopped the old monitor, then had no socket for the new one
+        (the sockets closed before wait for the reaper). A timer, not a sleep: the event loop (every
+        other stream, the web side) runs meanwhile. The events between are lost; the budget's room
+        for re-arms (kvgateway/runtime/fd_budget.py) and the pacing of switches make this all but
+        unreachable, and it is logged."""
+        self._arming = asyncio.get_running_loop().call_later(0.001, self._arm_again, address, events, tries)
+
+    def _arm_again(self, address: str, events: int, tries: int) -> None:
+        self._arming = None
+        try:
+            self._sub.monitor(address, events)
+        except zmq.ZMQError:
+            if tries > 1:
+                self._arm_later(address, events, tries - 1)
+            else:
+                logger.error(
+                    "stream %s[%d]: its connection monitor could not be re-made: its status stays as it is", *self._key
+                )
 
     def _address(self) -> str:
         self._serial += 1
@@ -231,17 +257,3 @@ def _connected_pair(context: zmq.Context[zmq.Socket[bytes]], address: str) -> zm
         pair.close(linger=0)
         raise
     return pair
-
-
-def _arm_again(sub: zmq.Socket[bytes], address: str, events: int, key: Stream) -> None:
-    """libzmq stopped ``sub``'s old monitor, then had no socket for the new one (the sockets closed
-    before wait for its reaper thread): make it again as soon as one is free. The events meanwhile
-    are lost; the budget's room for re-arms (kvgateway/runtime/fd_budget.py) and the pacing of
-    switches make this all but unreachable, and it is logged."""
-    logger.warning("stream %s[%d]: its connection monitor was stopped with no socket left: re-made", *key)
-    for _ in range(ARM_AGAIN_TRIES):
-        time.sleep(0.001)  # the reaper's turn
-        with contextlib.suppress(zmq.ZMQError):
-            sub.monitor(address, events)
-            return
-    logger.error("stream %s[%d]: its connection monitor could not be re-made: its status stays as it is", *key)

@@ -8,6 +8,7 @@ same reasons, reconnections and diagnoses as a monitor that carries every retry.
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import threading
 import time
@@ -200,6 +201,42 @@ def test_no_event_is_lost_when_the_monitor_is_re_armed(monkeypatch: pytest.Monke
         assert handled == [HANDSHAKE_FAILED, DISCONNECTED] * (len(handled) // 2)
 
     monkeypatch.setattr(reader_module, "RECONNECT_IVL_MS", 1)  # an attempt every millisecond or two
+    _reader_run(scenario)
+
+
+def test_a_monitor_libzmq_stopped_with_no_socket_left_is_made_again_by_a_timer() -> None:
+    """libzmq stops a re-armed SUB's old monitor, then finds no socket for the new one (its reaper
+    has not freed the closed ones yet), three times running: the monitor is made again a
+    millisecond later by a timer, the event loop running meanwhile, and then carries the stream's
+    events (an engine coming)."""
+
+    async def scenario(reader: StreamReader, port: int, seen: list[str], records: list[Any]) -> None:
+        await until(_quiet_and(reader, REFUSED), 60, "refused, and the monitor quiet")
+        monitor = _monitor(reader)
+        sub = monitor._sub
+        calls: list[int] = []
+        ran: list[int] = []
+
+        class NoSocketLeft:
+            """The SUB, whose monitor() finds no socket for the new monitor three times."""
+
+            def monitor(self, address: str, events: int) -> None:
+                calls.append(events)
+                if len(calls) <= 3:
+                    raise zmq.ZMQError(errno.EMFILE)
+                sub.monitor(address, events)
+
+        monitor._sub = NoSocketLeft()  # type: ignore[assignment]
+        monitor._rearm, monitor._turn_taken = MONITOR_EVENTS, True
+        assert monitor._switch()
+        asyncio.get_running_loop().call_soon(lambda: ran.append(len(calls)))
+        await until(lambda: len(calls) == 4, 60, "the monitor made again")
+        assert ran == [1]  # the loop ran after the first try: the retries wait on a timer, not in it
+        assert calls == [MONITOR_EVENTS] * 4 and monitor._arming is None
+        pub = await _engine_up(reader, port, records)  # seen through the monitor made again
+        pub.close(linger=0)
+        await until(lambda: seen[-1] == "disconnected" or seen[-1] == REFUSED, 60, "the engine gone")
+
     _reader_run(scenario)
 
 
