@@ -1,10 +1,11 @@
 """The ``digest`` messages of the clients that asked for them (``digest=SECONDS``).
 
 Every :data:`TICK_SECONDS` the ticker runs one synchronous step on the event loop, where the log
-appends too: nothing is appended during the step, and the index follows the log before the hub
-does, so the index is exactly the state after the log's last offset. Each client that is due gets,
-per stream its filter selects, ``{"type": "digest", "source", "dp_rank", "offset", "digest",
-"block_count"}`` at that offset, queued behind every message it was sent before (the hub's order).
+appends too: nothing is appended during the step, and an append runs every follower of the log in
+one synchronous step of its own, so the index is exactly the state after the log's last offset.
+Each client that is due gets, per stream its filter selects, ``{"type": "digest", "source",
+"dp_rank", "offset", "digest", "block_count"}`` at that offset, queued behind every message it was
+sent before (the hub's order).
 
 A client's ``medium`` filter selects the mediums summed (as it selects the events: a medium name or
 its tier). A ``type`` filter that drops block events is refused with ``digest`` (a 400, see

@@ -6,9 +6,10 @@ hub does no I/O and knows no transport: the web layer writes what the subscripti
 
 Subscribing is two synchronous steps with no append in between: :meth:`Hub.resume_point` decides
 where the client starts (recovered from the log, or fresh at the last offset), the caller builds
-the hello for that point (the index's snapshot is exact at the log's last offset, because the
-index follows the log before the hub does), and :meth:`Hub.subscribe` queues the backlog and
-registers the client for what comes next: no gap, no duplicate.
+the hello for that point (the index's snapshot is exact at the log's last offset: an append runs
+every follower, the index and the hub among them, in one synchronous step of its own), and
+:meth:`Hub.subscribe` queues the backlog and registers the client for what comes next: no gap, no
+duplicate.
 """
 
 from __future__ import annotations

@@ -81,13 +81,13 @@ class Serving:
         self.activity = Activity()
         self.analytics = CacheAnalytics(settings.refetch_window)
         AnalyticsSink(metrics, self.analytics)  # its figures, when /metrics is scraped
-        # Everything that follows the log, here only. The index follows it before the hub: a
-        # hello's snapshot is exact at its offset.
+        # Everything that follows the log, here only. The hub first (a client's chunk is written
+        # before the state's 10-20 us); a hello's snapshot stays exact: appends are synchronous.
         for follower in (
+            self.hub.follow,
             self.index.follow,
             self.board.follow,
             self.routers.follow,  # the learned token chains
-            self.hub.follow,
             self.activity.follow,  # the dashboard's history
             self.analytics.follow,
         ):
