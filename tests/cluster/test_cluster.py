@@ -13,7 +13,25 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import BIG_QUEUE, Proc, Start, free_port, metric, sim_flags, source_spec, start_sim, wait_until
+from kvgateway.cluster import nats_link, records
+from kvgateway.cluster import publisher as publishing
+from kvgateway.config.cluster import NatsOptions
+from kvgateway.log.ordered import batch_record
+from kvgateway.runtime.metrics import Metrics
+from tests.support import (
+    BIG_QUEUE,
+    Proc,
+    Start,
+    arun,
+    events,
+    free_port,
+    metric,
+    sim_flags,
+    source_spec,
+    start_sim,
+    until,
+    wait_until,
+)
 from tests.support.clients import WsCollector
 from tests.support.nats import NatsServer
 from tests.support.simulator import EngineWatch
@@ -380,3 +398,45 @@ def test_serve_workers_on_an_existing_nats_server(procs: Start, nats_server: Nat
     wait_until(lambda: get(port, "/v1/sources")["sources"][0]["connected"] is True, timeout=40, what="connected")
     assert parent.stop(20) == 0
     wait_until(lambda: _gone(kids), timeout=20, what="every child gone")
+
+
+def test_the_publish_linger_waits_only_where_company_can_come(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ingest's publisher, with a linger of an hour: the first record (nothing came before it)
+    is published at once; one close behind it waits for company (a publish sent after it on the
+    same connection is stored before it), and leaves, in order, with the rest once
+    ``LINGER_BATCH`` are queued."""
+    monkeypatch.setattr(publishing, "LINGER_SECONDS", 3600.0)
+    arun(_linger_story(nats_server.url))
+
+
+async def _linger_story(url: str) -> None:
+    options = NatsOptions(servers=(url,), stream="LINGER", subject_prefix="linger")
+    nc = await nats_link.connect(options)
+    js = nc.jetstream()
+    await nats_link.ensure_stream(js, options)
+    publisher = publishing.Publisher(nc, js, options.subject_prefix, options.stream, metrics=Metrics())
+    publisher.start()
+
+    def append(seq: int) -> None:
+        publisher.append(batch_record(("s", 0), seq, events.batch(ts=float(seq)), received=0.0, replayed=False))
+
+    try:
+        append(0)
+        await until(lambda: publisher.stats.published == 1, what="the first record published without a linger")
+        append(1)
+        await until(lambda: publisher._full is not None, what="the second record lingering")
+        await js.publish("linger.marker", b"after the second record")  # acknowledged once stored
+        assert (await js.stream_info(options.stream)).state.messages == 2  # the first, the marker
+        for seq in range(2, publishing.LINGER_BATCH + 1):
+            append(seq)
+        await until(lambda: publisher.stats.published == publishing.LINGER_BATCH + 1, what="the batch sent")
+        stored = [await js.get_msg(options.stream, seq) for seq in range(1, publishing.LINGER_BATCH + 3)]
+        assert stored[1].subject == "linger.marker"
+        decoded = [records.decode(raw.data or b"") for raw in stored if raw.subject != "linger.marker"]
+        seqs = [record.seq for record in decoded if isinstance(record, records.WireBatch)]
+        assert seqs == list(range(publishing.LINGER_BATCH + 1))
+    finally:
+        await publisher.stop()
+        await nats_link.close(nc)
