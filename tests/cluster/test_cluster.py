@@ -404,9 +404,9 @@ def test_the_publish_linger_waits_only_where_company_can_come(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The ingest's publisher, with a linger of an hour: the first record (nothing came before it)
-    is published at once; one close behind it waits for company (a publish sent after it on the
-    same connection is stored before it), and leaves, in order, with the rest once
-    ``LINGER_BATCH`` are queued."""
+    is published at once, and so are two queued together (company came already); one close behind
+    them waits for company (a publish sent after it on the same connection is stored before it),
+    and leaves, in order, with the rest once ``LINGER_BATCH`` are queued."""
     monkeypatch.setattr(publishing, "LINGER_SECONDS", 3600.0)
     arun(_linger_story(nats_server.url))
 
@@ -419,24 +419,26 @@ async def _linger_story(url: str) -> None:
     publisher = publishing.Publisher(nc, js, options.subject_prefix, options.stream, metrics=Metrics())
     publisher.start()
 
-    def append(seq: int) -> None:
-        publisher.append(batch_record(("s", 0), seq, events.batch(ts=float(seq)), received=0.0, replayed=False))
+    def append(*seqs: int) -> None:
+        for seq in seqs:
+            publisher.append(batch_record(("s", 0), seq, events.batch(ts=float(seq)), received=0.0, replayed=False))
 
+    last = publishing.LINGER_BATCH + 2  # 0, then 1 and 2, then 3 lingering until LINGER_BATCH are queued
     try:
         append(0)
         await until(lambda: publisher.stats.published == 1, what="the first record published without a linger")
-        append(1)
-        await until(lambda: publisher._full is not None, what="the second record lingering")
-        await js.publish("linger.marker", b"after the second record")  # acknowledged once stored
-        assert (await js.stream_info(options.stream)).state.messages == 2  # the first, the marker
-        for seq in range(2, publishing.LINGER_BATCH + 1):
-            append(seq)
-        await until(lambda: publisher.stats.published == publishing.LINGER_BATCH + 1, what="the batch sent")
-        stored = [await js.get_msg(options.stream, seq) for seq in range(1, publishing.LINGER_BATCH + 3)]
-        assert stored[1].subject == "linger.marker"
+        append(1, 2)
+        await until(lambda: publisher.stats.published == 3, what="two queued together published without a linger")
+        append(3)
+        await until(lambda: publisher._full is not None, what="the next record lingering")
+        await js.publish("linger.marker", b"after record 3")  # acknowledged once stored
+        assert (await js.stream_info(options.stream)).state.messages == 4  # 0, 1, 2, the marker
+        append(*range(4, last + 1))
+        await until(lambda: publisher.stats.published == last + 1, what="the batch sent")
+        stored = [await js.get_msg(options.stream, seq) for seq in range(1, last + 3)]
+        assert stored[3].subject == "linger.marker"
         decoded = [records.decode(raw.data or b"") for raw in stored if raw.subject != "linger.marker"]
-        seqs = [record.seq for record in decoded if isinstance(record, records.WireBatch)]
-        assert seqs == list(range(publishing.LINGER_BATCH + 1))
+        assert [record.seq for record in decoded if isinstance(record, records.WireBatch)] == list(range(last + 1))
     finally:
         await publisher.stop()
         await nats_link.close(nc)
