@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -38,7 +39,9 @@ ACK_SECONDS = 5.0
 LINGER_SECONDS = 0.005
 """A publish waits at most this long for company (the latency it adds, against one write each).
 5 ms rather than 2: at 1,000 batches/s the cluster's CPU per batch fell 12-21% (ingest, nats-server
-and edge alike: fewer, fuller writes and deliveries) for about 2 ms more median latency."""
+and edge alike: fewer, fuller writes and deliveries) for about 2 ms more median latency. It waits
+only where company can come (:meth:`Publisher._lingers`): not for a record after a quiet spell, nor
+for a backlog or burst already queued; and no longer once :data:`LINGER_BATCH` are queued."""
 LINGER_BATCH = 32
 
 
@@ -98,6 +101,10 @@ class Publisher:
         self._positions: dict[Stream, _Position] = {}
         self._queue: deque[_Outgoing] = deque()
         self._wake = asyncio.Event()
+        self._appended_at = float("-inf")  # time.monotonic() of the last append
+        self._alone = False  # the oldest queued record came after a quiet spell (see _lingers)
+        self._gathered = 1  # records the last linger gathered
+        self._full: asyncio.Future[None] | None = None  # a linger's, resolved at LINGER_BATCH queued
         self.stats = PublishStats()
         self._task: asyncio.Task[None] | None = None
         self._in_flight: dict[int, _Outgoing] = {}
@@ -163,7 +170,15 @@ class Publisher:
         payload = records.encode_record(record, position.generation, position.after_seq)
         subject = records.subject(self._prefix, record.stream)
         seq = record.seq if type(record) is BatchRecord else None
-        self._queue.append(_Outgoing(subject, payload, {"Nats-Msg-Id": ident}, record.stream, position.generation, seq))
+        queue = self._queue
+        now = time.monotonic()
+        if not queue:
+            self._alone = now - self._appended_at >= LINGER_SECONDS
+        self._appended_at = now
+        queue.append(_Outgoing(subject, payload, {"Nats-Msg-Id": ident}, record.stream, position.generation, seq))
+        full = self._full
+        if full is not None and len(queue) >= LINGER_BATCH and not full.done():
+            full.set_result(None)
         self._wake.set()
 
     async def _pump(self) -> None:
@@ -197,10 +212,10 @@ class Publisher:
                     if self._in_flight:
                         self._failed = "no acknowledgement"
                 continue
-            if len(queue) < LINGER_BATCH:
+            if self._lingers():
                 # Let a few more records come: their publishes then leave in one write (a write per
                 # publish cost more CPU than everything else the ingest does).
-                await asyncio.sleep(LINGER_SECONDS)
+                await self._linger()
             while queue and len(self._in_flight) < MAX_IN_FLIGHT and not self._failed:
                 item = queue.popleft()
                 self._next_id += 1
@@ -211,6 +226,29 @@ class Publisher:
                     )
                 except Exception as exc:  # the connection is closed or its buffer is full
                     self._failed = str(exc) or type(exc).__name__
+
+    def _lingers(self) -> bool:
+        """Whether the queue waits for company before it is sent. Not when its oldest record came
+        :data:`LINGER_SECONDS` or more after the one before it (at that pace a linger gathers nothing:
+        it would add its whole wait to every record for no fewer writes), nor when the queue already
+        holds :data:`LINGER_BATCH`, or as many as the last linger gathered and at least two (a burst,
+        or a backlog the pump finds when it comes late, as after a stall: company came already)."""
+        queued = len(self._queue)
+        if self._alone or queued >= LINGER_BATCH:
+            return False
+        return queued < max(2, self._gathered)
+
+    async def _linger(self) -> None:
+        """Wait :data:`LINGER_SECONDS`, or until :data:`LINGER_BATCH` records are queued."""
+        loop = asyncio.get_running_loop()
+        full = self._full = loop.create_future()
+        timer = loop.call_later(LINGER_SECONDS, _release, full)
+        try:
+            await full
+        finally:
+            timer.cancel()
+            self._full = None
+        self._gathered = len(self._queue)
 
     async def _on_ack(self, msg: Msg) -> None:
         ident = int(msg.subject[len(self._reply_prefix) :])
@@ -265,6 +303,11 @@ class Publisher:
         """Batches found lost by probes since the last call, by stream."""
         lost, self._lost = self._lost, {}
         return lost
+
+
+def _release(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _behind(item: _Outgoing, held: tuple[int, int] | None) -> bool:

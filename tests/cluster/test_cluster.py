@@ -13,7 +13,25 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import BIG_QUEUE, Proc, Start, free_port, metric, sim_flags, source_spec, start_sim, wait_until
+from kvgateway.cluster import nats_link, records
+from kvgateway.cluster import publisher as publishing
+from kvgateway.config.cluster import NatsOptions
+from kvgateway.log.ordered import batch_record
+from kvgateway.runtime.metrics import Metrics
+from tests.support import (
+    BIG_QUEUE,
+    Proc,
+    Start,
+    arun,
+    events,
+    free_port,
+    metric,
+    sim_flags,
+    source_spec,
+    start_sim,
+    until,
+    wait_until,
+)
 from tests.support.clients import WsCollector
 from tests.support.nats import NatsServer
 from tests.support.simulator import EngineWatch
@@ -380,3 +398,47 @@ def test_serve_workers_on_an_existing_nats_server(procs: Start, nats_server: Nat
     wait_until(lambda: get(port, "/v1/sources")["sources"][0]["connected"] is True, timeout=40, what="connected")
     assert parent.stop(20) == 0
     wait_until(lambda: _gone(kids), timeout=20, what="every child gone")
+
+
+def test_the_publish_linger_waits_only_where_company_can_come(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ingest's publisher, with a linger of an hour: the first record (nothing came before it)
+    is published at once, and so are two queued together (company came already); one close behind
+    them waits for company (a publish sent after it on the same connection is stored before it),
+    and leaves, in order, with the rest once ``LINGER_BATCH`` are queued."""
+    monkeypatch.setattr(publishing, "LINGER_SECONDS", 3600.0)
+    arun(_linger_story(nats_server.url))
+
+
+async def _linger_story(url: str) -> None:
+    options = NatsOptions(servers=(url,), stream="LINGER", subject_prefix="linger")
+    nc = await nats_link.connect(options)
+    js = nc.jetstream()
+    await nats_link.ensure_stream(js, options)
+    publisher = publishing.Publisher(nc, js, options.subject_prefix, options.stream, metrics=Metrics())
+    publisher.start()
+
+    def append(*seqs: int) -> None:
+        for seq in seqs:
+            publisher.append(batch_record(("s", 0), seq, events.batch(ts=float(seq)), received=0.0, replayed=False))
+
+    last = publishing.LINGER_BATCH + 2  # 0, then 1 and 2, then 3 lingering until LINGER_BATCH are queued
+    try:
+        append(0)
+        await until(lambda: publisher.stats.published == 1, what="the first record published without a linger")
+        append(1, 2)
+        await until(lambda: publisher.stats.published == 3, what="two queued together published without a linger")
+        append(3)
+        await until(lambda: publisher._full is not None, what="the next record lingering")
+        await js.publish("linger.marker", b"after record 3")  # acknowledged once stored
+        assert (await js.stream_info(options.stream)).state.messages == 4  # 0, 1, 2, the marker
+        append(*range(4, last + 1))
+        await until(lambda: publisher.stats.published == last + 1, what="the batch sent")
+        stored = [await js.get_msg(options.stream, seq) for seq in range(1, last + 3)]
+        assert stored[3].subject == "linger.marker"
+        decoded = [records.decode(raw.data or b"") for raw in stored if raw.subject != "linger.marker"]
+        assert [record.seq for record in decoded if isinstance(record, records.WireBatch)] == list(range(last + 1))
+    finally:
+        await publisher.stop()
+        await nats_link.close(nc)
