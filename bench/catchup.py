@@ -9,7 +9,9 @@ from seq 0 and gets all 10,000 batches. The clock runs from the gateway's spawn 
 (spawn to the replay request) and the replay phase (request to rebuilt index); the replay phase is
 also taken in the gateway's CPU seconds (from the bench's last look before the request), the
 figure a loaded machine does not stretch, and so is the whole (``cpu_seconds``: spawn to rebuilt
-index, every thread of the gateway).
+index, every thread of the gateway). Scraped once the index is rebuilt, ``gc_seconds`` and
+``gc_collections`` are the garbage collections the gateway timed in the catch-up
+(``kvgateway_gc_pause_seconds``: from the role's start on, so not a freeze's at start-up).
 
 Baseline: a raw DEALER process (:mod:`bench.raw`) fetching the same 10,000-batch replay from an
 engine in the same state, timed from its spawn, and from its request.
@@ -121,6 +123,7 @@ def gateway_trial(ctx: Context, run: int) -> dict[str, Any]:
         else:
             raise BenchError(f"not rebuilt in time: last_seq {source.get('last_seq')}, occupancy {mediums}")
         done, cpu_done = time.time(), cpu_seconds(gateway.pid)
+        collections = gateway.metrics(["kvgateway_gc_pause_seconds_sum", "kvgateway_gc_pause_seconds_count"])
         trigger = publisher.reply(timeout=30)
         replays = publisher.request({"cmd": "replays"})["replays"]
         # The catch-up request at connect may reach the engine before it published the last
@@ -138,6 +141,8 @@ def gateway_trial(ctx: Context, run: int) -> dict[str, Any]:
             "engine_answer_seconds": round(float(replays[0]["answered"]) - float(replays[0]["received"]), 4),
             "replay_cpu_seconds": round(cpu_done - _cpu_before(cpu_at, float(replays[0]["received"])), 4),
             "cpu_seconds": round(cpu_done, 4),
+            "gc_seconds": round(collections["kvgateway_gc_pause_seconds_sum"], 4),
+            "gc_collections": int(collections["kvgateway_gc_pause_seconds_count"]),
             "occupancy": mediums,
             "expected": expected,
             "replayed": counters["replayed"],
@@ -210,6 +215,7 @@ def run(ctx: Context) -> dict[str, Any]:
         "gateway_replay_cpu_seconds": median(p["gateway"]["replay_cpu_seconds"] for p in pairs),
         "gateway_cpu_seconds": median(p["gateway"]["cpu_seconds"] for p in pairs),
         "gateway_startup_seconds": median(p["gateway"]["replay_request_seconds"] for p in pairs),
+        "gateway_gc_seconds": median(p["gateway"]["gc_seconds"] for p in pairs),
         "raw_total_seconds": median(p["raw"]["total_seconds"] for p in pairs),
         "raw_fetch_seconds": median(p["raw"]["fetch_seconds"] for p in pairs),
         "ratio_total": median(p["ratio_total"] for p in pairs),

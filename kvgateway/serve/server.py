@@ -248,8 +248,8 @@ def start_up_built() -> None:
     the collector's walks (:func:`~kvgateway.runtime.memory.freeze_startup_heap`) and let the
     collector run again (``kvgateway.cli.main`` holds it through start-up). Before the role starts:
     frozen when the server was ready, the heap held the catch-up's first batches too, and the
-    freeze's full collection (30 to 46 ms) stalled the replay. The process's own heap: not for a
-    :func:`serve` embedded in another program."""
+    freeze's full collection (30 to 46 ms; there is none now) stalled the replay. The process's
+    own heap: not for a :func:`serve` embedded in another program."""
     freeze_startup_heap()
     gc.enable()
 

@@ -102,7 +102,13 @@ def check_memory(r: dict[str, Any]) -> None:
 
 def check_catchup(r: dict[str, Any]) -> None:
     assert r["rebuilt_exactly"] is True  # correctness: the index equals the engine's state
-    for key in ("gateway_total_seconds", "gateway_replay_phase_seconds", "raw_total_seconds", "ratio_total"):
+    for key in (
+        "gateway_total_seconds",
+        "gateway_replay_phase_seconds",
+        "gateway_gc_seconds",
+        "raw_total_seconds",
+        "ratio_total",
+    ):
         assert number(r[key]), key
 
 

@@ -66,12 +66,12 @@ def test_freezing_start_up_leaves_the_collector_little_to_walk() -> None:
     script = (
         "import gc, kvgateway.serve.app, kvgateway.serve.server\n"
         "from kvgateway.runtime.memory import freeze_startup_heap\n"
-        "frozen = freeze_startup_heap()\n"
-        "print(frozen, gc.get_freeze_count(), len(gc.get_objects()))\n"
+        "freeze_startup_heap()\n"
+        "print(gc.get_freeze_count(), len(gc.get_objects()))\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
-    frozen, count, tracked = map(int, out.stdout.split())
-    assert frozen == count > 10_000  # the app's modules, classes and functions
+    frozen, tracked = map(int, out.stdout.split())
+    assert frozen > 10_000  # the app's modules, classes and functions
     assert tracked < 1_000
 
 
