@@ -13,6 +13,9 @@ cdef class Tokens:
     cdef list to_list(self)
 
 
+cdef object tokens_at(const unsigned char* data, Py_ssize_t size, Py_ssize_t* start)
+
+
 cdef class Field:
     """A Struct's ``token_ids`` field read as a list of ints whatever its slot holds."""
     cdef readonly object owner

@@ -122,22 +122,24 @@ cdef inline bint _read(const unsigned char* data, Py_ssize_t size, Py_ssize_t* a
     return True
 
 
-cdef object _packed(const unsigned char* data, Py_ssize_t size):
-    """The msgpack array ``data`` as a :class:`Tokens`; None where it is not a non-empty array of
-    ints of 0 to 2**32-1 filling ``data`` exactly."""
-    cdef Py_ssize_t count, at, i
+cdef object tokens_at(const unsigned char* data, Py_ssize_t size, Py_ssize_t* start):
+    """The msgpack array at ``data[start[0]]`` as a :class:`Tokens` (``start`` moved past it); None
+    where it is not a non-empty array of ints of 0 to 2**32-1 within ``size`` (nothing promised of
+    ``start`` then). The compiled batch parser (engine/_events_c.pyx) reads a batch's ids here."""
+    cdef Py_ssize_t count, at = start[0], i
     cdef Tokens tokens
     cdef uint32_t* ids
     cdef unsigned char first
-    if size < 1:
+    if at >= size:
         return None
-    if 0x90 <= data[0] <= 0x9F:  # fixarray
-        count, at = data[0] & 0x0F, 1
-    elif data[0] == 0xDC and size >= 3:  # array 16
-        count, at = (<Py_ssize_t>data[1] << 8) | data[2], 3
-    elif data[0] == 0xDD and size >= 5:  # array 32
-        count = (<Py_ssize_t>data[1] << 24) | (<Py_ssize_t>data[2] << 16) | (<Py_ssize_t>data[3] << 8) | data[4]
-        at = 5
+    first = data[at]
+    if 0x90 <= first <= 0x9F:  # fixarray
+        count, at = first & 0x0F, at + 1
+    elif first == 0xDC and at + 3 <= size:  # array 16
+        count, at = (<Py_ssize_t>data[at + 1] << 8) | data[at + 2], at + 3
+    elif first == 0xDD and at + 5 <= size:  # array 32
+        count = (<Py_ssize_t>data[at + 1] << 24) | (<Py_ssize_t>data[at + 2] << 16) | (<Py_ssize_t>data[at + 3] << 8) | data[at + 4]
+        at += 5
     else:
         return None
     if count == 0 or count > size - at:  # empty (the reference's []), or shorter than its count
@@ -161,10 +163,17 @@ cdef object _packed(const unsigned char* data, Py_ssize_t size):
             at += 5
         elif not _read(data, size, &at, &ids[i]):
             return None
-    if at != size:
-        return None
     tokens.count = count
+    start[0] = at
     return tokens
+
+
+cdef object _packed(const unsigned char* data, Py_ssize_t size):
+    """The msgpack array ``data`` as a :class:`Tokens`; None where it is not a non-empty array of
+    ints of 0 to 2**32-1 filling ``data`` exactly."""
+    cdef Py_ssize_t at = 0
+    tokens = tokens_at(data, size, &at)
+    return None if tokens is None or at != size else tokens
 
 
 def token_ids(raw):

@@ -360,22 +360,19 @@ def decode_batch(payload: bytes | memoryview, *, max_bytes: int = MAX_PAYLOAD_BY
     # The envelope is an array in every shipped engine; a map one (forks) has decoders of its own.
     as_map = bool(payload) and _is_map_byte(payload[0])
     # Fast paths: a batch whose events are all map events with only known keys (vLLM >= 0.24: nearly
-    # every batch), or all positional events (SGLang, older vLLM), in one msgspec call. Anything else
-    # (mixed, unknown types or keys, bad data) takes the general path, which also words the errors.
-    if as_map:
-        first: msgspec.msgpack.Decoder[Any] = _fast_map_batch_decoder
-    else:
-        first = _fast_array_batch_decoder if _layout.positional else _fast_batch_decoder
+    # every batch), or all positional events (SGLang, older vLLM), in one call. Anything else (mixed,
+    # unknown types or keys, bad data) takes the general path, which also words the errors.
+    if not as_map:
+        batch = _parse_batch(payload)
+        return _decode_general(payload, False) if batch is None else batch
     try:
-        fast = first.decode(payload)
+        fast = _fast_map_batch_decoder.decode(payload)
     except (*_MALFORMED, msgspec.ValidationError):
-        fast = None if as_map else _other_fast(payload)
-        if fast is None:
-            return _decode_general(payload, as_map)
+        return _decode_general(payload, True)
     try:
         events = _events_of(fast)
     except _tokens_py.NotTokens:  # what the typed decode would have refused
-        return _decode_general(payload, as_map)
+        return _decode_general(payload, True)
     return Batch(ts=fast.ts, events=events, dp_rank=fast.data_parallel_rank)
 
 
@@ -398,38 +395,17 @@ def _events_core() -> ModuleType:
             removed_further=_REMOVED_FURTHER,
             token_ids=_token_ids,
             kept=_KEPT,
+            batch=Batch,
+            fast_decoders=(_fast_batch_decoder, _fast_array_batch_decoder),
+            refused=(*_MALFORMED, msgspec.ValidationError),
         )
     return chosen
 
 
-_events_of: Final[Callable[[Any], list[Event]]] = _events_core().events_of
-
-
-class _Layout:
-    """Which fast decoder an array envelope tries first: the one the last such batch decoded with.
-    An engine keeps its layout, so the other one is tried (and fails, a few microseconds) only when
-    the layout changes. A speed hint only: what either fast decoder takes, the general path decodes
-    to the same events."""
-
-    __slots__ = ("positional",)
-
-    def __init__(self) -> None:
-        self.positional = False
-
-
-_layout: Final = _Layout()
-
-
-def _other_fast(payload: bytes | memoryview) -> _FastBatch | _FastArrayBatch | None:
-    """An array envelope the fast decoder tried first did not take: the other fast decoder's batch
-    (the layout remembered from it), or None for the general path."""
-    other = _fast_batch_decoder if _layout.positional else _fast_array_batch_decoder
-    try:
-        fast = other.decode(payload)
-    except (*_MALFORMED, msgspec.ValidationError):
-        return None
-    _layout.positional = type(fast) is _FastArrayBatch
-    return fast
+_events: Final = _events_core()
+_events_of: Final[Callable[[Any], list[Event]]] = _events.events_of
+_parse_batch: Final[Callable[[bytes | memoryview], Batch | None]] = _events.parse_batch
+"""An array envelope of map or of positional events as the public batch, or None (``parse_batch``)."""
 
 
 def _decode_general(payload: bytes | memoryview, as_map: bool) -> Batch:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvgateway.engine import wire
+from kvgateway.engine import _events_py, wire
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, DecodeError, Event, UnknownEvent
 from kvgateway.protocol import render
 from tests.support.payloads import (
@@ -350,12 +350,13 @@ def test_the_fast_paths_decode_what_the_general_path_decodes(
     assert general.events == [expected for _, expected, _ in items]
 
 
+@pytest.mark.parametrize("core", ["chosen", "reference"])
 def test_positional_and_map_batches_each_take_a_fast_path_as_an_engine_switches_layout(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, core: str
 ) -> None:
     """An array envelope of positional events, then of map events, and back: each decoded in one
-    msgspec call, not event by event (the order the two are tried in follows the layout), to the
-    general path's events."""
+    call, not event by event, to the general path's events; by the reference (msgspec's fast
+    decoders), the order the two are tried in follows the layout."""
     stored = {"block_hashes": [1, 2], "parent_block_hash": None, "token_ids": [5, 6, 7, 8], "block_size": 2}
     positional = enc([1.0, [["BlockStored", [1, 2], None, [5, 6, 7, 8], 2, None], ["BlockRemoved", [1]]], 0])
     as_map = enc([1.0, [{"type": "BlockStored", **stored}, {"type": "BlockRemoved", "block_hashes": [1]}], 0])
@@ -366,12 +367,15 @@ def test_positional_and_map_batches_each_take_a_fast_path_as_an_engine_switches_
         raise AssertionError("took the general path")
 
     monkeypatch.setattr(wire, "_decode_general", no_general)
+    if core == "reference":
+        monkeypatch.setattr(wire, "_parse_batch", _events_py.parse_batch)
     for payload in (positional, positional, as_map, as_map, positional, as_map):
         got = wire.decode_batch(payload)
         assert got == expected[payload]
         assert [type(e) for e in got.events] == [BlockStored, BlockRemoved]
-        layouts.append(wire._layout.positional)
-    assert layouts == [True, True, False, False, True, False]
+        layouts.append(_events_py._layout.positional)
+    if core == "reference":
+        assert layouts == [True, True, False, False, True, False]
 
 
 # --- garbage never escapes as anything but DecodeError ------------------------------------------

@@ -217,6 +217,17 @@ def test_token_ids_kept_as_sent_are_written_as_the_reference_writes_their_list()
         assert [e.token_ids for e in batch.events] == expected
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tokens=st.lists(st.integers(0, 2**32 - 1) | st.integers(10**8, 2**32 - 1), min_size=1, max_size=40))
+def test_token_ids_of_any_value_kept_as_sent_are_written_as_the_reference_writes_them(tokens: list[int]) -> None:
+    """The writer of a kept token id takes its digits by multiplication, each range by its own
+    constant: any id, most of them of 9 or 10 digits, where the last pair's margin is the thinnest."""
+    event = {"type": "BlockStored", "block_hashes": [1], "token_ids": [*tokens, 100_000_015], "block_size": 1}
+    batch = wire.decode_batch(msgspec.msgpack.encode([1.0, [event], 0]))
+    assert_same(batch.events)
+    assert batch.events[0].token_ids == [*tokens, 100_000_015]
+
+
 def test_a_hash_of_no_hash_type_fails_alike() -> None:
     """Neither int nor bytes: the reference fails on ``.hex()``, and so does the compiled writer."""
     compiled = _compiled()
