@@ -27,6 +27,7 @@ SOURCES = {
     "kvgateway.state._analytics_c": "kvgateway/state/_analytics_c.pyx",
     "kvgateway.engine._tokens_c": "kvgateway/engine/_tokens_c.pyx",
     "kvgateway.engine._events_c": "kvgateway/engine/_events_c.pyx",
+    "kvgateway.engine._batch_c": "kvgateway/engine/_batch_c.pyx",
     "kvgateway.engine._receive_c": "kvgateway/engine/_receive_c.pyx",
 }
 BUILD_ERRORS = (CCompilerError, ExecError, PlatformError, OSError, ValueError)

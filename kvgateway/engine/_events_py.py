@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from msgspec import UNSET
 
-from kvgateway.engine._tokens_py import NotTokens
 from kvgateway.engine.mediums import remote_medium
 
 if TYPE_CHECKING:
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
 
 Event = Any  # wire's Event union, which this module cannot import (wire imports it)
 
-__all__ = ["events_of", "from_array", "install", "located", "parse_batch", "present"]
+__all__ = ["events_of", "from_array", "install", "located", "present"]
 
 # wire's types and the tokens core's answer, given by install()
 _BlockStored: Any = None
@@ -43,9 +42,6 @@ _STORED_FURTHER: tuple[str, ...] = ()
 _REMOVED_FURTHER: tuple[str, ...] = ()
 _token_ids: Any = None
 _KEPT = False
-_Batch: Any = None
-_fast_decoders: tuple[Any, Any] = (None, None)
-_refused: tuple[type[BaseException], ...] = ()
 
 
 def install(
@@ -63,19 +59,13 @@ def install(
     removed_further: tuple[str, ...],
     token_ids: Callable[[Any], list[int]],
     kept: bool,
-    batch: type,
-    fast_decoders: tuple[Any, Any],
-    refused: tuple[type[BaseException], ...],
 ) -> None:
     """wire's types, once: the public events; the fast decoders' private ones (``array_stored``
     the fast positional BlockStored, ``general_stored`` the general path's); the further fields'
     names in their order; the tokens core's ``token_ids``, applied where ``kept`` (the fast
-    decoders then take token_ids as the wire sent them); the public ``batch``, the fast decoders of
-    an array envelope (of map events, of positional events) and the errors they refuse a payload by."""
+    decoders then take token_ids as the wire sent them)."""
     global _BlockStored, _BlockRemoved, _AllBlocksCleared, _MapStored, _MapRemoved, _ArrayStored
     global _GeneralStored, _ArrayRemoved, _FastArrayBatch, _STORED_FURTHER, _REMOVED_FURTHER, _token_ids, _KEPT
-    global _Batch, _fast_decoders, _refused
-    _Batch, _fast_decoders, _refused = batch, fast_decoders, refused
     _BlockStored, _BlockRemoved, _AllBlocksCleared = stored, removed, cleared
     _MapStored, _MapRemoved, _ArrayStored, _GeneralStored = map_stored, map_removed, array_stored, general_stored
     _ArrayRemoved, _FastArrayBatch = array_removed, fast_array_batch
@@ -95,38 +85,6 @@ def located(medium: str | None, extra: dict[str, Any]) -> str | None:
 def present(struct: Any, names: tuple[str, ...]) -> dict[str, Any]:
     """The fields ``names`` of ``struct`` that were sent (not ``UNSET``), in that order."""
     return {name: value for name in names if (value := getattr(struct, name)) is not UNSET}
-
-
-class _Layout:
-    """Which fast decoder an array envelope tries first: the one the last such batch decoded with.
-    An engine keeps its layout, so the other one is tried (and fails, a few microseconds) only when
-    the layout changes. A speed hint only: what either fast decoder takes, the other refuses."""
-
-    __slots__ = ("positional",)
-
-    def __init__(self) -> None:
-        self.positional = False
-
-
-_layout = _Layout()
-
-
-def parse_batch(payload: bytes | memoryview) -> Any:
-    """An array envelope of map events (vLLM >= 0.24: nearly every batch) or of positional events
-    (SGLang, older vLLM) as the public ``Batch``, by the fast decoders; None where both refuse the
-    payload, or its token ids send it to the general path (:class:`~kvgateway.engine._tokens_py.NotTokens`)."""
-    for positional in (_layout.positional, not _layout.positional):
-        try:
-            fast = _fast_decoders[positional].decode(payload)
-        except _refused:
-            continue
-        _layout.positional = positional
-        try:
-            events = events_of(fast)
-        except NotTokens:
-            return None
-        return _Batch(ts=fast.ts, events=events, dp_rank=fast.data_parallel_rank)
-    return None
 
 
 def events_of(fast: Any) -> list[Event]:

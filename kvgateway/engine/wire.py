@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from kvgateway.engine import _events_py, _tokens_py
+from kvgateway.engine import _batch_py, _events_py, _tokens_py
 from kvgateway.engine._events_py import located as _located
 from kvgateway.engine._events_py import present as _present
 
@@ -395,16 +395,32 @@ def _events_core() -> ModuleType:
             removed_further=_REMOVED_FURTHER,
             token_ids=_token_ids,
             kept=_KEPT,
-            batch=Batch,
-            fast_decoders=(_fast_batch_decoder, _fast_array_batch_decoder),
-            refused=(*_MALFORMED, msgspec.ValidationError),
         )
     return chosen
 
 
-_events: Final = _events_core()
-_events_of: Final[Callable[[Any], list[Event]]] = _events.events_of
-_parse_batch: Final[Callable[[bytes | memoryview], Batch | None]] = _events.parse_batch
+_events_of: Final[Callable[[Any], list[Event]]] = _events_core().events_of
+
+
+def _batch_core() -> ModuleType:
+    """What decodes an array envelope in one call: the compiled twin where it was built, else the
+    reference (:mod:`kvgateway.engine._batch_py`), which the twin leaves what it declines; both
+    given this module's types, the fast decoders and the chosen events core's ``events_of``."""
+    chosen = _compiled("kvgateway.engine._batch_c") or _batch_py
+    for core in (_batch_py, chosen):
+        core.install(
+            stored=BlockStored,
+            removed=BlockRemoved,
+            cleared=AllBlocksCleared,
+            batch=Batch,
+            fast_decoders=(_fast_batch_decoder, _fast_array_batch_decoder),
+            refused=(*_MALFORMED, msgspec.ValidationError),
+            events_of=_events_of,
+        )
+    return chosen
+
+
+_parse_batch: Final[Callable[[bytes | memoryview], Batch | None]] = _batch_core().parse_batch
 """An array envelope of map or of positional events as the public batch, or None (``parse_batch``)."""
 
 

@@ -28,6 +28,7 @@ COMPILED_MODULES: Final = (
     "kvgateway.state._analytics_c",
     "kvgateway.engine._tokens_c",
     "kvgateway.engine._events_c",
+    "kvgateway.engine._batch_c",
     "kvgateway.engine._receive_c",
 )
 """Every compiled module of the core: the core is compiled when all of them load."""

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvgateway.engine import _events_py, wire
+from kvgateway.engine import _batch_py, wire
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, DecodeError, Event, UnknownEvent
 from kvgateway.protocol import render
 from tests.support.payloads import (
@@ -368,12 +368,12 @@ def test_positional_and_map_batches_each_take_a_fast_path_as_an_engine_switches_
 
     monkeypatch.setattr(wire, "_decode_general", no_general)
     if core == "reference":
-        monkeypatch.setattr(wire, "_parse_batch", _events_py.parse_batch)
+        monkeypatch.setattr(wire, "_parse_batch", _batch_py.parse_batch)
     for payload in (positional, positional, as_map, as_map, positional, as_map):
         got = wire.decode_batch(payload)
         assert got == expected[payload]
         assert [type(e) for e in got.events] == [BlockStored, BlockRemoved]
-        layouts.append(_events_py._layout.positional)
+        layouts.append(_batch_py._layout.positional)
     if core == "reference":
         assert layouts == [True, True, False, False, True, False]
 

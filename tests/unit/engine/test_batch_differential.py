@@ -1,0 +1,201 @@
+"""An array envelope of map or positional events parsed where it lies, in C
+(kvgateway/engine/_batch_c.pyx), against the reference (:mod:`kvgateway.engine._batch_py`, msgspec's
+fast decoders): what engines send (both layouts, every key in any order, ints of every msgpack
+width, both ts widths, every rank form) parsed by the twin itself to the reference's batch, field
+by field and type by type; any payload near those shapes (cut, changed or grown at any byte;
+localities, extra_keys with values, empty token arrays, mixed layouts) decoded by ``decode_batch``
+to the same batch or the same error with either; and every shape the twin declines named.
+
+Skipped where the compiled core was not built (or ``KVGATEWAY_NO_EXTENSIONS`` is set)."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvgateway.engine import _batch_py, wire
+from kvgateway.engine.wire import Batch
+from tests.unit.engine.test_events_differential import (
+    field_by_field,
+    hash_st,
+    hashes_st,
+    map_removed,
+    map_stored,
+    positional_removed,
+    positional_stored,
+)
+
+
+def _compiled() -> ModuleType:
+    try:
+        module = importlib.import_module("kvgateway.engine._batch_c")
+    except ImportError:
+        pytest.skip("the compiled core is not built here (no C compiler at install)")
+    if wire._parse_batch is not module.parse_batch:
+        pytest.skip("the pure-Python core is forced (KVGATEWAY_NO_EXTENSIONS)")
+    return module
+
+
+def decoded(data: bytes, core: ModuleType) -> Batch | str:
+    """``decode_batch`` with this core's ``parse_batch``: its batch, or its error's words."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(wire, "_parse_batch", core.parse_batch)
+        try:
+            return wire.decode_batch(data)
+        except wire.DecodeError as exc:
+            return str(exc)
+
+
+any_int = st.integers(-(2**63), 2**64 - 1)
+text_st = st.text(max_size=5) | st.sampled_from(["GPU", "CPU", "full_attention", "sliding_window", "é\u20ac"])
+PARSED: dict[str, st.SearchStrategy[Any]] = {  # what vLLM sends, every key the parser reads itself
+    "parent_block_hash": st.none() | hash_st,
+    "token_ids": st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=12),
+    "block_size": any_int,
+    "lora_id": st.none() | any_int,
+    "medium": st.none() | text_st,
+    "lora_name": st.none() | text_st,
+    "extra_keys": st.none() | st.lists(st.none(), max_size=30),
+    "group_idx": st.none() | any_int,
+    "kv_cache_spec_kind": st.none() | text_st,
+    "kv_cache_spec_sliding_window": st.none() | any_int,
+}
+
+
+@st.composite
+def parsed_event(draw: st.DrawFn) -> dict[str, Any]:
+    kind = draw(st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared"]))
+    if kind == "AllBlocksCleared":
+        return {"type": kind}
+    names = ["medium", "group_idx"] if kind == "BlockRemoved" else [n for n in PARSED if n != "token_ids"]
+    chosen = ["block_hashes", *draw(st.lists(st.sampled_from(names), unique=True))]
+    if kind == "BlockStored":
+        chosen.append("token_ids")
+    order = draw(st.permutations(chosen))  # "type" first, as msgspec writes a tagged Struct
+    values = {"block_hashes": hashes_st, **PARSED}
+    return {"type": kind, **{name: draw(values[name]) for name in order}}
+
+
+@st.composite
+def parsed_positional(draw: st.DrawFn) -> list[Any]:
+    """A positional event of any field count the parser reads itself (SGLang's, older vLLM's)."""
+    kind = draw(st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared"]))
+    if kind == "AllBlocksCleared":
+        return [kind]
+    if kind == "BlockRemoved":
+        return [
+            kind,
+            draw(hashes_st),
+            *[draw(st.none() | text_st), draw(st.none() | any_int)][: draw(st.integers(0, 2))],
+        ]
+    names = list(PARSED)[4:]  # after parent, tokens, size and lora_id, which every version sends
+    fields = [draw(hashes_st), *(draw(PARSED[name]) for name in list(PARSED)[:4])]
+    return [kind, *fields, *(draw(PARSED[name]) for name in names[: draw(st.integers(0, len(names)))])]
+
+
+def envelope(events: list[Any], ts: float, rank: Any) -> bytes:
+    return msgspec.msgpack.encode([ts, events] if rank == "absent" else [ts, events, rank])
+
+
+DECLINED = object()
+
+
+def parsed_alone(compiled: ModuleType, data: bytes) -> Any:
+    """The compiled parser's answer with its reference replaced: DECLINED where it declined."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled, "_parse_reference", lambda payload: DECLINED)
+        return compiled.parse_batch(data)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    events=st.lists(parsed_event(), max_size=6) | st.lists(parsed_positional(), max_size=6),
+    ts=st.floats(allow_nan=False),
+    rank=st.sampled_from(["absent", None]) | any_int,
+)
+def test_what_engines_send_is_parsed_where_it_lies_to_the_reference_batch(
+    events: list[Any], ts: float, rank: Any
+) -> None:
+    compiled = _compiled()
+    data = envelope(events, ts, rank)
+    theirs, ours = parsed_alone(compiled, data), _batch_py.parse_batch(data)
+    assert theirs is not DECLINED
+    assert isinstance(ours, Batch)
+    assert theirs == ours
+    assert (theirs.ts, theirs.dp_rank) == (ours.ts, ours.dp_rank)
+    assert field_by_field(theirs.events) == field_by_field(ours.events)
+    for mine, reference in zip(theirs.events, ours.events, strict=True):  # token ids kept alike
+        assert [type(msgspec.structs.astuple(mine)[n]) for n in range(len(mine.__struct_fields__))] == [
+            type(msgspec.structs.astuple(reference)[n]) for n in range(len(reference.__struct_fields__))
+        ]
+
+
+def mangled(data: bytes, where: int, how: int) -> bytes:
+    """``data`` cut short, a byte changed, or a byte added, at ``where``."""
+    where %= len(data) + 1
+    if how == 0:
+        return data[:where]
+    if how == 1 and where < len(data):
+        return data[:where] + bytes([(data[where] + 1 + where) % 256]) + data[where + 1 :]
+    return data[:where] + b"\xc0" + data[where:]
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    events=st.lists(parsed_event() | map_stored() | map_removed(), max_size=4)
+    | st.lists(parsed_positional() | positional_stored() | positional_removed(), max_size=4)
+    | st.lists(parsed_event() | parsed_positional(), max_size=4),
+    where=st.integers(0, 10_000),
+    how=st.integers(0, 3),
+)
+def test_what_the_parser_declines_decodes_as_the_reference_decodes_it(events: list[Any], where: int, how: int) -> None:
+    """Any payload near the parser's shapes (cut, changed, grown; localities, extra_keys with values,
+    empty token arrays) gives the same batch or the same error from ``decode_batch`` with either core."""
+    compiled = _compiled()
+    data = envelope(events, 1.5, 0)
+    for candidate in (data, mangled(data, where, how)):
+        theirs, ours = decoded(candidate, compiled), decoded(candidate, _batch_py)
+        assert theirs == ours
+        if isinstance(ours, Batch):
+            assert isinstance(theirs, Batch)
+            assert field_by_field(theirs.events) == field_by_field(ours.events)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        envelope([{"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "medium ": 1}], 1.0, 0),
+        msgspec.msgpack.encode([1.0, [{"block_hashes": [1], "type": "BlockRemoved"}]]),  # "type" not first
+        msgspec.msgpack.encode([1, [{"type": "BlockRemoved", "block_hashes": [1]}]]),  # an int ts
+        envelope([{"type": "BlockRemoved", "block_hashes": [1]}], 1.0, 0) + b"\xc0",  # a byte after it
+        envelope([{"type": "BlockRemoved", "block_hashes": [1], "locality": "REMOTE"}], 1.0, 0),
+        envelope([{"type": "BlockStored", "block_hashes": [1], "token_ids": [1], "extra_keys": [[1]]}], 1.0, 0),
+        envelope([{"type": "BlockStored", "block_hashes": [1], "token_ids": []}], 1.0, 0),
+        envelope([{"type": "BlockStored", "block_hashes": [1], "token_ids": [2**32]}], 1.0, 0),
+        envelope([{"type": "BlockStored", "block_hashes": [1]}], 1.0, 0),  # no token ids
+        envelope([{"type": "BlockStored", "block_hashes": [True], "token_ids": [1]}], 1.0, 0),
+        envelope([{"type": "BlockRemoved", "block_hashes": [1], "block_size": 1}], 1.0, 0),  # not a removal's
+        envelope([{"type": "AllBlocksCleared", "medium": None}], 1.0, 0),
+        envelope([["BlockRemoved", [1]], {"type": "BlockRemoved", "block_hashes": [1]}], 1.0, 0),  # mixed
+        envelope([["BlockRemoved", [1], None, 1, 2]], 1.0, 0),  # a removal of 4 fields
+        envelope([["BlockStored", [1], None, [1], 16]], 1.0, 0),  # a BlockStored of 4
+        envelope([["BlockStored", [1], None, [1], 16, None, *[None] * 7]], 1.0, 0),  # of 12
+        envelope([["AllBlocksCleared", None]], 1.0, 0),
+        b"\x93\xcb" + b"\x00" * 8 + b"\x91\x82\xa4type\xacBlockRemoved\xacblock_hashes\x90\xc0",  # ok: control
+    ],
+)
+def test_the_parser_declines_every_other_shape(data: bytes) -> None:
+    compiled = _compiled()
+    answer = parsed_alone(compiled, data)
+    if data.endswith(b"\x90\xc0"):
+        assert isinstance(answer, Batch)
+        assert answer == _batch_py.parse_batch(data)
+    else:
+        assert answer is DECLINED
+        assert decoded(data, compiled) == decoded(data, _batch_py)
