@@ -47,7 +47,6 @@ def install(*, stored, removed, cleared, batch, fast_decoders, refused, events_o
 
 
 cdef object _NO = object()  # a value the parser declines
-cdef object _ABSENT = object()  # a key the event did not send
 
 cdef struct _Cursor:
     const unsigned char* data
@@ -430,8 +429,8 @@ cdef object _batch(_Cursor* c):
 
 
 def parse_batch(payload):
-    """An array envelope of map events as the public ``Batch`` (see the reference), read where it
-    lies; what the parser declines, the reference decides."""
+    """An array envelope of map or positional events as the public ``Batch`` (see the reference),
+    read where it lies; what the parser declines, the reference decides."""
     cdef Py_buffer view
     cdef _Cursor c
     PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)

@@ -125,7 +125,7 @@ cdef inline bint _read(const unsigned char* data, Py_ssize_t size, Py_ssize_t* a
 cdef object tokens_at(const unsigned char* data, Py_ssize_t size, Py_ssize_t* start):
     """The msgpack array at ``data[start[0]]`` as a :class:`Tokens` (``start`` moved past it); None
     where it is not a non-empty array of ints of 0 to 2**32-1 within ``size`` (nothing promised of
-    ``start`` then). The compiled batch parser (engine/_events_c.pyx) reads a batch's ids here."""
+    ``start`` then). The compiled batch parser (engine/_batch_c.pyx) reads a batch's ids here."""
     cdef Py_ssize_t count, at = start[0], i
     cdef Tokens tokens
     cdef uint32_t* ids
