@@ -16,7 +16,10 @@
   free ports;
 - :mod:`~tests.support.events`: the engine events and batches unit tests build (one builder of
   each); :mod:`~tests.support.payloads`: engine payloads built by hand, every layout, and their
-  hypothesis strategies;
+  hypothesis strategies; :mod:`~tests.support.fast_layouts`: what the fast decoders take, drawn
+  for the events core's and the batch parser's differential tests;
+- :mod:`~tests.support.cores`: :func:`compiled_twin`, the compiled module a differential test
+  holds against its reference (or the test skipped);
 - :mod:`~tests.support.hub`: a hub without sockets and what its unit tests do with it;
   :mod:`~tests.support.web`: the web suite's clients, schema check, filters and gateway fixtures;
 - :mod:`~tests.support.builds`: the package built as users get it (the image's build context and

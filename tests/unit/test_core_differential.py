@@ -11,7 +11,6 @@ it on the compiled build, and hypothesis shrinks any difference to a minimal bat
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 from typing import Any
 
@@ -27,14 +26,12 @@ from kvgateway.protocol.messages import encode_events
 from kvgateway.state import _digest_py
 from kvgateway.state import _learner_py as pure
 from kvgateway.state._learner_py import block_digests
+from tests.support.cores import compiled_twin
 from tests.support.payloads import U64, encoded_event
 
 
 def _compiled(name: str = "kvgateway.state._learner_c") -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        pytest.skip("the compiled core is not built here (no C compiler at install)")
+    return compiled_twin(name)
 
 
 Stream = tuple[str, int]

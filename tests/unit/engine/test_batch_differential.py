@@ -10,7 +10,6 @@ Skipped where the compiled core was not built (or ``KVGATEWAY_NO_EXTENSIONS`` is
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 from typing import Any
 
@@ -21,7 +20,8 @@ from hypothesis import strategies as st
 
 from kvgateway.engine import _batch_py, wire
 from kvgateway.engine.wire import Batch
-from tests.unit.engine.test_events_differential import (
+from tests.support.cores import compiled_twin
+from tests.support.fast_layouts import (
     field_by_field,
     hash_st,
     hashes_st,
@@ -33,13 +33,7 @@ from tests.unit.engine.test_events_differential import (
 
 
 def _compiled() -> ModuleType:
-    try:
-        module = importlib.import_module("kvgateway.engine._batch_c")
-    except ImportError:
-        pytest.skip("the compiled core is not built here (no C compiler at install)")
-    if wire._parse_batch is not module.parse_batch:
-        pytest.skip("the pure-Python core is forced (KVGATEWAY_NO_EXTENSIONS)")
-    return module
+    return compiled_twin("kvgateway.engine._batch_c", lambda module: wire._parse_batch is module.parse_batch)
 
 
 def decoded(data: bytes, core: ModuleType) -> Batch | str:

@@ -7,7 +7,6 @@ Skipped where the compiled core was not built."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator
 from types import ModuleType
 
@@ -19,16 +18,14 @@ from hypothesis import strategies as st
 from kvgateway.engine import _receive_py, sockets
 from kvgateway.ingest import reader
 from kvgateway.runtime import extensions
+from tests.support.cores import compiled_twin
 
 Receive = Callable[[], list[bytes] | None]
 Pair = tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
 
 
 def _compiled() -> ModuleType:
-    try:
-        return importlib.import_module("kvgateway.engine._receive_c")
-    except ImportError:
-        pytest.skip("the compiled core is not built here (no C compiler at install)")
+    return compiled_twin("kvgateway.engine._receive_c")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ shrinks any difference to a minimal array."""
 from __future__ import annotations
 
 import copy
-import importlib
 import pickle
 import struct
 from types import ModuleType
@@ -28,17 +27,12 @@ from kvgateway.config.options import NO_EXTENSIONS_ENV
 from kvgateway.engine import _tokens_py, wire
 from kvgateway.engine.wire import Batch, BlockStored, DecodeError
 from kvgateway.runtime import extensions
+from tests.support.cores import compiled_twin
 from tests.support.payloads import U64
 
 
 def _compiled() -> ModuleType:
-    try:
-        module = importlib.import_module("kvgateway.engine._tokens_c")
-    except ImportError:
-        pytest.skip("the compiled core is not built here (no C compiler at install)")
-    if wire._tokens is not module:
-        pytest.skip("the pure-Python core is forced (KVGATEWAY_NO_EXTENSIONS)")
-    return module
+    return compiled_twin("kvgateway.engine._tokens_c", lambda module: wire._tokens is module)
 
 
 def _slot(event: BlockStored) -> Any:

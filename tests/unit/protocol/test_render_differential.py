@@ -11,7 +11,6 @@ Skipped where the compiled core was not built; hypothesis shrinks any difference
 
 from __future__ import annotations
 
-import importlib
 import math
 from array import array
 from types import ModuleType
@@ -27,14 +26,12 @@ from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored, E
 from kvgateway.protocol import _render_py, render
 from kvgateway.protocol.messages import EncodedBatch, EncodedEvents, encode_events
 from kvgateway.runtime import extensions
+from tests.support.cores import compiled_twin
 from tests.support.payloads import U64, encoded_event
 
 
 def _compiled() -> ModuleType:
-    try:
-        return importlib.import_module("kvgateway.protocol._render_c")
-    except ImportError:
-        pytest.skip("the compiled core is not built here (no C compiler at install)")
+    return compiled_twin("kvgateway.protocol._render_c")
 
 
 def assert_same(events: list[Event]) -> tuple[EncodedEvents, Any]:

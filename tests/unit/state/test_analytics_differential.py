@@ -15,11 +15,9 @@ Skipped where the compiled core was not built."""
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,16 +26,14 @@ from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
 from kvgateway.state import _analytics_py, analytics
 from kvgateway.state.analytics import SAMPLE, CacheAnalytics
 from kvgateway.state.occupancy import OccupancyIndex
+from tests.support.cores import compiled_twin
 from tests.support.payloads import U64
 
 STREAMS = [("a", 0), ("a", 1), ("b", 0)]
 
 
 def _compiled() -> ModuleType:
-    try:
-        return importlib.import_module("kvgateway.state._analytics_c")
-    except ImportError:
-        pytest.skip("the compiled core is not built here (no C compiler at install)")
+    return compiled_twin("kvgateway.state._analytics_c")
 
 
 def analytics_with(module: ModuleType, window: float = 60.0, **bounds: int) -> CacheAnalytics:

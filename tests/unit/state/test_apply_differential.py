@@ -13,7 +13,6 @@ index (:func:`core`). Skipped where the compiled core was not built."""
 
 from __future__ import annotations
 
-import importlib
 import pickle
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
@@ -29,6 +28,7 @@ from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockSt
 from kvgateway.state import _apply_py, _learner_py, attribution, occupancy
 from kvgateway.state.attribution import Attribution
 from kvgateway.state.occupancy import OccupancyIndex
+from tests.support.cores import compiled_twin
 from tests.support.payloads import U64
 
 STREAMS = [("a", 0), ("a", 1), ("b", 0)]
@@ -36,10 +36,7 @@ SWAPPED = ("Account", "Evictions", "Group", "Medium", "apply_batch")
 
 
 def _compiled(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        pytest.skip("the compiled core is not built here (no C compiler at install)")
+    return compiled_twin(name)
 
 
 @contextmanager
