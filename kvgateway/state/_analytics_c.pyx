@@ -11,12 +11,35 @@ and the followed blocks run without the interpreter, and an event whose raw medi
 previous event's reuses its route without building the cache's key (a route is a function of the
 stream and the raw medium: the cache hands out the same one).
 
+Most of the membership tests miss (a removed block was sampled once in :data:`SAMPLE`, a stored
+one was seldom evicted lately), and a miss in a table of 20,000 blocks costs the dict's probes in
+half a megabyte. So each stats' ``stored_at`` and ``evicted_at`` has a :c:type:`Filter` in front,
+a bitmap of the keys' hashes (a bit a key, one bit in 8 set at most, 16 bits a key once rebuilt):
+a clear bit says the key is absent and the dict is not asked; a set bit asks the dict, which
+answers as before. The filter is the pass's, kept beside each stats (:class:`_Tables`) and
+updated at each key the pass adds (a key taken out leaves its bit set until the next rebuild, from
+the dict's keys, once more keys were added than the bitmap allows): the tables are the pass's to
+write, read by everyone else. A u64 block hash's ``hash()`` (the filters' key, and the sampling
+decision's) is worked out in line from its digits, as CPython does it; an event's fields are read
+from its slots (:func:`_field`).
+
 Times and counts stay Python objects (an engine's timestamp is whatever the wire held), so every
 sum, difference and comparison is Python's own.
 """
 
+import sys
+import types
 from bisect import bisect_left
 from collections import OrderedDict
+
+from cpython.dict cimport PyDict_Next
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject, PyObject_Hash
+from libc.stdint cimport uint64_t
+from libc.string cimport memset
+
+from kvgateway._pylong cimport u64_of  # a hash's int read from its digits
+from kvgateway.engine._slots cimport member_offset  # where a Struct keeps a field
 
 from kvgateway.engine.mediums import medium_tier, normalise_medium
 from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored
@@ -37,13 +60,161 @@ cdef Py_hash_t _SAMPLE = SAMPLE
 cdef object _UNSEEN = object()  # no event's medium yet in this batch
 
 
-cdef inline bint _meets(object table, object hashes) except -1:
-    """``not table.keys().isdisjoint(hashes)``: the same membership tests in the same order."""
+cdef Py_ssize_t _offset(object cls, str name) except -2:
+    """Where ``cls``'s instances keep the field ``name`` (-1: not in a slot, read as an attribute)."""
+    for klass in cls.__mro__:
+        member = klass.__dict__.get(name)
+        if member is not None:
+            return member_offset(member) if type(member) is types.MemberDescriptorType else -1
+    return -1
+
+
+cdef inline object _field(object event, Py_ssize_t offset, str name):
+    """``getattr(event, name)``, read from its slot at ``offset`` when it holds a value (an event
+    of the exact type the offset was found for; an empty slot is left to getattr, which raises)."""
+    cdef PyObject* value
+    if offset >= 0:
+        value = (<PyObject**>((<char*><PyObject*>event) + offset))[0]
+        if value is not NULL:
+            return <object>value
+    return getattr(event, name)
+
+
+# The fields the pass reads, per event (msgspec keeps a Struct's fields in slots at fixed offsets)
+cdef Py_ssize_t _STORED_HASHES = _offset(BlockStored, "block_hashes")
+cdef Py_ssize_t _STORED_MEDIUM = _offset(BlockStored, "medium")
+cdef Py_ssize_t _STORED_PARENT = _offset(BlockStored, "parent_block_hash")
+cdef Py_ssize_t _REMOVED_HASHES = _offset(BlockRemoved, "block_hashes")
+cdef Py_ssize_t _REMOVED_MEDIUM = _offset(BlockRemoved, "medium")
+
+
+# --- the negative filters ----------------------------------------------------------------------
+
+cdef enum:
+    _MIN_BITS = 1024  # a new or emptied filter's bits (128 bytes)
+    _BITS_A_KEY = 16  # bits a key at a rebuild
+    _SPARSE = 8  # at most one bit in this many set: past it, the filter is rebuilt
+
+
+cdef struct Filter:
+    uint64_t* words
+    int shift  # 64 - log2(bits): a key's bit is the top bits of its mixed hash
+    Py_ssize_t added  # keys added since the last rebuild (the bits set, at most)
+    Py_ssize_t limit  # the bits / _SPARSE: more added, and the filter is rebuilt
+
+
+cdef uint64_t _MODULUS = (1 << 61) - 1
+cdef bint _HASH_IN_LINE = sys.hash_info.modulus == _MODULUS  # a 64-bit CPython's: an int's hash is
+# its value modulo the prime 2**61 - 1 (the sign aside)
+
+
+cdef inline Py_hash_t _hash_of(object h) except? -1:
+    """``hash(h)``, Python's own: a u64 int's worked out in line from its digits (CPython's
+    ``long_hash`` is a call and a loop of modular steps; a filter rebuilt from the keys' hashes by
+    ``PyObject_Hash`` must find the same bits)."""
+    cdef uint64_t value
+    if _HASH_IN_LINE and u64_of(h, &value):
+        value = (value & _MODULUS) + (value >> 61)  # 2**61 is 1 modulo 2**61 - 1
+        return <Py_hash_t>(value - _MODULUS if value >= _MODULUS else value)
+    return PyObject_Hash(h)
+
+
+cdef inline uint64_t _bit(Filter* f, Py_hash_t h) noexcept nogil:
+    # Fibonacci hashing: the top bits of the product spread ints (their hash is their value) alike
+    return ((<uint64_t>h) * 0x9e3779b97f4a7c15ULL) >> f.shift
+
+
+cdef inline bint _may_hold(Filter* f, Py_hash_t h) noexcept nogil:
+    """False: no key of hash ``h`` is in the filter's table."""
+    cdef uint64_t i = _bit(f, h)
+    return (f.words[i >> 6] >> (i & 63)) & 1
+
+
+cdef inline void _note(Filter* f, Py_hash_t h) noexcept nogil:
+    cdef uint64_t i = _bit(f, h)
+    f.words[i >> 6] |= (<uint64_t>1) << (i & 63)
+    f.added += 1
+
+
+cdef int _size(Filter* f, Py_ssize_t keys) except -1:
+    """``f`` empty, with bits for ``keys`` keys (its words kept when their number stays)."""
+    cdef Py_ssize_t bits = _MIN_BITS
+    cdef int log2 = 10
+    while bits < _BITS_A_KEY * keys:
+        bits <<= 1
+        log2 += 1
+    if f.words is NULL or 64 - log2 != f.shift:
+        PyMem_Free(f.words)
+        f.words = <uint64_t*>PyMem_Malloc((bits >> 6) * sizeof(uint64_t))  # PyMem: traced, as a dict's
+        if f.words is NULL:
+            raise MemoryError()
+        f.shift = 64 - log2
+    memset(f.words, 0, (bits >> 6) * sizeof(uint64_t))
+    f.added = 0
+    f.limit = bits // _SPARSE
+    return 0
+
+
+cdef int _rebuild(Filter* f, object table) except -1:
+    """``f`` from ``table``'s keys, sized for them (the bits of keys taken out cleared); the keys
+    read as the dict holds them (their order does not matter here)."""
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* key
+    cdef PyObject* value
+    _size(f, len(table))
+    while PyDict_Next(table, &pos, &key, &value):
+        _note(f, PyObject_Hash(<object>key))
+    return 0
+
+
+cdef inline int _added(Filter* f, object table, Py_hash_t h) except -1:
+    """A key of hash ``h`` was added to ``table``: its bit set, the filter rebuilt if too full."""
+    _note(f, h)
+    if f.added > f.limit:
+        _rebuild(f, table)
+    return 0
+
+
+cdef class _Tables:
+    """One stats (a stream's tier) and the filters in front of its two tables."""
+
+    cdef object stats, stored_at, evicted_at
+    cdef Filter stored, evicted
+
+    def __cinit__(self, stats):
+        self.stats = stats
+        self.stored_at = stats.stored_at
+        self.evicted_at = stats.evicted_at
+        _rebuild(&self.stored, self.stored_at)
+        _rebuild(&self.evicted, self.evicted_at)
+
+    def __dealloc__(self):
+        PyMem_Free(self.stored.words)
+        PyMem_Free(self.evicted.words)
+
+
+cdef class _Route:
+    """A cached route (the public ``routes`` entry's normalised medium and tier) with its tables."""
+
+    cdef object medium, tier
+    cdef _Tables tables
+
+    def __cinit__(self, medium, tier, _Tables tables):
+        self.medium = medium
+        self.tier = tier
+        self.tables = tables
+
+
+cdef inline bint _meets(Filter* f, object table, object hashes) except -1:
+    """``not table.keys().isdisjoint(hashes)``: the same answer, the table asked only for the
+    hashes its filter may hold (in the same order)."""
     for h in hashes:
-        if h in table:
+        if _may_hold(f, _hash_of(h)) and h in table:
             return True
     return False
 
+
+# --- the pass ----------------------------------------------------------------------------------
 
 cdef class AnalyticsPass:
     """The analytics' state and the pass over each batch: see the reference's docstring."""
@@ -51,6 +222,8 @@ cdef class AnalyticsPass:
     cdef public object refetch_window
     cdef public Py_ssize_t max_tracked, max_roots, max_routes
     cdef public dict tiers, counted, roots, routes
+    cdef dict _tables  # (stream, tier): its stats' _Tables, beside ``tiers``
+    cdef dict _routes  # (stream, raw medium): a _Route, beside each of ``routes``
 
     def __init__(
         self,
@@ -67,6 +240,8 @@ cdef class AnalyticsPass:
         self.counted = {}
         self.roots = {}
         self.routes = {}
+        self._tables = {}
+        self._routes = {}
 
     def tier(self, stream, tier):
         return self._tier(stream, tier)
@@ -76,6 +251,14 @@ cdef class AnalyticsPass:
         if stats is None:
             stats = self.tiers[(stream, tier)] = _TierStats()
         return stats
+
+    cdef _Tables _tables_of(self, object stream, object tier):
+        """The tier's stats (made as :meth:`tier` does) with its filters (made from its tables)."""
+        stats = self._tier(stream, tier)
+        cdef _Tables tables = self._tables.get((stream, tier))
+        if tables is None or tables.stats is not stats:
+            tables = self._tables[(stream, tier)] = _Tables(stats)
+        return tables
 
     def follow(self, entry):
         record = entry.record
@@ -97,70 +280,98 @@ cdef class AnalyticsPass:
                 self.routes[(stream, medium)] = route
         return route
 
+    cdef _Route _routed(self, object stream, object medium):
+        """:meth:`route`'s answer with the tier's tables, cached beside ``routes`` (as it is)."""
+        key = (stream, medium)
+        cdef _Route routed = self._routes.get(key)
+        if routed is None:
+            route = self._route(stream, medium)
+            routed = _Route(route[0], route[1], self._tables_of(stream, route[1]))
+            if key in self.routes:
+                self._routes[key] = routed
+        return routed
+
     def apply(self, stream, events, ts):
         self._apply(stream, events, ts)
 
     cdef int _apply(self, object stream, object events, object ts) except -1:
-        cdef object seen = _UNSEEN  # the previous event's raw medium, whose route is ``route``
-        cdef tuple route = None
+        cdef object seen = _UNSEEN  # the previous event's raw medium, whose route is ``routed``
+        cdef _Route routed = None
+        cdef _Tables tables
         for event in events:
             kind = type(event)
             if kind is _BlockStored:
-                hashes = event.block_hashes
+                hashes = _field(event, _STORED_HASHES, "block_hashes")
                 if not hashes:
                     continue
+                medium = _field(event, _STORED_MEDIUM, "medium")
             elif kind is _BlockRemoved:
-                hashes = event.block_hashes
+                hashes = _field(event, _REMOVED_HASHES, "block_hashes")
+                medium = _field(event, _REMOVED_MEDIUM, "medium")
             else:
                 if kind is _AllBlocksCleared:
                     self._forget(stream)
                 continue
-            medium = event.medium
             if not (medium is seen or medium == seen):
-                route = self.routes.get((stream, medium)) or self._route(stream, medium)
+                routed = self._routed(stream, medium)
                 seen = medium
-            stats = route[2]
+            tables = routed.tables
             if kind is _BlockRemoved:
-                stored_at = stats.stored_at
-                if stored_at and _meets(stored_at, hashes):
-                    self._removed(stream, route[1], stats, hashes, ts)
+                if tables.stored_at and _meets(&tables.stored, tables.stored_at, hashes):
+                    self._removed(stream, routed.tier, tables, hashes, ts)
                 continue
-            evicted_at = stats.evicted_at
-            if evicted_at and _meets(evicted_at, hashes):
-                self._refetched(stats, hashes, ts)
-            if hash(hashes[0]) % _SAMPLE == 0:
-                self._sampled(stats.stored_at, hashes, ts)
-            if event.parent_block_hash is None:
-                self._root(stream, route[0], hashes[0])
+            if tables.evicted_at and _meets(&tables.evicted, tables.evicted_at, hashes):
+                self._refetched(tables, hashes, ts)
+            if _hash_of(hashes[0]) % _SAMPLE == 0:
+                self._sampled(tables, hashes, ts)
+            if _field(event, _STORED_PARENT, "parent_block_hash") is None:
+                self._root(stream, routed.medium, hashes[0])
         return 0
 
-    cdef int _sampled(self, object stored_at, object hashes, object ts) except -1:
+    cdef int _sampled(self, _Tables tables, object hashes, object ts) except -1:
         cdef Py_ssize_t bound = self.max_tracked
+        cdef Py_hash_t h_hash
+        stored_at = tables.stored_at
         for h in hashes:
-            if h not in stored_at:  # a second copy keeps the first one's time
+            h_hash = _hash_of(h)
+            if not (_may_hold(&tables.stored, h_hash) and h in stored_at):  # a second copy keeps the first one's time
                 stored_at[h] = ts  # a new key is the newest already
                 if len(stored_at) > bound:
                     stored_at.popitem(False)
+                _added(&tables.stored, stored_at, h_hash)
         return 0
 
-    cdef int _refetched(self, object stats, object hashes, object ts) except -1:
+    cdef int _refetched(self, _Tables tables, object hashes, object ts) except -1:
+        stats = tables.stats
         for h in hashes:
-            evicted = stats.evicted_at.pop(h, None)
+            if not _may_hold(&tables.evicted, _hash_of(h)):
+                continue  # not evicted lately: the pop finds nothing
+            evicted = tables.evicted_at.pop(h, None)
             if evicted is not None and ts - evicted <= self.refetch_window:
                 stats.refetches += 1
         return 0
 
-    cdef int _removed(self, object stream, object tier, object stats, object hashes, object ts) except -1:
-        evicted_at = stats.evicted_at
+    cdef int _removed(self, object stream, object tier, _Tables tables, object hashes, object ts) except -1:
+        cdef Py_hash_t h_hash
+        cdef bint new
+        stats = tables.stats
+        stored_at = tables.stored_at
+        evicted_at = tables.evicted_at
         for h in hashes:
-            stored = stats.stored_at.pop(h, None)
+            h_hash = _hash_of(h)
+            if not _may_hold(&tables.stored, h_hash):
+                continue  # not followed: the pop finds nothing
+            stored = stored_at.pop(h, None)
             if stored is None:
                 continue  # not followed (or stored before the gateway watched)
             stats.evictions += 1
+            new = not _may_hold(&tables.evicted, h_hash)
             evicted_at[h] = ts
-            evicted_at.move_to_end(h)
+            if not new:  # a new key is the newest already
+                evicted_at.move_to_end(h)
             if len(evicted_at) > self.max_tracked:
                 evicted_at.popitem(False)
+            _added(&tables.evicted, evicted_at, h_hash)
             seconds = ts - stored
             if not seconds > 0.0:  # max(0.0, seconds): the first of the largest
                 seconds = 0.0
@@ -187,7 +398,11 @@ cdef class AnalyticsPass:
         self._forget(stream)
 
     cdef int _forget(self, object stream) except -1:
-        for (key, _tier), stats in self.tiers.items():
+        cdef _Tables tables
+        for (key, tier), stats in self.tiers.items():
             if key == stream:
                 stats.stored_at.clear()
+                tables = self._tables.get((key, tier))
+                if tables is not None:
+                    _size(&tables.stored, 0)
         return 0

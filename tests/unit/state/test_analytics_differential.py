@@ -15,6 +15,7 @@ Skipped where the compiled core was not built."""
 
 from __future__ import annotations
 
+import random
 from types import ModuleType
 from typing import Any
 
@@ -165,6 +166,42 @@ def test_the_bounds_evict_the_oldest_alike() -> None:
     assert list(fast.routes) == list(pure.routes) == [(a, "cpu")]
     assert repr(sides[0].counted()) == repr(sides[1].counted())
     assert repr(sides[0].streams()) == repr(sides[1].streams())
+
+
+def test_many_blocks_of_every_kind_past_the_filters_rebuilds() -> None:
+    """Thousands of blocks of every kind (u64, negative and larger ints, 32-byte and other bytes)
+    stored, evicted and stored again through bounds that churn: the compiled pass's filters in front
+    of its tables fill, are rebuilt and grow many times, and every table stays the reference's."""
+    compiled = _compiled()
+    rng = random.Random(29)
+    kinds = [
+        lambda: rng.getrandbits(64),
+        lambda: -rng.getrandbits(63) - 1,
+        lambda: 2**64 + rng.getrandbits(70),
+        lambda: rng.randbytes(32),
+        lambda: rng.randbytes(rng.choice([1, 16, 33])),
+    ]
+    pool = [kinds[n % len(kinds)]() for n in range(3_000)]
+    sides = [analytics_with(module, 5.0, max_tracked=300) for module in (_analytics_py, compiled)]
+    index = OccupancyIndex()
+    stored: list[Hash] = []
+    evicted_most = 0
+    for n in range(600):
+        events: list[Event] = []
+        for _ in range(4):  # stores followed whole (a sampled first block), of blocks seen before
+            chain: list[Hash] = [SAMPLE * rng.randrange(2**40), *rng.sample(pool, rng.randrange(8))]
+            events.append(BlockStored(chain, rng.choice([None, 7]), [], 4, None, rng.choice(["GPU", "cpu"])))
+            stored += chain
+        gone = [stored.pop(rng.randrange(len(stored))) for _ in range(min(len(stored), rng.randrange(30)))]
+        events.append(BlockRemoved(gone, rng.choice(["GPU", "CPU"])))
+        if n % 150 == 149:
+            events.append(AllBlocksCleared())
+        for side in sides:
+            side.apply(STREAMS[n % 2], events, n * 0.25)
+        evicted_most = max(evicted_most, *(len(stats.evicted_at) for stats in sides[1].core.tiers.values()))
+        if n % 50 == 49:
+            assert shown(sides[0], index) == shown(sides[1], index)
+    assert evicted_most == 300  # the bound churned: many more keys added than a filter's first bits hold
 
 
 def test_the_public_analytics_run_the_chosen_pass() -> None:
