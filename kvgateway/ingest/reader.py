@@ -226,24 +226,16 @@ class StreamReader:
         except wire.DecodeError as exc:
             self._outlet.decode_error(None, str(exc))
             return
-        batch: wire.Batch | None
-        try:  # as _decode, without its frame: this is every live batch
-            batch = wire.decode_batch(payload)
-        except wire.DecodeError as exc:
-            self._undecodable(seq, exc)
-            batch = None
+        batch = self._decode(seq, payload)
         self._apply(self.sequencer.on_live(seq, batch, payload), received)
 
     def _decode(self, seq: int, payload: bytes) -> wire.Batch | None:
         try:
             return wire.decode_batch(payload)
         except wire.DecodeError as exc:
-            self._undecodable(seq, exc)
+            # Counted and skipped; the seq still counts as received, so it is no gap.
+            self._outlet.decode_error(seq, str(exc))
             return None
-
-    def _undecodable(self, seq: int, exc: wire.DecodeError) -> None:
-        """Counted and skipped; the seq still counts as received, so it is no gap."""
-        self._outlet.decode_error(seq, str(exc))
 
     def _apply(self, actions: list[Action], received: float) -> None:
         """The outlet takes every action; the reader acts on those that are I/O (replays)."""
