@@ -210,7 +210,8 @@ class StreamOutlet:
         for event in batch.events:
             kind = event.type
             counts[kind] = counts.get(kind, 0) + 1
-        self.staleness.batch(batch)
+        if self.staleness.reason is not None:  # a call per batch only while the stream is stale
+            self.staleness.batch(batch)
         self._shown_batches += 1
         # The serving half follows the log: it has applied the batch when append returns.
         self._log.append(batch_record(self.key, seq, batch, received=received, replayed=replayed))

@@ -241,8 +241,12 @@ def test_an_all_blocks_cleared_batch_clears_a_stale_index() -> None:
     rig = Rig()
     rig.outlet.apply([Unrecovered(0, 0, "transit")], NOW, held=0)
     assert rig.sample("kvgateway_index_stale") == 1
-    rig.outlet.apply([Deliver(1, batch(AllBlocksCleared()), replayed=False)], NOW, held=0)
+    assert rig.outlet.staleness.reason == "unrecovered"
+    rig.outlet.apply([Deliver(1, batch(), replayed=False)], NOW, held=0)
+    assert rig.outlet.staleness.reason == "unrecovered", "a batch without a clear leaves it stale"
+    rig.outlet.apply([Deliver(2, batch(AllBlocksCleared()), replayed=False)], NOW, held=0)
     assert rig.sample("kvgateway_index_stale") == 0
+    assert rig.outlet.staleness.reason is None, "the ingest's own view (its status notices) too"
 
 
 def test_connection_changes_are_noticed_once_and_handed_to_the_hook() -> None:
