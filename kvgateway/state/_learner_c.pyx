@@ -710,9 +710,10 @@ cdef class ChainLearner:
 
     cdef void _ahead(self, const uint64_t* keys, Py_ssize_t n) noexcept:
         """Ask for the lines teaching ``n`` keys (at most _AHEAD) reads: their buckets, and, the ring
-        full at its cap, its front entries' buckets (each key evicts one); then the first entry of
-        each chain (its key and link). Hints only: nothing is changed."""
-        cdef Py_ssize_t i
+        full at its cap, its front entries' buckets and hash objects (each key evicts one); then the
+        first entry of each chain (its key and link), then the second. Hints only: nothing is
+        changed."""
+        cdef Py_ssize_t i, at
         cdef Py_ssize_t buckets[_AHEAD]
         cdef uint32_t p
         cdef uint64_t front
@@ -721,14 +722,25 @@ cdef class ChainLearner:
             _prefetch(&self._buckets[buckets[i]])
         if self._count == self._size and self._size >= self.cap:
             for i in range(min(n, self._count)):
-                front = self._keys[(self._head + i) % self._size]
+                at = (self._head + i) % self._size
+                front = self._keys[at]
                 if front:
                     _prefetch(&self._buckets[self._bucket(front)])
+                    if self._vals[at] != NULL:  # its hash, read if the fleet is asked whether it holds it
+                        _prefetch(self._vals[at])
         for i in range(n):
             p = self._buckets[buckets[i]]
+            buckets[i] = p  # from here, each chain's first entry (0: none)
             if p:
                 _prefetch(&self._keys[p - 1])
                 _prefetch(&self._nexts[p - 1])
+        for i in range(n):  # and its second (a lookup of a new key walks the whole chain)
+            p = <uint32_t>buckets[i]
+            if p:
+                p = self._nexts[p - 1]
+                if p:
+                    _prefetch(&self._keys[p - 1])
+                    _prefetch(&self._nexts[p - 1])
 
     # --- lookups -------------------------------------------------------------------------------
 
