@@ -35,6 +35,7 @@ from kvgateway.state._hashtable cimport (  # the C tables of hashes: the evictio
     _MIN_SLOTS,
     _OTHER,
     _key_of,
+    _key_prefetch,
     _table_add,
     _table_clear,
     _table_copy,
@@ -705,6 +706,34 @@ cdef class Account:
         return out
 
 
+cdef int _ahead(Group grp, object evicted, object hashes, bint stored, bint evicting) except -1:
+    """Ask for the table lines an event's pass is about to read, every hash's at once: the group's
+    set, the fleet's holders, and (a GPU event, the attribution on) the evictions' generations, both
+    looked up for a store, the current one set for a remove. On an index larger than the cache each
+    probe is a miss; asked for together they overlap, where the pass's loops met them one by one,
+    the fleet's for every hash, then the evictions', then the group's. A hint: nothing changes."""
+    cdef Key k
+    cdef BlockSet blocks = grp.blocks
+    cdef BlockSet held = grp.fleet.blocks if grp.fleet is not None else None
+    cdef _Generation current = None
+    cdef _Generation previous = None
+    if evicting and type(evicted) is Evictions:
+        current = (<Evictions>evicted)._current
+        previous = (<Evictions>evicted)._previous if stored else None
+    for h in hashes:
+        _key_of(h, &k)
+        if k.kind == _OTHER:
+            continue
+        if held is not None:
+            _key_prefetch(&k, &held.ints, &held.blobs, not stored)
+        if current is not None:
+            _key_prefetch(&k, &current.ints, &current.blobs, not stored)
+        if previous is not None:
+            _key_prefetch(&k, &previous.ints, &previous.blobs, False)
+        _key_prefetch(&k, &blocks.ints, &blocks.blobs, True)
+    return 0
+
+
 cdef bint _new_store(bint stale, event, size, Account account, int compare, Group fleet) except -1:
     """:func:`kvgateway.state._apply_py._new_store`, the sets tested in one C loop."""
     if size > 0:
@@ -749,6 +778,8 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
             med = grp.medium
             if live and sec != med.cur_sec:
                 med.roll(sec)
+            if n > 1:
+                _ahead(grp, account.evicted if account is not None else None, hashes, kind is BlockStored, med.gpu)
             if kind is BlockStored:
                 size = event.block_size  # read once: the account and the medium both learn it
                 if account is None or not med.gpu or not n:

@@ -18,6 +18,19 @@ from libc.string cimport memcmp, memcpy, memset
 from kvgateway._pylong cimport u64_of  # a hash's int read from its digits
 
 
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define KVG_PREFETCH(p) __builtin_prefetch((const void*)(p))
+    #else
+    #define KVG_PREFETCH(p) ((void)(p))
+    #endif
+    """
+    # a hint that the line holding ``p`` will be read soon: its miss starts now, beside the others
+    # a loop asks for, rather than when the loop reaches it (no answer depends on it)
+    void _prefetch "KVG_PREFETCH"(const void* p) noexcept nogil
+
+
 cdef enum:
     CONTENT = 32  # the bytes of a content-keyed slot: a sha256 block hash (vLLM's raw-bytes hashes)
 
@@ -262,3 +275,27 @@ cdef inline int _table_copy(Table* table, Table* source) except -1:
         memcpy(table.content, source.content, slots * CONTENT)
     table.n, table.has_zero, table.zero = source.n, source.has_zero, source.zero
     return 0
+
+
+cdef inline void _table_prefetch(Table* table, uint64_t key, bint whole) noexcept nogil:
+    """Ask for the line of ``key``'s home slot (a hint: nothing changes): its key, and with
+    ``whole`` its time and bytes too (what a set or a pop reads or writes; a lookup of an absent
+    hash reads the keys alone). A run of probes asked for first overlaps its misses."""
+    cdef size_t i
+    if key == 0:
+        return
+    i = _mix(key) & table.mask
+    _prefetch(&table.keys[i])
+    if whole:
+        if table.times is not NULL:
+            _prefetch(&table.times[i])
+        if table.content is not NULL:
+            _prefetch(table.content + i * CONTENT)
+
+
+cdef inline void _key_prefetch(Key* k, Table* ints, Table* blobs, bint whole) noexcept nogil:
+    """:func:`_table_prefetch` in the table of ``k``'s kind (none for a hash of another kind)."""
+    if k.kind == _INT:
+        _table_prefetch(ints, k.key, whole)
+    elif k.kind == _BYTES:
+        _table_prefetch(blobs, k.key, whole)

@@ -8,6 +8,13 @@ tests/unit/test_core_differential.py). What changes is the cost: the arrays are 
 an entry and 4 a bucket, as there), and the per-block loop, the parents' mixes and the common
 digests run in C.
 
+Two things differ inside, never in an answer, for a table larger than the cache, where each bucket
+and chain entry read is a miss: an event's keys are computed first and their lines asked for
+together (``_ahead``: the misses overlap instead of queueing), and a bucket's chain runs oldest
+first (appended at its end, where the pure module pushes at its head), so the ring's front, the
+entry evicted next, is nearly always first in its chain: unlinked without walking it. Keys are
+unique in the index, so a chain's order decides nothing.
+
 The arrays come from Python's raw allocator (malloc underneath, but seen by tracemalloc, so
 bench/learner.py counts their bytes as it counts the pure module's arrays).
 
@@ -29,6 +36,7 @@ from libc.string cimport memset
 
 from kvgateway._pylong cimport u64_of  # a token read from its digits
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
+from kvgateway.state._hashtable cimport _prefetch  # a cache line asked for ahead of its use
 
 from kvgateway.engine.wire import BlockStored
 from kvgateway.runtime.memory import release_free_heap
@@ -49,6 +57,8 @@ cdef Py_ssize_t _LOAD = 2
 cdef int _SECOND_CHANCES = 4
 cdef int _SHRINK_STEP = 4
 cdef uint16_t _NO_STREAM = 0xFFFF
+cdef enum:
+    _AHEAD = 16  # blocks whose lines are asked for together, before they are taught
 
 
 cdef inline uint64_t _mix(object parent) except? 0:
@@ -314,9 +324,19 @@ cdef class ChainLearner:
         return <Py_ssize_t>b
 
     cdef inline void _link(self, Py_ssize_t at, uint64_t key) noexcept:
+        """Ring position ``at`` at the end of its bucket's chain: a chain runs oldest first, so the
+        ring's front (the next entry evicted) is nearly always its chain's first, unlinked without a
+        walk; the walk here is over the lines the lookup before it just read."""
         cdef Py_ssize_t b = self._bucket(key)
-        self._nexts[at] = self._buckets[b]
-        self._buckets[b] = <uint32_t>(at + 1)
+        cdef uint32_t* nexts = self._nexts
+        cdef uint32_t p = self._buckets[b]
+        nexts[at] = 0
+        if not p:
+            self._buckets[b] = <uint32_t>(at + 1)
+            return
+        while nexts[p - 1]:
+            p = nexts[p - 1]
+        nexts[p - 1] = <uint32_t>(at + 1)
 
     cdef void _unlink(self, Py_ssize_t at) noexcept:
         cdef Py_ssize_t b = self._bucket(self._keys[at])
@@ -338,20 +358,26 @@ cdef class ChainLearner:
         return -1
 
     cdef int _grow_index(self, int splits=16) except -1:
-        cdef Py_ssize_t low, old, b
+        cdef Py_ssize_t low, old
         cdef uint32_t p, following
-        cdef int n
+        cdef uint32_t tails[2]  # each half's last entry so far (0: none): the chains keep their order
+        cdef int n, half
         for n in range(splits):
             low = (<Py_ssize_t>1) << self._level
             old = self._split
             self._bucket_append()
             p = self._buckets[old]
             self._buckets[old] = 0
+            tails[0] = tails[1] = 0
             while p:
                 following = self._nexts[p - 1]
-                b = old + low if self._keys[p - 1] & <uint64_t>low else old
-                self._nexts[p - 1] = self._buckets[b]
-                self._buckets[b] = p
+                half = 1 if self._keys[p - 1] & <uint64_t>low else 0
+                self._nexts[p - 1] = 0
+                if tails[half]:
+                    self._nexts[tails[half] - 1] = p
+                else:
+                    self._buckets[old + low * half] = p
+                tails[half] = p
                 p = following
             self._split += 1
             if self._split == low:
@@ -546,9 +572,9 @@ cdef class ChainLearner:
             self._rebuild()
         return 0
 
-    cdef int _append(self, uint64_t key, object block_hash, uint16_t sid, Py_ssize_t b) except -1:
-        """A new key at the back, in bucket ``b``: the ring grows (below the cap) or its front is
-        evicted (at the cap) when full."""
+    cdef int _append(self, uint64_t key, object block_hash, uint16_t sid) except -1:
+        """A new key at the back: the ring grows (below the cap) or its front is evicted (at the
+        cap) when full."""
         cdef Py_ssize_t at
         if self._count < self._size:
             at = (self._head + self._count) % self._size
@@ -560,8 +586,7 @@ cdef class ChainLearner:
             at = (self._head + self._count) % self._size
         self._count += 1
         self._store(at, key, block_hash, sid)
-        self._nexts[at] = self._buckets[b]
-        self._buckets[b] = <uint32_t>(at + 1)
+        self._link(at, key)
         self._after_insert()
         return 0
 
@@ -648,23 +673,74 @@ cdef class ChainLearner:
         return 0
 
     cdef int _teach(self, tuple stream, object parent, list hashes, Py_ssize_t blocks, uint64_t* digests) except -1:
-        """One entry per block, each keyed by its digest XOR its parent's mix."""
+        """One entry per block, each keyed by its digest XOR its parent's mix (``digests`` become
+        the keys). The keys come first, so that each run of blocks' lines (their buckets, their
+        chains' first entries, the front entries they evict) are asked for together: on a table
+        larger than the cache each is a miss, and they overlap rather than wait one after another.
+        A block hash whose ``hash()`` raises stops the blocks there, as block by block."""
         cdef uint64_t mix = self._root(stream) if parent is None else _mix(parent)
         cdef uint16_t sid = self._stream_id(stream)
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, ready = 0
         cdef uint64_t key
-        cdef object block_hash
-        for i in range(blocks):
-            block_hash = <object>PyList_GET_ITEM(hashes, i)
-            key = digests[i] ^ mix
-            if not key:
-                key = 1
-            mix = _mix(block_hash)  # the next block's parent
-            if self._find(key) >= 0:  # re-announced (rare): to the back of the eviction order
-                self._insert(key, block_hash, sid)
-            else:
-                self._append(key, block_hash, sid, self._bucket(key))
+        try:
+            for i in range(blocks):
+                key = digests[i] ^ mix
+                digests[i] = key if key else 1
+                mix = _mix(<object>PyList_GET_ITEM(hashes, i))  # the next block's parent
+                ready = i + 1  # taught only once its hash's mix is had, as block by block
+        finally:
+            self._teach_keys(hashes, ready, digests, sid)
         return 0
+
+    cdef int _teach_keys(self, list hashes, Py_ssize_t blocks, const uint64_t* keys, uint16_t sid) except -1:
+        """The first ``blocks`` blocks taught, their keys given, in runs of _AHEAD asked for first."""
+        cdef Py_ssize_t i, start = 0, end
+        while start < blocks:
+            end = start + _AHEAD if blocks - start > _AHEAD else blocks
+            self._ahead(keys + start, end - start)
+            for i in range(start, end):
+                self._teach_one(keys[i], <object>PyList_GET_ITEM(hashes, i), sid)
+            start = end
+        return 0
+
+    cdef inline int _teach_one(self, uint64_t key, object block_hash, uint16_t sid) except -1:
+        if self._find(key) >= 0:  # re-announced (rare): to the back of the eviction order
+            return self._insert(key, block_hash, sid)
+        return self._append(key, block_hash, sid)
+
+    cdef void _ahead(self, const uint64_t* keys, Py_ssize_t n) noexcept:
+        """Ask for the lines teaching ``n`` keys (at most _AHEAD) reads: their buckets, and, the ring
+        full at its cap, its front entries' buckets and hash objects (each key evicts one); then the
+        first entry of each chain (its key and link), then the second. Hints only: nothing is
+        changed."""
+        cdef Py_ssize_t i, at
+        cdef Py_ssize_t buckets[_AHEAD]
+        cdef uint32_t p
+        cdef uint64_t front
+        for i in range(n):
+            buckets[i] = self._bucket(keys[i])
+            _prefetch(&self._buckets[buckets[i]])
+        if self._count == self._size and self._size >= self.cap:
+            for i in range(min(n, self._count)):
+                at = (self._head + i) % self._size
+                front = self._keys[at]
+                if front:
+                    _prefetch(&self._buckets[self._bucket(front)])
+                    if self._vals[at] != NULL:  # its hash, read if the fleet is asked whether it holds it
+                        _prefetch(self._vals[at])
+        for i in range(n):
+            p = self._buckets[buckets[i]]
+            buckets[i] = p  # from here, each chain's first entry (0: none)
+            if p:
+                _prefetch(&self._keys[p - 1])
+                _prefetch(&self._nexts[p - 1])
+        for i in range(n):  # and its second (a lookup of a new key walks the whole chain)
+            p = <uint32_t>buckets[i]
+            if p:
+                p = self._nexts[p - 1]
+                if p:
+                    _prefetch(&self._keys[p - 1])
+                    _prefetch(&self._nexts[p - 1])
 
     # --- lookups -------------------------------------------------------------------------------
 

@@ -212,6 +212,38 @@ def test_the_compiled_learner_answers_and_evicts_as_the_reference(
     assert answers(learners[0], seen) == answers(learners[1], seen)
 
 
+def test_events_longer_than_the_compiled_learners_runs_are_learned_alike() -> None:
+    """Events of 17 to 50 blocks: the compiled learner teaches them in runs of 16 (each run's lines
+    asked for first), here at caps that evict, shrink and grow inside an event, with second
+    chances, and blocks re-announced within an event (one content, hashes repeating every 30
+    blocks) and across events: the same state, residency questions and answers after each batch."""
+    compiled = _compiled()
+    helds = [Held(), Held()]
+    learners = [
+        module.ChainLearner(200, resident=held.resident, floor=20, held=held)
+        for module, held in zip((pure, compiled), helds, strict=True)
+    ]
+    seen: list[tuple[Stream, BlockStored]] = []
+    parent: Hash | None = None
+    for step in range(16):
+        stream = STREAMS[step % len(STREAMS)]
+        blocks = 17 + 11 * (step % 4)
+        hashes: list[Hash] = [1000 * (step % 5) + i % 30 for i in range(blocks)]
+        stored = BlockStored(hashes, parent, [1, 2] * blocks, 2, None, "GPU", None, {})
+        events: list[Event] = [stored, BlockRemoved(hashes[:3], "GPU", {})]
+        for learner, held in zip(learners, helds, strict=True):
+            if step % 5 == 4:
+                learner.follow_fleet(10 if step % 10 == 4 else 150)  # a cap of 20, then of 187
+            held.apply(stream, events)
+            learner.learn_batch(stream[0], stream[1], Batch(0.0, events, stream[1]))
+        seen.append((stream, stored))
+        parent = hashes[-1] if step % 3 else None
+        assert state(learners[0]) == state(learners[1])
+        assert helds[0].asked == helds[1].asked
+    assert learners[1].evicted and learners[1].second_chances  # both paths taken
+    assert answers(learners[0], seen) == answers(learners[1], seen)
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=st.lists(encoded_event(), max_size=6), rank=st.sampled_from([0, 3]))
 def test_every_wire_layout_decoded_then_learned_alike(
