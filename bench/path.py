@@ -1,5 +1,6 @@
 """The gateway's whole per-batch path in one process, without sockets:
-``python -m bench.path [--smoke] [--batches N] [--rounds R] [--base DIR | --attribution] [--pairs N]``.
+``python -m bench.path [--smoke] [--batches N] [--rounds R] [--resident N] [--base DIR | --attribution]
+[--pairs N]``.
 
 What the gateway does with each message of scenario 1's flood short of the sockets: split, decode,
 the stream's sequencer and outlet, the ring log and its six followers (the index with the prefill
@@ -9,6 +10,14 @@ messages, as the reader yields). Microseconds of this process's CPU time per bat
 ``--rounds`` rounds (each from a fresh gateway, warmed by 1,000 batches), for each payload variant.
 The stage table (bench/ingest.py's breakdown) sums the stages alone; this is the path with the
 dispatch, wrappers and metrics between them.
+
+``--resident N``: each fresh gateway first holds a fleet beside the flood: N blocks over 8 other
+streams in 64-block chains, applied to the index and learned, the learner following the fleet with
+its ring full (0.3 N entries learned before them and no longer resident at its front, as in a
+churning fleet). The flood's own engine holds 16,384 blocks, whose tables fit in the L3 cache; a
+fleet of a million blocks does not, and there each probe of the index and the learner is a trip
+to memory. The fill is applied with the attribution off, so that its one token list does not make
+the flood's stores refetches.
 
 ``--base DIR``: the same figure for another checkout's gateway (its compiled core built in place),
 each side in its own process (this file run with that tree as the working directory), the two
@@ -28,6 +37,7 @@ import argparse
 import gc
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -43,6 +53,7 @@ from bench.lookup import _commit
 from kvgateway.config import Settings, SourceConfig
 from kvgateway.engine import wire
 from kvgateway.engine.sequencer import Sequencer
+from kvgateway.engine.wire import Batch, BlockStored
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.protocol.filters import ClientFilter
 from kvgateway.runtime.metrics import Metrics
@@ -53,20 +64,49 @@ from kvgateway.serve.subscription import Subscription
 RESULTS: Final = REPO / "bench" / "results" / "path"
 BURST: Final = 64  # the reader's budget of messages per turn (kvgateway.ingest.reader.BUDGET)
 WARM: Final = 1_000
+FLEET_STREAMS: Final = 8  # --resident's blocks are spread over this many streams
+FLEET_CHAIN: Final = 64  # blocks an announcement of the fleet's
+FLEET_GONE: Final = 0.3  # learned and no longer resident, before the fleet's own: the ring's front
 
 
 def _say(text: str) -> None:
     print(f"[bench.path] {text}", file=sys.stderr, flush=True)
 
 
-def _gateway(attribution: bool = True) -> tuple[Serving, StreamOutlet, Sequencer, Subscription]:
+def _fleet(serving: Serving, resident: int) -> None:
+    """``resident`` blocks held and learned beside the flood's engine (see ``--resident``)."""
+    rng = random.Random(5)
+    index, learner = serving.index, serving.routers.learner
+    tokens = list(range(1000, 1000 + FLEET_CHAIN * 16))
+
+    def announced() -> Batch:
+        hashes: list[int | bytes] = [rng.getrandbits(64) for _ in range(FLEET_CHAIN)]
+        return Batch(0.0, [BlockStored(hashes, None, tokens, 16, None, "GPU", None, {})])
+
+    learner.follow_fleet(resident)
+    while learner.learned < resident * FLEET_GONE:
+        learner.learn_batch("gone", 0, announced())
+    observer, index.observer = index.observer, None
+    for stream in range(FLEET_STREAMS):
+        for _ in range(resident // FLEET_STREAMS // FLEET_CHAIN):
+            batch = announced()
+            index.apply("fleet", stream, batch, 0.0)
+            learner.learn_batch("fleet", stream, batch)
+    learner.follow_fleet(index.resident_blocks())
+    index.observer = observer
+
+
+def _gateway(attribution: bool = True, resident: int = 0) -> tuple[Serving, StreamOutlet, Sequencer, Subscription]:
     """A fresh serving half, one stream's outlet and sequencer over it and one client subscribed;
-    without ``attribution`` the index is given no observer before its first stream opens."""
+    without ``attribution`` the index is given no observer before its first stream opens; with
+    ``resident`` blocks of a fleet beside it."""
     source = SourceConfig(name="bench", endpoint="tcp://127.0.0.1:1", replay="tcp://127.0.0.1:2")
     settings = Settings(sources=(source,), client_queue_bytes=2**30)
     serving = Serving(settings, Metrics())
     if not attribution:
         serving.index.observer = None
+    if resident:
+        _fleet(serving, resident)
     outlet = StreamOutlet(settings.streams()[0], serving.log, clock=time.time)
     client = serving.subscribe_held(ClientRequest(ClientFilter()), "ws")
     return serving, outlet, Sequencer(has_replay=True), client
@@ -89,7 +129,7 @@ def _run(messages: list[list[bytes]], outlet: StreamOutlet, sequencer: Sequencer
             client.written()
 
 
-def measure(variant: str, batches: int, rounds: int, attribution: bool = True) -> float:
+def measure(variant: str, batches: int, rounds: int, attribution: bool = True, resident: int = 0) -> float:
     """The best round's CPU microseconds per batch, over ``batches`` after the warm-up."""
     form, hashes = VARIANTS[variant]
     stream = payloads.load_or_generate(payloads.standard(30_000, form, hashes)).stream(0)
@@ -98,7 +138,7 @@ def measure(variant: str, batches: int, rounds: int, attribution: bool = True) -
     warm, timed = messages[:WARM], messages[WARM:]
     best = float("inf")
     for _ in range(rounds):
-        _, outlet, sequencer, client = _gateway(attribution)
+        _, outlet, sequencer, client = _gateway(attribution, resident)
         _run(warm, outlet, sequencer, client)
         gc.collect()
         started = time.process_time()
@@ -151,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="rounds, the best kept (default 5; smoke 1)")
     parser.add_argument("--base", type=Path, help="another checkout to measure against, alternating")
     parser.add_argument("--attribution", action="store_true", help="the prefill attribution on against off")
+    parser.add_argument("--resident", type=int, default=0, help="blocks of a fleet held beside the flood (default 0)")
     parser.add_argument("--pairs", type=int, default=6, help="A/B pairs per variant with --base or --attribution")
     parser.add_argument("--one", choices=tuple(VARIANTS), help=argparse.SUPPRESS)  # a side of a pair
     parser.add_argument("--no-attribution", action="store_true", help=argparse.SUPPRESS)  # its base side
@@ -160,26 +201,31 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.smoke else 5)
     if min(batches, rounds, args.pairs) < 1:
         parser.error("sizes must be at least 1")
+    if args.resident < 0:
+        parser.error("--resident must be at least 0")
     if args.base is not None and args.attribution:
         parser.error("--base and --attribution are two different pairs: give one")
     if args.one is not None:
-        print(json.dumps({"us_per_batch": measure(args.one, batches, rounds, not args.no_attribution)}))
+        figure = measure(args.one, batches, rounds, not args.no_attribution, args.resident)
+        print(json.dumps({"us_per_batch": figure}))
         return 0
     out: dict[str, Any] = {
         "mode": "smoke" if args.smoke else "full",
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "code": _commit(),
         "python": sys.version.split()[0],
+        "resident": args.resident,
     }
+    fleet = ("--resident", str(args.resident)) if args.resident else ()
     sides: dict[str, Side] | None = None
     if args.base is not None:
         out["base"] = str(args.base)
-        sides = {"new": (REPO, ()), "base": (args.base.resolve(), ())}
+        sides = {"new": (REPO, fleet), "base": (args.base.resolve(), fleet)}
     elif args.attribution:
         out["base"] = "this tree without the prefill attribution"
-        sides = {"new": (REPO, ()), "base": (REPO, ("--no-attribution",))}
+        sides = {"new": (REPO, fleet), "base": (REPO, ("--no-attribution", *fleet))}
     if sides is None:
-        out["us_per_batch"] = {name: measure(name, batches, rounds) for name in VARIANTS}
+        out["us_per_batch"] = {name: measure(name, batches, rounds, resident=args.resident) for name in VARIANTS}
     else:
         out["ab"] = {name: against(sides, name, batches, rounds, args.pairs) for name in VARIANTS}
     _say(f"wrote {write_run(out, args.results_dir)}")

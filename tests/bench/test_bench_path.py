@@ -51,3 +51,24 @@ def test_the_base_side_of_the_attribution_pairs_counts_nothing() -> None:
         assert serving.index.resident_blocks() > 0
         tokens[attribution] = sum(serving.attribution.totals([("bench", 0)]))
     assert tokens[True] > 0 and tokens[False] == 0
+
+
+def test_resident_fills_a_fleet_beside_the_flood_and_gives_the_index_its_observer_back() -> None:
+    """``--resident``: the fleet's blocks held and learned over the other streams before the flood,
+    the learner's ring full past them (the gone announcements at its front), the fill not
+    attributed, and the flood's engine attributed as without a fleet."""
+    from bench import path, payloads
+
+    form, hashes = path.VARIANTS["map"]
+    stream = payloads.load_or_generate(payloads.standard(30_000, form, hashes)).stream(0)[:200]
+    messages = [[b"", path.wire.seq_bytes(seq), payload] for seq, payload in enumerate(stream)]
+    resident = 8 * 64 * 6
+    serving, outlet, sequencer, client = path._gateway(True, resident)
+    assert serving.index.resident_blocks() == resident
+    learner = serving.routers.learner
+    assert learner.learned >= resident * (1 + path.FLEET_GONE)
+    fleet = [("fleet", k) for k in range(path.FLEET_STREAMS)]
+    assert sum(serving.attribution.totals(fleet)) == 0
+    path._run(messages, outlet, sequencer, client)
+    assert serving.index.resident_blocks() > resident
+    assert sum(serving.attribution.totals([("bench", 0)])) > 0
