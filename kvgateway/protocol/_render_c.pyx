@@ -27,6 +27,7 @@ from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from kvgateway._pylong cimport u64_of  # an int read from its digits
+from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 
 cdef extern from "Python.h":
@@ -316,14 +317,20 @@ cdef frozenset _REMOVED_OWN = frozenset({"type", "block_hashes", "medium", "tier
 cdef frozenset _CLEARED_OWN = frozenset({"type"})
 
 cdef Py_ssize_t _TOKENS_AT = slot_offset(BlockStored)
+# The fields the writers read from their slots (``field``): an event reaches them of its exact type
+cdef object _BlockStored = BlockStored
+cdef object _BlockRemoved = BlockRemoved
+cdef object _AllBlocksCleared = AllBlocksCleared
+cdef Fields _STORED = fields_of(BlockStored)
+cdef Fields _REMOVED = fields_of(BlockRemoved)
+cdef Fields _CLEARED = fields_of(AllBlocksCleared)
 
 cdef dict _media = {}
 """(event type, medium) -> (b',"medium":..,"tier":..', the filter key): few distinct, from the wire."""
 cdef int _MEDIA_MAX = 256
 
 
-cdef tuple _medium_part(object event, object kind):
-    medium = event.medium
+cdef tuple _medium_part(object event, object kind, object medium):
     if medium is not None and not PyUnicode_CheckExact(medium):
         return None
     found = _media.get((kind, medium))
@@ -425,25 +432,26 @@ cdef int _put_ints(Buffer* out, object values) except -1:
     return _put_bytes(out, _encoder.encode(values))
 
 
-cdef tuple _opened(Buffer* out, object event, object kind, bytes opening):
-    """A block event's type and hashes; its medium part and key, or None where the reference
-    must write the event."""
-    media = _medium_part(event, kind)
+cdef tuple _opened(Buffer* out, object event, object kind, bytes opening, object medium, object hashes):
+    """A block event's type and hashes (its ``medium`` and ``block_hashes``); its medium part and
+    key, or None where the reference must write the event."""
+    media = _medium_part(event, kind, medium)
     if media is None:
         return None
     _put_bytes(out, opening)
-    if not _put_hashes(out, event.block_hashes):
+    if not _put_hashes(out, hashes):
         return None
     return media
 
 
 cdef object _put_stored(Buffer* out, object event):
     """A BlockStored's JSON; its filter key, or None where the reference must write it."""
-    media = _opened(out, event, STORED, _STORED_OPEN)
+    hashes = field(event, _BlockStored, _STORED.block_hashes, "block_hashes")
+    media = _opened(out, event, STORED, _STORED_OPEN, field(event, _BlockStored, _STORED.medium, "medium"), hashes)
     if media is None:
         return None
     _put_bytes(out, _PARENT_BLOCK_HASH)
-    parent = event.parent_block_hash
+    parent = field(event, _BlockStored, _STORED.parent_block_hash, "parent_block_hash")
     if parent is None:
         _put_bytes(out, _NULL)
     elif not _put_hash(out, parent):
@@ -451,24 +459,25 @@ cdef object _put_stored(Buffer* out, object event):
     _put_bytes(out, _TOKEN_IDS)
     _put_ints(out, slot_value(event, _TOKENS_AT))  # not made a list where the wire's ids are kept
     _put_bytes(out, _BLOCK_SIZE)
-    _put_value(out, event.block_size)
+    _put_value(out, field(event, _BlockStored, _STORED.block_size, "block_size"))
     _put_bytes(out, _LORA_ID)
-    _put_value(out, event.lora_id)
+    _put_value(out, field(event, _BlockStored, _STORED.lora_id, "lora_id"))
     _put_bytes(out, <bytes>media[0])
     _put_bytes(out, _LORA_NAME)
-    _put_value(out, event.lora_name)
-    if not _put_extra(out, event.extra, _STORED_OWN):
+    _put_value(out, field(event, _BlockStored, _STORED.lora_name, "lora_name"))
+    if not _put_extra(out, field(event, _BlockStored, _STORED.extra, "extra"), _STORED_OWN):
         return None
     _put_char(out, 125)
     return media[1]
 
 
 cdef object _put_removed(Buffer* out, object event):
-    media = _opened(out, event, REMOVED, _REMOVED_OPEN)
+    hashes = field(event, _BlockRemoved, _REMOVED.block_hashes, "block_hashes")
+    media = _opened(out, event, REMOVED, _REMOVED_OPEN, field(event, _BlockRemoved, _REMOVED.medium, "medium"), hashes)
     if media is None:
         return None
     _put_bytes(out, <bytes>media[0])
-    if not _put_extra(out, event.extra, _REMOVED_OWN):
+    if not _put_extra(out, field(event, _BlockRemoved, _REMOVED.extra, "extra"), _REMOVED_OWN):
         return None
     _put_char(out, 125)
     return media[1]
@@ -480,7 +489,7 @@ cdef object _CLEARED_KEY = None
 cdef object _put_cleared(Buffer* out, object event):
     global _CLEARED_KEY
     _put_bytes(out, _CLEARED_OPEN)
-    if not _put_extra(out, event.extra, _CLEARED_OWN):
+    if not _put_extra(out, field(event, _AllBlocksCleared, _CLEARED.extra, "extra"), _CLEARED_OWN):
         return None
     _put_char(out, 125)
     if _CLEARED_KEY is None:
@@ -494,11 +503,11 @@ cdef object _put_event(Buffer* out, object event):
     kind = type(event)
     key = None
     try:
-        if kind is BlockStored:
+        if kind is _BlockStored:
             key = _put_stored(out, event)
-        elif kind is BlockRemoved:
+        elif kind is _BlockRemoved:
             key = _put_removed(out, event)
-        elif kind is AllBlocksCleared:
+        elif kind is _AllBlocksCleared:
             key = _put_cleared(out, event)
     except (TypeError, ValueError, AttributeError, OverflowError):
         key = None  # a value msgspec refused where the reference may never encode it (overwritten)

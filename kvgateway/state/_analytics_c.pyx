@@ -21,14 +21,13 @@ updated at each key the pass adds (a key taken out leaves its bit set until the 
 the dict's keys, once more keys were added than the bitmap allows): the tables are the pass's to
 write, read by everyone else. A u64 block hash's ``hash()`` (the filters' key, and the sampling
 decision's) is worked out in line from its digits, as CPython does it; an event's fields are read
-from its slots (:func:`_field`).
+from its slots (``field`` in engine/_slots.pxd).
 
 Times and counts stay Python objects (an engine's timestamp is whatever the wire held), so every
 sum, difference and comparison is Python's own.
 """
 
 import sys
-import types
 from bisect import bisect_left
 from collections import OrderedDict
 
@@ -39,10 +38,10 @@ from libc.stdint cimport uint64_t
 from libc.string cimport memset
 
 from kvgateway._pylong cimport u64_of  # a hash's int read from its digits
-from kvgateway.engine._slots cimport member_offset  # where a Struct keeps a field
+from kvgateway.engine._slots cimport Fields, field, field_offset, fields_of  # a Struct's field read from its slot
 
 from kvgateway.engine.mediums import medium_tier, normalise_medium
-from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
 from kvgateway.log.ordered import BatchRecord, NoticeRecord
 from kvgateway.runtime.metrics import LIFETIME_BUCKETS
 from kvgateway.state._analytics_py import MAX_ROOTS, MAX_ROUTES, MAX_TRACKED, REFETCH_WINDOW_SECONDS, SAMPLE, TierStats
@@ -51,6 +50,7 @@ cdef object _BlockStored = BlockStored
 cdef object _BlockRemoved = BlockRemoved
 cdef object _AllBlocksCleared = AllBlocksCleared
 cdef object _BatchRecord = BatchRecord
+cdef object _Batch = Batch
 cdef object _NoticeRecord = NoticeRecord
 cdef object _OrderedDict = OrderedDict
 cdef object _TierStats = TierStats
@@ -60,32 +60,12 @@ cdef Py_hash_t _SAMPLE = SAMPLE
 cdef object _UNSEEN = object()  # no event's medium yet in this batch
 
 
-cdef Py_ssize_t _offset(object cls, str name) except -2:
-    """Where ``cls``'s instances keep the field ``name`` (-1: not in a slot, read as an attribute)."""
-    for klass in cls.__mro__:
-        member = klass.__dict__.get(name)
-        if member is not None:
-            return member_offset(member) if type(member) is types.MemberDescriptorType else -1
-    return -1
-
-
-cdef inline object _field(object event, Py_ssize_t offset, str name):
-    """``getattr(event, name)``, read from its slot at ``offset`` when it holds a value (an event
-    of the exact type the offset was found for; an empty slot is left to getattr, which raises)."""
-    cdef PyObject* value
-    if offset >= 0:
-        value = (<PyObject**>((<char*><PyObject*>event) + offset))[0]
-        if value is not NULL:
-            return <object>value
-    return getattr(event, name)
-
-
 # The fields the pass reads, per event (msgspec keeps a Struct's fields in slots at fixed offsets)
-cdef Py_ssize_t _STORED_HASHES = _offset(BlockStored, "block_hashes")
-cdef Py_ssize_t _STORED_MEDIUM = _offset(BlockStored, "medium")
-cdef Py_ssize_t _STORED_PARENT = _offset(BlockStored, "parent_block_hash")
-cdef Py_ssize_t _REMOVED_HASHES = _offset(BlockRemoved, "block_hashes")
-cdef Py_ssize_t _REMOVED_MEDIUM = _offset(BlockRemoved, "medium")
+cdef Fields _STORED = fields_of(BlockStored)
+cdef Fields _REMOVED = fields_of(BlockRemoved)
+cdef Fields _BATCH = fields_of(Batch)
+cdef Py_ssize_t _RECORD_BATCH = field_offset(BatchRecord, "batch")
+cdef Py_ssize_t _RECORD_STREAM = field_offset(BatchRecord, "stream")
 
 
 # --- the negative filters ----------------------------------------------------------------------
@@ -263,8 +243,12 @@ cdef class AnalyticsPass:
     def follow(self, entry):
         record = entry.record
         if type(record) is _BatchRecord:
-            batch = record.batch
-            self._apply(record.stream, batch.events, batch.ts)
+            batch = field(record, _BatchRecord, _RECORD_BATCH, "batch")
+            self._apply(
+                field(record, _BatchRecord, _RECORD_STREAM, "stream"),
+                field(batch, _Batch, _BATCH.events, "events"),
+                field(batch, _Batch, _BATCH.ts, "ts"),
+            )
         elif type(record) is _NoticeRecord and record.kind == "restart":
             self._forget(record.stream)
 
@@ -301,13 +285,13 @@ cdef class AnalyticsPass:
         for event in events:
             kind = type(event)
             if kind is _BlockStored:
-                hashes = _field(event, _STORED_HASHES, "block_hashes")
+                hashes = field(event, _BlockStored, _STORED.block_hashes, "block_hashes")
                 if not hashes:
                     continue
-                medium = _field(event, _STORED_MEDIUM, "medium")
+                medium = field(event, _BlockStored, _STORED.medium, "medium")
             elif kind is _BlockRemoved:
-                hashes = _field(event, _REMOVED_HASHES, "block_hashes")
-                medium = _field(event, _REMOVED_MEDIUM, "medium")
+                hashes = field(event, _BlockRemoved, _REMOVED.block_hashes, "block_hashes")
+                medium = field(event, _BlockRemoved, _REMOVED.medium, "medium")
             else:
                 if kind is _AllBlocksCleared:
                     self._forget(stream)
@@ -324,7 +308,7 @@ cdef class AnalyticsPass:
                 self._refetched(tables, hashes, ts)
             if _hash_of(hashes[0]) % _SAMPLE == 0:
                 self._sampled(tables, hashes, ts)
-            if _field(event, _STORED_PARENT, "parent_block_hash") is None:
+            if field(event, _BlockStored, _STORED.parent_block_hash, "parent_block_hash") is None:
                 self._root(stream, routed.medium, hashes[0])
         return 0
 

@@ -47,7 +47,9 @@ from kvgateway.state._hashtable cimport (  # the C tables of hashes: the evictio
     _table_set,
 )
 
-from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored
+from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
+
+from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
 from kvgateway.state._apply_py import (
     BUCKET_SECONDS,
     COMPARE_ALL,
@@ -66,6 +68,14 @@ cdef Py_ssize_t _WINDOW = RATE_WINDOW_SECONDS
 cdef int _COMPARE_ALL = COMPARE_ALL
 cdef int _NEW = NEW
 _BUCKETS = RECENT_SECONDS // BUCKET_SECONDS
+
+# The fields the pass reads, per event and per batch, from their slots (``field``)
+cdef object _BlockStored = BlockStored
+cdef object _BlockRemoved = BlockRemoved
+cdef object _Batch = Batch
+cdef Fields _STORED = fields_of(BlockStored)
+cdef Fields _REMOVED = fields_of(BlockRemoved)
+cdef Fields _BATCH = fields_of(Batch)
 
 
 @cython.final
@@ -734,14 +744,22 @@ cdef int _ahead(Group grp, object evicted, object hashes, bint stored, bint evic
     return 0
 
 
-cdef bint _new_store(bint stale, event, size, Account account, int compare, Group fleet) except -1:
-    """:func:`kvgateway.state._apply_py._new_store`, the sets tested in one C loop."""
+cdef bint _new_store(bint stale, event, hashes, size, Account account, int compare, Group fleet) except -1:
+    """:func:`kvgateway.state._apply_py._new_store`, the sets tested in one C loop (``hashes`` the
+    event's, read already)."""
     if size > 0:
         account.block_size = size
     return (
         not stale
-        and not (compare and event.token_ids and (compare == _COMPARE_ALL or event.parent_block_hash is None))
-        and _fresh(fleet.blocks, account.evicted, event.block_hashes)
+        and not (
+            compare
+            and event.token_ids  # the attribute: a list where the slot keeps the wire's ids
+            and (
+                compare == _COMPARE_ALL
+                or field(event, _BlockStored, _STORED.parent_block_hash, "parent_block_hash") is None
+            )
+        )
+        and _fresh(fleet.blocks, account.evicted, hashes)
     )
 
 
@@ -763,34 +781,41 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
     compare = COMPARE_NONE if observer is None else observer.compare
     stale = index.staleness.reason is not None
     tokens = 0
-    for event in batch.events:
+    for event in field(batch, _Batch, _BATCH.events, "events"):
         kind = type(event)
-        if kind is BlockStored or kind is BlockRemoved:
-            extra = event.extra
+        if kind is _BlockStored or kind is _BlockRemoved:
+            if kind is _BlockStored:
+                extra = field(event, _BlockStored, _STORED.extra, "extra")
+                medium = field(event, _BlockStored, _STORED.medium, "medium")
+                hashes = field(event, _BlockStored, _STORED.block_hashes, "block_hashes")
+            else:
+                extra = field(event, _BlockRemoved, _REMOVED.extra, "extra")
+                medium = field(event, _BlockRemoved, _REMOVED.medium, "medium")
+                hashes = field(event, _BlockRemoved, _REMOVED.block_hashes, "block_hashes")
             group_idx = extra.get("group_idx") if extra else None
             if type(group_idx) is not int:
                 group_idx = None
-            grp = routes.get((event.medium, group_idx))
+            grp = routes.get((medium, group_idx))
             if grp is None:
-                grp = index.route(event.medium, group_idx)
-            hashes = event.block_hashes
+                grp = index.route(medium, group_idx)
             n = len(hashes)
             med = grp.medium
             if live and sec != med.cur_sec:
                 med.roll(sec)
             if n > 1:
-                _ahead(grp, account.evicted if account is not None else None, hashes, kind is BlockStored, med.gpu)
-            if kind is BlockStored:
-                size = event.block_size  # read once: the account and the medium both learn it
+                _ahead(grp, account.evicted if account is not None else None, hashes, kind is _BlockStored, med.gpu)
+            if kind is _BlockStored:
+                # read once: the account and the medium both learn it
+                size = field(event, _BlockStored, _STORED.block_size, "block_size")
                 if account is None or not med.gpu or not n:
                     grp.store(hashes)
-                elif _new_store(stale, event, size, account, compare, fleet):
+                elif _new_store(stale, event, hashes, size, account, compare, fleet):
                     fresh += n
                     tokens += n * account.block_size
                     grp.store_new(hashes)
                 else:
                     if observer is not None:
-                        observer.stored(index, event, batch.ts, now)
+                        observer.stored(index, event, field(batch, _Batch, _BATCH.ts, "ts"), now)
                         compare = observer.compare
                     grp.store(hashes)
                 if size > 0:
@@ -803,9 +828,9 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
                 if account is not None and med.gpu and n:
                     evicted = account.evicted
                     if type(evicted) is Evictions:
-                        (<Evictions>evicted).add(hashes, batch.ts)
+                        (<Evictions>evicted).add(hashes, field(batch, _Batch, _BATCH.ts, "ts"))
                     else:
-                        evicted.add(hashes, batch.ts)
+                        evicted.add(hashes, field(batch, _Batch, _BATCH.ts, "ts"))
                 med.removes += n
                 if live:
                     med.cur_removes += n

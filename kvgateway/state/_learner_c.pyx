@@ -35,10 +35,11 @@ from cpython.mem cimport PyMem_RawRealloc as realloc
 from libc.string cimport memset
 
 from kvgateway._pylong cimport u64_of  # a token read from its digits
+from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 from kvgateway.state._hashtable cimport _prefetch  # a cache line asked for ahead of its use
 
-from kvgateway.engine.wire import BlockStored
+from kvgateway.engine.wire import Batch, BlockStored
 from kvgateway.runtime.memory import release_free_heap
 from kvgateway.state._learner_py import (
     DEFAULT_MAX_LEARNED_BLOCKS,
@@ -169,11 +170,16 @@ def _tuple_hash_agrees():
 
 cdef bint _TUPLE_HASH_OK = _tuple_hash_agrees()
 cdef Py_ssize_t _TOKENS_AT = slot_offset(BlockStored)
+# The fields the learner reads, per event and per batch, from their slots (``field``)
+cdef object _BlockStored = BlockStored
+cdef object _Batch = Batch
+cdef Fields _STORED = fields_of(BlockStored)
+cdef Fields _BATCH = fields_of(Batch)
 
 
 cdef object _extra_keys_of(object event, Py_ssize_t blocks):
     """The event's per-block ``extra_keys`` (one entry per block), else None: ``extra_keys_of``."""
-    cdef object extra = event.extra
+    cdef object extra = field(event, _BlockStored, _STORED.extra, "extra")
     if not extra:
         return None
     extra_keys = extra.get("extra_keys")
@@ -616,8 +622,8 @@ cdef class ChainLearner:
         if not self.max_blocks:
             return 0
         cdef Py_ssize_t taught = 0
-        for event in batch.events:
-            if type(event) is BlockStored:
+        for event in field(batch, _Batch, _BATCH.events, "events"):
+            if type(event) is _BlockStored:
                 taught += self._learn(source, dp_rank, event)
         return taught
 
@@ -626,10 +632,10 @@ cdef class ChainLearner:
         return self._learn(source, dp_rank, event)
 
     cdef Py_ssize_t _learn(self, object source, object dp_rank, object event) except -1:
-        cdef object hashes = event.block_hashes
+        cdef object hashes = field(event, _BlockStored, _STORED.block_hashes, "block_hashes")
         # a Tokens (never empty) is not made a list
-        cdef object tokens = slot_value(event, _TOKENS_AT if type(event) is BlockStored else -1)
-        cdef object size_of = event.block_size
+        cdef object tokens = slot_value(event, _TOKENS_AT if type(event) is _BlockStored else -1)
+        cdef object size_of = field(event, _BlockStored, _STORED.block_size, "block_size")
         if not self.max_blocks or not hashes:
             return 0
         if not tokens or size_of <= 0:
@@ -651,14 +657,15 @@ cdef class ChainLearner:
             raise MemoryError()
         try:
             self._digests(event, tokens, size, blocks, digests)
-            self._teach(stream, event.parent_block_hash, <list>hashes, blocks, digests)
+            parent = field(event, _BlockStored, _STORED.parent_block_hash, "parent_block_hash")
+            self._teach(stream, parent, <list>hashes, blocks, digests)
         finally:
             free(digests)
         self.learned += blocks
         return blocks
 
     cdef int _digests(self, object event, object tokens, Py_ssize_t size, Py_ssize_t blocks, uint64_t* out) except -1:
-        lora_name = event.lora_name
+        lora_name = field(event, _BlockStored, _STORED.lora_name, "lora_name")
         extra_keys = _extra_keys_of(event, blocks)
         cdef Py_ssize_t i
         if lora_name is None and (extra_keys is None or _all_none(extra_keys)):

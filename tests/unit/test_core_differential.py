@@ -11,7 +11,7 @@ it on the compiled build, and hypothesis shrinks any difference to a minimal bat
 
 from __future__ import annotations
 
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -308,6 +308,32 @@ def test_token_ids_kept_as_sent_are_learned_as_their_list(
         assert (type(_held(batches[1].events[0])).__name__ == "Tokens") == plain
     seen = [(("eng", 0), batches[0].events[0])]
     assert answers(learners[0], seen) == answers(learners[1], seen) == [hashes]
+
+
+class LaterBatch(Batch):
+    """A Batch of another type (a further field): its fields are found where a Batch's are not."""
+
+    note: str = ""
+
+
+def test_a_batch_or_event_of_another_type_is_learned_as_the_reference_learns_it() -> None:
+    """The compiled learner reads a Batch's and a BlockStored's fields from their slots (their
+    offsets found for those exact types); a Batch subclass, and an event handed to ``learn`` that is
+    no BlockStored (a namespace with its fields), are read through their attributes, as the
+    reference reads them."""
+    compiled = _compiled()
+    chain = [BlockStored([11, 12], None, [1, 2, 3, 4], 2), BlockStored([13], 12, [5, 6], 2, lora_name="l")]
+    other = SimpleNamespace(
+        block_hashes=[14], parent_block_hash=13, token_ids=[7, 8], block_size=2, lora_name=None, extra={}
+    )
+    learners = [module.ChainLearner(16, floor=16) for module in (pure, compiled)]
+    taught = [
+        (learner.learn_batch("a", 0, LaterBatch(0.0, chain, 0)), learner.learn("a", 0, other)) for learner in learners
+    ]
+    assert taught[0] == taught[1] == (3, 1)
+    assert state(learners[0]) == state(learners[1])
+    seen = [(("a", 0), event) for event in chain]
+    assert answers(learners[0], seen) == answers(learners[1], seen)
 
 
 def test_hash_kinds_at_the_edges_of_fixed_width_integers() -> None:

@@ -17,7 +17,7 @@ import pickle
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -342,6 +342,31 @@ def test_a_compiled_groups_hashes_cannot_change_under_an_iterator() -> None:
     assert sorted(blocks) == [*range(10), 10_000]
     with pytest.raises(TypeError):
         hash(blocks)
+
+
+class LaterBatch(Batch):
+    """A Batch of another type (a further field): its fields are found where a Batch's are not."""
+
+    note: str = ""
+
+
+def test_a_batch_of_another_type_is_read_as_the_reference_reads_it() -> None:
+    """The compiled pass reads a Batch's and its events' fields from their slots (their offsets found
+    for those exact types); a Batch subclass or a batch that is no Struct at all is read through its
+    attributes, and applies as the reference applies it."""
+    events: list[Event] = [
+        BlockStored([1, 2], None, [0, 1, 2, 3], 2, None, "GPU", None, {"group_idx": 1}),
+        BlockRemoved([1, 9], "GPU"),
+        BlockStored([3], 2, [], 0, medium="CPU"),
+    ]
+    batches = [LaterBatch(1.0, events, 0, note="later"), SimpleNamespace(ts=2.5, events=events[::-1], dp_rank=0)]
+    sides = [Side(_apply_py, 60.0, 8), Side(_compiled("kvgateway.state._apply_c"), 60.0, 8)]
+    for n, batch in enumerate(batches):
+        for side in sides:
+            with core(side.module):
+                side.index.apply("a", 0, batch, now=1000.0 + n)  # type: ignore[arg-type]
+        assert sides[0].shown(1000.0 + n) == sides[1].shown(1000.0 + n)
+    assert sides[1].index.stream("a", 0).unknown_removes == 4  # both batches applied (group None holds none)
 
 
 def test_the_public_index_runs_the_chosen_pass() -> None:
