@@ -1,6 +1,6 @@
 # cython: language_level=3
-"""An exact int's value as a C ``uint64_t``, read from CPython's own digits: for the compiled core's
-modules (``cimport``-ed, so compiled into each; nothing of it exists at run time).
+"""An exact int's value as a C ``uint64_t``, read from CPython's own digits, and its ``hash()``: for
+the compiled core's modules (``cimport``-ed, so compiled into each; nothing of it exists at run time).
 
 The engines' block hashes are u64 (three 30-bit digits for most) and their token ids small (one
 digit). Cython's own conversion takes CPython's general path for three digits, and the C API's
@@ -60,3 +60,19 @@ cdef inline bint u64_of(object h, uint64_t* value) except -1:
     except OverflowError:
         return False
     return True
+
+
+cdef extern from *:
+    """
+    /* CPython's int hash on a 64-bit build: the value modulo this prime (sys.hash_info.modulus). */
+    #define KV_HASH_MODULUS ((uint64_t)0x1FFFFFFFFFFFFFFFULL)
+    """
+    const uint64_t HASH_MODULUS "KV_HASH_MODULUS"
+
+
+cdef inline uint64_t u64_hash(uint64_t value) noexcept nogil:
+    """``hash()`` of the int ``value`` (0 to 2**64-1) as a 64-bit CPython works it out: the value
+    modulo :data:`HASH_MODULUS`, 2**61 - 1 (2**61 is 1 modulo it, so the bits above 61 fold onto the
+    rest once). Its callers check once that the interpreter hashes so."""
+    value = (value & HASH_MODULUS) + (value >> 61)
+    return value - HASH_MODULUS if value >= HASH_MODULUS else value

@@ -20,9 +20,7 @@ field.
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
-from kvgateway.engine._slots cimport member_offset  # where a Struct keeps a field
-
-import types
+from kvgateway.engine._slots cimport class_attribute, is_member, member_offset  # where a Struct keeps a field
 
 from msgspec import UNSET
 
@@ -55,13 +53,12 @@ cdef object _token_ids = None
 
 cdef Py_ssize_t _offset(object cls, str name) except -2:
     """Where ``cls``'s instances keep the field ``name`` (-1: no such field)."""
-    for klass in cls.__mro__:
-        member = klass.__dict__.get(name)
-        if member is not None:
-            if type(member) is not types.MemberDescriptorType:
-                raise TypeError(f"{cls.__name__}.{name} is not a slot of its instances")
-            return member_offset(member)
-    return -1
+    member = class_attribute(cls, name)
+    if member is None:
+        return -1
+    if not is_member(member):
+        raise TypeError(f"{cls.__name__}.{name} is not a slot of its instances")
+    return member_offset(member)
 
 
 cdef int _plan(_Plan* plan, object cls, tuple further, bint convert_tokens) except -1:

@@ -27,17 +27,29 @@ cdef inline Py_ssize_t member_offset(object member):
     return (<PyMemberDescrObject*><PyObject*>member).d_member.offset
 
 
+cdef inline object class_attribute(object cls, str name):
+    """What attribute lookup finds for ``name`` first along ``cls``'s MRO, in a class's own
+    ``__dict__`` (None: nothing)."""
+    for klass in cls.__mro__:
+        member = klass.__dict__.get(name)
+        if member is not None:
+            return member
+    return None
+
+
+cdef inline bint is_member(object attribute) noexcept:
+    """Whether ``attribute`` is a member descriptor (``types.MemberDescriptorType``): a slot's."""
+    return Py_TYPE(attribute) == &PyMemberDescr_Type
+
+
 cdef inline Py_ssize_t field_offset(object cls, str name) except -2:
     """Where ``cls``'s instances keep the field ``name``: the offset of the member descriptor that
     attribute lookup finds first along the MRO; -1 where it finds anything else (a property, a
     :class:`kvgateway.engine._tokens_c.Field`, nothing) or ``cls`` looks its attributes up its own way."""
     if cls.__getattribute__ is not object.__getattribute__:
         return -1
-    for klass in cls.__mro__:
-        member = klass.__dict__.get(name)
-        if member is not None:
-            return member_offset(member) if Py_TYPE(member) == &PyMemberDescr_Type else -1
-    return -1
+    member = class_attribute(cls, name)
+    return member_offset(member) if member is not None and is_member(member) else -1
 
 
 cdef inline object field(object obj, object cls, Py_ssize_t offset, str name):

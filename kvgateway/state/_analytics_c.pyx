@@ -37,7 +37,7 @@ from cpython.object cimport PyObject, PyObject_Hash
 from libc.stdint cimport uint64_t
 from libc.string cimport memset
 
-from kvgateway._pylong cimport u64_of  # a hash's int read from its digits
+from kvgateway._pylong cimport HASH_MODULUS, u64_hash, u64_of  # a hash's int read from its digits, and its hash()
 from kvgateway.engine._slots cimport Fields, field, field_offset, fields_of  # a Struct's field read from its slot
 
 from kvgateway.engine.mediums import medium_tier, normalise_medium
@@ -83,9 +83,7 @@ cdef struct Filter:
     Py_ssize_t limit  # the bits / _SPARSE: more added, and the filter is rebuilt
 
 
-cdef uint64_t _MODULUS = (1 << 61) - 1
-cdef bint _HASH_IN_LINE = sys.hash_info.modulus == _MODULUS  # a 64-bit CPython's: an int's hash is
-# its value modulo the prime 2**61 - 1 (the sign aside)
+cdef bint _HASH_IN_LINE = sys.hash_info.modulus == HASH_MODULUS  # a 64-bit CPython's int hash
 
 
 cdef inline Py_hash_t _hash_of(object h) except? -1:
@@ -94,8 +92,7 @@ cdef inline Py_hash_t _hash_of(object h) except? -1:
     ``PyObject_Hash`` must find the same bits)."""
     cdef uint64_t value
     if _HASH_IN_LINE and u64_of(h, &value):
-        value = (value & _MODULUS) + (value >> 61)  # 2**61 is 1 modulo 2**61 - 1
-        return <Py_hash_t>(value - _MODULUS if value >= _MODULUS else value)
+        return <Py_hash_t>u64_hash(value)
     return PyObject_Hash(h)
 
 

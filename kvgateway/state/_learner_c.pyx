@@ -34,7 +34,7 @@ from cpython.mem cimport PyMem_RawMalloc as malloc
 from cpython.mem cimport PyMem_RawRealloc as realloc
 from libc.string cimport memset
 
-from kvgateway._pylong cimport u64_of  # a token read from its digits
+from kvgateway._pylong cimport u64_hash, u64_of  # a token read from its digits, and its hash()
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 from kvgateway.state._hashtable cimport _prefetch  # a cache line asked for ahead of its use
@@ -90,7 +90,6 @@ cdef inline uint64_t _xx_end(uint64_t acc, uint64_t length) noexcept:
 
 
 cdef uint64_t _NONE_LANE = <uint64_t>PyObject_Hash(None)
-cdef uint64_t _HASH_MODULUS = (1ULL << 61) - 1  # CPython's int hash is the value modulo this (64-bit builds)
 
 
 cdef inline uint64_t _block_end(uint64_t acc, Py_ssize_t size) noexcept:
@@ -108,8 +107,8 @@ cdef int _tuple_digest(list tokens, Py_ssize_t first, Py_ssize_t size, uint64_t*
     cdef object token
     for j in range(size):
         token = <object>PyList_GET_ITEM(tokens, first + j)
-        if u64_of(token, &value) and value < _HASH_MODULUS:
-            acc = _xx_lane(acc, value)  # a non-negative int below the modulus hashes to itself
+        if u64_of(token, &value):
+            acc = _xx_lane(acc, u64_hash(value))
         elif type(token) is int:
             acc = _xx_lane(acc, <uint64_t>PyObject_Hash(token))
         else:
