@@ -212,7 +212,7 @@ class RouterState:
 
     async def count_fleet(self, offset: int) -> dict[str, Any]:
         """Fleet facts at ``offset`` (frozen now), counted one stream and group per event-loop turn."""
-        count = FleetCount(self.index.streams())
+        count = FleetCount(self.index.streams(), holders=self.index)
         for _ in iter(count.step, True):  # one stream and group, then a turn for everything else
             await asyncio.sleep(0)
         facts = count.result()

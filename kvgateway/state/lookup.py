@@ -55,7 +55,7 @@ import msgspec
 from kvgateway.engine.mediums import medium_tier, tier_rank
 from kvgateway.engine.wire import Hash
 from kvgateway.state.learner import DEFAULT_MAX_LEARNED_BLOCKS, ChainLearner, block_digests
-from kvgateway.state.occupancy import StreamIndex
+from kvgateway.state.occupancy import OccupancyIndex, StreamIndex
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -388,21 +388,37 @@ class FleetCount:
     the event loop (at most ``step_blocks`` blocks of one stream's group and medium per step,
     however large the group) and the result is the fleet at construction. Meant to be refreshed
     every scrape interval or so, not per request.
+
+    With ``holders`` (the index the streams belong to), a fleet whose streams all hold one and the
+    same (medium, group_idx), as a GPU-only fleet of one KV-cache group does, is answered at once
+    from the index's fleet holders (:meth:`OccupancyIndex.fleet_tally`: the hashes some group holds,
+    and those two or more groups hold, counted as they change): O(1), no hash visited, nothing
+    frozen. The count in steps made a set of every distinct hash each refresh, and froze every
+    group, copied on its next change: a burst of transient objects every 15 s that spread the heap
+    (docs/performance.md, "5. Memory, round thirteen").
     """
 
-    __slots__ = ("_all", "_left", "_medium", "_steps")
+    __slots__ = ("_all", "_left", "_medium", "_steps", "_tally")
 
-    def __init__(self, indexes: Iterable[StreamIndex], step_blocks: int = 16384) -> None:
+    def __init__(
+        self, indexes: Iterable[StreamIndex], step_blocks: int = 16384, *, holders: OccupancyIndex | None = None
+    ) -> None:
         if step_blocks < 1:
             raise ValueError(f"step_blocks must be at least 1, got {step_blocks}")
+        indexes = list(indexes)
+        self._medium: dict[str, dict[int, tuple[set[Hash], set[Hash]]]] = {}
+        self._all: dict[int, tuple[set[Hash], set[Hash]]] = {}
+        self._left = 0
+        self._steps: Iterator[None] = iter(())
+        self._tally = None if holders is None else _tally(indexes, holders)
+        if self._tally is not None:
+            return
         todo: list[tuple[int, list[tuple[str, AbstractSet[Hash]]]]] = []
         for index in indexes:
             by_group: dict[int, list[tuple[str, AbstractSet[Hash]]]] = {}
             for medium, group, _size, blocks, _extra in index.block_groups(freeze=True):
                 by_group.setdefault(group, []).append((medium, blocks))
             todo.extend(by_group.items())
-        self._medium: dict[str, dict[int, tuple[set[Hash], set[Hash]]]] = {}
-        self._all: dict[int, tuple[set[Hash], set[Hash]]] = {}
         for group, parts in todo:  # listed even when empty, as the index lists them
             self._all.setdefault(group, (set(), set()))
             for medium, _blocks in parts:
@@ -444,6 +460,10 @@ class FleetCount:
         """``{"distinct_blocks", "shared_blocks", "mediums": {name: {"distinct_blocks", "shared_blocks"}}}``."""
         while not self.step():
             pass
+        if self._tally is not None:
+            medium, distinct, shared = self._tally
+            counts = {"distinct_blocks": distinct, "shared_blocks": shared}
+            return {**counts, "mediums": {medium: dict(counts)}}
         return {
             "distinct_blocks": sum(len(seen) for seen, _ in self._all.values()),
             "shared_blocks": sum(len(multi) for _, multi in self._all.values()),
@@ -455,6 +475,18 @@ class FleetCount:
                 for medium, groups in sorted(self._medium.items(), key=lambda m: (tier_rank(medium_tier(m[0])), m[0]))
             },
         }
+
+
+def _tally(indexes: list[StreamIndex], holders: OccupancyIndex) -> tuple[str, int, int] | None:
+    """(medium, distinct, shared) from the fleet's holders, where every stream holds the same single
+    (medium, group_idx) or none: then a hash's groups are its streams, and the holders' counts are
+    the fleet count's. None otherwise (mediums or groups apart: counted in steps)."""
+    kinds = {(medium, group) for index in indexes for medium, group, _size, _blocks, _extra in index.block_groups()}
+    if len(kinds) != 1:
+        return None
+    ((medium, _group),) = kinds
+    distinct, shared = holders.fleet_tally()
+    return medium, distinct, shared
 
 
 def fleet_facts(indexes: Iterable[StreamIndex]) -> dict[str, Any]:

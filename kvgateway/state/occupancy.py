@@ -445,6 +445,14 @@ class OccupancyIndex:
         for the index's lifetime: the learner keeps it). Never change it."""
         return self._fleet.blocks
 
+    def fleet_tally(self) -> tuple[int, int]:
+        """(the hashes some stream, medium and group holds; those two or more of them hold): O(1),
+        the fleet's holders and their extra references, kept as they change. A fleet count
+        (:class:`kvgateway.state.lookup.FleetCount`) answers from it where every stream holds one
+        and the same (medium, group_idx)."""
+        fleet = self._fleet
+        return len(fleet.blocks), len(fleet.extra)
+
     def holds(self, stream: Stream, block_hash: Hash) -> bool:
         """Whether ``stream`` holds ``block_hash`` in some medium and group (the routers' learner
         asks at each eviction): the fleet's holders first, one set lookup that answers the common

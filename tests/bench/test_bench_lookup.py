@@ -31,3 +31,4 @@ def test_lookup_bench_smoke(tmp_path: Path) -> None:
     for key in ("capture_ms", "render_s", "chunk_max_ms", "copy_on_write_first_apply_ms"):
         assert number(snapshot[key]), key
     assert result["fleet"]["facts"]["distinct_blocks"] >= result["workload"]["resident_blocks"]
+    assert number(result["fleet"]["from_holders_ms"])  # the bench checked it gives the same facts

@@ -605,6 +605,52 @@ def test_fleet_facts_match_a_plain_count(blocks: list[tuple[int, str, int, int]]
             }
 
 
+_HASHES = st.sampled_from([0, 1, 2, 3, 4, 5, -3, 2**64 - 1, 2**70, b"\x01" * 32, b"\x02" * 32])
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["store", "store", "remove", "clear"]),
+        st.integers(0, 2),
+        st.lists(_HASHES, max_size=4),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_OPS, st.sampled_from([("GPU", 0), ("CPU", 0), ("GPU", 1)]))
+def test_a_fleet_of_one_medium_and_group_is_counted_from_its_holders(
+    ops: list[tuple[str, int, list[Hash]]], kind: tuple[str, int]
+) -> None:
+    """Every stream in one (medium, group_idx): the count from the fleet's holders, at once, is the
+    count in steps, through repeats, removals of what is not held, clears and every hash kind."""
+    medium, group = kind
+    fleet = Fleet()
+    for op, stream, hashes in ops:
+        if op == "clear":
+            event: Event = AllBlocksCleared()
+        elif op == "store":
+            event = stored(*hashes, medium=medium, group=group) if hashes else stored(1, medium=medium, group=group)
+        else:
+            event = removed(*hashes, medium=medium, group=group)
+        fleet.apply("s", stream, event)
+    tallied = FleetCount(fleet.streams(), holders=fleet.occupancy)
+    assert tallied.step()  # answered at construction: nothing left to count
+    assert tallied.result() == fleet_facts(fleet.streams())
+
+
+def test_a_fleet_of_two_mediums_or_groups_is_counted_in_steps() -> None:
+    # hash 2 on a's GPU group 0 and on b's CPU: one block, shared; on b's group 1: two blocks
+    for other, shared in (({"medium": "CPU"}, 1), ({"group": 1}, 0)):
+        fleet = Fleet()
+        fleet.apply("a", 0, stored(1, 2))
+        fleet.apply("b", 0, stored(2, **other))  # type: ignore[arg-type]
+        count = FleetCount(fleet.streams(), step_blocks=1, holders=fleet.occupancy)
+        assert not count.step()  # counted in steps: the holders cannot tell the kinds apart
+        facts = count.result()
+        assert facts == fleet_facts(fleet.streams())
+        assert facts["shared_blocks"] == shared
+
+
 def test_block_digests_fast_path_and_odd_tokens() -> None:
     from kvgateway.state.lookup import block_digests
 
