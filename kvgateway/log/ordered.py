@@ -239,9 +239,9 @@ class MemoryLog:
         # Followers have applied the record; the ring keeps the messages only (the decoded batch
         # would hold memory and give the garbage collector thousands of lists to walk).
         entry.record = None
-        ring.trim()  # after the followers: a message larger than the bound is still delivered live
+        held = ring.trim()  # after the followers: a message larger than the bound is still delivered live
         if self._retained is not None:
-            self._retained(len(ring), ring.bytes)
+            self._retained(held, ring.bytes)
         if self._read_back is not None:
             self._read_back.appended(offset)
         return offset
