@@ -240,8 +240,9 @@ class MemoryLog:
         # would hold memory and give the garbage collector thousands of lists to walk).
         entry.record = None
         held = ring.trim()  # after the followers: a message larger than the bound is still delivered live
-        if self._retained is not None:
-            self._retained(held, ring.bytes)
+        retained = self._retained  # read, then called: a method call of an attribute is not specialised
+        if retained is not None:
+            retained(held, ring.bytes)
         if self._read_back is not None:
             self._read_back.appended(offset)
         return offset
