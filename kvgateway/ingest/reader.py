@@ -219,7 +219,8 @@ class StreamReader:
             # before them: hear of the connection first, or a restarted engine's first batches
             # are taken for the old one's (a batch before ``up``, a restart before it).
             self._poll_monitor()
-        received = self._clock()
+        clock = self._clock  # read, then called: a method call of an attribute is not specialised
+        received = clock()
         self._live_count += 1
         try:
             seq, payload = wire.split_message(frames)

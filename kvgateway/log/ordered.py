@@ -239,9 +239,10 @@ class MemoryLog:
         # Followers have applied the record; the ring keeps the messages only (the decoded batch
         # would hold memory and give the garbage collector thousands of lists to walk).
         entry.record = None
-        ring.trim()  # after the followers: a message larger than the bound is still delivered live
-        if self._retained is not None:
-            self._retained(len(ring), ring.bytes)
+        held = ring.trim()  # after the followers: a message larger than the bound is still delivered live
+        retained = self._retained  # read, then called: a method call of an attribute is not specialised
+        if retained is not None:
+            retained(held, ring.bytes)
         if self._read_back is not None:
             self._read_back.appended(offset)
         return offset

@@ -72,10 +72,12 @@ class Ring:
         self._next += 1
         self.bytes += entry.size
 
-    def trim(self) -> None:
+    def trim(self) -> int:
+        """Drop the oldest messages beyond the bounds; returns how many are held (``len``)."""
         entries = self._entries
         while entries and (len(entries) > self.max_messages or self.bytes > self.max_bytes):
             self.bytes -= entries.popleft().size
+        return len(entries)
 
     def since(self, offset: int) -> Iterator[Entry]:
         """Every entry after ``offset`` (which must satisfy ``first_offset - 1 <= offset``)."""

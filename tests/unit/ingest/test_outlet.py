@@ -22,7 +22,7 @@ from kvgateway.engine.sequencer import (
     Restart,
     Unrecovered,
 )
-from kvgateway.engine.wire import AllBlocksCleared
+from kvgateway.engine.wire import AllBlocksCleared, UnknownEvent
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.log.ordered import STATUS, BatchRecord, MemoryLog, NoticeRecord
 from kvgateway.log.ring import Entry
@@ -123,6 +123,13 @@ def test_a_delivered_batch_is_one_record_the_index_applies_and_counts_in_status_
     assert rig.sample("kvgateway_event_lag_seconds_sum") == pytest.approx(0.5)
     assert rig.sample("kvgateway_cache_blocks", medium="GPU") == 2
     assert rig.sample("kvgateway_cache_tokens", medium="GPU") == 8
+    # Events are counted by type, whatever their medium (the outlet counts the record's filter keys).
+    odd = UnknownEvent("Vendor", {"medium": "cpu"})
+    mixed = batch(stored(3, medium="CPU"), stored(4, medium="cpu_pinned"), events.cleared(), odd, odd)
+    rig.outlet.apply([Deliver(1, mixed, replayed=False)], NOW, held=0)
+    assert rig.outlet.events == {"BlockStored": 3, "BlockRemoved": 1, "AllBlocksCleared": 1, "Vendor": 2}
+    assert rig.sample("kvgateway_events_received_total", type="BlockStored") == 3
+    assert rig.sample("kvgateway_events_received_total", type="Vendor") == 2
 
 
 def test_a_replayed_batch_counts_as_replayed_and_leaves_the_lag_alone() -> None:
