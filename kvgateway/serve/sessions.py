@@ -82,7 +82,7 @@ class Turns:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.turn = 0
         self._scheduled = False
-        self._loop = loop
+        self._loop = weakref.ref(loop)  # not kept alive by its entry in _TURNS
         self._due: list[Pump] = []
 
     def claim(self, last: int) -> int | None:
@@ -90,16 +90,20 @@ class Turns:
         if self.turn == last:
             return None
         if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self._next)
+            self._schedule()
         return self.turn
 
     def defer(self, pump: Pump) -> None:
         """``pump`` writes its chunk at the start of the next turn (:meth:`Pump.flush`)."""
         self._due.append(pump)
         if not self._scheduled:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        loop = self._loop()
+        if loop is not None:
             self._scheduled = True
-            self._loop.call_soon(self._next)
+            loop.call_soon(self._next)
 
     def _next(self) -> None:
         self.turn += 1

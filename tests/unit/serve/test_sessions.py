@@ -4,7 +4,9 @@ and wakes on a publish or a close."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -14,7 +16,7 @@ from kvgateway.protocol.filters import ClientFilter
 from kvgateway.protocol.messages import OutMessage
 from kvgateway.serve.hub import TooManyClients
 from kvgateway.serve.query import ClientRequest
-from kvgateway.serve.sessions import Pump, Writers
+from kvgateway.serve.sessions import Pump, Turns, Writers, turns
 from tests.support.events import batch, stored
 from tests.support.hub import make_hub, next_chunk, offsets, publish_batch, run, sample, subscribe, subscribe_request
 
@@ -213,3 +215,23 @@ def test_a_pump_that_cannot_write_at_once_wakes_its_writer_and_a_failing_write_e
 
     assert run(scenario()) == ([[2]], [[1], [3, 4]], "error")
     assert sample(hub, "kvgateway_client_disconnects_total", transport="ws", reason="error") == 1
+
+
+def test_the_turns_of_a_loop_do_not_keep_it_alive() -> None:
+    """Each loop has its own :class:`Turns` (a pump finds it once), and a closed loop is not kept
+    by it: the tests run a loop each, and so could a process."""
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def scenario() -> Turns:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        found = turns()
+        assert turns() is found and found.claim(-1) == 0 and found.claim(0) is None
+        await asyncio.sleep(0)
+        assert found.claim(0) == 1  # the next turn
+        return found
+
+    first, second = asyncio.run(scenario()), asyncio.run(scenario())
+    assert first is not second
+    del first, second
+    gc.collect()
+    assert [loop() for loop in loops] == [None, None]
