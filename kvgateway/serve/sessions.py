@@ -344,8 +344,9 @@ async def _write_live(
 ) -> None:
     """Every chunk the subscription hands out, until it is closed: awaits next_chunk() itself, with
     no task and no asyncio.wait() per chunk (they cost more than the write). With ``send_now``
-    (the gateway's uvicorn protocol), most chunks are written by the pump, from the hub's push,
-    while this waits (:meth:`Pump.write_directly`)."""
+    (the gateway's uvicorn protocol), the chunks are written by the pump while this waits, from
+    the hub's push or at the next turn (:meth:`Pump.write_directly`); this writes those that must
+    wait for the transport."""
     subscription = pump.subscription
     if send_now is not None:
         pump.write_directly(send_now)
