@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Final
 
@@ -68,94 +69,144 @@ without awaiting, or returns False (and calls nothing) when it cannot (flow cont
 
 
 class Turns:
-    """Which turn of the event loop it is, as far as a session's writes straight from the hub need
-    it: a pump writes at most one chunk that way per turn (:meth:`Pump.write_directly`). A new
-    turn is noticed by a callback scheduled when the first write of a turn claims it, which runs
-    after every callback of this turn (the reader's whole burst among them)."""
+    """Which turn of an event loop it is, as far as a session's writes outside its writer's task
+    need it, and the pumps whose chunk waits for the next turn. A pump writes at most one chunk a
+    turn from the hub's push (:meth:`Pump.write_directly`); what it cannot write then waits for
+    the next turn, where one callback writes every such pump's chunk (:meth:`Pump.flush`). A new
+    turn is noticed by that callback, scheduled when the first write or wait of a turn claims it,
+    which runs after every callback of this turn (the reader's whole burst among them). One a loop
+    (:func:`turns`): a pump asks for it once, not at every push."""
 
-    __slots__ = ("_loop", "_scheduled", "turn")
+    __slots__ = ("__weakref__", "_due", "_loop", "_scheduled", "turn")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.turn = 0
         self._scheduled = False
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = weakref.ref(loop)  # not kept alive by its entry in _TURNS
+        self._due: list[Pump] = []
 
     def claim(self, last: int) -> int | None:
         """This turn's number, or None when it is ``last`` (the caller's previous claim)."""
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # another loop (tests run one each): its first turn
-            self._loop, self._scheduled = loop, False
-            self.turn += 1
-        elif self.turn == last:
+        if self.turn == last:
             return None
         if not self._scheduled:
+            self._schedule()
+        return self.turn
+
+    def defer(self, pump: Pump) -> None:
+        """``pump`` writes its chunk at the start of the next turn (:meth:`Pump.flush`)."""
+        self._due.append(pump)
+        if not self._scheduled:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        loop = self._loop()
+        if loop is not None:
             self._scheduled = True
             loop.call_soon(self._next)
-        return self.turn
 
     def _next(self) -> None:
         self.turn += 1
         self._scheduled = False
+        due = self._due
+        if due:
+            self._due = []
+            for pump in due:
+                pump.flush()
 
 
-TURNS: Final = Turns()
+_TURNS: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Turns]] = weakref.WeakKeyDictionary()
+
+
+def turns() -> Turns:
+    """The running loop's :class:`Turns` (tests run a loop each)."""
+    loop = asyncio.get_running_loop()
+    found = _TURNS.get(loop)
+    if found is None:
+        found = _TURNS[loop] = Turns(loop)
+    return found
 
 
 class Pump:
     """Waits on one subscription for its chunks."""
 
-    __slots__ = ("_coalescing", "_direct", "_turn", "_waiter", "subscription")
+    __slots__ = ("_coalescing", "_send_now", "_taken", "_turn", "_turns", "_waiter", "subscription")
 
     def __init__(self, subscription: Subscription) -> None:
         self.subscription = subscription
         self._waiter: asyncio.Future[None] | None = None
-        self._direct: Callable[[], bool] | None = None
+        self._send_now: SendNow | None = None
         self._turn = -1  # the turn of the last chunk written straight from the hub
-        self._coalescing = False  # the writer's last chunk held several messages: a burst, a flood
+        self._coalescing = False  # the last chunk held several messages: a burst, a flood
+        self._taken = 0  # how many messages the chunk written last held
+        self._turns: Turns | None = None  # the loop's, once the pump writes outside its writer
         subscription.wakeup = self._wake
 
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is None:
             return
-        direct = self._direct
-        if direct is not None and direct():
-            return  # written: the writer goes on waiting
-        self._waiter = None
-        if not waiter.done():
+        send_now, turns = self._send_now, self._turns
+        if send_now is not None and turns is not None and self.subscription.closed_reason is None:
+            if self._coalescing:
+                turns.defer(self)
+                return
+            turn = turns.claim(self._turn)
+            if turn is None:
+                turns.defer(self)
+                return
+            self._turn = turn
+            if self._send(send_now):
+                return  # written: the writer goes on waiting
+        self._release()
+
+    def _release(self) -> None:
+        """Wakes the writer."""
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def write_directly(self, send_now: SendNow) -> None:
-        """From now on, a message queued while the writer waits is written at once, from the hub's
-        push, with ``send_now``: no wake-up of the writer's task, which goes on waiting, and no
-        wait for the rest of the ingest's turn (the other followers of the log, the next batches of
-        a burst). At most one chunk a turn of the event loop: what comes later in the same turn (a
-        burst of batches) wakes the writer, which takes it as one chunk, as before; and none while
-        the writer's last chunk held more than one message (a flood: each turn of the reader brings
-        many, and a write of the first alone would double the writes), until it takes one alone."""
+    def _parts(self) -> Sequence[bytes]:
+        chunk = self.subscription.take()
+        self._taken = len(chunk)
+        return ws_parts(chunk)
+
+    def _send(self, send_now: SendNow) -> bool:
+        """One chunk written with ``send_now``, or False (nothing taken, unless it raised)."""
         sub = self.subscription
+        try:
+            sent = send_now(self._parts)
+        except Exception:  # a transport failing: this client ends, never the hub's push
+            # closed after the push: closing edits the hub's clients, which it is iterating
+            asyncio.get_running_loop().call_soon(sub.close, "error")
+            return False
+        if sent:
+            sub.written()
+            self._coalescing = self._taken > 1
+        return sent
 
-        def parts() -> Sequence[bytes]:
-            return ws_parts(sub.take())
+    def write_directly(self, send_now: SendNow) -> None:
+        """From now on, a message queued while the writer waits is written with ``send_now``
+        without waking the writer's task, which goes on waiting: at once, from the hub's push (no
+        wait for the rest of the ingest's turn: the other followers of the log, the next batches
+        of a burst), at most once a turn of the event loop; else at the start of the next turn, by
+        :meth:`flush`, with whatever else came meanwhile as one chunk: a burst's later batches, and
+        every batch of a flood while the last chunk held more than one (a write of each turn's
+        first batch alone would double the writes). The writer is woken only when ``send_now``
+        cannot write (flow control, not the plain case) or the subscription closes. Call it from
+        the event loop's thread."""
+        self._turns = turns()
+        self._send_now = send_now
 
-        def direct() -> bool:
-            if self._coalescing or not sub.pending or sub.closed_reason is not None:
-                return False
-            turn = TURNS.claim(self._turn)
-            if turn is None:
-                return False
-            self._turn = turn
-            try:
-                sent = send_now(parts)
-            except Exception:  # a transport failing: this client ends, never the hub's push
-                # closed after the push: closing edits the hub's clients, which it is iterating
-                asyncio.get_running_loop().call_soon(sub.close, "error")
-                return False
-            if sent:
-                sub.written()
-            return sent
-
-        self._direct = direct
+    def flush(self) -> None:
+        """The chunks queued while the writer waits, written as it would write them, for
+        :class:`Turns` at the start of the turn after a push that could not write."""
+        send_now = self._send_now
+        sub = self.subscription
+        while self._waiter is not None and sub.pending and sub.closed_reason is None:
+            if send_now is None or not self._send(send_now):
+                self._release()  # the writer writes it, waiting for the transport as it must
+                return
 
     async def next_chunk(self, max_bytes: int = CHUNK_BYTES, idle: float | None = None) -> list[OutMessage] | None:
         """Wait for at least one message, then take every queued one up to ``max_bytes``; the
@@ -293,8 +344,9 @@ async def _write_live(
 ) -> None:
     """Every chunk the subscription hands out, until it is closed: awaits next_chunk() itself, with
     no task and no asyncio.wait() per chunk (they cost more than the write). With ``send_now``
-    (the gateway's uvicorn protocol), most chunks are written by the pump, from the hub's push,
-    while this waits (:meth:`Pump.write_directly`)."""
+    (the gateway's uvicorn protocol), the chunks are written by the pump while this waits, from
+    the hub's push or at the next turn (:meth:`Pump.write_directly`); this writes those that must
+    wait for the transport."""
     subscription = pump.subscription
     if send_now is not None:
         pump.write_directly(send_now)

@@ -38,10 +38,14 @@ INTERNALS: Final = (
     "close_sent",
     "initial_response",
 )
-CONNECTION: Final = ("state", "expect_continuation_frame", "extensions", "debug", "data_to_send")
+CONNECTION: Final = ("state", "expect_continuation_frame", "extensions", "debug", "data_to_send", "writes")
 """What the plain case reads of uvicorn's protocol and of its websockets connection, none of it
 uvicorn's public API (pyproject admits any uvicorn from 0.30): a release without one of them gets
 no extension, so every frame goes uvicorn's own way, as the str frame."""
+
+
+_HEAD16: Final = struct.Struct("!BBH").pack
+_HEAD64: Final = struct.Struct("!BBQ").pack
 
 
 def frame_head(length: int) -> bytes:
@@ -50,8 +54,8 @@ def frame_head(length: int) -> bytes:
     if length < 126:
         return bytes((_FIN_TEXT, length))
     if length < 65536:
-        return struct.pack("!BBH", _FIN_TEXT, 126, length)
-    return struct.pack("!BBQ", _FIN_TEXT, 127, length)
+        return _HEAD16(_FIN_TEXT, 126, length)
+    return _HEAD64(_FIN_TEXT, 127, length)
 
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):
@@ -81,8 +85,12 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         )
 
     def _write_frame(self, parts: Sequence[bytes]) -> None:
-        pending = self.conn.data_to_send()  # empty: uvicorn writes what the library queues at once
-        self.transport.writelines([*pending, frame_head(sum(map(len, parts))), *parts])
+        head = frame_head(sum(map(len, parts)))
+        conn = self.conn
+        if conn.writes:  # not so far: uvicorn writes what the library queues at once
+            self.transport.writelines([*conn.data_to_send(), head, *parts])
+        else:
+            self.transport.writelines([head, *parts])
 
     async def send(self, message: ASGISendEvent) -> None:
         parts: Sequence[bytes] | None = cast("Mapping[str, Any]", message).get(UTF8_TEXT)

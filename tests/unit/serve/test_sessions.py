@@ -4,7 +4,9 @@ and wakes on a publish or a close."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -14,7 +16,7 @@ from kvgateway.protocol.filters import ClientFilter
 from kvgateway.protocol.messages import OutMessage
 from kvgateway.serve.hub import TooManyClients
 from kvgateway.serve.query import ClientRequest
-from kvgateway.serve.sessions import Pump, Writers
+from kvgateway.serve.sessions import Pump, Turns, Writers, turns
 from tests.support.events import batch, stored
 from tests.support.hub import make_hub, next_chunk, offsets, publish_batch, run, sample, subscribe, subscribe_request
 
@@ -120,70 +122,84 @@ def _offsets_of(parts: Sequence[bytes]) -> list[int]:
     return [json.loads(line)["offset"] for line in b"".join(parts).split(b"\n")]
 
 
-def test_a_pump_writes_one_chunk_a_turn_from_the_push_and_wakes_its_writer_for_the_rest() -> None:
+def test_a_pump_writes_one_chunk_a_turn_from_the_push_and_the_rest_at_the_next_turn() -> None:
     """With ``write_directly``, a message queued while the writer waits is written by the push
-    itself (the writer not woken); a second in the same turn of the loop (a burst) wakes the writer,
-    which takes it and the rest as one chunk. After a chunk of several messages the next turn's
-    message goes to the writer too (a flood stays coalesced); once it took one alone, the push
-    writes directly again."""
+    itself; a second in the same turn of the loop (a burst) waits for the next turn, where it and
+    the rest go as one chunk, written by the pump: the writer is never woken. After a chunk of
+    several messages the next turn's message waits for the turn after as well (a flood stays
+    coalesced); once a chunk held one alone, the push writes directly again."""
     hub = make_hub()
 
-    async def scenario() -> tuple[list[list[int]], list[list[int]]]:
+    async def scenario() -> list[list[int]]:
         sub = subscribe(hub)
         pump = Pump(sub)
-        direct: list[list[int]] = []
-        woken: list[list[int]] = []
+        written: list[list[int]] = []
 
         def send_now(chunk: Callable[[], Sequence[bytes]]) -> bool:
-            direct.append(_offsets_of(chunk()))
+            written.append(_offsets_of(chunk()))
             return True
-
-        async def writer_takes() -> None:
-            chunk = await asyncio.wait_for(waiting, 1)
-            assert chunk is not None
-            woken.append(offsets(chunk))
-            sub.written()
 
         pump.write_directly(send_now)
         waiting = asyncio.ensure_future(pump.next_chunk())
         await asyncio.sleep(0)
         publish_batch(hub, "a", 0, 0, batch(stored(0)))
-        assert direct == [[1]] and not sub.pending and not waiting.done()
+        assert written == [[1]] and not sub.pending
         assert not sub._in_flight  # written: the bound applies as to an idle writer
-        for seq in (1, 2):  # the same turn: queued, the writer woken
+        for seq in (1, 2):  # the same turn: queued for the next
             publish_batch(hub, "a", 0, seq, batch(stored(seq)))
-        await writer_takes()
-        for seq in (3, 4):  # a turn each, after a chunk of two: to the writer, then directly again
-            waiting = asyncio.ensure_future(pump.next_chunk())
-            await asyncio.sleep(0)
-            publish_batch(hub, "a", 0, seq, batch(stored(seq)))
-            if seq == 3:
-                await writer_takes()
-        assert not waiting.done()
+        assert written == [[1]] and sub.pending
+        await asyncio.sleep(0)
+        assert written == [[1], [2, 3]] and not sub.pending and not sub._in_flight
+        publish_batch(hub, "a", 0, 3, batch(stored(3)))  # after a chunk of two: the next turn
+        assert written == [[1], [2, 3]]
+        await asyncio.sleep(0)
+        assert written == [[1], [2, 3], [4]]
+        publish_batch(hub, "a", 0, 4, batch(stored(4)))  # after a chunk of one: from the push
+        assert written == [[1], [2, 3], [4], [5]]
+        await asyncio.sleep(0)
+        assert not waiting.done()  # the writer was never woken
         hub.close()
         assert await asyncio.wait_for(waiting, 1) is None
-        return direct, woken
+        return written
 
-    direct, woken = run(scenario())
-    assert direct == [[1], [5]]
-    assert woken == [[2, 3], [4]]
+    assert run(scenario()) == [[1], [2, 3], [4], [5]]
     assert sample(hub, "kvgateway_messages_sent_total", transport="ws") == 5
 
 
 def test_a_pump_that_cannot_write_at_once_wakes_its_writer_and_a_failing_write_ends_the_client() -> None:
-    """``send_now`` refusing (flow control) leaves the message queued for the woken writer; one
-    raising closes the subscription (reason error) and ends the writer's wait, never the push."""
+    """``send_now`` refusing (flow control), from the push or at the next turn, leaves the
+    messages queued for the woken writer; one raising closes the subscription (reason error) and
+    ends the writer's wait, never the push."""
     hub = make_hub()
 
-    async def scenario() -> tuple[list[int], str | None]:
+    async def scenario() -> tuple[list[list[int]], list[list[int]], str | None]:
         sub = subscribe(hub)
         pump = Pump(sub)
         pump.write_directly(lambda chunk: False)
+        woken: list[list[int]] = []
         waiting = asyncio.ensure_future(pump.next_chunk())
         await asyncio.sleep(0)
         publish_batch(hub, "a", 0, 0, batch(stored(0)))
         chunk = await asyncio.wait_for(waiting, 1)
         assert chunk is not None
+        woken.append(offsets(chunk))
+        sub.written()
+        written: list[list[int]] = []
+
+        def open_once(chunk: Callable[[], Sequence[bytes]]) -> bool:
+            if written:
+                return False  # the transport's buffer above its mark now
+            written.append(_offsets_of(chunk()))
+            return True
+
+        pump.write_directly(open_once)
+        waiting = asyncio.ensure_future(pump.next_chunk())
+        await asyncio.sleep(0)
+        for seq in (1, 2, 3):  # one turn: the first from the push, the rest refused at the next
+            publish_batch(hub, "a", 0, seq, batch(stored(seq)))
+        chunk = await asyncio.wait_for(waiting, 1)
+        assert chunk is not None
+        woken.append(offsets(chunk))
         sub.written()
 
         def failing(chunk: Callable[[], Sequence[bytes]]) -> bool:
@@ -193,9 +209,29 @@ def test_a_pump_that_cannot_write_at_once_wakes_its_writer_and_a_failing_write_e
         pump.write_directly(failing)
         waiting = asyncio.ensure_future(pump.next_chunk())
         await asyncio.sleep(0)
-        publish_batch(hub, "a", 0, 1, batch(stored(1)))  # the push returns: the hub goes on
+        publish_batch(hub, "a", 0, 4, batch(stored(4)))  # the push returns: the hub goes on
         assert await asyncio.wait_for(waiting, 1) is None
-        return offsets(chunk), sub.closed_reason
+        return written, woken, sub.closed_reason
 
-    assert run(scenario()) == ([1], "error")
+    assert run(scenario()) == ([[2]], [[1], [3, 4]], "error")
     assert sample(hub, "kvgateway_client_disconnects_total", transport="ws", reason="error") == 1
+
+
+def test_the_turns_of_a_loop_do_not_keep_it_alive() -> None:
+    """Each loop has its own :class:`Turns` (a pump finds it once), and a closed loop is not kept
+    by it: the tests run a loop each, and so could a process."""
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def scenario() -> Turns:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        found = turns()
+        assert turns() is found and found.claim(-1) == 0 and found.claim(0) is None
+        await asyncio.sleep(0)
+        assert found.claim(0) == 1  # the next turn
+        return found
+
+    first, second = asyncio.run(scenario()), asyncio.run(scenario())
+    assert first is not second
+    del first, second
+    gc.collect()
+    assert [loop() for loop in loops] == [None, None]

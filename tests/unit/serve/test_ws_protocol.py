@@ -6,6 +6,8 @@ run in process over a recording transport, a real handshake fed to them."""
 from __future__ import annotations
 
 import asyncio
+import json
+import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -18,8 +20,10 @@ from websockets.frames import Frame, Opcode
 
 from kvgateway.protocol import messages
 from kvgateway.protocol.messages import OutMessage
-from kvgateway.serve.sessions import UTF8_TEXT, frame_writer
+from kvgateway.serve.sessions import UTF8_TEXT, Pump, _write_live, direct_sender, frame_writer
 from kvgateway.serve.ws_protocol import WebSocketProtocol, frame_head
+from tests.support.events import batch, stored
+from tests.support.hub import make_hub, publish_batch, sample, subscribe
 
 HANDSHAKE = (
     b"GET /v1/ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -269,3 +273,82 @@ def test_send_now_writes_the_frame_send_writes_and_only_while_it_need_not_wait()
     assert transport.written() == b"".join(frames) + Frame(Opcode.CLOSE, b"\x03\xe8").serialize(mask=False)
     kind, buffers = transport.calls[0]
     assert kind == "writelines" and all(a is b for a, b in zip(buffers[1:], CHUNKS[6], strict=True))
+
+
+class FillingTransport(RecordingTransport):
+    """A transport whose buffer fills now and then: a write pauses its protocol's writing, as
+    uvloop's does above the high-water mark, until the test resumes it at a later turn."""
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__()
+        self.rng = rng
+        self.protocol: WebSocketProtocol | None = None
+        self.filling = True
+
+    def writelines(self, list_of_data: Iterable[Any]) -> None:
+        super().writelines(list_of_data)
+        if self.filling and self.protocol is not None and self.rng.random() < 0.1:
+            self.protocol.pause_writing()
+
+    def offsets(self) -> list[int]:
+        """The offsets of the batches in the text frames written after the handshake's answer."""
+        data, found = self.written(), []
+        at = data.index(b"\r\n\r\n") + 4
+        while at < len(data):
+            length, at = data[at + 1] & 0x7F, at + 2
+            if length >= 126:
+                size = 2 if length == 126 else 8
+                length, at = int.from_bytes(data[at : at + size], "big"), at + size
+            found += [json.loads(line)["offset"] for line in data[at : at + length].split(b"\n")]
+            at += length
+        return found
+
+
+def test_live_sessions_get_every_batch_once_and_in_order_through_bursts_and_full_buffers() -> None:
+    """Sessions on real protocols, as the gateway runs them: the hub pushes bursts of 0 to 7
+    batches a turn while writes now and then fill a transport's buffer (resumed at a later turn).
+    Written from the push, at the next turn or by the woken writer, each client's frames carry
+    every batch once, in order."""
+    rng = random.Random(29)
+    hub = make_hub(client_queue_bytes=2**30)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Send) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        websocket = FakeWebSocket(scope["extensions"])
+        await _write_live(Pump(subscribe(hub)), frame_writer(websocket), direct_sender(websocket))  # type: ignore[arg-type]
+
+    async def scenario() -> tuple[int, list[FillingTransport]]:
+        config = Config(app=app, ws=WebSocketProtocol, ws_per_message_deflate=False, log_config=None, lifespan="off")
+        config.load()
+        transports = [FillingTransport(rng) for _ in range(8)]
+        for transport in transports:
+            transport.protocol = WebSocketProtocol(config=config, server_state=ServerState(), app_state={})
+            transport.protocol.connection_made(transport)
+            transport.protocol.data_received(HANDSHAKE)
+        for _ in range(10):  # the handshakes' apps accept and subscribe
+            await asyncio.sleep(0)
+        assert len(hub._clients) == len(transports)
+        seq = 0
+        for _ in range(300):
+            for transport in transports:
+                if transport.protocol is not None and rng.random() < 0.3:
+                    transport.protocol.resume_writing()
+            for _ in range(rng.choice((0, 1, 1, 1, 2, 3, 7))):
+                publish_batch(hub, "a", 0, seq, batch(stored(seq)))
+                seq += 1
+            await asyncio.sleep(0)
+        for transport in transports:
+            transport.filling = False
+            assert transport.protocol is not None
+            transport.protocol.resume_writing()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        hub.close()
+        return seq, transports
+
+    count, transports = asyncio.run(scenario())
+    assert count > 300
+    for transport in transports:
+        assert transport.offsets() == list(range(1, count + 1))
+    assert sample(hub, "kvgateway_messages_sent_total", transport="ws") == count * len(transports)
