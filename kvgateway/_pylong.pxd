@@ -1,6 +1,7 @@
 # cython: language_level=3
-"""An exact int's value as a C ``uint64_t``, read from CPython's own digits, and its ``hash()``: for
-the compiled core's modules (``cimport``-ed, so compiled into each; nothing of it exists at run time).
+"""An exact int's value as a C ``uint64_t``, read from CPython's own digits, and its ``hash()``; an
+unsigned int of msgpack's big-endian bytes: for the compiled core's modules (``cimport``-ed, so
+compiled into each; nothing of it exists at run time).
 
 The engines' block hashes are u64 (three 30-bit digits for most) and their token ids small (one
 digit). Cython's own conversion takes CPython's general path for three digits, and the C API's
@@ -8,7 +9,7 @@ digit). Cython's own conversion takes CPython's general path for three digits, a
 instructions (cachegrind: a tenth of the index's and the renderer's conversions).
 """
 
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint16_t, uint32_t, uint64_t
 
 
 cdef extern from *:
@@ -76,3 +77,26 @@ cdef inline uint64_t u64_hash(uint64_t value) noexcept nogil:
     rest once). Its callers check once that the interpreter hashes so."""
     value = (value & HASH_MODULUS) + (value >> 61)
     return value - HASH_MODULUS if value >= HASH_MODULUS else value
+
+
+cdef extern from *:
+    """
+    /* The unsigned int of 2, 4 or 8 big-endian bytes at p (msgpack's ints, lengths and floats): one
+       load and a byte swap where the compiler has them and the host is little-endian, else a
+       byte at a time. */
+    #include <string.h>
+    #if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+      static inline uint16_t kv_be16(const unsigned char *p) { uint16_t v; memcpy(&v, p, 2); return __builtin_bswap16(v); }
+      static inline uint32_t kv_be32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return __builtin_bswap32(v); }
+      static inline uint64_t kv_be64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return __builtin_bswap64(v); }
+    #else
+      static inline uint16_t kv_be16(const unsigned char *p) { return (uint16_t)(((unsigned)p[0] << 8) | p[1]); }
+      static inline uint32_t kv_be32(const unsigned char *p) {
+          return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+      }
+      static inline uint64_t kv_be64(const unsigned char *p) { return ((uint64_t)kv_be32(p) << 32) | kv_be32(p + 4); }
+    #endif
+    """
+    uint16_t kv_be16(const unsigned char* p) noexcept nogil
+    uint32_t kv_be32(const unsigned char* p) noexcept nogil
+    uint64_t kv_be64(const unsigned char* p) noexcept nogil

@@ -27,6 +27,7 @@ from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
+from kvgateway._pylong cimport kv_be16, kv_be32, kv_be64  # big-endian loads
 from kvgateway.engine._tokens_c cimport tokens_at  # a batch's token ids read where they lie
 
 cdef extern from "Python.h":
@@ -59,16 +60,19 @@ cdef tuple _KEYS = (
     b"lora_name", b"extra_keys", b"group_idx", b"kv_cache_spec_kind", b"kv_cache_spec_sliding_window",
 )
 cdef enum:
-    _HASHES, _PARENT, _TOKENS, _SIZE, _LORA_ID, _MEDIUM, _LORA_NAME, _EXTRA_KEYS, _GROUP, _KIND, _WINDOW
+    _HASHES, _PARENT, _TOKENS, _SIZE, _LORA_ID, _MEDIUM, _LORA_NAME, _EXTRA_KEYS, _GROUP, _KIND, _WINDOW, _KEY_COUNT
     _REMOVED_KEYS = (1 << _HASHES) | (1 << _MEDIUM) | (1 << _GROUP)
 
 
 cdef inline uint64_t _big_endian(const unsigned char* p, int width) noexcept:
-    cdef uint64_t value = 0
-    cdef int i
-    for i in range(width):
-        value = (value << 8) | p[i]
-    return value
+    """The unsigned int of ``width`` (1, 2, 4 or 8) big-endian bytes at ``p``."""
+    if width == 8:
+        return kv_be64(p)
+    if width == 4:
+        return kv_be32(p)
+    if width == 2:
+        return kv_be16(p)
+    return p[0]
 
 
 cdef Py_ssize_t _count(_Cursor* c, bint is_map) noexcept:
@@ -154,6 +158,13 @@ cdef Py_ssize_t _length(_Cursor* c, unsigned char fix_low, unsigned char fix_hig
 
 
 cdef inline Py_ssize_t _str_length(_Cursor* c) noexcept:
+    cdef Py_ssize_t at = c.at, n
+    if at < c.size and 0xA0 <= c.data[at] <= 0xBF:  # a fixstr (every key, medium and kind sent)
+        n = c.data[at] & 0x1F
+        if n > c.size - at - 1:
+            return -1
+        c.at = at + 1
+        return n
     return _length(c, 0xA0, 0xBF, 0xD9)
 
 
@@ -238,18 +249,49 @@ cdef object _nils(_Cursor* c):
     return out
 
 
+cdef const char* _KEY_TEXT[_KEY_COUNT]  # _KEYS' bytes (the tuple keeps them)
+
+
+cdef int _key_texts() except -1:
+    cdef Py_ssize_t k
+    if len(_KEYS) != _KEY_COUNT:
+        raise ImportError("_KEYS and their places disagree")
+    for k in range(_KEY_COUNT):
+        _KEY_TEXT[k] = <bytes>_KEYS[k]
+    return 0
+
+
+_key_texts()
+
+
 cdef int _key(_Cursor* c) noexcept:
-    """The place in _KEYS of the map key at the cursor (moved past it); -1 for any other key."""
-    cdef Py_ssize_t n = _str_length(c), k
-    cdef bytes name
-    if n < 0:
+    """The place in _KEYS of the map key at the cursor (moved past it); -1 for any other key. The
+    one key a name of that length and first letter can be, compared once."""
+    cdef Py_ssize_t n = _str_length(c)
+    cdef const unsigned char* name = c.data + c.at
+    cdef int k
+    if n == 12:
+        k = _HASHES
+    elif n == 9:  # token_ids, lora_name, group_idx
+        k = _TOKENS if name[0] == 116 else (_LORA_NAME if name[0] == 108 else _GROUP)
+    elif n == 10:  # block_size, extra_keys
+        k = _SIZE if name[0] == 98 else _EXTRA_KEYS
+    elif n == 6:
+        k = _MEDIUM
+    elif n == 17:
+        k = _PARENT
+    elif n == 7:
+        k = _LORA_ID
+    elif n == 18:
+        k = _KIND
+    elif n == 28:
+        k = _WINDOW
+    else:
+        return -1  # and n < 0: no str
+    if memcmp(_KEY_TEXT[k], name, n) != 0:
         return -1
-    for k in range(len(_KEYS)):
-        name = <bytes>_KEYS[k]
-        if PyBytes_GET_SIZE(name) == n and memcmp(PyBytes_AS_STRING(name), c.data + c.at, n) == 0:
-            c.at += n
-            return <int>k
-    return -1
+    c.at += n
+    return k
 
 
 cdef bint _type_key(_Cursor* c) noexcept:
