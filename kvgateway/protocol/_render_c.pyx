@@ -311,14 +311,19 @@ cdef dict _media = {}
 cdef int _MEDIA_MAX = 256
 
 
-cdef object _last_kind = None, _last_medium = None  # the last event's type and medium (the same str
-cdef tuple _last_media = None  # object again and again: the parser makes an engine's medium once)
+cdef class _Seen:
+    """A block event type's last medium (the str object: the parser makes an engine's medium once,
+    and it is kept alive here) and its part and key, as :func:`_medium_part` found them."""
+    cdef object medium
+    cdef tuple media
 
 
-cdef tuple _medium_part(object event, object kind, object medium):
-    global _last_kind, _last_medium, _last_media
-    if kind is _last_kind and medium is _last_medium:
-        return _last_media
+cdef _Seen _STORED_SEEN = _Seen(), _REMOVED_SEEN = _Seen()
+
+
+cdef tuple _medium_part(object event, object kind, object medium, _Seen seen):
+    if seen.media is not None and medium is seen.medium:
+        return seen.media
     if medium is not None and not PyUnicode_CheckExact(medium):
         return None
     found = _media.get((kind, medium))
@@ -327,39 +332,48 @@ cdef tuple _medium_part(object event, object kind, object medium):
         found = (part, event_key(event))
         if len(_media) < _MEDIA_MAX:
             _media[(kind, medium)] = found
-    _last_kind, _last_medium, _last_media = kind, medium, <tuple>found
+    seen.medium, seen.media = medium, <tuple>found
     return <tuple>found
 
 
-# A further field's name as written (',"name":') and which events have a field of that name, by the
-# name's str object: the parser makes each name once, so a few slots hold them all. Each slot owns
-# its references (the name is kept alive, so its address names it).
+# A further field's name as written (',"name":') and which event types have a field of that name,
+# in slots by the name's str object (the parser makes each name once, so a few slots hold them all;
+# each slot keeps its name alive, so its address names it), filled from a dict by the name.
 cdef enum:
-    _NAME_SLOTS = 16
+    _NAME_SLOTS = 64
     _OWN_STORED = 1
     _OWN_REMOVED = 2
     _OWN_CLEARED = 4
 cdef PyObject* _name_of[_NAME_SLOTS]
 cdef PyObject* _name_json[_NAME_SLOTS]
 cdef unsigned char _name_own[_NAME_SLOTS]
+cdef dict _names = {}  # name -> (its JSON, its own bits)
+cdef int _NAMES_MAX = 4096
 
 
 cdef Py_ssize_t _name_slot(object key) except -1:
     """``key``'s (an exact str) slot, filled for it where it held another name."""
-    cdef Py_ssize_t slot = (<size_t><PyObject*>key >> 4) % _NAME_SLOTS
+    cdef Py_ssize_t slot = <Py_ssize_t>(((<size_t><PyObject*>key >> 4) * <size_t>0x9E3779B97F4A7C15ULL) >> 58)
     if _name_of[slot] == <PyObject*>key:
         return slot
-    json = b"," + _encoder.encode(key) + b":"  # _put_str's bytes: msgspec's
+    found = _names.get(key)
+    if found is None:
+        json = b"," + _encoder.encode(key) + b":"  # _put_str's bytes: msgspec's
+        own = (
+            (_OWN_STORED if key in _STORED_OWN else 0)
+            | (_OWN_REMOVED if key in _REMOVED_OWN else 0)
+            | (_OWN_CLEARED if key in _CLEARED_OWN else 0)
+        )
+        found = (json, own)
+        if len(_names) < _NAMES_MAX:
+            _names[key] = found
+    json = (<tuple>found)[0]
     Py_INCREF(key)
     Py_INCREF(json)
     Py_XDECREF(_name_of[slot])
     Py_XDECREF(_name_json[slot])
     _name_of[slot], _name_json[slot] = <PyObject*>key, <PyObject*>json
-    _name_own[slot] = (
-        (_OWN_STORED if key in _STORED_OWN else 0)
-        | (_OWN_REMOVED if key in _REMOVED_OWN else 0)
-        | (_OWN_CLEARED if key in _CLEARED_OWN else 0)
-    )
+    _name_own[slot] = <unsigned char>(<tuple>found)[1]
     return slot
 
 
@@ -455,10 +469,10 @@ cdef int _put_ints(Buffer* out, object values) except -1:
     return _put_bytes(out, _encoder.encode(values))
 
 
-cdef tuple _opened(Buffer* out, object event, object kind, bytes opening, object medium, object hashes):
+cdef tuple _opened(Buffer* out, object event, object kind, bytes opening, object medium, object hashes, _Seen seen):
     """A block event's type and hashes (its ``medium`` and ``block_hashes``); its medium part and
     key, or None where the reference must write the event."""
-    media = _medium_part(event, kind, medium)
+    media = _medium_part(event, kind, medium, seen)
     if media is None:
         return None
     _put_bytes(out, opening)
@@ -470,7 +484,8 @@ cdef tuple _opened(Buffer* out, object event, object kind, bytes opening, object
 cdef object _put_stored(Buffer* out, object event):
     """A BlockStored's JSON; its filter key, or None where the reference must write it."""
     hashes = field(event, _BlockStored, _STORED.block_hashes, "block_hashes")
-    media = _opened(out, event, STORED, _STORED_OPEN, field(event, _BlockStored, _STORED.medium, "medium"), hashes)
+    medium = field(event, _BlockStored, _STORED.medium, "medium")
+    media = _opened(out, event, STORED, _STORED_OPEN, medium, hashes, _STORED_SEEN)
     if media is None:
         return None
     _put_bytes(out, _PARENT_BLOCK_HASH)
@@ -496,7 +511,8 @@ cdef object _put_stored(Buffer* out, object event):
 
 cdef object _put_removed(Buffer* out, object event):
     hashes = field(event, _BlockRemoved, _REMOVED.block_hashes, "block_hashes")
-    media = _opened(out, event, REMOVED, _REMOVED_OPEN, field(event, _BlockRemoved, _REMOVED.medium, "medium"), hashes)
+    medium = field(event, _BlockRemoved, _REMOVED.medium, "medium")
+    media = _opened(out, event, REMOVED, _REMOVED_OPEN, medium, hashes, _REMOVED_SEEN)
     if media is None:
         return None
     _put_bytes(out, <bytes>media[0])
