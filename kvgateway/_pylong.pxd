@@ -9,6 +9,7 @@ digit). Cython's own conversion takes CPython's general path for three digits, a
 instructions (cachegrind: a tenth of the index's and the renderer's conversions).
 """
 
+from cpython.long cimport PyLong_FromUnsignedLongLong
 from libc.stdint cimport uint16_t, uint32_t, uint64_t
 
 
@@ -27,11 +28,25 @@ cdef extern from *:
       #define KV_LONG_DIGIT_COUNT(h) 0
       #define KV_LONG_DIGIT(h, i) 0
     #endif
+    /* And written: an int of n digits made (CPython's _PyLong_New, which sets its sign and size)
+       and its digits set, where they are read and the interpreter still has _PyLong_New. */
+    #if KV_LONG_DIGITS_READ && PY_VERSION_HEX < 0x030D0000
+      #define KV_LONG_DIGITS_WRITTEN 1
+      #define KV_LONG_NEW(n) ((PyObject *)_PyLong_New(n))
+      #define KV_LONG_SET_DIGIT(h, i, d) (__Pyx_PyLong_Digits(h)[i] = (digit)(d))
+    #else
+      #define KV_LONG_DIGITS_WRITTEN 0
+      #define KV_LONG_NEW(n) PyLong_FromLong(0)
+      #define KV_LONG_SET_DIGIT(h, i, d) ((void)0)
+    #endif
     """
     bint KV_LONG_DIGITS_READ
     bint KV_LONG_NEGATIVE(object h) noexcept
     Py_ssize_t KV_LONG_DIGIT_COUNT(object h) noexcept
     uint64_t KV_LONG_DIGIT(object h, Py_ssize_t i) noexcept
+    bint KV_LONG_DIGITS_WRITTEN
+    object KV_LONG_NEW(Py_ssize_t n)
+    void KV_LONG_SET_DIGIT(object h, Py_ssize_t i, uint64_t d) noexcept
 
 
 cdef inline bint u64_of(object h, uint64_t* value) except -1:
@@ -61,6 +76,19 @@ cdef inline bint u64_of(object h, uint64_t* value) except -1:
     except OverflowError:
         return False
     return True
+
+
+cdef inline object u64_long(uint64_t value):
+    """The int ``value`` (``PyLong_FromUnsignedLongLong``): one of 31 to 64 bits (a block hash: two
+    or three digits) made as such, without counting its digits or taking them off one at a time."""
+    if not KV_LONG_DIGITS_WRITTEN or value < (<uint64_t>1 << 30):
+        return PyLong_FromUnsignedLongLong(value)  # one digit or none: the small ints are cached
+    made = KV_LONG_NEW(2 if value < (<uint64_t>1 << 60) else 3)
+    KV_LONG_SET_DIGIT(made, 0, value & 0x3FFFFFFF)
+    KV_LONG_SET_DIGIT(made, 1, (value >> 30) & 0x3FFFFFFF)
+    if value >= (<uint64_t>1 << 60):
+        KV_LONG_SET_DIGIT(made, 2, value >> 60)
+    return made
 
 
 cdef extern from *:

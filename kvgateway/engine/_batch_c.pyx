@@ -22,12 +22,12 @@ wire defines the types and hands them over once (:func:`install`), as to the ref
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_New, PyList_SET_ITEM
-from cpython.long cimport PyLong_FromLongLong, PyLong_FromUnsignedLongLong
+from cpython.long cimport PyLong_FromLongLong
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
-from kvgateway._pylong cimport kv_be16, kv_be32, kv_be64  # big-endian loads
+from kvgateway._pylong cimport kv_be16, kv_be32, kv_be64, u64_long  # big-endian loads; a hash's int made
 from kvgateway.engine._tokens_c cimport tokens_at  # a batch's token ids read where they lie
 
 cdef extern from "Python.h":
@@ -126,7 +126,7 @@ cdef object _int(_Cursor* c):
     value = _big_endian(c.data + at + 1, width)
     c.at = at + 1 + width
     if first <= 0xCF:
-        return PyLong_FromUnsignedLongLong(value)
+        return u64_long(value)
     bits = 8 * width
     if bits < 64 and value >> (bits - 1):  # a negative value of a narrower signed format
         return PyLong_FromLongLong(<int64_t>value - (<int64_t>1 << bits))
@@ -364,37 +364,55 @@ cdef int _fields(_Cursor* c, int* layout) except -2:
     return tag
 
 
+cdef tuple _KEY_NAMES = tuple(name.decode() for name in _KEYS)
+cdef str _EXTRA_KEYS_NAME = _KEY_NAMES[_EXTRA_KEYS], _GROUP_NAME = _KEY_NAMES[_GROUP]
+cdef str _KIND_NAME = _KEY_NAMES[_KIND], _WINDOW_NAME = _KEY_NAMES[_WINDOW]
+
+
+cdef dict _extra(unsigned int mask, object extra_keys, object group, object kind, object window):
+    """An event's ``extra``: the further keys sent (``mask``: a bit each, in _KEYS' order from
+    extra_keys) with their values, in the reference's order whatever the wire's."""
+    cdef dict extra = {}
+    if mask & 1:
+        extra[_EXTRA_KEYS_NAME] = extra_keys
+    if mask & 2:
+        extra[_GROUP_NAME] = group
+    if mask & 4:
+        extra[_KIND_NAME] = kind
+    if mask & 8:
+        extra[_WINDOW_NAME] = window
+    return extra
+
+
+cdef int[3] _REMOVAL_PLACES = [_HASHES, _MEDIUM, _GROUP]  # a positional removal's fields
+
+
 cdef object _event(_Cursor* c, int* layout):
     """One event, a map or a positional one, as the public one, as the reference makes it
     (``_from_map``, ``from_array``)."""
-    cdef int tag = _fields(c, layout), key, last = 0, n
+    cdef int tag = _fields(c, layout), key, n
     cdef unsigned int seen = 0
-    cdef bint unordered = False, is_map = layout[0]
+    cdef bint is_map = layout[0]
     if tag < 0:
         return _NO
     if tag == 2:
         return _AllBlocksCleared()
     hashes = tokens = None
     parent = lora_id = medium = lora_name = None  # the defaults of the keys left out
+    extra_keys = group = kind = window = None
     size = 0
-    extra = {}
     for n in range(layout[1]):
         if is_map:
             key = _key(c)
             if key < 0 or seen & (1u << key) or (tag == 1 and not (_REMOVED_KEYS >> key) & 1):
                 return _NO
         else:  # by place: a BlockStored's fields in _KEYS' order, a removal's hashes, medium, group
-            key = n if tag == 0 else (_HASHES, _MEDIUM, _GROUP)[n]
+            key = n if tag == 0 else _REMOVAL_PLACES[n]
         seen |= 1u << key
         value = _value(c, key)
         if value is _NO:
             return _NO
-        if key >= _EXTRA_KEYS:
-            extra[_KEY_NAMES[key]] = value
-            if key < last:
-                unordered = True  # put in the reference's order below
-            last = key
-        elif key == _HASHES:
+        if key == _HASHES:
             hashes = value
         elif key == _PARENT:
             parent = value
@@ -406,18 +424,22 @@ cdef object _event(_Cursor* c, int* layout):
             lora_id = value
         elif key == _MEDIUM:
             medium = value
-        else:
+        elif key == _LORA_NAME:
             lora_name = value
+        elif key == _EXTRA_KEYS:
+            extra_keys = value
+        elif key == _GROUP:
+            group = value
+        elif key == _KIND:
+            kind = value
+        else:
+            window = value
     if hashes is None or (tag == 0 and tokens is None):
         return _NO
-    if unordered:
-        extra = {_KEY_NAMES[key]: extra[_KEY_NAMES[key]] for key in range(_EXTRA_KEYS, _WINDOW + 1) if seen & (1u << key)}
+    extra = _extra(seen >> _EXTRA_KEYS, extra_keys, group, kind, window)
     if tag == 1:
         return _BlockRemoved(hashes, medium, extra)
     return _BlockStored(hashes, parent, tokens, size, lora_id, medium, lora_name, extra)
-
-
-cdef tuple _KEY_NAMES = tuple(name.decode() for name in _KEYS)
 
 
 cdef object _ts(_Cursor* c):
