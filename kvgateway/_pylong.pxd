@@ -1,6 +1,7 @@
 # cython: language_level=3
-"""An exact int's value as a C ``uint64_t``, read from CPython's own digits, and its ``hash()``: for
-the compiled core's modules (``cimport``-ed, so compiled into each; nothing of it exists at run time).
+"""An exact int's value as a C ``uint64_t``, read from CPython's own digits, and its ``hash()``; an
+unsigned int of msgpack's big-endian bytes: for the compiled core's modules (``cimport``-ed, so
+compiled into each; nothing of it exists at run time).
 
 The engines' block hashes are u64 (three 30-bit digits for most) and their token ids small (one
 digit). Cython's own conversion takes CPython's general path for three digits, and the C API's
@@ -8,7 +9,8 @@ digit). Cython's own conversion takes CPython's general path for three digits, a
 instructions (cachegrind: a tenth of the index's and the renderer's conversions).
 """
 
-from libc.stdint cimport uint64_t
+from cpython.long cimport PyLong_FromUnsignedLongLong
+from libc.stdint cimport uint16_t, uint32_t, uint64_t
 
 
 cdef extern from *:
@@ -26,11 +28,25 @@ cdef extern from *:
       #define KV_LONG_DIGIT_COUNT(h) 0
       #define KV_LONG_DIGIT(h, i) 0
     #endif
+    /* And written: an int of n digits made (CPython's _PyLong_New, which sets its sign and size)
+       and its digits set, where they are read and the interpreter still has _PyLong_New. */
+    #if KV_LONG_DIGITS_READ && PY_VERSION_HEX < 0x030D0000
+      #define KV_LONG_DIGITS_WRITTEN 1
+      #define KV_LONG_NEW(n) ((PyObject *)_PyLong_New(n))
+      #define KV_LONG_SET_DIGIT(h, i, d) (__Pyx_PyLong_Digits(h)[i] = (digit)(d))
+    #else
+      #define KV_LONG_DIGITS_WRITTEN 0
+      #define KV_LONG_NEW(n) PyLong_FromLong(0)
+      #define KV_LONG_SET_DIGIT(h, i, d) ((void)0)
+    #endif
     """
     bint KV_LONG_DIGITS_READ
     bint KV_LONG_NEGATIVE(object h) noexcept
     Py_ssize_t KV_LONG_DIGIT_COUNT(object h) noexcept
     uint64_t KV_LONG_DIGIT(object h, Py_ssize_t i) noexcept
+    bint KV_LONG_DIGITS_WRITTEN
+    object KV_LONG_NEW(Py_ssize_t n)
+    void KV_LONG_SET_DIGIT(object h, Py_ssize_t i, uint64_t d) noexcept
 
 
 cdef inline bint u64_of(object h, uint64_t* value) except -1:
@@ -62,6 +78,19 @@ cdef inline bint u64_of(object h, uint64_t* value) except -1:
     return True
 
 
+cdef inline object u64_long(uint64_t value):
+    """The int ``value`` (``PyLong_FromUnsignedLongLong``): one of 31 to 64 bits (a block hash: two
+    or three digits) made as such, without counting its digits or taking them off one at a time."""
+    if not KV_LONG_DIGITS_WRITTEN or value < (<uint64_t>1 << 30):
+        return PyLong_FromUnsignedLongLong(value)  # one digit or none: the small ints are cached
+    made = KV_LONG_NEW(2 if value < (<uint64_t>1 << 60) else 3)
+    KV_LONG_SET_DIGIT(made, 0, value & 0x3FFFFFFF)
+    KV_LONG_SET_DIGIT(made, 1, (value >> 30) & 0x3FFFFFFF)
+    if value >= (<uint64_t>1 << 60):
+        KV_LONG_SET_DIGIT(made, 2, value >> 60)
+    return made
+
+
 cdef extern from *:
     """
     /* CPython's int hash on a 64-bit build: the value modulo this prime (sys.hash_info.modulus). */
@@ -76,3 +105,26 @@ cdef inline uint64_t u64_hash(uint64_t value) noexcept nogil:
     rest once). Its callers check once that the interpreter hashes so."""
     value = (value & HASH_MODULUS) + (value >> 61)
     return value - HASH_MODULUS if value >= HASH_MODULUS else value
+
+
+cdef extern from *:
+    """
+    /* The unsigned int of 2, 4 or 8 big-endian bytes at p (msgpack's ints, lengths and floats): one
+       load and a byte swap where the compiler has them and the host is little-endian, else a
+       byte at a time. */
+    #include <string.h>
+    #if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+      static inline uint16_t kv_be16(const unsigned char *p) { uint16_t v; memcpy(&v, p, 2); return __builtin_bswap16(v); }
+      static inline uint32_t kv_be32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return __builtin_bswap32(v); }
+      static inline uint64_t kv_be64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return __builtin_bswap64(v); }
+    #else
+      static inline uint16_t kv_be16(const unsigned char *p) { return (uint16_t)(((unsigned)p[0] << 8) | p[1]); }
+      static inline uint32_t kv_be32(const unsigned char *p) {
+          return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+      }
+      static inline uint64_t kv_be64(const unsigned char *p) { return ((uint64_t)kv_be32(p) << 32) | kv_be32(p + 4); }
+    #endif
+    """
+    uint16_t kv_be16(const unsigned char* p) noexcept nogil
+    uint32_t kv_be32(const unsigned char* p) noexcept nogil
+    uint64_t kv_be64(const unsigned char* p) noexcept nogil

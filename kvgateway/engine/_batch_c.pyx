@@ -22,11 +22,12 @@ wire defines the types and hands them over once (:func:`install`), as to the ref
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_New, PyList_SET_ITEM
-from cpython.long cimport PyLong_FromLongLong, PyLong_FromUnsignedLongLong
+from cpython.long cimport PyLong_FromLongLong
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
+from kvgateway._pylong cimport kv_be16, kv_be32, kv_be64, u64_long  # big-endian loads; a hash's int made
 from kvgateway.engine._tokens_c cimport tokens_at  # a batch's token ids read where they lie
 
 cdef extern from "Python.h":
@@ -59,16 +60,19 @@ cdef tuple _KEYS = (
     b"lora_name", b"extra_keys", b"group_idx", b"kv_cache_spec_kind", b"kv_cache_spec_sliding_window",
 )
 cdef enum:
-    _HASHES, _PARENT, _TOKENS, _SIZE, _LORA_ID, _MEDIUM, _LORA_NAME, _EXTRA_KEYS, _GROUP, _KIND, _WINDOW
+    _HASHES, _PARENT, _TOKENS, _SIZE, _LORA_ID, _MEDIUM, _LORA_NAME, _EXTRA_KEYS, _GROUP, _KIND, _WINDOW, _KEY_COUNT
     _REMOVED_KEYS = (1 << _HASHES) | (1 << _MEDIUM) | (1 << _GROUP)
 
 
 cdef inline uint64_t _big_endian(const unsigned char* p, int width) noexcept:
-    cdef uint64_t value = 0
-    cdef int i
-    for i in range(width):
-        value = (value << 8) | p[i]
-    return value
+    """The unsigned int of ``width`` (1, 2, 4 or 8) big-endian bytes at ``p``."""
+    if width == 8:
+        return kv_be64(p)
+    if width == 4:
+        return kv_be32(p)
+    if width == 2:
+        return kv_be16(p)
+    return p[0]
 
 
 cdef Py_ssize_t _count(_Cursor* c, bint is_map) noexcept:
@@ -122,7 +126,7 @@ cdef object _int(_Cursor* c):
     value = _big_endian(c.data + at + 1, width)
     c.at = at + 1 + width
     if first <= 0xCF:
-        return PyLong_FromUnsignedLongLong(value)
+        return u64_long(value)
     bits = 8 * width
     if bits < 64 and value >> (bits - 1):  # a negative value of a narrower signed format
         return PyLong_FromLongLong(<int64_t>value - (<int64_t>1 << bits))
@@ -154,6 +158,13 @@ cdef Py_ssize_t _length(_Cursor* c, unsigned char fix_low, unsigned char fix_hig
 
 
 cdef inline Py_ssize_t _str_length(_Cursor* c) noexcept:
+    cdef Py_ssize_t at = c.at, n
+    if at < c.size and 0xA0 <= c.data[at] <= 0xBF:  # a fixstr (every key, medium and kind sent)
+        n = c.data[at] & 0x1F
+        if n > c.size - at - 1:
+            return -1
+        c.at = at + 1
+        return n
     return _length(c, 0xA0, 0xBF, 0xD9)
 
 
@@ -238,18 +249,49 @@ cdef object _nils(_Cursor* c):
     return out
 
 
+cdef const char* _KEY_TEXT[_KEY_COUNT]  # _KEYS' bytes (the tuple keeps them)
+
+
+cdef int _key_texts() except -1:
+    cdef Py_ssize_t k
+    if len(_KEYS) != _KEY_COUNT:
+        raise ImportError("_KEYS and their places disagree")
+    for k in range(_KEY_COUNT):
+        _KEY_TEXT[k] = <bytes>_KEYS[k]
+    return 0
+
+
+_key_texts()
+
+
 cdef int _key(_Cursor* c) noexcept:
-    """The place in _KEYS of the map key at the cursor (moved past it); -1 for any other key."""
-    cdef Py_ssize_t n = _str_length(c), k
-    cdef bytes name
-    if n < 0:
+    """The place in _KEYS of the map key at the cursor (moved past it); -1 for any other key. The
+    one key a name of that length and first letter can be, compared once."""
+    cdef Py_ssize_t n = _str_length(c)
+    cdef const unsigned char* name = c.data + c.at
+    cdef int k
+    if n == 12:
+        k = _HASHES
+    elif n == 9:  # token_ids, lora_name, group_idx
+        k = _TOKENS if name[0] == 116 else (_LORA_NAME if name[0] == 108 else _GROUP)
+    elif n == 10:  # block_size, extra_keys
+        k = _SIZE if name[0] == 98 else _EXTRA_KEYS
+    elif n == 6:
+        k = _MEDIUM
+    elif n == 17:
+        k = _PARENT
+    elif n == 7:
+        k = _LORA_ID
+    elif n == 18:
+        k = _KIND
+    elif n == 28:
+        k = _WINDOW
+    else:
+        return -1  # and n < 0: no str
+    if memcmp(_KEY_TEXT[k], name, n) != 0:
         return -1
-    for k in range(len(_KEYS)):
-        name = <bytes>_KEYS[k]
-        if PyBytes_GET_SIZE(name) == n and memcmp(PyBytes_AS_STRING(name), c.data + c.at, n) == 0:
-            c.at += n
-            return <int>k
-    return -1
+    c.at += n
+    return k
 
 
 cdef bint _type_key(_Cursor* c) noexcept:
@@ -322,37 +364,55 @@ cdef int _fields(_Cursor* c, int* layout) except -2:
     return tag
 
 
+cdef tuple _KEY_NAMES = tuple(name.decode() for name in _KEYS)
+cdef str _EXTRA_KEYS_NAME = _KEY_NAMES[_EXTRA_KEYS], _GROUP_NAME = _KEY_NAMES[_GROUP]
+cdef str _KIND_NAME = _KEY_NAMES[_KIND], _WINDOW_NAME = _KEY_NAMES[_WINDOW]
+
+
+cdef dict _extra(unsigned int mask, object extra_keys, object group, object kind, object window):
+    """An event's ``extra``: the further keys sent (``mask``: a bit each, in _KEYS' order from
+    extra_keys) with their values, in the reference's order whatever the wire's."""
+    cdef dict extra = {}
+    if mask & 1:
+        extra[_EXTRA_KEYS_NAME] = extra_keys
+    if mask & 2:
+        extra[_GROUP_NAME] = group
+    if mask & 4:
+        extra[_KIND_NAME] = kind
+    if mask & 8:
+        extra[_WINDOW_NAME] = window
+    return extra
+
+
+cdef int[3] _REMOVAL_PLACES = [_HASHES, _MEDIUM, _GROUP]  # a positional removal's fields
+
+
 cdef object _event(_Cursor* c, int* layout):
     """One event, a map or a positional one, as the public one, as the reference makes it
     (``_from_map``, ``from_array``)."""
-    cdef int tag = _fields(c, layout), key, last = 0, n
+    cdef int tag = _fields(c, layout), key, n
     cdef unsigned int seen = 0
-    cdef bint unordered = False, is_map = layout[0]
+    cdef bint is_map = layout[0]
     if tag < 0:
         return _NO
     if tag == 2:
         return _AllBlocksCleared()
     hashes = tokens = None
     parent = lora_id = medium = lora_name = None  # the defaults of the keys left out
+    extra_keys = group = kind = window = None
     size = 0
-    extra = {}
     for n in range(layout[1]):
         if is_map:
             key = _key(c)
             if key < 0 or seen & (1u << key) or (tag == 1 and not (_REMOVED_KEYS >> key) & 1):
                 return _NO
         else:  # by place: a BlockStored's fields in _KEYS' order, a removal's hashes, medium, group
-            key = n if tag == 0 else (_HASHES, _MEDIUM, _GROUP)[n]
+            key = n if tag == 0 else _REMOVAL_PLACES[n]
         seen |= 1u << key
         value = _value(c, key)
         if value is _NO:
             return _NO
-        if key >= _EXTRA_KEYS:
-            extra[_KEY_NAMES[key]] = value
-            if key < last:
-                unordered = True  # put in the reference's order below
-            last = key
-        elif key == _HASHES:
+        if key == _HASHES:
             hashes = value
         elif key == _PARENT:
             parent = value
@@ -364,18 +424,22 @@ cdef object _event(_Cursor* c, int* layout):
             lora_id = value
         elif key == _MEDIUM:
             medium = value
-        else:
+        elif key == _LORA_NAME:
             lora_name = value
+        elif key == _EXTRA_KEYS:
+            extra_keys = value
+        elif key == _GROUP:
+            group = value
+        elif key == _KIND:
+            kind = value
+        else:
+            window = value
     if hashes is None or (tag == 0 and tokens is None):
         return _NO
-    if unordered:
-        extra = {_KEY_NAMES[key]: extra[_KEY_NAMES[key]] for key in range(_EXTRA_KEYS, _WINDOW + 1) if seen & (1u << key)}
+    extra = _extra(seen >> _EXTRA_KEYS, extra_keys, group, kind, window)
     if tag == 1:
         return _BlockRemoved(hashes, medium, extra)
     return _BlockStored(hashes, parent, tokens, size, lora_id, medium, lora_name, extra)
-
-
-cdef tuple _KEY_NAMES = tuple(name.decode() for name in _KEYS)
 
 
 cdef object _ts(_Cursor* c):

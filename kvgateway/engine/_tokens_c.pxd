@@ -7,10 +7,10 @@ from libc.stdint cimport uint32_t
 
 
 cdef class Tokens:
-    """Token ids that all fit 32 bits, as the wire sent them, in a C array."""
+    """Token ids that all fit 32 bits, as the wire sent them, in a C array (in the object itself,
+    after these fields, for those :func:`tokens_at` makes)."""
     cdef uint32_t* ids
     cdef Py_ssize_t count
-    cdef list to_list(self)
 
 
 cdef object tokens_at(const unsigned char* data, Py_ssize_t size, Py_ssize_t* start)

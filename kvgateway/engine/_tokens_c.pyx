@@ -21,12 +21,16 @@ and pickles as it. The compiled readers take the slot as it is (``slot_value`` i
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_FromUnsignedLong
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.object cimport PyObject
+from cpython.mem cimport PyObject_Malloc
+from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.stdint cimport uint32_t
-from libc.string cimport memcmp
+from libc.string cimport memcmp, memset
+from kvgateway._pylong cimport kv_be16, kv_be32  # big-endian loads
 from kvgateway.engine._slots cimport member_offset  # where a Struct keeps a field
+
+cdef extern from "Python.h":
+    PyObject* PyObject_Init(PyObject*, PyTypeObject*)
 
 import types
 
@@ -36,26 +40,16 @@ __all__ = ["EMPTY", "Field", "NotTokens", "Tokens", "install", "token_ids"]
 
 
 cdef class Tokens:
-    """Token ids of 0 to 2**32-1 in a C array: what ``token_ids`` holds until it is read as a list."""
-
-    def __dealloc__(self):
-        PyMem_Free(self.ids)
+    """Token ids of 0 to 2**32-1 in a C array: what ``token_ids`` holds until it is read as a list.
+    Those :func:`tokens_at` makes are one allocation, the ids after the object's fields; one made
+    from Python holds none (no methods of its own: no table of them to set up, see ``_made``)."""
 
     def __len__(self):
         return self.count
 
-    cdef list to_list(self):
-        cdef list out = PyList_New(self.count)
-        cdef Py_ssize_t i
-        for i in range(self.count):
-            item = PyLong_FromUnsignedLong(self.ids[i])
-            Py_INCREF(item)
-            PyList_SET_ITEM(out, i, item)
-        return out
-
     def tolist(self):
         """The token ids as a list of ints (what the field reads as)."""
-        return self.to_list()
+        return _to_list(self)
 
     def __eq__(self, other):
         if type(other) is Tokens:
@@ -63,7 +57,7 @@ cdef class Tokens:
                 self.count == 0 or memcmp(self.ids, (<Tokens>other).ids, self.count * sizeof(uint32_t)) == 0
             )
         if isinstance(other, list):
-            return self.to_list() == other
+            return _to_list(self) == other
         return NotImplemented
 
     def __ne__(self, other):
@@ -73,10 +67,38 @@ cdef class Tokens:
     __hash__ = None  # as a list's
 
     def __repr__(self):
-        return repr(self.to_list())
+        return repr(_to_list(self))
 
     def __reduce__(self):
-        return (list, (self.to_list(),))
+        return (list, (_to_list(self),))
+
+
+cdef list _to_list(Tokens tokens):
+    cdef list out = PyList_New(tokens.count)
+    cdef Py_ssize_t i
+    for i in range(tokens.count):
+        item = PyLong_FromUnsignedLong(tokens.ids[i])
+        Py_INCREF(item)
+        PyList_SET_ITEM(out, i, item)
+    return out
+
+
+cdef Py_ssize_t _FIELDS = (<PyTypeObject*>Tokens).tp_basicsize  # where a made object's ids start
+
+
+cdef Tokens _made(Py_ssize_t count):
+    """A Tokens of room for ``count`` ids, in one allocation with them: what Tokens.__new__ makes
+    (a plain object of the type, fields zeroed: the type has no method table, no __cinit__ and is
+    not tracked by the collector), freed as every Tokens is (the type's tp_free: PyObject_Free)."""
+    cdef PyObject* made = <PyObject*>PyObject_Malloc(_FIELDS + count * sizeof(uint32_t))
+    if made == NULL:
+        raise MemoryError()
+    memset(made, 0, _FIELDS)
+    PyObject_Init(made, <PyTypeObject*>Tokens)
+    tokens = <Tokens>made
+    Py_DECREF(tokens)  # PyObject_Init's reference, now held by ``tokens``
+    tokens.ids = <uint32_t*>((<char*>made) + _FIELDS)
+    return tokens
 
 
 cdef inline bint _read(const unsigned char* data, Py_ssize_t size, Py_ssize_t* at, uint32_t* out) noexcept:
@@ -144,24 +166,24 @@ cdef object tokens_at(const unsigned char* data, Py_ssize_t size, Py_ssize_t* st
         return None
     if count == 0 or count > size - at:  # empty (the reference's []), or shorter than its count
         return None
-    tokens = Tokens.__new__(Tokens)
-    ids = tokens.ids = <uint32_t*>PyMem_Malloc(count * sizeof(uint32_t))
-    if ids == NULL:
-        raise MemoryError()
+    tokens = _made(count)
+    ids = tokens.ids
     for i in range(count):
-        if at >= size:
-            return None
-        first = data[at]
-        if first <= 0x7F:  # the formats of token ids, first: a positive fixint, uint 16, uint 32
-            ids[i] = first
-            at += 1
-        elif first == 0xCD and at + 3 <= size:
-            ids[i] = (<uint32_t>data[at + 1] << 8) | data[at + 2]
-            at += 3
-        elif first == 0xCE and at + 5 <= size:
-            ids[i] = (<uint32_t>data[at + 1] << 24) | (<uint32_t>data[at + 2] << 16) | (<uint32_t>data[at + 3] << 8) | data[at + 4]
-            at += 5
-        elif not _read(data, size, &at, &ids[i]):
+        if at + 5 <= size:  # room for the widest of the formats of token ids: one test for the three
+            first = data[at]
+            if first == 0xCE:  # uint 32 (most ids of a large vocabulary), uint 16, a positive fixint
+                ids[i] = kv_be32(data + at + 1)
+                at += 5
+                continue
+            if first == 0xCD:
+                ids[i] = kv_be16(data + at + 1)
+                at += 3
+                continue
+            if first <= 0x7F:
+                ids[i] = first
+                at += 1
+                continue
+        if not _read(data, size, &at, &ids[i]):
             return None
     tokens.count = count
     start[0] = at
@@ -212,7 +234,7 @@ cdef class Field:
         if type(<object>value) is not Tokens:
             return <object>value
         old = <object>value
-        items = (<Tokens>old).to_list()
+        items = _to_list(<Tokens>old)
         Py_INCREF(items)
         slot[0] = <PyObject*>items
         Py_DECREF(old)  # the slot's reference (``old`` holds its own until it goes)

@@ -20,14 +20,14 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.array cimport array, clone
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from kvgateway._pylong cimport u64_of  # an int read from its digits
-from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
+from kvgateway.engine._slots cimport Fields, field, field_offset, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 
 cdef extern from "Python.h":
@@ -41,6 +41,9 @@ cdef extern from "Python.h":
     Py_ssize_t PyUnicode_GET_LENGTH(object)
     const char* PyUnicode_1BYTE_DATA(object)
     int PyDict_Next(object, Py_ssize_t*, PyObject**, PyObject**)
+    object PyUnicode_New(Py_ssize_t, Py_UCS4)
+    void* PyUnicode_DATA(object)
+    Py_ssize_t Py_SIZE(object)
 
 include "_render_py.py"
 
@@ -117,55 +120,6 @@ cdef const char* _PAIRS = (
 )
 
 
-cdef inline int _digit_count(uint32_t value) noexcept:
-    if value < 100000:
-        if value < 100:
-            return 1 if value < 10 else 2
-        return 3 if value < 1000 else (4 if value < 10000 else 5)
-    if value < 10000000:
-        return 6 if value < 1000000 else 7
-    return 8 if value < 100000000 else (9 if value < 1000000000 else 10)
-
-
-cdef inline void _pairs_back(char* end, uint32_t value, int digits) noexcept:
-    """``value``'s last ``digits`` digits (zeros in front where it has fewer), ending at ``end``:
-    two at a time from a table, in 32-bit arithmetic."""
-    cdef uint32_t pair
-    while digits >= 2:
-        pair = (value % 100) * 2
-        value //= 100
-        end -= 2
-        end[0] = _PAIRS[pair]
-        end[1] = _PAIRS[pair + 1]
-        digits -= 2
-    if digits:
-        end[-1] = <char>(48 + value % 10)
-
-
-cdef inline char* _write_u64(char* at, uint64_t value) noexcept:
-    """``value`` in decimal at ``at`` (room for 20 digits); returns the end. Token ids are most of a
-    batch's bytes and fit 32 bits; a hash's 64 bits are split in a top part and one or two parts of
-    8 digits, so that every division but one or two is a 32-bit one."""
-    cdef uint64_t top
-    cdef int digits, parts  # parts: the 8-digit parts after the top
-    if value <= 0xFFFFFFFFULL:
-        top, parts = value, 0
-    elif value < 10000000000000000ULL:  # up to 16 digits: the top under 10**8
-        top, parts = value // 100000000ULL, 1
-    else:  # 17 to 20 digits: the top at most 1844
-        top, parts = value // 10000000000000000ULL, 2
-    digits = _digit_count(<uint32_t>top)
-    _pairs_back(at + digits, <uint32_t>top, digits)
-    at += digits
-    if parts == 2:
-        _pairs_back(at + 8, <uint32_t>((value // 100000000ULL) % 100000000ULL), 8)
-        at += 8
-    if parts:
-        _pairs_back(at + 8, <uint32_t>(value % 100000000ULL), 8)
-        at += 8
-    return at
-
-
 cdef inline char* _top(char* at, uint32_t value) noexcept:
     """``value`` (under 100) in one or two digits at ``at``; returns the end."""
     if value < 10:
@@ -204,6 +158,33 @@ cdef inline char* _write_u32(char* at, uint32_t value) noexcept:
         return _pair(_pair(_pair(_top(at, <uint32_t>(y >> 32)), &y), &y), &y)
     y = ((<uint64_t>value * 1441151881ULL) >> 25) + 1  # ceil(2**57 / 10**8), and one unit more
     return _pair(_pair(_pair(_pair(_top(at, <uint32_t>(y >> 32)), &y), &y), &y), &y)
+
+
+cdef inline char* _eight(char* at, uint32_t value) noexcept:
+    """``value`` (under 10**8) in exactly eight digits, zeros in front; returns the end. As
+    :func:`_write_u32`'s eight-digit ids: ``value`` over 10**6 as a 32.32 fixed-point number (the
+    constant rounded up, and one unit more, so that a small ``value`` comes out exact too: checked
+    for every value of 0 to 10**8-1), its first pair, then three pairs by multiplication."""
+    cdef uint64_t y = ((<uint64_t>value * 281474977ULL) >> 16) + 1  # ceil(2**48 / 10**6)
+    memcpy(at, _PAIRS + 2 * (y >> 32), 2)
+    return _pair(_pair(_pair(at + 2, &y), &y), &y)
+
+
+cdef inline char* _write_u64(char* at, uint64_t value) noexcept:
+    """``value`` in decimal at ``at`` (room for 20 digits); returns the end. Token ids (most of a
+    batch's bytes) fit 32 bits; a hash's 64 bits are its leading part (under 10**8, or at most 1844
+    above 10**16) and one or two parts of exactly eight digits, each split off by a 64-bit
+    division by a constant (a multiplication) and written by multiplications (:func:`_eight`)."""
+    cdef uint64_t high, middle
+    if value <= 0xFFFFFFFFULL:
+        return _write_u32(at, <uint32_t>value)
+    if value < 10000000000000000ULL:  # up to 16 digits
+        high = value // 100000000ULL
+        return _eight(_write_u32(at, <uint32_t>high), <uint32_t>(value - high * 100000000ULL))
+    high = value // 10000000000000000ULL  # 17 to 20 digits: at most 1844
+    value -= high * 10000000000000000ULL
+    middle = value // 100000000ULL
+    return _eight(_eight(_write_u32(at, <uint32_t>high), <uint32_t>middle), <uint32_t>(value - middle * 100000000ULL))
 
 
 cdef inline int _put_unsigned(Buffer* out, uint64_t value) except -1:
@@ -330,7 +311,19 @@ cdef dict _media = {}
 cdef int _MEDIA_MAX = 256
 
 
-cdef tuple _medium_part(object event, object kind, object medium):
+cdef class _Seen:
+    """A block event type's last medium (the str object: the parser makes an engine's medium once,
+    and it is kept alive here) and its part and key, as :func:`_medium_part` found them."""
+    cdef object medium
+    cdef tuple media
+
+
+cdef _Seen _STORED_SEEN = _Seen(), _REMOVED_SEEN = _Seen()
+
+
+cdef tuple _medium_part(object event, object kind, object medium, _Seen seen):
+    if seen.media is not None and medium is seen.medium:
+        return seen.media
     if medium is not None and not PyUnicode_CheckExact(medium):
         return None
     found = _media.get((kind, medium))
@@ -339,39 +332,104 @@ cdef tuple _medium_part(object event, object kind, object medium):
         found = (part, event_key(event))
         if len(_media) < _MEDIA_MAX:
             _media[(kind, medium)] = found
+    seen.medium, seen.media = medium, <tuple>found
     return <tuple>found
 
 
-cdef bint _put_extra(Buffer* out, object extra, frozenset own) except -1:
+# A further field's name as written (',"name":') and which event types have a field of that name,
+# in slots by the name's str object (the parser makes each name once, so a few slots hold them all;
+# each slot keeps its name alive, so its address names it), filled from a dict by the name.
+cdef enum:
+    _NAME_SLOTS = 64
+    _OWN_STORED = 1
+    _OWN_REMOVED = 2
+    _OWN_CLEARED = 4
+cdef PyObject* _name_of[_NAME_SLOTS]
+cdef PyObject* _name_json[_NAME_SLOTS]
+cdef unsigned char _name_own[_NAME_SLOTS]
+cdef dict _names = {}  # name -> (its JSON, its own bits)
+cdef int _NAMES_MAX = 4096
+
+
+cdef Py_ssize_t _name_slot(object key) except -1:
+    """``key``'s (an exact str) slot, filled for it where it held another name."""
+    cdef Py_ssize_t slot = <Py_ssize_t>(((<size_t><PyObject*>key >> 4) * <size_t>0x9E3779B97F4A7C15ULL) >> 58)
+    if _name_of[slot] == <PyObject*>key:
+        return slot
+    found = _names.get(key)
+    if found is None:
+        json = b"," + _encoder.encode(key) + b":"  # _put_str's bytes: msgspec's
+        own = (
+            (_OWN_STORED if key in _STORED_OWN else 0)
+            | (_OWN_REMOVED if key in _REMOVED_OWN else 0)
+            | (_OWN_CLEARED if key in _CLEARED_OWN else 0)
+        )
+        found = (json, own)
+        if len(_names) < _NAMES_MAX:
+            _names[key] = found
+    json = (<tuple>found)[0]
+    Py_INCREF(key)
+    Py_INCREF(json)
+    Py_XDECREF(_name_of[slot])
+    Py_XDECREF(_name_json[slot])
+    _name_of[slot], _name_json[slot] = <PyObject*>key, <PyObject*>json
+    _name_own[slot] = <unsigned char>(<tuple>found)[1]
+    return slot
+
+
+cdef bint _put_extra(Buffer* out, object extra, unsigned char own) except -1:
     """The further fields after the event's own; False (nothing usable written) where the reference
-    would not simply append them: a name of the event's own (it overwrites it in place), or not a str."""
-    cdef Py_ssize_t pos = 0
+    would not simply append them: a name of the event's own (``own``: it overwrites it in place),
+    or not a str."""
+    cdef Py_ssize_t pos = 0, slot
     cdef PyObject* key
     cdef PyObject* value
     if not PyDict_CheckExact(extra):
         return False
     while PyDict_Next(extra, &pos, &key, &value):
-        if not PyUnicode_CheckExact(<object>key) or <object>key in own:
+        if not PyUnicode_CheckExact(<object>key):
             return False
-        _put_char(out, 44)
-        _put_str(out, <object>key)
-        _put_char(out, 58)
+        slot = _name_slot(<object>key)
+        if _name_own[slot] & own:
+            return False
+        _put_bytes(out, <bytes>_name_json[slot])
         _put_further(out, <object>value)
     return True
 
 
 cdef bint _put_hashes(Buffer* out, object hashes) except -1:
+    """A list of block hashes as their quoted texts; False for anything else (not all written).
+    Room for every hash as a quoted u64 and its comma is reserved once and each written in place;
+    any other (bytes' hex, a wider or negative int) through :func:`_put_hash`, the room after it
+    reserved again."""
     cdef Py_ssize_t i, n
+    cdef uint64_t value
+    cdef char* at
     if not PyList_CheckExact(hashes):
         return False
     n = PyList_GET_SIZE(hashes)
-    _put_char(out, 91)
+    _reserve(out, 2 + 23 * n)  # 20 digits, two quotes and a comma each; the brackets
+    at = out.data + out.size
+    at[0] = 91  # "["
+    at += 1
     for i in range(n):
         if i:
-            _put_char(out, 44)
-        if not _put_hash(out, <object>PyList_GET_ITEM(hashes, i)):
+            at[0] = 44  # ","
+            at += 1
+        item = <object>PyList_GET_ITEM(hashes, i)
+        if u64_of(item, &value):
+            at[0] = 34  # '"'
+            at = _write_u64(at + 1, value)
+            at[0] = 34
+            at += 1
+            continue
+        out.size = at - out.data
+        if not _put_hash(out, item):
             return False
-    _put_char(out, 93)
+        _reserve(out, 1 + 23 * (n - i - 1))
+        at = out.data + out.size
+    at[0] = 93  # "]"
+    out.size = at + 1 - out.data
     return True
 
 
@@ -432,10 +490,10 @@ cdef int _put_ints(Buffer* out, object values) except -1:
     return _put_bytes(out, _encoder.encode(values))
 
 
-cdef tuple _opened(Buffer* out, object event, object kind, bytes opening, object medium, object hashes):
+cdef tuple _opened(Buffer* out, object event, object kind, bytes opening, object medium, object hashes, _Seen seen):
     """A block event's type and hashes (its ``medium`` and ``block_hashes``); its medium part and
     key, or None where the reference must write the event."""
-    media = _medium_part(event, kind, medium)
+    media = _medium_part(event, kind, medium, seen)
     if media is None:
         return None
     _put_bytes(out, opening)
@@ -447,7 +505,8 @@ cdef tuple _opened(Buffer* out, object event, object kind, bytes opening, object
 cdef object _put_stored(Buffer* out, object event):
     """A BlockStored's JSON; its filter key, or None where the reference must write it."""
     hashes = field(event, _BlockStored, _STORED.block_hashes, "block_hashes")
-    media = _opened(out, event, STORED, _STORED_OPEN, field(event, _BlockStored, _STORED.medium, "medium"), hashes)
+    medium = field(event, _BlockStored, _STORED.medium, "medium")
+    media = _opened(out, event, STORED, _STORED_OPEN, medium, hashes, _STORED_SEEN)
     if media is None:
         return None
     _put_bytes(out, _PARENT_BLOCK_HASH)
@@ -465,7 +524,7 @@ cdef object _put_stored(Buffer* out, object event):
     _put_bytes(out, <bytes>media[0])
     _put_bytes(out, _LORA_NAME)
     _put_value(out, field(event, _BlockStored, _STORED.lora_name, "lora_name"))
-    if not _put_extra(out, field(event, _BlockStored, _STORED.extra, "extra"), _STORED_OWN):
+    if not _put_extra(out, field(event, _BlockStored, _STORED.extra, "extra"), _OWN_STORED):
         return None
     _put_char(out, 125)
     return media[1]
@@ -473,11 +532,12 @@ cdef object _put_stored(Buffer* out, object event):
 
 cdef object _put_removed(Buffer* out, object event):
     hashes = field(event, _BlockRemoved, _REMOVED.block_hashes, "block_hashes")
-    media = _opened(out, event, REMOVED, _REMOVED_OPEN, field(event, _BlockRemoved, _REMOVED.medium, "medium"), hashes)
+    medium = field(event, _BlockRemoved, _REMOVED.medium, "medium")
+    media = _opened(out, event, REMOVED, _REMOVED_OPEN, medium, hashes, _REMOVED_SEEN)
     if media is None:
         return None
     _put_bytes(out, <bytes>media[0])
-    if not _put_extra(out, field(event, _BlockRemoved, _REMOVED.extra, "extra"), _REMOVED_OWN):
+    if not _put_extra(out, field(event, _BlockRemoved, _REMOVED.extra, "extra"), _OWN_REMOVED):
         return None
     _put_char(out, 125)
     return media[1]
@@ -489,7 +549,7 @@ cdef object _CLEARED_KEY = None
 cdef object _put_cleared(Buffer* out, object event):
     global _CLEARED_KEY
     _put_bytes(out, _CLEARED_OPEN)
-    if not _put_extra(out, field(event, _AllBlocksCleared, _CLEARED.extra, "extra"), _CLEARED_OWN):
+    if not _put_extra(out, field(event, _AllBlocksCleared, _CLEARED.extra, "extra"), _OWN_CLEARED):
         return None
     _put_char(out, 125)
     if _CLEARED_KEY is None:
@@ -518,6 +578,12 @@ cdef object _put_event(Buffer* out, object event):
     return key
 
 
+cdef object _EncodedEvents = messages.EncodedEvents
+cdef object _EncodedBatch = messages.EncodedBatch
+cdef object _OutMessage = messages.OutMessage
+cdef object _BATCH = messages.BATCH
+cdef Py_ssize_t _BODY_AT = field_offset(messages.EncodedEvents, "body")
+cdef Py_ssize_t _ENDS_AT = field_offset(messages.EncodedEvents, "ends")
 cdef array _ENDS = array("q")
 
 
@@ -556,7 +622,7 @@ def _events_json_c(events):
             PyMem_Free(_out.data)
             _out.data = NULL
             _out.capacity = 0
-    return messages.EncodedEvents(body, ends), keys
+    return _EncodedEvents(body, ends), keys
 
 
 # --- the batch message --------------------------------------------------------------------------
@@ -577,11 +643,34 @@ cdef bytes _stream_part(object stream):
     return <bytes>found
 
 
+cdef str _message_id(object epoch, const char* digits, Py_ssize_t count):
+    """``epoch + ":" + str(offset)``, the offset's ``count`` digits at ``digits`` (as the head has
+    them): made in place for an ASCII epoch."""
+    cdef Py_ssize_t n
+    cdef char* at
+    if not PyUnicode_IS_ASCII(epoch):
+        return epoch + ":" + digits[:count].decode()
+    n = PyUnicode_GET_LENGTH(epoch)
+    found = PyUnicode_New(n + 1 + count, 127)
+    at = <char*>PyUnicode_DATA(found)
+    memcpy(at, PyUnicode_1BYTE_DATA(epoch), n)
+    at[n] = 58  # ":"
+    memcpy(at + n + 1, digits, count)
+    return found
+
+
+cdef bytes _ends_bytes(object ends):
+    """``ends.tobytes()``, copied from an ``array("q")`` itself."""
+    if type(ends) is array and (<array>ends).ob_descr.typecode == 113:  # "q"
+        return PyBytes_FromStringAndSize((<array>ends).data.as_chars, Py_SIZE(ends) * 8)
+    return ends.tobytes()
+
+
 def _batch_message_c(epoch, offset, stream, *, seq, ts, events):
     global _epoch, _epoch_head
     cdef Buffer head
     cdef char space[256]
-    cdef Py_ssize_t prefix, size
+    cdef Py_ssize_t prefix, size, digits
     cdef bytes body
     cdef char* at
     if not (PyUnicode_CheckExact(epoch) and PyLong_CheckExact(offset) and PyLong_CheckExact(seq)):
@@ -597,7 +686,9 @@ def _batch_message_c(epoch, offset, stream, *, seq, ts, events):
     if PyBytes_GET_SIZE(_epoch_head) + PyBytes_GET_SIZE(stream_part) > 160:
         return batch_message_reference(epoch, offset, stream, seq=seq, ts=ts, events=events)  # long names: rare
     _put_bytes(&head, _epoch_head)
+    digits = head.size
     _put_int(&head, offset)
+    digits = head.size - digits
     _put_bytes(&head, _OFFSET)
     _put_int(&head, offset)
     _put_bytes(&head, stream_part)
@@ -608,7 +699,7 @@ def _batch_message_c(epoch, offset, stream, *, seq, ts, events):
         return batch_message_reference(epoch, offset, stream, seq=seq, ts=ts, events=events)
     _put_bytes(&head, ts_json)
     _put_bytes(&head, _EVENTS)
-    body = events.body
+    body = field(events, _EncodedEvents, _BODY_AT, "body")
     prefix = head.size
     size = prefix + PyBytes_GET_SIZE(body) + 2
     data = PyBytes_FromStringAndSize(NULL, size)
@@ -617,10 +708,9 @@ def _batch_message_c(epoch, offset, stream, *, seq, ts, events):
     memcpy(at + prefix, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body))
     at[size - 2] = 93  # "]"
     at[size - 1] = 125  # "}"
-    message_id = epoch + ":" + str(offset)
-    return messages.EncodedBatch(
-        messages.OutMessage(data, messages.BATCH, message_id), prefix, events.ends.tobytes()
-    )
+    message_id = _message_id(epoch, head.data + PyBytes_GET_SIZE(_epoch_head), digits)
+    ends = _ends_bytes(field(events, _EncodedEvents, _ENDS_AT, "ends"))
+    return _EncodedBatch(_OutMessage(data, _BATCH, message_id), prefix, ends)
 
 
 # The public names: the C writers in place of the reference's (which the rest of the included code

@@ -176,6 +176,14 @@ def test_what_the_parser_declines_decodes_as_the_reference_decodes_it(events: li
         envelope([{"type": "BlockStored", "block_hashes": [True], "token_ids": [1]}], 1.0, 0),
         envelope([{"type": "BlockRemoved", "block_hashes": [1], "block_size": 1}], 1.0, 0),  # not a removal's
         envelope([{"type": "AllBlocksCleared", "medium": None}], 1.0, 0),
+        *(  # a key of a known key's length and first letter, another name (the parser's one comparison)
+            envelope([{"type": "BlockStored", "block_hashes": [1], "token_ids": [1], name: None}], 1.0, 0)
+            for name in ("token_idz", "lora_namf", "groupxidx", "block_sizf", "extra_keyz", "mediun", "lora_iD")
+        ),
+        envelope([{"type": "BlockStored", "block_hashes": [1], "token_ids": [1], "kv_cache_spec_kinD": None}], 1.0, 0),
+        envelope([{"type": "BlockRemoved", "block_hashes": [1], "block_hashez": [1]}], 1.0, 0),
+        envelope([{"type": "BlockRemoved", "block_hashes": [1], "parent_block_hasH": 1}], 1.0, 0),
+        envelope([{"type": "BlockRemoved", "block_hashes": [1], "kv_cache_spec_sliding_windoW": 1}], 1.0, 0),
         envelope([["BlockRemoved", [1]], {"type": "BlockRemoved", "block_hashes": [1]}], 1.0, 0),  # mixed
         envelope([["BlockRemoved", [1], None, 1, 2]], 1.0, 0),  # a removal of 4 fields
         envelope([["BlockStored", [1], None, [1], 16]], 1.0, 0),  # a BlockStored of 4

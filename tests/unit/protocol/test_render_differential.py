@@ -187,6 +187,29 @@ def test_ints_at_every_decimal_and_digit_edge_are_written_as_the_reference_write
     assert_same([BlockStored([], None, [], 0, None, None, None, {})])
 
 
+eight_digits = st.integers(0, 10**8 - 1) | st.integers(0, 999)  # zeros in front, most of them
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    hashes=st.lists(
+        st.integers(2**32, U64)
+        | st.builds(
+            lambda top, middle, low: top * 10**16 + middle * 10**8 + low,
+            st.integers(0, 1844),
+            eight_digits,
+            eight_digits,
+        ).filter(lambda value: value <= U64),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_hashes_of_any_u64_value_are_written_as_the_reference_writes_them(hashes: list[int]) -> None:
+    """A hash's digits are its leading part and one or two parts of exactly eight digits, each
+    written by multiplications: any u64, many with zeros in front of a part."""
+    assert_same([BlockStored(hashes, hashes[0], [1], 16, None, "GPU", None, {}), BlockRemoved(hashes[::-1], "GPU", {})])
+
+
 def _held(event: Event) -> Any:
     """What a BlockStored's ``token_ids`` slot holds, not read through the field."""
     field = type(event).__dict__["token_ids"]
