@@ -244,10 +244,8 @@ cdef class BlockSet:
     ints and bytes: an int's subclass (a bool) or a float equal to an int is another hash here,
     where a set would take it for the int (the evictions' tables are the same)."""
 
-    cdef Table ints
-    cdef Table blobs
-    cdef set other
-    cdef size_t changes  # every insertion and removal: what an iterator checks
+    # its tables, the set of other hashes and the count of changes: declared in _apply_c.pxd, which
+    # the compiled learner cimports to ask the fleet's holders directly
 
     __hash__ = None  # mutable, as a set
 

@@ -1,7 +1,8 @@
 """The index's compiled pass (kvgateway/state/_apply_c.pyx) against its pure-Python reference
 (_apply_py.py), fed the same generated steps side by side in one process: identical index state
 (every group's hashes and reference counts), snapshots, digests, fleet holders, prefill attribution
-counts and its JSON, and the routers' learner answering alike with each index's residency question;
+counts and its JSON, and the routers' learner of the same core answering alike with each index's
+residency question and its fleet holders (the compiled learner asks a compiled :class:`BlockSet` in C);
 over every layout feature the index reads (mediums of every tier and case, groups and group_idx
 that are not ints, repeats inside one event, removes of unknown blocks, clears, restarts, stale
 marks, replayed batches, frozen snapshots, a second hash family with token ids, the refetch window
@@ -111,7 +112,10 @@ class Side:
         with core(module):
             self.attribution = Attribution(window, max_evicted=bound, max_content=6)
             self.index = OccupancyIndex(observer=self.attribution)
-        self.learner = _learner_py.ChainLearner(64, resident=self.index.holds, floor=8)
+        # the gateway's learner (serve/router_state.py) of the same core: the residency question
+        # asked of the fleet's holders first (a compiled BlockSet, asked in C, on the compiled side)
+        learner = _learner_py if module is _apply_py else _compiled("kvgateway.state._learner_c")
+        self.learner = learner.ChainLearner(64, resident=self.index.holds, floor=8, held=self.index.holders)
         self.frozen: list[Any] = []
 
     def step(self, kind: str, value: Any, ts: float) -> None:
@@ -137,11 +141,12 @@ class Side:
         out: dict[str, Any] = {
             "occupancy": index.snapshot(0, now),
             "holders": [index.stream(*STREAMS[0]).fleet_holders(h) for h in POOL],
+            "fleet": sorted(map(repr, index.holders)),  # every hash some group holds, whatever the pool
             "holds": [index.holds(s, h) for s in STREAMS for h in POOL],
             "resident": index.resident_blocks(),
             "prefill": self.attribution.to_json(streams, now),
             "tracked": self.attribution.tracked(),
-            "learner": (self.learner.entries(), self.learner.evicted, self.learner.second_chances),
+            "learner": (self.learner.entries(), self.learner.evicted, self.learner.second_chances, len(self.learner)),
         }
         for stream in streams:
             key = f"{stream.source}/{stream.dp_rank}"
