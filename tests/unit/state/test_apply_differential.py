@@ -190,6 +190,37 @@ def test_both_passes_keep_the_same_index_attribution_and_learner(
     assert sides[0].frozen == sides[1].frozen
 
 
+def test_events_of_any_length_are_applied_alike_with_their_keys_read_once() -> None:
+    """The compiled pass reads an event's keys once, into its own room up to 64 hashes and into an
+    allocated one beyond: events of 1, 63, 64, 65 and 130 hashes of every kind, stored fresh,
+    stored again (held elsewhere in the fleet, and evicted lately), removed in part with unknown
+    hashes, by two streams sharing blocks, a tracked digest and a tuple of hashes among them; the
+    same index, attribution and learner as the reference after every batch."""
+    sides = [Side(_apply_py, 60.0, 32_768), Side(_compiled("kvgateway.state._apply_c"), 60.0, 32_768)]
+    kinds: list[Hash] = [2**63 + 5, U64, 0, -3, 2**70, b"\x07" * 32, b"short", 7]
+    ts = 0.0
+    for step, n in enumerate([1, 63, 64, 65, 130, 2, 65, 66, 3]):
+        base = 1_000 * (step % 4)
+        # the streams share no block until step 5 (a hash held by one group alone leaves the fleet
+        # with it, the keys read once), then the hashes of every kind in both
+        shared = kinds[step - 5 : step - 2] if step >= 5 else []
+        hashes: list[Hash] = [base + i for i in range(n - len(shared))] + shared
+        stream = STREAMS[step % 2]
+        tokens = [i % 5 for i in range(2 * n)]
+        events: list[Event] = [
+            BlockStored(hashes, None, tokens, 2, None, "GPU", None, {}),
+            BlockRemoved([*hashes[: n // 2], 99_999], "GPU", {}),
+            BlockStored(tuple(hashes[n // 3 :]) if step == 5 else hashes[n // 3 :], None, [], 0, None, "GPU", None, {}),
+        ]
+        ts += 1.0
+        for side in sides:
+            if step == 3:
+                side.step("digest", stream, ts)
+            side.step("batch", (stream, events, 1.0, False), ts)
+        assert sides[0].shown(1000.0 + ts) == sides[1].shown(1000.0 + ts)
+    assert sides[1].learner.evicted and sides[1].attribution.tracked()
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     ops=st.lists(
