@@ -22,6 +22,8 @@ from collections.abc import Set as AbstractSet
 import math
 
 cimport cython
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject_RichCompare
 from cpython.set cimport PySet_Discard
 from libc.stdint cimport uint64_t
@@ -190,31 +192,49 @@ cdef class Evictions:
         return self._current.size() + self._previous.size()
 
     cpdef add(self, hashes, ts):
+        self._add(hashes, ts, NULL)
+
+    cdef int _add(self, hashes, ts, Key* keys) except -1:
+        """:meth:`add`; ``keys``, where not NULL, each hash's of ``hashes`` (a list), read already."""
         cdef Key k
         cdef _Generation spare
         cdef double at = 0
-        cdef Py_ssize_t bound = self.bound
+        cdef Py_ssize_t i, bound = self.bound
         if ts - self.since > self.window:  # the generations move on: the previous one is forgotten
             spare = self._previous
             spare.clear()  # its memory back: the new generation grows as it fills
             self._previous, self._current = self._current, spare
             self.since = ts
         at = ts
-        for h in hashes:
-            _key_of(h, &k)
-            self._current.set(&k, h, at, ts)
+        if keys is not NULL:
+            for i in range(PyList_GET_SIZE(hashes)):
+                self._current.set(&keys[i], <object>PyList_GET_ITEM(hashes, i), at, ts)
+        else:
+            for h in hashes:
+                _key_of(h, &k)
+                self._current.set(&k, h, at, ts)
         if self._current.size() + self._previous.size() > bound:
             self.dropped += self._previous.size()
             self._previous.clear()  # not filled again before the window turns
             if self._current.size() > bound:
                 self.dropped += self._current.size()
                 self._current.empty(bound)  # it fills again at the same rate: its slots kept
+        return 0
 
     cdef bint _holds_any(self, hashes) except -1:
         cdef Key k
         for h in hashes:
             _key_of(h, &k)
             if self._current.has(&k, h) or self._previous.has(&k, h):
+                return True
+        return False
+
+    cdef bint _holds_any_key(self, list hashes, Key* keys) except -1:
+        """:meth:`_holds_any` of a list whose hashes' keys are read already."""
+        cdef Py_ssize_t i
+        for i in range(PyList_GET_SIZE(hashes)):
+            h = <object>PyList_GET_ITEM(hashes, i)
+            if self._current.has(&keys[i], h) or self._previous.has(&keys[i], h):
                 return True
         return False
 
@@ -244,10 +264,8 @@ cdef class BlockSet:
     ints and bytes: an int's subclass (a bool) or a float equal to an int is another hash here,
     where a set would take it for the int (the evictions' tables are the same)."""
 
-    cdef Table ints
-    cdef Table blobs
-    cdef set other
-    cdef size_t changes  # every insertion and removal: what an iterator checks
+    # its tables, the set of other hashes and the count of changes: declared in _apply_c.pxd, which
+    # the compiled learner cimports to ask the fleet's holders directly
 
     __hash__ = None  # mutable, as a set
 
@@ -427,10 +445,22 @@ cdef class _BlockSetIterator:
         return next(self.rest)
 
 
-cdef bint _fresh(BlockSet fleet, object evicted, object hashes) except -1:
-    """No hash held anywhere in the fleet nor evicted lately (the reference's two tests, one loop)."""
+cdef inline bint _none_held(BlockSet blocks, list hashes, Key* keys) except -1:
+    """``blocks.none_of(hashes)`` of a list whose hashes' keys are read already."""
+    cdef Py_ssize_t i
+    for i in range(PyList_GET_SIZE(hashes)):
+        if blocks.has_key(&keys[i], <object>PyList_GET_ITEM(hashes, i)):
+            return False
+    return True
+
+
+cdef bint _fresh(BlockSet fleet, object evicted, object hashes, Key* keys) except -1:
+    """No hash held anywhere in the fleet nor evicted lately (the reference's two tests, one loop);
+    ``keys``, where not NULL, each hash's of ``hashes`` (a list), read already."""
     if type(evicted) is not Evictions:
         return fleet.none_of(hashes) and evicted.none_of(hashes)
+    if keys is not NULL:
+        return _none_held(fleet, hashes, keys) and not (<Evictions>evicted)._holds_any_key(hashes, keys)
     if not fleet.none_of(hashes):
         return False
     return not (<Evictions>evicted)._holds_any(hashes)
@@ -473,13 +503,19 @@ cdef class Group:
         self.shared = False
 
     cpdef store(self, hashes):
+        self._store(hashes, NULL)
+
+    cdef int _store(self, hashes, Key* keys) except -1:
+        """:meth:`store`; ``keys``, where not NULL, each hash's of ``hashes`` (a list), read already."""
         cdef Group fleet = self.fleet
         cdef BlockSet blocks
         cdef dict extra
         cdef list entered
-        if fleet is not None and fleet.blocks.none_of(hashes):
-            self.store_new(hashes)  # the common case: held nowhere in the fleet
-            return
+        if fleet is not None and (
+            _none_held(fleet.blocks, hashes, keys) if keys is not NULL else fleet.blocks.none_of(hashes)
+        ):
+            self._store_new(hashes, keys)  # the common case: held nowhere in the fleet
+            return 0
         if self.shared:
             self._own()
         blocks = self.blocks
@@ -496,6 +532,7 @@ cdef class Group:
                 extra[h] = extra.get(h, 0) + 1
         if fleet is not None:
             fleet.store(entered)
+        return 0
 
     cdef void _repeats(self, hashes) except *:
         cdef dict extra = self.extra
@@ -504,10 +541,15 @@ cdef class Group:
                 extra[h] = extra.get(h, 0) + n - 1
 
     cpdef store_new(self, hashes):
+        self._store_new(hashes, NULL)
+
+    cdef int _store_new(self, hashes, Key* keys) except -1:
+        """:meth:`store_new`; ``keys``, where not NULL, each hash's of ``hashes`` (a list), read
+        already (the pass reads them once for its loops)."""
         cdef BlockSet blocks
         cdef BlockSet held
         cdef Key k
-        cdef Py_ssize_t before
+        cdef Py_ssize_t i, before
         if self.shared:
             self._own()
         blocks = self.blocks
@@ -517,6 +559,12 @@ cdef class Group:
         if self.fleet is None:
             for h in hashes:
                 blocks.enter(h)
+        elif keys is not NULL:
+            held = self.fleet.blocks
+            for i in range(PyList_GET_SIZE(hashes)):
+                h = <object>PyList_GET_ITEM(hashes, i)
+                blocks.add_key(&keys[i], h)
+                held.add_key(&keys[i], h)
         else:  # both sets in one loop, each hash's kind read once (a repeat adds nothing to either)
             held = self.fleet.blocks
             for h in hashes:
@@ -525,25 +573,30 @@ cdef class Group:
                 held.add_key(&k, h)
         if blocks.size() - before != len(hashes):
             self._repeats(hashes)
+        return 0
 
     cpdef Py_ssize_t remove(self, hashes) except -1:
+        return self._remove(hashes, NULL)
+
+    cdef Py_ssize_t _remove(self, hashes, Key* keys) except -1:
+        """:meth:`remove`; ``keys``, where not NULL, each hash's of ``hashes`` (a list), read already."""
         cdef set was
         cdef Py_ssize_t unknown
         cdef BlockSet blocks
         if self.digest is None:
-            return self._take(hashes)
+            return self._take(hashes, keys)
         blocks = self.blocks
         was = {h for h in hashes if blocks.has(h)}
-        unknown = self._take(hashes)
+        unknown = self._take(hashes, keys)
         blocks = self.blocks  # a copy, if the group was shared
         self.digest = (self.digest - elements_sum(self.prefix, [h for h in was if not blocks.has(h)])) & MASK
         return unknown
 
-    cdef Py_ssize_t _take(self, hashes) except -1:
+    cdef Py_ssize_t _take(self, hashes, Key* keys) except -1:
         cdef BlockSet blocks, held
         cdef dict extra
         cdef Group fleet
-        cdef Py_ssize_t before
+        cdef Py_ssize_t i, before
         cdef Key k
         if self.shared:
             self._own()
@@ -557,6 +610,12 @@ cdef class Group:
             if fleet is None:
                 for h in hashes:
                     blocks.leave(h)
+            elif not fleet.extra and keys is not NULL:  # as below, each hash's key read already
+                held = fleet.blocks
+                for i in range(PyList_GET_SIZE(hashes)):
+                    h = <object>PyList_GET_ITEM(hashes, i)
+                    if blocks.discard_key(&keys[i], h):
+                        held.discard_key(&keys[i], h)
             elif not fleet.extra:  # no other group holds any hash: each leaves the fleet too
                 held = fleet.blocks
                 for h in hashes:
@@ -716,13 +775,16 @@ cdef class Account:
         return out
 
 
-cdef int _ahead(Group grp, object evicted, object hashes, bint stored, bint evicting) except -1:
+cdef int _ahead(Group grp, object evicted, list hashes, Key* keys, bint stored, bint evicting, bint ask) except -1:
     """Ask for the table lines an event's pass is about to read, every hash's at once: the group's
     set, the fleet's holders, and (a GPU event, the attribution on) the evictions' generations, both
     looked up for a store, the current one set for a remove. On an index larger than the cache each
     probe is a miss; asked for together they overlap, where the pass's loops met them one by one,
-    the fleet's for every hash, then the evictions', then the group's. A hint: nothing changes."""
-    cdef Key k
+    the fleet's for every hash, then the evictions', then the group's. A hint: nothing changes.
+    Each hash's key is read here into ``keys``, once for the pass's loops (the lines asked for only
+    with ``ask``: more than one hash)."""
+    cdef Key* k
+    cdef Py_ssize_t i
     cdef BlockSet blocks = grp.blocks
     cdef BlockSet held = grp.fleet.blocks if grp.fleet is not None else None
     cdef _Generation current = None
@@ -730,21 +792,22 @@ cdef int _ahead(Group grp, object evicted, object hashes, bint stored, bint evic
     if evicting and type(evicted) is Evictions:
         current = (<Evictions>evicted)._current
         previous = (<Evictions>evicted)._previous if stored else None
-    for h in hashes:
-        _key_of(h, &k)
-        if k.kind == _OTHER:
+    for i in range(PyList_GET_SIZE(hashes)):
+        k = &keys[i]
+        _key_of(<object>PyList_GET_ITEM(hashes, i), k)
+        if k.kind == _OTHER or not ask:
             continue
         if held is not None:
-            _key_prefetch(&k, &held.ints, &held.blobs, not stored)
+            _key_prefetch(k, &held.ints, &held.blobs, not stored)
         if current is not None:
-            _key_prefetch(&k, &current.ints, &current.blobs, not stored)
+            _key_prefetch(k, &current.ints, &current.blobs, not stored)
         if previous is not None:
-            _key_prefetch(&k, &previous.ints, &previous.blobs, False)
-        _key_prefetch(&k, &blocks.ints, &blocks.blobs, True)
+            _key_prefetch(k, &previous.ints, &previous.blobs, False)
+        _key_prefetch(k, &blocks.ints, &blocks.blobs, True)
     return 0
 
 
-cdef bint _new_store(bint stale, event, hashes, size, Account account, int compare, Group fleet) except -1:
+cdef bint _new_store(bint stale, event, hashes, Key* keys, size, Account account, int compare, Group fleet) except -1:
     """:func:`kvgateway.state._apply_py._new_store`, the sets tested in one C loop (``hashes`` the
     event's, read already)."""
     if size > 0:
@@ -759,8 +822,26 @@ cdef bint _new_store(bint stale, event, hashes, size, Account account, int compa
                 or field(event, _BlockStored, _STORED.parent_block_hash, "parent_block_hash") is None
             )
         )
-        and _fresh(fleet.blocks, account.evicted, hashes)
+        and _fresh(fleet.blocks, account.evicted, hashes, keys)
     )
+
+
+cdef enum:
+    _LOCAL_KEYS = 64  # an event's keys read into the pass's own array up to this many hashes
+
+
+cdef Key* _keys_for(object hashes, Py_ssize_t n, Key* local) except? NULL:
+    """Room for the keys of an event's ``hashes``: ``local`` up to _LOCAL_KEYS, else allocated (the
+    caller frees it); NULL where they are not read once (not a list, or none)."""
+    cdef Key* keys
+    if type(hashes) is not list or not n:
+        return NULL
+    if n <= _LOCAL_KEYS:
+        return local
+    keys = <Key*>PyMem_Malloc(n * sizeof(Key))
+    if keys is NULL:
+        raise MemoryError()
+    return keys
 
 
 def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
@@ -773,6 +854,8 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
     cdef bint stale
     cdef bint live = not replayed
     cdef Account account  # a pure-Python Account here is a TypeError: the cores are chosen together
+    cdef Key local[_LOCAL_KEYS]  # an event's keys, read once for the pass's loops (more: allocated)
+    cdef Key* keys
     sec = math.floor(now)
     observer = index.observer
     account = index.account
@@ -802,38 +885,43 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
             med = grp.medium
             if live and sec != med.cur_sec:
                 med.roll(sec)
-            if n > 1:
-                _ahead(grp, account.evicted if account is not None else None, hashes, kind is _BlockStored, med.gpu)
-            if kind is _BlockStored:
-                # read once: the account and the medium both learn it
-                size = field(event, _BlockStored, _STORED.block_size, "block_size")
-                if account is None or not med.gpu or not n:
-                    grp.store(hashes)
-                elif _new_store(stale, event, hashes, size, account, compare, fleet):
-                    fresh += n
-                    tokens += n * account.block_size
-                    grp.store_new(hashes)
-                else:
-                    if observer is not None:
-                        observer.stored(index, event, field(batch, _Batch, _BATCH.ts, "ts"), now)
-                        compare = observer.compare
-                    grp.store(hashes)
-                if size > 0:
-                    med.block_size = size
-                med.stores += n
-                if live:
-                    med.cur_stores += n
-            else:
-                index.unknown_removes += grp.remove(hashes)
-                if account is not None and med.gpu and n:
-                    evicted = account.evicted
-                    if type(evicted) is Evictions:
-                        (<Evictions>evicted).add(hashes, field(batch, _Batch, _BATCH.ts, "ts"))
+            keys = _keys_for(hashes, n, local)
+            try:
+                if keys is not NULL:
+                    _ahead(grp, account.evicted if account is not None else None, hashes, keys, kind is _BlockStored, med.gpu, n > 1)
+                if kind is _BlockStored:
+                    # read once: the account and the medium both learn it
+                    size = field(event, _BlockStored, _STORED.block_size, "block_size")
+                    if account is None or not med.gpu or not n:
+                        grp._store(hashes, keys)
+                    elif _new_store(stale, event, hashes, keys, size, account, compare, fleet):
+                        fresh += n
+                        tokens += n * account.block_size
+                        grp._store_new(hashes, keys)
                     else:
-                        evicted.add(hashes, field(batch, _Batch, _BATCH.ts, "ts"))
-                med.removes += n
-                if live:
-                    med.cur_removes += n
+                        if observer is not None:
+                            observer.stored(index, event, field(batch, _Batch, _BATCH.ts, "ts"), now)
+                            compare = observer.compare
+                        grp.store(hashes)  # the observer's Python ran: the keys read again
+                    if size > 0:
+                        med.block_size = size
+                    med.stores += n
+                    if live:
+                        med.cur_stores += n
+                else:
+                    index.unknown_removes += grp._remove(hashes, keys)
+                    if account is not None and med.gpu and n:
+                        evicted = account.evicted
+                        if type(evicted) is Evictions:
+                            (<Evictions>evicted)._add(hashes, field(batch, _Batch, _BATCH.ts, "ts"), keys)
+                        else:
+                            evicted.add(hashes, field(batch, _Batch, _BATCH.ts, "ts"))
+                    med.removes += n
+                    if live:
+                        med.cur_removes += n
+            finally:
+                if keys is not local:
+                    PyMem_Free(keys)
         elif kind is AllBlocksCleared:
             index.clear_blocks()
             index.staleness.cleared()

@@ -13,7 +13,10 @@ and chain entry read is a miss: an event's keys are computed first and their lin
 together (``_ahead``: the misses overlap instead of queueing), and a bucket's chain runs oldest
 first (appended at its end, where the pure module pushes at its head), so the ring's front, the
 entry evicted next, is nearly always first in its chain: unlinked without walking it. Keys are
-unique in the index, so a chain's order decides nothing.
+unique in the index, so a chain's order decides nothing. Where ``held`` is the compiled index's
+:class:`~kvgateway.state._apply_c.BlockSet` (the gateway's fleet holders), an eviction asks it in C
+(``state/_apply_c.pxd``: the answer ``in`` gives, without the type's ``__contains__`` wrapper) and asks
+for the next front entry's line of it ahead, one eviction before it is read.
 
 The arrays come from Python's raw allocator (malloc underneath, but seen by tracemalloc, so
 bench/learner.py counts their bytes as it counts the pure module's arrays).
@@ -37,6 +40,7 @@ from libc.string cimport memset
 from kvgateway._pylong cimport u64_hash, u64_of  # a token read from its digits, and its hash()
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
+from kvgateway.state._apply_c cimport BlockSet, holds, holds_ahead  # the fleet's holders, asked in C
 from kvgateway.state._hashtable cimport _prefetch  # a cache line asked for ahead of its use
 
 from kvgateway.engine.wire import Batch, BlockStored
@@ -493,10 +497,16 @@ cdef class ChainLearner:
         cdef PyObject* block_hash
         resident = self.resident
         held = self.held
+        # the index's holders (the gateway's case) asked in C: the answer ``in`` gives, without the
+        # type's __contains__ wrapper; and the next front's probe of them asked for ahead
+        cdef BlockSet fleet = <BlockSet>held if type(held) is BlockSet else None
         while True:
             at = self._head
             self._head = (at + 1) % size
             self._count -= 1
+            if fleet is not None and resident is not None and self._count and self._vals[self._head] != NULL:
+                # its hash object asked for by _ahead: the holders' line is had by the next eviction
+                holds_ahead(fleet, <object>self._vals[self._head])
             key = self._keys[at]
             if not key:
                 return 0
@@ -507,7 +517,10 @@ cdef class ChainLearner:
                 and chances < _SECOND_CHANCES
                 and sid != _NO_STREAM
                 and block_hash != NULL
-                and (held is None or <object>block_hash in held)
+                and (
+                    held is None
+                    or (holds(fleet, <object>block_hash) if fleet is not None else <object>block_hash in held)
+                )
                 and resident(self._streams[sid], <object>block_hash)
             ):
                 chances += 1

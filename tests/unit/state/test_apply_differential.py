@@ -1,7 +1,8 @@
 """The index's compiled pass (kvgateway/state/_apply_c.pyx) against its pure-Python reference
 (_apply_py.py), fed the same generated steps side by side in one process: identical index state
 (every group's hashes and reference counts), snapshots, digests, fleet holders, prefill attribution
-counts and its JSON, and the routers' learner answering alike with each index's residency question;
+counts and its JSON, and the routers' learner of the same core answering alike with each index's
+residency question and its fleet holders (the compiled learner asks a compiled :class:`BlockSet` in C);
 over every layout feature the index reads (mediums of every tier and case, groups and group_idx
 that are not ints, repeats inside one event, removes of unknown blocks, clears, restarts, stale
 marks, replayed batches, frozen snapshots, a second hash family with token ids, the refetch window
@@ -111,7 +112,10 @@ class Side:
         with core(module):
             self.attribution = Attribution(window, max_evicted=bound, max_content=6)
             self.index = OccupancyIndex(observer=self.attribution)
-        self.learner = _learner_py.ChainLearner(64, resident=self.index.holds, floor=8)
+        # the gateway's learner (serve/router_state.py) of the same core: the residency question
+        # asked of the fleet's holders first (a compiled BlockSet, asked in C, on the compiled side)
+        learner = _learner_py if module is _apply_py else _compiled("kvgateway.state._learner_c")
+        self.learner = learner.ChainLearner(64, resident=self.index.holds, floor=8, held=self.index.holders)
         self.frozen: list[Any] = []
 
     def step(self, kind: str, value: Any, ts: float) -> None:
@@ -137,11 +141,12 @@ class Side:
         out: dict[str, Any] = {
             "occupancy": index.snapshot(0, now),
             "holders": [index.stream(*STREAMS[0]).fleet_holders(h) for h in POOL],
+            "fleet": sorted(map(repr, index.holders)),  # every hash some group holds, whatever the pool
             "holds": [index.holds(s, h) for s in STREAMS for h in POOL],
             "resident": index.resident_blocks(),
             "prefill": self.attribution.to_json(streams, now),
             "tracked": self.attribution.tracked(),
-            "learner": (self.learner.entries(), self.learner.evicted, self.learner.second_chances),
+            "learner": (self.learner.entries(), self.learner.evicted, self.learner.second_chances, len(self.learner)),
         }
         for stream in streams:
             key = f"{stream.source}/{stream.dp_rank}"
@@ -183,6 +188,37 @@ def test_both_passes_keep_the_same_index_attribution_and_learner(
             side.step(kind, value, ts)
         assert sides[0].shown(1000.0 + ts) == sides[1].shown(1000.0 + ts)
     assert sides[0].frozen == sides[1].frozen
+
+
+def test_events_of_any_length_are_applied_alike_with_their_keys_read_once() -> None:
+    """The compiled pass reads an event's keys once, into its own room up to 64 hashes and into an
+    allocated one beyond: events of 1, 63, 64, 65 and 130 hashes of every kind, stored fresh,
+    stored again (held elsewhere in the fleet, and evicted lately), removed in part with unknown
+    hashes, by two streams sharing blocks, a tracked digest and a tuple of hashes among them; the
+    same index, attribution and learner as the reference after every batch."""
+    sides = [Side(_apply_py, 60.0, 32_768), Side(_compiled("kvgateway.state._apply_c"), 60.0, 32_768)]
+    kinds: list[Hash] = [2**63 + 5, U64, 0, -3, 2**70, b"\x07" * 32, b"short", 7]
+    ts = 0.0
+    for step, n in enumerate([1, 63, 64, 65, 130, 2, 65, 66, 3]):
+        base = 1_000 * (step % 4)
+        # the streams share no block until step 5 (a hash held by one group alone leaves the fleet
+        # with it, the keys read once), then the hashes of every kind in both
+        shared = kinds[step - 5 : step - 2] if step >= 5 else []
+        hashes: list[Hash] = [base + i for i in range(n - len(shared))] + shared
+        stream = STREAMS[step % 2]
+        tokens = [i % 5 for i in range(2 * n)]
+        events: list[Event] = [
+            BlockStored(hashes, None, tokens, 2, None, "GPU", None, {}),
+            BlockRemoved([*hashes[: n // 2], 99_999], "GPU", {}),
+            BlockStored(tuple(hashes[n // 3 :]) if step == 5 else hashes[n // 3 :], None, [], 0, None, "GPU", None, {}),
+        ]
+        ts += 1.0
+        for side in sides:
+            if step == 3:
+                side.step("digest", stream, ts)
+            side.step("batch", (stream, events, 1.0, False), ts)
+        assert sides[0].shown(1000.0 + ts) == sides[1].shown(1000.0 + ts)
+    assert sides[1].learner.evicted and sides[1].attribution.tracked()
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,0 +1,57 @@
+# cython: language_level=3
+"""What the compiled learner reads of the compiled index (``cimport``-ed by
+``state/_learner_c.pyx``): the fleet's holders, a :class:`BlockSet` of C tables, asked directly
+(:func:`holds`) rather than through ``in`` (the type's ``__contains__`` wrapper), and its table
+lines asked for ahead (:func:`holds_ahead`)."""
+
+cimport cython
+
+from kvgateway.state._hashtable cimport (
+    Key,
+    Table,
+    _BYTES,
+    _INT,
+    _OTHER,
+    _key_of,
+    _key_prefetch,
+    _table_has,
+)
+
+
+@cython.final
+cdef class BlockSet:
+    """A group's resident hashes (and the fleet's holders) in C tables (see _apply_c.pyx)."""
+    cdef Table ints
+    cdef Table blobs
+    cdef set other
+    cdef size_t changes  # every insertion and removal: what an iterator checks
+
+    cdef inline bint has_key(self, Key* k, object h) except -1
+    cdef inline bint has(self, object h) except -1
+    cdef inline bint add_key(self, Key* k, object h) except -1
+    cpdef bint enter(self, object h) except -1
+    cdef inline bint discard_key(self, Key* k, object h) except -1
+    cpdef bint leave(self, object h) except -1
+    cdef inline bint none_of(self, hashes) except -1
+    cdef BlockSet copied(self)
+    cdef inline Py_ssize_t size(self)
+
+
+cdef inline bint holds(BlockSet blocks, object h) except -1:
+    """``h in blocks``, its answer exactly (the tables' probe, or the set of other hashes), without
+    the type's ``__contains__`` wrapper: compiled into the caller."""
+    cdef Key k
+    _key_of(h, &k)
+    if k.kind == _INT:
+        return _table_has(&blocks.ints, k.key, NULL)
+    if k.kind == _BYTES:
+        return _table_has(&blocks.blobs, k.key, k.data)
+    return h in blocks.other
+
+
+cdef inline int holds_ahead(BlockSet blocks, object h) except -1:
+    """Ask for the line :func:`holds` will read for ``h`` (a hint: nothing changes)."""
+    cdef Key k
+    _key_of(h, &k)
+    _key_prefetch(&k, &blocks.ints, &blocks.blobs, False)
+    return 0
