@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import random
 import socket
+from collections import deque
 from pathlib import Path
+
+_handed_out: deque[int] = deque(maxlen=256)
+"""The ports this process handed out last: the kernel's free pick for port 0 can give the port it
+gave a moment ago (nothing bound it yet), and a test asking twice in a row (a publish and a replay
+endpoint) got one port for both: the simulator then refuses to start."""
 
 
 def _bindable(host: str, port: int) -> bool:
@@ -41,18 +47,19 @@ def free_ports(count: int, *, spacing: int = 1, host: str = "127.0.0.1") -> list
     found: list[int] = []
     for _ in range(50 * count):
         if len(found) == count:
-            return found
+            break
         base = _candidate(host, spacing)
         if spacing > 1 and not _bindable(host, base):
             continue
         if base + spacing >= 65535:
             continue
-        taken = {p for b in found for p in range(b, b + spacing)}
+        taken = {p for b in found for p in range(b, b + spacing)}.union(_handed_out)
         if any(p in taken for p in range(base, base + spacing)):
             continue
         if all(_bindable(host, port) for port in range(base + 1, base + spacing)):
             found.append(base)
     if len(found) == count:
+        _handed_out.extend(p for b in found for p in range(b, b + spacing))
         return found
     raise RuntimeError(f"no {count} blocks of {spacing} free ports found")
 

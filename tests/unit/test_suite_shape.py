@@ -9,6 +9,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parents[1]
 SUPPORT = TESTS / "support"
 
@@ -147,3 +149,15 @@ def test_make_tests_scheduler_keeps_the_web_folder_on_one_worker_and_hands_out_e
     assert scope_of("tests/integration/test_backlog.py::test_b") == "tests/integration/test_backlog.py"
     assert scope_of("tests/cluster/test_cluster_web.py::test_c[1]") == "tests/cluster/test_cluster_web.py"
     assert scope_of("tests/unit/serve/test_hub.py::Test::test_d") == "tests/unit/serve/test_hub.py"
+
+
+def test_the_port_finder_never_hands_out_a_port_it_just_gave(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's free pick for port 0 can repeat the one it gave a moment ago (nothing bound it
+    yet): a test asking for a publish and a replay port got one for both. The finder skips the ports
+    it handed out last."""
+    from tests.support import ports
+
+    picks = iter([41_001, 41_001, 41_001, 41_002, 41_002, 41_003])
+    monkeypatch.setattr(ports, "_candidate", lambda host, spacing: next(picks))
+    monkeypatch.setattr(ports, "_handed_out", ports.deque(maxlen=256))
+    assert [ports.free_port(), ports.free_port(), ports.free_port()] == [41_001, 41_002, 41_003]
