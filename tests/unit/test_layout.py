@@ -54,7 +54,7 @@ WITHOUT_UNIT_TESTS: dict[str, str] = {
     "cluster/read_back.py": "reading the stream back from JetStream: tests/cluster/test_cluster_web.py (a resume "
     "older than the ring); the ring log's use of it is tests/unit/log/test_ordered.py",
     "cluster/sources.py": "the sources bucket in JetStream: tests/cluster/test_checkpoints.py starts its edges "
-    "without --source",
+    "without --source; tests/cluster/test_sources_bucket.py waits out a bucket not yet answering",
 }
 """Modules without ``tests/unit/<package>/test_<module>.py``, each with why and what tests it."""
 
