@@ -6,16 +6,7 @@ lines asked for ahead (:func:`holds_ahead`)."""
 
 cimport cython
 
-from kvgateway.state._hashtable cimport (
-    Key,
-    Table,
-    _BYTES,
-    _INT,
-    _OTHER,
-    _key_of,
-    _key_prefetch,
-    _table_has,
-)
+from kvgateway.state._hashtable cimport Key, Table, _key_of, _key_prefetch
 
 
 @cython.final
@@ -38,15 +29,11 @@ cdef class BlockSet:
 
 
 cdef inline bint holds(BlockSet blocks, object h) except -1:
-    """``h in blocks``, its answer exactly (the tables' probe, or the set of other hashes), without
-    the type's ``__contains__`` wrapper: compiled into the caller."""
+    """``h in blocks``, its answer exactly, without the type's ``__contains__`` wrapper: the key
+    read here, the test :meth:`BlockSet.has_key`'s (a C call through the type's method table)."""
     cdef Key k
     _key_of(h, &k)
-    if k.kind == _INT:
-        return _table_has(&blocks.ints, k.key, NULL)
-    if k.kind == _BYTES:
-        return _table_has(&blocks.blobs, k.key, k.data)
-    return h in blocks.other
+    return blocks.has_key(&k, h)
 
 
 cdef inline int holds_ahead(BlockSet blocks, object h) except -1:
