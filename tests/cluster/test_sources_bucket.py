@@ -8,10 +8,19 @@ import asyncio
 
 import nats
 import pytest
+from nats.js import JetStreamContext
 from nats.js.errors import NoStreamResponseError
+from nats.js.kv import KeyValue
 
 from kvgateway.cluster.sources import put_when_answered
 from tests.support.nats import NatsServer
+
+
+async def unanswered(js: JetStreamContext) -> KeyValue:
+    """A sources bucket whose stream is gone: nothing answers on its subjects."""
+    kv = await js.create_key_value(bucket="kvg_sources", history=1)
+    await js.delete_stream("KV_kvg_sources")
+    return kv
 
 
 def test_a_put_waits_for_the_buckets_stream_to_answer(nats_server: NatsServer) -> None:
@@ -19,8 +28,7 @@ def test_a_put_waits_for_the_buckets_stream_to_answer(nats_server: NatsServer) -
         nc = await nats.connect(nats_server.url)
         try:
             js = nc.jetstream()
-            kv = await js.create_key_value(bucket="kvg_sources", history=1)
-            await js.delete_stream("KV_kvg_sources")  # nothing answers on the bucket's subjects now
+            kv = await unanswered(js)
             with pytest.raises(NoStreamResponseError):
                 await kv.put("alpha", b"x")
 
@@ -42,9 +50,7 @@ def test_a_put_that_is_never_answered_fails_in_the_end(nats_server: NatsServer) 
     async def scenario() -> None:
         nc = await nats.connect(nats_server.url)
         try:
-            js = nc.jetstream()
-            kv = await js.create_key_value(bucket="kvg_sources", history=1)
-            await js.delete_stream("KV_kvg_sources")
+            kv = await unanswered(nc.jetstream())
             await put_when_answered(kv, "alpha", b"x", within=0.3)
         finally:
             await nc.close()
