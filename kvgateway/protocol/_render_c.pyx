@@ -623,7 +623,7 @@ cdef Py_ssize_t _KEPT = 1 << 20  # a larger one (a huge batch) is given back aft
 
 
 def _events_json_c(events):
-    cdef Py_ssize_t i, n
+    cdef Py_ssize_t i, n, stored = 0, removed = 0, cleared = 0
     cdef array ends
     cdef tuple keys
     if not PyList_CheckExact(events):
@@ -641,7 +641,15 @@ def _events_json_c(events):
         for i in range(n):
             if i:
                 _put_char(&_out, 44)
-            key = _put_event(&_out, <object>PyList_GET_ITEM(events, i))
+            event = <object>PyList_GET_ITEM(events, i)
+            key = _put_event(&_out, event)
+            kind = type(event)  # counted here, for the ingest's metrics (the reference's event_counts)
+            if kind is _BlockStored:
+                stored += 1
+            elif kind is _BlockRemoved:
+                removed += 1
+            elif kind is _AllBlocksCleared:
+                cleared += 1
             Py_INCREF(key)
             PyTuple_SET_ITEM(keys, i, key)
             ends.data.as_longlongs[i] = _out.size
@@ -651,7 +659,7 @@ def _events_json_c(events):
             PyMem_Free(_out.data)
             _out.data = NULL
             _out.capacity = 0
-    return _EncodedEvents(body, ends), keys
+    return _EncodedEvents(body, ends, (stored, removed, cleared, n - stored - removed - cleared)), keys
 
 
 # --- the batch message --------------------------------------------------------------------------
