@@ -156,13 +156,6 @@ cdef inline char* _three(char* at, uint32_t value) noexcept:
     return at + 3
 
 
-cdef inline char* _pair(char* at, uint64_t* fraction) noexcept:
-    """The next two digits of a 32.32 fixed-point fraction (``fraction`` moved on); returns the end."""
-    fraction[0] = <uint64_t><uint32_t>fraction[0] * 100
-    memcpy(at, _PAIRS + 2 * (fraction[0] >> 32), 2)
-    return at + 2
-
-
 cdef inline char* _write_u32(char* at, uint32_t value) noexcept:
     """``value`` in decimal at ``at`` (room for 11 bytes: 10 digits and one written beyond them);
     returns the end. A token id's digits are most of a batch's JSON: its groups of three digits,
@@ -190,20 +183,21 @@ cdef inline char* _write_u32(char* at, uint32_t value) noexcept:
 
 
 cdef inline char* _eight(char* at, uint32_t value) noexcept:
-    """``value`` (under 10**8) in exactly eight digits, zeros in front; returns the end. ``value``
-    over 10**6 as a 32.32 fixed-point number (the constant rounded up, and one unit more, so that a
-    small ``value`` comes out exact too: checked for every value of 0 to 10**8-1), its first pair
-    (from :data:`_PAIRS`), then three pairs by multiplication of the fraction by 100."""
-    cdef uint64_t y = ((<uint64_t>value * 281474977ULL) >> 16) + 1  # ceil(2**48 / 10**6)
-    memcpy(at, _PAIRS + 2 * (y >> 32), 2)
-    return _pair(_pair(_pair(at + 2, &y), &y), &y)
+    """``value`` (under 10**8) in exactly eight digits, zeros in front; returns the end (a byte
+    written beyond it, as :func:`_three`): its first two digits from :data:`_PAIRS`, then two
+    groups of three."""
+    cdef uint32_t high = value // 1000000, middle
+    value -= high * 1000000
+    middle = value // 1000
+    memcpy(at, _PAIRS + 2 * high, 2)
+    return _three(_three(at + 2, middle), value - middle * 1000)
 
 
 cdef inline char* _write_u64(char* at, uint64_t value) noexcept:
-    """``value`` in decimal at ``at`` (room for 20 digits); returns the end. Token ids (most of a
-    batch's bytes) fit 32 bits; a hash's 64 bits are its leading part (under 10**8, or at most 1844
-    above 10**16) and one or two parts of exactly eight digits, each split off by a 64-bit
-    division by a constant (a multiplication) and written by multiplications (:func:`_eight`)."""
+    """``value`` in decimal at ``at`` (room for 21 bytes: 20 digits and one written beyond them);
+    returns the end. Token ids (most of a batch's bytes) fit 32 bits; a hash's 64 bits are its
+    leading part (under 10**8, or at most 1844 above 10**16) and one or two parts of exactly eight
+    digits (:func:`_eight`), each split off by a 64-bit division by a constant (a multiplication)."""
     cdef uint64_t high, middle
     if value <= 0xFFFFFFFFULL:
         return _write_u32(at, <uint32_t>value)
@@ -217,8 +211,8 @@ cdef inline char* _write_u64(char* at, uint64_t value) noexcept:
 
 
 cdef inline int _put_unsigned(Buffer* out, uint64_t value) except -1:
-    if out.size + 20 > out.capacity:
-        _reserve(out, 20)
+    if out.size + 21 > out.capacity:
+        _reserve(out, 21)
     out.size = _write_u64(out.data + out.size, value) - out.data
     return 0
 
