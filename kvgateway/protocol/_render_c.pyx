@@ -294,18 +294,25 @@ cdef int _put_value(Buffer* out, object value) except -1:
 cdef int _put_further(Buffer* out, object value) except -1:
     """A further field's value (render._further: scalars as they are, anything else plain())."""
     cdef Py_ssize_t i, n
+    cdef char* at
     if PyList_CheckExact(value):
         n = PyList_GET_SIZE(value)
         for i in range(n):  # extra_keys of Nones, the common case
             if <object>PyList_GET_ITEM(value, i) is not None:
                 break
-        else:
-            _put_char(out, 91)
+        else:  # written in place, its room reserved once: "null," each, the last comma the bracket
+            _reserve(out, 2 + 5 * n)
+            at = out.data + out.size
+            at[0] = 91  # "["
+            at += 1
             for i in range(n):
-                if i:
-                    _put_char(out, 44)
-                _put_bytes(out, _NULL)
-            return _put_char(out, 93)
+                memcpy(at, b"null,", 5)
+                at += 5
+            if n:
+                at -= 1
+            at[0] = 93  # "]"
+            out.size = at + 1 - out.data
+            return 0
         return _put_bytes(out, _encoder.encode(plain(value)))
     if value is None or value is True or value is False or PyLong_CheckExact(value) or PyUnicode_CheckExact(value):
         return _put_value(out, value)
