@@ -120,61 +120,84 @@ cdef const char* _PAIRS = (
 )
 
 
-cdef inline char* _top(char* at, uint32_t value) noexcept:
-    """``value`` (under 100) in one or two digits at ``at``; returns the end."""
-    if value < 10:
-        at[0] = <char>(48 + value)
-        return at + 1
-    memcpy(at, _PAIRS + 2 * value, 2)
-    return at + 2
+cdef char _TRIPLES[4 * 1000 + 4]
+"""Each of 0 to 999 as four bytes: its three digits, zeros in front, and how many of them are those
+zeros (2 for 0 to 9, 1 for 10 to 99, else 0; 0 itself is its last digit)."""
 
 
-cdef inline char* _pair(char* at, uint64_t* fraction) noexcept:
-    """The next two digits of a 32.32 fixed-point fraction (``fraction`` moved on); returns the end."""
-    fraction[0] = <uint64_t><uint32_t>fraction[0] * 100
-    memcpy(at, _PAIRS + 2 * (fraction[0] >> 32), 2)
-    return at + 2
+cdef int _fill_triples() except -1:
+    cdef int i
+    for i in range(1000):
+        _TRIPLES[4 * i] = <char>(48 + i // 100)
+        _TRIPLES[4 * i + 1] = <char>(48 + i // 10 % 10)
+        _TRIPLES[4 * i + 2] = <char>(48 + i % 10)
+        _TRIPLES[4 * i + 3] = 2 if i < 10 else 1 if i < 100 else 0
+    _TRIPLES[4000] = _TRIPLES[4001] = _TRIPLES[4002] = _TRIPLES[4003] = 0
+    return 0
+
+
+_fill_triples()
+
+
+cdef inline char* _lead(char* at, uint32_t value) noexcept:
+    """``value`` (under 1000) in one to three digits at ``at``; returns the end. Four bytes copied
+    from the digits' first (the fourth a byte that the next writes cover or that lies beyond the
+    text)."""
+    cdef const char* entry = _TRIPLES + 4 * value
+    cdef Py_ssize_t zeros = entry[3]
+    memcpy(at, entry + zeros, 4)
+    return at + 3 - zeros
+
+
+cdef inline char* _three(char* at, uint32_t value) noexcept:
+    """``value`` (under 1000) in exactly three digits, zeros in front; returns the end (a fourth byte
+    written beyond it, as :func:`_lead`)."""
+    memcpy(at, _TRIPLES + 4 * value, 4)
+    return at + 3
 
 
 cdef inline char* _write_u32(char* at, uint32_t value) noexcept:
-    """``value`` in decimal at ``at`` (room for 10 digits); returns the end. A token id's digits are
-    most of a batch's JSON: its leading digits divided off once by a multiplication (``value`` over a
-    power of 100 as a 32.32 fixed-point number), then each further pair by a multiplication by 100
-    of the fraction, instead of a division for every pair. The constants round 2**32 over that power
-    up (and for the largest ids one unit more), so that no pair comes out one short: checked for
-    every value of 0 to 2**32-1 against plain division, and in tests/unit/protocol at each range's
-    ends."""
-    cdef uint64_t y
-    if value < 100:
-        return _top(at, value)
+    """``value`` in decimal at ``at`` (room for 11 bytes: 10 digits and one written beyond them);
+    returns the end. A token id's digits are most of a batch's JSON: its groups of three digits,
+    each copied from a 4,000-byte table (:data:`_TRIPLES`), the leading group without its zeros;
+    the groups split off by divisions by constants (multiplications). A five- or six-digit id (most
+    of a large vocabulary's) is two comparisons, one division and two copies."""
+    cdef uint32_t high, middle
+    if value < 1000:
+        return _lead(at, value)
     if value < 1000000:
-        if value < 10000:
-            y = <uint64_t>value * 42949673ULL  # ceil(2**32 / 10**2)
-            return _pair(_top(at, <uint32_t>(y >> 32)), &y)
-        y = <uint64_t>value * 429497ULL  # ceil(2**32 / 10**4)
-        return _pair(_pair(_top(at, <uint32_t>(y >> 32)), &y), &y)
-    if value < 100000000:
-        y = (<uint64_t>value * 281474977ULL) >> 16  # ceil(2**48 / 10**6)
-        return _pair(_pair(_pair(_top(at, <uint32_t>(y >> 32)), &y), &y), &y)
-    y = ((<uint64_t>value * 1441151881ULL) >> 25) + 1  # ceil(2**57 / 10**8), and one unit more
-    return _pair(_pair(_pair(_pair(_top(at, <uint32_t>(y >> 32)), &y), &y), &y), &y)
+        high = value // 1000
+        return _three(_lead(at, high), value - high * 1000)
+    if value < 1000000000:
+        high = value // 1000000
+        value -= high * 1000000
+        middle = value // 1000
+        return _three(_three(_lead(at, high), middle), value - middle * 1000)
+    high = value // 1000000000  # 1 to 4
+    value -= high * 1000000000
+    at[0] = <char>(48 + high)
+    high = value // 1000000
+    value -= high * 1000000
+    middle = value // 1000
+    return _three(_three(_three(at + 1, high), middle), value - middle * 1000)
 
 
 cdef inline char* _eight(char* at, uint32_t value) noexcept:
-    """``value`` (under 10**8) in exactly eight digits, zeros in front; returns the end. As
-    :func:`_write_u32`'s eight-digit ids: ``value`` over 10**6 as a 32.32 fixed-point number (the
-    constant rounded up, and one unit more, so that a small ``value`` comes out exact too: checked
-    for every value of 0 to 10**8-1), its first pair, then three pairs by multiplication."""
-    cdef uint64_t y = ((<uint64_t>value * 281474977ULL) >> 16) + 1  # ceil(2**48 / 10**6)
-    memcpy(at, _PAIRS + 2 * (y >> 32), 2)
-    return _pair(_pair(_pair(at + 2, &y), &y), &y)
+    """``value`` (under 10**8) in exactly eight digits, zeros in front; returns the end (a byte
+    written beyond it, as :func:`_three`): its first two digits from :data:`_PAIRS`, then two
+    groups of three."""
+    cdef uint32_t high = value // 1000000, middle
+    value -= high * 1000000
+    middle = value // 1000
+    memcpy(at, _PAIRS + 2 * high, 2)
+    return _three(_three(at + 2, middle), value - middle * 1000)
 
 
 cdef inline char* _write_u64(char* at, uint64_t value) noexcept:
-    """``value`` in decimal at ``at`` (room for 20 digits); returns the end. Token ids (most of a
-    batch's bytes) fit 32 bits; a hash's 64 bits are its leading part (under 10**8, or at most 1844
-    above 10**16) and one or two parts of exactly eight digits, each split off by a 64-bit
-    division by a constant (a multiplication) and written by multiplications (:func:`_eight`)."""
+    """``value`` in decimal at ``at`` (room for 21 bytes: 20 digits and one written beyond them);
+    returns the end. Token ids (most of a batch's bytes) fit 32 bits; a hash's 64 bits are its
+    leading part (under 10**8, or at most 1844 above 10**16) and one or two parts of exactly eight
+    digits (:func:`_eight`), each split off by a 64-bit division by a constant (a multiplication)."""
     cdef uint64_t high, middle
     if value <= 0xFFFFFFFFULL:
         return _write_u32(at, <uint32_t>value)
@@ -188,8 +211,8 @@ cdef inline char* _write_u64(char* at, uint64_t value) noexcept:
 
 
 cdef inline int _put_unsigned(Buffer* out, uint64_t value) except -1:
-    if out.size + 20 > out.capacity:
-        _reserve(out, 20)
+    if out.size + 21 > out.capacity:
+        _reserve(out, 21)
     out.size = _write_u64(out.data + out.size, value) - out.data
     return 0
 
@@ -271,18 +294,25 @@ cdef int _put_value(Buffer* out, object value) except -1:
 cdef int _put_further(Buffer* out, object value) except -1:
     """A further field's value (render._further: scalars as they are, anything else plain())."""
     cdef Py_ssize_t i, n
+    cdef char* at
     if PyList_CheckExact(value):
         n = PyList_GET_SIZE(value)
         for i in range(n):  # extra_keys of Nones, the common case
             if <object>PyList_GET_ITEM(value, i) is not None:
                 break
-        else:
-            _put_char(out, 91)
+        else:  # written in place, its room reserved once: "null," each, the last comma the bracket
+            _reserve(out, 2 + 5 * n)
+            at = out.data + out.size
+            at[0] = 91  # "["
+            at += 1
             for i in range(n):
-                if i:
-                    _put_char(out, 44)
-                _put_bytes(out, _NULL)
-            return _put_char(out, 93)
+                memcpy(at, b"null,", 5)
+                at += 5
+            if n:
+                at -= 1
+            at[0] = 93  # "]"
+            out.size = at + 1 - out.data
+            return 0
         return _put_bytes(out, _encoder.encode(plain(value)))
     if value is None or value is True or value is False or PyLong_CheckExact(value) or PyUnicode_CheckExact(value):
         return _put_value(out, value)
@@ -594,7 +624,7 @@ cdef Py_ssize_t _KEPT = 1 << 20  # a larger one (a huge batch) is given back aft
 
 
 def _events_json_c(events):
-    cdef Py_ssize_t i, n
+    cdef Py_ssize_t i, n, stored = 0, removed = 0, cleared = 0
     cdef array ends
     cdef tuple keys
     if not PyList_CheckExact(events):
@@ -612,7 +642,15 @@ def _events_json_c(events):
         for i in range(n):
             if i:
                 _put_char(&_out, 44)
-            key = _put_event(&_out, <object>PyList_GET_ITEM(events, i))
+            event = <object>PyList_GET_ITEM(events, i)
+            key = _put_event(&_out, event)
+            kind = type(event)  # counted here, for the ingest's metrics (the reference's event_counts)
+            if kind is _BlockStored:
+                stored += 1
+            elif kind is _BlockRemoved:
+                removed += 1
+            elif kind is _AllBlocksCleared:
+                cleared += 1
             Py_INCREF(key)
             PyTuple_SET_ITEM(keys, i, key)
             ends.data.as_longlongs[i] = _out.size
@@ -622,7 +660,7 @@ def _events_json_c(events):
             PyMem_Free(_out.data)
             _out.data = NULL
             _out.capacity = 0
-    return _EncodedEvents(body, ends), keys
+    return _EncodedEvents(body, ends, (stored, removed, cleared, n - stored - removed - cleared)), keys
 
 
 # --- the batch message --------------------------------------------------------------------------

@@ -138,11 +138,21 @@ def render_events(events: Iterable[Event]) -> list[dict[str, Any]]:
 # --- what the log keeps of a batch ------------------------------------------------------------
 
 
+def event_counts(events: Sequence[Event]) -> messages.EventCounts:
+    """How many of ``events`` are a BlockStored, a BlockRemoved, an AllBlocksCleared, and of another
+    type (:data:`kvgateway.protocol.messages.EventCounts`)."""
+    kinds = [type(event) for event in events]
+    stored, removed, cleared = kinds.count(BlockStored), kinds.count(BlockRemoved), kinds.count(AllBlocksCleared)
+    return stored, removed, cleared, len(kinds) - stored - removed - cleared
+
+
 def events_json(events: Sequence[Event]) -> tuple[messages.EncodedEvents, tuple[EventKey, ...]]:
-    """A batch's events as the log keeps them: their JSON, comma-joined, with where each ends
-    (:class:`~kvgateway.protocol.messages.EncodedEvents`), and each event's filter key
-    (:func:`kvgateway.protocol.filters.event_key`). Made once per batch, before it has an offset."""
-    return messages.encode_events(render_events(events)), tuple(event_key(event) for event in events)
+    """A batch's events as the log keeps them: their JSON, comma-joined, with where each ends and
+    how many there are of each type (:class:`~kvgateway.protocol.messages.EncodedEvents`), and each
+    event's filter key (:func:`kvgateway.protocol.filters.event_key`). Made once per batch, before
+    it has an offset."""
+    encoded = messages.encode_events(render_events(events), event_counts(events))
+    return encoded, tuple(event_key(event) for event in events)
 
 
 def batch_message(

@@ -205,6 +205,12 @@ _EVENTS_OPEN: Final = b',"events":['
 _EVENTS_CLOSE: Final = b"]}"
 
 
+EventCounts: TypeAlias = tuple[int, int, int, int]
+"""How many of a batch's events are a BlockStored, a BlockRemoved, an AllBlocksCleared, and of any
+other type (an engine's own), as the renderer counts them while it writes them
+(:func:`kvgateway.protocol.render.events_json`)."""
+
+
 class EncodedEvents(msgspec.Struct, gc=False, eq=False):
     """A batch's events as JSON, each encoded once, joined by commas, with where each ends.
 
@@ -214,10 +220,14 @@ class EncodedEvents(msgspec.Struct, gc=False, eq=False):
 
     body: bytes
     ends: array[int]  # end of event i in body; event i+1 starts one comma later
+    # the events by type (the ingest's metrics count them); None where they were not counted (a
+    # record rebuilt from a cluster's wire)
+    counts: EventCounts | None = None
 
 
-def encode_events(events: Iterable[dict[str, Any]]) -> EncodedEvents:
-    """Rendered events (``render.render_events``) as JSON, one by one into one buffer."""
+def encode_events(events: Iterable[dict[str, Any]], counts: EventCounts | None = None) -> EncodedEvents:
+    """Rendered events (``render.render_events``) as JSON, one by one into one buffer; ``counts``:
+    the events by type, if counted."""
     # Encoded into one growing buffer: no bytes object per event, no join.
     buffer = bytearray()
     ends = array("q")
@@ -227,7 +237,7 @@ def encode_events(events: Iterable[dict[str, Any]]) -> EncodedEvents:
             buffer += b","
         encode_into(event, buffer, -1)
         ends.append(len(buffer))
-    return EncodedEvents(bytes(buffer), ends)
+    return EncodedEvents(bytes(buffer), ends, counts)
 
 
 class EncodedBatch(msgspec.Struct, gc=False, eq=False):

@@ -115,6 +115,7 @@ def test_a_delivered_batch_is_one_record_the_index_applies_and_counts_in_status_
     assert rig.sample("kvgateway_batches_received_total") == 1
     assert rig.sample("kvgateway_events_received_total", type="BlockStored") == 1
     assert rig.sample("kvgateway_events_received_total", type="BlockRemoved") == 1
+    assert rig.outlet.events == {"BlockStored": 1, "BlockRemoved": 1}  # a type once its first event came
     assert rig.sample("kvgateway_unknown_removes_total") == 1
     assert rig.sample("kvgateway_source_last_seq") == 0
     assert rig.sample("kvgateway_event_lag_seconds_bucket", le="0.25") == 0
@@ -123,12 +124,17 @@ def test_a_delivered_batch_is_one_record_the_index_applies_and_counts_in_status_
     assert rig.sample("kvgateway_event_lag_seconds_sum") == pytest.approx(0.5)
     assert rig.sample("kvgateway_cache_blocks", medium="GPU") == 2
     assert rig.sample("kvgateway_cache_tokens", medium="GPU") == 8
-    # Events are counted by type, whatever their medium (the outlet counts the record's filter keys).
+    # Events are counted by type, whatever their medium: as the renderer counted them, or, in a
+    # batch with an engine's own type, by the record's filter keys; the two summed by type.
     odd = UnknownEvent("Vendor", {"medium": "cpu"})
     mixed = batch(stored(3, medium="CPU"), stored(4, medium="cpu_pinned"), events.cleared(), odd, odd)
     rig.outlet.apply([Deliver(1, mixed, replayed=False)], NOW, held=0)
     assert rig.outlet.events == {"BlockStored": 3, "BlockRemoved": 1, "AllBlocksCleared": 1, "Vendor": 2}
-    assert rig.sample("kvgateway_events_received_total", type="BlockStored") == 3
+    known = batch(stored(5), events.cleared(), stored(6, medium="CPU"), stored(7), events.removed(5), events.removed(6))
+    rig.outlet.apply([Deliver(2, known, replayed=False)], NOW, held=0)
+    assert rig.outlet.events == {"BlockStored": 6, "BlockRemoved": 3, "AllBlocksCleared": 2, "Vendor": 2}
+    assert rig.sample("kvgateway_events_received_total", type="BlockStored") == 6
+    assert rig.sample("kvgateway_events_received_total", type="AllBlocksCleared") == 2
     assert rig.sample("kvgateway_events_received_total", type="Vendor") == 2
 
 

@@ -1,6 +1,6 @@
 """The compiled writers against the reference: what the log keeps of a batch
-(:func:`kvgateway.protocol.render.events_json`: the events' JSON, where each ends, each one's
-filter key) and the batch message around it (:func:`~kvgateway.protocol.render.batch_message`),
+(:func:`kvgateway.protocol.render.events_json`: the events' JSON, where each ends, how many of
+each type, each one's filter key) and the batch message around it (:func:`~kvgateway.protocol.render.batch_message`),
 byte for byte, from both cores fed the same decoded batches: every wire layout (positional and map
 events, u64, i64 and byte hashes, extra_keys, mediums, groups, locality, LoRA, clears, unknown
 events), the values the C writer has no fast path for (it must hand them to the reference), the
@@ -49,6 +49,7 @@ def assert_same(events: list[Event]) -> tuple[EncodedEvents, Any]:
     assert theirs.body == ours.body
     assert list(theirs.ends) == list(ours.ends)
     assert their_keys == our_keys
+    assert theirs.counts == ours.counts
     return theirs, their_keys
 
 
@@ -78,6 +79,14 @@ def test_every_wire_layout_gives_the_same_bytes_ends_and_keys(
     # and what the log kept is what the reference's two steps gave before this writer existed
     assert encoded.body == encode_events(_render_py.render_events(batch.events)).body
     assert len(keys) == len(batch.events)
+    kinds = [type(event) for event in batch.events]
+    others = sum(kind not in (BlockStored, BlockRemoved, AllBlocksCleared) for kind in kinds)
+    assert encoded.counts == (
+        kinds.count(BlockStored),
+        kinds.count(BlockRemoved),
+        kinds.count(AllBlocksCleared),
+        others,
+    )
     message = assert_same_message("0123456789abcdef", 7, ("eng", rank), seq=41, ts=batch.ts, events=encoded)
     assert msgspec.json.decode(message.message.data)["events"] == msgspec.json.decode(b"[" + encoded.body + b"]")
 
