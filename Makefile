@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit bench soak clean
+.PHONY: demo test lint unit versions bench soak clean
 
 # The editable install builds the compiled core in place (setup.py; Cython comes with the build).
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard kvgateway/*/*.pyx)
@@ -41,6 +41,20 @@ test: lint
 unit: $(VENV)/.installed
 	$(BIN)/pytest -q tests/unit
 
+# The unit suite (the differential tests among it) on both cores under every other CPython this
+# package supports that is on the PATH: the compiled core reads and writes an int's digits where
+# CPython's layout differs by version (kvgateway/_pylong.pxd), and msgspec's nesting limit moves
+# with the interpreter. Each gets its own venv, .venv-3.12 and on (not part of `make test`: a
+# build and two runs of the unit suite each, about 4 minutes on two cores).
+VERSIONS ?= 3.12 3.13
+versions:
+	@for v in $(VERSIONS); do \
+	  if ! command -v python$$v >/dev/null 2>&1; then echo "python$$v: not found, skipped"; continue; fi; \
+	  [ -f .venv-$$v/.installed ] || { python$$v -m venv .venv-$$v && .venv-$$v/bin/python -m pip install --quiet -e '.[test]' && touch .venv-$$v/.installed; } || exit 1; \
+	  .venv-$$v/bin/kvgateway --version && .venv-$$v/bin/pytest -q -n 2 -p no:cacheprovider tests/unit || exit 1; \
+	  KVGATEWAY_NO_EXTENSIONS=1 .venv-$$v/bin/pytest -q -n 2 -p no:cacheprovider tests/unit || exit 1; \
+	done
+
 bench: $(VENV)/.installed
 	$(PY) -m bench
 
@@ -48,5 +62,5 @@ soak: $(VENV)/.installed
 	$(PY) -m bench.soak
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache test-artifacts
+	rm -rf $(VENV) .venv-3.* build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache test-artifacts
 	find kvgateway \( -name '*.so' -o -name '*_c.c' \) -delete
