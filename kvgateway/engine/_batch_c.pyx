@@ -147,8 +147,8 @@ cdef bint _plain(object cls, tuple given) except -1:
     if type(cls) is not type(msgspec.Struct) or not isinstance(cls, type):
         return False
     fields, defaults = cls.__struct_fields__, cls.__struct_defaults__
-    config = cls.__struct_config__
-    if config.gc or config.weakref or config.dict or getattr(config, "cache_hash", False):
+    config = cls.__struct_config__  # (an option an older msgspec lacks is one it does not have)
+    if getattr(config, "gc", True) or any(getattr(config, name, False) for name in ("weakref", "dict", "cache_hash")):
         return False
     if getattr(cls, "__post_init__", None) is not None or (<PyTypeObject*>cls).tp_itemsize != 0:
         return False
