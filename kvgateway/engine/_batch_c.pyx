@@ -16,6 +16,14 @@ fast decoders) decides: what it parses, the reference parses to the same batch
 makes are not tracked by the garbage collector (ints, bytes and gc=False Structs: no cycle can
 pass through them), so a full collection does not visit the log's batches one list at a time.
 
+The events and the Batch are made as msgspec's constructor makes them, without calling it (a
+Python-level call that matches its arguments to the fields): allocated by the type's own
+``tp_alloc`` (zeroed, the type's reference taken, not tracked), each slot set at its member's
+offset, the ``type`` field given its default. Only where a class's constructor does no more than
+that (``_plain``: no ``__post_init__``, not tracked, no cached hash, the fields in the parser's
+order, every other default a plain value) and one instance made each way at install is the same;
+otherwise the class is called, as before (``DIRECT`` says which).
+
 wire defines the types and hands them over once (:func:`install`), as to the reference.
 """
 
@@ -23,28 +31,192 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_FromLongLong
+from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 from kvgateway._pylong cimport kv_be16, kv_be32, kv_be64, u64_long  # big-endian loads; a hash's int made
-from kvgateway.engine._tokens_c cimport tokens_at  # a batch's token ids read where they lie
+from kvgateway.engine._slots cimport class_attribute, is_member, member_offset  # where a Struct keeps a field
+from kvgateway.engine._tokens_c cimport Field, tokens_at  # a batch's token ids read where they lie
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(object)
+    object PyObject_Vectorcall(object callable, PyObject** args, size_t nargsf, PyObject* kwnames)
+    void Py_INCREF_PTR "Py_INCREF"(PyObject*)
+    int Py_TPFLAGS_HAVE_GC, Py_TPFLAGS_IS_ABSTRACT
+
+cdef extern from *:
+    """
+    /* A msgspec Struct allocated as its constructor allocates it (msgspec's Struct_alloc): the
+       type's tp_alloc, which zeroes it (every slot empty) and takes a reference to the type. */
+    static inline PyObject *kv_struct_alloc(PyObject *cls) {
+        PyTypeObject *t = (PyTypeObject *)cls;
+        return t->tp_alloc(t, t->tp_itemsize);
+    }
+    """
+    object kv_struct_alloc(object cls)
+
+cdef extern from *:
+    """
+    /* Whether the n bytes at a and b are the same (n >= 4: every key and tag the parser compares),
+       compared in overlapping words of 8 (or 4) bytes: no call, and no loop for 16 bytes or fewer. */
+    static inline int kv_same(const unsigned char *a, const unsigned char *b, Py_ssize_t n) {
+        uint64_t x, y;
+        uint32_t u, v;
+        Py_ssize_t i;
+        if (n >= 8) {
+            for (i = 0; i + 8 < n; i += 8) {
+                memcpy(&x, a + i, 8); memcpy(&y, b + i, 8);
+                if (x != y) return 0;
+            }
+            memcpy(&x, a + n - 8, 8); memcpy(&y, b + n - 8, 8);
+            return x == y;
+        }
+        memcpy(&u, a, 4); memcpy(&v, b, 4);
+        if (u != v) return 0;
+        memcpy(&u, a + n - 4, 4); memcpy(&v, b + n - 4, 4);
+        return u == v;
+    }
+    """
+    bint kv_same(const unsigned char* a, const unsigned char* b, Py_ssize_t n) noexcept
+
+import gc
+
+import msgspec
 
 from kvgateway.engine._batch_py import parse_batch as _parse_reference
 
-__all__ = ["install", "parse_batch"]
+__all__ = ["DIRECT", "install", "parse_batch"]
 
-cdef object _BlockStored = None, _BlockRemoved = None, _AllBlocksCleared = None, _Batch = None
+cdef enum:
+    _MAX_FIELDS = 12  # the most fields a Struct made here may have
+
+
+cdef struct _Maker:
+    # how one of wire's Structs is made: its class called with the fields the parser gives, in
+    # their order, or (``direct``) allocated as its constructor allocates it and each slot set:
+    # the given fields', then the defaults of the rest (``type``, a str)
+    PyObject* cls  # held by _held
+    bint direct
+    int given, count
+    Py_ssize_t offsets[_MAX_FIELDS]  # each field's slot, in the class's field order
+    PyObject* defaults[_MAX_FIELDS]  # the fields' after ``given``: their defaults (held by _held)
+
+
+cdef _Maker _stored_maker, _removed_maker, _cleared_maker, _batch_maker
+cdef list _held = []  # the classes and defaults the makers point at
+# the fields each Struct is given, in this order (the first of its fields)
+cdef tuple _STORED_GIVEN = (
+    "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra"
+)
+cdef tuple _REMOVED_GIVEN = ("block_hashes", "medium", "extra")
+cdef tuple _CLEARED_GIVEN = ("extra",)
+cdef tuple _BATCH_GIVEN = ("ts", "events", "dp_rank")
+
+DIRECT = {}
+"""By class name: whether its instances are made here without its constructor (see :func:`_maker`)."""
 
 
 def install(*, stored, removed, cleared, batch, fast_decoders, refused, events_of):
     """wire's types, once (see the reference's ``install``; the fast decoders, their errors and
     ``events_of`` are the reference's, which a payload the parser declines goes to)."""
-    global _BlockStored, _BlockRemoved, _AllBlocksCleared, _Batch
-    _BlockStored, _BlockRemoved, _AllBlocksCleared, _Batch = stored, removed, cleared, batch
+    DIRECT.clear()
+    _maker(&_stored_maker, stored, _STORED_GIVEN)
+    _maker(&_removed_maker, removed, _REMOVED_GIVEN)
+    _maker(&_cleared_maker, cleared, _CLEARED_GIVEN)
+    _maker(&_batch_maker, batch, _BATCH_GIVEN)
+
+
+cdef Py_ssize_t _slot_offset(object cls, str name) except -2:
+    """Where ``cls``'s instances keep the field ``name``: its slot's member descriptor's offset, or
+    the tokens core's :class:`Field`'s (BlockStored's token_ids); -1 for anything else."""
+    member = class_attribute(cls, name)
+    if member is None:
+        return -1
+    if type(member) is Field:
+        return (<Field>member).offset
+    return member_offset(member) if is_member(member) else -1
+
+
+cdef bint _plain(object cls, tuple given) except -1:
+    """Whether ``cls``'s constructor does no more than its allocation and its slots set: a msgspec
+    Struct taking ``given`` as its first fields, every further one's default a str, int, float,
+    bool, bytes or None (the same object set each time); not tracked by the collector, no weak
+    references, no __dict__, no cached hash, no __post_init__, not abstract, no items."""
+    if type(cls) is not type(msgspec.Struct) or not isinstance(cls, type):
+        return False
+    fields, defaults = cls.__struct_fields__, cls.__struct_defaults__
+    config = cls.__struct_config__  # (an option an older msgspec lacks is one it does not have)
+    if getattr(config, "gc", True) or any(getattr(config, name, False) for name in ("weakref", "dict", "cache_hash")):
+        return False
+    if getattr(cls, "__post_init__", None) is not None or (<PyTypeObject*>cls).tp_itemsize != 0:
+        return False
+    if (<PyTypeObject*>cls).tp_flags & (Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IS_ABSTRACT):
+        return False
+    if len(fields) > _MAX_FIELDS or tuple(fields[: len(given)]) != given:
+        return False
+    if len(defaults) < len(fields) - len(given):
+        return False
+    return all(type(d) in (str, int, float, bool, bytes, type(None)) for d in defaults[len(defaults) - (len(fields) - len(given)):])
+
+
+cdef int _maker(_Maker* maker, object cls, tuple given) except -1:
+    """How ``cls`` is made (see :c:type:`_Maker`): directly where :func:`_plain` says its constructor
+    only allocates and sets, every slot is found, and one instance made each way from the same
+    values is the same (type, fields, ``==``, ``repr``, not tracked)."""
+    cdef Py_ssize_t i, count
+    cdef PyObject* values[_MAX_FIELDS]
+    _held.append(cls)
+    maker.cls, maker.direct, maker.given, maker.count = <PyObject*>cls, False, len(given), len(given)
+    DIRECT[cls.__name__] = False
+    if not _plain(cls, given):
+        return 0
+    fields, defaults = cls.__struct_fields__, cls.__struct_defaults__
+    count = len(fields)
+    for i in range(count):
+        maker.offsets[i] = _slot_offset(cls, fields[i])
+        if maker.offsets[i] < 0:
+            return 0
+        if i >= maker.given:
+            default = defaults[len(defaults) - count + i]
+            _held.append(default)
+            maker.defaults[i] = <PyObject*>default
+    maker.count = <int>count
+    samples = [object() for _ in range(maker.given)]
+    for i in range(maker.given):
+        values[i] = <PyObject*>samples[i]
+    called = cls(*samples)
+    maker.direct = True
+    try:
+        made = _make(maker, values)
+        maker.direct = (
+            type(made) is type(called)
+            and all(a is b for a, b in zip(msgspec.structs.astuple(made), msgspec.structs.astuple(called), strict=True))
+            and made == called
+            and repr(made) == repr(called)
+            and not gc.is_tracked(made)
+        )
+    except Exception:  # a slot left empty reads as an AttributeError: the constructor, then
+        maker.direct = False
+    DIRECT[cls.__name__] = maker.direct
+    return 0
+
+
+cdef object _make(_Maker* maker, PyObject** values):
+    """An instance of the maker's class of the given fields ``values`` (as many as it is given)."""
+    cdef int i
+    cdef char* at
+    cdef PyObject* value
+    if not maker.direct:
+        return PyObject_Vectorcall(<object>maker.cls, values, maker.given, NULL)
+    made = kv_struct_alloc(<object>maker.cls)
+    at = <char*><PyObject*>made
+    for i in range(maker.count):
+        value = values[i] if i < maker.given else maker.defaults[i]
+        Py_INCREF_PTR(value)
+        (<PyObject**>(at + maker.offsets[i]))[0] = value
+    return made
 
 
 cdef object _NO = object()  # a value the parser declines
@@ -168,9 +340,13 @@ cdef inline Py_ssize_t _str_length(_Cursor* c) noexcept:
     return _length(c, 0xA0, 0xBF, 0xD9)
 
 
-cdef object _hash(_Cursor* c):
-    """A block hash: an int, or bytes (bin)."""
-    cdef Py_ssize_t n
+cdef inline object _hash(_Cursor* c):
+    """A block hash: an int, or bytes (bin). A uint 64 (the engines' u64 hashes, nearly all of them
+    2**32 or more) is read here, its int made with its digits; any other int by :func:`_int`."""
+    cdef Py_ssize_t n, at = c.at
+    if at + 9 <= c.size and c.data[at] == 0xCF:
+        c.at = at + 9
+        return u64_long(kv_be64(c.data + at + 1))
     if c.at < c.size and 0xC4 <= c.data[c.at] <= 0xC6:
         n = _length(c, 1, 0, 0xC4)
         if n < 0:
@@ -288,7 +464,7 @@ cdef int _key(_Cursor* c) noexcept:
         k = _WINDOW
     else:
         return -1  # and n < 0: no str
-    if memcmp(_KEY_TEXT[k], name, n) != 0:
+    if not kv_same(<const unsigned char*>_KEY_TEXT[k], name, n):  # every key 6 bytes or more
         return -1
     c.at += n
     return k
@@ -310,11 +486,11 @@ cdef int _tag(_Cursor* c) noexcept:
     if n < 0:
         return -1
     c.at += n
-    if n == 11 and memcmp(c.data + c.at - n, b"BlockStored", 11) == 0:
+    if n == 11 and kv_same(c.data + c.at - n, <const unsigned char*>b"BlockStored", 11):
         return 0
-    if n == 12 and memcmp(c.data + c.at - n, b"BlockRemoved", 12) == 0:
+    if n == 12 and kv_same(c.data + c.at - n, <const unsigned char*>b"BlockRemoved", 12):
         return 1
-    if n == 16 and memcmp(c.data + c.at - n, b"AllBlocksCleared", 16) == 0:
+    if n == 16 and kv_same(c.data + c.at - n, <const unsigned char*>b"AllBlocksCleared", 16):
         return 2
     return -1
 
@@ -395,8 +571,11 @@ cdef object _event(_Cursor* c, int* layout):
     cdef bint is_map = layout[0]
     if tag < 0:
         return _NO
+    cdef PyObject* values[8]
     if tag == 2:
-        return _AllBlocksCleared()
+        extra = {}
+        values[0] = <PyObject*>extra
+        return _make(&_cleared_maker, values)
     hashes = tokens = None
     parent = lora_id = medium = lora_name = None  # the defaults of the keys left out
     extra_keys = group = kind = window = None
@@ -437,9 +616,13 @@ cdef object _event(_Cursor* c, int* layout):
     if hashes is None or (tag == 0 and tokens is None):
         return _NO
     extra = _extra(seen >> _EXTRA_KEYS, extra_keys, group, kind, window)
+    values[0] = <PyObject*>hashes
     if tag == 1:
-        return _BlockRemoved(hashes, medium, extra)
-    return _BlockStored(hashes, parent, tokens, size, lora_id, medium, lora_name, extra)
+        values[1], values[2] = <PyObject*>medium, <PyObject*>extra
+        return _make(&_removed_maker, values)
+    values[1], values[2], values[3] = <PyObject*>parent, <PyObject*>tokens, <PyObject*>size
+    values[4], values[5], values[6], values[7] = <PyObject*>lora_id, <PyObject*>medium, <PyObject*>lora_name, <PyObject*>extra
+    return _make(&_stored_maker, values)
 
 
 cdef object _ts(_Cursor* c):
@@ -489,7 +672,9 @@ cdef object _batch(_Cursor* c):
     if c.at != c.size:
         return _NO
     PyObject_GC_UnTrack(events)  # its events hold no reference cycle (gc=False Structs)
-    return _Batch(ts, events, rank)
+    cdef PyObject* values[3]
+    values[0], values[1], values[2] = <PyObject*>ts, <PyObject*>events, <PyObject*>rank
+    return _make(&_batch_maker, values)
 
 
 def parse_batch(payload):

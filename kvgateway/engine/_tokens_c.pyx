@@ -144,6 +144,56 @@ cdef inline bint _read(const unsigned char* data, Py_ssize_t size, Py_ssize_t* a
     return True
 
 
+cdef inline bint _one(const unsigned char** p, uint32_t* out) noexcept:
+    """The id at ``p[0]`` into ``out`` (``p[0]`` moved past it) where it is a uint 32 (most ids of a
+    large vocabulary), a uint 16, a positive fixint or a uint 8; False for another format. The caller
+    promises room for the widest (5 bytes)."""
+    cdef const unsigned char* at = p[0]
+    cdef unsigned char first = at[0]
+    if first == 0xCE:
+        out[0] = kv_be32(at + 1)
+        p[0] = at + 5
+        return True
+    if first == 0xCD:
+        out[0] = kv_be16(at + 1)
+        p[0] = at + 3
+        return True
+    if first <= 0x7F:
+        out[0] = first
+        p[0] = at + 1
+        return True
+    if first == 0xCC:  # uint 8 (128 to 255)
+        out[0] = at[1]
+        p[0] = at + 2
+        return True
+    return False
+
+
+cdef inline Py_ssize_t _common(
+    const unsigned char* data, Py_ssize_t size, uint32_t* ids, Py_ssize_t i, Py_ssize_t count, Py_ssize_t* at
+) noexcept:
+    """Ids ``i`` on of ``count`` at ``data[at[0]]`` read into ``ids`` four at a time, while four of the
+    widest format fit in ``size`` and each is of a format :func:`_one` reads: the index of the first
+    not read (``at`` moved past those read)."""
+    cdef const unsigned char* p = data + at[0]
+    cdef const unsigned char* end = data + size
+    while count - i >= 4 and end - p >= 20:
+        if not _one(&p, ids + i):
+            break
+        if not _one(&p, ids + i + 1):
+            i += 1
+            break
+        if not _one(&p, ids + i + 2):
+            i += 2
+            break
+        if not _one(&p, ids + i + 3):
+            i += 3
+            break
+        i += 4
+    at[0] = p - data
+    return i
+
+
 cdef object tokens_at(const unsigned char* data, Py_ssize_t size, Py_ssize_t* start):
     """The msgpack array at ``data[start[0]]`` as a :class:`Tokens` (``start`` moved past it); None
     where it is not a non-empty array of ints of 0 to 2**32-1 within ``size`` (nothing promised of
@@ -168,23 +218,14 @@ cdef object tokens_at(const unsigned char* data, Py_ssize_t size, Py_ssize_t* st
         return None
     tokens = _made(count)
     ids = tokens.ids
-    for i in range(count):
-        if at + 5 <= size:  # room for the widest of the formats of token ids: one test for the three
-            first = data[at]
-            if first == 0xCE:  # uint 32 (most ids of a large vocabulary), uint 16, a positive fixint
-                ids[i] = kv_be32(data + at + 1)
-                at += 5
-                continue
-            if first == 0xCD:
-                ids[i] = kv_be16(data + at + 1)
-                at += 3
-                continue
-            if first <= 0x7F:
-                ids[i] = first
-                at += 1
-                continue
-        if not _read(data, size, &at, &ids[i]):
+    i = 0
+    while True:
+        i = _common(data, size, ids, i, count, &at)
+        if i == count:
+            break
+        if not _read(data, size, &at, &ids[i]):  # one of another format, or of the last few
             return None
+        i += 1
     tokens.count = count
     start[0] = at
     return tokens

@@ -10,6 +10,10 @@ Skipped where the compiled core was not built (or ``KVGATEWAY_NO_EXTENSIONS`` is
 
 from __future__ import annotations
 
+import copy
+import gc
+import pickle
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -201,3 +205,159 @@ def test_the_parser_declines_every_other_shape(data: bytes) -> None:
     else:
         assert answer is DECLINED
         assert decoded(data, compiled) == decoded(data, _batch_py)
+
+
+HASH_EDGES = [0, 1, 2**30 - 1, 2**30, 2**32, 2**60 - 1, 2**60, 2**63, 2**64 - 1]
+"""A u64's edges: one, two and three of CPython's 30-bit digits (the parser makes the int with its digits)."""
+
+
+def int_forms(value: int) -> list[bytes]:
+    """``value`` in each msgpack int format that holds it, the shortest or not (another encoder's)."""
+    unsigned = [(0xCC, 1), (0xCD, 2), (0xCE, 4), (0xCF, 8)]
+    forms = [bytes([first]) + value.to_bytes(width, "big") for first, width in unsigned if value < 2 ** (8 * width)]
+    forms += [
+        bytes([first]) + value.to_bytes(width, "big")
+        for first, width in ((0xD2, 4), (0xD3, 8))
+        if value < 2 ** (8 * width - 1)
+    ]
+    return forms + ([bytes([value])] if value <= 0x7F else [])
+
+
+def test_hashes_in_every_int_format_make_the_references_ints() -> None:
+    """Each u64 edge as a block hash and a parent, in every int format (a uint 64 is read on its own
+    path): the reference's ints; cut inside its bytes, declined."""
+    compiled = _compiled()
+    for value in HASH_EDGES:
+        for form in int_forms(value):
+            for data in (
+                b"\x92\xcb" + b"\x00" * 8 + b"\x91\x92\xacBlockRemoved\x92" + form + form,
+                b"\x92\xcb" + b"\x00" * 8 + b"\x91\x96\xabBlockStored\x91\x01" + form + b"\x91\x01\x10\xc0",
+            ):
+                answer = parsed_alone(compiled, data)
+                assert answer == _batch_py.parse_batch(data)
+                assert field_by_field(answer.events) == field_by_field(_batch_py.parse_batch(data).events)
+                event = answer.events[0]
+                assert value == (event.parent_block_hash if type(event) is wire.BlockStored else event.block_hashes[1])
+            cut = b"\x92\xcb" + b"\x00" * 8 + b"\x91\x92\xacBlockRemoved\x91" + form[:-1]
+            assert parsed_alone(compiled, cut) is DECLINED
+            assert decoded(cut, compiled) == decoded(cut, _batch_py)
+
+
+def test_the_structs_made_without_their_constructors_are_what_the_constructors_make() -> None:
+    """The events and the batch are made as msgspec's constructor makes them (each slot set, the
+    type's reference taken, not tracked), then freed as any: they copy, pickle, compare and print
+    alike, and a thousand batches made and freed leave the types' references as they were."""
+    compiled = _compiled()
+    assert compiled.DIRECT == {"BlockStored": True, "BlockRemoved": True, "AllBlocksCleared": True, "Batch": True}
+    data = envelope(
+        [
+            {
+                "type": "BlockStored",
+                "block_hashes": [2**64 - 1, 2**40],
+                "token_ids": [1, 2],
+                "medium": "GPU",
+                "group_idx": 1,
+            },
+            {"type": "BlockRemoved", "block_hashes": [7], "medium": "CPU"},
+            {"type": "AllBlocksCleared"},
+        ],
+        2.5,
+        3,
+    )
+    batch = parsed_alone(compiled, data)
+    reference = _batch_py.parse_batch(data)
+    for made, called in zip([batch, *batch.events], [reference, *reference.events], strict=True):
+        assert type(made) is type(called) and not gc.is_tracked(made)
+        assert made == called and repr(made) == repr(called)
+        assert copy.copy(made) == called and pickle.loads(pickle.dumps(made)) == called
+        assert msgspec.structs.replace(made) == called and msgspec.structs.asdict(made) == msgspec.structs.asdict(
+            called
+        )
+    assert batch.events[2].extra is not parsed_alone(compiled, data).events[2].extra  # a dict of its own each
+    batch.events[0].medium = "DISK"  # and a field set as on any
+    assert batch.events[0].medium == "DISK"
+    types = (wire.BlockStored, wire.BlockRemoved, wire.AllBlocksCleared, wire.Batch)
+    before = [sys.getrefcount(cls) for cls in types]
+    for _ in range(1000):
+        parsed_alone(compiled, data)
+    assert [sys.getrefcount(cls) for cls in types] == before
+
+
+class _Counted(msgspec.Struct, gc=False):
+    """BlockStored's fields and a __post_init__: only the constructor may make it."""
+
+    block_hashes: list[Any]
+    parent_block_hash: Any
+    token_ids: Any
+    block_size: int
+    lora_id: Any = None
+    medium: Any = None
+    lora_name: Any = None
+    extra: dict[str, Any] = {}
+    type: str = "BlockStored"
+
+    def __post_init__(self) -> None:
+        _made.append(self)
+
+
+_made: list[Any] = []
+_Tracked = msgspec.defstruct("_Tracked", [("extra", dict), ("type", str, "AllBlocksCleared")], gc=True)
+_Hashed = msgspec.defstruct(
+    "_Hashed", [("extra", dict), ("type", str, "AllBlocksCleared")], gc=False, frozen=True, cache_hash=True
+)
+_Listed = msgspec.defstruct(
+    "_Listed", [("extra", dict), ("kinds", list, msgspec.field(default_factory=list))], gc=False
+)
+_Reordered = msgspec.defstruct("_Reordered", [("medium", Any), ("block_hashes", list), ("extra", dict)], gc=False)
+
+
+@pytest.mark.parametrize(
+    ("role", "cls"),
+    [("stored", _Counted), ("cleared", _Tracked), ("cleared", _Hashed), ("cleared", _Listed), ("removed", _Reordered)],
+)
+def test_a_struct_whose_constructor_does_more_is_made_by_it(role: str, cls: type) -> None:
+    """A class with a __post_init__, tracked by the collector, with a cached hash, a further field of
+    a made default, or its fields in another order is made by calling it, as before."""
+    compiled = _compiled()
+    given = {"stored": wire.BlockStored, "removed": wire.BlockRemoved, "cleared": wire.AllBlocksCleared, role: cls}
+    events = [
+        {"type": "BlockStored", "block_hashes": [2**63], "token_ids": [1]},
+        {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU"},
+        {"type": "AllBlocksCleared"},
+    ]
+    _made.clear()
+    try:
+        compiled.install(stored=given["stored"], removed=given["removed"], cleared=given["cleared"], batch=wire.Batch,
+                         fast_decoders=None, refused=(), events_of=None)  # fmt: skip
+        assert compiled.DIRECT[cls.__name__] is False
+        assert compiled.DIRECT["Batch"] is True
+        made = [event for event in parsed_alone(compiled, envelope(events, 1.0, 0)).events if type(event) is cls]
+    finally:
+        wire._batch_core()  # wire's own types again
+    assert compiled.DIRECT == {"BlockStored": True, "BlockRemoved": True, "AllBlocksCleared": True, "Batch": True}
+    assert len(made) == 1
+    if cls is _Counted:
+        assert _made == made  # its __post_init__ ran
+    elif cls is _Tracked:
+        assert gc.is_tracked(made[0]) is gc.is_tracked(_Tracked(extra={}))
+    elif cls is _Listed:
+        assert made[0].kinds == []  # type: ignore[attr-defined]
+    elif cls is _Reordered:
+        assert made[0].medium == [1] and made[0].block_hashes == "GPU"  # type: ignore[attr-defined]  # by position, as called
+
+
+def test_a_key_or_tag_one_byte_off_a_known_one_is_declined() -> None:
+    """Each known key, and each event type's tag, with any one of its bytes changed: declined (the
+    parser compares them word by word, the middle words of the longest too)."""
+    compiled = _compiled()
+    known = {"type": "BlockStored", "block_hashes": [1], "token_ids": [1]}
+    for name in wire.STORED_FIELDS:
+        for place in range(len(name)):
+            other = name[:place] + chr(ord(name[place]) ^ 0x01) + name[place + 1 :]
+            assert parsed_alone(compiled, envelope([{**known, other: None}], 1.0, 0)) is DECLINED
+        control = {**known, name: {"block_hashes": [1], "token_ids": [1], "block_size": 16}.get(name)}
+        assert parsed_alone(compiled, envelope([control], 1.0, 0)) is not DECLINED
+    for tag in (wire.STORED, wire.REMOVED, wire.CLEARED):
+        for place in range(len(tag)):
+            other = tag[:place] + chr(ord(tag[place]) ^ 0x01) + tag[place + 1 :]
+            assert parsed_alone(compiled, envelope([[other, [1]]], 1.0, 0)) is DECLINED

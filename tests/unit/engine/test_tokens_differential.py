@@ -143,6 +143,32 @@ def test_the_edges_of_each_int_format() -> None:
 # --- decode_batch with either core ------------------------------------------------------------------
 
 
+def test_ids_read_four_at_a_time_stop_at_any_place() -> None:
+    """Runs of ids in the formats read four at a time (uint 32, uint 16, a fixint, uint 8) of every
+    length to 15, as they are, with an id of another format (or none at all) at each place, and cut
+    at each byte: the reference's answer."""
+    compiled = _compiled()
+    cells = [b"\xce\x00\x02\x4f\x5b", b"\xcd\x01\x00", b"\x05", b"\xcc\x80", b"\xce\xff\xff\xff\xff"]
+    others = [
+        b"\xd2\x00\x00\x00\x07",
+        b"\xcf" + bytes(7) + b"\x09",
+        b"\xcf\x00\x00\x00\x01" + bytes(4),
+        b"\xc0",
+        b"\xd0\xff",
+    ]
+    for count in range(1, 16):
+        run = [cells[(k * 3 + count) % len(cells)] for k in range(count)]
+        data = array_head(count, "fix") + b"".join(run)
+        assert type(assert_same_tokens(compiled, data)) is compiled.Tokens
+        for cut in range(1, len(data)):
+            assert assert_same_tokens(compiled, data[:cut]) is None
+        for place in range(count):
+            for other in others:
+                assert_same_tokens(
+                    compiled, array_head(count, "fix") + b"".join([*run[:place], other, *run[place + 1 :]])
+                )
+
+
 def _stored(tokens: bytes, positional: bool) -> Any:
     if positional:
         return ["BlockStored", [1, 2], None, msgspec.Raw(tokens), 2, None, "GPU"]

@@ -459,6 +459,18 @@ def test_oversized_payload_is_refused_before_decoding() -> None:
         wire.decode_batch(bytes(wire.MAX_PAYLOAD_BYTES + 1))
 
 
+def test_a_map_envelope_is_read_as_one_whatever_its_header() -> None:
+    """A fixmap, map 16 or map 32 envelope (forks): the same batch; an array envelope's header of
+    each size is no map."""
+    body = b"".join(enc(item) for item in ("ts", 1.5, "events", [["BlockRemoved", [7]]], "data_parallel_rank", 2))
+    expected = Batch(ts=1.5, events=[BlockRemoved(block_hashes=[7])], dp_rank=2)
+    for header in (b"\x83", b"\xde\x00\x03", b"\xdf\x00\x00\x00\x03"):
+        assert wire.decode_batch(header + body) == expected
+    items = b"".join(enc(item) for item in (1.5, [["BlockRemoved", [7]]], 2))
+    for header in (b"\x93", b"\xdc\x00\x03", b"\xdd\x00\x00\x00\x03"):
+        assert wire.decode_batch(header + items) == expected
+
+
 def test_split_message_reads_the_seq_unsigned() -> None:
     payload = enc([1.0, [["BlockRemoved", [U64]]], 2])
     assert wire.split_message([b"kv-events", (U64).to_bytes(8, "big"), payload]) == (U64, payload)  # not -1
