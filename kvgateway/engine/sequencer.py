@@ -362,6 +362,8 @@ class Sequencer:
         "_restart_window",
         "_suspect",
         "cursor",
+        "held",
+        "replay_token",
     )
 
     def __init__(
@@ -401,18 +403,15 @@ class Sequencer:
         self._reconnected = False
         self._suspect: set[int] = set()  # pending live seqs that may be the old process's (rule 11)
         self._echoed: set[int] = set()  # pending live seqs a reply brought back, same bytes (rule 11)
+        # Plain attributes, not properties: the reader reads both for every batch, and a property
+        # read is a Python frame entered through the descriptor (3.11 specialises none).
+        self.held = 0
+        """Batches received but not yet delivered (the ingest queue depth): set by each input."""
+        self.replay_token: int | None = None
+        """The token of the in-flight replay attempt, if any (kept by :meth:`_attempt` and
+        :meth:`_finish`, where the recovery's token changes)."""
 
     # --- views --------------------------------------------------------------------------
-
-    @property
-    def held(self) -> int:
-        """Batches received but not yet delivered (the ingest queue depth)."""
-        return len(self._pending) + len(self._low_live)
-
-    @property
-    def replay_token(self) -> int | None:
-        """The token of the in-flight replay attempt, if any."""
-        return None if self._rec is None else self._rec.token
 
     @property
     def check_seq(self) -> int | None:
@@ -497,8 +496,10 @@ class Sequencer:
         ):
             # The next seq, nothing pending, not verifying (nearly every batch): what the rules below
             # come to for it (rule 3: no gap, no restart, nothing to drain), without their six calls.
+            # Nothing pending before or after: ``held`` stays what it was.
             self._reconnected = False
-            self._live_top = max(self._live_top, seq)
+            if seq > self._live_top:  # noqa: PLR1730  # max() is a call: 100 instructions a batch
+                self._live_top = seq
             self._probe_due = True
             self.cursor = seq
             self._anchor = (seq, raw)
@@ -509,6 +510,11 @@ class Sequencer:
     def _live(self, seq: int, batch: Batch | None, raw: bytes) -> list[Action]:
         """:meth:`on_live` by the rules themselves (the general case, and the reference its fast
         case is tested against)."""
+        out = self._live_by_rules(seq, batch, raw)
+        self.held = len(self._pending) + len(self._low_live)
+        return out
+
+    def _live_by_rules(self, seq: int, batch: Batch | None, raw: bytes) -> list[Action]:
         # ``reconnected``: the first live batch since an unverified reconnect. A restart it reveals
         # began at the reconnect, so what the new connection brought (replay items) is the new
         # process's and stays pending for the new epoch instead of being flushed into the old one.
@@ -590,6 +596,45 @@ class Sequencer:
     def on_replay_item(self, token: int, seq: int, batch: Batch | None, raw: bytes = b"") -> list[Action]:
         """One batch of the replay attempt ``token``."""
         rec = self._rec
+        cursor = self.cursor
+        pending = self._pending
+        if (
+            rec is not None
+            and token == rec.token
+            and rec.first is not None
+            and not rec.after_anchor
+            and cursor is not None
+            and seq == cursor + 1
+            and seq not in pending
+            and seq not in self._suspect
+            and rec.purpose != "verify"
+        ):
+            # The next seq of the attempt in flight, past its first item, neither pending nor
+            # suspect, not verifying (nearly every item of a catch-up): what the rules below come
+            # to for it (rule 5: delivered, then what it makes contiguous), without their calls.
+            rec.items += 1
+            rec.heard = True
+            if seq > rec.top:  # noqa: PLR1730  # as above, without max()'s call
+                rec.top = seq
+            rec.progress = True
+            rec.brought += 1
+            self.cursor = seq
+            self._anchor = (seq, raw)
+            out: list[Action] = [Deliver(seq, batch, True)]
+            if not pending:
+                self._heap.clear()  # every entry left is stale (as _drain)
+            elif seq + 1 in pending:  # otherwise _drain would find nothing to deliver
+                self._drain(out)
+                self.held = len(pending) + len(self._low_live)
+            return out
+        out = self._replay_item(token, seq, batch, raw)
+        self.held = len(self._pending) + len(self._low_live)
+        return out
+
+    def _replay_item(self, token: int, seq: int, batch: Batch | None, raw: bytes) -> list[Action]:
+        """:meth:`on_replay_item` by the rules themselves (the general case, and the reference its
+        fast case is tested against)."""
+        rec = self._rec
         if rec is None or token != rec.token:
             return []
         out: list[Action] = []
@@ -663,6 +708,11 @@ class Sequencer:
 
     def on_replay_end(self, token: int) -> list[Action]:
         """The end marker of the replay attempt ``token``."""
+        out = self._replay_end(token)
+        self.held = len(self._pending) + len(self._low_live)
+        return out
+
+    def _replay_end(self, token: int) -> list[Action]:
         rec = self._rec
         if rec is None or token != rec.token:
             return []
@@ -682,6 +732,11 @@ class Sequencer:
         ``"failed"`` (a malformed reply, a socket error)."""
         if outcome not in ("timeout", "failed"):
             raise ValueError(f"replay failure outcome must be 'timeout' or 'failed', got {outcome!r}")
+        out = self._replay_failed(token, outcome)
+        self.held = len(self._pending) + len(self._low_live)
+        return out
+
+    def _replay_failed(self, token: int, outcome: str) -> list[Action]:
         rec = self._rec
         if rec is None or token != rec.token:
             return []
@@ -703,6 +758,11 @@ class Sequencer:
         once after each burst, the replay socket is asked for anything after the cursor: the PUB
         socket drops at its high-water mark, and a burst's dropped tail shows in no later live
         batch when the engine goes idle."""
+        out = self._on_quiet()
+        self.held = len(self._pending) + len(self._low_live)
+        return out
+
+    def _on_quiet(self) -> list[Action]:
         out: list[Action] = []
         if self._rec is not None:
             return out
@@ -757,7 +817,7 @@ class Sequencer:
             return
         self._put(seq, item)
         if self._rec is not None:
-            if self.held > self._hold_limit:
+            if len(self._pending) + len(self._low_live) > self._hold_limit:
                 self._overflow(out)
             return
         self._settle(out)
@@ -1107,6 +1167,7 @@ class Sequencer:
             outcome = "failed"
         out.append(ReplayFinished(rec.token, outcome, rec.brought, rec.attempt, by_restart))
         self._rec = None
+        self.replay_token = None
 
     # --- primitives ---------------------------------------------------------------------
 
@@ -1126,6 +1187,7 @@ class Sequencer:
         if check is not None:
             start = check[0]
         rec.new_attempt(self._last_token, start)
+        self.replay_token = rec.token
         rec.check = check
         rec.mark = mark
         out.append(RequestReplay(rec.token, start, rec.purpose, rec.attempt))

@@ -19,7 +19,7 @@ import zmq
 from kvgateway.config.settings import StreamConfig
 from kvgateway.engine import wire
 from kvgateway.engine.endpoints import is_ipv6
-from kvgateway.engine.sequencer import Action, CancelReplay, RequestReplay, Sequencer
+from kvgateway.engine.sequencer import Action, CancelReplay, Deliver, RequestReplay, Sequencer
 from kvgateway.engine.sockets import Readiness, has_message, monitor_event, monitor_value
 from kvgateway.ingest.monitor import (
     BIND_FAILED,
@@ -174,6 +174,7 @@ class StreamReader:
     async def _read_live(self, sub: zmq.Socket[bytes], readiness: Readiness) -> None:
         clock = asyncio.get_running_loop().time
         receive = receiver(sub)
+        on_live = self._on_live  # bound once, not at each message
         # The descriptor signals only once ZeroMQ found the socket empty: the first wait asks it.
         await readiness.wait()
         while True:
@@ -189,7 +190,7 @@ class StreamReader:
                     if frames is None:
                         break
                     count += 1
-                    self._on_live(frames)
+                    on_live(frames)
                     if clock() >= deadline:
                         break
             finally:
@@ -211,7 +212,8 @@ class StreamReader:
                 await asyncio.sleep(0)
 
     def _on_live(self, frames: list[bytes]) -> None:
-        """One live message (its receipt is counted by the caller)."""
+        """One live message (its receipt is counted by the caller): split, decoded, sequenced and
+        applied in this one call (a call for each step was three more Python frames a batch)."""
         if self._peers == 0 and self._drained is None:
             # A batch while no connection is known: the ZeroMQ thread finished a new connection's
             # handshake and queued its first batches after this burst's look at the monitor (a
@@ -222,25 +224,33 @@ class StreamReader:
         clock = self._clock  # read, then called: a method call of an attribute is not specialised
         received = clock()
         self._live_count += 1
+        outlet = self._outlet
         try:
             seq, payload = wire.split_message(frames)
         except wire.DecodeError as exc:
-            self._outlet.decode_error(None, str(exc))
+            outlet.decode_error(None, str(exc))
             return
-        batch = self._decode(seq, payload)
-        self._apply(self.sequencer.on_live(seq, batch, payload), received)
-
-    def _decode(self, seq: int, payload: bytes) -> wire.Batch | None:
         try:
-            return wire.decode_batch(payload)
+            batch: wire.Batch | None = wire.decode_batch(payload)
         except wire.DecodeError as exc:
             # Counted and skipped; the seq still counts as received, so it is no gap.
-            self._outlet.decode_error(seq, str(exc))
-            return None
+            outlet.decode_error(seq, str(exc))
+            batch = None
+        sequencer = self.sequencer
+        actions = sequencer.on_live(seq, batch, payload)
+        outlet.apply(actions, received, sequencer.held)  # what _apply does, the common case in line
+        if len(actions) != 1 or type(actions[0]) is not Deliver or self._quiet is None:
+            self._act(actions)
 
     def _apply(self, actions: list[Action], received: float) -> None:
         """The outlet takes every action; the reader acts on those that are I/O (replays)."""
         self._outlet.apply(actions, received, self.sequencer.held)
+        self._act(actions)
+
+    def _act(self, actions: list[Action]) -> None:
+        """What the reader does about the actions (the outlet has taken them): the replays they
+        start or cancel, and the quiet timer. Nothing for a lone delivery while the timer is armed:
+        the live and replay loops skip the call then."""
         for action in actions:
             if type(action) is RequestReplay:
                 self._start_replay(action.token, action.start)
@@ -301,39 +311,49 @@ class StreamReader:
             self._apply(self.sequencer.on_replay_failed(token, outcome), self._clock())
 
     async def _read_replay(self, dealer: zmq.Socket[bytes], readiness: Readiness, token: int) -> str | None:
-        """Feed replayed batches to the sequencer; None when the end marker came, else the failure."""
-        loop = asyncio.get_running_loop()
+        """Feed replayed batches to the sequencer; None when the end marker came, else the failure.
+        Per item, what the live loop does per message, in this loop's body: no call for the decode
+        or the hand-over, and what it calls read once."""
+        now = asyncio.get_running_loop().time
         receive = receiver(dealer)
-        hard_deadline = loop.time() + self._replay_timeout * MAX_REPLAY_SECONDS_FACTOR
+        clock, sequencer, outlet = self._clock, self.sequencer, self._outlet
+        hard_deadline = now() + self._replay_timeout * MAX_REPLAY_SECONDS_FACTOR
         first = True
         while True:
-            idle = min(self._replay_timeout, hard_deadline - loop.time())
+            idle = min(self._replay_timeout, hard_deadline - now())
             if idle <= 0 or not await readiness.wait(idle):
                 logger.warning("stream %s[%d]: replay from token %d timed out", *self.key, token)
                 return "timeout"
-            deadline = loop.time() + TURN_SECONDS
+            deadline = now() + TURN_SECONDS
             for _ in range(BUDGET):
-                if loop.time() >= deadline:
+                if now() >= deadline:
                     break
                 frames = receive()
                 if frames is None:
                     break
-                received = self._clock()
+                received = clock()
                 parsed = wire.parse_replay_reply(frames)
                 if parsed is None:
                     logger.warning("stream %s[%d]: malformed replay reply of %d frames", *self.key, len(frames))
-                    self._outlet.decode_error(None, "malformed replay reply")
+                    outlet.decode_error(None, "malformed replay reply")
                     return "failed"
                 seq, payload = parsed
                 if seq == wire.END_SEQ:
-                    self._apply(self.sequencer.on_replay_end(token), received)
+                    self._apply(sequencer.on_replay_end(token), received)
                     return None
-                if not (first and seq == self.sequencer.check_seq):
-                    self._outlet.received()  # the anchor a reply begins with is no batch received anew
+                if not (first and seq == sequencer.check_seq):
+                    outlet.received()  # the anchor a reply begins with is no batch received anew
                 first = False
-                batch = self._decode(seq, payload)
-                self._apply(self.sequencer.on_replay_item(token, seq, batch, payload), received)
-                if self.sequencer.replay_token != token:
+                try:
+                    batch: wire.Batch | None = wire.decode_batch(payload)
+                except wire.DecodeError as exc:
+                    outlet.decode_error(seq, str(exc))  # counted and skipped, as a live one
+                    batch = None
+                actions = sequencer.on_replay_item(token, seq, batch, payload)
+                outlet.apply(actions, received, sequencer.held)  # _apply, the common case in line
+                if len(actions) != 1 or type(actions[0]) is not Deliver or self._quiet is None:
+                    self._act(actions)
+                if sequencer.replay_token != token:
                     return None  # the sequencer gave this replay up (restart, overflow)
             await asyncio.sleep(0)
 

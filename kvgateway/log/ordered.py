@@ -229,7 +229,15 @@ class MemoryLog:
         trimmed to its bounds; returns the offset. Raises
         :class:`kvgateway.protocol.messages.NoticeError` (and assigns nothing) for a wrong notice."""
         offset = self._offset + 1
-        entry = make_entry(self.epoch, offset, record)
+        if type(record) is BatchRecord:  # make_entry's batch case in line: a Python call fewer a batch
+            stream = record.stream
+            batch = render.batch_message(
+                self.epoch, offset, stream, seq=record.seq, ts=record.batch.ts, events=record.events
+            )
+            message = batch.message
+            entry = Entry(offset, stream, message, batch, record.keys, len(message.data), record)
+        else:
+            entry = make_entry(self.epoch, offset, record)
         self._offset = offset
         self._fed = True
         ring = self.ring

@@ -72,6 +72,11 @@ class Hub:
         self._digest_clients: dict[Subscription, None] = {}  # those that asked digest=SECONDS
         # subscribers per stream, so an entry visits only the clients that want it
         self._by_stream: dict[Stream, dict[Subscription, None]] = {stream: {} for stream in sources}
+        # The last entry's stream (the object) and its subscribers: a stream's entries carry one
+        # tuple, its outlet's, which is equal to this dict's key but not the same object, so a
+        # lookup hashes and compares it; a run of one stream's entries skips that. The dicts are
+        # edited in place and never replaced, so what is kept stays the stream's.
+        self._last: tuple[Stream | None, dict[Subscription, None]] = (None, {})
 
     @property
     def epoch(self) -> str:
@@ -86,11 +91,16 @@ class Hub:
 
     def follow(self, entry: Entry) -> None:
         started = perf_counter()
-        subscribers = self._by_stream.get(entry.stream)
-        if subscribers is None:  # a stream outside the configuration: index it on first use
-            subscribers = self._by_stream[entry.stream] = {
-                sub: None for sub in self._clients if sub.filter.matches_stream(*entry.stream)
-            }
+        stream = entry.stream
+        last, subscribers = self._last
+        if stream is not last:
+            found = self._by_stream.get(stream)
+            if found is None:  # a stream outside the configuration: index it on first use
+                found = self._by_stream[stream] = {
+                    sub: None for sub in self._clients if sub.filter.matches_stream(*stream)
+                }
+            subscribers = found
+            self._last = (stream, found)
         message_for = self._message_for
         slow: list[Subscription] | None = None
         for sub in subscribers:

@@ -481,6 +481,9 @@ class PublisherModel(RuleBasedStateMachine):
         s = self.seq
         assert s.waiting_for_live == (s.replay_token is None and s.held > 0)
         assert (s.replay_token is None) == (self.request is None)
+        # Attributes the sequencer keeps (the reader reads them for every batch), not computed views.
+        assert s.held == len(s._pending) + len(s._low_live)
+        assert s.replay_token == (None if s._rec is None else s._rec.token)
 
     def teardown(self) -> None:
         if not hasattr(self, "seq"):

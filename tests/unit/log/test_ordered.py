@@ -7,7 +7,9 @@ import asyncio
 
 import pytest
 
-from kvgateway.log.ordered import MemoryLog, NoticeRecord, OffsetGap, Record
+from kvgateway.log.ordered import MemoryLog, NoticeRecord, OffsetGap, Record, batch_record, make_entry
+from kvgateway.log.ring import Entry
+from tests.support import events
 
 
 class StoredElsewhere:
@@ -80,3 +82,27 @@ def test_a_read_back_goes_on_until_it_meets_the_ring_that_moved_meanwhile() -> N
 
     assert asyncio.run(resume()) == [10, 11, 12, 13, 14]
     assert stored.asked == [(10, 10), (11, 12)]
+
+
+def test_an_appended_batch_is_the_entry_make_entry_makes() -> None:
+    """MemoryLog.append makes a batch's entry in line (a call fewer a batch): the entry
+    make_entry makes, which a read-back's lent entries and a notice still get."""
+    batch = events.batch(events.stored(1, 2, block_size=2), events.removed(3, medium="CPU"), ts=12.5)
+    record = batch_record(("s", 1), 7, batch, received=13.0, replayed=False)
+    log = MemoryLog()
+    followed: list[tuple[Entry, object]] = []
+    log.follow(lambda entry: followed.append((entry, entry.record)))
+    log.append(NoticeRecord(("s", 1), "up", {"reason": "connected"}))
+    log.append(record)
+    (entry, followed_record), made = followed[1], make_entry(log.epoch, 2, record)
+    assert followed_record is record and entry.record is None  # dropped once followed
+    assert entry.batch is not None and made.batch is not None
+    assert (entry.offset, entry.stream, entry.message.id, entry.message.data, entry.keys, entry.size) == (
+        made.offset,
+        made.stream,
+        made.message.id,
+        made.message.data,
+        made.keys,
+        made.size,
+    )
+    assert entry.batch.select([1]).data == made.batch.select([1]).data

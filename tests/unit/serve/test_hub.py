@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from starlette.datastructures import QueryParams
 
+from kvgateway.log.ordered import batch_record
 from kvgateway.protocol import messages
 from kvgateway.serve.hub import TooManyClients
 from kvgateway.serve.query import parse_query
@@ -114,6 +115,22 @@ def test_a_stream_outside_the_configuration_is_served_too() -> None:
     late = subscribe(hub)
     publish_batch(hub, "z", 3, 2, batch(stored(1)))
     assert offsets(drain(late)) == [2]
+
+
+def test_entries_of_streams_in_turn_reach_their_own_streams_clients_only() -> None:
+    """The hub keeps the last entry's stream object and its subscribers (a run of one stream's
+    entries, its outlet's one tuple, skips the lookup): in runs and in turn, with one tuple per
+    stream as an outlet appends and with equal new ones, an entry reaches its stream's clients."""
+    hub = make_hub()
+    only_a, only_b, everyone = subscribe(hub, "source=a"), subscribe(hub, "source=b"), subscribe(hub)
+    keys = {"a": ("a", 0), "b": ("b", 0)}
+    for seq, source in enumerate("aabbab", start=1):
+        hub.log.append(batch_record(keys[source], seq, batch(stored(seq)), received=0.0, replayed=False))
+    for seq, source in enumerate("ab", start=7):
+        publish_batch(hub, source, 0, seq, batch(stored(seq)))
+    assert offsets(drain(only_a)) == [1, 2, 5, 7]
+    assert offsets(drain(only_b)) == [3, 4, 6, 8]
+    assert offsets(drain(everyone)) == list(range(1, 9))
 
 
 # --- notices ------------------------------------------------------------------------------
