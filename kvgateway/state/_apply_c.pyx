@@ -31,6 +31,8 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject_RichCompare
 from cpython.dict cimport PyDict_Contains
 from cpython.set cimport PySet_Discard
+from cpython.long cimport PyLong_FromDouble
+from libc.math cimport floor, isfinite
 from libc.stdint cimport uint64_t
 
 from kvgateway.state._hashtable cimport (  # the C tables of hashes: the evictions' and the groups'
@@ -951,6 +953,14 @@ cdef inline bint _same_route(object medium, object group_idx, object route_mediu
     return group_idx is route_group or (group_idx is not None and route_group is not None and group_idx == route_group)
 
 
+cdef inline Py_ssize_t _count_unknown(object index, Py_ssize_t unknown) except -1:
+    """``index.unknown_removes += unknown`` (the pass's count so far, added before any Python runs
+    and at the batch's end: an attribute read and written once, not at each removal); 0."""
+    if unknown:
+        index.unknown_removes += unknown
+    return 0
+
+
 def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
     """:func:`kvgateway.state._apply_py.apply_batch`, step for step."""
     cdef Group grp
@@ -964,8 +974,9 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
     cdef Key local[_LOCAL_KEYS]  # an event's keys, read once for the pass's loops (more: allocated)
     cdef Key* keys
     cdef Group route = None  # the group ``routes`` gave the previous event, for its medium and group_idx
+    cdef Py_ssize_t unknown = 0  # removes of unknown blocks not yet added to index.unknown_removes
     route_medium = route_group = None
-    sec = math.floor(now)
+    sec = PyLong_FromDouble(floor(<double>now)) if type(now) is float and isfinite(<double>now) else math.floor(now)
     observer = index.observer
     account = index.account
     if account is None and observer is not None:
@@ -973,75 +984,82 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
     compare = COMPARE_NONE if observer is None else observer.compare
     stale = index.staleness.reason is not None
     tokens = 0
-    for event in field(batch, _Batch, _BATCH.events, "events"):
-        kind = type(event)
-        if kind is _BlockStored or kind is _BlockRemoved:
-            if kind is _BlockStored:
-                extra = field(event, _BlockStored, _STORED.extra, "extra")
-                medium = field(event, _BlockStored, _STORED.medium, "medium")
-                hashes = field(event, _BlockStored, _STORED.block_hashes, "block_hashes")
-            else:
-                extra = field(event, _BlockRemoved, _REMOVED.extra, "extra")
-                medium = field(event, _BlockRemoved, _REMOVED.medium, "medium")
-                hashes = field(event, _BlockRemoved, _REMOVED.block_hashes, "block_hashes")
-            group_idx = _group_idx_of(extra)
-            if route is not None and _same_route(medium, group_idx, route_medium, route_group):
-                grp = route  # the previous event's (medium, group_idx): what ``routes`` answered it
-            else:
-                grp = routes.get((medium, group_idx))
-                if grp is None:
-                    grp = index.route(medium, group_idx)
-                    route = None  # a route made: the next event asks ``routes``, as the reference
-                else:
-                    route, route_medium, route_group = grp, medium, group_idx
-            n = len(hashes)
-            med = grp.medium
-            if live and sec != med.cur_sec:
-                med.roll(sec)
-            keys = _keys_for(hashes, n, local)
-            try:
-                if keys is not NULL:
-                    _ahead(grp, account.evicted if account is not None else None, hashes, keys, kind is _BlockStored, med.gpu, n > 1)
+    try:
+        for event in field(batch, _Batch, _BATCH.events, "events"):
+            kind = type(event)
+            if kind is _BlockStored or kind is _BlockRemoved:
                 if kind is _BlockStored:
-                    # read once: the account and the medium both learn it
-                    size = field(event, _BlockStored, _STORED.block_size, "block_size")
-                    if account is None or not med.gpu or not n:
-                        grp._store(hashes, keys)
-                    elif _new_store(stale, event, hashes, keys, size, account, compare, fleet):
-                        fresh += n
-                        tokens += n * account.block_size
-                        grp._store_new(hashes, keys)
-                    else:
-                        if observer is not None:
-                            observer.stored(index, event, field(batch, _Batch, _BATCH.ts, "ts"), now)
-                            compare = observer.compare
-                            route = None  # its Python ran: the routes asked again
-                        grp.store(hashes)  # the observer's Python ran: the keys read again
-                    if size > 0:
-                        med.block_size = size
-                    med.stores += n
-                    if live:
-                        med.cur_stores += n
+                    extra = field(event, _BlockStored, _STORED.extra, "extra")
+                    medium = field(event, _BlockStored, _STORED.medium, "medium")
+                    hashes = field(event, _BlockStored, _STORED.block_hashes, "block_hashes")
                 else:
-                    index.unknown_removes += grp._remove(hashes, keys)
-                    if account is not None and med.gpu and n:
-                        evicted = account.evicted
-                        if type(evicted) is Evictions:
-                            (<Evictions>evicted)._add(hashes, field(batch, _Batch, _BATCH.ts, "ts"), keys)
+                    extra = field(event, _BlockRemoved, _REMOVED.extra, "extra")
+                    medium = field(event, _BlockRemoved, _REMOVED.medium, "medium")
+                    hashes = field(event, _BlockRemoved, _REMOVED.block_hashes, "block_hashes")
+                group_idx = _group_idx_of(extra)
+                if route is not None and _same_route(medium, group_idx, route_medium, route_group):
+                    grp = route  # the previous event's (medium, group_idx): what ``routes`` answered it
+                else:
+                    grp = routes.get((medium, group_idx))
+                    if grp is None:
+                        unknown = _count_unknown(index, unknown)  # before Python runs
+                        grp = index.route(medium, group_idx)
+                        route = None  # a route made: the next event asks ``routes``, as the reference
+                    else:
+                        route, route_medium, route_group = grp, medium, group_idx
+                n = len(hashes)
+                med = grp.medium
+                if live and sec != med.cur_sec:
+                    med.roll(sec)
+                keys = _keys_for(hashes, n, local)
+                try:
+                    if keys is not NULL:
+                        _ahead(grp, account.evicted if account is not None else None, hashes, keys, kind is _BlockStored, med.gpu, n > 1)
+                    if kind is _BlockStored:
+                        # read once: the account and the medium both learn it
+                        size = field(event, _BlockStored, _STORED.block_size, "block_size")
+                        if account is None or not med.gpu or not n:
+                            grp._store(hashes, keys)
+                        elif _new_store(stale, event, hashes, keys, size, account, compare, fleet):
+                            fresh += n
+                            tokens += n * account.block_size
+                            grp._store_new(hashes, keys)
                         else:
-                            evicted.add(hashes, field(batch, _Batch, _BATCH.ts, "ts"))
-                            route = None  # another class's Python ran
-                    med.removes += n
-                    if live:
-                        med.cur_removes += n
-            finally:
-                if keys is not local:
-                    PyMem_Free(keys)
-        elif kind is AllBlocksCleared:
-            route = None
-            index.clear_blocks()
-            index.staleness.cleared()
-            stale = index.staleness.reason is not None
+                            if observer is not None:
+                                unknown = _count_unknown(index, unknown)
+                                observer.stored(index, event, field(batch, _Batch, _BATCH.ts, "ts"), now)
+                                compare = observer.compare
+                                route = None  # its Python ran: the routes asked again
+                            grp.store(hashes)  # the observer's Python ran: the keys read again
+                        if size > 0:
+                            med.block_size = size
+                        med.stores += n
+                        if live:
+                            med.cur_stores += n
+                    else:
+                        unknown += grp._remove(hashes, keys)
+                        if account is not None and med.gpu and n:
+                            evicted = account.evicted
+                            if type(evicted) is Evictions:
+                                (<Evictions>evicted)._add(hashes, field(batch, _Batch, _BATCH.ts, "ts"), keys)
+                            else:
+                                unknown = _count_unknown(index, unknown)
+                                evicted.add(hashes, field(batch, _Batch, _BATCH.ts, "ts"))
+                                route = None  # another class's Python ran
+                        med.removes += n
+                        if live:
+                            med.cur_removes += n
+                finally:
+                    if keys is not local:
+                        PyMem_Free(keys)
+            elif kind is AllBlocksCleared:
+                route = None
+                unknown = _count_unknown(index, unknown)
+                index.clear_blocks()
+                index.staleness.cleared()
+                stale = index.staleness.reason is not None
+    finally:  # the removes of unknown blocks counted once, where the reference counted each event's
+        _count_unknown(index, unknown)
     if fresh and account is not None:
         account.add(_NEW, fresh, tokens, now)
 
