@@ -344,32 +344,47 @@ cdef class AnalyticsPass:
         return 0
 
     cdef int _removed(self, object stream, object tier, _Tables tables, object hashes, object ts) except -1:
+        """Each followed block's eviction counted and its lifetime bucketed; the stats' counts and
+        sum read once and written back once a call (at its end, or where it stops), each added to
+        in the reference's order: an attribute read and written per eviction cost about 600
+        instructions a batch."""
         cdef Py_hash_t h_hash
         cdef bint new
+        cdef Py_ssize_t evictions = 0, lifetimes = 0
         stats = tables.stats
         stored_at = tables.stored_at
         evicted_at = tables.evicted_at
-        for h in hashes:
-            h_hash = _hash_of(h)
-            if not _may_hold(&tables.stored, h_hash):
-                continue  # not followed: the pop finds nothing
-            stored = stored_at.pop(h, None)
-            if stored is None:
-                continue  # not followed (or stored before the gateway watched)
-            stats.evictions += 1
-            new = not _may_hold(&tables.evicted, h_hash)
-            evicted_at[h] = ts
-            if not new:  # a new key is the newest already
-                evicted_at.move_to_end(h)
-            if len(evicted_at) > self.max_tracked:
-                evicted_at.popitem(False)
-            _added(&tables.evicted, evicted_at, h_hash)
-            seconds = ts - stored
-            if not seconds > 0.0:  # max(0.0, seconds): the first of the largest
-                seconds = 0.0
-            stats.lifetimes += 1
-            stats.lifetime_sum += seconds
-            stats.buckets[_bucket_of(seconds)] += 1  # the first bound >= seconds
+        lifetime_sum = buckets = None
+        try:
+            for h in hashes:
+                h_hash = _hash_of(h)
+                if not _may_hold(&tables.stored, h_hash):
+                    continue  # not followed: the pop finds nothing
+                stored = stored_at.pop(h, None)
+                if stored is None:
+                    continue  # not followed (or stored before the gateway watched)
+                evictions += 1
+                new = not _may_hold(&tables.evicted, h_hash)
+                evicted_at[h] = ts
+                if not new:  # a new key is the newest already
+                    evicted_at.move_to_end(h)
+                if len(evicted_at) > self.max_tracked:
+                    evicted_at.popitem(False)
+                _added(&tables.evicted, evicted_at, h_hash)
+                seconds = ts - stored
+                if not seconds > 0.0:  # max(0.0, seconds): the first of the largest
+                    seconds = 0.0
+                if not lifetimes:
+                    lifetime_sum, buckets = stats.lifetime_sum, stats.buckets
+                lifetimes += 1
+                lifetime_sum += seconds
+                buckets[_bucket_of(seconds)] += 1  # the first bound >= seconds
+        finally:
+            if evictions:
+                stats.evictions += evictions
+            if lifetimes:
+                stats.lifetimes += lifetimes
+                stats.lifetime_sum = lifetime_sum
         if stats.evictions and (stream, tier) not in self.counted:
             self.counted[(stream, tier)] = stats
         return 0
