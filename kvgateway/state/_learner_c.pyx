@@ -23,8 +23,10 @@ bench/learner.py counts their bytes as it counts the pure module's arrays).
 
 Keys, links and mixes are unsigned 64- and 32-bit C integers on purpose: the pure module masks its
 arithmetic to 64 bits (``& _M64``), which is what C's unsigned wrap-around does. A block hash is any
-Python object (int of any sign and size, or bytes): it is only hashed (``PyObject_Hash``, the same
-value Python's ``hash()`` gives) and kept by reference.
+Python object (int of any sign and size, or bytes): it is only hashed (the value Python's ``hash()``
+gives: a u64 int's worked out in line from its digits where the interpreter hashes so, else
+``PyObject_Hash``) and kept by reference. The last stream's tuple, id, root and block sizes are
+remembered while its source and dp_rank are the same objects (the dicts' answers for them).
 """
 
 import sys
