@@ -13,7 +13,8 @@ stream and the raw medium: the cache hands out the same one).
 
 Most of the membership tests miss (a removed block was sampled once in :data:`SAMPLE`, a stored
 one was seldom evicted lately), and a miss in a table of 20,000 blocks costs the dict's probes in
-half a megabyte. So each stats' ``stored_at`` and ``evicted_at`` has a :c:type:`Filter` in front,
+half a megabyte. So each stats' ``stored_at`` and ``evicted_at`` has a :c:type:`Filter` in front
+(state/_hashtable.pxd's, as the index's groups have before their extra references),
 a bitmap of the keys' hashes (a bit a key, one bit in 8 set at most, 16 bits a key once rebuilt):
 a clear bit says the key is absent and the dict is not asked; a set bit asks the dict, which
 answers as before. The filter is the pass's, kept beside each stats (:class:`_Tables`) and
@@ -32,13 +33,12 @@ from bisect import bisect_left
 from collections import OrderedDict
 
 from cpython.dict cimport PyDict_Next
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject, PyObject_Hash
 from libc.stdint cimport uint64_t
-from libc.string cimport memset
 
 from kvgateway._pylong cimport HASH_MODULUS, u64_hash, u64_of  # a hash's int read from its digits, and its hash()
 from kvgateway.engine._slots cimport Fields, field, field_offset, fields_of  # a Struct's field read from its slot
+from kvgateway.state._hashtable cimport Filter, _filter_free, _filter_may, _filter_note, _filter_size  # negative filters
 
 from kvgateway.engine.mediums import medium_tier, normalise_medium
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
@@ -60,6 +60,45 @@ cdef Py_hash_t _SAMPLE = SAMPLE
 cdef object _UNSEEN = object()  # no event's medium yet in this batch
 
 
+cdef enum:
+    _MAX_BOUNDS = 32
+
+
+cdef double _BOUNDS[_MAX_BOUNDS]  # the lifetime buckets' bounds as C doubles, where they are floats
+cdef Py_ssize_t _NBOUNDS = -1  # -1: they are not (too many, another type, out of order): bisect_left
+
+
+def _bounds_in_c():
+    """The bounds copied into ``_BOUNDS`` where a C comparison answers as Python's (floats, in
+    order, no NaN); the number copied, or -1."""
+    cdef Py_ssize_t i
+    bounds = tuple(_BUCKETS)
+    if len(bounds) > _MAX_BOUNDS or any(type(b) is not float for b in bounds) or list(bounds) != sorted(bounds):
+        return -1
+    if any(b != b for b in bounds):
+        return -1
+    for i in range(len(bounds)):
+        _BOUNDS[i] = bounds[i]
+    return len(bounds)
+
+
+_NBOUNDS = _bounds_in_c()
+
+
+cdef inline object _bucket_of(object seconds):
+    """``bisect_left(LIFETIME_BUCKETS, seconds)``: a float's worked out in C (the first bound not
+    below it, as the bisection finds it in sorted bounds), without the call."""
+    cdef Py_ssize_t i
+    cdef double x
+    if _NBOUNDS < 0 or type(seconds) is not float:
+        return _bisect_left(_BUCKETS, seconds)
+    x = <double>seconds
+    for i in range(_NBOUNDS):
+        if not _BOUNDS[i] < x:
+            return i
+    return _NBOUNDS
+
+
 # The fields the pass reads, per event (msgspec keeps a Struct's fields in slots at fixed offsets)
 cdef Fields _STORED = fields_of(BlockStored)
 cdef Fields _REMOVED = fields_of(BlockRemoved)
@@ -71,16 +110,7 @@ cdef Py_ssize_t _RECORD_STREAM = field_offset(BatchRecord, "stream")
 # --- the negative filters ----------------------------------------------------------------------
 
 cdef enum:
-    _MIN_BITS = 1024  # a new or emptied filter's bits (128 bytes)
-    _BITS_A_KEY = 16  # bits a key at a rebuild
-    _SPARSE = 8  # at most one bit in this many set: past it, the filter is rebuilt
-
-
-cdef struct Filter:
-    uint64_t* words
-    int shift  # 64 - log2(bits): a key's bit is the top bits of its mixed hash
-    Py_ssize_t added  # keys added since the last rebuild (the bits set, at most)
-    Py_ssize_t limit  # the bits / _SPARSE: more added, and the filter is rebuilt
+    _MIN_LOG2 = 10  # a new or emptied filter's bits: 1024 (128 bytes)
 
 
 cdef bint _HASH_IN_LINE = sys.hash_info.modulus == HASH_MODULUS  # a 64-bit CPython's int hash
@@ -96,40 +126,11 @@ cdef inline Py_hash_t _hash_of(object h) except? -1:
     return PyObject_Hash(h)
 
 
-cdef inline uint64_t _bit(Filter* f, Py_hash_t h) noexcept nogil:
-    # Fibonacci hashing: the top bits of the product spread ints (their hash is their value) alike
-    return ((<uint64_t>h) * 0x9e3779b97f4a7c15ULL) >> f.shift
-
-
+# The filters are _hashtable.pxd's, keyed by the hash's bits: ints' hashes are their values, which
+# its Fibonacci hashing spreads alike
 cdef inline bint _may_hold(Filter* f, Py_hash_t h) noexcept nogil:
     """False: no key of hash ``h`` is in the filter's table."""
-    cdef uint64_t i = _bit(f, h)
-    return (f.words[i >> 6] >> (i & 63)) & 1
-
-
-cdef inline void _note(Filter* f, Py_hash_t h) noexcept nogil:
-    cdef uint64_t i = _bit(f, h)
-    f.words[i >> 6] |= (<uint64_t>1) << (i & 63)
-    f.added += 1
-
-
-cdef int _size(Filter* f, Py_ssize_t keys) except -1:
-    """``f`` empty, with bits for ``keys`` keys (its words kept when their number stays)."""
-    cdef Py_ssize_t bits = _MIN_BITS
-    cdef int log2 = 10
-    while bits < _BITS_A_KEY * keys:
-        bits <<= 1
-        log2 += 1
-    if f.words is NULL or 64 - log2 != f.shift:
-        PyMem_Free(f.words)
-        f.words = <uint64_t*>PyMem_Malloc((bits >> 6) * sizeof(uint64_t))  # PyMem: traced, as a dict's
-        if f.words is NULL:
-            raise MemoryError()
-        f.shift = 64 - log2
-    memset(f.words, 0, (bits >> 6) * sizeof(uint64_t))
-    f.added = 0
-    f.limit = bits // _SPARSE
-    return 0
+    return _filter_may(f, <uint64_t>h)
 
 
 cdef int _rebuild(Filter* f, object table) except -1:
@@ -138,15 +139,15 @@ cdef int _rebuild(Filter* f, object table) except -1:
     cdef Py_ssize_t pos = 0
     cdef PyObject* key
     cdef PyObject* value
-    _size(f, len(table))
+    _filter_size(f, len(table), _MIN_LOG2)
     while PyDict_Next(table, &pos, &key, &value):
-        _note(f, PyObject_Hash(<object>key))
+        _filter_note(f, <uint64_t>PyObject_Hash(<object>key))
     return 0
 
 
 cdef inline int _added(Filter* f, object table, Py_hash_t h) except -1:
     """A key of hash ``h`` was added to ``table``: its bit set, the filter rebuilt if too full."""
-    _note(f, h)
+    _filter_note(f, <uint64_t>h)
     if f.added > f.limit:
         _rebuild(f, table)
     return 0
@@ -166,8 +167,8 @@ cdef class _Tables:
         _rebuild(&self.evicted, self.evicted_at)
 
     def __dealloc__(self):
-        PyMem_Free(self.stored.words)
-        PyMem_Free(self.evicted.words)
+        _filter_free(&self.stored)
+        _filter_free(&self.evicted)
 
 
 cdef class _Route:
@@ -201,6 +202,10 @@ cdef class AnalyticsPass:
     cdef public dict tiers, counted, roots, routes
     cdef dict _tables  # (stream, tier): its stats' _Tables, beside ``tiers``
     cdef dict _routes  # (stream, raw medium): a _Route, beside each of ``routes``
+    # the last route ``_routes`` gave, and its key's two objects: a batch's stream and medium are
+    # nearly always the previous batch's (the same objects), and ``_routes`` is only added to
+    cdef object _last_stream, _last_medium
+    cdef _Route _last_routed
 
     def __init__(
         self,
@@ -219,6 +224,7 @@ cdef class AnalyticsPass:
         self.routes = {}
         self._tables = {}
         self._routes = {}
+        self._last_stream = self._last_medium = self._last_routed = None
 
     def tier(self, stream, tier):
         return self._tier(stream, tier)
@@ -263,6 +269,8 @@ cdef class AnalyticsPass:
 
     cdef _Route _routed(self, object stream, object medium):
         """:meth:`route`'s answer with the tier's tables, cached beside ``routes`` (as it is)."""
+        if self._last_routed is not None and stream is self._last_stream and medium is self._last_medium:
+            return self._last_routed  # what ``_routes`` answers the same two objects
         key = (stream, medium)
         cdef _Route routed = self._routes.get(key)
         if routed is None:
@@ -270,6 +278,9 @@ cdef class AnalyticsPass:
             routed = _Route(route[0], route[1], self._tables_of(stream, route[1]))
             if key in self.routes:
                 self._routes[key] = routed
+            else:
+                return routed  # not kept: made again next time, as the reference does
+        self._last_stream, self._last_medium, self._last_routed = stream, medium, routed
         return routed
 
     def apply(self, stream, events, ts):
@@ -333,32 +344,47 @@ cdef class AnalyticsPass:
         return 0
 
     cdef int _removed(self, object stream, object tier, _Tables tables, object hashes, object ts) except -1:
+        """Each followed block's eviction counted and its lifetime bucketed; the stats' counts and
+        sum read once and written back once a call (at its end, or where it stops), each added to
+        in the reference's order: an attribute read and written per eviction cost about 600
+        instructions a batch."""
         cdef Py_hash_t h_hash
         cdef bint new
+        cdef Py_ssize_t evictions = 0, lifetimes = 0
         stats = tables.stats
         stored_at = tables.stored_at
         evicted_at = tables.evicted_at
-        for h in hashes:
-            h_hash = _hash_of(h)
-            if not _may_hold(&tables.stored, h_hash):
-                continue  # not followed: the pop finds nothing
-            stored = stored_at.pop(h, None)
-            if stored is None:
-                continue  # not followed (or stored before the gateway watched)
-            stats.evictions += 1
-            new = not _may_hold(&tables.evicted, h_hash)
-            evicted_at[h] = ts
-            if not new:  # a new key is the newest already
-                evicted_at.move_to_end(h)
-            if len(evicted_at) > self.max_tracked:
-                evicted_at.popitem(False)
-            _added(&tables.evicted, evicted_at, h_hash)
-            seconds = ts - stored
-            if not seconds > 0.0:  # max(0.0, seconds): the first of the largest
-                seconds = 0.0
-            stats.lifetimes += 1
-            stats.lifetime_sum += seconds
-            stats.buckets[_bisect_left(_BUCKETS, seconds)] += 1  # the first bound >= seconds
+        lifetime_sum = buckets = None
+        try:
+            for h in hashes:
+                h_hash = _hash_of(h)
+                if not _may_hold(&tables.stored, h_hash):
+                    continue  # not followed: the pop finds nothing
+                stored = stored_at.pop(h, None)
+                if stored is None:
+                    continue  # not followed (or stored before the gateway watched)
+                evictions += 1
+                new = not _may_hold(&tables.evicted, h_hash)
+                evicted_at[h] = ts
+                if not new:  # a new key is the newest already
+                    evicted_at.move_to_end(h)
+                if len(evicted_at) > self.max_tracked:
+                    evicted_at.popitem(False)
+                _added(&tables.evicted, evicted_at, h_hash)
+                seconds = ts - stored
+                if not seconds > 0.0:  # max(0.0, seconds): the first of the largest
+                    seconds = 0.0
+                if not lifetimes:
+                    lifetime_sum, buckets = stats.lifetime_sum, stats.buckets
+                lifetimes += 1
+                lifetime_sum += seconds
+                buckets[_bucket_of(seconds)] += 1  # the first bound >= seconds
+        finally:
+            if evictions:
+                stats.evictions += evictions
+            if lifetimes:
+                stats.lifetimes += lifetimes
+                stats.lifetime_sum = lifetime_sum
         if stats.evictions and (stream, tier) not in self.counted:
             self.counted[(stream, tier)] = stats
         return 0
@@ -385,5 +411,5 @@ cdef class AnalyticsPass:
                 stats.stored_at.clear()
                 tables = self._tables.get((key, tier))
                 if tables is not None:
-                    _size(&tables.stored, 0)
+                    _filter_size(&tables.stored, 0, _MIN_LOG2)
         return 0

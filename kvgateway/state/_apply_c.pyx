@@ -11,7 +11,11 @@ runs without the interpreter. One structure differs inside, not in what it shows
 evictions (:class:`Evictions`) keep each generation in flat C tables of (hash, engine time), 16
 bytes a slot for u64 hashes and 48 for 32-byte ones, rather than a dict of Python hashes and
 floats: no object per eviction, an evicted hash's int or bytes freed with its block, and a lookup
-one probe into one array (other hashes, rare, in a dict beside them).
+one probe into one array (other hashes, rare, in a dict beside them). And a removal asks a
+group's ``extra`` references (a dict keyed by the hashes, each asked costing its ``hash()`` and a
+probe) only for the hashes a negative filter beside it may hold (:meth:`Group._none_extra`); an
+event whose (medium, group_idx) is the previous event's takes its group without the route
+cache's tuple key.
 
 Counts are Python objects where a value comes from the wire or a clock unbounded (a block size, a
 second), so no value a Python int holds can overflow here.
@@ -27,6 +31,8 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject_RichCompare
 from cpython.dict cimport PyDict_Contains
 from cpython.set cimport PySet_Discard
+from cpython.long cimport PyLong_FromDouble
+from libc.math cimport floor, isfinite
 from libc.stdint cimport uint64_t
 
 from kvgateway.state._hashtable cimport (  # the C tables of hashes: the evictions' and the groups'
@@ -48,6 +54,11 @@ from kvgateway.state._hashtable cimport (  # the C tables of hashes: the evictio
     _table_init,
     _table_pop,
     _table_set,
+    Filter,
+    _filter_free,
+    _filter_may,
+    _filter_note,
+    _filter_size,
 )
 
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
@@ -483,7 +494,8 @@ cdef bint _none_in(dict extra, hashes) except -1:
 cdef class Group:
     """The compiled twin of :class:`kvgateway.state._apply_py.Group` (see there), its hashes in a
     :class:`BlockSet`. Its stores and removes go hash by hash, in order, each hash's kind read once
-    for both the group's set and the fleet's: the reference's set operations, one loop."""
+    for both the group's set and the fleet's: the reference's set operations, one loop. Its
+    ``extra`` dict is its own methods' to change (read by everyone else, as the reference's)."""
 
     cdef public BlockSet blocks
     cdef public dict extra
@@ -492,6 +504,17 @@ cdef class Group:
     cdef public Group fleet
     cdef public object digest
     cdef public object prefix
+    # A negative filter of ``extra``'s keys (u64 hashes, 32-byte hashes' fingerprints): a removal
+    # asks the dict only for the hashes it may hold. It describes the dict ``_filtered`` (None:
+    # none; a new dict, a copy or a restore, is filtered again when next asked), whose keys the
+    # group's own methods add (noted here) and take out (their bits left until a rebuild);
+    # ``_filter_all``: a key of another kind is there, every hash is asked of the dict.
+    cdef Filter _filter
+    cdef object _filtered
+    cdef bint _filter_all
+
+    def __dealloc__(self):
+        _filter_free(&self._filter)
 
     def __init__(self, medium, fleet=None):
         self.blocks = BlockSet()
@@ -544,6 +567,7 @@ cdef class Group:
                 entered.append(h)
             else:
                 extra[h] = extra.get(h, 0) + 1
+                self._filter_add(extra, h)
         if fleet is not None:
             fleet.store(entered)
         return 0
@@ -553,6 +577,58 @@ cdef class Group:
         for h, n in Counter(hashes).items():
             if n > 1:
                 extra[h] = extra.get(h, 0) + n - 1
+                self._filter_add(extra, h)
+
+    cdef int _filter_add(self, dict extra, object h) except -1:
+        """``h`` a key of ``extra`` now: its bit set, where the filter describes that dict (one too
+        full is made again when next asked)."""
+        cdef Key k
+        if self._filtered is not extra:
+            return 0
+        _key_of(h, &k)
+        if k.kind == _OTHER:
+            self._filter_all = True
+        else:
+            _filter_note(&self._filter, k.key)
+            if self._filter.added > self._filter.limit:
+                self._filtered = None
+        return 0
+
+    cdef int _filter_make(self, dict extra) except -1:
+        """The filter made from ``extra``'s keys, sized for them."""
+        cdef Key k
+        _filter_size(&self._filter, len(extra), 8)  # 256 bits (32 bytes) at the least
+        self._filter_all = False
+        for h in extra:
+            _key_of(h, &k)
+            if k.kind == _OTHER:
+                self._filter_all = True
+            else:
+                _filter_note(&self._filter, k.key)
+        self._filtered = extra
+        return 0
+
+    cdef bint _none_extra(self, dict extra, object hashes, Key* keys) except -1:
+        """:func:`_none_in`, the same answer: ``extra`` asked, in order, only for the hashes its
+        filter may hold (``keys``, where not NULL, each hash's of ``hashes``, read already)."""
+        cdef Key k
+        cdef Key* at = &k
+        cdef Py_ssize_t i
+        if type(hashes) is not list:
+            return _none_in(extra, hashes)
+        if self._filtered is not extra:
+            self._filter_make(extra)
+        if self._filter_all:
+            return _none_in(extra, hashes)
+        for i in range(PyList_GET_SIZE(hashes)):
+            h = <object>PyList_GET_ITEM(hashes, i)
+            if keys is NULL:
+                _key_of(h, &k)
+            else:
+                at = &keys[i]
+            if (at.kind == _OTHER or _filter_may(&self._filter, at.key)) and PyDict_Contains(extra, h):
+                return False
+        return True
 
     cpdef store_new(self, hashes):
         self._store_new(hashes, NULL)
@@ -616,7 +692,7 @@ cdef class Group:
             self._own()
         blocks = self.blocks
         extra = self.extra
-        if not extra or _none_in(extra, hashes):
+        if not extra or self._none_extra(extra, hashes, keys):
             # no extra references involved: each hash held leaves (a repeated hash's second
             # mention is unknown), and leaves the fleet's holders too when no other group holds it
             before = blocks.size()
@@ -858,6 +934,33 @@ cdef Key* _keys_for(object hashes, Py_ssize_t n, Key* local) except? NULL:
     return keys
 
 
+cdef inline object _group_idx_of(object extra):
+    """``extra.get("group_idx") if extra else None``, None where it is no int: a dict (as the
+    decoder makes it) asked in C, without the method call (about 500 instructions an event)."""
+    if type(extra) is dict:
+        group_idx = (<dict>extra).get("group_idx")
+    else:
+        group_idx = extra.get("group_idx") if extra else None
+    return group_idx if type(group_idx) is int else None
+
+
+cdef inline bint _same_route(object medium, object group_idx, object route_medium, object route_group) except -1:
+    """Whether ``routes`` answers ``(medium, group_idx)`` as it answered the previous event's key:
+    the two keys equal, a tuple's equality (each item the same object, or equal), for the kinds
+    the decoder gives (a str or None, an int or None), whose equality agrees with their hash."""
+    if not (medium is route_medium or (type(medium) is str and type(route_medium) is str and medium == route_medium)):
+        return False
+    return group_idx is route_group or (group_idx is not None and route_group is not None and group_idx == route_group)
+
+
+cdef inline Py_ssize_t _count_unknown(object index, Py_ssize_t unknown) except -1:
+    """``index.unknown_removes += unknown`` (the pass's count so far, added before any Python runs
+    and at the batch's end: an attribute read and written once, not at each removal); 0."""
+    if unknown:
+        index.unknown_removes += unknown
+    return 0
+
+
 def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
     """:func:`kvgateway.state._apply_py.apply_batch`, step for step."""
     cdef Group grp
@@ -870,7 +973,10 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
     cdef Account account  # a pure-Python Account here is a TypeError: the cores are chosen together
     cdef Key local[_LOCAL_KEYS]  # an event's keys, read once for the pass's loops (more: allocated)
     cdef Key* keys
-    sec = math.floor(now)
+    cdef Group route = None  # the group ``routes`` gave the previous event, for its medium and group_idx
+    cdef Py_ssize_t unknown = 0  # removes of unknown blocks not yet added to index.unknown_removes
+    route_medium = route_group = None
+    sec = PyLong_FromDouble(floor(<double>now)) if type(now) is float and isfinite(<double>now) else math.floor(now)
     observer = index.observer
     account = index.account
     if account is None and observer is not None:
@@ -878,68 +984,82 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
     compare = COMPARE_NONE if observer is None else observer.compare
     stale = index.staleness.reason is not None
     tokens = 0
-    for event in field(batch, _Batch, _BATCH.events, "events"):
-        kind = type(event)
-        if kind is _BlockStored or kind is _BlockRemoved:
-            if kind is _BlockStored:
-                extra = field(event, _BlockStored, _STORED.extra, "extra")
-                medium = field(event, _BlockStored, _STORED.medium, "medium")
-                hashes = field(event, _BlockStored, _STORED.block_hashes, "block_hashes")
-            else:
-                extra = field(event, _BlockRemoved, _REMOVED.extra, "extra")
-                medium = field(event, _BlockRemoved, _REMOVED.medium, "medium")
-                hashes = field(event, _BlockRemoved, _REMOVED.block_hashes, "block_hashes")
-            group_idx = extra.get("group_idx") if extra else None
-            if type(group_idx) is not int:
-                group_idx = None
-            grp = routes.get((medium, group_idx))
-            if grp is None:
-                grp = index.route(medium, group_idx)
-            n = len(hashes)
-            med = grp.medium
-            if live and sec != med.cur_sec:
-                med.roll(sec)
-            keys = _keys_for(hashes, n, local)
-            try:
-                if keys is not NULL:
-                    _ahead(grp, account.evicted if account is not None else None, hashes, keys, kind is _BlockStored, med.gpu, n > 1)
+    try:
+        for event in field(batch, _Batch, _BATCH.events, "events"):
+            kind = type(event)
+            if kind is _BlockStored or kind is _BlockRemoved:
                 if kind is _BlockStored:
-                    # read once: the account and the medium both learn it
-                    size = field(event, _BlockStored, _STORED.block_size, "block_size")
-                    if account is None or not med.gpu or not n:
-                        grp._store(hashes, keys)
-                    elif _new_store(stale, event, hashes, keys, size, account, compare, fleet):
-                        fresh += n
-                        tokens += n * account.block_size
-                        grp._store_new(hashes, keys)
-                    else:
-                        if observer is not None:
-                            observer.stored(index, event, field(batch, _Batch, _BATCH.ts, "ts"), now)
-                            compare = observer.compare
-                        grp.store(hashes)  # the observer's Python ran: the keys read again
-                    if size > 0:
-                        med.block_size = size
-                    med.stores += n
-                    if live:
-                        med.cur_stores += n
+                    extra = field(event, _BlockStored, _STORED.extra, "extra")
+                    medium = field(event, _BlockStored, _STORED.medium, "medium")
+                    hashes = field(event, _BlockStored, _STORED.block_hashes, "block_hashes")
                 else:
-                    index.unknown_removes += grp._remove(hashes, keys)
-                    if account is not None and med.gpu and n:
-                        evicted = account.evicted
-                        if type(evicted) is Evictions:
-                            (<Evictions>evicted)._add(hashes, field(batch, _Batch, _BATCH.ts, "ts"), keys)
+                    extra = field(event, _BlockRemoved, _REMOVED.extra, "extra")
+                    medium = field(event, _BlockRemoved, _REMOVED.medium, "medium")
+                    hashes = field(event, _BlockRemoved, _REMOVED.block_hashes, "block_hashes")
+                group_idx = _group_idx_of(extra)
+                if route is not None and _same_route(medium, group_idx, route_medium, route_group):
+                    grp = route  # the previous event's (medium, group_idx): what ``routes`` answered it
+                else:
+                    grp = routes.get((medium, group_idx))
+                    if grp is None:
+                        unknown = _count_unknown(index, unknown)  # before Python runs
+                        grp = index.route(medium, group_idx)
+                        route = None  # a route made: the next event asks ``routes``, as the reference
+                    else:
+                        route, route_medium, route_group = grp, medium, group_idx
+                n = len(hashes)
+                med = grp.medium
+                if live and sec != med.cur_sec:
+                    med.roll(sec)
+                keys = _keys_for(hashes, n, local)
+                try:
+                    if keys is not NULL:
+                        _ahead(grp, account.evicted if account is not None else None, hashes, keys, kind is _BlockStored, med.gpu, n > 1)
+                    if kind is _BlockStored:
+                        # read once: the account and the medium both learn it
+                        size = field(event, _BlockStored, _STORED.block_size, "block_size")
+                        if account is None or not med.gpu or not n:
+                            grp._store(hashes, keys)
+                        elif _new_store(stale, event, hashes, keys, size, account, compare, fleet):
+                            fresh += n
+                            tokens += n * account.block_size
+                            grp._store_new(hashes, keys)
                         else:
-                            evicted.add(hashes, field(batch, _Batch, _BATCH.ts, "ts"))
-                    med.removes += n
-                    if live:
-                        med.cur_removes += n
-            finally:
-                if keys is not local:
-                    PyMem_Free(keys)
-        elif kind is AllBlocksCleared:
-            index.clear_blocks()
-            index.staleness.cleared()
-            stale = index.staleness.reason is not None
+                            if observer is not None:
+                                unknown = _count_unknown(index, unknown)
+                                observer.stored(index, event, field(batch, _Batch, _BATCH.ts, "ts"), now)
+                                compare = observer.compare
+                                route = None  # its Python ran: the routes asked again
+                            grp.store(hashes)  # the observer's Python ran: the keys read again
+                        if size > 0:
+                            med.block_size = size
+                        med.stores += n
+                        if live:
+                            med.cur_stores += n
+                    else:
+                        unknown += grp._remove(hashes, keys)
+                        if account is not None and med.gpu and n:
+                            evicted = account.evicted
+                            if type(evicted) is Evictions:
+                                (<Evictions>evicted)._add(hashes, field(batch, _Batch, _BATCH.ts, "ts"), keys)
+                            else:
+                                unknown = _count_unknown(index, unknown)
+                                evicted.add(hashes, field(batch, _Batch, _BATCH.ts, "ts"))
+                                route = None  # another class's Python ran
+                        med.removes += n
+                        if live:
+                            med.cur_removes += n
+                finally:
+                    if keys is not local:
+                        PyMem_Free(keys)
+            elif kind is AllBlocksCleared:
+                route = None
+                unknown = _count_unknown(index, unknown)
+                index.clear_blocks()
+                index.staleness.cleared()
+                stale = index.staleness.reason is not None
+    finally:  # the removes of unknown blocks counted once, where the reference counted each event's
+        _count_unknown(index, unknown)
     if fresh and account is not None:
         account.add(_NEW, fresh, tokens, now)
 

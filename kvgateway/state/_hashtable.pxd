@@ -299,3 +299,55 @@ cdef inline void _key_prefetch(Key* k, Table* ints, Table* blobs, bint whole) no
         _table_prefetch(ints, k.key, whole)
     elif k.kind == _BYTES:
         _table_prefetch(blobs, k.key, whole)
+
+
+cdef struct Filter:
+    # A negative filter of u64 keys (a u64 hash, a 32-byte hash's fingerprint): one bit a key, the
+    # top bits of its Fibonacci product. A clear bit says no key of that value was noted; a set one
+    # says maybe (the caller asks its exact table). Keys taken out leave their bits until a rebuild.
+    uint64_t* words  # NULL: not made yet
+    int shift  # 64 - log2(bits)
+    Py_ssize_t added  # keys noted since it was sized (the bits set, at most)
+    Py_ssize_t limit  # the bits / _FILTER_SPARSE: past it, the owner rebuilds it
+
+
+cdef enum:
+    _FILTER_BITS_A_KEY = 16  # bits a key at a rebuild
+    _FILTER_SPARSE = 8  # at most one bit in this many set
+
+
+cdef inline int _filter_size(Filter* f, Py_ssize_t keys, int min_log2) except -1:
+    """``f`` empty, with bits for ``keys`` keys, at least ``2**min_log2`` (its words kept when their
+    number stays)."""
+    cdef Py_ssize_t bits = (<Py_ssize_t>1) << min_log2
+    cdef int log2 = min_log2
+    while bits < _FILTER_BITS_A_KEY * keys:
+        bits <<= 1
+        log2 += 1
+    if f.words is NULL or 64 - log2 != f.shift:
+        PyMem_Free(f.words)
+        f.words = <uint64_t*>PyMem_Malloc((bits >> 6) * sizeof(uint64_t))  # PyMem: traced, as a dict's
+        if f.words is NULL:
+            raise MemoryError()
+        f.shift = 64 - log2
+    memset(f.words, 0, (bits >> 6) * sizeof(uint64_t))
+    f.added = 0
+    f.limit = bits // _FILTER_SPARSE
+    return 0
+
+
+cdef inline void _filter_free(Filter* f) noexcept:
+    PyMem_Free(f.words)
+    f.words = NULL
+
+
+cdef inline bint _filter_may(Filter* f, uint64_t key) noexcept nogil:
+    """False: no key ``key`` was noted since ``f`` was sized."""
+    cdef uint64_t i = (key * 0x9e3779b97f4a7c15ULL) >> f.shift
+    return (f.words[i >> 6] >> (i & 63)) & 1
+
+
+cdef inline void _filter_note(Filter* f, uint64_t key) noexcept nogil:
+    cdef uint64_t i = (key * 0x9e3779b97f4a7c15ULL) >> f.shift
+    f.words[i >> 6] |= (<uint64_t>1) << (i & 63)
+    f.added += 1

@@ -23,9 +23,13 @@ bench/learner.py counts their bytes as it counts the pure module's arrays).
 
 Keys, links and mixes are unsigned 64- and 32-bit C integers on purpose: the pure module masks its
 arithmetic to 64 bits (``& _M64``), which is what C's unsigned wrap-around does. A block hash is any
-Python object (int of any sign and size, or bytes): it is only hashed (``PyObject_Hash``, the same
-value Python's ``hash()`` gives) and kept by reference.
+Python object (int of any sign and size, or bytes): it is only hashed (the value Python's ``hash()``
+gives: a u64 int's worked out in line from its digits where the interpreter hashes so, else
+``PyObject_Hash``) and kept by reference. The last stream's tuple, id, root and block sizes are
+remembered while its source and dp_rank are the same objects (the dicts' answers for them).
 """
+
+import sys
 
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject, PyObject_Hash
@@ -37,7 +41,7 @@ from cpython.mem cimport PyMem_RawMalloc as malloc
 from cpython.mem cimport PyMem_RawRealloc as realloc
 from libc.string cimport memset
 
-from kvgateway._pylong cimport u64_hash, u64_of  # a token read from its digits, and its hash()
+from kvgateway._pylong cimport HASH_MODULUS, u64_hash, u64_of  # an int read from its digits, and its hash()
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 from kvgateway.state._apply_c cimport BlockSet, holds, holds_ahead  # the fleet's holders, asked in C
@@ -66,8 +70,16 @@ cdef enum:
     _AHEAD = 16  # blocks whose lines are asked for together, before they are taught
 
 
+cdef bint _HASH_IN_LINE = sys.hash_info.modulus == HASH_MODULUS  # a 64-bit CPython's int hash
+
+
 cdef inline uint64_t _mix(object parent) except? 0:
-    """A parent hash spread over 64 bits, as the pure module's ``_mix``."""
+    """A parent hash spread over 64 bits, as the pure module's ``_mix``: its ``hash()``, a u64
+    int's worked out in line from its digits (CPython's ``long_hash`` is a call and a loop of
+    modular steps, about 150 instructions a block with ``PyObject_Hash`` around it)."""
+    cdef uint64_t value
+    if _HASH_IN_LINE and u64_of(parent, &value):
+        return u64_hash(value) * _K64
     return (<uint64_t>PyObject_Hash(parent)) * _K64
 
 
@@ -185,7 +197,10 @@ cdef object _extra_keys_of(object event, Py_ssize_t blocks):
     cdef object extra = field(event, _BlockStored, _STORED.extra, "extra")
     if not extra:
         return None
-    extra_keys = extra.get("extra_keys")
+    if type(extra) is dict:  # as the decoder makes it: asked in C, without the method call
+        extra_keys = (<dict>extra).get("extra_keys")
+    else:
+        extra_keys = extra.get("extra_keys")
     if not isinstance(extra_keys, list) or len(<list>extra_keys) != blocks:
         return None
     return extra_keys
@@ -221,6 +236,16 @@ cdef class ChainLearner:
     cdef dict _sizes
     cdef list _streams
     cdef dict _stream_ids
+    # the stream of the last event learned (its source and dp_rank, the same objects: the router
+    # passes its record's), with what the dicts above answered for it: a tuple key built and
+    # hashed three times an event (its str's and int's hashes, and compared on a hit) otherwise
+    cdef object _at_source
+    cdef object _at_dp
+    cdef tuple _at_stream
+    cdef object _at_known  # _sizes[_at_stream] (a list changed in place), or None: not read
+    cdef int _at_sid  # _stream_ids[_at_stream], or -1: not read
+    cdef bint _at_rooted
+    cdef uint64_t _at_root  # _roots[_at_stream], where _at_rooted
     # the ring: _size physical slots, the oldest at _head, _count in use from there (key 0: free)
     cdef uint64_t* _keys
     cdef PyObject** _vals
@@ -263,6 +288,9 @@ cdef class ChainLearner:
         self._sizes = {}
         self._streams = []
         self._stream_ids = {}
+        self._at_source = self._at_dp = self._at_stream = self._at_known = None
+        self._at_sid = -1
+        self._at_rooted = False
         self.learned = self.evicted = self.second_chances = self.rebuilds = 0
         self.placeholders = self.inconsistent = 0
         self._release()
@@ -611,19 +639,52 @@ cdef class ChainLearner:
     # --- learning ------------------------------------------------------------------------------
 
     cdef uint64_t _root(self, tuple stream) except? 0:
+        if stream is self._at_stream and self._at_rooted:
+            return self._at_root
         root = self._roots.get(stream)
         if root is None:
             root = self._roots[stream] = stream_root(stream)
+        if stream is self._at_stream:
+            self._at_root, self._at_rooted = <uint64_t>root, True
         return <uint64_t>root
 
     cdef uint16_t _stream_id(self, tuple stream) except? 0xFFFE:
+        if stream is self._at_stream and self._at_sid >= 0:
+            return <uint16_t>self._at_sid
         sid = self._stream_ids.get(stream)
         if sid is None:
             sid = len(self._streams) if len(self._streams) < _NO_STREAM else _NO_STREAM
             if sid != _NO_STREAM:
                 self._streams.append(stream)
             self._stream_ids[stream] = sid
+        if stream is self._at_stream:
+            self._at_sid = <uint16_t>sid
         return <uint16_t>sid
+
+    cdef tuple _stream_of(self, object source, object dp_rank):
+        """``(source, dp_rank)``: the last event's tuple where they are the same objects (the
+        dicts answer it as they answered it then), else a new one, remembered."""
+        if source is self._at_source and dp_rank is self._at_dp and self._at_stream is not None:
+            return self._at_stream
+        self._at_stream = (source, dp_rank)
+        self._at_source, self._at_dp = source, dp_rank
+        self._at_known = None
+        self._at_sid = -1
+        self._at_rooted = False
+        return self._at_stream
+
+    cdef int _note_size(self, tuple stream, object size_of) except -1:
+        """The stream's block sizes learn ``size_of`` (``note_block_size``) where it is not the most
+        recent already."""
+        known = self._at_known if stream is self._at_stream else None
+        if known is None:
+            known = self._sizes.get(stream)
+        if known is None or known[0] != size_of:  # the same size again (nearly always): no Python call
+            note_block_size(self._sizes, stream, size_of)
+            known = None
+        if stream is self._at_stream:
+            self._at_known = known  # the list itself, changed in place by note_block_size
+        return 0
 
     def block_sizes(self, source, dp_rank):
         """The block sizes the stream taught with, most recent first (at most 4 kept)."""
@@ -660,10 +721,8 @@ cdef class ChainLearner:
             self.inconsistent += 1
             return 0
         cdef Py_ssize_t size = size_of
-        cdef tuple stream = (source, dp_rank)
-        known = self._sizes.get(stream)
-        if known is None or known[0] != size_of:  # the same size again (nearly always): no Python call
-            note_block_size(self._sizes, stream, size_of)
+        cdef tuple stream = self._stream_of(source, dp_rank)
+        self._note_size(stream, size_of)
         cdef uint64_t* digests = <uint64_t*>malloc(blocks * sizeof(uint64_t))
         if digests == NULL:
             raise MemoryError()

@@ -244,6 +244,34 @@ def test_events_longer_than_the_compiled_learners_runs_are_learned_alike() -> No
     assert answers(learners[0], seen) == answers(learners[1], seen)
 
 
+def test_a_stream_named_by_other_objects_is_the_same_stream_to_both_learners() -> None:
+    """The compiled learner remembers the last stream's tuple, id, root and block sizes while its
+    source and dp_rank are the same objects: streams alternating, named by equal strings and ints
+    that are other objects, their block sizes changing (a size seen before, and a new one), chains
+    starting at the stream's root and continuing a parent; the same state and chains after each
+    batch, and each stream's sizes listed apart."""
+    compiled = _compiled()
+    learners = [module.ChainLearner(500, floor=500) for module in (pure, compiled)]
+    rank = int("300")  # past the small ints CPython keeps: equal ints are other objects
+    names = [("a", 0), ("".join(["a"]), 0), ("b", rank), ("b", int("3" + "00")), ("a", 1)]
+    seen: list[tuple[Stream, BlockStored]] = []
+    for step in range(24):
+        source, dp_rank = names[(step * 3) % len(names)] if step % 4 else names[step % 2]
+        size = (2, 4, 2, 3)[(step // 5) % 4]
+        hashes: list[Hash] = [100 * step + i for i in range(3)]
+        parent = None if step % 3 == 0 else 100 * (step - 1) + 2
+        stored = BlockStored(hashes, parent, [step % 5, 1, 2, 3] * size, size, None, "GPU", None, {})
+        events: list[Event] = [stored, BlockStored([9_000 + step], None, [5] * size, size, None, "GPU", None, {})]
+        for learner in learners:
+            learner.learn_batch(source, dp_rank, Batch(0.0, events, 0))
+        seen.extend(((source, dp_rank), event) for event in events)  # type: ignore[misc]
+        assert state(learners[0]) == state(learners[1])
+        for stream in names:
+            assert learners[0].block_sizes(*stream) == learners[1].block_sizes(*stream)
+    assert answers(learners[0], seen) == answers(learners[1], seen)
+    assert sum(1 for chain in answers(learners[1], seen) if chain) > 20
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=st.lists(encoded_event(), max_size=6), rank=st.sampled_from([0, 3]))
 def test_every_wire_layout_decoded_then_learned_alike(

@@ -15,6 +15,7 @@ Skipped where the compiled core was not built."""
 
 from __future__ import annotations
 
+import math
 import random
 from types import ModuleType
 from typing import Any
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, UnknownEvent
 from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
+from kvgateway.runtime.metrics import LIFETIME_BUCKETS
 from kvgateway.state import _analytics_py, analytics
 from kvgateway.state.analytics import SAMPLE, CacheAnalytics
 from kvgateway.state.occupancy import OccupancyIndex
@@ -212,3 +214,26 @@ def test_the_public_analytics_run_the_chosen_pass() -> None:
     assert analytics.AnalyticsPass is chosen.AnalyticsPass
     assert type(CacheAnalytics().core) is chosen.AnalyticsPass
     assert "kvgateway.state._analytics_c" in extensions.COMPILED_MODULES
+
+
+def test_lifetimes_at_the_buckets_bounds_fall_alike() -> None:
+    """A sampled block's lifetime counted in the bucket whose bound is the first not below it: the
+    compiled pass compares a float lifetime with the bounds in C, an int's as the reference does.
+    Lifetimes at every bound, a hair below and above it, zero, negative and past the last bound,
+    as floats and as ints; the same buckets, counts and sums."""
+    compiled = _compiled()
+    sides = [analytics_with(module) for module in (_analytics_py, compiled)]
+    a = STREAMS[0]
+    lifetimes: list[float] = [0.0, -2.5, 1e9]
+    for bound in LIFETIME_BUCKETS:
+        lifetimes += [bound, math.nextafter(bound, 0.0), math.nextafter(bound, math.inf), bound + 0.5]
+    for n, seconds in enumerate(lifetimes):
+        block = SAMPLE * (n + 1)
+        for stored, removed in ((100.0, 100.0 + seconds), (100, 100 + int(seconds))):
+            for side in sides:
+                side.apply(a, [BlockStored([block], 1, [], 4, None, "GPU")], stored)
+                side.apply(a, [BlockRemoved([block], "GPU")], removed)
+    pure, fast = (side.core.tier(a, "GPU") for side in sides)
+    assert repr(fast) == repr(pure)
+    assert fast.lifetimes == 2 * len(lifetimes) and sum(fast.buckets) == fast.lifetimes
+    assert all(n > 0 for n in fast.buckets)  # every bucket met

@@ -413,3 +413,63 @@ def test_the_public_index_runs_the_chosen_pass() -> None:
     assert [getattr(occupancy, name) for name in SWAPPED] == [getattr(chosen, name) for name in SWAPPED]
     assert attribution.Account is chosen.Account
     assert "kvgateway.state._apply_c" in extensions.COMPILED_MODULES
+
+
+def test_extra_references_past_their_filters_size_leave_as_the_reference_counts_them() -> None:
+    """A group's extra references (a hash stored again while held) many and churning: the compiled
+    group asks its ``extra`` dict at a removal only for the hashes its filter may hold, the filter
+    noted at each new key, made again when too full, after a snapshot's copy and a restart; keys of
+    neither kind among them (every hash asked of the dict then). Removals of hashes with and without
+    extra references, and of unknown ones, count alike after every batch."""
+    sides = [Side(_apply_py, 60.0, 32_768), Side(_compiled("kvgateway.state._apply_c"), 60.0, 32_768)]
+    stream = STREAMS[0]
+    ts = 0.0
+    for step in range(40):
+        base = 10_000 * (step % 5)
+        held = [base + i for i in range(60)]
+        again = held[step % 7 :: 3]  # stored again: an extra reference each (more every step)
+        odd: list[Hash] = [2**70 + step, -1 - step] if step in (20, 21) else []  # neither kind
+        events: list[Event] = [
+            BlockStored(held + odd, None, [], 0, None, "GPU", None, {}),
+            BlockStored(again + odd, None, [], 0, None, "GPU", None, {}),
+            BlockRemoved([*held[step % 4 :: 5], 123_456, *odd[:1]], "GPU", {}),
+            BlockRemoved(again[::2], "GPU", {}),
+        ]
+        ts += 0.5
+        for side in sides:
+            if step == 12:
+                side.step("freeze", stream, ts)  # the group's dict copied at its next change
+            if step == 30:
+                side.step("restart", stream, ts)
+            side.step("batch", (stream, events, 0.5, False), ts)
+        assert sides[0].shown(1000.0 + ts) == sides[1].shown(1000.0 + ts)
+    extra = sides[1].index.stream(*stream).block_groups()[0][4]
+    assert len(extra) > 100  # the filter's first size (256 bits, 32 keys) outgrown
+
+
+def test_events_routed_alike_whatever_objects_carry_their_medium_and_group() -> None:
+    """The compiled pass reuses the previous event's group where its (medium, group_idx) is the
+    same key: equal strings and ints that are other objects, a group_idx that is no int, an
+    AllBlocksCleared between them, and a route not yet made (the index makes it) apply as the
+    reference applies them."""
+    sides = [Side(_apply_py, 60.0, 32_768), Side(_compiled("kvgateway.state._apply_c"), 60.0, 32_768)]
+    gpu = "".join(["G", "PU"])  # equal to "GPU", another object
+    big = int("1" * 20)  # a group_idx of many digits: equal ints are other objects
+    keys: list[tuple[str | None, Any]] = [
+        ("GPU", None), (gpu, None), ("GPU", 1), (gpu, int("1")), ("GPU", big), (gpu, int("1" * 20)),
+        ("cpu", 1), (None, 1), (None, None), ("GPU", True), ("GPU", "1"), ("GPU", 2), (gpu, 2),
+    ]  # fmt: skip
+    ts = 0.0
+    for step in range(len(keys)):
+        events: list[Event] = []
+        for n, (medium, group_idx) in enumerate(keys[step:] + keys[:step]):
+            extra = {} if group_idx is None else {"group_idx": group_idx}
+            hashes = [100 * step + n, 7, 9_000 + n % 3]
+            events.append(BlockStored(hashes, None, [], 0, None, medium, None, extra))
+            events.append(BlockRemoved([hashes[0] - 1, 7], medium, extra))
+            if n == 4:
+                events.append(AllBlocksCleared())
+        ts += 1.0
+        for side in sides:
+            side.step("batch", (STREAMS[step % 2], events, 1.0, False), ts)
+        assert sides[0].shown(1000.0 + ts) == sides[1].shown(1000.0 + ts)
