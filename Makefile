@@ -50,7 +50,10 @@ VERSIONS ?= 3.12 3.13
 versions:
 	@for v in $(VERSIONS); do \
 	  if ! command -v python$$v >/dev/null 2>&1; then echo "python$$v: not found, skipped"; continue; fi; \
-	  [ -f .venv-$$v/.installed ] || { python$$v -m venv .venv-$$v && .venv-$$v/bin/python -m pip install --quiet -e '.[test]' && touch .venv-$$v/.installed; } || exit 1; \
+	  stale=$$(find setup.py pyproject.toml kvgateway \( -name '*.pyx' -o -name '*.pxd' -o -name setup.py -o -name pyproject.toml \) -newer .venv-$$v/.installed 2>/dev/null | head -1); \
+	  if [ ! -f .venv-$$v/.installed ] || [ -n "$$stale" ]; then \
+	    { [ -d .venv-$$v ] || python$$v -m venv .venv-$$v; } && .venv-$$v/bin/python -m pip install --quiet -e '.[test]' && touch .venv-$$v/.installed || exit 1; \
+	  fi; \
 	  .venv-$$v/bin/kvgateway --version && .venv-$$v/bin/pytest -q -n 2 -p no:cacheprovider tests/unit || exit 1; \
 	  KVGATEWAY_NO_EXTENSIONS=1 .venv-$$v/bin/pytest -q -n 2 -p no:cacheprovider tests/unit || exit 1; \
 	done
