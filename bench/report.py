@@ -56,7 +56,7 @@ def _meta(entry: dict[str, Any]) -> str:
         if code.get("changed_during_scenario"):
             text += ", CHANGED during the scenario"
         if code.get("source") and Path(code["source"]).resolve() != Path(__file__).resolve().parent.parent:
-            text += f" from {code['source']}"
+            text += " from another checkout"  # its path is a machine's, never the docs'
         parts.append(text)
     return "_" + ", ".join(parts) + "._"
 

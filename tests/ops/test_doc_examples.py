@@ -46,6 +46,7 @@ OTHER_TOOLS_FLAGS = {
     "--retry": "curl",
     "--retry-delay": "curl",
     "--retry-connrefused": "curl",
+    "--separate-callers": "valgrind --tool=callgrind",
 }
 """Flags of other programs that the documents mention, with the program."""
 
@@ -292,3 +293,22 @@ def test_performance_and_example_toml_describe_today() -> None:
     toml = (REPO / "deploy" / "kvgateway.example.toml").read_text(encoding="utf-8")
     (line,) = [line for line in toml.splitlines() if "keepalive_seconds" in line]
     assert "WebSocket" in line  # it sets the WebSocket ping interval too (gateway.uvicorn_config)
+
+
+def test_no_path_of_a_developer_machine_in_the_repository() -> None:
+    # A benchmark's worktree or a scratch directory named in a committed file says nothing to a
+    # reader and leaks a machine's layout. ipc:// endpoints under /tmp are examples, not paths
+    # of a machine, and stay allowed.
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    pattern = re.compile(r"(?<![\w.:/])/(?:work|home|root|Users)/\w")
+    found = []
+    for name in tracked.splitlines():
+        path = REPO / name
+        if path.suffix not in {".md", ".py", ".pyx", ".pxd", ".toml", ".yaml", ".yml", ".txt", ".json", ".sh", ""}:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        found += [f"{name}:{text.count(chr(10), 0, m.start()) + 1}" for m in pattern.finditer(text)]
+    assert not found, f"a machine's path in: {', '.join(found[:10])}"
