@@ -511,7 +511,7 @@ class Sequencer:
         """:meth:`on_live` by the rules themselves (the general case, and the reference its fast
         case is tested against)."""
         out = self._live_by_rules(seq, batch, raw)
-        self.held = len(self._pending) + len(self._low_live)
+        self.held = self._holding()
         return out
 
     def _live_by_rules(self, seq: int, batch: Batch | None, raw: bytes) -> list[Action]:
@@ -625,10 +625,10 @@ class Sequencer:
                 self._heap.clear()  # every entry left is stale (as _drain)
             elif seq + 1 in pending:  # otherwise _drain would find nothing to deliver
                 self._drain(out)
-                self.held = len(pending) + len(self._low_live)
+                self.held = self._holding()
             return out
         out = self._replay_item(token, seq, batch, raw)
-        self.held = len(self._pending) + len(self._low_live)
+        self.held = self._holding()
         return out
 
     def _replay_item(self, token: int, seq: int, batch: Batch | None, raw: bytes) -> list[Action]:
@@ -709,7 +709,7 @@ class Sequencer:
     def on_replay_end(self, token: int) -> list[Action]:
         """The end marker of the replay attempt ``token``."""
         out = self._replay_end(token)
-        self.held = len(self._pending) + len(self._low_live)
+        self.held = self._holding()
         return out
 
     def _replay_end(self, token: int) -> list[Action]:
@@ -733,7 +733,7 @@ class Sequencer:
         if outcome not in ("timeout", "failed"):
             raise ValueError(f"replay failure outcome must be 'timeout' or 'failed', got {outcome!r}")
         out = self._replay_failed(token, outcome)
-        self.held = len(self._pending) + len(self._low_live)
+        self.held = self._holding()
         return out
 
     def _replay_failed(self, token: int, outcome: str) -> list[Action]:
@@ -759,7 +759,7 @@ class Sequencer:
         socket drops at its high-water mark, and a burst's dropped tail shows in no later live
         batch when the engine goes idle."""
         out = self._on_quiet()
-        self.held = len(self._pending) + len(self._low_live)
+        self.held = self._holding()
         return out
 
     def _on_quiet(self) -> list[Action]:
@@ -817,7 +817,7 @@ class Sequencer:
             return
         self._put(seq, item)
         if self._rec is not None:
-            if len(self._pending) + len(self._low_live) > self._hold_limit:
+            if self._holding() > self._hold_limit:
                 self._overflow(out)
             return
         self._settle(out)
@@ -1170,6 +1170,12 @@ class Sequencer:
         self.replay_token = None
 
     # --- primitives ---------------------------------------------------------------------
+
+    def _holding(self) -> int:
+        """What :attr:`held` says: the batches pending and the low live ones kept. Worked out after
+        each input that can change them (the attribute is read for every batch; the fast cases,
+        which change neither, leave it)."""
+        return len(self._pending) + len(self._low_live)
 
     def _begin(self, purpose: Purpose, start: int, out: list[Action]) -> None:
         self._rec = _Recovery(0, start, purpose)
