@@ -10,6 +10,7 @@ instructions (cachegrind: a tenth of the index's and the renderer's conversions)
 """
 
 from cpython.long cimport PyLong_FromUnsignedLongLong
+from cpython.object cimport PyObject_Hash
 from libc.stdint cimport uint16_t, uint32_t, uint64_t
 
 
@@ -105,6 +106,16 @@ cdef inline uint64_t u64_hash(uint64_t value) noexcept nogil:
     rest once). Its callers check once that the interpreter hashes so."""
     value = (value & HASH_MODULUS) + (value >> 61)
     return value - HASH_MODULUS if value >= HASH_MODULUS else value
+
+
+cdef inline Py_hash_t int_hash(object h, bint in_line) except? -1:
+    """``hash(h)``, Python's own: a u64 int's worked out here from its digits where ``in_line`` (the
+    caller's check, once at import, that ``sys.hash_info.modulus`` is :data:`HASH_MODULUS`), since
+    CPython's ``long_hash`` is a call and a loop of modular steps; anything else hashed by CPython."""
+    cdef uint64_t value
+    if in_line and u64_of(h, &value):
+        return <Py_hash_t>u64_hash(value)
+    return PyObject_Hash(h)
 
 
 cdef extern from *:

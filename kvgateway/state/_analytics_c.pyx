@@ -36,7 +36,7 @@ from cpython.dict cimport PyDict_Next
 from cpython.object cimport PyObject, PyObject_Hash
 from libc.stdint cimport uint64_t
 
-from kvgateway._pylong cimport HASH_MODULUS, u64_hash, u64_of  # a hash's int read from its digits, and its hash()
+from kvgateway._pylong cimport HASH_MODULUS, int_hash  # a hash's hash(), a u64 int's from its digits
 from kvgateway.engine._slots cimport Fields, field, field_offset, fields_of  # a Struct's field read from its slot
 from kvgateway.state._hashtable cimport Filter, _filter_free, _filter_may, _filter_note, _filter_size  # negative filters
 
@@ -117,13 +117,9 @@ cdef bint _HASH_IN_LINE = sys.hash_info.modulus == HASH_MODULUS  # a 64-bit CPyt
 
 
 cdef inline Py_hash_t _hash_of(object h) except? -1:
-    """``hash(h)``, Python's own: a u64 int's worked out in line from its digits (CPython's
-    ``long_hash`` is a call and a loop of modular steps; a filter rebuilt from the keys' hashes by
+    """``hash(h)``, Python's own (``_pylong.int_hash``: a filter rebuilt from the keys' hashes by
     ``PyObject_Hash`` must find the same bits)."""
-    cdef uint64_t value
-    if _HASH_IN_LINE and u64_of(h, &value):
-        return <Py_hash_t>u64_hash(value)
-    return PyObject_Hash(h)
+    return int_hash(h, _HASH_IN_LINE)
 
 
 # The filters are _hashtable.pxd's, keyed by the hash's bits: ints' hashes are their values, which

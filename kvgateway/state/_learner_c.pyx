@@ -41,7 +41,7 @@ from cpython.mem cimport PyMem_RawMalloc as malloc
 from cpython.mem cimport PyMem_RawRealloc as realloc
 from libc.string cimport memset
 
-from kvgateway._pylong cimport HASH_MODULUS, u64_hash, u64_of  # an int read from its digits, and its hash()
+from kvgateway._pylong cimport HASH_MODULUS, int_hash, u64_hash, u64_of  # an int read from its digits, and its hash()
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 from kvgateway.state._apply_c cimport BlockSet, holds, holds_ahead  # the fleet's holders, asked in C
@@ -77,10 +77,7 @@ cdef inline uint64_t _mix(object parent) except? 0:
     """A parent hash spread over 64 bits, as the pure module's ``_mix``: its ``hash()``, a u64
     int's worked out in line from its digits (CPython's ``long_hash`` is a call and a loop of
     modular steps, about 150 instructions a block with ``PyObject_Hash`` around it)."""
-    cdef uint64_t value
-    if _HASH_IN_LINE and u64_of(parent, &value):
-        return u64_hash(value) * _K64
-    return (<uint64_t>PyObject_Hash(parent)) * _K64
+    return (<uint64_t>int_hash(parent, _HASH_IN_LINE)) * _K64
 
 
 # CPython's tuple hash (Objects/tupleobject.c, xxHash's mixing, the same from 3.8 on), so that a
