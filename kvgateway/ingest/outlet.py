@@ -42,7 +42,7 @@ from kvgateway.log.staleness import Staleness
 from kvgateway.log.status import QUIET_LOSSES, StreamStatus
 from kvgateway.protocol.filters import EventKey
 from kvgateway.protocol.messages import ConnectionCode
-from kvgateway.runtime.metrics import REPLAY_OUTCOMES, REPLAY_PURPOSES, LagHistogram, StreamFamilies
+from kvgateway.runtime.metrics import FOLD_AT, REPLAY_OUTCOMES, REPLAY_PURPOSES, LagHistogram, StreamFamilies
 
 logger = logging.getLogger("kvgateway")
 
@@ -89,6 +89,7 @@ class StreamOutlet:
         self.held = 0  # batches the sequencer holds (the ingest queue depth)
         self._diagnosed = False  # the down reason came from a diagnosis (see diagnosed)
         self.lag = LagHistogram()
+        self._lags = self.lag.values  # the lags not yet bucketed
 
     # --- what the reader reports --------------------------------------------------------------
 
@@ -212,7 +213,10 @@ class StreamOutlet:
         else:
             lag = received - batch.ts
             status.lag_seconds = lag
-            self.lag.observe(0.0 if lag < 0.0 else lag)  # max(lag, 0.0), NaN kept, without the call
+            lags = self._lags  # observed as the histogram's plain list: no Python call a batch
+            lags.append(0.0 if lag < 0.0 else lag)  # max(lag, 0.0), NaN kept, without the call
+            if len(lags) >= FOLD_AT:
+                self.lag.fold()
         if self.staleness.reason is not None:  # a call per batch only while the stream is stale
             self.staleness.batch(batch)
         self._shown_batches += 1
