@@ -241,13 +241,14 @@ class MemoryLog:
         self._offset = offset
         self._fed = True
         ring = self.ring
-        ring.append(entry)
+        held = ring.append(entry)  # the oldest dropped already if the count bound has no room for it
         for follower in self._followers:
             follower(entry)
         # Followers have applied the record; the ring keeps the messages only (the decoded batch
         # would hold memory and give the garbage collector thousands of lists to walk).
         entry.record = None
-        held = ring.trim()  # after the followers: a message larger than the bound is still delivered live
+        if held > ring.max_messages or ring.bytes > ring.max_bytes:
+            held = ring.trim()  # after the followers: a message larger than the bound is still delivered live
         retained = self._retained  # read, then called: a method call of an attribute is not specialised
         if retained is not None:
             retained(held, ring.bytes)

@@ -64,13 +64,23 @@ class Ring:
     def last_offset(self) -> int:
         return self._next - 1
 
-    def append(self, entry: Entry) -> None:
-        """Add the next message; call :meth:`trim` once its fan-out is done."""
+    def append(self, entry: Entry) -> int:
+        """Add the next message, the oldest dropped first while the count bound leaves it no room;
+        returns how many are held (``len``). Call :meth:`trim` once its fan-out is done if it
+        holds more than either bound allows (the fan-out's variants count towards the bytes; a
+        ring bounded to no message holds the new one until then): the messages kept are the same
+        as if all were dropped then."""
         if entry.offset != self._next:
             raise ValueError(f"ring expected offset {self._next}, got {entry.offset}")
-        self._entries.append(entry)
+        entries = self._entries
+        held = len(entries)
+        while held and held >= self.max_messages:  # oldest first: dropped by the trim after anyway
+            self.bytes -= entries.popleft().size
+            held -= 1
+        entries.append(entry)
         self._next += 1
         self.bytes += entry.size
+        return held + 1
 
     def trim(self) -> int:
         """Drop the oldest messages beyond the bounds; returns how many are held (``len``)."""

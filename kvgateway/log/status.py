@@ -3,8 +3,9 @@
 The ingest half keeps one :class:`StreamStatus` per stream as its outlet sees it, and reports it
 into the ordered log (a ``status`` notice, :meth:`StreamStatus.report`) whenever it changes in a
 way that batches and notices do not say. The serving half's status board keeps its own copy from
-those reports and the batches after them (:meth:`StreamStatus.take_report`,
-:meth:`StreamStatus.batch`), the same in one process and on every edge of a cluster.
+those reports (:meth:`StreamStatus.take_report`) and the batches after them (which move its seq,
+count and lag on: :meth:`kvgateway.state.status_board.StatusBoard.follow`), the same in one process
+and on every edge of a cluster.
 """
 
 from __future__ import annotations
@@ -121,16 +122,6 @@ class StreamStatus:
         counters = fields["counters"]
         self.counters = {name: int(counters.get(name, 0)) for name in COUNTERS}
         self.losses = {str(reason): int(count) for reason, count in fields["losses"].items()}
-
-    def batch(self, seq: int, replayed: bool, lag: float) -> None:
-        """A delivered batch (``lag``: received minus its timestamp; unused when replayed)."""
-        self.last_seq = seq
-        counters = self.counters
-        counters["batches"] += 1
-        if replayed:
-            counters["replayed"] += 1
-        else:
-            self.lag_seconds = lag
 
     # --- views ------------------------------------------------------------------------------
 

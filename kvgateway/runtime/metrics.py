@@ -10,9 +10,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import reduce
+from math import isnan
+from operator import add
 from typing import Any, Final, Literal, Protocol, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -173,20 +176,66 @@ _LAG_BOUNDS: Final = le_labels(LAG_BUCKETS)
 
 
 class LagHistogram:
-    """A histogram as plain numbers: one list index and one addition per observation; event lag's
-    buckets unless ``bounds`` says otherwise (the hub's broadcast times: :class:`Metrics`)."""
+    """A histogram as plain numbers, event lag's buckets unless ``bounds`` says otherwise (the hub's
+    broadcast times, the clients' queue sizes: :class:`Metrics`).
 
-    __slots__ = ("_bounds", "_les", "counts", "total")
+    An observation is appended to :attr:`values` as it is (a list's append: a path that observes
+    every batch makes no Python call for it) and bucketed later, in order, by :meth:`fold`: when
+    :attr:`counts`, :attr:`total` or :meth:`cumulative` is read (a scrape), and by whoever appends
+    once :data:`FOLD_AT` values wait. A scrape sees exactly what bucketing each value at once would
+    show, the sum added up in the same order."""
+
+    __slots__ = ("_bounds", "_counts", "_les", "_total", "values")
 
     def __init__(self, bounds: tuple[float, ...] = LAG_BUCKETS) -> None:
         self._bounds = bounds
         self._les = _LAG_BOUNDS if bounds is LAG_BUCKETS else le_labels(bounds)
-        self.counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; the last is +Inf
-        self.total = 0.0
+        self._counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; the last is +Inf
+        self._total = 0.0
+        self.values: list[float] = []
+        """Observed and not bucketed yet (append here; call :meth:`fold` at :data:`FOLD_AT`)."""
 
     def observe(self, value: float) -> None:
-        self.counts[bisect_left(self._bounds, value)] += 1  # bucket i holds value <= bounds[i]
-        self.total += value
+        values = self.values
+        values.append(value)
+        if len(values) >= FOLD_AT:
+            self.fold()
+
+    def fold(self) -> None:
+        """Bucket the values waiting: sorted, each bucket's share found by a search of them (bucket
+        i holds value <= bounds[i]), the sum added up in the order they came."""
+        values = self.values
+        if not values:
+            return
+        total = reduce(add, values, self._total)
+        counts = self._counts
+        if isnan(total):  # a NaN among them (lags are never negative): bucketed one by one, as ever
+            for value in values:
+                counts[bisect_left(self._bounds, value)] += 1  # a NaN in the first bucket, as it always was
+        else:
+            values.sort()
+            count, done = len(values), 0
+            for i, bound in enumerate(self._bounds):
+                if values[done] <= bound:
+                    upto = bisect_right(values, bound, done)
+                    counts[i] += upto - done
+                    done = upto
+                    if done == count:
+                        break
+            counts[-1] += count - done
+        self._total = total
+        values.clear()
+
+    @property
+    def counts(self) -> list[int]:
+        """Per bucket, not cumulative; the last is +Inf."""
+        self.fold()
+        return self._counts
+
+    @property
+    def total(self) -> float:
+        self.fold()
+        return self._total
 
     def cumulative(self) -> list[tuple[str, float]]:
         out, running = [], 0
@@ -194,6 +243,10 @@ class LagHistogram:
             running += count
             out.append((bound, float(running)))
         return out
+
+
+FOLD_AT: Final = 256
+"""Values a :class:`LagHistogram` holds unbucketed at most (about 8 KB; a scrape folds them sooner)."""
 
 
 class Tally:
@@ -561,7 +614,7 @@ class HubMetrics:
         "_disconnects",
         "_held",
         "_resumes",
-        "broadcast",
+        "broadcasts",
         "queued",
         "sent",
     )
@@ -573,8 +626,9 @@ class HubMetrics:
         self.queued: Callable[[float], None] = metrics.client_queue_sizes.observe
         """Told the bytes queued for a client when its writer takes a chunk (plain numbers:
         :meth:`Metrics._queue_family`)."""
-        self.broadcast: Callable[[float], None] = metrics.broadcast_times.observe
-        """Told how long each broadcast took (plain numbers: :meth:`Metrics._broadcast_family`)."""
+        self.broadcasts = metrics.broadcast_times
+        """How long each broadcast took: appended to its ``values``, folded at :data:`FOLD_AT`
+        (plain numbers: :meth:`Metrics._broadcast_family`)."""
         self._held = metrics.ring_held  # shared by every view of these metrics
         self.sent = metrics.sent_counts
         """Messages handed to a client's writer, by transport (a subscription keeps its own tally:

@@ -173,14 +173,19 @@ class Subscription:
         queue = self._queue
         if not queue:
             return []
-        self._metrics.queued(self._queued)
-        first = queue.popleft()
-        chunk = [first]
-        size = len(first.data)
-        while queue and size + len(queue[0].data) <= max_bytes:
-            message = queue.popleft()
-            chunk.append(message)
-            size += len(message.data)
+        size = self._queued  # the bytes of every message queued
+        self._metrics.queued(size)
+        if size <= max_bytes:  # all of them fit (nearly every take): the queue as it is, not message by message
+            chunk = list(queue)
+            queue.clear()
+        else:
+            first = queue.popleft()
+            chunk = [first]
+            size = len(first.data)
+            while queue and size + len(queue[0].data) <= max_bytes:
+                message = queue.popleft()
+                chunk.append(message)
+                size += len(message.data)
         self._queued -= size
         self._credit = max(0, self._credit - size)  # the exempt messages are at the front
         self._sent.count += len(chunk)  # counted when handed to the writer

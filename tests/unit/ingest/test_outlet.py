@@ -26,7 +26,7 @@ from kvgateway.engine.wire import AllBlocksCleared, UnknownEvent
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.log.ordered import STATUS, BatchRecord, MemoryLog, NoticeRecord
 from kvgateway.log.ring import Entry
-from kvgateway.runtime.metrics import LAG_BUCKETS, LagHistogram, Metrics
+from kvgateway.runtime.metrics import FOLD_AT, LAG_BUCKETS, LagHistogram, Metrics
 from kvgateway.state.occupancy import OccupancyIndex
 from kvgateway.state.status_board import BoardFigures, StatusBoard
 from tests.support import events
@@ -136,6 +136,18 @@ def test_a_delivered_batch_is_one_record_the_index_applies_and_counts_in_status_
     assert rig.sample("kvgateway_events_received_total", type="BlockStored") == 6
     assert rig.sample("kvgateway_events_received_total", type="AllBlocksCleared") == 2
     assert rig.sample("kvgateway_events_received_total", type="Vendor") == 2
+
+
+def test_the_lags_wait_unbucketed_fold_at_most_and_a_scrape_sees_every_one() -> None:
+    rig = Rig()
+    lags = rig.outlet.lag.values
+    for seq in range(FOLD_AT + 2):
+        rig.outlet.apply([Deliver(seq, batch(), replayed=False)], NOW + seq / 1000, held=0)
+        assert len(lags) < FOLD_AT
+    assert len(lags) == 2  # FOLD_AT + 2 batches, FOLD_AT of them folded as the last one came
+    assert rig.sample("kvgateway_event_lag_seconds_count") == FOLD_AT + 2
+    assert rig.sample("kvgateway_event_lag_seconds_bucket", le="0.5") == 1, "only the first lag was 0.5 s"
+    assert lags == []
 
 
 def test_a_replayed_batch_counts_as_replayed_and_leaves_the_lag_alone() -> None:

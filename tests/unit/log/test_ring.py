@@ -20,6 +20,18 @@ def test_ring_bound_by_count() -> None:
         ring(hub).since(3)
     assert sample(hub, "kvgateway_ring_messages") == 3
     assert sample(hub, "kvgateway_ring_bytes") == ring(hub).bytes
+    # The count bound makes room as a message comes (the trim after its fan-out has nothing left
+    # to drop); a ring bounded to no message holds the new one until that trim.
+    bounded, entries = Ring(2, 10**6, first_offset=5), list(ring(hub).since(4))
+    assert [bounded.append(entry) for entry in entries] == [1, 2, 2]
+    assert (bounded.first_offset, bounded.bytes) == (6, entries[1].size + entries[2].size)
+    assert bounded.trim() == 2 and bounded.first_offset == 6
+    empty = make_hub(ring_messages=0)
+    sub = subscribe(empty)
+    publish_batch(empty, "a", 0, 1, batch(stored(1)))
+    assert offsets(drain(sub)) == [1], "delivered live"
+    assert (len(ring(empty)), ring(empty).bytes, sample(empty, "kvgateway_ring_messages")) == (0, 0, 0)
+    assert not subscribe(empty, last_event_id=f"{empty.epoch}:0").recovered
 
 
 def test_ring_bound_by_bytes_and_an_oversized_message_is_live_only() -> None:

@@ -5,9 +5,14 @@ prometheus_client's, is tests/unit/runtime/test_exposition.py.)"""
 
 from __future__ import annotations
 
+import bisect
+import math
+import random
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from kvgateway.runtime.metrics import (
+    FOLD_AT,
     LAG_BUCKETS,
     QUEUE_BYTES_BUCKETS,
     REJECTION_REASONS,
@@ -27,6 +32,36 @@ def test_the_lag_histogram_counts_a_value_in_the_first_bucket_that_holds_it() ->
     assert cumulative[1][1] == 3.0
     assert cumulative[-2][1] == 4.0 and cumulative[-1][1] == 5.0
     assert histogram.total == sum((0.0, LAG_BUCKETS[0], LAG_BUCKETS[0] * 1.5, LAG_BUCKETS[-1], LAG_BUCKETS[-1] + 1))
+
+
+def test_the_lag_histogram_folds_what_waits_as_if_each_value_were_bucketed_at_once() -> None:
+    """Values wait in a list and are bucketed when read or when FOLD_AT wait: the same buckets and
+    the same sum (added in the order the values came) as bucketing each at once, a NaN included."""
+    rng = random.Random(7)
+    values = [rng.choice((*LAG_BUCKETS, 0.0, -0.0, math.inf, rng.uniform(0.0, 100.0))) for _ in range(FOLD_AT * 3)]
+    values[FOLD_AT + 10] = math.nan
+    histogram, counts, total = LagHistogram(), [0] * (len(LAG_BUCKETS) + 1), 0.0
+    for n, value in enumerate(values):
+        histogram.observe(value)
+        counts[bisect.bisect_left(LAG_BUCKETS, value)] += 1  # the reference: bucket i holds value <= bound i
+        total += value
+        assert len(histogram.values) < FOLD_AT, "folded once FOLD_AT wait"
+        if n in (5, FOLD_AT + 5, FOLD_AT + 20, 3 * FOLD_AT - 1):  # read between folds, before and after the NaN
+            assert histogram.counts == counts
+            assert histogram.total == total or (math.isnan(histogram.total) and math.isnan(total))
+            assert histogram.values == []
+    # Finite lags under a second: a fold's values all below the last bounds, a sum whose order counts.
+    small = [rng.uniform(0.0, 10.0) ** 3 / 1000 for _ in range(FOLD_AT + 100)]
+    waiting = LagHistogram()
+    for value in small:
+        waiting.observe(value)
+    assert len(waiting.values) == 100, "not bucketed before FOLD_AT wait"
+    in_order = 0.0
+    for value in small:
+        in_order += value
+    assert in_order != sum(sorted(small)), "a sum whose order counts"
+    assert waiting.total == in_order and waiting.values == []
+    assert waiting.counts == [sum(1 for v in small if bisect.bisect_left(LAG_BUCKETS, v) == i) for i in range(16)]
 
 
 class _Stream:

@@ -11,6 +11,7 @@ from starlette.datastructures import QueryParams
 
 from kvgateway.log.ordered import batch_record
 from kvgateway.protocol import messages
+from kvgateway.runtime.metrics import FOLD_AT
 from kvgateway.serve.hub import TooManyClients
 from kvgateway.serve.query import parse_query
 from kvgateway.serve.subscription import Subscription
@@ -434,3 +435,10 @@ def test_max_clients_and_close_accounting() -> None:
     assert one.queued_bytes == 0
     assert sample(hub, "kvgateway_clients", transport="ws") == 0
     assert sample(hub, "kvgateway_broadcast_seconds_count") == 1
+    # Broadcast times wait unbucketed, FOLD_AT at most; a scrape sees every one.
+    times = hub.metrics.broadcasts.values
+    for seq in range(2, FOLD_AT + 3):
+        publish_batch(hub, "a", 0, seq, batch())
+        assert len(times) < FOLD_AT
+    assert len(times) == 1  # the scrape above folded the first; FOLD_AT of the next FOLD_AT + 1 folded as they came
+    assert sample(hub, "kvgateway_broadcast_seconds_count") == FOLD_AT + 2

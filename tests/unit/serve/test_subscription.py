@@ -93,3 +93,26 @@ def test_a_client_waiting_for_its_turn_is_not_cut() -> None:
         publish_batch(hub, "a", 0, seq, batch(stored(seq)))
     assert sub.closed_reason is None
     assert offsets(drain(sub)) == list(range(1, 51))
+
+
+def test_a_take_hands_out_what_fits_its_bytes_and_at_least_one_message() -> None:
+    hub = make_hub()
+    sub = subscribe(hub)
+    drain(sub)
+    for seq in range(6):
+        publish_batch(hub, "a", 0, seq, batch(stored(*range(seq * 10 + 1))))
+    sizes = [len(message.data) for message in sub._queue]
+    assert len(set(sizes)) == 6 and sub.queued_bytes == sum(sizes)
+    first = sub.take(sum(sizes) - 1)  # all but the last fit
+    assert [len(m.data) for m in first] == sizes[:5] and sub.queued_bytes == sizes[5]
+    sub.written()
+    assert [len(m.data) for m in sub.take(1)] == sizes[5:], "one message even when it does not fit"
+    sub.written()
+    for seq in range(6, 9):
+        publish_batch(hub, "a", 0, seq, batch(stored(seq)))
+    more = [len(message.data) for message in sub._queue]
+    assert [len(m.data) for m in sub.take(1)] == more[:1], "one message, the others left queued"
+    sub.written()
+    rest = sub.take(more[1] + more[2])  # exactly what is queued: every message, in order
+    assert [len(m.data) for m in rest] == more[1:] and sub.queued_bytes == 0 and not sub.pending
+    assert sample(hub, "kvgateway_client_queue_bytes_count") >= 4
