@@ -185,7 +185,6 @@ class MemoryLog:
         max_messages: int = 10_000,
         max_bytes: int = 64 * 2**20,
         *,
-        retained: Callable[[int, int], None] | None = None,
         read_back: ReadBack | None = None,
     ) -> None:
         self.epoch = secrets.token_hex(8)
@@ -193,7 +192,6 @@ class MemoryLog:
         self._bounds = (max_messages, max_bytes)
         self.ring = Ring(max_messages, max_bytes)
         self._followers: list[Follower] = []
-        self._retained = retained  # reports (messages, bytes) held after each append
         self._read_back = read_back
         self._offset = 0
         self._fed = False  # a checkpoint loads only into followers that applied nothing
@@ -248,10 +246,7 @@ class MemoryLog:
         # would hold memory and give the garbage collector thousands of lists to walk).
         entry.record = None
         if held > ring.max_messages or ring.bytes > ring.max_bytes:
-            held = ring.trim()  # after the followers: a message larger than the bound is still delivered live
-        retained = self._retained  # read, then called: a method call of an attribute is not specialised
-        if retained is not None:
-            retained(held, ring.bytes)
+            ring.trim()  # after the followers: a message larger than the bound is still delivered live
         if self._read_back is not None:
             self._read_back.appended(offset)
         return offset
@@ -274,11 +269,13 @@ class MemoryLog:
 
     def message_for(self, entry: Entry, key: EventFilterKey | None) -> OutMessage | None:
         ring = self.ring if entry.offset >= self.ring.first_offset else self._scratch
-        held = ring.bytes
-        message = ring.message_for(entry, key)
-        if ring is self.ring and ring.bytes != held and self._retained is not None:
-            self._retained(len(ring), ring.bytes)  # a new variant counts towards the bound
-        return message
+        return ring.message_for(entry, key)  # a new variant counts towards the ring's bytes bound
+
+    def held(self) -> tuple[int, int]:
+        """The messages and encoded bytes its ring holds now (the ring gauges, read when scraped:
+        nothing is reported per append)."""
+        ring = self.ring
+        return len(ring), ring.bytes
 
     def holding(self, last_event_id: str | None) -> AbstractAsyncContextManager[None]:
         if self._read_back is None or last_event_id is None:

@@ -456,10 +456,10 @@ class Metrics:
         self._gc_pauses = tuple(self.gc_pause.labels(str(generation)) for generation in range(3))
         self.ring_messages = Gauge("kvgateway_ring_messages", "Messages held in the resume ring.", registry=r)
         self.ring_bytes = Gauge("kvgateway_ring_bytes", "Encoded bytes held in the resume ring.", registry=r)
-        # Reported after every append of the log (HubMetrics.retained): plain numbers, read when scraped.
-        self.ring_held = [0, 0]
-        self.ring_messages.set_function(lambda: self.ring_held[0])
-        self.ring_bytes.set_function(lambda: self.ring_held[1])
+        # Read from the log's ring when scraped (HubMetrics.watch_ring): nothing a batch.
+        self.ring_held: list[Callable[[], tuple[int, int]]] = [lambda: (0, 0)]
+        self.ring_messages.set_function(lambda: self.ring_held[0]()[0])
+        self.ring_bytes.set_function(lambda: self.ring_held[0]()[1])
         # cache analytics (kvgateway/state/analytics.py: the blocks of 1 store event in 16): the
         # analytics count them as plain numbers, made into families here when scraped
         # (kvgateway/serve/analytics_sink.py): an observe and an inc per sampled eviction cost
@@ -634,11 +634,10 @@ class HubMetrics:
         """Messages handed to a client's writer, by transport (a subscription keeps its own tally:
         plain numbers, :meth:`Metrics._sent_family`)."""
 
-    def retained(self, messages: int, nbytes: int) -> None:
-        """What the resume ring holds now (after every append: plain numbers, read at scrape time)."""
-        held = self._held
-        held[0] = messages
-        held[1] = nbytes
+    def watch_ring(self, held: Callable[[], tuple[int, int]]) -> None:
+        """The ring gauges read ``held`` (the log's messages and bytes, :meth:`MemoryLog.held`) when
+        scraped."""
+        self._held[0] = held
 
     def resumed(self, transport: str, recovered: bool) -> None:
         self._resumes.labels(transport, "true" if recovered else "false").inc()

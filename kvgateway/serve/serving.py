@@ -52,10 +52,8 @@ class Serving:
         before it shows down (:class:`~kvgateway.state.status_board.StatusBoard`)."""
         self.settings = settings
         hub_metrics = metrics.hub()
-        log = self.log = MemoryLog(
-            settings.ring_messages, settings.ring_bytes, retained=hub_metrics.retained, read_back=read_back
-        )
-        hub_metrics.retained(0, 0)
+        log = self.log = MemoryLog(settings.ring_messages, settings.ring_bytes, read_back=read_back)
+        hub_metrics.watch_ring(log.held)
         self.metrics, self.clock, self.started_at = metrics, clock, clock()
         streams = settings.streams()
         # told of each store before the index applies it and each remove after (issue 30)

@@ -72,8 +72,8 @@ def make_hub(
     """A hub following its own in-memory log, as the gateway wires them."""
     metrics = Metrics()
     hub_metrics = metrics.hub()
-    hub_metrics.retained(0, 0)
-    log = MemoryLog(ring_messages, ring_bytes, retained=hub_metrics.retained)
+    log = MemoryLog(ring_messages, ring_bytes)
+    hub_metrics.watch_ring(log.held)
     hub = Hub(log, metrics=hub_metrics, sources=STREAMS, **kwargs)
     log.follow(hub.follow)
     _METRICS[hub] = metrics

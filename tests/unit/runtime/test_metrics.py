@@ -98,12 +98,15 @@ def test_the_hubs_view_counts_clients_resumes_and_the_ring() -> None:
     hub.joined("sse")
     hub.left("sse", "slow_consumer")
     hub.resumed("ws", recovered=True)
-    hub.retained(7, 700)
+    held = [(7, 700)]
+    hub.watch_ring(lambda: held[-1])
     value = metrics.registry.get_sample_value
     assert (value("kvgateway_clients", {"transport": "ws"}), value("kvgateway_clients", {"transport": "sse"})) == (1, 0)
     assert value("kvgateway_client_disconnects_total", {"transport": "sse", "reason": "slow_consumer"}) == 1
     assert value("kvgateway_resumes_total", {"transport": "ws", "recovered": "true"}) == 1
     assert (value("kvgateway_ring_messages"), value("kvgateway_ring_bytes")) == (7, 700)
+    held.append((8, 900))  # read when scraped, not when told
+    assert (value("kvgateway_ring_messages"), value("kvgateway_ring_bytes")) == (8, 900)
     assert metrics.hub().sent["ws"] is hub.sent["ws"]  # every view shares the children
 
 
