@@ -27,6 +27,7 @@ from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from kvgateway._pylong cimport u64_of  # an int read from its digits
+from kvgateway.engine._direct cimport Maker, make, maker_init  # a Struct made without its constructor
 from kvgateway.engine._slots cimport Fields, field, field_offset, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 
@@ -245,7 +246,19 @@ cdef int _put_hex(Buffer* out, bytes value) except -1:
 
 
 cdef bint _put_hash(Buffer* out, object value) except -1:
-    """A block hash as its quoted text (render.hash_text); False for another type (not written)."""
+    """A block hash as its quoted text (render.hash_text); False for another type (not written). A
+    u64 (nearly every int hash) in place after one room check."""
+    cdef uint64_t unsigned
+    cdef char* at
+    if u64_of(value, &unsigned):
+        if out.size + 22 > out.capacity:  # two quotes and 20 digits (the byte past them is the quote)
+            _reserve(out, 22)
+        at = out.data + out.size
+        at[0] = 34  # '"'
+        at = _write_u64(at + 1, unsigned)
+        at[0] = 34
+        out.size = at + 1 - out.data
+        return True
     if PyLong_CheckExact(value):
         _put_char(out, 34)
         _put_int(out, value)
@@ -377,8 +390,21 @@ cdef enum:
 cdef PyObject* _name_of[_NAME_SLOTS]
 cdef PyObject* _name_json[_NAME_SLOTS]
 cdef unsigned char _name_own[_NAME_SLOTS]
+# And the value last written under the slot's name, where it is an immutable scalar (an exact int or
+# str, None, a bool: held, so its address names it), with the name and the value as written once the
+# same object came twice in a row (``',"name":value'``, held; NULL before): an engine's fixed further
+# fields (vLLM's group_idx, kv_cache_spec_kind) are then one copy
+cdef PyObject* _name_value[_NAME_SLOTS]
+cdef PyObject* _name_pair[_NAME_SLOTS]
 cdef dict _names = {}  # name -> (its JSON, its own bits)
 cdef int _NAMES_MAX = 4096
+
+
+cdef inline void _name_forget(Py_ssize_t slot) noexcept:
+    """The slot's last value and its pair dropped."""
+    Py_XDECREF(_name_value[slot])
+    Py_XDECREF(_name_pair[slot])
+    _name_value[slot] = _name_pair[slot] = NULL
 
 
 cdef Py_ssize_t _name_slot(object key) except -1:
@@ -403,6 +429,7 @@ cdef Py_ssize_t _name_slot(object key) except -1:
     Py_XDECREF(_name_of[slot])
     Py_XDECREF(_name_json[slot])
     _name_of[slot], _name_json[slot] = <PyObject*>key, <PyObject*>json
+    _name_forget(slot)
     _name_own[slot] = <unsigned char>(<tuple>found)[1]
     return slot
 
@@ -411,7 +438,7 @@ cdef bint _put_extra(Buffer* out, object extra, unsigned char own) except -1:
     """The further fields after the event's own; False (nothing usable written) where the reference
     would not simply append them: a name of the event's own (``own``: it overwrites it in place),
     or not a str."""
-    cdef Py_ssize_t pos = 0, slot
+    cdef Py_ssize_t pos = 0, slot, start
     cdef PyObject* key
     cdef PyObject* value
     if not PyDict_CheckExact(extra):
@@ -422,9 +449,26 @@ cdef bint _put_extra(Buffer* out, object extra, unsigned char own) except -1:
         slot = _name_slot(<object>key)
         if _name_own[slot] & own:
             return False
+        if value == _name_value[slot] and _name_pair[slot] != NULL:
+            _put_bytes(out, <bytes>_name_pair[slot])
+            continue
+        start = out.size
         _put_bytes(out, <bytes>_name_json[slot])
         _put_further(out, <object>value)
+        if value == _name_value[slot]:  # the second time in a row: kept as written
+            pair = PyBytes_FromStringAndSize(out.data + start, out.size - start)
+            Py_INCREF(pair)
+            _name_pair[slot] = <PyObject*>pair
+        elif _scalar(<object>value):
+            _name_forget(slot)
+            Py_INCREF(<object>value)
+            _name_value[slot] = value
     return True
+
+
+cdef inline bint _scalar(object value) noexcept:
+    """Whether ``value`` is immutable and written as it is: None, a bool, an exact int or str."""
+    return value is None or value is True or value is False or PyLong_CheckExact(value) or PyUnicode_CheckExact(value)
 
 
 cdef bint _put_hashes(Buffer* out, object hashes) except -1:
@@ -609,9 +653,36 @@ cdef object _put_event(Buffer* out, object event):
 
 
 cdef object _EncodedEvents = messages.EncodedEvents
-cdef object _EncodedBatch = messages.EncodedBatch
-cdef object _OutMessage = messages.OutMessage
 cdef object _BATCH = messages.BATCH
+# The three Structs a batch makes here, made as their constructors make them without calling them
+# (engine/_direct.pxd), where a check at import finds them the same; otherwise called (DIRECT says)
+cdef Maker _events_maker, _batch_maker, _message_maker
+cdef list _held = []  # the classes and defaults the makers point at
+maker_init(&_events_maker, messages.EncodedEvents, ("body", "ends", "counts"), _held, type(msgspec.Struct))
+maker_init(&_batch_maker, messages.EncodedBatch, ("message", "_prefix", "_ends"), _held, type(msgspec.Struct))
+maker_init(&_message_maker, messages.OutMessage, ("data", "type", "id"), _held, type(msgspec.Struct))
+DIRECT = {
+    "EncodedEvents": bool(_events_maker.direct),
+    "EncodedBatch": bool(_batch_maker.direct),
+    "OutMessage": bool(_message_maker.direct),
+}
+"""By class name: whether its instances are made here without its constructor."""
+
+cdef list _COUNTS = [None] * 128
+"""The events' counts by type (``EncodedEvents.counts``, a tuple) of a batch of under 8 stored and 8
+removed events, at most one clear and none of another type, each made once: by
+``(stored * 8 + removed) * 2 + cleared``."""
+
+
+cdef tuple _counts(Py_ssize_t stored, Py_ssize_t removed, Py_ssize_t cleared, Py_ssize_t other):
+    cdef Py_ssize_t at
+    if stored >= 8 or removed >= 8 or cleared >= 2 or other:
+        return (stored, removed, cleared, other)
+    at = (stored * 8 + removed) * 2 + cleared
+    found = _COUNTS[at]
+    if found is None:
+        found = _COUNTS[at] = (stored, removed, cleared, other)
+    return <tuple>found
 cdef Py_ssize_t _BODY_AT = field_offset(messages.EncodedEvents, "body")
 cdef Py_ssize_t _ENDS_AT = field_offset(messages.EncodedEvents, "ends")
 cdef array _ENDS = array("q")
@@ -625,6 +696,7 @@ cdef Py_ssize_t _KEPT = 1 << 20  # a larger one (a huge batch) is given back aft
 
 def _events_json_c(events):
     cdef Py_ssize_t i, n, stored = 0, removed = 0, cleared = 0
+    cdef PyObject* values[3]
     cdef array ends
     cdef tuple keys
     if not PyList_CheckExact(events):
@@ -660,7 +732,9 @@ def _events_json_c(events):
             PyMem_Free(_out.data)
             _out.data = NULL
             _out.capacity = 0
-    return _EncodedEvents(body, ends, (stored, removed, cleared, n - stored - removed - cleared)), keys
+    counts = _counts(stored, removed, cleared, n - stored - removed - cleared)
+    values[0], values[1], values[2] = <PyObject*>body, <PyObject*>ends, <PyObject*>counts
+    return make(&_events_maker, values), keys
 
 
 # --- the batch message --------------------------------------------------------------------------
@@ -671,13 +745,24 @@ cdef dict _streams = {}  # stream -> b',"source":..,"dp_rank":..,"seq":"'
 cdef int _STREAMS_MAX = 4096
 
 
+cdef object _last_stream = None  # held: the identity test below is sound while it lives
+cdef bytes _last_stream_part = b""
+
+
 cdef bytes _stream_part(object stream):
+    """The head's part for ``stream``; the last one's again for the same object (a stream's batches
+    come with one tuple), without the tuple's hash and the dict's probe."""
+    global _last_stream, _last_stream_part
+    if stream is _last_stream:
+        return _last_stream_part
     found = _streams.get(stream)
     if found is None:
         source, dp_rank = stream
         found = b',"source":' + _encoder.encode(source) + b',"dp_rank":' + _encoder.encode(dp_rank) + b',"seq":"'
         if len(_streams) < _STREAMS_MAX:
             _streams[stream] = found
+    if type(stream) is tuple:  # immutable: the same object, the same part
+        _last_stream, _last_stream_part = stream, <bytes>found
     return <bytes>found
 
 
@@ -711,6 +796,7 @@ def _batch_message_c(epoch, offset, stream, *, seq, ts, events):
     cdef Py_ssize_t prefix, size, digits
     cdef bytes body
     cdef char* at
+    cdef PyObject* values[3]
     if not (PyUnicode_CheckExact(epoch) and PyLong_CheckExact(offset) and PyLong_CheckExact(seq)):
         return batch_message_reference(epoch, offset, stream, seq=seq, ts=ts, events=events)
     if epoch is not _epoch:
@@ -748,7 +834,11 @@ def _batch_message_c(epoch, offset, stream, *, seq, ts, events):
     at[size - 1] = 125  # "}"
     message_id = _message_id(epoch, head.data + PyBytes_GET_SIZE(_epoch_head), digits)
     ends = _ends_bytes(field(events, _EncodedEvents, _ENDS_AT, "ends"))
-    return _EncodedBatch(_OutMessage(data, _BATCH, message_id), prefix, ends)
+    values[0], values[1], values[2] = <PyObject*>data, <PyObject*>_BATCH, <PyObject*>message_id
+    message = make(&_message_maker, values)
+    prefix_int = <object>prefix
+    values[0], values[1], values[2] = <PyObject*>message, <PyObject*>prefix_int, <PyObject*>ends
+    return make(&_batch_maker, values)
 
 
 # The public names: the C writers in place of the reference's (which the rest of the included code
