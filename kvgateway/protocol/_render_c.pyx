@@ -140,6 +140,47 @@ cdef int _fill_triples() except -1:
 _fill_triples()
 
 
+cdef struct _Lead:
+    char text[4]  # a comma and the value's digits without zeros in front: ",d", ",dd" or ",ddd"
+    uint32_t size  # how many of the four bytes that is
+
+
+cdef _Lead _LEADS[1000]
+"""Each of 0 to 999 after a comma: a list's next int's leading group of digits, one copy."""
+
+
+cdef int _fill_leads() except -1:
+    cdef int i, k, digits
+    for i in range(1000):
+        digits = 1 if i < 10 else 2 if i < 100 else 3
+        _LEADS[i].text[0] = 44  # ","
+        for k in range(3):
+            _LEADS[i].text[1 + k] = _TRIPLES[4 * i + 3 - digits + k] if k < digits else 0
+        _LEADS[i].size = 1 + digits
+    return 0
+
+
+_fill_leads()
+
+
+cdef inline char* _next_u32(char* at, uint32_t value) noexcept:
+    """A comma and ``value`` in decimal at ``at`` (room for 12 bytes: the comma, 10 digits and one
+    written beyond them); returns the end. A token id of four to six digits (most of a large
+    vocabulary's) is one comparison, one division and two copies: its leading group after the comma
+    from :data:`_LEADS`, then its last three digits from :data:`_TRIPLES`."""
+    cdef uint32_t high
+    if value - <uint32_t>1000 < <uint32_t>999000:  # 1,000 to 999,999 (below 1,000 wraps above)
+        high = value // 1000
+        memcpy(at, _LEADS[high].text, 4)
+        at += _LEADS[high].size
+        return _three(at, value - high * 1000)
+    if value < 1000:
+        memcpy(at, _LEADS[value].text, 4)
+        return at + _LEADS[value].size
+    at[0] = 44  # ","
+    return _write_u32(at + 1, value)
+
+
 cdef inline char* _lead(char* at, uint32_t value) noexcept:
     """``value`` (under 1000) in one to three digits at ``at``; returns the end. Four bytes copied
     from the digits' first (the fourth a byte that the next writes cover or that lies beyond the
@@ -513,13 +554,14 @@ cdef int _put_tokens(Buffer* out, Tokens tokens) except -1:
     cdef Py_ssize_t i, n = tokens.count
     cdef const uint32_t* ids = tokens.ids
     cdef char* at
-    _reserve(out, 2 + 11 * n)  # 10 digits and a comma each, the brackets
-    at = out.data + out.size
-    at[0] = 91  # "["
-    at = _write_u32(at + 1, ids[0])
-    for i in range(1, n):
-        at[0] = 44  # ","
-        at = _write_u32(at + 1, ids[i])
+    cdef char* start
+    _reserve(out, 3 + 11 * n)  # a comma and 10 digits each, the closing bracket, two bytes beyond
+    start = at = out.data + out.size
+    for i in range(n):  # each after a comma: the first's is then the opening bracket
+        at = _next_u32(at, ids[i])
+    if n == 0:
+        at += 1
+    start[0] = 91  # "["
     at[0] = 93  # "]"
     out.size = at + 1 - out.data
     return 0
