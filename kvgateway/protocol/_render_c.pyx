@@ -62,9 +62,52 @@ cdef bytes _CLEARED_OPEN = b'{"type":"AllBlocksCleared"'
 cdef bytes _OFFSET = b'","offset":'
 cdef bytes _TS = b'","ts":'
 cdef bytes _EVENTS = b',"events":['
-cdef bytes _NULL = b'null'
-cdef bytes _TRUE = b'true'
-cdef bytes _FALSE = b'false'
+# The event's fixed parts as C text, each of a size the compiler knows: a copy of it is a few
+# moves, no call (checked against the bytes at import)
+cdef const char* _STORED_OPEN_C = _STORED_OPEN
+cdef const char* _PARENT_BLOCK_HASH_C = _PARENT_BLOCK_HASH
+cdef const char* _TOKEN_IDS_C = _TOKEN_IDS
+cdef const char* _BLOCK_SIZE_C = _BLOCK_SIZE
+cdef const char* _LORA_ID_C = _LORA_ID
+cdef const char* _LORA_NAME_C = _LORA_NAME
+cdef const char* _REMOVED_OPEN_C = _REMOVED_OPEN
+cdef const char* _CLEARED_OPEN_C = _CLEARED_OPEN
+cdef enum:
+    _STORED_OPEN_SIZE = 37
+    _PARENT_BLOCK_HASH_SIZE = 21
+    _TOKEN_IDS_SIZE = 13
+    _BLOCK_SIZE_SIZE = 14
+    _LORA_ID_SIZE = 11
+    _LORA_NAME_SIZE = 13
+    _REMOVED_OPEN_SIZE = 38
+    _CLEARED_OPEN_SIZE = 26
+if [len(_STORED_OPEN), len(_PARENT_BLOCK_HASH), len(_TOKEN_IDS), len(_BLOCK_SIZE), len(_LORA_ID), len(_LORA_NAME),
+        len(_REMOVED_OPEN), len(_CLEARED_OPEN)] != [
+        _STORED_OPEN_SIZE, _PARENT_BLOCK_HASH_SIZE, _TOKEN_IDS_SIZE, _BLOCK_SIZE_SIZE, _LORA_ID_SIZE, _LORA_NAME_SIZE,
+        _REMOVED_OPEN_SIZE, _CLEARED_OPEN_SIZE]:
+    raise ImportError("kvgateway.protocol._render_c: a fixed part's size is not its text's")
+
+cdef extern from *:
+    """
+    /* n bytes copied from `from` to `to` (apart): for 8 to 32 (a further field's name and value, a
+       medium's part) two or four 8-byte moves that may overlap, no call; else memcpy (which the
+       compiler writes in line for a size it knows). */
+    static inline void kv_copy(char *to, const char *from, Py_ssize_t n) {
+        uint64_t a, b, c, d;
+        if (n >= 8 && n <= 16) {
+            memcpy(&a, from, 8); memcpy(&b, from + n - 8, 8);
+            memcpy(to, &a, 8); memcpy(to + n - 8, &b, 8);
+        } else if (n > 16 && n <= 32) {
+            memcpy(&a, from, 8); memcpy(&b, from + 8, 8);
+            memcpy(&c, from + n - 16, 8); memcpy(&d, from + n - 8, 8);
+            memcpy(to, &a, 8); memcpy(to + 8, &b, 8);
+            memcpy(to + n - 16, &c, 8); memcpy(to + n - 8, &d, 8);
+        } else {
+            memcpy(to, from, (size_t)n);
+        }
+    }
+    """
+    void kv_copy(char* to, const char* source, Py_ssize_t n) noexcept
 
 # --- a growing C buffer ---------------------------------------------------------------------------
 
@@ -92,7 +135,7 @@ cdef int _reserve(Buffer* out, Py_ssize_t more) except -1:
 cdef inline int _put(Buffer* out, const char* text, Py_ssize_t size) except -1:
     if out.size + size > out.capacity:
         _reserve(out, size)
-    memcpy(out.data + out.size, text, size)
+    kv_copy(out.data + out.size, text, size)
     out.size += size
     return 0
 
@@ -333,11 +376,11 @@ cdef int _put_str(Buffer* out, object text) except -1:
 cdef int _put_value(Buffer* out, object value) except -1:
     """Any value as the reference encodes it: the common ones here, the rest through msgspec."""
     if value is None:
-        return _put_bytes(out, _NULL)
+        return _put(out, "null", 4)
     if value is True:
-        return _put_bytes(out, _TRUE)
+        return _put(out, "true", 4)
     if value is False:
-        return _put_bytes(out, _FALSE)
+        return _put(out, "false", 5)
     if PyLong_CheckExact(value):
         return _put_int(out, value)
     if PyUnicode_CheckExact(value):
@@ -606,13 +649,15 @@ cdef int _put_ints(Buffer* out, object values) except -1:
     return _put_bytes(out, _encoder.encode(values))
 
 
-cdef tuple _opened(Buffer* out, object event, object kind, bytes opening, object medium, object hashes, _Seen seen):
+cdef tuple _opened(
+    Buffer* out, object event, object kind, const char* opening, Py_ssize_t size, object medium, object hashes, _Seen seen
+):
     """A block event's type and hashes (its ``medium`` and ``block_hashes``); its medium part and
     key, or None where the reference must write the event."""
     media = _medium_part(event, kind, medium, seen)
     if media is None:
         return None
-    _put_bytes(out, opening)
+    _put(out, opening, size)
     if not _put_hashes(out, hashes):
         return None
     return media
@@ -622,23 +667,23 @@ cdef object _put_stored(Buffer* out, object event):
     """A BlockStored's JSON; its filter key, or None where the reference must write it."""
     hashes = field(event, _BlockStored, _STORED.block_hashes, "block_hashes")
     medium = field(event, _BlockStored, _STORED.medium, "medium")
-    media = _opened(out, event, STORED, _STORED_OPEN, medium, hashes, _STORED_SEEN)
+    media = _opened(out, event, STORED, _STORED_OPEN_C, _STORED_OPEN_SIZE, medium, hashes, _STORED_SEEN)
     if media is None:
         return None
-    _put_bytes(out, _PARENT_BLOCK_HASH)
+    _put(out, _PARENT_BLOCK_HASH_C, _PARENT_BLOCK_HASH_SIZE)
     parent = field(event, _BlockStored, _STORED.parent_block_hash, "parent_block_hash")
     if parent is None:
-        _put_bytes(out, _NULL)
+        _put(out, "null", 4)
     elif not _put_hash(out, parent):
         return None
-    _put_bytes(out, _TOKEN_IDS)
+    _put(out, _TOKEN_IDS_C, _TOKEN_IDS_SIZE)
     _put_ints(out, slot_value(event, _TOKENS_AT))  # not made a list where the wire's ids are kept
-    _put_bytes(out, _BLOCK_SIZE)
+    _put(out, _BLOCK_SIZE_C, _BLOCK_SIZE_SIZE)
     _put_value(out, field(event, _BlockStored, _STORED.block_size, "block_size"))
-    _put_bytes(out, _LORA_ID)
+    _put(out, _LORA_ID_C, _LORA_ID_SIZE)
     _put_value(out, field(event, _BlockStored, _STORED.lora_id, "lora_id"))
     _put_bytes(out, <bytes>media[0])
-    _put_bytes(out, _LORA_NAME)
+    _put(out, _LORA_NAME_C, _LORA_NAME_SIZE)
     _put_value(out, field(event, _BlockStored, _STORED.lora_name, "lora_name"))
     if not _put_extra(out, field(event, _BlockStored, _STORED.extra, "extra"), _OWN_STORED):
         return None
@@ -649,7 +694,7 @@ cdef object _put_stored(Buffer* out, object event):
 cdef object _put_removed(Buffer* out, object event):
     hashes = field(event, _BlockRemoved, _REMOVED.block_hashes, "block_hashes")
     medium = field(event, _BlockRemoved, _REMOVED.medium, "medium")
-    media = _opened(out, event, REMOVED, _REMOVED_OPEN, medium, hashes, _REMOVED_SEEN)
+    media = _opened(out, event, REMOVED, _REMOVED_OPEN_C, _REMOVED_OPEN_SIZE, medium, hashes, _REMOVED_SEEN)
     if media is None:
         return None
     _put_bytes(out, <bytes>media[0])
@@ -664,7 +709,7 @@ cdef object _CLEARED_KEY = None
 
 cdef object _put_cleared(Buffer* out, object event):
     global _CLEARED_KEY
-    _put_bytes(out, _CLEARED_OPEN)
+    _put(out, _CLEARED_OPEN_C, _CLEARED_OPEN_SIZE)
     if not _put_extra(out, field(event, _AllBlocksCleared, _CLEARED.extra, "extra"), _OWN_CLEARED):
         return None
     _put_char(out, 125)
@@ -673,25 +718,38 @@ cdef object _put_cleared(Buffer* out, object event):
     return _CLEARED_KEY
 
 
-cdef object _put_event(Buffer* out, object event):
-    """One event's JSON and its filter key; where the fast paths do not apply, the reference's."""
+cdef object _put_event(Buffer* out, object event, bint careful):
+    """One event's JSON and its filter key; where the fast paths do not apply, the reference's.
+    ``careful``: a value a fast path raised on (msgspec refused it where the reference may never
+    encode it: overwritten) is the reference's to write, here; otherwise the error is the caller's
+    (:func:`_put_events`, which writes the batch again carefully: a try block per event cost more
+    than the rare second pass)."""
     cdef Py_ssize_t start = out.size
     kind = type(event)
     key = None
-    try:
-        if kind is _BlockStored:
-            key = _put_stored(out, event)
-        elif kind is _BlockRemoved:
-            key = _put_removed(out, event)
-        elif kind is _AllBlocksCleared:
-            key = _put_cleared(out, event)
-    except (TypeError, ValueError, AttributeError, OverflowError):
-        key = None  # a value msgspec refused where the reference may never encode it (overwritten)
+    if careful:
+        try:
+            key = _put_known(out, event, kind)
+        except (TypeError, ValueError, AttributeError, OverflowError):
+            key = None
+    else:
+        key = _put_known(out, event, kind)
     if key is None:
         out.size = start
         _put_bytes(out, _encoder.encode(render_event(event)))
         key = event_key(event)
     return key
+
+
+cdef inline object _put_known(Buffer* out, object event, object kind):
+    """A block event's JSON and filter key by its writer; None (anything written unused) otherwise."""
+    if kind is _BlockStored:
+        return _put_stored(out, event)
+    if kind is _BlockRemoved:
+        return _put_removed(out, event)
+    if kind is _AllBlocksCleared:
+        return _put_cleared(out, event)
+    return None
 
 
 cdef object _EncodedEvents = messages.EncodedEvents
@@ -736,46 +794,58 @@ fresh buffer per batch cost more in page faults than the writing itself."""
 cdef Py_ssize_t _KEPT = 1 << 20  # a larger one (a huge batch) is given back after its call
 
 
+cdef tuple _put_events(list events, Py_ssize_t n, array ends, Py_ssize_t* counts, bint careful):
+    """The events' JSON in :data:`_out`, each one's end in ``ends``; their filter keys. ``counts``:
+    the BlockStored, BlockRemoved and AllBlocksCleared among them (the reference's event_counts)."""
+    cdef Py_ssize_t i
+    cdef tuple keys = PyTuple_New(n)
+    counts[0] = counts[1] = counts[2] = 0
+    _out.size = 0
+    for i in range(n):
+        if i:
+            _put_char(&_out, 44)
+        event = <object>PyList_GET_ITEM(events, i)
+        key = _put_event(&_out, event, careful)
+        kind = type(event)  # counted here, for the ingest's metrics
+        if kind is _BlockStored:
+            counts[0] += 1
+        elif kind is _BlockRemoved:
+            counts[1] += 1
+        elif kind is _AllBlocksCleared:
+            counts[2] += 1
+        Py_INCREF(key)
+        PyTuple_SET_ITEM(keys, i, key)
+        ends.data.as_longlongs[i] = _out.size
+    return keys
+
+
 def _events_json_c(events):
-    cdef Py_ssize_t i, n, stored = 0, removed = 0, cleared = 0
+    cdef Py_ssize_t n
+    cdef Py_ssize_t counts[3]
     cdef PyObject* values[3]
     cdef array ends
-    cdef tuple keys
     if not PyList_CheckExact(events):
         events = list(events)
     n = PyList_GET_SIZE(events)
     ends = clone(_ENDS, n, False)
-    keys = PyTuple_New(n)
     if _out.data == NULL:
         _out.data = <char*>PyMem_Malloc(65536)
         if _out.data == NULL:
             raise MemoryError()
         _out.capacity = 65536
-    _out.size = 0
     try:
-        for i in range(n):
-            if i:
-                _put_char(&_out, 44)
-            event = <object>PyList_GET_ITEM(events, i)
-            key = _put_event(&_out, event)
-            kind = type(event)  # counted here, for the ingest's metrics (the reference's event_counts)
-            if kind is _BlockStored:
-                stored += 1
-            elif kind is _BlockRemoved:
-                removed += 1
-            elif kind is _AllBlocksCleared:
-                cleared += 1
-            Py_INCREF(key)
-            PyTuple_SET_ITEM(keys, i, key)
-            ends.data.as_longlongs[i] = _out.size
+        try:
+            keys = _put_events(events, n, ends, counts, False)
+        except (TypeError, ValueError, AttributeError, OverflowError):  # again, each event's own error handled
+            keys = _put_events(events, n, ends, counts, True)
         body = PyBytes_FromStringAndSize(_out.data, _out.size)
     finally:
         if _out.capacity > _KEPT:
             PyMem_Free(_out.data)
             _out.data = NULL
             _out.capacity = 0
-    counts = _counts(stored, removed, cleared, n - stored - removed - cleared)
-    values[0], values[1], values[2] = <PyObject*>body, <PyObject*>ends, <PyObject*>counts
+    found = _counts(counts[0], counts[1], counts[2], n - counts[0] - counts[1] - counts[2])
+    values[0], values[1], values[2] = <PyObject*>body, <PyObject*>ends, <PyObject*>found
     return make(&_events_maker, values), keys
 
 

@@ -172,6 +172,20 @@ def test_values_off_the_fast_paths_are_written_as_the_reference_writes_them(even
     assert_same(events)
 
 
+def test_a_value_msgspec_refuses_where_a_further_field_overwrites_it() -> None:
+    """The compiled writer's fast pass raises on a value msgspec cannot encode, which the reference
+    never encodes (a further field of the same name overwrites it): the batch is written again, that
+    event the reference's, the others the compiled writer's."""
+    ext = msgspec.msgpack.Ext(1, b"x")
+    events: list[Event] = [
+        BlockStored([1], None, [1], 16, None, "GPU", None, {}),
+        BlockStored([2], None, [ext], 16, None, "GPU", None, {"token_ids": [3]}),
+        BlockRemoved([3], "GPU", {"lora_name": ext}),
+    ]
+    encoded, _ = assert_same(events)
+    assert b'"token_ids":[3]' in encoded.body
+
+
 # every decimal length and the values on each side of it, the 32-bit split, the 10**16 split of
 # a 64-bit value into three parts, CPython's 30-bit digits, and what is not a u64 at all
 DECIMAL_EDGES = sorted(
