@@ -316,16 +316,43 @@ cdef int _put_int(Buffer* out, object value) except -1:
     return _put_bytes(out, str(value).encode())  # wider than 64 bits: rare, and the same digits
 
 
+cdef char _HEX_PAIRS[512]
+"""Each byte's two lowercase hex digits (a byte hash's text: bytes.hex())."""
+
+
+cdef int _fill_hex_pairs() except -1:
+    cdef int i
+    for i in range(256):
+        _HEX_PAIRS[2 * i] = _HEX[i >> 4]
+        _HEX_PAIRS[2 * i + 1] = _HEX[i & 15]
+    return 0
+
+
+_fill_hex_pairs()
+
+
+cdef inline char* _write_hex(char* at, const unsigned char* data, Py_ssize_t n) noexcept:
+    """The ``n`` bytes at ``data`` in lowercase hex at ``at`` (room for ``2 * n``); returns the end.
+    Each byte's two digits one copy from :data:`_HEX_PAIRS`, four bytes a step."""
+    cdef const unsigned char* end = data + n
+    while end - data >= 4:
+        memcpy(at, _HEX_PAIRS + 2 * <size_t>data[0], 2)
+        memcpy(at + 2, _HEX_PAIRS + 2 * <size_t>data[1], 2)
+        memcpy(at + 4, _HEX_PAIRS + 2 * <size_t>data[2], 2)
+        memcpy(at + 6, _HEX_PAIRS + 2 * <size_t>data[3], 2)
+        at += 8
+        data += 4
+    while data < end:
+        memcpy(at, _HEX_PAIRS + 2 * <size_t>data[0], 2)
+        at += 2
+        data += 1
+    return at
+
+
 cdef int _put_hex(Buffer* out, bytes value) except -1:
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(value), i
-    cdef const unsigned char* data = <const unsigned char*>PyBytes_AS_STRING(value)
-    cdef char* at
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(value)
     _reserve(out, 2 * n)
-    at = out.data + out.size
-    for i in range(n):
-        at[2 * i] = _HEX[data[i] >> 4]
-        at[2 * i + 1] = _HEX[data[i] & 15]
-    out.size += 2 * n
+    out.size = _write_hex(out.data + out.size, <const unsigned char*>PyBytes_AS_STRING(value), n) - out.data
     return 0
 
 
@@ -558,9 +585,9 @@ cdef inline bint _scalar(object value) noexcept:
 cdef bint _put_hashes(Buffer* out, object hashes) except -1:
     """A list of block hashes as their quoted texts; False for anything else (not all written).
     Room for every hash as a quoted u64 and its comma is reserved once and each written in place;
-    any other (bytes' hex, a wider or negative int) through :func:`_put_hash`, the room after it
-    reserved again."""
-    cdef Py_ssize_t i, n
+    bytes (their hex) in place too, after room for them is reserved; any other (a wider or negative
+    int) through :func:`_put_hash`, the room after it reserved again."""
+    cdef Py_ssize_t i, n, size
     cdef uint64_t value
     cdef char* at
     if not PyList_CheckExact(hashes):
@@ -582,6 +609,16 @@ cdef bint _put_hashes(Buffer* out, object hashes) except -1:
             at += 1
             continue
         out.size = at - out.data
+        if PyBytes_CheckExact(item):  # a sha256 hash (vLLM's): two quotes and its hex, then the rest's room
+            size = PyBytes_GET_SIZE(item)
+            if out.size + 3 + 2 * size + 23 * (n - i - 1) > out.capacity:
+                _reserve(out, 3 + 2 * size + 23 * (n - i - 1))
+            at = out.data + out.size
+            at[0] = 34  # '"'
+            at = _write_hex(at + 1, <const unsigned char*>PyBytes_AS_STRING(item), size)
+            at[0] = 34
+            at += 1
+            continue
         if not _put_hash(out, item):
             return False
         _reserve(out, 1 + 23 * (n - i - 1))
