@@ -27,6 +27,7 @@ from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from kvgateway._pylong cimport u64_of  # an int read from its digits
+from kvgateway.engine._direct cimport Maker, make, maker_init  # a Struct made without its constructor
 from kvgateway.engine._slots cimport Fields, field, field_offset, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 
@@ -61,9 +62,52 @@ cdef bytes _CLEARED_OPEN = b'{"type":"AllBlocksCleared"'
 cdef bytes _OFFSET = b'","offset":'
 cdef bytes _TS = b'","ts":'
 cdef bytes _EVENTS = b',"events":['
-cdef bytes _NULL = b'null'
-cdef bytes _TRUE = b'true'
-cdef bytes _FALSE = b'false'
+# The event's fixed parts as C text, each of a size the compiler knows: a copy of it is a few
+# moves, no call (checked against the bytes at import)
+cdef const char* _STORED_OPEN_C = _STORED_OPEN
+cdef const char* _PARENT_BLOCK_HASH_C = _PARENT_BLOCK_HASH
+cdef const char* _TOKEN_IDS_C = _TOKEN_IDS
+cdef const char* _BLOCK_SIZE_C = _BLOCK_SIZE
+cdef const char* _LORA_ID_C = _LORA_ID
+cdef const char* _LORA_NAME_C = _LORA_NAME
+cdef const char* _REMOVED_OPEN_C = _REMOVED_OPEN
+cdef const char* _CLEARED_OPEN_C = _CLEARED_OPEN
+cdef enum:
+    _STORED_OPEN_SIZE = 37
+    _PARENT_BLOCK_HASH_SIZE = 21
+    _TOKEN_IDS_SIZE = 13
+    _BLOCK_SIZE_SIZE = 14
+    _LORA_ID_SIZE = 11
+    _LORA_NAME_SIZE = 13
+    _REMOVED_OPEN_SIZE = 38
+    _CLEARED_OPEN_SIZE = 26
+if [len(_STORED_OPEN), len(_PARENT_BLOCK_HASH), len(_TOKEN_IDS), len(_BLOCK_SIZE), len(_LORA_ID), len(_LORA_NAME),
+        len(_REMOVED_OPEN), len(_CLEARED_OPEN)] != [
+        _STORED_OPEN_SIZE, _PARENT_BLOCK_HASH_SIZE, _TOKEN_IDS_SIZE, _BLOCK_SIZE_SIZE, _LORA_ID_SIZE, _LORA_NAME_SIZE,
+        _REMOVED_OPEN_SIZE, _CLEARED_OPEN_SIZE]:
+    raise ImportError("kvgateway.protocol._render_c: a fixed part's size is not its text's")
+
+cdef extern from *:
+    """
+    /* n bytes copied from `from` to `to` (apart): for 8 to 32 (a further field's name and value, a
+       medium's part) two or four 8-byte moves that may overlap, no call; else memcpy (which the
+       compiler writes in line for a size it knows). */
+    static inline void kv_copy(char *to, const char *from, Py_ssize_t n) {
+        uint64_t a, b, c, d;
+        if (n >= 8 && n <= 16) {
+            memcpy(&a, from, 8); memcpy(&b, from + n - 8, 8);
+            memcpy(to, &a, 8); memcpy(to + n - 8, &b, 8);
+        } else if (n > 16 && n <= 32) {
+            memcpy(&a, from, 8); memcpy(&b, from + 8, 8);
+            memcpy(&c, from + n - 16, 8); memcpy(&d, from + n - 8, 8);
+            memcpy(to, &a, 8); memcpy(to + 8, &b, 8);
+            memcpy(to + n - 16, &c, 8); memcpy(to + n - 8, &d, 8);
+        } else {
+            memcpy(to, from, (size_t)n);
+        }
+    }
+    """
+    void kv_copy(char* to, const char* source, Py_ssize_t n) noexcept
 
 # --- a growing C buffer ---------------------------------------------------------------------------
 
@@ -91,7 +135,7 @@ cdef int _reserve(Buffer* out, Py_ssize_t more) except -1:
 cdef inline int _put(Buffer* out, const char* text, Py_ssize_t size) except -1:
     if out.size + size > out.capacity:
         _reserve(out, size)
-    memcpy(out.data + out.size, text, size)
+    kv_copy(out.data + out.size, text, size)
     out.size += size
     return 0
 
@@ -137,6 +181,47 @@ cdef int _fill_triples() except -1:
 
 
 _fill_triples()
+
+
+cdef struct _Lead:
+    char text[4]  # a comma and the value's digits without zeros in front: ",d", ",dd" or ",ddd"
+    uint32_t size  # how many of the four bytes that is
+
+
+cdef _Lead _LEADS[1000]
+"""Each of 0 to 999 after a comma: a list's next int's leading group of digits, one copy."""
+
+
+cdef int _fill_leads() except -1:
+    cdef int i, k, digits
+    for i in range(1000):
+        digits = 1 if i < 10 else 2 if i < 100 else 3
+        _LEADS[i].text[0] = 44  # ","
+        for k in range(3):
+            _LEADS[i].text[1 + k] = _TRIPLES[4 * i + 3 - digits + k] if k < digits else 0
+        _LEADS[i].size = 1 + digits
+    return 0
+
+
+_fill_leads()
+
+
+cdef inline char* _next_u32(char* at, uint32_t value) noexcept:
+    """A comma and ``value`` in decimal at ``at`` (room for 12 bytes: the comma, 10 digits and one
+    written beyond them); returns the end. A token id of four to six digits (most of a large
+    vocabulary's) is one comparison, one division and two copies: its leading group after the comma
+    from :data:`_LEADS`, then its last three digits from :data:`_TRIPLES`."""
+    cdef uint32_t high
+    if value - <uint32_t>1000 < <uint32_t>999000:  # 1,000 to 999,999 (below 1,000 wraps above)
+        high = value // 1000
+        memcpy(at, _LEADS[high].text, 4)
+        at += _LEADS[high].size
+        return _three(at, value - high * 1000)
+    if value < 1000:
+        memcpy(at, _LEADS[value].text, 4)
+        return at + _LEADS[value].size
+    at[0] = 44  # ","
+    return _write_u32(at + 1, value)
 
 
 cdef inline char* _lead(char* at, uint32_t value) noexcept:
@@ -231,21 +316,60 @@ cdef int _put_int(Buffer* out, object value) except -1:
     return _put_bytes(out, str(value).encode())  # wider than 64 bits: rare, and the same digits
 
 
+cdef char _HEX_PAIRS[512]
+"""Each byte's two lowercase hex digits (a byte hash's text: bytes.hex())."""
+
+
+cdef int _fill_hex_pairs() except -1:
+    cdef int i
+    for i in range(256):
+        _HEX_PAIRS[2 * i] = _HEX[i >> 4]
+        _HEX_PAIRS[2 * i + 1] = _HEX[i & 15]
+    return 0
+
+
+_fill_hex_pairs()
+
+
+cdef inline char* _write_hex(char* at, const unsigned char* data, Py_ssize_t n) noexcept:
+    """The ``n`` bytes at ``data`` in lowercase hex at ``at`` (room for ``2 * n``); returns the end.
+    Each byte's two digits one copy from :data:`_HEX_PAIRS`, four bytes a step."""
+    cdef const unsigned char* end = data + n
+    while end - data >= 4:
+        memcpy(at, _HEX_PAIRS + 2 * <size_t>data[0], 2)
+        memcpy(at + 2, _HEX_PAIRS + 2 * <size_t>data[1], 2)
+        memcpy(at + 4, _HEX_PAIRS + 2 * <size_t>data[2], 2)
+        memcpy(at + 6, _HEX_PAIRS + 2 * <size_t>data[3], 2)
+        at += 8
+        data += 4
+    while data < end:
+        memcpy(at, _HEX_PAIRS + 2 * <size_t>data[0], 2)
+        at += 2
+        data += 1
+    return at
+
+
 cdef int _put_hex(Buffer* out, bytes value) except -1:
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(value), i
-    cdef const unsigned char* data = <const unsigned char*>PyBytes_AS_STRING(value)
-    cdef char* at
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(value)
     _reserve(out, 2 * n)
-    at = out.data + out.size
-    for i in range(n):
-        at[2 * i] = _HEX[data[i] >> 4]
-        at[2 * i + 1] = _HEX[data[i] & 15]
-    out.size += 2 * n
+    out.size = _write_hex(out.data + out.size, <const unsigned char*>PyBytes_AS_STRING(value), n) - out.data
     return 0
 
 
 cdef bint _put_hash(Buffer* out, object value) except -1:
-    """A block hash as its quoted text (render.hash_text); False for another type (not written)."""
+    """A block hash as its quoted text (render.hash_text); False for another type (not written). A
+    u64 (nearly every int hash) in place after one room check."""
+    cdef uint64_t unsigned
+    cdef char* at
+    if u64_of(value, &unsigned):
+        if out.size + 22 > out.capacity:  # two quotes and 20 digits (the byte past them is the quote)
+            _reserve(out, 22)
+        at = out.data + out.size
+        at[0] = 34  # '"'
+        at = _write_u64(at + 1, unsigned)
+        at[0] = 34
+        out.size = at + 1 - out.data
+        return True
     if PyLong_CheckExact(value):
         _put_char(out, 34)
         _put_int(out, value)
@@ -279,11 +403,11 @@ cdef int _put_str(Buffer* out, object text) except -1:
 cdef int _put_value(Buffer* out, object value) except -1:
     """Any value as the reference encodes it: the common ones here, the rest through msgspec."""
     if value is None:
-        return _put_bytes(out, _NULL)
+        return _put(out, "null", 4)
     if value is True:
-        return _put_bytes(out, _TRUE)
+        return _put(out, "true", 4)
     if value is False:
-        return _put_bytes(out, _FALSE)
+        return _put(out, "false", 5)
     if PyLong_CheckExact(value):
         return _put_int(out, value)
     if PyUnicode_CheckExact(value):
@@ -377,8 +501,21 @@ cdef enum:
 cdef PyObject* _name_of[_NAME_SLOTS]
 cdef PyObject* _name_json[_NAME_SLOTS]
 cdef unsigned char _name_own[_NAME_SLOTS]
+# And the value last written under the slot's name, where it is an immutable scalar (an exact int or
+# str, None, a bool: held, so its address names it), with the name and the value as written once the
+# same object came twice in a row (``',"name":value'``, held; NULL before): an engine's fixed further
+# fields (vLLM's group_idx, kv_cache_spec_kind) are then one copy
+cdef PyObject* _name_value[_NAME_SLOTS]
+cdef PyObject* _name_pair[_NAME_SLOTS]
 cdef dict _names = {}  # name -> (its JSON, its own bits)
 cdef int _NAMES_MAX = 4096
+
+
+cdef inline void _name_forget(Py_ssize_t slot) noexcept:
+    """The slot's last value and its pair dropped."""
+    Py_XDECREF(_name_value[slot])
+    Py_XDECREF(_name_pair[slot])
+    _name_value[slot] = _name_pair[slot] = NULL
 
 
 cdef Py_ssize_t _name_slot(object key) except -1:
@@ -403,6 +540,7 @@ cdef Py_ssize_t _name_slot(object key) except -1:
     Py_XDECREF(_name_of[slot])
     Py_XDECREF(_name_json[slot])
     _name_of[slot], _name_json[slot] = <PyObject*>key, <PyObject*>json
+    _name_forget(slot)
     _name_own[slot] = <unsigned char>(<tuple>found)[1]
     return slot
 
@@ -411,7 +549,7 @@ cdef bint _put_extra(Buffer* out, object extra, unsigned char own) except -1:
     """The further fields after the event's own; False (nothing usable written) where the reference
     would not simply append them: a name of the event's own (``own``: it overwrites it in place),
     or not a str."""
-    cdef Py_ssize_t pos = 0, slot
+    cdef Py_ssize_t pos = 0, slot, start
     cdef PyObject* key
     cdef PyObject* value
     if not PyDict_CheckExact(extra):
@@ -422,17 +560,34 @@ cdef bint _put_extra(Buffer* out, object extra, unsigned char own) except -1:
         slot = _name_slot(<object>key)
         if _name_own[slot] & own:
             return False
+        if value == _name_value[slot] and _name_pair[slot] != NULL:
+            _put_bytes(out, <bytes>_name_pair[slot])
+            continue
+        start = out.size
         _put_bytes(out, <bytes>_name_json[slot])
         _put_further(out, <object>value)
+        if value == _name_value[slot]:  # the second time in a row: kept as written
+            pair = PyBytes_FromStringAndSize(out.data + start, out.size - start)
+            Py_INCREF(pair)
+            _name_pair[slot] = <PyObject*>pair
+        elif _scalar(<object>value):
+            _name_forget(slot)
+            Py_INCREF(<object>value)
+            _name_value[slot] = value
     return True
+
+
+cdef inline bint _scalar(object value) noexcept:
+    """Whether ``value`` is immutable and written as it is: None, a bool, an exact int or str."""
+    return value is None or value is True or value is False or PyLong_CheckExact(value) or PyUnicode_CheckExact(value)
 
 
 cdef bint _put_hashes(Buffer* out, object hashes) except -1:
     """A list of block hashes as their quoted texts; False for anything else (not all written).
     Room for every hash as a quoted u64 and its comma is reserved once and each written in place;
-    any other (bytes' hex, a wider or negative int) through :func:`_put_hash`, the room after it
-    reserved again."""
-    cdef Py_ssize_t i, n
+    bytes (their hex) in place too, after room for them is reserved; any other (a wider or negative
+    int) through :func:`_put_hash`, the room after it reserved again."""
+    cdef Py_ssize_t i, n, size
     cdef uint64_t value
     cdef char* at
     if not PyList_CheckExact(hashes):
@@ -454,6 +609,16 @@ cdef bint _put_hashes(Buffer* out, object hashes) except -1:
             at += 1
             continue
         out.size = at - out.data
+        if PyBytes_CheckExact(item):  # a sha256 hash (vLLM's): two quotes and its hex, then the rest's room
+            size = PyBytes_GET_SIZE(item)
+            if out.size + 3 + 2 * size + 23 * (n - i - 1) > out.capacity:
+                _reserve(out, 3 + 2 * size + 23 * (n - i - 1))
+            at = out.data + out.size
+            at[0] = 34  # '"'
+            at = _write_hex(at + 1, <const unsigned char*>PyBytes_AS_STRING(item), size)
+            at[0] = 34
+            at += 1
+            continue
         if not _put_hash(out, item):
             return False
         _reserve(out, 1 + 23 * (n - i - 1))
@@ -469,13 +634,14 @@ cdef int _put_tokens(Buffer* out, Tokens tokens) except -1:
     cdef Py_ssize_t i, n = tokens.count
     cdef const uint32_t* ids = tokens.ids
     cdef char* at
-    _reserve(out, 2 + 11 * n)  # 10 digits and a comma each, the brackets
-    at = out.data + out.size
-    at[0] = 91  # "["
-    at = _write_u32(at + 1, ids[0])
-    for i in range(1, n):
-        at[0] = 44  # ","
-        at = _write_u32(at + 1, ids[i])
+    cdef char* start
+    _reserve(out, 3 + 11 * n)  # a comma and 10 digits each, the closing bracket, two bytes beyond
+    start = at = out.data + out.size
+    for i in range(n):  # each after a comma: the first's is then the opening bracket
+        at = _next_u32(at, ids[i])
+    if n == 0:
+        at += 1
+    start[0] = 91  # "["
     at[0] = 93  # "]"
     out.size = at + 1 - out.data
     return 0
@@ -520,13 +686,15 @@ cdef int _put_ints(Buffer* out, object values) except -1:
     return _put_bytes(out, _encoder.encode(values))
 
 
-cdef tuple _opened(Buffer* out, object event, object kind, bytes opening, object medium, object hashes, _Seen seen):
+cdef tuple _opened(
+    Buffer* out, object event, object kind, const char* opening, Py_ssize_t size, object medium, object hashes, _Seen seen
+):
     """A block event's type and hashes (its ``medium`` and ``block_hashes``); its medium part and
     key, or None where the reference must write the event."""
     media = _medium_part(event, kind, medium, seen)
     if media is None:
         return None
-    _put_bytes(out, opening)
+    _put(out, opening, size)
     if not _put_hashes(out, hashes):
         return None
     return media
@@ -536,23 +704,23 @@ cdef object _put_stored(Buffer* out, object event):
     """A BlockStored's JSON; its filter key, or None where the reference must write it."""
     hashes = field(event, _BlockStored, _STORED.block_hashes, "block_hashes")
     medium = field(event, _BlockStored, _STORED.medium, "medium")
-    media = _opened(out, event, STORED, _STORED_OPEN, medium, hashes, _STORED_SEEN)
+    media = _opened(out, event, STORED, _STORED_OPEN_C, _STORED_OPEN_SIZE, medium, hashes, _STORED_SEEN)
     if media is None:
         return None
-    _put_bytes(out, _PARENT_BLOCK_HASH)
+    _put(out, _PARENT_BLOCK_HASH_C, _PARENT_BLOCK_HASH_SIZE)
     parent = field(event, _BlockStored, _STORED.parent_block_hash, "parent_block_hash")
     if parent is None:
-        _put_bytes(out, _NULL)
+        _put(out, "null", 4)
     elif not _put_hash(out, parent):
         return None
-    _put_bytes(out, _TOKEN_IDS)
+    _put(out, _TOKEN_IDS_C, _TOKEN_IDS_SIZE)
     _put_ints(out, slot_value(event, _TOKENS_AT))  # not made a list where the wire's ids are kept
-    _put_bytes(out, _BLOCK_SIZE)
+    _put(out, _BLOCK_SIZE_C, _BLOCK_SIZE_SIZE)
     _put_value(out, field(event, _BlockStored, _STORED.block_size, "block_size"))
-    _put_bytes(out, _LORA_ID)
+    _put(out, _LORA_ID_C, _LORA_ID_SIZE)
     _put_value(out, field(event, _BlockStored, _STORED.lora_id, "lora_id"))
     _put_bytes(out, <bytes>media[0])
-    _put_bytes(out, _LORA_NAME)
+    _put(out, _LORA_NAME_C, _LORA_NAME_SIZE)
     _put_value(out, field(event, _BlockStored, _STORED.lora_name, "lora_name"))
     if not _put_extra(out, field(event, _BlockStored, _STORED.extra, "extra"), _OWN_STORED):
         return None
@@ -563,7 +731,7 @@ cdef object _put_stored(Buffer* out, object event):
 cdef object _put_removed(Buffer* out, object event):
     hashes = field(event, _BlockRemoved, _REMOVED.block_hashes, "block_hashes")
     medium = field(event, _BlockRemoved, _REMOVED.medium, "medium")
-    media = _opened(out, event, REMOVED, _REMOVED_OPEN, medium, hashes, _REMOVED_SEEN)
+    media = _opened(out, event, REMOVED, _REMOVED_OPEN_C, _REMOVED_OPEN_SIZE, medium, hashes, _REMOVED_SEEN)
     if media is None:
         return None
     _put_bytes(out, <bytes>media[0])
@@ -578,7 +746,7 @@ cdef object _CLEARED_KEY = None
 
 cdef object _put_cleared(Buffer* out, object event):
     global _CLEARED_KEY
-    _put_bytes(out, _CLEARED_OPEN)
+    _put(out, _CLEARED_OPEN_C, _CLEARED_OPEN_SIZE)
     if not _put_extra(out, field(event, _AllBlocksCleared, _CLEARED.extra, "extra"), _OWN_CLEARED):
         return None
     _put_char(out, 125)
@@ -587,20 +755,22 @@ cdef object _put_cleared(Buffer* out, object event):
     return _CLEARED_KEY
 
 
-cdef object _put_event(Buffer* out, object event):
-    """One event's JSON and its filter key; where the fast paths do not apply, the reference's."""
+cdef object _put_event(Buffer* out, object event, bint careful):
+    """One event's JSON and its filter key; where the fast paths do not apply, the reference's.
+    ``careful``: a value a fast path raised on (msgspec refused it where the reference may never
+    encode it: overwritten) is the reference's to write, here; otherwise the error is the caller's
+    (:func:`_put_events`, which writes the batch again carefully: a try block per event cost more
+    than the rare second pass)."""
     cdef Py_ssize_t start = out.size
     kind = type(event)
     key = None
-    try:
-        if kind is _BlockStored:
-            key = _put_stored(out, event)
-        elif kind is _BlockRemoved:
-            key = _put_removed(out, event)
-        elif kind is _AllBlocksCleared:
-            key = _put_cleared(out, event)
-    except (TypeError, ValueError, AttributeError, OverflowError):
-        key = None  # a value msgspec refused where the reference may never encode it (overwritten)
+    if careful:
+        try:
+            key = _put_known(out, event, kind)
+        except (TypeError, ValueError, AttributeError, OverflowError):
+            key = None
+    else:
+        key = _put_known(out, event, kind)
     if key is None:
         out.size = start
         _put_bytes(out, _encoder.encode(render_event(event)))
@@ -608,10 +778,48 @@ cdef object _put_event(Buffer* out, object event):
     return key
 
 
+cdef inline object _put_known(Buffer* out, object event, object kind):
+    """A block event's JSON and filter key by its writer; None (anything written unused) otherwise."""
+    if kind is _BlockStored:
+        return _put_stored(out, event)
+    if kind is _BlockRemoved:
+        return _put_removed(out, event)
+    if kind is _AllBlocksCleared:
+        return _put_cleared(out, event)
+    return None
+
+
 cdef object _EncodedEvents = messages.EncodedEvents
-cdef object _EncodedBatch = messages.EncodedBatch
-cdef object _OutMessage = messages.OutMessage
 cdef object _BATCH = messages.BATCH
+# The three Structs a batch makes here, made as their constructors make them without calling them
+# (engine/_direct.pxd), where a check at import finds them the same; otherwise called (DIRECT says)
+cdef Maker _events_maker, _batch_maker, _message_maker
+cdef list _held = []  # the classes and defaults the makers point at
+maker_init(&_events_maker, messages.EncodedEvents, ("body", "ends", "counts"), _held, type(msgspec.Struct))
+maker_init(&_batch_maker, messages.EncodedBatch, ("message", "_prefix", "_ends"), _held, type(msgspec.Struct))
+maker_init(&_message_maker, messages.OutMessage, ("data", "type", "id"), _held, type(msgspec.Struct))
+DIRECT = {
+    "EncodedEvents": bool(_events_maker.direct),
+    "EncodedBatch": bool(_batch_maker.direct),
+    "OutMessage": bool(_message_maker.direct),
+}
+"""By class name: whether its instances are made here without its constructor."""
+
+cdef list _COUNTS = [None] * 128
+"""The events' counts by type (``EncodedEvents.counts``, a tuple) of a batch of under 8 stored and 8
+removed events, at most one clear and none of another type, each made once: by
+``(stored * 8 + removed) * 2 + cleared``."""
+
+
+cdef tuple _counts(Py_ssize_t stored, Py_ssize_t removed, Py_ssize_t cleared, Py_ssize_t other):
+    cdef Py_ssize_t at
+    if stored >= 8 or removed >= 8 or cleared >= 2 or other:
+        return (stored, removed, cleared, other)
+    at = (stored * 8 + removed) * 2 + cleared
+    found = _COUNTS[at]
+    if found is None:
+        found = _COUNTS[at] = (stored, removed, cleared, other)
+    return <tuple>found
 cdef Py_ssize_t _BODY_AT = field_offset(messages.EncodedEvents, "body")
 cdef Py_ssize_t _ENDS_AT = field_offset(messages.EncodedEvents, "ends")
 cdef array _ENDS = array("q")
@@ -623,44 +831,59 @@ fresh buffer per batch cost more in page faults than the writing itself."""
 cdef Py_ssize_t _KEPT = 1 << 20  # a larger one (a huge batch) is given back after its call
 
 
+cdef tuple _put_events(list events, Py_ssize_t n, array ends, Py_ssize_t* counts, bint careful):
+    """The events' JSON in :data:`_out`, each one's end in ``ends``; their filter keys. ``counts``:
+    the BlockStored, BlockRemoved and AllBlocksCleared among them (the reference's event_counts)."""
+    cdef Py_ssize_t i
+    cdef tuple keys = PyTuple_New(n)
+    counts[0] = counts[1] = counts[2] = 0
+    _out.size = 0
+    for i in range(n):
+        if i:
+            _put_char(&_out, 44)
+        event = <object>PyList_GET_ITEM(events, i)
+        key = _put_event(&_out, event, careful)
+        kind = type(event)  # counted here, for the ingest's metrics
+        if kind is _BlockStored:
+            counts[0] += 1
+        elif kind is _BlockRemoved:
+            counts[1] += 1
+        elif kind is _AllBlocksCleared:
+            counts[2] += 1
+        Py_INCREF(key)
+        PyTuple_SET_ITEM(keys, i, key)
+        ends.data.as_longlongs[i] = _out.size
+    return keys
+
+
 def _events_json_c(events):
-    cdef Py_ssize_t i, n, stored = 0, removed = 0, cleared = 0
+    cdef Py_ssize_t n
+    cdef Py_ssize_t counts[3]
+    cdef PyObject* values[3]
     cdef array ends
-    cdef tuple keys
     if not PyList_CheckExact(events):
         events = list(events)
     n = PyList_GET_SIZE(events)
     ends = clone(_ENDS, n, False)
-    keys = PyTuple_New(n)
     if _out.data == NULL:
         _out.data = <char*>PyMem_Malloc(65536)
         if _out.data == NULL:
             raise MemoryError()
         _out.capacity = 65536
-    _out.size = 0
     try:
-        for i in range(n):
-            if i:
-                _put_char(&_out, 44)
-            event = <object>PyList_GET_ITEM(events, i)
-            key = _put_event(&_out, event)
-            kind = type(event)  # counted here, for the ingest's metrics (the reference's event_counts)
-            if kind is _BlockStored:
-                stored += 1
-            elif kind is _BlockRemoved:
-                removed += 1
-            elif kind is _AllBlocksCleared:
-                cleared += 1
-            Py_INCREF(key)
-            PyTuple_SET_ITEM(keys, i, key)
-            ends.data.as_longlongs[i] = _out.size
+        try:
+            keys = _put_events(events, n, ends, counts, False)
+        except (TypeError, ValueError, AttributeError, OverflowError):  # again, each event's own error handled
+            keys = _put_events(events, n, ends, counts, True)
         body = PyBytes_FromStringAndSize(_out.data, _out.size)
     finally:
         if _out.capacity > _KEPT:
             PyMem_Free(_out.data)
             _out.data = NULL
             _out.capacity = 0
-    return _EncodedEvents(body, ends, (stored, removed, cleared, n - stored - removed - cleared)), keys
+    found = _counts(counts[0], counts[1], counts[2], n - counts[0] - counts[1] - counts[2])
+    values[0], values[1], values[2] = <PyObject*>body, <PyObject*>ends, <PyObject*>found
+    return make(&_events_maker, values), keys
 
 
 # --- the batch message --------------------------------------------------------------------------
@@ -671,13 +894,24 @@ cdef dict _streams = {}  # stream -> b',"source":..,"dp_rank":..,"seq":"'
 cdef int _STREAMS_MAX = 4096
 
 
+cdef object _last_stream = None  # held: the identity test below is sound while it lives
+cdef bytes _last_stream_part = b""
+
+
 cdef bytes _stream_part(object stream):
+    """The head's part for ``stream``; the last one's again for the same object (a stream's batches
+    come with one tuple), without the tuple's hash and the dict's probe."""
+    global _last_stream, _last_stream_part
+    if stream is _last_stream:
+        return _last_stream_part
     found = _streams.get(stream)
     if found is None:
         source, dp_rank = stream
         found = b',"source":' + _encoder.encode(source) + b',"dp_rank":' + _encoder.encode(dp_rank) + b',"seq":"'
         if len(_streams) < _STREAMS_MAX:
             _streams[stream] = found
+    if type(stream) is tuple:  # immutable: the same object, the same part
+        _last_stream, _last_stream_part = stream, <bytes>found
     return <bytes>found
 
 
@@ -711,6 +945,7 @@ def _batch_message_c(epoch, offset, stream, *, seq, ts, events):
     cdef Py_ssize_t prefix, size, digits
     cdef bytes body
     cdef char* at
+    cdef PyObject* values[3]
     if not (PyUnicode_CheckExact(epoch) and PyLong_CheckExact(offset) and PyLong_CheckExact(seq)):
         return batch_message_reference(epoch, offset, stream, seq=seq, ts=ts, events=events)
     if epoch is not _epoch:
@@ -748,7 +983,11 @@ def _batch_message_c(epoch, offset, stream, *, seq, ts, events):
     at[size - 1] = 125  # "}"
     message_id = _message_id(epoch, head.data + PyBytes_GET_SIZE(_epoch_head), digits)
     ends = _ends_bytes(field(events, _EncodedEvents, _ENDS_AT, "ends"))
-    return _EncodedBatch(_OutMessage(data, _BATCH, message_id), prefix, ends)
+    values[0], values[1], values[2] = <PyObject*>data, <PyObject*>_BATCH, <PyObject*>message_id
+    message = make(&_message_maker, values)
+    prefix_int = <object>prefix
+    values[0], values[1], values[2] = <PyObject*>message, <PyObject*>prefix_int, <PyObject*>ends
+    return make(&_batch_maker, values)
 
 
 # The public names: the C writers in place of the reference's (which the rest of the included code

@@ -11,6 +11,7 @@ Skipped where the compiled core was not built; hypothesis shrinks any difference
 
 from __future__ import annotations
 
+import gc
 import math
 from array import array
 from types import ModuleType
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 from kvgateway.engine import wire
 from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored, Event, UnknownEvent
 from kvgateway.protocol import _render_py, render
-from kvgateway.protocol.messages import EncodedBatch, EncodedEvents, encode_events
+from kvgateway.protocol.messages import EncodedBatch, EncodedEvents, OutMessage, encode_events
 from kvgateway.runtime import extensions
 from tests.support.cores import compiled_twin
 from tests.support.payloads import U64, encoded_event
@@ -171,6 +172,20 @@ def test_values_off_the_fast_paths_are_written_as_the_reference_writes_them(even
     assert_same(events)
 
 
+def test_a_value_msgspec_refuses_where_a_further_field_overwrites_it() -> None:
+    """The compiled writer's fast pass raises on a value msgspec cannot encode, which the reference
+    never encodes (a further field of the same name overwrites it): the batch is written again, that
+    event the reference's, the others the compiled writer's."""
+    ext = msgspec.msgpack.Ext(1, b"x")
+    events: list[Event] = [
+        BlockStored([1], None, [1], 16, None, "GPU", None, {}),
+        BlockStored([2], None, [ext], 16, None, "GPU", None, {"token_ids": [3]}),
+        BlockRemoved([3], "GPU", {"lora_name": ext}),
+    ]
+    encoded, _ = assert_same(events)
+    assert b'"token_ids":[3]' in encoded.body
+
+
 # every decimal length and the values on each side of it, the 32-bit split, the 10**16 split of
 # a 64-bit value into three parts, CPython's 30-bit digits, and what is not a u64 at all
 DECIMAL_EDGES = sorted(
@@ -275,6 +290,23 @@ def test_a_huge_batch_and_the_next_small_one() -> None:
     assert_same([AllBlocksCleared()])
 
 
+def test_further_fields_of_the_same_value_again_and_of_others_between() -> None:
+    """The compiled writer keeps a further field's name and value as written once the same value
+    object came twice in a row under that name: each value written again, another value between,
+    one name in several event types, values of every scalar kind and some it does not keep."""
+    kind, other, escaped, wide = "full_attention", "sliding_window", 'a"b\\', 2**70
+    values: list[Any] = [0, 0, 0, 1, 0, 0, kind, kind, kind, other, kind, None, None, True, True, False]
+    values += [escaped, escaped, wide, wide, -5, -5, U64, U64, [None], [None], 1.5, 1.5, kind, kind]
+    events: list[Event] = []
+    for value in values:
+        events.append(BlockStored([1], None, [1], 16, None, "GPU", None, {"group_idx": value, "k": value}))
+        events.append(BlockRemoved([2], "GPU", {"group_idx": value}))
+    events.append(AllBlocksCleared(extra={"group_idx": 0}))
+    for _ in range(2):  # and again from a batch's start
+        assert_same(events)
+        assert_same(events[::-1])
+
+
 # --- the message's head -------------------------------------------------------------------------
 
 
@@ -313,6 +345,34 @@ def test_one_epoch_after_another_and_a_select_of_the_compiled_message() -> None:
         reference = _render_py.batch_message(epoch, 3, ("s", 0), seq=5, ts=1.0, events=encoded)
         for chosen in ([0], [1, 2], [0, 2]):
             assert message.select(chosen).data == reference.select(chosen).data
+
+
+def test_a_stream_again_after_another_is_written_as_the_reference_writes_it() -> None:
+    """The head's part of the last stream is kept for the same tuple: another between, equal
+    tuples that are other objects, the first again."""
+    encoded, _ = assert_same([AllBlocksCleared()])
+    first, second = ("a", 0), ("b", 1)
+    for offset, stream in enumerate([first, first, second, first, ("a", 0), ("a", 1), second, second]):
+        assert_same_message("e", offset, stream, seq=offset, ts=1.0, events=encoded)
+
+
+def test_the_compiled_writers_structs_are_made_as_their_constructors_make_them() -> None:
+    """EncodedEvents, EncodedBatch and OutMessage are made without their constructors (each slot
+    set: engine/_direct.pxd) where a check at import found them the same: here, every field of
+    each the same value as the reference's, of the exact class, untracked by the collector."""
+    compiled = _compiled()
+    assert compiled.DIRECT == {"EncodedEvents": True, "EncodedBatch": True, "OutMessage": True}
+    events: list[Event] = [BlockStored([1], None, [1], 16, None, "GPU", None, {}), AllBlocksCleared()]
+    (theirs, _), (ours, _) = compiled.events_json(events), _render_py.events_json(events)
+    assert type(theirs) is EncodedEvents and not gc.is_tracked(theirs)
+    assert msgspec.structs.astuple(theirs) == msgspec.structs.astuple(ours)
+    message = compiled.batch_message("e", 1, ("s", 0), seq=2, ts=3.0, events=theirs)
+    reference = _render_py.batch_message("e", 1, ("s", 0), seq=2, ts=3.0, events=ours)
+    assert type(message) is EncodedBatch and type(message.message) is OutMessage
+    assert msgspec.structs.astuple(message)[1:] == msgspec.structs.astuple(reference)[1:]
+    assert msgspec.structs.astuple(message.message) == msgspec.structs.astuple(reference.message)
+    assert not (gc.is_tracked(message) or gc.is_tracked(message.message))
+    assert message.message.text == reference.message.text  # its cache filled on the made one
 
 
 def test_the_chosen_core_writes_the_log() -> None:
