@@ -713,13 +713,18 @@ cdef object _batch(_Cursor* c):
 
 def parse_batch(payload):
     """An array envelope of map or positional events as the public ``Batch`` (see the reference),
-    read where it lies; what the parser declines, the reference decides."""
+    read where it lies (a bytes object's own buffer, any other's through the buffer protocol); what
+    the parser declines, the reference decides."""
     cdef Py_buffer view
     cdef _Cursor c
-    PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
-    try:
-        c.data, c.size, c.at = <const unsigned char*>view.buf, view.len, 0
+    if type(payload) is bytes:
+        c.data, c.size, c.at = <const unsigned char*>PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), 0
         batch = _batch(&c)
-    finally:
-        PyBuffer_Release(&view)
+    else:
+        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+        try:
+            c.data, c.size, c.at = <const unsigned char*>view.buf, view.len, 0
+            batch = _batch(&c)
+        finally:
+            PyBuffer_Release(&view)
     return _parse_reference(payload) if batch is _NO else batch
