@@ -567,21 +567,30 @@ cdef list _shapes = [None] * 16  # by the mask of extra's keys: the first such e
 cdef PyObject* _shape_values[16][4]  # the values it holds, by its mask's bits (``_shapes`` holds them)
 
 
+cdef dict _shape(unsigned int mask, object group, object kind, object window):
+    """The dict :func:`_extra` copies for ``mask``, made of the first such event's values and kept,
+    with the values it holds (its kind where short, as _text's): at most 15 small dicts held."""
+    cdef PyObject** held = _shape_values[mask]
+    kept = kind if kind is None or len(kind) <= 64 else None
+    shape = _built(mask, None, group, kept, window)
+    _shapes[mask] = shape
+    held[0], held[1], held[2], held[3] = <PyObject*>None, <PyObject*>group, <PyObject*>kept, <PyObject*>window
+    return shape
+
+
 cdef dict _extra(unsigned int mask, object extra_keys, object group, object kind, object window):
     """An event's ``extra`` (as :func:`_built` makes it): a copy of the first one made of the same
-    keys (kept here, never handed out, its extra_keys None), each value that is not the same object
-    set again in its place. The copy is one allocation and a memcpy, where each key's insertion
-    looks for its place (a BlockStored's three keys cost twice their copy, a removal's one key a
-    third more), and an engine sends the same group and kind event after event: only a
-    BlockStored's own extra_keys list is set again."""
+    keys (kept here, never handed out; its extra_keys None, and its kind None where over 64
+    characters), each value that is not the same object set again in its place. The copy is one
+    allocation and a memcpy, where each key's insertion looks for its place (a BlockStored's three
+    keys cost twice their copy, a removal's one key a third more), and an engine sends the same
+    group and kind event after event: only a BlockStored's own extra_keys list is set again."""
     cdef PyObject** held = _shape_values[mask]
     if mask == 0:
         return {}
     shape = _shapes[mask]
     if shape is None:
-        shape = _built(mask, None, group, kind, window)
-        _shapes[mask] = shape
-        held[0], held[1], held[2], held[3] = <PyObject*>None, <PyObject*>group, <PyObject*>kind, <PyObject*>window
+        shape = _shape(mask, group, kind, window)
     cdef dict extra = PyDict_Copy(shape)
     if mask & 1 and <PyObject*>extra_keys != held[0]:
         extra[_EXTRA_KEYS_NAME] = extra_keys

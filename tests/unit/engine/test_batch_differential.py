@@ -378,6 +378,7 @@ def test_each_extra_is_the_references_whatever_the_events_before_it() -> None:
         (None, 0, "full_attention", 2**40),
         ([], 2**40, "full_attention", 2**40),
         ([None], 0, "sliding_window", None),
+        ([None], 0, "k" * 65, None),  # a kind too long to be kept
     ]
     events = [
         {"type": "BlockStored", "block_hashes": [n], "token_ids": [n], **dict(zip(keys, row, strict=True))}
