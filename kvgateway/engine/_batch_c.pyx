@@ -22,13 +22,16 @@ Python-level call that matches its arguments to the fields): allocated by the ty
 offset, the ``type`` field given its default. Only where a class's constructor does no more than
 that (``_plain``: no ``__post_init__``, not tracked, no cached hash, the fields in the parser's
 order, every other default a plain value) and one instance made each way at install is the same;
-otherwise the class is called, as before (``DIRECT`` says which).
+otherwise the class is called, as before (``DIRECT`` says which). An event's ``extra`` is a copy
+of the first one the parser made of the same keys, each value that is not the same object set again
+(``_extra``): the same items in the same order, a dict of its own.
 
 wire defines the types and hands them over once (:func:`install`), as to the reference.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_Copy
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_FromLongLong
 from cpython.object cimport PyObject, PyTypeObject
@@ -545,9 +548,9 @@ cdef str _EXTRA_KEYS_NAME = _KEY_NAMES[_EXTRA_KEYS], _GROUP_NAME = _KEY_NAMES[_G
 cdef str _KIND_NAME = _KEY_NAMES[_KIND], _WINDOW_NAME = _KEY_NAMES[_WINDOW]
 
 
-cdef dict _extra(unsigned int mask, object extra_keys, object group, object kind, object window):
-    """An event's ``extra``: the further keys sent (``mask``: a bit each, in _KEYS' order from
-    extra_keys) with their values, in the reference's order whatever the wire's."""
+cdef dict _built(unsigned int mask, object extra_keys, object group, object kind, object window):
+    """An event's ``extra`` built key by key: the further keys sent (``mask``: a bit each, in _KEYS'
+    order from extra_keys) with their values, in the reference's order whatever the wire's."""
     cdef dict extra = {}
     if mask & 1:
         extra[_EXTRA_KEYS_NAME] = extra_keys
@@ -556,6 +559,46 @@ cdef dict _extra(unsigned int mask, object extra_keys, object group, object kind
     if mask & 4:
         extra[_KIND_NAME] = kind
     if mask & 8:
+        extra[_WINDOW_NAME] = window
+    return extra
+
+
+cdef list _shapes = [None] * 16  # by the mask of extra's keys: the first such event's extra (see _extra)
+cdef PyObject* _shape_values[16][4]  # the values it holds, by its mask's bits (``_shapes`` holds them)
+
+
+cdef dict _shape(unsigned int mask, object group, object kind, object window):
+    """The dict :func:`_extra` copies for ``mask``, made of the first such event's values and kept,
+    with the values it holds (its kind where short, as _text's): at most 15 small dicts held."""
+    cdef PyObject** held = _shape_values[mask]
+    kept = kind if kind is None or len(kind) <= 64 else None
+    shape = _built(mask, None, group, kept, window)
+    _shapes[mask] = shape
+    held[0], held[1], held[2], held[3] = <PyObject*>None, <PyObject*>group, <PyObject*>kept, <PyObject*>window
+    return shape
+
+
+cdef dict _extra(unsigned int mask, object extra_keys, object group, object kind, object window):
+    """An event's ``extra`` (as :func:`_built` makes it): a copy of the first one made of the same
+    keys (kept here, never handed out; its extra_keys None, and its kind None where over 64
+    characters), each value that is not the same object set again in its place. The copy is one
+    allocation and a memcpy, where each key's insertion looks for its place (a BlockStored's three
+    keys cost twice their copy, a removal's one key a third more), and an engine sends the same
+    group and kind event after event: only a BlockStored's own extra_keys list is set again."""
+    cdef PyObject** held = _shape_values[mask]
+    if mask == 0:
+        return {}
+    shape = _shapes[mask]
+    if shape is None:
+        shape = _shape(mask, group, kind, window)
+    cdef dict extra = PyDict_Copy(shape)
+    if mask & 1 and <PyObject*>extra_keys != held[0]:
+        extra[_EXTRA_KEYS_NAME] = extra_keys
+    if mask & 2 and <PyObject*>group != held[1]:
+        extra[_GROUP_NAME] = group
+    if mask & 4 and <PyObject*>kind != held[2]:
+        extra[_KIND_NAME] = kind
+    if mask & 8 and <PyObject*>window != held[3]:
         extra[_WINDOW_NAME] = window
     return extra
 
@@ -679,13 +722,18 @@ cdef object _batch(_Cursor* c):
 
 def parse_batch(payload):
     """An array envelope of map or positional events as the public ``Batch`` (see the reference),
-    read where it lies; what the parser declines, the reference decides."""
+    read where it lies (a bytes object's own buffer, any other's through the buffer protocol); what
+    the parser declines, the reference decides."""
     cdef Py_buffer view
     cdef _Cursor c
-    PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
-    try:
-        c.data, c.size, c.at = <const unsigned char*>view.buf, view.len, 0
+    if type(payload) is bytes:
+        c.data, c.size, c.at = <const unsigned char*>PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), 0
         batch = _batch(&c)
-    finally:
-        PyBuffer_Release(&view)
+    else:
+        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+        try:
+            c.data, c.size, c.at = <const unsigned char*>view.buf, view.len, 0
+            batch = _batch(&c)
+        finally:
+            PyBuffer_Release(&view)
     return _parse_reference(payload) if batch is _NO else batch

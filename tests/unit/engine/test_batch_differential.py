@@ -361,3 +361,40 @@ def test_a_key_or_tag_one_byte_off_a_known_one_is_declined() -> None:
         for place in range(len(tag)):
             other = tag[:place] + chr(ord(tag[place]) ^ 0x01) + tag[place + 1 :]
             assert parsed_alone(compiled, envelope([[other, [1]]], 1.0, 0)) is DECLINED
+
+
+def test_each_extra_is_the_references_whatever_the_events_before_it() -> None:
+    """An event's ``extra`` is copied from the first one of its keys the parser made, its values set
+    again where they are not the same objects: events of the same keys and other values (another
+    group, kind or window, an int too large to be shared, extra_keys or none) parse to the
+    reference's items in order, each its own dict of the reference's size, tracked by the collector
+    as the reference's; a parsed extra changed by its reader changes no later one. From bytes and
+    from any buffer alike."""
+    compiled = _compiled()
+    keys = ("extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
+    values = [
+        ([None, None], 0, "full_attention", None),
+        ([None], 1, "sliding_window", 4096),
+        (None, 0, "full_attention", 2**40),
+        ([], 2**40, "full_attention", 2**40),
+        ([None], 0, "sliding_window", None),
+        ([None], 0, "k" * 65, None),  # a kind too long to be kept
+    ]
+    events = [
+        {"type": "BlockStored", "block_hashes": [n], "token_ids": [n], **dict(zip(keys, row, strict=True))}
+        for n, row in enumerate(values)
+    ] + [{"type": "BlockRemoved", "block_hashes": [n], "group_idx": group} for n, group in enumerate((0, 3, 2**40))]
+    for round_ in range(2):
+        data = envelope(events[round_:] + events[:round_], 1.0, 0)  # another first event each round
+        reference = _batch_py.parse_batch(data)
+        for payload in (data, memoryview(data), bytearray(data)):
+            batch = parsed_alone(compiled, payload)
+            assert field_by_field(batch.events) == field_by_field(reference.events)
+            extras = [event.extra for event in batch.events]
+            assert len({id(extra) for extra in extras}) == len(extras)
+            assert [gc.is_tracked(extra) for extra in extras] == [gc.is_tracked(e.extra) for e in reference.events]
+            assert [sys.getsizeof(extra) for extra in extras] == [sys.getsizeof(e.extra) for e in reference.events]
+            for extra in extras:
+                extra["group_idx"] = "changed"
+                extra["added"] = True
+        assert field_by_field(parsed_alone(compiled, data).events) == field_by_field(reference.events)
