@@ -19,10 +19,11 @@ pass through them), so a full collection does not visit the log's batches one li
 The events and the Batch are made as msgspec's constructor makes them, without calling it (a
 Python-level call that matches its arguments to the fields): allocated by the type's own
 ``tp_alloc`` (zeroed, the type's reference taken, not tracked), each slot set at its member's
-offset, the ``type`` field given its default. Only where a class's constructor does no more than
-that (``_plain``: no ``__post_init__``, not tracked, no cached hash, the fields in the parser's
-order, every other default a plain value) and one instance made each way at install is the same;
-otherwise the class is called, as before (``DIRECT`` says which). An event's ``extra`` is a copy
+offset, the ``type`` field given its default (engine/_direct.pxd, shared with the renderer). Only
+where a class's constructor does no more than that (``plain_struct``: no ``__post_init__``, not
+tracked, no cached hash, the fields in the parser's order, every other default a plain value) and
+one instance made each way at install is the same; otherwise the class is called, as before
+(``DIRECT`` says which). An event's ``extra`` is a copy
 of the first one the parser made of the same keys, each value that is not the same object set again
 (``_extra``): the same items in the same order, a dict of its own.
 
@@ -40,25 +41,12 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 from kvgateway._pylong cimport kv_be16, kv_be32, kv_be64, u64_long  # big-endian loads; a hash's int made
+from kvgateway.engine._direct cimport Maker, make, maker_init  # a Struct made without its constructor
 from kvgateway.engine._slots cimport class_attribute, is_member, member_offset  # where a Struct keeps a field
 from kvgateway.engine._tokens_c cimport Field, tokens_at  # a batch's token ids read where they lie
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(object)
-    object PyObject_Vectorcall(object callable, PyObject** args, size_t nargsf, PyObject* kwnames)
-    void Py_INCREF_PTR "Py_INCREF"(PyObject*)
-    int Py_TPFLAGS_HAVE_GC, Py_TPFLAGS_IS_ABSTRACT
-
-cdef extern from *:
-    """
-    /* A msgspec Struct allocated as its constructor allocates it (msgspec's Struct_alloc): the
-       type's tp_alloc, which zeroes it (every slot empty) and takes a reference to the type. */
-    static inline PyObject *kv_struct_alloc(PyObject *cls) {
-        PyTypeObject *t = (PyTypeObject *)cls;
-        return t->tp_alloc(t, t->tp_itemsize);
-    }
-    """
-    object kv_struct_alloc(object cls)
 
 cdef extern from *:
     """
@@ -84,30 +72,13 @@ cdef extern from *:
     """
     bint kv_same(const unsigned char* a, const unsigned char* b, Py_ssize_t n) noexcept
 
-import gc
-
 import msgspec
 
 from kvgateway.engine._batch_py import parse_batch as _parse_reference
 
 __all__ = ["DIRECT", "install", "parse_batch"]
 
-cdef enum:
-    _MAX_FIELDS = 12  # the most fields a Struct made here may have
-
-
-cdef struct _Maker:
-    # how one of wire's Structs is made: its class called with the fields the parser gives, in
-    # their order, or (``direct``) allocated as its constructor allocates it and each slot set:
-    # the given fields', then the defaults of the rest (``type``, a str)
-    PyObject* cls  # held by _held
-    bint direct
-    int given, count
-    Py_ssize_t offsets[_MAX_FIELDS]  # each field's slot, in the class's field order
-    PyObject* defaults[_MAX_FIELDS]  # the fields' after ``given``: their defaults (held by _held)
-
-
-cdef _Maker _stored_maker, _removed_maker, _cleared_maker, _batch_maker
+cdef Maker _stored_maker, _removed_maker, _cleared_maker, _batch_maker
 cdef list _held = []  # the classes and defaults the makers point at
 # the fields each Struct is given, in this order (the first of its fields)
 cdef tuple _STORED_GIVEN = (
@@ -142,84 +113,12 @@ cdef Py_ssize_t _slot_offset(object cls, str name) except -2:
     return member_offset(member) if is_member(member) else -1
 
 
-cdef bint _plain(object cls, tuple given) except -1:
-    """Whether ``cls``'s constructor does no more than its allocation and its slots set: a msgspec
-    Struct taking ``given`` as its first fields, every further one's default a str, int, float,
-    bool, bytes or None (the same object set each time); not tracked by the collector, no weak
-    references, no __dict__, no cached hash, no __post_init__, not abstract, no items."""
-    if type(cls) is not type(msgspec.Struct) or not isinstance(cls, type):
-        return False
-    fields, defaults = cls.__struct_fields__, cls.__struct_defaults__
-    config = cls.__struct_config__  # (an option an older msgspec lacks is one it does not have)
-    if getattr(config, "gc", True) or any(getattr(config, name, False) for name in ("weakref", "dict", "cache_hash")):
-        return False
-    if getattr(cls, "__post_init__", None) is not None or (<PyTypeObject*>cls).tp_itemsize != 0:
-        return False
-    if (<PyTypeObject*>cls).tp_flags & (Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IS_ABSTRACT):
-        return False
-    if len(fields) > _MAX_FIELDS or tuple(fields[: len(given)]) != given:
-        return False
-    if len(defaults) < len(fields) - len(given):
-        return False
-    return all(type(d) in (str, int, float, bool, bytes, type(None)) for d in defaults[len(defaults) - (len(fields) - len(given)):])
-
-
-cdef int _maker(_Maker* maker, object cls, tuple given) except -1:
-    """How ``cls`` is made (see :c:type:`_Maker`): directly where :func:`_plain` says its constructor
-    only allocates and sets, every slot is found, and one instance made each way from the same
-    values is the same (type, fields, ``==``, ``repr``, not tracked)."""
-    cdef Py_ssize_t i, count
-    cdef PyObject* values[_MAX_FIELDS]
-    _held.append(cls)
-    maker.cls, maker.direct, maker.given, maker.count = <PyObject*>cls, False, len(given), len(given)
-    DIRECT[cls.__name__] = False
-    if not _plain(cls, given):
-        return 0
-    fields, defaults = cls.__struct_fields__, cls.__struct_defaults__
-    count = len(fields)
-    for i in range(count):
-        maker.offsets[i] = _slot_offset(cls, fields[i])
-        if maker.offsets[i] < 0:
-            return 0
-        if i >= maker.given:
-            default = defaults[len(defaults) - count + i]
-            _held.append(default)
-            maker.defaults[i] = <PyObject*>default
-    maker.count = <int>count
-    samples = [object() for _ in range(maker.given)]
-    for i in range(maker.given):
-        values[i] = <PyObject*>samples[i]
-    called = cls(*samples)
-    maker.direct = True
-    try:
-        made = _make(maker, values)
-        maker.direct = (
-            type(made) is type(called)
-            and all(a is b for a, b in zip(msgspec.structs.astuple(made), msgspec.structs.astuple(called), strict=True))
-            and made == called
-            and repr(made) == repr(called)
-            and not gc.is_tracked(made)
-        )
-    except Exception:  # a slot left empty reads as an AttributeError: the constructor, then
-        maker.direct = False
+cdef int _maker(Maker* maker, object cls, tuple given) except -1:
+    """How ``cls`` is made (engine/_direct.pxd), its slots found by :func:`_slot_offset`; noted in
+    :data:`DIRECT`."""
+    maker_init(maker, cls, given, _held, type(msgspec.Struct), _slot_offset)
     DIRECT[cls.__name__] = maker.direct
     return 0
-
-
-cdef object _make(_Maker* maker, PyObject** values):
-    """An instance of the maker's class of the given fields ``values`` (as many as it is given)."""
-    cdef int i
-    cdef char* at
-    cdef PyObject* value
-    if not maker.direct:
-        return PyObject_Vectorcall(<object>maker.cls, values, maker.given, NULL)
-    made = kv_struct_alloc(<object>maker.cls)
-    at = <char*><PyObject*>made
-    for i in range(maker.count):
-        value = values[i] if i < maker.given else maker.defaults[i]
-        Py_INCREF_PTR(value)
-        (<PyObject**>(at + maker.offsets[i]))[0] = value
-    return made
 
 
 cdef object _NO = object()  # a value the parser declines
@@ -618,7 +517,7 @@ cdef object _event(_Cursor* c, int* layout):
     if tag == 2:
         extra = {}
         values[0] = <PyObject*>extra
-        return _make(&_cleared_maker, values)
+        return make(&_cleared_maker, values)
     hashes = tokens = None
     parent = lora_id = medium = lora_name = None  # the defaults of the keys left out
     extra_keys = group = kind = window = None
@@ -662,10 +561,10 @@ cdef object _event(_Cursor* c, int* layout):
     values[0] = <PyObject*>hashes
     if tag == 1:
         values[1], values[2] = <PyObject*>medium, <PyObject*>extra
-        return _make(&_removed_maker, values)
+        return make(&_removed_maker, values)
     values[1], values[2], values[3] = <PyObject*>parent, <PyObject*>tokens, <PyObject*>size
     values[4], values[5], values[6], values[7] = <PyObject*>lora_id, <PyObject*>medium, <PyObject*>lora_name, <PyObject*>extra
-    return _make(&_stored_maker, values)
+    return make(&_stored_maker, values)
 
 
 cdef object _ts(_Cursor* c):
@@ -717,7 +616,7 @@ cdef object _batch(_Cursor* c):
     PyObject_GC_UnTrack(events)  # its events hold no reference cycle (gc=False Structs)
     cdef PyObject* values[3]
     values[0], values[1], values[2] = <PyObject*>ts, <PyObject*>events, <PyObject*>rank
-    return _make(&_batch_maker, values)
+    return make(&_batch_maker, values)
 
 
 def parse_batch(payload):

@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""For the compiled core only (``cimport``-ed by protocol/_render_c.pyx): a msgspec Struct made as
+"""For the compiled core only (``cimport``-ed by engine/_batch_c.pyx and protocol/_render_c.pyx): a msgspec Struct made as
 its constructor makes it, without calling it (a Python-level call that matches its arguments to
 the fields): allocated by the type's own ``tp_alloc`` (zeroed, the type's reference taken, not
 tracked), each slot set at its member's offset, the fields not given their defaults.
@@ -7,10 +7,9 @@ tracked), each slot set at its member's offset, the fields not given their defau
 Only where the class's constructor does no more than that (:func:`plain_struct`: no
 ``__post_init__``, not tracked, no cached hash, the given fields first, every other default a plain
 value) and one instance made each way at import is the same (:func:`maker_init`); otherwise the
-class is called (``Maker.direct`` says which). The same steps as engine/_batch_c.pyx's ``_plain``,
-``_maker`` and ``_make`` (which the parse keeps for its events and the Batch), written here without
-the module-level state a .pxd cannot hold: the caller keeps the classes and defaults alive
-(``held``) and passes msgspec's Struct metaclass."""
+class is called (``Maker.direct`` says which). A .pxd holds no module-level state: the caller keeps
+the classes and defaults alive (``held``), passes msgspec's Struct metaclass, and says where a field
+lives (``slot_offset``: :func:`member_slot`, or the parse's, which knows the tokens core's field)."""
 
 from cpython.object cimport PyObject, PyTypeObject
 
@@ -35,6 +34,17 @@ cdef extern from *:
 
 cdef enum:
     MAX_DIRECT_FIELDS = 12  # the most fields a Struct made here may have
+
+ctypedef Py_ssize_t (*SlotOffset)(object cls, str name) except -2  # a field's slot offset, or -1
+
+
+cdef inline Py_ssize_t member_slot(object cls, str name) except -2:
+    """Where ``cls``'s instances keep the field ``name``: its member descriptor's offset; -1 where
+    it has none."""
+    member = class_attribute(cls, name)
+    if member is None or not is_member(member):
+        return -1
+    return member_offset(member)
 
 
 cdef struct Maker:
@@ -77,10 +87,13 @@ cdef inline bint plain_struct(object cls, tuple given, object meta) except -1:
     return True
 
 
-cdef inline int maker_init(Maker* maker, object cls, tuple given, list held, object meta) except -1:
+cdef inline int maker_init(
+    Maker* maker, object cls, tuple given, list held, object meta, SlotOffset slot_offset
+) except -1:
     """How ``cls`` is made (see :c:type:`Maker`): directly where :func:`plain_struct` says its
-    constructor only allocates and sets, every slot is found, and one instance made each way from
-    the same values is the same (type, each field the same object, ``repr``, not tracked)."""
+    constructor only allocates and sets, ``slot_offset`` finds every slot, and one instance made
+    each way from the same values is the same (type, each field the same object, ``repr``, not
+    tracked: ``==`` follows from the fields where a class compares, and is identity where not)."""
     cdef Py_ssize_t i, count
     cdef PyObject* values[MAX_DIRECT_FIELDS]
     held.append(cls)
@@ -90,10 +103,9 @@ cdef inline int maker_init(Maker* maker, object cls, tuple given, list held, obj
     fields, defaults = cls.__struct_fields__, cls.__struct_defaults__
     count = len(fields)
     for i in range(count):
-        member = class_attribute(cls, fields[i])
-        if member is None or not is_member(member):
+        maker.offsets[i] = slot_offset(cls, fields[i])
+        if maker.offsets[i] < 0:
             return 0
-        maker.offsets[i] = member_offset(member)
         if i >= maker.given:
             default = defaults[len(defaults) - count + i]
             held.append(default)

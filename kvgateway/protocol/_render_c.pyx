@@ -27,7 +27,7 @@ from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from kvgateway._pylong cimport u64_of  # an int read from its digits
-from kvgateway.engine._direct cimport Maker, make, maker_init  # a Struct made without its constructor
+from kvgateway.engine._direct cimport Maker, make, maker_init, member_slot  # a Struct made without its constructor
 from kvgateway.engine._slots cimport Fields, field, field_offset, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 
@@ -795,9 +795,9 @@ cdef object _BATCH = messages.BATCH
 # (engine/_direct.pxd), where a check at import finds them the same; otherwise called (DIRECT says)
 cdef Maker _events_maker, _batch_maker, _message_maker
 cdef list _held = []  # the classes and defaults the makers point at
-maker_init(&_events_maker, messages.EncodedEvents, ("body", "ends", "counts"), _held, type(msgspec.Struct))
-maker_init(&_batch_maker, messages.EncodedBatch, ("message", "_prefix", "_ends"), _held, type(msgspec.Struct))
-maker_init(&_message_maker, messages.OutMessage, ("data", "type", "id"), _held, type(msgspec.Struct))
+maker_init(&_events_maker, messages.EncodedEvents, ("body", "ends", "counts"), _held, type(msgspec.Struct), member_slot)
+maker_init(&_batch_maker, messages.EncodedBatch, ("message", "_prefix", "_ends"), _held, type(msgspec.Struct), member_slot)
+maker_init(&_message_maker, messages.OutMessage, ("data", "type", "id"), _held, type(msgspec.Struct), member_slot)
 DIRECT = {
     "EncodedEvents": bool(_events_maker.direct),
     "EncodedBatch": bool(_batch_maker.direct),
