@@ -59,6 +59,8 @@ from kvgateway.state._hashtable cimport (  # the C tables of hashes: the evictio
     _filter_may,
     _filter_note,
     _filter_size,
+    _ints_discard,
+    _ints_put,
     _fnv_decimal,
     _fnv_hex,
     _key_element,
@@ -121,7 +123,7 @@ cdef class _Generation:
     # knowing it compares no bytes.
     cdef inline int set(self, Key* k, object h, double at, object ts) except -1:
         if k.kind == _INT:
-            _table_set(&self.ints, k.key, NULL, at)
+            _ints_put(&self.ints, k.key, at)
         elif k.kind == _BYTES:
             _table_set(&self.blobs, k.key, k.data, at)
         else:
@@ -313,7 +315,7 @@ cdef class BlockSet:
         cdef Py_ssize_t before
         self.changes += 1
         if k.kind == _INT:
-            return _table_add(&self.ints, k.key, NULL)
+            return _ints_put(&self.ints, k.key, 0.0)
         if k.kind == _BYTES:
             return _table_add(&self.blobs, k.key, k.data)
         before = len(self.other)
@@ -331,7 +333,7 @@ cdef class BlockSet:
         cdef double at
         self.changes += 1
         if k.kind == _INT:
-            return _table_pop(&self.ints, k.key, NULL, &at)
+            return _ints_discard(&self.ints, k.key)
         if k.kind == _BYTES:
             return _table_pop(&self.blobs, k.key, k.data, &at)
         return PySet_Discard(self.other, h) == 1

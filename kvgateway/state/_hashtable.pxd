@@ -266,6 +266,63 @@ cdef inline bint _table_add(Table* table, uint64_t key, const unsigned char* dat
     return table.n != before
 
 
+cdef inline bint _ints_put(Table* table, uint64_t key, double ts) except -1:
+    """:func:`_table_set` in a table of u64 keys (no bytes: a set's ``ints``, an eviction
+    generation's), its probe comparing the keys alone: small enough to be compiled into its callers,
+    where the general one is a call. Whether ``key`` was not there."""
+    cdef size_t i
+    cdef bint new
+    if key == 0:
+        new = not table.has_zero
+        table.n += new
+        table.has_zero, table.zero = True, ts
+        return new
+    if (table.n + 1) * 4 > (table.mask + 1) * 3:
+        _table_grow(table)
+    i = _mix(key) & table.mask
+    while table.keys[i] and table.keys[i] != key:
+        i = (i + 1) & table.mask
+    new = not table.keys[i]
+    if new:
+        table.keys[i] = key
+        table.n += 1
+    if table.times is not NULL:
+        table.times[i] = ts
+    return new
+
+
+cdef inline bint _ints_discard(Table* table, uint64_t key) noexcept nogil:
+    """:func:`_table_pop` in a table of u64 keys alone: the find and the backward shift moving the
+    keys only (no times, no bytes); whether ``key`` was there."""
+    cdef uint64_t* keys = table.keys
+    cdef size_t mask = table.mask
+    cdef size_t i, j, home
+    if key == 0:
+        if not table.has_zero:
+            return False
+        table.has_zero = False
+        table.n -= 1
+        return True
+    i = _mix(key) & mask
+    while keys[i] != key:
+        if not keys[i]:
+            return False
+        i = (i + 1) & mask
+    j = i
+    while True:  # :func:`_table_delete`'s shift
+        j = (j + 1) & mask
+        if not keys[j]:
+            break
+        home = _mix(keys[j]) & mask
+        if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
+            continue
+        keys[i] = keys[j]
+        i = j
+    keys[i] = 0
+    table.n -= 1
+    return True
+
+
 cdef inline int _table_copy(Table* table, Table* source) except -1:
     """``table`` (uninitialised or freed) made an equal copy of ``source``, the same size."""
     cdef size_t slots = source.mask + 1
