@@ -15,7 +15,10 @@ one probe into one array (other hashes, rare, in a dict beside them). And a remo
 group's ``extra`` references (a dict keyed by the hashes, each asked costing its ``hash()`` and a
 probe) only for the hashes a negative filter beside it may hold (:meth:`Group._none_extra`); an
 event whose (medium, group_idx) is the previous event's takes its group without the route
-cache's tuple key.
+cache's tuple key. A group's state digest, once tracked, is a C sum kept by the loops that put
+the hashes in and take them out: the element of each hash that enters or leaves, from the key
+the pass read (FNV-1a over the hash's text, never built: ``_fnv_decimal`` in _hashtable.pxd), where
+the reference builds the sets of the hashes that entered and left and sums them.
 
 Counts are Python objects where a value comes from the wire or a clock unbounded (a block size, a
 second), so no value a Python int holds can overflow here.
@@ -751,6 +754,12 @@ cdef class Group:
         fleet = self.fleet
         held = fleet.blocks if fleet is not None and not fleet.extra else None
         left = [] if fleet is not None and held is None else None  # told to the fleet in one call
+        if held is not None and not tracked:  # the common case, its loop as short as it can be
+            for i in range(n):
+                h = <object>PyList_GET_ITEM(hashes, i)
+                if blocks.discard_key(&keys[i], h):
+                    held.discard_key(&keys[i], h)
+            n = 0
         for i in range(n):  # each hash's key read already
             h = <object>PyList_GET_ITEM(hashes, i)
             if blocks.discard_key(&keys[i], h):
