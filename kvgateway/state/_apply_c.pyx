@@ -15,7 +15,10 @@ one probe into one array (other hashes, rare, in a dict beside them). And a remo
 group's ``extra`` references (a dict keyed by the hashes, each asked costing its ``hash()`` and a
 probe) only for the hashes a negative filter beside it may hold (:meth:`Group._none_extra`); an
 event whose (medium, group_idx) is the previous event's takes its group without the route
-cache's tuple key.
+cache's tuple key. A group's state digest, once tracked, is a C sum kept by the loops that put
+the hashes in and take them out: the element of each hash that enters or leaves, from the key
+the pass read (FNV-1a over the hash's text, never built: ``_fnv_decimal`` in _hashtable.pxd), where
+the reference builds the sets of the hashes that entered and left and sums them.
 
 Counts are Python objects where a value comes from the wire or a clock unbounded (a block size, a
 second), so no value a Python int holds can overflow here.
@@ -59,6 +62,11 @@ from kvgateway.state._hashtable cimport (  # the C tables of hashes: the evictio
     _filter_may,
     _filter_note,
     _filter_size,
+    _ints_discard,
+    _ints_put,
+    _fnv_decimal,
+    _fnv_hex,
+    _key_element,
 )
 
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
@@ -118,7 +126,7 @@ cdef class _Generation:
     # knowing it compares no bytes.
     cdef inline int set(self, Key* k, object h, double at, object ts) except -1:
         if k.kind == _INT:
-            _table_set(&self.ints, k.key, NULL, at)
+            _ints_put(&self.ints, k.key, at)
         elif k.kind == _BYTES:
             _table_set(&self.blobs, k.key, k.data, at)
         else:
@@ -310,7 +318,7 @@ cdef class BlockSet:
         cdef Py_ssize_t before
         self.changes += 1
         if k.kind == _INT:
-            return _table_add(&self.ints, k.key, NULL)
+            return _ints_put(&self.ints, k.key, 0.0)
         if k.kind == _BYTES:
             return _table_add(&self.blobs, k.key, k.data)
         before = len(self.other)
@@ -328,7 +336,7 @@ cdef class BlockSet:
         cdef double at
         self.changes += 1
         if k.kind == _INT:
-            return _table_pop(&self.ints, k.key, NULL, &at)
+            return _ints_discard(&self.ints, k.key)
         if k.kind == _BYTES:
             return _table_pop(&self.blobs, k.key, k.data, &at)
         return PySet_Discard(self.other, h) == 1
@@ -457,6 +465,34 @@ cdef class _BlockSetIterator:
         return next(self.rest)
 
 
+cdef inline uint64_t _element(uint64_t prefix, Key* k, object h) except? 0:
+    """The digest element of ``h`` (its key ``k``) in the group whose FNV state after its prefix is
+    ``prefix``: from the key in C, or the digest module's for a hash of neither table's kind."""
+    if k.kind == _OTHER:
+        return _other_element(prefix, h)
+    return _key_element(prefix, k)
+
+
+cdef uint64_t _other_element(uint64_t prefix, object h) except? 0:
+    return <uint64_t>(elements_sum(prefix, (h,)) & MASK)
+
+
+cdef uint64_t _blocks_sum(BlockSet blocks, uint64_t prefix) except? 0:
+    """The digest's sum of ``blocks``' elements (a group's first sum): the tables' slots read in C,
+    the rest by the digest module's ``elements_sum``."""
+    cdef uint64_t total = _fnv_decimal(prefix, 0) if blocks.ints.has_zero else 0
+    cdef size_t i
+    for i in range(blocks.ints.mask + 1):
+        if blocks.ints.keys[i]:
+            total += _fnv_decimal(prefix, blocks.ints.keys[i])
+    for i in range(blocks.blobs.mask + 1):
+        if blocks.blobs.keys[i]:
+            total += _fnv_hex(prefix, blocks.blobs.content + i * CONTENT, CONTENT)
+    if blocks.other:
+        total += <uint64_t>(elements_sum(prefix, blocks.other) & MASK)
+    return total
+
+
 cdef inline bint _none_held(BlockSet blocks, list hashes, Key* keys) except -1:
     """``blocks.none_of(hashes)`` of a list whose hashes' keys are read already."""
     cdef Py_ssize_t i
@@ -502,8 +538,12 @@ cdef class Group:
     cdef public Medium medium
     cdef public bint shared
     cdef public Group fleet
-    cdef public object digest
-    cdef public object prefix
+    # the digest (``digest``, ``prefix``: properties, the reference's attributes): tracked or not,
+    # the sum of the resident hashes' elements and the group's FNV state after its prefix, in C,
+    # kept by the loops that enter and take out the hashes (each element from the hash's key)
+    cdef bint _tracked
+    cdef uint64_t _sum
+    cdef uint64_t _prefix
     # A negative filter of ``extra``'s keys (u64 hashes, 32-byte hashes' fingerprints): a removal
     # asks the dict only for the hashes it may hold. It describes the dict ``_filtered`` (None:
     # none; a new dict, a copy or a restore, is filtered again when next asked), whose keys the
@@ -522,12 +562,32 @@ cdef class Group:
         self.medium = medium
         self.shared = False
         self.fleet = fleet
-        self.digest = None
-        self.prefix = 0
+        self._tracked = False
+        self._sum = 0
+        self._prefix = 0
+
+    @property
+    def digest(self):
+        """None, or (once :meth:`track` was called) the sum of the resident hashes' elements."""
+        return self._sum if self._tracked else None
+
+    @digest.setter
+    def digest(self, value):
+        self._tracked = value is not None
+        self._sum = <uint64_t>(value & MASK) if value is not None else 0
+
+    @property
+    def prefix(self):
+        return self._prefix
+
+    @prefix.setter
+    def prefix(self, value):
+        self._prefix = <uint64_t>(value & MASK)
 
     def track(self, medium, group_idx):
-        self.prefix = prefix_state(medium, group_idx)
-        self.digest = elements_sum(self.prefix, self.blocks)
+        self._prefix = <uint64_t>(prefix_state(medium, group_idx) & MASK)
+        self._sum = _blocks_sum(self.blocks, self._prefix)
+        self._tracked = True
 
     def restore(self, blocks, extra):
         self.blocks = BlockSet(blocks)
@@ -548,6 +608,7 @@ cdef class Group:
         cdef BlockSet blocks
         cdef dict extra
         cdef list entered
+        cdef Key k
         if fleet is not None and (
             _none_held(fleet.blocks, hashes, keys) if keys is not NULL else fleet.blocks.none_of(hashes)
         ):
@@ -556,15 +617,17 @@ cdef class Group:
         if self.shared:
             self._own()
         blocks = self.blocks
-        if self.digest is not None:  # the hashes that become resident (refs 0 -> 1), counted once
-            self.digest = (self.digest + elements_sum(self.prefix, [h for h in set(hashes) if not blocks.has(h)])) & MASK
         # the reference's two cases (all new here, or some held) in one loop: a hash held, or named
-        # again, takes an extra reference; the others enter, in their first mention's order
+        # again, takes an extra reference; the others enter, in their first mention's order (and
+        # into the digest: refs 0 -> 1, counted once)
         extra = self.extra
         entered = []
         for h in hashes:
-            if blocks.enter(h):
+            _key_of(h, &k)
+            if blocks.add_key(&k, h):
                 entered.append(h)
+                if self._tracked:
+                    self._sum += _element(self._prefix, &k, h)
             else:
                 extra[h] = extra.get(h, 0) + 1
                 self._filter_add(extra, h)
@@ -637,30 +700,30 @@ cdef class Group:
         """:meth:`store_new`; ``keys``, where not NULL, each hash's of ``hashes`` (a list), read
         already (the pass reads them once for its loops)."""
         cdef BlockSet blocks
-        cdef BlockSet held
+        cdef BlockSet held = self.fleet.blocks if self.fleet is not None else None
         cdef Key k
         cdef Py_ssize_t i, before
+        cdef bint tracked = self._tracked
         if self.shared:
             self._own()
         blocks = self.blocks
-        if self.digest is not None:
-            self.digest = (self.digest + elements_sum(self.prefix, set(hashes))) & MASK
         before = blocks.size()
-        if self.fleet is None:
-            for h in hashes:
-                blocks.enter(h)
-        elif keys is not NULL:
-            held = self.fleet.blocks
+        # both sets in one loop, each hash's kind read once (a repeat adds nothing to either), and
+        # the digest given each hash that enters (none was resident: each distinct hash once)
+        if keys is not NULL:
             for i in range(PyList_GET_SIZE(hashes)):
                 h = <object>PyList_GET_ITEM(hashes, i)
-                blocks.add_key(&keys[i], h)
-                held.add_key(&keys[i], h)
-        else:  # both sets in one loop, each hash's kind read once (a repeat adds nothing to either)
-            held = self.fleet.blocks
+                if blocks.add_key(&keys[i], h) and tracked:
+                    self._sum += _element(self._prefix, &keys[i], h)
+                if held is not None:
+                    held.add_key(&keys[i], h)
+        else:
             for h in hashes:
                 _key_of(h, &k)
-                blocks.add_key(&k, h)
-                held.add_key(&k, h)
+                if blocks.add_key(&k, h) and tracked:
+                    self._sum += _element(self._prefix, &k, h)
+                if held is not None:
+                    held.add_key(&k, h)
         if blocks.size() - before != len(hashes):
             self._repeats(hashes)
         return 0
@@ -669,60 +732,54 @@ cdef class Group:
         return self._remove(hashes, NULL)
 
     cdef Py_ssize_t _remove(self, hashes, Key* keys) except -1:
-        """:meth:`remove`; ``keys``, where not NULL, each hash's of ``hashes`` (a list), read already."""
-        cdef set was
-        cdef Py_ssize_t unknown
-        cdef BlockSet blocks
-        if self.digest is None:
-            return self._take(hashes, keys)
-        blocks = self.blocks
-        was = {h for h in hashes if blocks.has(h)}
-        unknown = self._take(hashes, keys)
-        blocks = self.blocks  # a copy, if the group was shared
-        self.digest = (self.digest - elements_sum(self.prefix, [h for h in was if not blocks.has(h)])) & MASK
-        return unknown
-
-    cdef Py_ssize_t _take(self, hashes, Key* keys) except -1:
+        """:meth:`remove`; ``keys``, where not NULL, each hash's of ``hashes`` (a list), read already.
+        Each hash that leaves (refs 1 -> 0) leaves the digest too, where the group keeps one."""
         cdef BlockSet blocks, held
         cdef dict extra
         cdef Group fleet
         cdef Py_ssize_t i, before
+        cdef Py_ssize_t n = PyList_GET_SIZE(hashes) if keys is not NULL else 0
         cdef Key k
+        cdef bint tracked = self._tracked
+        cdef list left
         if self.shared:
             self._own()
         blocks = self.blocks
         extra = self.extra
-        if not extra or self._none_extra(extra, hashes, keys):
-            # no extra references involved: each hash held leaves (a repeated hash's second
-            # mention is unknown), and leaves the fleet's holders too when no other group holds it
-            before = blocks.size()
-            fleet = self.fleet
-            if fleet is None:
-                for h in hashes:
-                    blocks.leave(h)
-            elif not fleet.extra and keys is not NULL:  # as below, each hash's key read already
-                held = fleet.blocks
-                for i in range(PyList_GET_SIZE(hashes)):
-                    h = <object>PyList_GET_ITEM(hashes, i)
-                    if blocks.discard_key(&keys[i], h):
-                        held.discard_key(&keys[i], h)
-            elif not fleet.extra:  # no other group holds any hash: each leaves the fleet too
-                held = fleet.blocks
-                for h in hashes:
-                    _key_of(h, &k)
-                    if blocks.discard_key(&k, h):
-                        held.discard_key(&k, h)
-            else:
-                fleet.remove([h for h in hashes if blocks.leave(h)])
-            return len(hashes) - (before - blocks.size())
-        return self._take_extra(hashes)
+        if extra and not self._none_extra(extra, hashes, keys):
+            return self._take_extra(hashes)
+        # no extra references involved: each hash held leaves (a repeated hash's second mention is
+        # unknown), and leaves the fleet's holders too when no other group holds it
+        before = blocks.size()
+        fleet = self.fleet
+        held = fleet.blocks if fleet is not None and not fleet.extra else None
+        left = [] if fleet is not None and held is None else None  # told to the fleet in one call
+        if held is not None and not tracked:  # the common case, its loop as short as it can be
+            for i in range(n):
+                h = <object>PyList_GET_ITEM(hashes, i)
+                if blocks.discard_key(&keys[i], h):
+                    held.discard_key(&keys[i], h)
+            n = 0
+        for i in range(n):  # each hash's key read already
+            h = <object>PyList_GET_ITEM(hashes, i)
+            if blocks.discard_key(&keys[i], h):
+                _left(self, &keys[i], h, held, left, tracked)
+        if keys is NULL:
+            for h in hashes:
+                _key_of(h, &k)
+                if blocks.discard_key(&k, h):
+                    _left(self, &k, h, held, left, tracked)
+        if left is not None:
+            fleet.remove(left)
+        return len(hashes) - (before - blocks.size())
 
     cdef Py_ssize_t _take_extra(self, hashes) except -1:
-        """:meth:`_take` where extra references are involved: hash by hash."""
+        """:meth:`_remove` where extra references are involved: hash by hash."""
         cdef BlockSet blocks = self.blocks
         cdef dict extra = self.extra
         cdef Py_ssize_t unknown = 0
         cdef list left = []
+        cdef Key k
         for h in hashes:
             n = extra.get(h)
             if n is not None:
@@ -730,8 +787,12 @@ cdef class Group:
                     del extra[h]
                 else:
                     extra[h] = n - 1
-            elif blocks.leave(h):
+                continue
+            _key_of(h, &k)
+            if blocks.discard_key(&k, h):
                 left.append(h)
+                if self._tracked:
+                    self._sum -= _element(self._prefix, &k, h)
             else:
                 unknown += 1
         if self.fleet is not None:
@@ -747,8 +808,19 @@ cdef class Group:
         self.blocks = BlockSet()
         self.extra = {}
         self.shared = False
-        if self.digest is not None:
-            self.digest = 0
+        self._sum = 0  # tracked or not
+
+
+cdef inline int _left(Group grp, Key* k, object h, BlockSet held, list left, bint tracked) except -1:
+    """``h`` (its key ``k``) left the group: out of the fleet's holders (``held``, where no
+    other group holds any hash) or onto ``left``, and out of the digest."""
+    if held is not None:
+        held.discard_key(k, h)
+    elif left is not None:
+        left.append(h)
+    if tracked:
+        grp._sum -= _element(grp._prefix, k, h)
+    return 0
 
 
 cdef class Medium:

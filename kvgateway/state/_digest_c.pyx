@@ -5,7 +5,8 @@
 The same sums for every hash the reference takes (checked by tests/unit/test_core_differential.py):
 
 - an int in the int64 or uint64 range is written in C, in decimal with its sign, as ``str()``
-  writes it; a wider one (the wire sends none, but a Python int may be any size) goes through
+  writes it (two digits a step: ``_fnv_decimal`` in state/_hashtable.pxd, which the index's
+  pass shares to keep its sums from the keys it reads); a wider one (the wire sends none, but a Python int may be any size) goes through
   ``str()`` itself, so its text is Python's by construction;
 - bytes are read two lowercase hex digits a byte, as ``bytes.hex()`` writes them;
 - anything else goes through ``.hex()``, as in the reference (and fails there alike).
@@ -15,58 +16,19 @@ arithmetic to 64 bits (``& MASK``), which is what C's unsigned wrap-around does.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from cpython.exc cimport PyErr_Clear, PyErr_Occurred
 from libc.stdint cimport uint64_t
+
+from kvgateway._pylong cimport u64_of  # an int of 0 to 2**64-1 read from its digits
+from kvgateway.state._hashtable cimport _fnv, _fnv_decimal, _fnv_hex  # FNV-1a over the texts, shared with the index's pass
 
 from kvgateway.state._digest_py import EMPTY, FNV_OFFSET, FNV_PRIME, MASK, WIDE_FROM, hex_digest
 
 cdef extern from "Python.h":
-    # neither raises for an exact int: the first reports overflow through its flag, and the
-    # second's error (too wide) is checked and cleared below
+    # does not raise for an exact int: an overflow is reported through its flag
     long long PyLong_AsLongLongAndOverflow(object value, int* overflow) noexcept
-    unsigned long long PyLong_AsUnsignedLongLong(object value) noexcept
 
-cdef uint64_t _PRIME = 0x100000001B3ULL
 cdef uint64_t _OFFSET = 0xCBF29CE484222325ULL
-cdef const char* _HEX = b"0123456789abcdef"
 cdef unsigned char _MINUS = 45  # "-"
-cdef unsigned char _ZERO = 48  # "0"
-
-
-cdef inline uint64_t _fnv(uint64_t state, const unsigned char* data, Py_ssize_t size) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(size):
-        state = (state ^ data[i]) * _PRIME
-    return state
-
-
-cdef inline uint64_t _fnv_hex(uint64_t state, const unsigned char* data, Py_ssize_t size) noexcept nogil:
-    """FNV-1a over ``data.hex()``: two lowercase hex digits a byte, high nibble first."""
-    cdef Py_ssize_t i
-    cdef unsigned char byte
-    for i in range(size):
-        byte = data[i]
-        state = (state ^ <unsigned char>_HEX[byte >> 4]) * _PRIME
-        state = (state ^ <unsigned char>_HEX[byte & 15]) * _PRIME
-    return state
-
-
-cdef inline uint64_t _fnv_decimal(uint64_t state, uint64_t magnitude, bint negative) noexcept nogil:
-    """FNV-1a over ``str(value)`` for ``value = -magnitude if negative else magnitude``."""
-    cdef unsigned char digits[20]  # 2**64 - 1 has 20 digits
-    cdef int count = 0
-    if negative:
-        state = (state ^ _MINUS) * _PRIME
-    while True:  # least significant digit first, hashed most significant first
-        digits[count] = _ZERO + <unsigned char>(magnitude % 10)
-        count += 1
-        magnitude //= 10
-        if magnitude == 0:
-            break
-    while count > 0:
-        count -= 1
-        state = (state ^ digits[count]) * _PRIME
-    return state
 
 
 cdef uint64_t _fnv_text(uint64_t state, bytes text):
@@ -76,18 +38,14 @@ cdef uint64_t _fnv_text(uint64_t state, bytes text):
 cdef uint64_t _fnv_int(uint64_t state, object value) except? 0:
     """FNV-1a over ``str(value)`` for an exact int of any size."""
     cdef int overflow = 0
-    cdef long long small = PyLong_AsLongLongAndOverflow(value, &overflow)
-    cdef unsigned long long wide
-    if overflow == 0:
-        if small < 0:  # -(small + 1) + 1: the magnitude of INT64_MIN too, without overflow
-            return _fnv_decimal(state, (<uint64_t>(-(small + 1))) + 1, True)
-        return _fnv_decimal(state, <uint64_t>small, False)
-    if overflow > 0:  # above 2**63 - 1: half of all random u64 hashes
-        wide = PyLong_AsUnsignedLongLong(value)
-        if wide != <unsigned long long>-1 or PyErr_Occurred() == NULL:
-            return _fnv_decimal(state, wide, False)
-        PyErr_Clear()  # wider than 64 bits
-    return _fnv_text(state, str(value).encode())
+    cdef long long small
+    cdef uint64_t magnitude
+    if u64_of(value, &magnitude):  # 0 to 2**64-1: every hash the wire sends
+        return _fnv_decimal(state, magnitude)
+    small = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow == 0:  # negative: -(small + 1) + 1, the magnitude of INT64_MIN too, without overflow
+        return _fnv_decimal((state ^ _MINUS) * 0x100000001B3ULL, (<uint64_t>(-(small + 1))) + 1)
+    return _fnv_text(state, str(value).encode())  # beyond 64 bits
 
 
 cdef uint64_t _element(uint64_t prefix, object block_hash) except? 0:

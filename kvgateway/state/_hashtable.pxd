@@ -12,10 +12,12 @@ Python container beside the tables: :func:`_key_of` says which kind a hash is.
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
 from kvgateway._pylong cimport u64_of  # a hash's int read from its digits
+
+cimport cython
 
 
 cdef extern from *:
@@ -264,6 +266,63 @@ cdef inline bint _table_add(Table* table, uint64_t key, const unsigned char* dat
     return table.n != before
 
 
+cdef inline bint _ints_put(Table* table, uint64_t key, double ts) except -1:
+    """:func:`_table_set` in a table of u64 keys (no bytes: a set's ``ints``, an eviction
+    generation's), its probe comparing the keys alone: small enough to be compiled into its callers,
+    where the general one is a call. Whether ``key`` was not there."""
+    cdef size_t i
+    cdef bint new
+    if key == 0:
+        new = not table.has_zero
+        table.n += new
+        table.has_zero, table.zero = True, ts
+        return new
+    if (table.n + 1) * 4 > (table.mask + 1) * 3:
+        _table_grow(table)
+    i = _mix(key) & table.mask
+    while table.keys[i] and table.keys[i] != key:
+        i = (i + 1) & table.mask
+    new = not table.keys[i]
+    if new:
+        table.keys[i] = key
+        table.n += 1
+    if table.times is not NULL:
+        table.times[i] = ts
+    return new
+
+
+cdef inline bint _ints_discard(Table* table, uint64_t key) noexcept nogil:
+    """:func:`_table_pop` in a table of u64 keys alone: the find and the backward shift moving the
+    keys only (no times, no bytes); whether ``key`` was there."""
+    cdef uint64_t* keys = table.keys
+    cdef size_t mask = table.mask
+    cdef size_t i, j, home
+    if key == 0:
+        if not table.has_zero:
+            return False
+        table.has_zero = False
+        table.n -= 1
+        return True
+    i = _mix(key) & mask
+    while keys[i] != key:
+        if not keys[i]:
+            return False
+        i = (i + 1) & mask
+    j = i
+    while True:  # :func:`_table_delete`'s shift
+        j = (j + 1) & mask
+        if not keys[j]:
+            break
+        home = _mix(keys[j]) & mask
+        if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
+            continue
+        keys[i] = keys[j]
+        i = j
+    keys[i] = 0
+    table.n -= 1
+    return True
+
+
 cdef inline int _table_copy(Table* table, Table* source) except -1:
     """``table`` (uninitialised or freed) made an equal copy of ``source``, the same size."""
     cdef size_t slots = source.mask + 1
@@ -351,3 +410,111 @@ cdef inline void _filter_note(Filter* f, uint64_t key) noexcept nogil:
     cdef uint64_t i = (key * 0x9e3779b97f4a7c15ULL) >> f.shift
     f.words[i >> 6] |= (<uint64_t>1) << (i & 63)
     f.added += 1
+
+
+# --- The state digest's element of a key (kvgateway/state/_digest_py.py): FNV-1a over the hash's
+# protocol text, the text never built. Compiled into the digest's module (every hash's element, a
+# group's first sum) and into the index's pass (the sums kept as blocks enter and leave, from the
+# keys the pass reads once).
+
+cdef extern from *:
+    """
+    /* two decimal digits a step, 00 to 99; the sixteen hex digits */
+    static const unsigned char KVG_DIGIT_PAIRS[201] =
+        "0001020304050607080910111213141516171819202122232425262728293031323334353637383940414243444546474849"
+        "5051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899";
+    static const unsigned char KVG_HEX_DIGITS[17] = "0123456789abcdef";
+    """
+    const unsigned char* KVG_DIGIT_PAIRS
+    const unsigned char* KVG_HEX_DIGITS
+
+
+cdef inline uint64_t _fnv(uint64_t state, const unsigned char* data, Py_ssize_t size) noexcept nogil:
+    """FNV-1a's state after ``data`` from ``state`` (64-bit: C's unsigned wrap-around is the
+    reference's ``& MASK``)."""
+    cdef Py_ssize_t i
+    for i in range(size):
+        state = (state ^ data[i]) * 0x100000001B3ULL
+    return state
+
+
+cdef inline uint64_t _fnv_pair(uint64_t state, uint32_t pair) noexcept nogil:
+    """:func:`_fnv` over the two digits of ``pair`` (0 to 99, a zero in front below 10)."""
+    cdef const unsigned char* digits = &KVG_DIGIT_PAIRS[2 * pair]
+    state = (state ^ digits[0]) * 0x100000001B3ULL
+    return (state ^ digits[1]) * 0x100000001B3ULL
+
+
+@cython.cdivision(True)
+cdef inline uint64_t _fnv_four(uint64_t state, uint32_t value) noexcept nogil:
+    """:func:`_fnv` over the four digits of ``value`` (below 10**4, zeros in front)."""
+    cdef uint32_t high = value // 100
+    return _fnv_pair(_fnv_pair(state, high), value - high * 100)
+
+
+@cython.cdivision(True)
+cdef inline uint64_t _fnv_up_to_four(uint64_t state, uint32_t value) noexcept nogil:
+    """:func:`_fnv` over ``str(value)`` for ``value`` below 10**4."""
+    if value < 10:
+        return (state ^ (48 + value)) * 0x100000001B3ULL  # "0" + value
+    if value < 100:
+        return _fnv_pair(state, value)
+    if value < 1000:
+        return _fnv_pair((state ^ (48 + value // 100)) * 0x100000001B3ULL, value % 100)
+    return _fnv_four(state, value)
+
+
+@cython.cdivision(True)
+cdef inline uint64_t _fnv_eight(uint64_t state, uint32_t value) noexcept nogil:
+    """:func:`_fnv` over the eight digits of ``value`` (below 10**8, zeros in front)."""
+    cdef uint32_t high = value // 10000
+    return _fnv_four(_fnv_four(state, high), value - high * 10000)
+
+
+@cython.cdivision(True)
+cdef inline uint64_t _fnv_up_to_eight(uint64_t state, uint32_t value) noexcept nogil:
+    """:func:`_fnv` over ``str(value)`` for ``value`` below 10**8."""
+    cdef uint32_t high
+    if value < 10000:
+        return _fnv_up_to_four(state, value)
+    high = value // 10000
+    return _fnv_four(_fnv_up_to_four(state, high), value - high * 10000)
+
+
+@cython.cdivision(True)
+cdef inline uint64_t _fnv_decimal(uint64_t state, uint64_t value) noexcept nogil:
+    """:func:`_fnv` over ``str(value)`` (0 to 2**64-1), the text never written: the value in parts
+    of eight digits (the leading one without its zeros, at most four above 10**16), each part's
+    digits two at a time from a table, hashed as they come (a u64 hash's 19 or 20 digits: two
+    divisions of 64 bits, the rest of 32, all multiplications)."""
+    cdef uint64_t high, middle
+    if value < 100000000ULL:
+        return _fnv_up_to_eight(state, <uint32_t>value)
+    if value < 10000000000000000ULL:
+        high = value // 100000000ULL
+        return _fnv_eight(_fnv_up_to_eight(state, <uint32_t>high), <uint32_t>(value - high * 100000000ULL))
+    high = value // 10000000000000000ULL  # at most 1844
+    value -= high * 10000000000000000ULL
+    middle = value // 100000000ULL
+    state = _fnv_eight(_fnv_up_to_four(state, <uint32_t>high), <uint32_t>middle)
+    return _fnv_eight(state, <uint32_t>(value - middle * 100000000ULL))
+
+
+cdef inline uint64_t _fnv_hex(uint64_t state, const unsigned char* data, Py_ssize_t size) noexcept nogil:
+    """:func:`_fnv` over ``data.hex()``: two lowercase hex digits a byte, high nibble first."""
+    cdef Py_ssize_t i
+    cdef unsigned char byte
+    for i in range(size):
+        byte = data[i]
+        state = (state ^ KVG_HEX_DIGITS[byte >> 4]) * 0x100000001B3ULL
+        state = (state ^ KVG_HEX_DIGITS[byte & 15]) * 0x100000001B3ULL
+    return state
+
+
+cdef inline uint64_t _key_element(uint64_t prefix, Key* k) noexcept nogil:
+    """The digest element of a hash of kind _INT or _BYTES from its key (its group's ``prefix``
+    state): the decimal text of the u64, the hex of the 32 bytes. A hash of another kind is the
+    caller's (the digest module's ``elements_sum``)."""
+    if k.kind == _INT:
+        return _fnv_decimal(prefix, k.key)
+    return _fnv_hex(prefix, k.data, CONTENT)

@@ -539,12 +539,14 @@ def test_the_compiled_digest_sums_as_the_reference(hashes: Any, group: tuple[str
 
 
 def test_the_compiled_digest_at_the_edges_of_fixed_width_integers() -> None:
-    """Every boundary of the C paths (int64, uint64, wider), the empty collection and hashes the
-    reference refuses (refused alike)."""
+    """Every boundary of the C paths (int64, uint64, wider, each decimal length), the empty
+    collection and hashes the reference refuses (refused alike)."""
     compiled = _compiled("kvgateway.state._digest_c")
     prefix = _digest_py.prefix_state("GPU", 0)
     edges: list[Hash] = [0, 9, 10, -1, -9, -10, 2**63 - 1, -(2**63), 2**63, -(2**63) - 1, U64, U64 + 1]
     edges += [10**19, 10**20, -(10**19), 2**128, -(2**128), b"", b"\x00", b"\xff" * 32, bytes(range(256))]
+    # every decimal length's edges: the C writer's parts of four and eight digits, and its leading digits
+    edges += [sign * (10**k + d) for k in range(1, 21) for d in (-1, 0, 1) for sign in (1, -1)]
     for block_hash in edges:
         assert compiled.elements_sum(prefix, [block_hash]) == _digest_py.elements_sum(prefix, [block_hash])
     assert compiled.elements_sum(prefix, edges) == _digest_py.elements_sum(prefix, edges)
