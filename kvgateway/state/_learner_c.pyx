@@ -31,6 +31,7 @@ remembered while its source and dp_rank are the same objects (the dicts' answers
 
 import sys
 
+cimport cython
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject, PyObject_Hash
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
@@ -68,9 +69,16 @@ cdef int _SHRINK_STEP = 4
 cdef uint16_t _NO_STREAM = 0xFFFF
 cdef enum:
     _AHEAD = 16  # blocks whose lines are asked for together, before they are taught
+    _ON_STACK = 64  # an event's digests held on the stack (beyond, allocated and freed after it)
 
 
 cdef bint _HASH_IN_LINE = sys.hash_info.modulus == HASH_MODULUS  # a 64-bit CPython's int hash
+
+
+cdef inline Py_ssize_t _wrap(Py_ssize_t at, Py_ssize_t size) noexcept:
+    """``at % size`` for ``0 <= at < 2 * size`` (a ring position plus at most the ring's length):
+    without the division, 20 to 40 cycles on its own, that ``%`` costs on every block."""
+    return at - size if at >= size else at
 
 
 cdef inline uint64_t _mix(object parent) except? 0:
@@ -132,16 +140,48 @@ cdef int _tuple_digest(list tokens, Py_ssize_t first, Py_ssize_t size, uint64_t*
 
 cdef int _packed_digests(Tokens tokens, Py_ssize_t size, Py_ssize_t blocks, uint64_t* out) except -1:
     """:func:`_plain_digests` of token ids held as the wire sent them (a ``Tokens`` of ``blocks *
-    size``): each is below the modulus, so its lane is its value (``_TUPLE_HASH_OK`` only)."""
+    size``): each is below the modulus, so its lane is its value (``_TUPLE_HASH_OK`` only).
+
+    Four blocks at a time (then two, then one), their lanes side by side: a block's lanes are one
+    chain of dependent steps (an add, a rotation and a multiplication each, five cycles), so the
+    chains run together, and the loop's own test is paid once for four tokens."""
     cdef const uint32_t* ids = tokens.ids
-    cdef uint64_t acc
-    cdef Py_ssize_t i, j
-    for i in range(blocks):
+    cdef const uint32_t* ids1
+    cdef const uint32_t* ids2
+    cdef const uint32_t* ids3
+    cdef uint64_t acc, acc1, acc2, acc3
+    cdef Py_ssize_t i = 0, j
+    while blocks - i >= 4:
+        ids1 = ids + size
+        ids2 = ids1 + size
+        ids3 = ids2 + size
+        acc = acc1 = acc2 = acc3 = _XXPRIME_5
+        for j in range(size):
+            acc = _xx_lane(acc, ids[j])
+            acc1 = _xx_lane(acc1, ids1[j])
+            acc2 = _xx_lane(acc2, ids2[j])
+            acc3 = _xx_lane(acc3, ids3[j])
+        out[i] = _block_end(acc, size)
+        out[i + 1] = _block_end(acc1, size)
+        out[i + 2] = _block_end(acc2, size)
+        out[i + 3] = _block_end(acc3, size)
+        ids = ids3 + size
+        i += 4
+    if blocks - i >= 2:
+        ids1 = ids + size
+        acc = acc1 = _XXPRIME_5
+        for j in range(size):
+            acc = _xx_lane(acc, ids[j])
+            acc1 = _xx_lane(acc1, ids1[j])
+        out[i] = _block_end(acc, size)
+        out[i + 1] = _block_end(acc1, size)
+        ids = ids1 + size
+        i += 2
+    if i < blocks:
         acc = _XXPRIME_5
         for j in range(size):
             acc = _xx_lane(acc, ids[j])
         out[i] = _block_end(acc, size)
-        ids += size
     return 0
 
 
@@ -211,6 +251,7 @@ cdef bint _all_none(list values):
     return True
 
 
+@cython.final
 cdef class ChainLearner:
     """What the streams announced: "(parent hash, the block's content digest) -> block hash".
 
@@ -508,15 +549,17 @@ cdef class ChainLearner:
                 self._extend(self._growth())
             else:
                 self._pop()
-        cdef Py_ssize_t at = (self._head + self._count) % self._size
+        cdef Py_ssize_t at = _wrap(self._head + self._count, self._size)
         self._count += 1
         return at
 
     cdef int _pop(self) except -1:
         """Free the front: a freed slot, or the oldest entry (after at most _SECOND_CHANCES
-        resident ones moved to the back)."""
+        resident ones moved to the back). 1 where Python code was asked (``resident``, or ``in``
+        of a ``held`` that is no BlockSet), which can change anything; else 0."""
         cdef Py_ssize_t at, back, size = self._size
         cdef int chances = 0
+        cdef bint asked = False, keep
         cdef uint64_t key
         cdef uint16_t sid
         cdef PyObject* block_hash
@@ -527,30 +570,30 @@ cdef class ChainLearner:
         cdef BlockSet fleet = <BlockSet>held if type(held) is BlockSet else None
         while True:
             at = self._head
-            self._head = (at + 1) % size
+            self._head = _wrap(at + 1, size)
             self._count -= 1
             if fleet is not None and resident is not None and self._count and self._vals[self._head] != NULL:
                 # its hash object asked for by _ahead: the holders' line is had by the next eviction
                 holds_ahead(fleet, <object>self._vals[self._head])
             key = self._keys[at]
             if not key:
-                return 0
+                return asked
             sid = self._sids[at]
             block_hash = self._vals[at]
-            if (
-                resident is not None
-                and chances < _SECOND_CHANCES
-                and sid != _NO_STREAM
-                and block_hash != NULL
-                and (
-                    held is None
-                    or (holds(fleet, <object>block_hash) if fleet is not None else <object>block_hash in held)
-                )
-                and resident(self._streams[sid], <object>block_hash)
-            ):
+            keep = resident is not None and chances < _SECOND_CHANCES and sid != _NO_STREAM and block_hash != NULL
+            if keep:
+                if fleet is not None:
+                    keep = holds(fleet, <object>block_hash)
+                elif held is not None:
+                    asked = True
+                    keep = <object>block_hash in held
+            if keep:
+                asked = True
+                keep = resident(self._streams[sid], <object>block_hash)
+            if keep:
                 chances += 1
                 self.second_chances += 1
-                back = (self._head + self._count) % size
+                back = _wrap(self._head + self._count, size)
                 self._count += 1
                 if back != at:  # the ring was not full: the entry moves, and its link with it
                     self._unlink(at)
@@ -567,7 +610,7 @@ cdef class ChainLearner:
             Py_DECREF(<object>block_hash)
             self._live -= 1
             self.evicted += 1
-            return 0
+            return asked
 
     cdef int _free_entry(self, Py_ssize_t at) except -1:
         cdef PyObject* old = self._vals[at]
@@ -578,7 +621,7 @@ cdef class ChainLearner:
         self._live -= 1
         return 0
 
-    cdef int _store(self, Py_ssize_t at, uint64_t key, object block_hash, uint16_t sid) except -1:
+    cdef inline int _store(self, Py_ssize_t at, uint64_t key, object block_hash, uint16_t sid) except -1:
         Py_INCREF(block_hash)
         Py_XDECREF(self._vals[at])
         self._vals[at] = <PyObject*>block_hash
@@ -598,7 +641,7 @@ cdef class ChainLearner:
         self._after_insert()
         return 0
 
-    cdef int _after_insert(self) except -1:
+    cdef inline int _after_insert(self) except -1:
         if self._live > _LOAD * self._nbuckets:
             self._grow_index()
         if self._live > self.cap:
@@ -615,23 +658,41 @@ cdef class ChainLearner:
             self._rebuild()
         return 0
 
-    cdef int _append(self, uint64_t key, object block_hash, uint16_t sid) except -1:
-        """A new key at the back: the ring grows (below the cap) or its front is evicted (at the
-        cap) when full."""
+    cdef int _append(self, uint64_t key, object block_hash, uint16_t sid, Py_ssize_t b, uint32_t tail) except -1:
+        """A new key at the back, in bucket ``b`` after ``tail`` (its chain's last entry + 1, 0: the
+        chain empty), both found by the lookup that did not find the key: the ring grows (below the
+        cap) or its front is evicted (at the cap) when full. At the cap the front's slot is the
+        back's: the entry is written where the evicted one was."""
         cdef Py_ssize_t at
         if self._count < self._size:
-            at = (self._head + self._count) % self._size
+            at = _wrap(self._head + self._count, self._size)
         elif self._head == 0 and self._size < self.cap:
             at = self._size
             self._extend(self._growth())
         else:
-            self._pop()  # at the cap: one slot freed at the front (no bucket split: b holds)
-            at = (self._head + self._count) % self._size
+            if self._pop():  # Python asked whether the front is resident: b and tail found again
+                b = self._bucket(key)
+                tail = self._tail(b)
+            elif tail and not self._keys[tail - 1]:  # the chain's last entry was the one evicted
+                tail = self._tail(b)
+            at = _wrap(self._head + self._count, self._size)
         self._count += 1
         self._store(at, key, block_hash, sid)
-        self._link(at, key)
+        self._nexts[at] = 0
+        if tail:
+            self._nexts[tail - 1] = <uint32_t>(at + 1)
+        else:
+            self._buckets[b] = <uint32_t>(at + 1)
         self._after_insert()
         return 0
+
+    cdef inline uint32_t _tail(self, Py_ssize_t b) noexcept:
+        """The last entry (+ 1) of bucket ``b``'s chain, 0 where it is empty."""
+        cdef uint32_t p = self._buckets[b]
+        if p:
+            while self._nexts[p - 1]:
+                p = self._nexts[p - 1]
+        return p
 
     # --- learning ------------------------------------------------------------------------------
 
@@ -706,29 +767,40 @@ cdef class ChainLearner:
         # a Tokens (never empty) is not made a list
         cdef object tokens = slot_value(event, _TOKENS_AT if type(event) is _BlockStored else -1)
         cdef object size_of = field(event, _BlockStored, _STORED.block_size, "block_size")
+        cdef uint64_t size_u = 0
+        # an int below 2**30 (any engine's block size): the tests below in C, else Python's arithmetic
+        cdef bint small = u64_of(size_of, &size_u) and size_u < (<uint64_t>1 << 30)
         if not self.max_blocks or not hashes:
             return 0
-        if not tokens or size_of <= 0:
+        if not tokens or (size_u == 0 if small else size_of <= 0):
             self.placeholders += 1
             return 0
         if type(hashes) is not list:
             hashes = list(hashes)
         cdef Py_ssize_t blocks = PyList_GET_SIZE(hashes)
-        if len(tokens) != blocks * size_of:  # Python's arithmetic: any block size the wire sent
-            self.inconsistent += 1
+        if (len(tokens) != blocks * <Py_ssize_t>size_u) if small else (len(tokens) != blocks * size_of):
+            self.inconsistent += 1  # (any block size the wire sent: Python's arithmetic beyond 2**30)
             return 0
-        cdef Py_ssize_t size = size_of
+        cdef Py_ssize_t size
+        if small:
+            size = <Py_ssize_t>size_u
+        else:
+            size = size_of
         cdef tuple stream = self._stream_of(source, dp_rank)
         self._note_size(stream, size_of)
-        cdef uint64_t* digests = <uint64_t*>malloc(blocks * sizeof(uint64_t))
-        if digests == NULL:
-            raise MemoryError()
+        cdef uint64_t on_stack[_ON_STACK]  # an event's digests, then its keys: most events' fit here
+        cdef uint64_t* digests = on_stack
+        if blocks > _ON_STACK:
+            digests = <uint64_t*>malloc(blocks * sizeof(uint64_t))
+            if digests == NULL:
+                raise MemoryError()
         try:
             self._digests(event, tokens, size, blocks, digests)
             parent = field(event, _BlockStored, _STORED.parent_block_hash, "parent_block_hash")
             self._teach(stream, parent, <list>hashes, blocks, digests)
         finally:
-            free(digests)
+            if digests != on_stack:
+                free(digests)
         self.learned += blocks
         return blocks
 
@@ -779,9 +851,15 @@ cdef class ChainLearner:
         return 0
 
     cdef inline int _teach_one(self, uint64_t key, object block_hash, uint16_t sid) except -1:
-        if self._find(key) >= 0:  # re-announced (rare): to the back of the eviction order
-            return self._insert(key, block_hash, sid)
-        return self._append(key, block_hash, sid)
+        """``_find``, its walk remembering the chain's last entry, where a new key is linked."""
+        cdef Py_ssize_t b = self._bucket(key)
+        cdef uint32_t p = self._buckets[b], tail = 0
+        while p:
+            if self._keys[p - 1] == key:  # re-announced (rare): to the back of the eviction order
+                return self._insert(key, block_hash, sid)
+            tail = p
+            p = self._nexts[p - 1]
+        return self._append(key, block_hash, sid, b, tail)
 
     cdef void _ahead(self, const uint64_t* keys, Py_ssize_t n) noexcept:
         """Ask for the lines teaching ``n`` keys (at most _AHEAD) reads: their buckets, and, the ring
@@ -797,7 +875,7 @@ cdef class ChainLearner:
             _prefetch(&self._buckets[buckets[i]])
         if self._count == self._size and self._size >= self.cap:
             for i in range(min(n, self._count)):
-                at = (self._head + i) % self._size
+                at = _wrap(self._head + i, self._size)
                 front = self._keys[at]
                 if front:
                     _prefetch(&self._buckets[self._bucket(front)])
