@@ -413,7 +413,7 @@ cdef class ChainLearner:
             p = nexts[p - 1]
         nexts[p - 1] = <uint32_t>(at + 1)
 
-    cdef void _unlink(self, Py_ssize_t at) noexcept:
+    cdef inline void _unlink(self, Py_ssize_t at) noexcept:
         cdef Py_ssize_t b = self._bucket(self._keys[at])
         cdef uint32_t* nexts = self._nexts
         cdef uint32_t p = self._buckets[b]
@@ -567,7 +567,9 @@ cdef class ChainLearner:
         held = self.held
         # the index's holders (the gateway's case) asked in C: the answer ``in`` gives, without the
         # type's __contains__ wrapper; and the next front's probe of them asked for ahead
-        cdef BlockSet fleet = <BlockSet>held if type(held) is BlockSet else None
+        cdef BlockSet fleet = None
+        if type(held) is BlockSet:
+            fleet = <BlockSet>held  # (a cast: its type just tested)
         while True:
             at = self._head
             self._head = _wrap(at + 1, size)
