@@ -31,7 +31,6 @@ remembered while its source and dp_rank are the same objects (the dicts' answers
 
 import sys
 
-cimport cython
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject, PyObject_Hash
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
@@ -73,12 +72,6 @@ cdef enum:
 
 
 cdef bint _HASH_IN_LINE = sys.hash_info.modulus == HASH_MODULUS  # a 64-bit CPython's int hash
-
-
-cdef inline Py_ssize_t _wrap(Py_ssize_t at, Py_ssize_t size) noexcept:
-    """``at % size`` for ``0 <= at < 2 * size`` (a ring position plus at most the ring's length):
-    without the division, 20 to 40 cycles on its own, that ``%`` costs on every block."""
-    return at - size if at >= size else at
 
 
 cdef inline uint64_t _mix(object parent) except? 0:
@@ -251,7 +244,6 @@ cdef bint _all_none(list values):
     return True
 
 
-@cython.final
 cdef class ChainLearner:
     """What the streams announced: "(parent hash, the block's content digest) -> block hash".
 
@@ -413,7 +405,7 @@ cdef class ChainLearner:
             p = nexts[p - 1]
         nexts[p - 1] = <uint32_t>(at + 1)
 
-    cdef inline void _unlink(self, Py_ssize_t at) noexcept:
+    cdef void _unlink(self, Py_ssize_t at) noexcept:
         cdef Py_ssize_t b = self._bucket(self._keys[at])
         cdef uint32_t* nexts = self._nexts
         cdef uint32_t p = self._buckets[b]
@@ -549,17 +541,15 @@ cdef class ChainLearner:
                 self._extend(self._growth())
             else:
                 self._pop()
-        cdef Py_ssize_t at = _wrap(self._head + self._count, self._size)
+        cdef Py_ssize_t at = (self._head + self._count) % self._size
         self._count += 1
         return at
 
     cdef int _pop(self) except -1:
         """Free the front: a freed slot, or the oldest entry (after at most _SECOND_CHANCES
-        resident ones moved to the back). 1 where Python code was asked (``resident``, or ``in``
-        of a ``held`` that is no BlockSet), which can change anything; else 0."""
+        resident ones moved to the back)."""
         cdef Py_ssize_t at, back, size = self._size
         cdef int chances = 0
-        cdef bint asked = False, keep
         cdef uint64_t key
         cdef uint16_t sid
         cdef PyObject* block_hash
@@ -567,35 +557,33 @@ cdef class ChainLearner:
         held = self.held
         # the index's holders (the gateway's case) asked in C: the answer ``in`` gives, without the
         # type's __contains__ wrapper; and the next front's probe of them asked for ahead
-        cdef BlockSet fleet = None
-        if type(held) is BlockSet:
-            fleet = <BlockSet>held  # (a cast: its type just tested)
+        cdef BlockSet fleet = <BlockSet>held if type(held) is BlockSet else None
         while True:
             at = self._head
-            self._head = _wrap(at + 1, size)
+            self._head = (at + 1) % size
             self._count -= 1
             if fleet is not None and resident is not None and self._count and self._vals[self._head] != NULL:
                 # its hash object asked for by _ahead: the holders' line is had by the next eviction
                 holds_ahead(fleet, <object>self._vals[self._head])
             key = self._keys[at]
             if not key:
-                return asked
+                return 0
             sid = self._sids[at]
             block_hash = self._vals[at]
-            keep = resident is not None and chances < _SECOND_CHANCES and sid != _NO_STREAM and block_hash != NULL
-            if keep:
-                if fleet is not None:
-                    keep = holds(fleet, <object>block_hash)
-                elif held is not None:
-                    asked = True
-                    keep = <object>block_hash in held
-            if keep:
-                asked = True
-                keep = resident(self._streams[sid], <object>block_hash)
-            if keep:
+            if (
+                resident is not None
+                and chances < _SECOND_CHANCES
+                and sid != _NO_STREAM
+                and block_hash != NULL
+                and (
+                    held is None
+                    or (holds(fleet, <object>block_hash) if fleet is not None else <object>block_hash in held)
+                )
+                and resident(self._streams[sid], <object>block_hash)
+            ):
                 chances += 1
                 self.second_chances += 1
-                back = _wrap(self._head + self._count, size)
+                back = (self._head + self._count) % size
                 self._count += 1
                 if back != at:  # the ring was not full: the entry moves, and its link with it
                     self._unlink(at)
@@ -612,7 +600,7 @@ cdef class ChainLearner:
             Py_DECREF(<object>block_hash)
             self._live -= 1
             self.evicted += 1
-            return asked
+            return 0
 
     cdef int _free_entry(self, Py_ssize_t at) except -1:
         cdef PyObject* old = self._vals[at]
@@ -623,7 +611,7 @@ cdef class ChainLearner:
         self._live -= 1
         return 0
 
-    cdef inline int _store(self, Py_ssize_t at, uint64_t key, object block_hash, uint16_t sid) except -1:
+    cdef int _store(self, Py_ssize_t at, uint64_t key, object block_hash, uint16_t sid) except -1:
         Py_INCREF(block_hash)
         Py_XDECREF(self._vals[at])
         self._vals[at] = <PyObject*>block_hash
@@ -643,7 +631,7 @@ cdef class ChainLearner:
         self._after_insert()
         return 0
 
-    cdef inline int _after_insert(self) except -1:
+    cdef int _after_insert(self) except -1:
         if self._live > _LOAD * self._nbuckets:
             self._grow_index()
         if self._live > self.cap:
@@ -660,41 +648,23 @@ cdef class ChainLearner:
             self._rebuild()
         return 0
 
-    cdef int _append(self, uint64_t key, object block_hash, uint16_t sid, Py_ssize_t b, uint32_t tail) except -1:
-        """A new key at the back, in bucket ``b`` after ``tail`` (its chain's last entry + 1, 0: the
-        chain empty), both found by the lookup that did not find the key: the ring grows (below the
-        cap) or its front is evicted (at the cap) when full. At the cap the front's slot is the
-        back's: the entry is written where the evicted one was."""
+    cdef int _append(self, uint64_t key, object block_hash, uint16_t sid) except -1:
+        """A new key at the back: the ring grows (below the cap) or its front is evicted (at the
+        cap) when full."""
         cdef Py_ssize_t at
         if self._count < self._size:
-            at = _wrap(self._head + self._count, self._size)
+            at = (self._head + self._count) % self._size
         elif self._head == 0 and self._size < self.cap:
             at = self._size
             self._extend(self._growth())
         else:
-            if self._pop():  # Python asked whether the front is resident: b and tail found again
-                b = self._bucket(key)
-                tail = self._tail(b)
-            elif tail and not self._keys[tail - 1]:  # the chain's last entry was the one evicted
-                tail = self._tail(b)
-            at = _wrap(self._head + self._count, self._size)
+            self._pop()  # at the cap: one slot freed at the front (no bucket split: b holds)
+            at = (self._head + self._count) % self._size
         self._count += 1
         self._store(at, key, block_hash, sid)
-        self._nexts[at] = 0
-        if tail:
-            self._nexts[tail - 1] = <uint32_t>(at + 1)
-        else:
-            self._buckets[b] = <uint32_t>(at + 1)
+        self._link(at, key)
         self._after_insert()
         return 0
-
-    cdef inline uint32_t _tail(self, Py_ssize_t b) noexcept:
-        """The last entry (+ 1) of bucket ``b``'s chain, 0 where it is empty."""
-        cdef uint32_t p = self._buckets[b]
-        if p:
-            while self._nexts[p - 1]:
-                p = self._nexts[p - 1]
-        return p
 
     # --- learning ------------------------------------------------------------------------------
 
@@ -853,15 +823,9 @@ cdef class ChainLearner:
         return 0
 
     cdef inline int _teach_one(self, uint64_t key, object block_hash, uint16_t sid) except -1:
-        """``_find``, its walk remembering the chain's last entry, where a new key is linked."""
-        cdef Py_ssize_t b = self._bucket(key)
-        cdef uint32_t p = self._buckets[b], tail = 0
-        while p:
-            if self._keys[p - 1] == key:  # re-announced (rare): to the back of the eviction order
-                return self._insert(key, block_hash, sid)
-            tail = p
-            p = self._nexts[p - 1]
-        return self._append(key, block_hash, sid, b, tail)
+        if self._find(key) >= 0:  # re-announced (rare): to the back of the eviction order
+            return self._insert(key, block_hash, sid)
+        return self._append(key, block_hash, sid)
 
     cdef void _ahead(self, const uint64_t* keys, Py_ssize_t n) noexcept:
         """Ask for the lines teaching ``n`` keys (at most _AHEAD) reads: their buckets, and, the ring
@@ -877,7 +841,7 @@ cdef class ChainLearner:
             _prefetch(&self._buckets[buckets[i]])
         if self._count == self._size and self._size >= self.cap:
             for i in range(min(n, self._count)):
-                at = _wrap(self._head + i, self._size)
+                at = (self._head + i) % self._size
                 front = self._keys[at]
                 if front:
                     _prefetch(&self._buckets[self._bucket(front)])
