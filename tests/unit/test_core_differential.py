@@ -213,10 +213,11 @@ def test_the_compiled_learner_answers_and_evicts_as_the_reference(
 
 
 def test_events_longer_than_the_compiled_learners_runs_are_learned_alike() -> None:
-    """Events of 17 to 50 blocks: the compiled learner teaches them in runs of 16 (each run's lines
-    asked for first), here at caps that evict, shrink and grow inside an event, with second
-    chances, and blocks re-announced within an event (one content, hashes repeating every 30
-    blocks) and across events: the same state, residency questions and answers after each batch."""
+    """Events of 17 to 68 blocks: the compiled learner teaches them in runs of 16 (each run's lines
+    asked for first; beyond 64 blocks, their keys in an allocated array), here at caps that evict,
+    shrink and grow inside an event, with second chances, and blocks re-announced within an event
+    (one content, hashes repeating every 30 blocks) and across events: the same state, residency
+    questions and answers after each batch."""
     compiled = _compiled()
     helds = [Held(), Held()]
     learners = [
@@ -227,7 +228,7 @@ def test_events_longer_than_the_compiled_learners_runs_are_learned_alike() -> No
     parent: Hash | None = None
     for step in range(16):
         stream = STREAMS[step % len(STREAMS)]
-        blocks = 17 + 11 * (step % 4)
+        blocks = 17 + 17 * (step % 4)
         hashes: list[Hash] = [1000 * (step % 5) + i % 30 for i in range(blocks)]
         stored = BlockStored(hashes, parent, [1, 2] * blocks, 2, None, "GPU", None, {})
         events: list[Event] = [stored, BlockRemoved(hashes[:3], "GPU", {})]
