@@ -37,12 +37,11 @@ from kvgateway.engine.sequencer import (
     Restart,
     Unrecovered,
 )
-from kvgateway.log.ordered import STATUS, Appender, BatchRecord, NoticeRecord
+from kvgateway.log.ordered import STATUS, Appender, NoticeRecord, batch_record
 from kvgateway.log.staleness import Staleness
 from kvgateway.log.status import QUIET_LOSSES, StreamStatus
 from kvgateway.protocol.filters import EventKey
 from kvgateway.protocol.messages import ConnectionCode
-from kvgateway.protocol.render import events_json
 from kvgateway.runtime.metrics import FOLD_AT, REPLAY_OUTCOMES, REPLAY_PURPOSES, LagHistogram, StreamFamilies
 
 logger = logging.getLogger("kvgateway")
@@ -121,20 +120,19 @@ class StreamOutlet:
             if self.staleness.reason is not None:  # a call per batch only while the stream is stale
                 self.staleness.batch(batch)
             self._shown_batches += 1
-            # batch_record's two lines in line: the events' JSON and keys written once, in one pass.
-            events, keys = events_json(batch.events)
+            record = batch_record(self.key, seq, batch, received=received, replayed=replayed)
             # Counted as the renderer counted them (docs/performance.md, round fourteen): counting
             # the record's filter keys, even in C, cost 4,200 instructions a batch.
-            counts = events.counts
+            counts = record.events.counts
             if counts is not None and not counts[3]:
                 stored, removed, cleared, _others = counts
                 self._stored += stored
                 self._removed += removed
                 self._cleared += cleared
             else:
-                _count_elements(self._keyed, keys)
+                _count_elements(self._keyed, record.keys)
             # The serving half follows the log: it has applied the batch when append returns.
-            self._log.append(BatchRecord(self.key, seq, batch, received, replayed, events, keys))
+            self._log.append(record)
         self.held = held
         if not self._reported:  # the test in line: a delivered batch leaves nothing to report
             self.report()
