@@ -41,7 +41,7 @@ from cpython.mem cimport PyMem_RawMalloc as malloc
 from cpython.mem cimport PyMem_RawRealloc as realloc
 from libc.string cimport memset
 
-from kvgateway._pylong cimport HASH_MODULUS, int_hash, u64_hash, u64_of  # an int read from its digits, and its hash()
+from kvgateway._pylong cimport HASH_MODULUS, int_hash, u64_of  # an int read from its digits, and its hash()
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 from kvgateway.state._apply_c cimport BlockSet, holds, holds_ahead  # the fleet's holders, asked in C
@@ -116,17 +116,13 @@ cdef int _tuple_digest(list tokens, Py_ssize_t first, Py_ssize_t size, uint64_t*
     """``hash((tuple(tokens[first:first + size]), None, None))`` without the tuples; 0 (and
     nothing written) when a token is no exact int, whose hash could run Python code."""
     cdef uint64_t acc = _XXPRIME_5
-    cdef uint64_t value
     cdef Py_ssize_t j
     cdef object token
     for j in range(size):
         token = <object>PyList_GET_ITEM(tokens, first + j)
-        if u64_of(token, &value):
-            acc = _xx_lane(acc, u64_hash(value))
-        elif type(token) is int:
-            acc = _xx_lane(acc, <uint64_t>PyObject_Hash(token))
-        else:
+        if type(token) is not int:
             return 0
+        acc = _xx_lane(acc, <uint64_t>int_hash(token, _HASH_IN_LINE))
     out[0] = _block_end(acc, size)
     return 1
 
