@@ -5,8 +5,8 @@ The same ring of entries in announcement order, the same linear-hashing index ov
 growth, eviction (second chances for resident blocks), shrinking and rebuilding, step for step: the
 answers, evictions, entry order and slot counts are the pure-Python module's (checked by
 tests/unit/test_core_differential.py). What changes is the cost: the arrays are C arrays (22 bytes
-an entry and 4 a bucket, as there), and the per-block loop, the parents' mixes and the common
-digests run in C.
+an entry and 4 a bucket, as there, and a byte an entry saying what its hash word holds), and the
+per-block loop, the parents' mixes and the common digests run in C.
 
 Two things differ inside, never in an answer, for a table larger than the cache, where each bucket
 and chain entry read is a miss: an event's keys are computed first and their lines asked for
@@ -25,8 +25,14 @@ Keys, links and mixes are unsigned 64- and 32-bit C integers on purpose: the pur
 arithmetic to 64 bits (``& _M64``), which is what C's unsigned wrap-around does. A block hash is any
 Python object (int of any sign and size, or bytes): it is only hashed (the value Python's ``hash()``
 gives: a u64 int's worked out in line from its digits where the interpreter hashes so, else
-``PyObject_Hash``) and kept by reference. The last stream's tuple, id, root and block sizes are
-remembered while its source and dp_rank are the same objects (the dicts' answers for them).
+``PyObject_Hash``) and kept. An int of 0 to 2**64-1 (what vLLM and most engines send) is kept as its
+value in the slot's word, with a byte a slot saying so (23 bytes an entry): no reference to it, so
+its int (32 bytes and the allocator's share) dies with its batch, as the compiled index keeps
+none either, and an eviction reads the value from the ring rather than an int from the heap. An
+answer is an int made of the value: equal, and of type ``int``, as the announced one was. Any other
+hash is kept by reference, as the pure module keeps them all. The last stream's tuple, id, root and
+block sizes are remembered while its source and dp_rank are the same objects (the dicts' answers
+for them).
 """
 
 import sys
@@ -35,16 +41,16 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject, PyObject_Hash
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
-from libc.stdint cimport uint16_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from cpython.mem cimport PyMem_RawFree as free
 from cpython.mem cimport PyMem_RawMalloc as malloc
 from cpython.mem cimport PyMem_RawRealloc as realloc
 from libc.string cimport memset
 
-from kvgateway._pylong cimport HASH_MODULUS, int_hash, u64_of  # an int read from its digits, and its hash()
+from kvgateway._pylong cimport HASH_MODULUS, int_hash, u64_hash, u64_long, u64_of  # an int read from its digits, made, hashed
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
-from kvgateway.state._apply_c cimport BlockSet, holds, holds_ahead  # the fleet's holders, asked in C
+from kvgateway.state._apply_c cimport BlockSet, holds, holds_ahead, holds_u64, holds_u64_ahead  # the fleet's holders, asked in C
 from kvgateway.state._hashtable cimport _prefetch  # a cache line asked for ahead of its use
 
 from kvgateway.engine.wire import Batch, BlockStored
@@ -66,6 +72,11 @@ cdef Py_ssize_t _LOAD = 2
 cdef int _SECOND_CHANCES = 4
 cdef int _SHRINK_STEP = 4
 cdef uint16_t _NO_STREAM = 0xFFFF
+cdef enum:
+    # what a ring slot's word in _vals holds (_kinds)
+    _NO_HASH = 0  # nothing (a free slot)
+    _OBJECT = 1  # a PyObject* whose reference the slot holds: a hash of any other kind
+    _VALUE = 2  # an int hash of 0 to 2**64-1, as its value: no object kept for it
 cdef enum:
     _AHEAD = 16  # blocks whose lines are asked for together, before they are taught
     _ON_STACK = 64  # an event's digests held on the stack (beyond, allocated and freed after it)
@@ -274,7 +285,10 @@ cdef class ChainLearner:
     cdef uint64_t _at_root  # _roots[_at_stream], where _at_rooted
     # the ring: _size physical slots, the oldest at _head, _count in use from there (key 0: free)
     cdef uint64_t* _keys
-    cdef PyObject** _vals
+    # each entry's block hash, one word a slot: a u64 int hash's value (most engines' hashes: their
+    # ints are not kept alive, 32 bytes and more each, nor read again at eviction), else a reference
+    cdef uint64_t* _vals
+    cdef uint8_t* _kinds  # what each word of _vals is (_NO_HASH, _OBJECT, _VALUE)
     cdef uint16_t* _sids
     cdef uint32_t* _nexts
     cdef Py_ssize_t _size
@@ -330,14 +344,16 @@ cdef class ChainLearner:
         cdef Py_ssize_t i
         if self._vals != NULL:
             for i in range(self._size):
-                Py_XDECREF(self._vals[i])
+                self._drop_hash(i)
         free(self._keys)
         free(self._vals)
+        free(self._kinds)
         free(self._sids)
         free(self._nexts)
         free(self._buckets)
         self._keys = NULL
         self._vals = NULL
+        self._kinds = NULL
         self._sids = NULL
         self._nexts = NULL
         self._buckets = NULL
@@ -456,10 +472,14 @@ cdef class ChainLearner:
         if p == NULL:
             raise MemoryError()
         self._keys = <uint64_t*>p
-        p = realloc(self._vals, slots * sizeof(PyObject*) if slots else 1)
+        p = realloc(self._vals, slots * sizeof(uint64_t) if slots else 1)
         if p == NULL:
             raise MemoryError()
-        self._vals = <PyObject**>p
+        self._vals = <uint64_t*>p
+        p = realloc(self._kinds, slots * sizeof(uint8_t) if slots else 1)
+        if p == NULL:
+            raise MemoryError()
+        self._kinds = <uint8_t*>p
         p = realloc(self._sids, slots * sizeof(uint16_t) if slots else 1)
         if p == NULL:
             raise MemoryError()
@@ -470,7 +490,8 @@ cdef class ChainLearner:
         self._nexts = <uint32_t*>p
         if slots > old:
             memset(self._keys + old, 0, (slots - old) * sizeof(uint64_t))
-            memset(self._vals + old, 0, (slots - old) * sizeof(PyObject*))
+            memset(self._vals + old, 0, (slots - old) * sizeof(uint64_t))
+            memset(self._kinds + old, 0, (slots - old) * sizeof(uint8_t))
             memset(self._sids + old, 0, (slots - old) * sizeof(uint16_t))
             memset(self._nexts + old, 0, (slots - old) * sizeof(uint32_t))
         self._size = slots
@@ -480,12 +501,14 @@ cdef class ChainLearner:
         """Arrays just large enough for the live entries, copied in order: O(entries)."""
         cdef Py_ssize_t n, at, size = self._size, kept = 0
         cdef uint64_t* keys = <uint64_t*>realloc(NULL, (self._live or 1) * sizeof(uint64_t))
-        cdef PyObject** vals = <PyObject**>realloc(NULL, (self._live or 1) * sizeof(PyObject*))
+        cdef uint64_t* vals = <uint64_t*>realloc(NULL, (self._live or 1) * sizeof(uint64_t))
+        cdef uint8_t* kinds = <uint8_t*>realloc(NULL, (self._live or 1) * sizeof(uint8_t))
         cdef uint16_t* sids = <uint16_t*>realloc(NULL, (self._live or 1) * sizeof(uint16_t))
         cdef uint32_t* nexts = <uint32_t*>realloc(NULL, (self._live or 1) * sizeof(uint32_t))
-        if keys == NULL or vals == NULL or sids == NULL or nexts == NULL:
+        if keys == NULL or vals == NULL or kinds == NULL or sids == NULL or nexts == NULL:
             free(keys)
             free(vals)
+            free(kinds)
             free(sids)
             free(nexts)
             raise MemoryError()
@@ -493,17 +516,19 @@ cdef class ChainLearner:
             at = (self._head + n) % size
             if self._keys[at]:
                 keys[kept] = self._keys[at]
-                vals[kept] = self._vals[at]  # the reference moves
+                vals[kept] = self._vals[at]  # a reference moves with its word
+                kinds[kept] = self._kinds[at]
                 sids[kept] = self._sids[at]
-                self._vals[at] = NULL
+                self._kinds[at] = _NO_HASH
                 kept += 1
         for at in range(size):  # freed slots hold no reference; nothing else is left
-            Py_XDECREF(self._vals[at])
+            self._drop_hash(at)
         free(self._keys)
         free(self._vals)
+        free(self._kinds)
         free(self._sids)
         free(self._nexts)
-        self._keys, self._vals, self._sids, self._nexts = keys, vals, sids, nexts
+        self._keys, self._vals, self._kinds, self._sids, self._nexts = keys, vals, kinds, sids, nexts
         memset(self._nexts, 0, (kept or 1) * sizeof(uint32_t))
         self._size = kept
         self._head, self._count = 0, kept
@@ -548,7 +573,6 @@ cdef class ChainLearner:
         cdef int chances = 0
         cdef uint64_t key
         cdef uint16_t sid
-        cdef PyObject* block_hash
         resident = self.resident
         held = self.held
         # the index's holders (the gateway's case) asked in C: the answer ``in`` gives, without the
@@ -558,24 +582,21 @@ cdef class ChainLearner:
             at = self._head
             self._head = (at + 1) % size
             self._count -= 1
-            if fleet is not None and resident is not None and self._count and self._vals[self._head] != NULL:
-                # its hash object asked for by _ahead: the holders' line is had by the next eviction
-                holds_ahead(fleet, <object>self._vals[self._head])
+            if fleet is not None and resident is not None and self._count:
+                # the holders' line is had by the next eviction (a kept hash object's asked for
+                # by _ahead; a value is in its slot)
+                self._held_ahead(fleet, self._head)
             key = self._keys[at]
             if not key:
                 return 0
             sid = self._sids[at]
-            block_hash = self._vals[at]
             if (
                 resident is not None
                 and chances < _SECOND_CHANCES
                 and sid != _NO_STREAM
-                and block_hash != NULL
-                and (
-                    held is None
-                    or (holds(fleet, <object>block_hash) if fleet is not None else <object>block_hash in held)
-                )
-                and resident(self._streams[sid], <object>block_hash)
+                and self._kinds[at] != _NO_HASH
+                and (held is None or self._held(fleet, held, at))
+                and resident(self._streams[sid], self._hash_at(at))
             ):
                 chances += 1
                 self.second_chances += 1
@@ -584,33 +605,76 @@ cdef class ChainLearner:
                 if back != at:  # the ring was not full: the entry moves, and its link with it
                     self._unlink(at)
                     self._keys[back] = key
-                    self._vals[back] = block_hash  # the reference moves
+                    self._vals[back] = self._vals[at]  # a reference moves with its word
+                    self._kinds[back] = self._kinds[at]
                     self._sids[back] = sid
                     self._keys[at] = 0
-                    self._vals[at] = NULL
+                    self._kinds[at] = _NO_HASH
                     self._link(back, key)
                 continue
             self._unlink(at)
             self._keys[at] = 0
-            self._vals[at] = NULL
-            Py_DECREF(<object>block_hash)
+            self._drop_hash(at)
             self._live -= 1
             self.evicted += 1
             return 0
 
+    # --- a slot's block hash -------------------------------------------------------------------
+
+    cdef inline void _drop_hash(self, Py_ssize_t at) noexcept:
+        """The slot's hash gone (its reference dropped, if it holds one)."""
+        cdef uint8_t kind = self._kinds[at]
+        self._kinds[at] = _NO_HASH
+        if kind == _OBJECT:
+            Py_DECREF(<object><PyObject*><size_t>self._vals[at])
+
+    cdef inline object _hash_at(self, Py_ssize_t at):
+        """The slot's block hash (a live slot's): the object kept, or an int made of the value
+        (equal to the one announced, which was an int exactly)."""
+        if self._kinds[at] == _VALUE:
+            return u64_long(self._vals[at])
+        return <object><PyObject*><size_t>self._vals[at]
+
+    cdef inline uint64_t _mix_at(self, Py_ssize_t at) except? 0:
+        """``_mix`` of the slot's block hash, a value's hash worked out from it."""
+        if self._kinds[at] == _VALUE and _HASH_IN_LINE:
+            return u64_hash(self._vals[at]) * _K64
+        return _mix(self._hash_at(at))
+
+    cdef inline bint _held(self, BlockSet fleet, object held, Py_ssize_t at) except -1:
+        """Whether the holders hold the slot's block hash: the fleet asked in C (a value by its
+        value), any other container by ``in``."""
+        if fleet is None:
+            return self._hash_at(at) in held
+        if self._kinds[at] == _VALUE:
+            return holds_u64(fleet, self._vals[at])
+        return holds(fleet, <object><PyObject*><size_t>self._vals[at])
+
+    cdef inline int _held_ahead(self, BlockSet fleet, Py_ssize_t at) except -1:
+        """The fleet's line :meth:`_held` will read for the slot asked for (a hint)."""
+        if self._kinds[at] == _VALUE:
+            holds_u64_ahead(fleet, self._vals[at])
+        elif self._kinds[at] == _OBJECT:
+            holds_ahead(fleet, <object><PyObject*><size_t>self._vals[at])
+        return 0
+
     cdef int _free_entry(self, Py_ssize_t at) except -1:
-        cdef PyObject* old = self._vals[at]
         self._unlink(at)
         self._keys[at] = 0
-        self._vals[at] = NULL
-        Py_XDECREF(old)
+        self._drop_hash(at)
         self._live -= 1
         return 0
 
     cdef int _store(self, Py_ssize_t at, uint64_t key, object block_hash, uint16_t sid) except -1:
-        Py_INCREF(block_hash)
-        Py_XDECREF(self._vals[at])
-        self._vals[at] = <PyObject*>block_hash
+        cdef uint64_t value
+        self._drop_hash(at)
+        if u64_of(block_hash, &value):  # kept as its value: equal ints made of it answer
+            self._vals[at] = value
+            self._kinds[at] = _VALUE
+        else:
+            Py_INCREF(block_hash)
+            self._vals[at] = <uint64_t><size_t><PyObject*>block_hash
+            self._kinds[at] = _OBJECT
         self._keys[at] = key
         self._sids[at] = sid
         self._live += 1
@@ -841,8 +905,8 @@ cdef class ChainLearner:
                 front = self._keys[at]
                 if front:
                     _prefetch(&self._buckets[self._bucket(front)])
-                    if self._vals[at] != NULL:  # its hash, read if the fleet is asked whether it holds it
-                        _prefetch(self._vals[at])
+                    if self._kinds[at] == _OBJECT:  # its hash, read if the fleet is asked whether it holds it
+                        _prefetch(<PyObject*><size_t>self._vals[at])
         for i in range(n):
             p = self._buckets[buckets[i]]
             buckets[i] = p  # from here, each chain's first entry (0: none)
@@ -872,9 +936,8 @@ cdef class ChainLearner:
             at = self._find(key)
             if at < 0:
                 break
-            block_hash = <object>self._vals[at]
-            out.append(block_hash)
-            mix = _mix(block_hash)
+            out.append(self._hash_at(at))
+            mix = self._mix_at(at)
         return out
 
     def entries(self):
@@ -884,9 +947,9 @@ cdef class ChainLearner:
         cdef uint16_t sid
         for n in range(self._count):
             at = (self._head + n) % self._size
-            if self._keys[at] and self._vals[at] != NULL:
+            if self._keys[at] and self._kinds[at] != _NO_HASH:
                 sid = self._sids[at]
-                out.append((self._streams[sid] if sid != _NO_STREAM else ("", -1), <object>self._vals[at]))
+                out.append((self._streams[sid] if sid != _NO_STREAM else ("", -1), self._hash_at(at)))
         return out
 
     @property
@@ -895,6 +958,6 @@ cdef class ChainLearner:
         return self._size
 
     def nbytes(self):
-        """Bytes of the ring and its index, allocated (the hash objects excluded), counted as the
-        pure module counts its arrays."""
-        return self._size * (8 + 2 + 4 + 8) + 4 * self._nbuckets
+        """Bytes of the ring and its index, allocated (the hash objects held excluded), counted as
+        the pure module counts its arrays, with the kind byte a slot the pure module has no need of."""
+        return self._size * (8 + 1 + 2 + 4 + 8) + 4 * self._nbuckets
