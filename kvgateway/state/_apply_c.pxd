@@ -2,14 +2,12 @@
 """What the compiled learner reads of the compiled index (``cimport``-ed by
 ``state/_learner_c.pyx``): the fleet's holders, a :class:`BlockSet` of C tables, asked directly
 (:func:`holds`) rather than through ``in`` (the type's ``__contains__`` wrapper), and its table
-lines asked for ahead (:func:`holds_ahead`); a hash the learner keeps as its u64 value, by that value
-(:func:`holds_u64`, :func:`holds_u64_ahead`: no int made to ask)."""
+lines asked for ahead (:func:`holds_ahead`); and a hash the learner keeps as its u64 value or its 32
+bytes, by its key (:func:`holds_key`, :func:`holds_key_ahead`: no object made to ask)."""
 
 cimport cython
 
-from libc.stdint cimport uint64_t
-
-from kvgateway.state._hashtable cimport _INT, Key, Table, _key_of, _key_prefetch
+from kvgateway.state._hashtable cimport Key, Table, _key_of, _key_prefetch
 
 
 @cython.final
@@ -47,16 +45,13 @@ cdef inline int holds_ahead(BlockSet blocks, object h) except -1:
     return 0
 
 
-cdef inline bint holds_u64(BlockSet blocks, uint64_t value) except -1:
-    """:func:`holds` of the int ``value`` (0 to 2**64-1), from the value: the key ``_key_of`` reads."""
-    cdef Key k
-    k.kind, k.key, k.data = _INT, value, NULL
-    return blocks.has_key(&k, None)  # the hash object is read for a hash of another kind only
+cdef inline bint holds_key(BlockSet blocks, Key* k) except -1:
+    """:func:`holds` of a hash of kind _INT or _BYTES given by its key alone (no hash object: the
+    learner keeps such hashes as their value or their 32 bytes)."""
+    return blocks.has_key(k, None)  # the hash object is read for a hash of another kind only
 
 
-cdef inline int holds_u64_ahead(BlockSet blocks, uint64_t value) except -1:
-    """:func:`holds_ahead` of the int ``value``."""
-    cdef Key k
-    k.kind, k.key, k.data = _INT, value, NULL
-    _key_prefetch(&k, &blocks.ints, &blocks.blobs, False)
+cdef inline int holds_key_ahead(BlockSet blocks, Key* k) except -1:
+    """:func:`holds_ahead` of such a key."""
+    _key_prefetch(k, &blocks.ints, &blocks.blobs, False)
     return 0

@@ -25,11 +25,13 @@ Keys, links and mixes are unsigned 64- and 32-bit C integers on purpose: the pur
 arithmetic to 64 bits (``& _M64``), which is what C's unsigned wrap-around does. A block hash is any
 Python object (int of any sign and size, or bytes): it is only hashed (the value Python's ``hash()``
 gives: a u64 int's worked out in line from its digits where the interpreter hashes so, else
-``PyObject_Hash``) and kept. An int of 0 to 2**64-1 (what vLLM and most engines send) is kept as its
-value in the slot's word, with a byte a slot saying so (23 bytes an entry): no reference to it, so
-its int (32 bytes and the allocator's share) dies with its batch, as the compiled index keeps
-none either, and an eviction reads the value from the ring rather than an int from the heap. An
-answer is an int made of the value: equal, and of type ``int``, as the announced one was. Any other
+``PyObject_Hash``) and kept. An int of 0 to 2**64-1 (vLLM's default) is kept as its value in the
+slot's word, with a byte a slot saying so (23 bytes an entry), and a bytes hash of 32 (vLLM's raw
+sha256) as its bytes, in an array of 32 a slot made with the first such hash. Neither keeps a
+reference: the int (32 bytes and the allocator's share) or the bytes (65) die with their batch,
+as the compiled index keeps no hash object either, and an eviction reads the hash from the ring
+rather than an object from the heap, and asks the fleet by the key ``_key_of`` would read. An
+answer is an object made of the value or the bytes: equal, and of the type announced. Any other
 hash is kept by reference, as the pure module keeps them all. The last stream's tuple, id, root and
 block sizes are remembered while its source and dp_rank are the same objects (the dicts' answers
 for them).
@@ -37,6 +39,7 @@ for them).
 
 import sys
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject, PyObject_Hash
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
@@ -45,13 +48,13 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from cpython.mem cimport PyMem_RawFree as free
 from cpython.mem cimport PyMem_RawMalloc as malloc
 from cpython.mem cimport PyMem_RawRealloc as realloc
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from kvgateway._pylong cimport HASH_MODULUS, int_hash, u64_hash, u64_long, u64_of  # an int read from its digits, made, hashed
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
-from kvgateway.state._apply_c cimport BlockSet, holds, holds_ahead, holds_u64, holds_u64_ahead  # the fleet's holders, asked in C
-from kvgateway.state._hashtable cimport _prefetch  # a cache line asked for ahead of its use
+from kvgateway.state._apply_c cimport BlockSet, holds, holds_ahead, holds_key, holds_key_ahead  # the fleet's holders, asked in C
+from kvgateway.state._hashtable cimport _BYTES, _INT, CONTENT, Key, _fingerprint, _prefetch  # a hash's key; a line asked for
 
 from kvgateway.engine.wire import Batch, BlockStored
 from kvgateway.runtime.memory import release_free_heap
@@ -77,6 +80,7 @@ cdef enum:
     _NO_HASH = 0  # nothing (a free slot)
     _OBJECT = 1  # a PyObject* whose reference the slot holds: a hash of any other kind
     _VALUE = 2  # an int hash of 0 to 2**64-1, as its value: no object kept for it
+    _BLOB = 3  # a bytes hash of CONTENT bytes (a sha256), copied into _blobs: no object kept for it
 cdef enum:
     _AHEAD = 16  # blocks whose lines are asked for together, before they are taught
     _ON_STACK = 64  # an event's digests held on the stack (beyond, allocated and freed after it)
@@ -288,7 +292,9 @@ cdef class ChainLearner:
     # each entry's block hash, one word a slot: a u64 int hash's value (most engines' hashes: their
     # ints are not kept alive, 32 bytes and more each, nor read again at eviction), else a reference
     cdef uint64_t* _vals
-    cdef uint8_t* _kinds  # what each word of _vals is (_NO_HASH, _OBJECT, _VALUE)
+    cdef uint8_t* _kinds  # what each word of _vals is (_NO_HASH, _OBJECT, _VALUE, _BLOB)
+    # each slot's CONTENT bytes for a _BLOB hash: NULL until the first one, then sized as the ring
+    cdef unsigned char* _blobs
     cdef uint16_t* _sids
     cdef uint32_t* _nexts
     cdef Py_ssize_t _size
@@ -348,12 +354,14 @@ cdef class ChainLearner:
         free(self._keys)
         free(self._vals)
         free(self._kinds)
+        free(self._blobs)
         free(self._sids)
         free(self._nexts)
         free(self._buckets)
         self._keys = NULL
         self._vals = NULL
         self._kinds = NULL
+        self._blobs = NULL
         self._sids = NULL
         self._nexts = NULL
         self._buckets = NULL
@@ -480,6 +488,11 @@ cdef class ChainLearner:
         if p == NULL:
             raise MemoryError()
         self._kinds = <uint8_t*>p
+        if self._blobs != NULL:  # a slot's bytes are read only where its kind is _BLOB: not zeroed
+            p = realloc(self._blobs, slots * CONTENT if slots else 1)
+            if p == NULL:
+                raise MemoryError()
+            self._blobs = <unsigned char*>p
         p = realloc(self._sids, slots * sizeof(uint16_t) if slots else 1)
         if p == NULL:
             raise MemoryError()
@@ -503,12 +516,19 @@ cdef class ChainLearner:
         cdef uint64_t* keys = <uint64_t*>realloc(NULL, (self._live or 1) * sizeof(uint64_t))
         cdef uint64_t* vals = <uint64_t*>realloc(NULL, (self._live or 1) * sizeof(uint64_t))
         cdef uint8_t* kinds = <uint8_t*>realloc(NULL, (self._live or 1) * sizeof(uint8_t))
+        cdef unsigned char* blobs = NULL
+        if self._blobs != NULL:
+            blobs = <unsigned char*>realloc(NULL, (self._live or 1) * CONTENT)
         cdef uint16_t* sids = <uint16_t*>realloc(NULL, (self._live or 1) * sizeof(uint16_t))
         cdef uint32_t* nexts = <uint32_t*>realloc(NULL, (self._live or 1) * sizeof(uint32_t))
-        if keys == NULL or vals == NULL or kinds == NULL or sids == NULL or nexts == NULL:
+        if (
+            keys == NULL or vals == NULL or kinds == NULL or sids == NULL or nexts == NULL
+            or (self._blobs != NULL and blobs == NULL)
+        ):
             free(keys)
             free(vals)
             free(kinds)
+            free(blobs)
             free(sids)
             free(nexts)
             raise MemoryError()
@@ -518,6 +538,8 @@ cdef class ChainLearner:
                 keys[kept] = self._keys[at]
                 vals[kept] = self._vals[at]  # a reference moves with its word
                 kinds[kept] = self._kinds[at]
+                if kinds[kept] == _BLOB:
+                    memcpy(blobs + kept * CONTENT, self._blobs + at * CONTENT, CONTENT)
                 sids[kept] = self._sids[at]
                 self._kinds[at] = _NO_HASH
                 kept += 1
@@ -526,9 +548,11 @@ cdef class ChainLearner:
         free(self._keys)
         free(self._vals)
         free(self._kinds)
+        free(self._blobs)
         free(self._sids)
         free(self._nexts)
         self._keys, self._vals, self._kinds, self._sids, self._nexts = keys, vals, kinds, sids, nexts
+        self._blobs = blobs
         memset(self._nexts, 0, (kept or 1) * sizeof(uint32_t))
         self._size = kept
         self._head, self._count = 0, kept
@@ -607,6 +631,8 @@ cdef class ChainLearner:
                     self._keys[back] = key
                     self._vals[back] = self._vals[at]  # a reference moves with its word
                     self._kinds[back] = self._kinds[at]
+                    if self._kinds[at] == _BLOB:
+                        memcpy(self._blobs + back * CONTENT, self._blobs + at * CONTENT, CONTENT)
                     self._sids[back] = sid
                     self._keys[at] = 0
                     self._kinds[at] = _NO_HASH
@@ -629,11 +655,27 @@ cdef class ChainLearner:
             Py_DECREF(<object><PyObject*><size_t>self._vals[at])
 
     cdef inline object _hash_at(self, Py_ssize_t at):
-        """The slot's block hash (a live slot's): the object kept, or an int made of the value
-        (equal to the one announced, which was an int exactly)."""
-        if self._kinds[at] == _VALUE:
+        """The slot's block hash (a live slot's): the object kept, or one made of the value or the
+        bytes (equal to the one announced, which was an int or bytes exactly)."""
+        cdef uint8_t kind = self._kinds[at]
+        if kind == _VALUE:
             return u64_long(self._vals[at])
+        if kind == _BLOB:
+            return PyBytes_FromStringAndSize(<char*>(self._blobs + at * CONTENT), CONTENT)
         return <object><PyObject*><size_t>self._vals[at]
+
+    cdef inline bint _key_at(self, Py_ssize_t at, Key* k) noexcept:
+        """The fleet's key of the slot's hash where it is kept as a value or bytes (what
+        ``_key_of`` reads of the hash), else False."""
+        cdef uint8_t kind = self._kinds[at]
+        if kind == _VALUE:
+            k.kind, k.key, k.data = _INT, self._vals[at], NULL
+            return True
+        if kind == _BLOB:
+            k.kind, k.data = _BYTES, self._blobs + at * CONTENT
+            k.key = _fingerprint(k.data)
+            return True
+        return False
 
     cdef inline uint64_t _mix_at(self, Py_ssize_t at) except? 0:
         """``_mix`` of the slot's block hash, a value's hash worked out from it."""
@@ -644,16 +686,18 @@ cdef class ChainLearner:
     cdef inline bint _held(self, BlockSet fleet, object held, Py_ssize_t at) except -1:
         """Whether the holders hold the slot's block hash: the fleet asked in C (a value by its
         value), any other container by ``in``."""
+        cdef Key k
         if fleet is None:
             return self._hash_at(at) in held
-        if self._kinds[at] == _VALUE:
-            return holds_u64(fleet, self._vals[at])
+        if self._key_at(at, &k):
+            return holds_key(fleet, &k)
         return holds(fleet, <object><PyObject*><size_t>self._vals[at])
 
     cdef inline int _held_ahead(self, BlockSet fleet, Py_ssize_t at) except -1:
         """The fleet's line :meth:`_held` will read for the slot asked for (a hint)."""
-        if self._kinds[at] == _VALUE:
-            holds_u64_ahead(fleet, self._vals[at])
+        cdef Key k
+        if self._key_at(at, &k):
+            holds_key_ahead(fleet, &k)
         elif self._kinds[at] == _OBJECT:
             holds_ahead(fleet, <object><PyObject*><size_t>self._vals[at])
         return 0
@@ -671,6 +715,14 @@ cdef class ChainLearner:
         if u64_of(block_hash, &value):  # kept as its value: equal ints made of it answer
             self._vals[at] = value
             self._kinds[at] = _VALUE
+        elif type(block_hash) is bytes and PyBytes_GET_SIZE(block_hash) == CONTENT:  # kept as its bytes
+            if self._blobs == NULL:
+                self._blobs = <unsigned char*>realloc(NULL, (self._size or 1) * CONTENT)
+                if self._blobs == NULL:
+                    raise MemoryError()
+            memcpy(self._blobs + at * CONTENT, PyBytes_AS_STRING(block_hash), CONTENT)
+            self._vals[at] = 0
+            self._kinds[at] = _BLOB
         else:
             Py_INCREF(block_hash)
             self._vals[at] = <uint64_t><size_t><PyObject*>block_hash
@@ -907,6 +959,8 @@ cdef class ChainLearner:
                     _prefetch(&self._buckets[self._bucket(front)])
                     if self._kinds[at] == _OBJECT:  # its hash, read if the fleet is asked whether it holds it
                         _prefetch(<PyObject*><size_t>self._vals[at])
+                    elif self._kinds[at] == _BLOB:
+                        _prefetch(self._blobs + at * CONTENT)
         for i in range(n):
             p = self._buckets[buckets[i]]
             buckets[i] = p  # from here, each chain's first entry (0: none)
@@ -960,4 +1014,4 @@ cdef class ChainLearner:
     def nbytes(self):
         """Bytes of the ring and its index, allocated (the hash objects held excluded), counted as
         the pure module counts its arrays, with the kind byte a slot the pure module has no need of."""
-        return self._size * (8 + 1 + 2 + 4 + 8) + 4 * self._nbuckets
+        return self._size * (8 + 1 + 2 + 4 + 8 + (CONTENT if self._blobs != NULL else 0)) + 4 * self._nbuckets

@@ -417,47 +417,45 @@ def test_the_compiled_learners_digests_are_pythons_tuple_hash_without_the_tuples
     assert state(learners[0]) == state(learners[1])
 
 
-def test_the_compiled_learner_keeps_a_u64_hash_as_its_value_and_any_other_by_reference() -> None:
-    """A u64 int hash (most engines') is kept as its value, with no reference to its int: the int
-    is freed with its batch, and its answers are ints made of the value, equal and of type int.
-    Any other hash (negative, wider, bytes) is kept by reference, as the reference keeps it; the
-    fleet is asked either way (a second chance for a resident block, told the hash that was
-    announced), and a learner's arrays are counted by their slots: 23 bytes each."""
+def test_the_compiled_learner_keeps_u64_and_32_byte_hashes_in_its_ring_and_any_other_by_reference() -> None:
+    """A u64 int hash (vLLM's default) is kept as its value and a 32-byte one (vLLM's raw sha256) as
+    its bytes, with no reference to their objects: those die with their batch, and the answers
+    are objects made of the value or the bytes, equal and of the announced type. Any other hash
+    (negative, wider, bytes of another length) is kept by reference, as the reference keeps every
+    hash; the fleet is asked either way (a second chance for a resident block, told the hash that
+    was announced), and a learner's arrays are counted by their slots."""
     compiled = _compiled()
-    u64, wide, raw = 2**63 + 12_345, 2**70 + 1, bytes(range(32))
-    kept = {u64: False, wide: False, raw: False}
+    u64, raw, wide, short = 2**63 + 12_345, bytes(range(32)), 2**70 + 1, bytes(range(16))
+    kept = {u64: False, raw: False, wide: False, short: False}
     told: list[object] = []
 
     def resident(stream: Stream, block_hash: object) -> bool:
         told.append(block_hash)
         return bool(kept.get(block_hash))  # type: ignore[call-overload]
 
-    learner = compiled.ChainLearner(2, resident, floor=2)
-    counts = [sys.getrefcount(u64), sys.getrefcount(wide), sys.getrefcount(raw)]
-    event = BlockStored([u64, wide, raw], None, [1, 2, 3], 1, None, None, None, {})
+    learner = compiled.ChainLearner(4, resident, floor=4)
+    counts = [sys.getrefcount(u64), sys.getrefcount(raw), sys.getrefcount(wide), sys.getrefcount(short)]
+    event = BlockStored([u64, raw, wide, short], None, [1, 2, 3, 4], 1, None, None, None, {})
     learner.learn("s", 0, event)
     del event
-    # two kept: the u64 went first (asked about, not resident); wide and raw held by reference
-    assert told == [u64]
-    assert [h for _, h in learner.entries()] == [wide, raw]
-    assert sys.getrefcount(wide) - counts[1] == sys.getrefcount(raw) - counts[2] == 1
-    told.clear()
-    # the same steps on both cores: the same answers, slots and buckets
-    learners = [module.ChainLearner(4, resident, floor=4) for module in (compiled, pure)]
+    now = [sys.getrefcount(u64), sys.getrefcount(raw), sys.getrefcount(wide), sys.getrefcount(short)]
+    assert [b - a for a, b in zip(counts, now, strict=True)] == [0, 0, 1, 1]  # not kept, not kept, kept, kept
+    answer = learner.chain("s", 0, block_digests([1, 2, 3, 4], 1))
+    assert answer == [u64, raw, wide, short]
+    assert [type(h) for h in answer] == [int, bytes, int, bytes]
+    assert answer[0] is not u64 and answer[1] is not raw and answer[2] is wide  # made, made, kept
+    # the same steps on both cores: the same second chances and evictions, slots and buckets
+    learners = [learner, pure.ChainLearner(4, resident, floor=4)]
+    learners[1].learn("s", 0, BlockStored([u64, raw, wide, short], None, [1, 2, 3, 4], 1, None, None, None, {}))
+    kept[u64] = kept[raw] = True
     for one in learners:
-        one.learn("s", 0, BlockStored([u64, 7], None, [1, 2], 1, None, None, None, {}))
-    learner = learners[0]
-    assert sys.getrefcount(u64) == counts[0] + 1  # the pure learner's reference; the compiled keeps the value
-    answer = learner.chain("s", 0, block_digests([1, 2], 1))
-    assert answer == [u64, 7] and [type(h) for h in answer] == [int, int]
-    assert answer[0] is not u64  # made of the value
-    kept[u64] = True
-    for one in learners:
-        one.learn("s", 1, BlockStored([11, 12, 13], None, [5, 6, 7], 1, None, None, None, {}))
-        assert [h for _, h in one.entries()] == [11, 12, u64, 13]  # its second chance, before 13 came
-    assert told == [u64, 7] * 2  # the front asked about as the announced int: u64 kept, 7 evicted
+        told.clear()
+        one.learn("s", 1, BlockStored([11, 12], None, [5, 6], 1, None, None, None, {}))
+        assert told == [u64, raw, wide, short]  # each front asked about as announced
+        assert [h for _, h in one.entries()] == [u64, raw, 11, 12]  # the two resident ones moved back
     assert learners[0].slots == learners[1].slots
-    assert learners[0].nbytes() - learners[1].nbytes() == learners[0].slots  # a kind byte a slot
+    # a kind byte a slot more, and CONTENT bytes a slot since the first 32-byte hash
+    assert learners[0].nbytes() - learners[1].nbytes() == learners[0].slots * (1 + 32)
 
 
 def test_both_cores_are_importable_side_by_side_and_the_public_one_is_chosen() -> None:
