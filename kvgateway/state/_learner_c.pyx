@@ -608,7 +608,7 @@ cdef class ChainLearner:
             self._count -= 1
             if fleet is not None and resident is not None and self._count:
                 # the holders' line is had by the next eviction (a kept hash object's asked for
-                # by _ahead; a value is in its slot)
+                # by _ahead; a value or 32 bytes are in the ring)
                 self._held_ahead(fleet, self._head)
             key = self._keys[at]
             if not key:
