@@ -50,7 +50,7 @@ from cpython.mem cimport PyMem_RawMalloc as malloc
 from cpython.mem cimport PyMem_RawRealloc as realloc
 from libc.string cimport memcpy, memset
 
-from kvgateway._pylong cimport HASH_MODULUS, int_hash, u64_hash, u64_long, u64_of  # an int read from its digits, made, hashed
+from kvgateway._pylong cimport HASH_MODULUS, int_hash, u64_long, u64_of  # an int read from its digits, made, hashed
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 from kvgateway.state._apply_c cimport BlockSet, holds, holds_ahead, holds_key, holds_key_ahead  # the fleet's holders, asked in C
@@ -289,8 +289,9 @@ cdef class ChainLearner:
     cdef uint64_t _at_root  # _roots[_at_stream], where _at_rooted
     # the ring: _size physical slots, the oldest at _head, _count in use from there (key 0: free)
     cdef uint64_t* _keys
-    # each entry's block hash, one word a slot: a u64 int hash's value (most engines' hashes: their
-    # ints are not kept alive, 32 bytes and more each, nor read again at eviction), else a reference
+    # each entry's block hash, one word a slot: a u64 int hash's value (vLLM's default: its int is
+    # not kept alive, 32 bytes and more, nor read again at eviction), 0 where the hash is in _blobs,
+    # else a reference
     cdef uint64_t* _vals
     cdef uint8_t* _kinds  # what each word of _vals is (_NO_HASH, _OBJECT, _VALUE, _BLOB)
     # each slot's CONTENT bytes for a _BLOB hash: NULL until the first one, then sized as the ring
@@ -677,15 +678,9 @@ cdef class ChainLearner:
             return True
         return False
 
-    cdef inline uint64_t _mix_at(self, Py_ssize_t at) except? 0:
-        """``_mix`` of the slot's block hash, a value's hash worked out from it."""
-        if self._kinds[at] == _VALUE and _HASH_IN_LINE:
-            return u64_hash(self._vals[at]) * _K64
-        return _mix(self._hash_at(at))
-
     cdef inline bint _held(self, BlockSet fleet, object held, Py_ssize_t at) except -1:
-        """Whether the holders hold the slot's block hash: the fleet asked in C (a value by its
-        value), any other container by ``in``."""
+        """Whether the holders hold the slot's block hash: the fleet asked in C (a value or 32
+        bytes kept in the ring by their key), any other container by ``in``."""
         cdef Key k
         if fleet is None:
             return self._hash_at(at) in held
@@ -990,8 +985,9 @@ cdef class ChainLearner:
             at = self._find(key)
             if at < 0:
                 break
-            out.append(self._hash_at(at))
-            mix = self._mix_at(at)
+            block_hash = self._hash_at(at)
+            out.append(block_hash)
+            mix = _mix(block_hash)
         return out
 
     def entries(self):
@@ -1013,5 +1009,6 @@ cdef class ChainLearner:
 
     def nbytes(self):
         """Bytes of the ring and its index, allocated (the hash objects held excluded), counted as
-        the pure module counts its arrays, with the kind byte a slot the pure module has no need of."""
+        the pure module counts its arrays, with what the pure module has no need of: the kind byte a
+        slot, and the 32 bytes a slot once a 32-byte hash is kept."""
         return self._size * (8 + 1 + 2 + 4 + 8 + (CONTENT if self._blobs != NULL else 0)) + 4 * self._nbuckets
