@@ -8,7 +8,7 @@ evicts from there) and **analytics** (the cache analytics' pass, a default ``Ana
 every batch as the log's follower feeds it). Both cores are loaded side by side
 (``kvgateway.protocol._render_py`` and ``_render_c``, ``kvgateway.state._learner_py`` and
 ``_learner_c``, ``kvgateway.state._analytics_py`` and ``_analytics_c``) and timed on the same decoded
-batches of each payload variant (map, positional, byte hashes), the two alternating round after
+batches of each payload variant (map, positional, byte hashes, signed hashes), the two alternating round after
 round and the order reversed every other round; each figure is the best round's CPU time of this
 process (``time.process_time``: on a shared machine a round that was preempted counts less than in
 wall time) in microseconds per batch. The ratio compiled / pure is the figure to read.

@@ -3,7 +3,8 @@
 One WebSocket client receives every batch (so rendering and sending are paid, as in real use);
 the yardstick is the floor: msgspec's decode plus JSON encode of the same payloads, measured in
 this process in the same run, against the gateway's CPU per batch. The raw loop's rate is kept
-beside it. Variants: map events (the standard set), positional (array) events, byte hashes.
+beside it. Variants: map events (the standard set), positional (array) events, byte hashes, signed
+hashes.
 
 The consumer (the gateway, or the baseline: :mod:`bench.raw`'s
 SUB loop that only receives) is subscribed, then stopped with SIGSTOP; the publisher sends N
@@ -62,9 +63,11 @@ VARIANTS: dict[str, tuple[encode.EventForm, HashKind]] = {
     "map": ("map", "int"),
     "array": ("array", "int"),
     "bytes": ("map", "bytes"),
+    "signed": ("map", "signed"),
 }
 """Payload variants: vLLM's map events with u64 hashes (the standard set), positional (array)
-events as older engines send them, and byte hashes (vLLM's sha256 block hashing)."""
+events as older engines send them, byte hashes (vLLM's sha256 block hashing), and signed int64
+hashes, half of them negative (SGLang's, LMCache's, vLLM's before 0.10.2)."""
 
 
 def _spec(ctx: Context, variant: str = "map") -> payloads.SetSpec:

@@ -9,7 +9,7 @@ digit). Cython's own conversion takes CPython's general path for three digits, a
 instructions (cachegrind: a tenth of the index's and the renderer's conversions).
 """
 
-from cpython.long cimport PyLong_FromUnsignedLongLong
+from cpython.long cimport PyLong_FromLongLong, PyLong_FromUnsignedLongLong
 from cpython.object cimport PyObject_Hash
 from libc.stdint cimport uint16_t, uint32_t, uint64_t
 
@@ -50,6 +50,11 @@ cdef extern from *:
     void KV_LONG_SET_DIGIT(object h, Py_ssize_t i, uint64_t d) noexcept
 
 
+cdef extern from "Python.h":
+    # does not raise for an exact int: an overflow is reported through its flag
+    long long PyLong_AsLongLongAndOverflow(object value, int* overflow) noexcept
+
+
 cdef inline bint u64_of(object h, uint64_t* value) except -1:
     """Whether ``h`` is an int (exactly) of 0 to 2**64-1, then in ``value``. Read from its digits
     where Cython can; otherwise converted, an overflow saying it is out of range (a try block
@@ -77,6 +82,42 @@ cdef inline bint u64_of(object h, uint64_t* value) except -1:
     except OverflowError:
         return False
     return True
+
+
+cdef inline bint negative_of(object h, uint64_t* magnitude) except -1:
+    """Whether ``h`` is an int (exactly) of -2**63 to -1 (a signed 64-bit hash's negative half, as
+    SGLang's and older vLLM's engines send half their hashes), then its magnitude (1 to 2**63) in
+    ``magnitude``: :func:`u64_of`'s twin for the other half of the int64 range."""
+    cdef Py_ssize_t size
+    cdef long long small
+    cdef int overflow = 0
+    if type(h) is not int:
+        return False
+    if KV_LONG_DIGITS_READ:
+        if not KV_LONG_NEGATIVE(h):
+            return False
+        size = KV_LONG_DIGIT_COUNT(h)
+        if size == 1:
+            magnitude[0] = KV_LONG_DIGIT(h, 0)
+        elif size == 2:
+            magnitude[0] = (KV_LONG_DIGIT(h, 1) << 30) | KV_LONG_DIGIT(h, 0)
+        elif size == 3 and KV_LONG_DIGIT(h, 2) <= 8:  # 2**63 at most: 8 << 60 and nothing below
+            magnitude[0] = (KV_LONG_DIGIT(h, 2) << 60) | (KV_LONG_DIGIT(h, 1) << 30) | KV_LONG_DIGIT(h, 0)
+            if magnitude[0] > (<uint64_t>1 << 63):
+                return False
+        else:
+            return False
+        return True
+    small = PyLong_AsLongLongAndOverflow(h, &overflow)
+    if overflow != 0 or small >= 0:
+        return False
+    magnitude[0] = (<uint64_t>(-(small + 1))) + 1  # INT64_MIN's too, without overflow
+    return True
+
+
+cdef inline object negative_long(uint64_t magnitude):
+    """The int ``-magnitude`` (``magnitude`` 1 to 2**63): :func:`negative_of`'s answer made back."""
+    return PyLong_FromLongLong(-<long long>(magnitude - 1) - 1)
 
 
 cdef inline object u64_long(uint64_t value):
@@ -109,12 +150,17 @@ cdef inline uint64_t u64_hash(uint64_t value) noexcept nogil:
 
 
 cdef inline Py_hash_t int_hash(object h, bint in_line) except? -1:
-    """``hash(h)``, Python's own: a u64 int's worked out here from its digits where ``in_line`` (the
+    """``hash(h)``, Python's own: an int64 or u64 int's worked out here from its digits where ``in_line`` (the
     caller's check, once at import, that ``sys.hash_info.modulus`` is :data:`HASH_MODULUS`), since
     CPython's ``long_hash`` is a call and a loop of modular steps; anything else hashed by CPython."""
     cdef uint64_t value
-    if in_line and u64_of(h, &value):
-        return <Py_hash_t>u64_hash(value)
+    cdef Py_hash_t negative
+    if in_line:
+        if u64_of(h, &value):
+            return <Py_hash_t>u64_hash(value)
+        if negative_of(h, &value):  # -x hashes to -hash(x), except that -1 is -2 (the error value)
+            negative = -<Py_hash_t>u64_hash(value)
+            return -2 if negative == -1 else negative
     return PyObject_Hash(h)
 
 

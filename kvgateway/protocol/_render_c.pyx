@@ -26,7 +26,7 @@ from cpython.array cimport array, clone
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
-from kvgateway._pylong cimport u64_of  # an int read from its digits
+from kvgateway._pylong cimport negative_of, u64_of  # an int read from its digits
 from kvgateway.engine._direct cimport Maker, make, maker_init, member_slot  # a Struct made without its constructor
 from kvgateway.engine._slots cimport Fields, field, field_offset, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
@@ -584,9 +584,10 @@ cdef inline bint _scalar(object value) noexcept:
 
 cdef bint _put_hashes(Buffer* out, object hashes) except -1:
     """A list of block hashes as their quoted texts; False for anything else (not all written).
-    Room for every hash as a quoted u64 and its comma is reserved once and each written in place;
-    bytes (their hex) in place too, after room for them is reserved; any other (a wider or negative
-    int) through :func:`_put_hash`, the room after it reserved again."""
+    Room for every hash as a quoted u64 and its comma is reserved once and each written in place
+    (a negative int64's sign and 19 digits fit in it too); bytes (their hex) in place, after room
+    for them is reserved; any other (a wider int) through :func:`_put_hash`, the room after it
+    reserved again."""
     cdef Py_ssize_t i, n, size
     cdef uint64_t value
     cdef char* at
@@ -605,6 +606,13 @@ cdef bint _put_hashes(Buffer* out, object hashes) except -1:
         if u64_of(item, &value):
             at[0] = 34  # '"'
             at = _write_u64(at + 1, value)
+            at[0] = 34
+            at += 1
+            continue
+        if negative_of(item, &value):  # a signed hash's negative half (SGLang's): '"-', its magnitude
+            at[0] = 34
+            at[1] = 45  # "-"
+            at = _write_u64(at + 2, value)
             at[0] = 34
             at += 1
             continue

@@ -2,8 +2,8 @@
 """What the compiled learner reads of the compiled index (``cimport``-ed by
 ``state/_learner_c.pyx``): the fleet's holders, a :class:`BlockSet` of C tables, asked directly
 (:func:`holds`) rather than through ``in`` (the type's ``__contains__`` wrapper), and its table
-lines asked for ahead (:func:`holds_ahead`); and a hash the learner keeps as its u64 value or its 32
-bytes, by its key (:func:`holds_key`, :func:`holds_key_ahead`: no object made to ask)."""
+lines asked for ahead (:func:`holds_ahead`); and a hash the learner keeps as its int64 or u64 value or
+its 32 bytes, by its key (:func:`holds_key`, :func:`holds_key_ahead`: no object made to ask)."""
 
 cimport cython
 
@@ -14,6 +14,7 @@ from kvgateway.state._hashtable cimport Key, Table, _key_of, _key_prefetch
 cdef class BlockSet:
     """A group's resident hashes (and the fleet's holders) in C tables (see _apply_c.pyx)."""
     cdef Table ints
+    cdef Table negs
     cdef Table blobs
     cdef set other
     cdef size_t changes  # every insertion and removal: what an iterator checks
@@ -41,17 +42,17 @@ cdef inline int holds_ahead(BlockSet blocks, object h) except -1:
     """Ask for the line :func:`holds` will read for ``h`` (a hint: nothing changes)."""
     cdef Key k
     _key_of(h, &k)
-    _key_prefetch(&k, &blocks.ints, &blocks.blobs, False)
+    _key_prefetch(&k, &blocks.ints, &blocks.negs, &blocks.blobs, False)
     return 0
 
 
 cdef inline bint holds_key(BlockSet blocks, Key* k) except -1:
-    """:func:`holds` of a hash of kind _INT or _BYTES given by its key alone (no hash object: the
-    learner keeps such hashes as their value or their 32 bytes)."""
+    """:func:`holds` of a hash of kind _INT, _NEG or _BYTES given by its key alone (no hash object:
+    the learner keeps such hashes as their value or their 32 bytes)."""
     return blocks.has_key(k, None)  # the hash object is read for a hash of another kind only
 
 
 cdef inline int holds_key_ahead(BlockSet blocks, Key* k) except -1:
     """:func:`holds_ahead` of such a key."""
-    _key_prefetch(k, &blocks.ints, &blocks.blobs, False)
+    _key_prefetch(k, &blocks.ints, &blocks.negs, &blocks.blobs, False)
     return 0

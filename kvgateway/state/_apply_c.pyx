@@ -10,8 +10,9 @@ the groups' and mediums' fields are C struct members, their methods C calls, and
 runs without the interpreter. One structure differs inside, not in what it shows: a stream's GPU
 evictions (:class:`Evictions`) keep each generation in flat C tables of (hash, engine time), 16
 bytes a slot for u64 hashes and 48 for 32-byte ones, rather than a dict of Python hashes and
-floats: no object per eviction, an evicted hash's int or bytes freed with its block, and a lookup
-one probe into one array (other hashes, rare, in a dict beside them). And a removal asks a
+floats (and int64 hashes' negative half in a table of their own): no object per eviction, an
+evicted hash's int or bytes freed with its block, and a lookup one probe into one array (other
+hashes, rare, in a dict beside them). And a removal asks a
 group's ``extra`` references (a dict keyed by the hashes, each asked costing its ``hash()`` and a
 probe) only for the hashes a negative filter beside it may hold (:meth:`Group._none_extra`); an
 event whose (medium, group_idx) is the previous event's takes its group without the route
@@ -45,6 +46,7 @@ from kvgateway.state._hashtable cimport (  # the C tables of hashes: the evictio
     _BYTES,
     _INT,
     _MIN_SLOTS,
+    _NEG,
     _OTHER,
     _key_of,
     _key_prefetch,
@@ -67,7 +69,9 @@ from kvgateway.state._hashtable cimport (  # the C tables of hashes: the evictio
     _fnv_decimal,
     _fnv_hex,
     _key_element,
+    _negative_element,
 )
+from kvgateway._pylong cimport negative_long  # a negative hash made back of its magnitude
 
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 
@@ -102,24 +106,27 @@ cdef Fields _BATCH = fields_of(Batch)
 
 @cython.final
 cdef class _Generation:
-    """One generation of :class:`Evictions`: the engines' two kinds of hash in C tables (u64 ints,
-    32-byte hashes), any other hash in a dict, each with its engine time."""
+    """One generation of :class:`Evictions`: the engines' kinds of hash in C tables (u64 ints,
+    negative int64 ones, 32-byte hashes), any other hash in a dict, each with its engine time."""
 
     cdef Table ints
+    cdef Table negs
     cdef Table blobs
     cdef dict other
 
     def __cinit__(self):
         _table_init(&self.ints, _MIN_SLOTS, False, True)
+        _table_init(&self.negs, _MIN_SLOTS, False, True)
         _table_init(&self.blobs, _MIN_SLOTS, True, True)
         self.other = {}
 
     def __dealloc__(self):
         _table_free(&self.ints)
+        _table_free(&self.negs)
         _table_free(&self.blobs)
 
     cdef inline Py_ssize_t size(self):
-        return <Py_ssize_t>(self.ints.n + self.blobs.n) + len(self.other)
+        return <Py_ssize_t>(self.ints.n + self.negs.n + self.blobs.n) + len(self.other)
 
     # Each kind's table named in its own branch, NULL given for the ints' bytes: choosing the table
     # in one helper cost 350 instructions a batch (cachegrind), the int path no longer compiled
@@ -129,6 +136,8 @@ cdef class _Generation:
             _ints_put(&self.ints, k.key, at)
         elif k.kind == _BYTES:
             _table_set(&self.blobs, k.key, k.data, at)
+        elif k.kind == _NEG:
+            _ints_put(&self.negs, k.key, at)
         else:
             self.other[h] = ts
         return 0
@@ -138,13 +147,15 @@ cdef class _Generation:
             return _table_has(&self.ints, k.key, NULL)
         if k.kind == _BYTES:
             return _table_has(&self.blobs, k.key, k.data)
+        if k.kind == _NEG:
+            return _table_has(&self.negs, k.key, NULL)
         return bool(self.other) and h in self.other  # most streams' dict is empty: no lookup
 
     cdef object pop(self, Key* k, object h):
         cdef double at = 0
         if k.kind == _OTHER:
             return self.other.pop(h, None)
-        if _table_pop(&self.ints if k.kind == _INT else &self.blobs, k.key, k.data, &at):
+        if _table_pop(&self.ints if k.kind == _INT else &self.negs if k.kind == _NEG else &self.blobs, k.key, k.data, &at):
             return at
         return None
 
@@ -155,6 +166,9 @@ cdef class _Generation:
         for i in range(self.ints.mask + 1):
             if self.ints.keys[i]:
                 out[self.ints.keys[i]] = self.ints.times[i]
+        for i in range(self.negs.mask + 1):
+            if self.negs.keys[i]:
+                out[negative_long(self.negs.keys[i])] = self.negs.times[i]
         for i in range(self.blobs.mask + 1):
             if self.blobs.keys[i]:
                 out[content[i * CONTENT : (i + 1) * CONTENT]] = self.blobs.times[i]
@@ -163,12 +177,14 @@ cdef class _Generation:
 
     cdef int clear(self) except -1:
         _table_clear(&self.ints)
+        _table_clear(&self.negs)
         _table_clear(&self.blobs)
         self.other = {}
         return 0
 
     cdef int empty(self, Py_ssize_t bound) except -1:
         _table_empty(&self.ints, bound)
+        _table_empty(&self.negs, bound)
         _table_empty(&self.blobs, bound)
         self.other = {}
         return 0
@@ -274,7 +290,8 @@ cdef class BlockSet:
     """A group's resident hashes (and the fleet's holders), in C tables: the set the reference
     keeps, read through the same ``collections.abc.Set`` interface (registered as one).
 
-    u64 hashes live in one table, 32-byte hashes in another, any other hash in a Python set beside
+    u64 hashes live in one table, negative int64 ones (by their magnitude) in a second, 32-byte
+    hashes in a third, any other hash (a wider int, bytes of another length) in a Python set beside
     them: no int object is kept per resident block, and a lookup is one probe into one array (a
     Python set's reads its entry and then the int the entry points to: two cache misses each on an
     index larger than the cache, where the gateway spent a fifth of a batch in ``set_lookkey``).
@@ -291,6 +308,7 @@ cdef class BlockSet:
 
     def __cinit__(self, hashes=()):
         _table_init(&self.ints, _MIN_SLOTS, False, False)
+        _table_init(&self.negs, _MIN_SLOTS, False, False)
         _table_init(&self.blobs, _MIN_SLOTS, True, False)
         self.other = set()
         self.changes = 0
@@ -299,6 +317,7 @@ cdef class BlockSet:
 
     def __dealloc__(self):
         _table_free(&self.ints)
+        _table_free(&self.negs)
         _table_free(&self.blobs)
 
     cdef inline bint has_key(self, Key* k, object h) except -1:
@@ -306,6 +325,8 @@ cdef class BlockSet:
             return _table_has(&self.ints, k.key, NULL)
         if k.kind == _BYTES:
             return _table_has(&self.blobs, k.key, k.data)
+        if k.kind == _NEG:
+            return _table_has(&self.negs, k.key, NULL)
         return h in self.other
 
     cdef inline bint has(self, object h) except -1:
@@ -321,6 +342,8 @@ cdef class BlockSet:
             return _ints_put(&self.ints, k.key, 0.0)
         if k.kind == _BYTES:
             return _table_add(&self.blobs, k.key, k.data)
+        if k.kind == _NEG:
+            return _ints_put(&self.negs, k.key, 0.0)
         before = len(self.other)
         self.other.add(h)
         return len(self.other) != before
@@ -339,6 +362,8 @@ cdef class BlockSet:
             return _ints_discard(&self.ints, k.key)
         if k.kind == _BYTES:
             return _table_pop(&self.blobs, k.key, k.data, &at)
+        if k.kind == _NEG:
+            return _ints_discard(&self.negs, k.key)
         return PySet_Discard(self.other, h) == 1
 
     cpdef bint leave(self, object h) except -1:
@@ -356,14 +381,16 @@ cdef class BlockSet:
     cdef BlockSet copied(self):
         cdef BlockSet out = BlockSet.__new__(BlockSet)
         _table_free(&out.ints)
+        _table_free(&out.negs)
         _table_free(&out.blobs)
         _table_copy(&out.ints, &self.ints)
+        _table_copy(&out.negs, &self.negs)
         _table_copy(&out.blobs, &self.blobs)
         out.other = set(self.other)
         return out
 
     cdef inline Py_ssize_t size(self):
-        return <Py_ssize_t>(self.ints.n + self.blobs.n) + len(self.other)
+        return <Py_ssize_t>(self.ints.n + self.negs.n + self.blobs.n) + len(self.other)
 
     # --- the read-only set interface (collections.abc.Set), for everything outside the pass ---
 
@@ -420,12 +447,13 @@ cdef class BlockSet:
 
 @cython.final
 cdef class _BlockSetIterator:
-    """A :class:`BlockSet`'s hashes: the u64 table (its zero first), the 32-byte table, the rest."""
+    """A :class:`BlockSet`'s hashes: the u64 table (its zero first), the negatives' table, the
+    32-byte table, the rest."""
 
     cdef BlockSet owner
     cdef size_t changes
     cdef size_t at  # the next slot of the table being read
-    cdef int stage  # 0: the u64 zero, 1: the u64 slots, 2: the 32-byte slots, 3: the rest
+    cdef int stage  # 0: the u64 zero, 1: the u64 slots, 2: the negatives, 3: the 32-byte slots, 4: the rest
     cdef object rest
 
     def __cinit__(self, BlockSet owner):
@@ -455,19 +483,26 @@ cdef class _BlockSetIterator:
                     return table.keys[self.at - 1]
             self.stage, self.at = 2, 0
         if self.stage == 2:
+            table = &owner.negs
+            while self.at <= table.mask:
+                self.at += 1
+                if table.keys[self.at - 1]:
+                    return negative_long(table.keys[self.at - 1])
+            self.stage, self.at = 3, 0
+        if self.stage == 3:
             table = &owner.blobs
             while self.at <= table.mask:
                 self.at += 1
                 if table.keys[self.at - 1]:
                     return (<const char*>table.content)[(self.at - 1) * CONTENT : self.at * CONTENT]
-            self.stage = 3
+            self.stage = 4
             self.rest = iter(owner.other)
         return next(self.rest)
 
 
 cdef inline uint64_t _element(uint64_t prefix, Key* k, object h) except? 0:
     """The digest element of ``h`` (its key ``k``) in the group whose FNV state after its prefix is
-    ``prefix``: from the key in C, or the digest module's for a hash of neither table's kind."""
+    ``prefix``: from the key in C, or the digest module's for a hash of no table's kind."""
     if k.kind == _OTHER:
         return _other_element(prefix, h)
     return _key_element(prefix, k)
@@ -485,6 +520,9 @@ cdef uint64_t _blocks_sum(BlockSet blocks, uint64_t prefix) except? 0:
     for i in range(blocks.ints.mask + 1):
         if blocks.ints.keys[i]:
             total += _fnv_decimal(prefix, blocks.ints.keys[i])
+    for i in range(blocks.negs.mask + 1):
+        if blocks.negs.keys[i]:
+            total += _negative_element(prefix, blocks.negs.keys[i])
     for i in range(blocks.blobs.mask + 1):
         if blocks.blobs.keys[i]:
             total += _fnv_hex(prefix, blocks.blobs.content + i * CONTENT, CONTENT)
@@ -544,7 +582,8 @@ cdef class Group:
     cdef bint _tracked
     cdef uint64_t _sum
     cdef uint64_t _prefix
-    # A negative filter of ``extra``'s keys (u64 hashes, 32-byte hashes' fingerprints): a removal
+    # A negative filter of ``extra``'s keys (u64 hashes, negative ones' magnitudes, 32-byte hashes'
+    # fingerprints; a key of one kind equal to another's is a "maybe", the dict asked): a removal
     # asks the dict only for the hashes it may hold. It describes the dict ``_filtered`` (None:
     # none; a new dict, a copy or a restore, is filtered again when next asked), whose keys the
     # group's own methods add (noted here) and take out (their bits left until a rebuild);
@@ -960,12 +999,12 @@ cdef int _ahead(Group grp, object evicted, list hashes, Key* keys, bint stored, 
         if k.kind == _OTHER or not ask:
             continue
         if held is not None:
-            _key_prefetch(k, &held.ints, &held.blobs, not stored)
+            _key_prefetch(k, &held.ints, &held.negs, &held.blobs, not stored)
         if current is not None:
-            _key_prefetch(k, &current.ints, &current.blobs, not stored)
+            _key_prefetch(k, &current.ints, &current.negs, &current.blobs, not stored)
         if previous is not None:
-            _key_prefetch(k, &previous.ints, &previous.blobs, False)
-        _key_prefetch(k, &blocks.ints, &blocks.blobs, True)
+            _key_prefetch(k, &previous.ints, &previous.negs, &previous.blobs, False)
+        _key_prefetch(k, &blocks.ints, &blocks.negs, &blocks.blobs, True)
     return 0
 
 

@@ -2,12 +2,14 @@
 """Open-addressed C tables of block hashes, for the compiled index (``cimport``-ed, like
 :mod:`kvgateway._pylong`: compiled into each module that uses them; nothing of it exists at run time).
 
-Two kinds of table share the code: keyed by a u64 hash itself, or by a 32-byte hash (vLLM's raw
+Two kinds of table share the code: keyed by a 64-bit word itself, or by a 32-byte hash (vLLM's raw
 sha256 bytes: the table keeps the bytes beside a 64-bit fingerprint of them, compared first). A
 timed table keeps a double beside each key (an eviction's engine time); a set of resident hashes
-keeps the keys alone, 8 bytes a slot. A hash of
-any other kind (a negative or larger int, bytes of another length) is the caller's to keep in a
-Python container beside the tables: :func:`_key_of` says which kind a hash is.
+keeps the keys alone, 8 bytes a slot. A holder keeps three: the u64 hashes by their value, the
+negative int64 ones (SGLang's, LMCache's, vLLM's before 0.10.2: half of a signed hash's values) by
+their magnitude in a table of their own (one table for both would make -5 and 5 one hash), and the
+32-byte ones. A hash of any other kind (a wider int, bytes of another length) is the caller's to
+keep in a Python container beside the tables: :func:`_key_of` says which kind a hash is.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
@@ -15,7 +17,7 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
-from kvgateway._pylong cimport u64_of  # a hash's int read from its digits
+from kvgateway._pylong cimport negative_of, u64_of  # a hash's int read from its digits
 
 cimport cython
 
@@ -238,6 +240,7 @@ cdef enum:
     _INT = 0  # an int of 0 to 2**64-1: the u64 table, keyed by itself
     _BYTES = 1  # bytes of CONTENT length: the content table, keyed by its fingerprint and bytes
     _OTHER = 2  # any other hash: the dict
+    _NEG = 3  # an int of -2**63 to -1: the negatives' table, keyed by its magnitude (1 to 2**63)
 
 
 cdef struct Key:
@@ -254,6 +257,8 @@ cdef inline int _key_of(object h, Key* k) except -1:
         k.kind = _BYTES
         k.data = <const unsigned char*>PyBytes_AS_STRING(h)
         k.key = _fingerprint(k.data)
+    elif negative_of(h, &k.key):
+        k.kind = _NEG
     else:
         k.kind = _OTHER
     return 0
@@ -352,12 +357,14 @@ cdef inline void _table_prefetch(Table* table, uint64_t key, bint whole) noexcep
             _prefetch(table.content + i * CONTENT)
 
 
-cdef inline void _key_prefetch(Key* k, Table* ints, Table* blobs, bint whole) noexcept nogil:
+cdef inline void _key_prefetch(Key* k, Table* ints, Table* negs, Table* blobs, bint whole) noexcept nogil:
     """:func:`_table_prefetch` in the table of ``k``'s kind (none for a hash of another kind)."""
     if k.kind == _INT:
         _table_prefetch(ints, k.key, whole)
     elif k.kind == _BYTES:
         _table_prefetch(blobs, k.key, whole)
+    elif k.kind == _NEG:
+        _table_prefetch(negs, k.key, whole)
 
 
 cdef struct Filter:
@@ -511,10 +518,17 @@ cdef inline uint64_t _fnv_hex(uint64_t state, const unsigned char* data, Py_ssiz
     return state
 
 
+cdef inline uint64_t _negative_element(uint64_t prefix, uint64_t magnitude) noexcept nogil:
+    """:func:`_fnv` over ``str(-magnitude)``: the minus sign, then the magnitude's digits."""
+    return _fnv_decimal((prefix ^ 45) * 0x100000001B3ULL, magnitude)  # 45: "-"
+
+
 cdef inline uint64_t _key_element(uint64_t prefix, Key* k) noexcept nogil:
-    """The digest element of a hash of kind _INT or _BYTES from its key (its group's ``prefix``
-    state): the decimal text of the u64, the hex of the 32 bytes. A hash of another kind is the
-    caller's (the digest module's ``elements_sum``)."""
+    """The digest element of a hash of kind _INT, _NEG or _BYTES from its key (its group's
+    ``prefix`` state): the decimal text of the int, the hex of the 32 bytes. A hash of another kind
+    is the caller's (the digest module's ``elements_sum``)."""
     if k.kind == _INT:
         return _fnv_decimal(prefix, k.key)
+    if k.kind == _NEG:
+        return _negative_element(prefix, k.key)
     return _fnv_hex(prefix, k.data, CONTENT)

@@ -50,11 +50,11 @@ from cpython.mem cimport PyMem_RawMalloc as malloc
 from cpython.mem cimport PyMem_RawRealloc as realloc
 from libc.string cimport memcpy, memset
 
-from kvgateway._pylong cimport HASH_MODULUS, int_hash, u64_long, u64_of  # an int read from its digits, made, hashed
+from kvgateway._pylong cimport HASH_MODULUS, int_hash, negative_long, negative_of, u64_long, u64_of  # an int read from its digits, made, hashed
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 from kvgateway.state._apply_c cimport BlockSet, holds, holds_ahead, holds_key, holds_key_ahead  # the fleet's holders, asked in C
-from kvgateway.state._hashtable cimport _BYTES, _INT, CONTENT, Key, _fingerprint, _prefetch  # a hash's key; a line asked for
+from kvgateway.state._hashtable cimport _BYTES, _INT, _NEG, CONTENT, Key, _fingerprint, _prefetch  # a hash's key; a line asked for
 
 from kvgateway.engine.wire import Batch, BlockStored
 from kvgateway.runtime.memory import release_free_heap
@@ -81,6 +81,7 @@ cdef enum:
     _OBJECT = 1  # a PyObject* whose reference the slot holds: a hash of any other kind
     _VALUE = 2  # an int hash of 0 to 2**64-1, as its value: no object kept for it
     _BLOB = 3  # a bytes hash of CONTENT bytes (a sha256), copied into _blobs: no object kept for it
+    _NEGATIVE = 4  # an int hash of -2**63 to -1, as its magnitude: no object kept for it
 cdef enum:
     _AHEAD = 16  # blocks whose lines are asked for together, before they are taught
     _ON_STACK = 64  # an event's digests held on the stack (beyond, allocated and freed after it)
@@ -290,10 +291,10 @@ cdef class ChainLearner:
     # the ring: _size physical slots, the oldest at _head, _count in use from there (key 0: free)
     cdef uint64_t* _keys
     # each entry's block hash, one word a slot: a u64 int hash's value (vLLM's default: its int is
-    # not kept alive, 32 bytes and more, nor read again at eviction), 0 where the hash is in _blobs,
-    # else a reference
+    # not kept alive, 32 bytes and more, nor read again at eviction), a negative int64 hash's
+    # magnitude (signed hashes, SGLang's: the same), 0 where the hash is in _blobs, else a reference
     cdef uint64_t* _vals
-    cdef uint8_t* _kinds  # what each word of _vals is (_NO_HASH, _OBJECT, _VALUE, _BLOB)
+    cdef uint8_t* _kinds  # what each word of _vals is (_NO_HASH, _OBJECT, _VALUE, _NEGATIVE, _BLOB)
     # each slot's CONTENT bytes for a _BLOB hash: NULL until the first one, then sized as the ring
     cdef unsigned char* _blobs
     cdef uint16_t* _sids
@@ -661,6 +662,8 @@ cdef class ChainLearner:
         cdef uint8_t kind = self._kinds[at]
         if kind == _VALUE:
             return u64_long(self._vals[at])
+        if kind == _NEGATIVE:
+            return negative_long(self._vals[at])
         if kind == _BLOB:
             return PyBytes_FromStringAndSize(<char*>(self._blobs + at * CONTENT), CONTENT)
         return <object><PyObject*><size_t>self._vals[at]
@@ -671,6 +674,9 @@ cdef class ChainLearner:
         cdef uint8_t kind = self._kinds[at]
         if kind == _VALUE:
             k.kind, k.key, k.data = _INT, self._vals[at], NULL
+            return True
+        if kind == _NEGATIVE:
+            k.kind, k.key, k.data = _NEG, self._vals[at], NULL
             return True
         if kind == _BLOB:
             k.kind, k.data = _BYTES, self._blobs + at * CONTENT
@@ -718,6 +724,9 @@ cdef class ChainLearner:
             memcpy(self._blobs + at * CONTENT, PyBytes_AS_STRING(block_hash), CONTENT)
             self._vals[at] = 0
             self._kinds[at] = _BLOB
+        elif negative_of(block_hash, &value):  # a signed hash's other half: kept as its magnitude
+            self._vals[at] = value
+            self._kinds[at] = _NEGATIVE
         else:
             Py_INCREF(block_hash)
             self._vals[at] = <uint64_t><size_t><PyObject*>block_hash

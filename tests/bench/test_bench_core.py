@@ -17,7 +17,7 @@ def test_core_bench_smoke(tmp_path: Path) -> None:
     except ImportError:
         pytest.skip("the compiled core is not built here")
     result = smoke_result("bench.core", tmp_path)
-    assert set(result["variants"]) == {"map", "array", "bytes"}
+    assert set(result["variants"]) == {"map", "array", "bytes", "signed"}
     for figures in result["variants"].values():
         assert figures["batches"] > 0
         for stage in ("render", "learn", "analytics"):

@@ -12,7 +12,7 @@ from tests.support.processes import REPO
 
 def test_path_bench_smoke(tmp_path: Path) -> None:
     result = smoke_result("bench.path", tmp_path)
-    assert set(result["us_per_batch"]) == {"map", "array", "bytes"}
+    assert set(result["us_per_batch"]) == {"map", "array", "bytes", "signed"}
     assert all(figure > 0 for figure in result["us_per_batch"].values())
 
 

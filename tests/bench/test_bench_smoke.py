@@ -45,7 +45,7 @@ def check_ingest(r: dict[str, Any]) -> None:
     assert number(r["ratio"]) and r["ratio"] > 0
     assert len(r["runs"]) == 1
     assert {"decode", "index", "render", "json_encode", "sum"} <= set(r["breakdown_us"])
-    assert set(r["variants"]) == {"map", "array", "bytes"}  # map events, positional events, byte hashes
+    assert set(r["variants"]) == {"map", "array", "bytes", "signed"}  # map, positional, byte hashes, signed
     for variant in r["variants"].values():
         for key in ("gateway_cpu_us_per_batch", "gateway_cold_cpu_us_per_batch", "floor_us", "floor_ratio"):
             assert number(variant[key]) and variant[key] > 0, key

@@ -417,42 +417,45 @@ def test_the_compiled_learners_digests_are_pythons_tuple_hash_without_the_tuples
     assert state(learners[0]) == state(learners[1])
 
 
-def test_the_compiled_learner_keeps_u64_and_32_byte_hashes_in_its_ring_and_any_other_by_reference() -> None:
-    """A u64 int hash (vLLM's default) is kept as its value and a 32-byte one (vLLM's raw sha256) as
-    its bytes, with no reference to their objects: those die with their batch, and the answers
-    are objects made of the value or the bytes, equal and of the announced type. Any other hash
-    (negative, wider, bytes of another length) is kept by reference, as the reference keeps every
-    hash; the fleet is asked either way (a second chance for a resident block, told the hash that
-    was announced), and a learner's arrays are counted by their slots."""
+def test_the_compiled_learner_keeps_int64_u64_and_32_byte_hashes_in_its_ring_and_any_other_by_reference() -> None:
+    """A u64 int hash (vLLM's default) and a negative int64 one (a signed hash's other half:
+    SGLang's, LMCache's) are kept as their value and a 32-byte one (vLLM's raw sha256) as its bytes,
+    with no reference to their objects: those die with their batch, and the answers are objects
+    made of the value or the bytes, equal and of the announced type. Any other hash (wider, bytes of
+    another length) is kept by reference, as the reference keeps every hash; the fleet is asked
+    either way (a second chance for a resident block, told the hash that was announced), and a
+    learner's arrays are counted by their slots."""
     compiled = _compiled()
     u64, raw, wide, short = 2**63 + 12_345, bytes(range(32)), 2**70 + 1, bytes(range(16))
-    kept = {u64: False, raw: False, wide: False, short: False}
+    signed, lowest = -(2**62) - 12_345, -(2**63)
+    announced = [u64, raw, wide, short, signed, lowest]
+    kept = dict.fromkeys(announced, False)
     told: list[object] = []
 
     def resident(stream: Stream, block_hash: object) -> bool:
         told.append(block_hash)
         return bool(kept.get(block_hash))  # type: ignore[call-overload]
 
-    learner = compiled.ChainLearner(4, resident, floor=4)
-    counts = [sys.getrefcount(u64), sys.getrefcount(raw), sys.getrefcount(wide), sys.getrefcount(short)]
-    event = BlockStored([u64, raw, wide, short], None, [1, 2, 3, 4], 1, None, None, None, {})
+    learner = compiled.ChainLearner(6, resident, floor=6)
+    counts = [sys.getrefcount(h) for h in announced]
+    event = BlockStored(list(announced), None, [1, 2, 3, 4, 5, 6], 1, None, None, None, {})
     learner.learn("s", 0, event)
     del event
-    now = [sys.getrefcount(u64), sys.getrefcount(raw), sys.getrefcount(wide), sys.getrefcount(short)]
-    assert [b - a for a, b in zip(counts, now, strict=True)] == [0, 0, 1, 1]  # not kept, not kept, kept, kept
-    answer = learner.chain("s", 0, block_digests([1, 2, 3, 4], 1))
-    assert answer == [u64, raw, wide, short]
-    assert [type(h) for h in answer] == [int, bytes, int, bytes]
-    assert answer[0] is not u64 and answer[1] is not raw and answer[2] is wide  # made, made, kept
+    now = [sys.getrefcount(h) for h in announced]
+    assert [b - a for a, b in zip(counts, now, strict=True)] == [0, 0, 1, 1, 0, 0]  # kept: the wide and the short
+    answer = learner.chain("s", 0, block_digests([1, 2, 3, 4, 5, 6], 1))
+    assert answer == announced
+    assert [type(h) for h in answer] == [int, bytes, int, bytes, int, int]
+    assert [a is h for a, h in zip(answer, announced, strict=True)] == [False, False, True, True, False, False]
     # the same steps on both cores: the same second chances and evictions, slots and buckets
-    learners = [learner, pure.ChainLearner(4, resident, floor=4)]
-    learners[1].learn("s", 0, BlockStored([u64, raw, wide, short], None, [1, 2, 3, 4], 1, None, None, None, {}))
-    kept[u64] = kept[raw] = True
+    learners = [learner, pure.ChainLearner(6, resident, floor=6)]
+    learners[1].learn("s", 0, BlockStored(list(announced), None, [1, 2, 3, 4, 5, 6], 1, None, None, None, {}))
+    kept[u64] = kept[raw] = kept[signed] = True
     for one in learners:
         told.clear()
-        one.learn("s", 1, BlockStored([11, 12], None, [5, 6], 1, None, None, None, {}))
-        assert told == [u64, raw, wide, short]  # each front asked about as announced
-        assert [h for _, h in one.entries()] == [u64, raw, 11, 12]  # the two resident ones moved back
+        one.learn("s", 1, BlockStored([11, 12, 13], None, [7, 8, 9], 1, None, None, None, {}))
+        assert told == [u64, raw, wide, short, signed, lowest]  # each front asked about as announced
+        assert [h for _, h in one.entries()] == [u64, raw, 11, 12, signed, 13]  # the resident ones moved back
     assert learners[0].slots == learners[1].slots
     # a kind byte a slot more, and CONTENT bytes a slot since the first 32-byte hash
     assert learners[0].nbytes() - learners[1].nbytes() == learners[0].slots * (1 + 32)

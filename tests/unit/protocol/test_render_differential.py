@@ -234,6 +234,21 @@ def test_hashes_of_any_u64_value_are_written_as_the_reference_writes_them(hashes
     assert_same([BlockStored(hashes, hashes[0], [1], 16, None, "GPU", None, {}), BlockRemoved(hashes[::-1], "GPU", {})])
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    hashes=st.lists(
+        st.integers(-(2**63), -1) | st.sampled_from([-(2**63), -(2**63) + 1, -(10**18), -1, U64, 2**63]),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_signed_hashes_are_written_in_the_room_of_a_u64_as_the_reference_writes_them(hashes: list[int]) -> None:
+    """A signed hash's negative half (SGLang's) is written in place, its sign and up to 19 digits in
+    the room a u64's 20 take: long lists of the longest ones, beside u64s, end where they should."""
+    stored = BlockStored(hashes, hashes[-1], [1], 16, None, "GPU", None, {})
+    assert_same([stored, BlockRemoved(hashes[::-1], "GPU", {})])
+
+
 def _held(event: Event) -> Any:
     """What a BlockStored's ``token_ids`` slot holds, not read through the field."""
     field = type(event).__dict__["token_ids"]

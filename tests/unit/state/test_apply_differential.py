@@ -15,6 +15,7 @@ index (:func:`core`). Skipped where the compiled core was not built."""
 from __future__ import annotations
 
 import pickle
+import sys
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
@@ -197,13 +198,13 @@ def test_events_of_any_length_are_applied_alike_with_their_keys_read_once() -> N
     hashes, by two streams sharing blocks, a tracked digest and a tuple of hashes among them; the
     same index, attribution and learner as the reference after every batch."""
     sides = [Side(_apply_py, 60.0, 32_768), Side(_compiled("kvgateway.state._apply_c"), 60.0, 32_768)]
-    kinds: list[Hash] = [2**63 + 5, U64, 0, -3, 2**70, b"\x07" * 32, b"short", 7]
+    kinds: list[Hash] = [2**63 + 5, U64, 0, -3, 2**70, b"\x07" * 32, b"short", 7, -(2**63), 3, -(2**64)]
     ts = 0.0
     for step, n in enumerate([1, 63, 64, 65, 130, 2, 65, 66, 3]):
         base = 1_000 * (step % 4)
         # the streams share no block until step 5 (a hash held by one group alone leaves the fleet
         # with it, the keys read once), then the hashes of every kind in both
-        shared = kinds[step - 5 : step - 2] if step >= 5 else []
+        shared = kinds[2 * (step - 5) : 2 * (step - 5) + 5] if step >= 5 else []
         hashes: list[Hash] = [base + i for i in range(n - len(shared))] + shared
         stream = STREAMS[step % 2]
         tokens = [i % 5 for i in range(2 * n)]
@@ -258,7 +259,7 @@ def test_the_compiled_evictions_remember_and_forget_as_the_reference(
         st.tuples(
             st.sampled_from(["add", "add", "take", "none_of"]),
             st.lists(
-                st.integers(0, 300)
+                st.integers(-300, 300)  # a negative hash and a u64 of its magnitude: two hashes
                 | st.sampled_from([U64, 2**63, 2**64, -5, b"k", *BLOBS])
                 | st.binary(min_size=32, max_size=32),
                 max_size=40,
@@ -274,8 +275,9 @@ def test_the_compiled_evictions_table_grows_and_deletes_as_the_reference_forgets
 ) -> None:
     """Many hashes at once: the compiled generations' tables grow past their first size, a take
     frees a slot inside a run of collisions, 32-byte hashes that differ in one byte share the
-    content table, hash 0 and the hashes of neither kind sit beside them; every generation still
-    shows the reference's, at every step."""
+    content table, negative hashes in their own table beside u64 ones of the same magnitude, hash 0
+    and the hashes of no table's kind sit beside them; every generation still shows the
+    reference's, at every step."""
     compiled = _compiled("kvgateway.state._apply_c")
     both = [module.Evictions(3.0, bound) for module in (_apply_py, compiled)]
     ts = 0.0
@@ -299,9 +301,12 @@ EDGES: list[Hash] = [
     (15 << 60) | 12_345,  # a three-digit hash whose top digit is the largest that fits
     (17 << 60) + 3,  # one whose top digit does not
     2**90 + 7,
+    # and a signed hash's negative half at the same edges: -2**63 the last kept in the negatives'
+    # table, -2**63 - 1 (top digit 8 and a digit below it) the first that is not
     -1,
-    -(2**30),
-    -(2**64),
+    -2,
+    *(-(2**k) + d for k in (29, 30, 31, 59, 60, 61, 63, 64) for d in (-1, 0, 1)),
+    -((15 << 60) | 12_345),
 ]
 
 
@@ -318,8 +323,31 @@ def test_the_compiled_evictions_read_every_digit_of_a_hash_at_the_digit_edges() 
     assert both[1].size == both[0].size == 0
 
 
+def test_the_compiled_tables_keep_no_object_of_an_int64_u64_or_32_byte_hash() -> None:
+    """A group's set and the evictions keep a u64 hash, a negative int64 one (a signed hash's other
+    half) and a 32-byte one in their tables, no reference to the object; only a hash of no table's
+    kind (a wider int, bytes of another length) is kept by reference. A negative hash and the u64
+    of its magnitude are two hashes, each found, listed and taken out alone."""
+    compiled = _compiled("kvgateway.state._apply_c")
+    by_value: list[Hash] = [2**63 + 7, -(2**62) - 7, -(2**63), bytes(range(32))]
+    by_reference: list[Hash] = [2**70 + 1, -(2**63) - 1, bytes(range(16))]
+    hashes = by_value + by_reference
+    blocks, evictions = compiled.BlockSet(), compiled.Evictions(3.0, 100)
+    before = [sys.getrefcount(h) for h in hashes]
+    assert all(map(blocks.enter, hashes))  # no name of the test's left bound to a hash
+    evictions.add(hashes, 1.0)
+    after = [sys.getrefcount(h) for h in hashes]
+    assert [b - a for a, b in zip(before, after, strict=True)] == [0] * 4 + [2] * 3  # the set's, the dict's
+    assert set(blocks) == set(hashes) and set(evictions.current) == set(hashes)
+    magnitude, negative = 2**62 + 7, -(2**62) - 7
+    assert magnitude not in blocks and evictions.none_of([magnitude])
+    assert blocks.enter(magnitude) and len(blocks) == len(hashes) + 1
+    assert blocks.leave(negative) and negative not in blocks and magnitude in blocks
+    assert evictions.take(negative) == 1.0 and evictions.take(negative) is None
+
+
 KEY_ST = (
-    st.integers(0, 300)
+    st.integers(-300, 300)  # -5 and 5 are two hashes, though their keys are alike
     | st.sampled_from([U64, 2**63, 2**64, -5, b"k", "s", (1, 2), *EDGES, *BLOBS])
     | st.binary(min_size=32, max_size=32)
 )
@@ -426,9 +454,9 @@ def test_extra_references_past_their_filters_size_leave_as_the_reference_counts_
     ts = 0.0
     for step in range(40):
         base = 10_000 * (step % 5)
-        held = [base + i for i in range(60)]
+        held = [base + i for i in range(60)] + [-(base + i) for i in range(1, 60, 7)]  # signed too
         again = held[step % 7 :: 3]  # stored again: an extra reference each (more every step)
-        odd: list[Hash] = [2**70 + step, -1 - step] if step in (20, 21) else []  # neither kind
+        odd: list[Hash] = [2**70 + step, -(2**64) - step] if step in (20, 21) else []  # no table's kind
         events: list[Event] = [
             BlockStored(held + odd, None, [], 0, None, "GPU", None, {}),
             BlockStored(again + odd, None, [], 0, None, "GPU", None, {}),
