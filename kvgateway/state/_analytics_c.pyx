@@ -15,14 +15,17 @@ Most of the membership tests miss (a removed block was sampled once in :data:`SA
 one was seldom evicted lately), and a miss in a table of 20,000 blocks costs the dict's probes in
 half a megabyte. So each stats' ``stored_at`` and ``evicted_at`` has a :c:type:`Filter` in front
 (state/_hashtable.pxd's, as the index's groups have before their extra references),
-a bitmap of the keys' hashes (a bit a key, one bit in 8 set at most, 16 bits a key once rebuilt):
+a bitmap of the keys (a bit a key, one bit in 8 set at most, 16 bits a key once rebuilt):
 a clear bit says the key is absent and the dict is not asked; a set bit asks the dict, which
 answers as before. The filter is the pass's, kept beside each stats (:class:`_Tables`) and
 updated at each key the pass adds (a key taken out leaves its bit set until the next rebuild, from
 the dict's keys, once more keys were added than the bitmap allows): the tables are the pass's to
-write, read by everyone else. A u64 block hash's ``hash()`` (the filters' key, and the sampling
-decision's) is worked out in line from its digits, as CPython does it; an event's fields are read
-from its slots (``field`` in engine/_slots.pxd).
+write, read by everyone else. A filter's key is the block hash's ``hash()`` for an int (an int64
+or u64 one's worked out in line from its digits, as CPython does it), and for a 32-byte hash
+(vLLM's raw sha256) the index's fingerprint of its bytes (``_fingerprint`` in
+state/_hashtable.pxd: a few multiplications, where ``hash()`` of a new bytes object is a SipHash
+over them, and a filter that says no never needs it). The sampling decision is the reference's,
+``hash()`` itself. An event's fields are read from its slots (``field`` in engine/_slots.pxd).
 
 Times and counts stay Python objects (an engine's timestamp is whatever the wire held), so every
 sum, difference and comparison is Python's own.
@@ -32,13 +35,15 @@ import sys
 from bisect import bisect_left
 from collections import OrderedDict
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_Next
-from cpython.object cimport PyObject, PyObject_Hash
+from cpython.object cimport PyObject
 from libc.stdint cimport uint64_t
 
 from kvgateway._pylong cimport HASH_MODULUS, int_hash  # a hash's hash(), a u64 int's from its digits
 from kvgateway.engine._slots cimport Fields, field, field_offset, fields_of  # a Struct's field read from its slot
 from kvgateway.state._hashtable cimport Filter, _filter_free, _filter_may, _filter_note, _filter_size  # negative filters
+from kvgateway.state._hashtable cimport CONTENT, _fingerprint  # a 32-byte hash's filter key
 
 from kvgateway.engine.mediums import medium_tier, normalise_medium
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
@@ -117,16 +122,24 @@ cdef bint _HASH_IN_LINE = sys.hash_info.modulus == HASH_MODULUS  # a 64-bit CPyt
 
 
 cdef inline Py_hash_t _hash_of(object h) except? -1:
-    """``hash(h)``, Python's own (``_pylong.int_hash``: a filter rebuilt from the keys' hashes by
-    ``PyObject_Hash`` must find the same bits)."""
+    """``hash(h)``, Python's own (``_pylong.int_hash``): the sampling decision's, as the reference's."""
     return int_hash(h, _HASH_IN_LINE)
 
 
-# The filters are _hashtable.pxd's, keyed by the hash's bits: ints' hashes are their values, which
-# its Fibonacci hashing spreads alike
-cdef inline bint _may_hold(Filter* f, Py_hash_t h) noexcept nogil:
-    """False: no key of hash ``h`` is in the filter's table."""
-    return _filter_may(f, <uint64_t>h)
+cdef inline uint64_t _filter_key(object h) except? 0:
+    """A block hash's key in the filters, the same wherever it is worked out (a filter rebuilt from
+    a table's keys finds the bits the pass set): a 32-byte hash's fingerprint, any other's
+    ``hash()``. A fingerprint is never 0; a hash() may be, and a 0 key is a key like another."""
+    if type(h) is bytes and PyBytes_GET_SIZE(h) == CONTENT:
+        return _fingerprint(<const unsigned char*>PyBytes_AS_STRING(h))
+    return <uint64_t>int_hash(h, _HASH_IN_LINE)
+
+
+# The filters are _hashtable.pxd's, keyed by _filter_key: ints' hashes are their values, which its
+# Fibonacci hashing spreads alike
+cdef inline bint _may_hold(Filter* f, uint64_t key) noexcept nogil:
+    """False: no key ``key`` is in the filter's table."""
+    return _filter_may(f, key)
 
 
 cdef int _rebuild(Filter* f, object table) except -1:
@@ -137,13 +150,13 @@ cdef int _rebuild(Filter* f, object table) except -1:
     cdef PyObject* value
     _filter_size(f, len(table), _MIN_LOG2)
     while PyDict_Next(table, &pos, &key, &value):
-        _filter_note(f, <uint64_t>PyObject_Hash(<object>key))
+        _filter_note(f, _filter_key(<object>key))
     return 0
 
 
-cdef inline int _added(Filter* f, object table, Py_hash_t h) except -1:
-    """A key of hash ``h`` was added to ``table``: its bit set, the filter rebuilt if too full."""
-    _filter_note(f, <uint64_t>h)
+cdef inline int _added(Filter* f, object table, uint64_t key) except -1:
+    """A block of filter key ``key`` was added to ``table``: its bit set, the filter rebuilt if too full."""
+    _filter_note(f, key)
     if f.added > f.limit:
         _rebuild(f, table)
     return 0
@@ -183,7 +196,7 @@ cdef inline bint _meets(Filter* f, object table, object hashes) except -1:
     """``not table.keys().isdisjoint(hashes)``: the same answer, the table asked only for the
     hashes its filter may hold (in the same order)."""
     for h in hashes:
-        if _may_hold(f, _hash_of(h)) and h in table:
+        if _may_hold(f, _filter_key(h)) and h in table:
             return True
     return False
 
@@ -318,21 +331,21 @@ cdef class AnalyticsPass:
 
     cdef int _sampled(self, _Tables tables, object hashes, object ts) except -1:
         cdef Py_ssize_t bound = self.max_tracked
-        cdef Py_hash_t h_hash
+        cdef uint64_t key
         stored_at = tables.stored_at
         for h in hashes:
-            h_hash = _hash_of(h)
-            if not (_may_hold(&tables.stored, h_hash) and h in stored_at):  # a second copy keeps the first one's time
+            key = _filter_key(h)
+            if not (_may_hold(&tables.stored, key) and h in stored_at):  # a second copy keeps the first one's time
                 stored_at[h] = ts  # a new key is the newest already
                 if len(stored_at) > bound:
                     stored_at.popitem(False)
-                _added(&tables.stored, stored_at, h_hash)
+                _added(&tables.stored, stored_at, key)
         return 0
 
     cdef int _refetched(self, _Tables tables, object hashes, object ts) except -1:
         stats = tables.stats
         for h in hashes:
-            if not _may_hold(&tables.evicted, _hash_of(h)):
+            if not _may_hold(&tables.evicted, _filter_key(h)):
                 continue  # not evicted lately: the pop finds nothing
             evicted = tables.evicted_at.pop(h, None)
             if evicted is not None and ts - evicted <= self.refetch_window:
@@ -344,7 +357,7 @@ cdef class AnalyticsPass:
         sum read once and written back once a call (at its end, or where it stops), each added to
         in the reference's order: an attribute read and written per eviction cost about 600
         instructions a batch."""
-        cdef Py_hash_t h_hash
+        cdef uint64_t key
         cdef bint new
         cdef Py_ssize_t evictions = 0, lifetimes = 0
         stats = tables.stats
@@ -353,20 +366,20 @@ cdef class AnalyticsPass:
         lifetime_sum = buckets = None
         try:
             for h in hashes:
-                h_hash = _hash_of(h)
-                if not _may_hold(&tables.stored, h_hash):
+                key = _filter_key(h)
+                if not _may_hold(&tables.stored, key):
                     continue  # not followed: the pop finds nothing
                 stored = stored_at.pop(h, None)
                 if stored is None:
                     continue  # not followed (or stored before the gateway watched)
                 evictions += 1
-                new = not _may_hold(&tables.evicted, h_hash)
+                new = not _may_hold(&tables.evicted, key)
                 evicted_at[h] = ts
                 if not new:  # a new key is the newest already
                     evicted_at.move_to_end(h)
                 if len(evicted_at) > self.max_tracked:
                     evicted_at.popitem(False)
-                _added(&tables.evicted, evicted_at, h_hash)
+                _added(&tables.evicted, evicted_at, key)
                 seconds = ts - stored
                 if not seconds > 0.0:  # max(0.0, seconds): the first of the largest
                     seconds = 0.0

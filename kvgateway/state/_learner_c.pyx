@@ -54,7 +54,8 @@ from kvgateway._pylong cimport HASH_MODULUS, int_hash, negative_long, negative_o
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 from kvgateway.state._apply_c cimport BlockSet, holds, holds_ahead, holds_key, holds_key_ahead  # the fleet's holders, asked in C
-from kvgateway.state._hashtable cimport _BYTES, _INT, _NEG, CONTENT, Key, _fingerprint, _prefetch  # a hash's key; a line asked for
+from kvgateway.state._hashtable cimport _BYTES, _INT, _NEG, CONTENT, Key, _fingerprint, _prefetch
+from kvgateway.state._hashtable cimport _mix as _spread  # a 32-byte parent's fingerprint spread over 64 bits  # a hash's key; a line asked for
 
 from kvgateway.engine.wire import Batch, BlockStored
 from kvgateway.runtime.memory import release_free_heap
@@ -91,9 +92,17 @@ cdef bint _HASH_IN_LINE = sys.hash_info.modulus == HASH_MODULUS  # a 64-bit CPyt
 
 
 cdef inline uint64_t _mix(object parent) except? 0:
-    """A parent hash spread over 64 bits, as the pure module's ``_mix``: its ``hash()``, a u64
-    int's worked out in line from its digits (CPython's ``long_hash`` is a call and a loop of
-    modular steps, about 150 instructions a block with ``PyObject_Hash`` around it)."""
+    """A parent hash spread over 64 bits, as the pure module's ``_mix``: its ``hash()``, an int64
+    or u64 int's worked out in line from its digits (CPython's ``long_hash`` is a call and a loop
+    of modular steps, about 150 instructions a block with ``PyObject_Hash`` around it). A 32-byte
+    hash (vLLM's raw sha256) is mixed from the index's fingerprint of its bytes instead, spread
+    (splitmix64's finaliser: a fingerprint of few set bytes is a small number, as an int hash's
+    hash() may be, and the two must not meet): ``hash()`` of a bytes object just decoded (or made
+    of the ring's bytes for a lookup) is a SipHash over them, about 230 instructions. The
+    learner's keys are its own, compared with nothing outside the ring: the reference's answers,
+    slots and counts are the same."""
+    if type(parent) is bytes and PyBytes_GET_SIZE(parent) == CONTENT:
+        return (<uint64_t>_spread(_fingerprint(<const unsigned char*>PyBytes_AS_STRING(parent)))) * _K64
     return (<uint64_t>int_hash(parent, _HASH_IN_LINE)) * _K64
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kvgateway.engine import wire
@@ -179,6 +179,14 @@ def answers(learner: Any, events_seen: list[tuple[Stream, BlockStored]]) -> list
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(scenario=scenario_st())
+# a 32-byte parent whose fingerprint is 1 beside the int parent 1 (hash() 1): the compiled learner
+# mixes the one from its fingerprint, the other from hash(); spread, the two keys do not meet
+@example(
+    scenario=(
+        {"max_blocks": 1, "floor": 1, "per_resident": 0.5, "resident": False, "held": False},
+        [("batch", (("a", 0), [BlockStored([1, b"\x00" * 32, 0], None, [0, 0, 0], 1, None, None, None, {})]))],
+    )
+)
 def test_the_compiled_learner_answers_and_evicts_as_the_reference(
     scenario: tuple[dict[str, Any], list[tuple[str, Any]]],
 ) -> None:
