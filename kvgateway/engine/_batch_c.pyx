@@ -244,11 +244,25 @@ cdef inline Py_ssize_t _str_length(_Cursor* c) noexcept:
 
 cdef inline object _hash(_Cursor* c):
     """A block hash: an int, or bytes (bin). A uint 64 (the engines' u64 hashes, nearly all of them
-    2**32 or more) is read here, its int made with its digits; any other int by :func:`_int`."""
+    2**32 or more) is read here, its int made with its digits; an int 64 (a signed hash's negative
+    half, SGLang's) and a bin 8 (vLLM's raw sha256 hashes) here too; any other int by
+    :func:`_int`, any other bin after :func:`_length`."""
     cdef Py_ssize_t n, at = c.at
-    if at + 9 <= c.size and c.data[at] == 0xCF:
-        c.at = at + 9
-        return u64_long(kv_be64(c.data + at + 1))
+    cdef unsigned char first
+    if at + 9 <= c.size:
+        first = c.data[at]
+        if first == 0xCF:
+            c.at = at + 9
+            return u64_long(kv_be64(c.data + at + 1))
+        if first == 0xD3:
+            c.at = at + 9
+            return PyLong_FromLongLong(<int64_t>kv_be64(c.data + at + 1))
+    if at + 2 <= c.size and c.data[at] == 0xC4:
+        n = c.data[at + 1]
+        if n > c.size - at - 2:
+            return _NO
+        c.at = at + 2 + n
+        return PyBytes_FromStringAndSize(<const char*>c.data + at + 2, n)
     if c.at < c.size and 0xC4 <= c.data[c.at] <= 0xC6:
         n = _length(c, 1, 0, 0xC4)
         if n < 0:

@@ -109,6 +109,36 @@ cdef extern from *:
     """
     void kv_copy(char* to, const char* source, Py_ssize_t n) noexcept
 
+
+cdef extern from *:
+    """
+    /* 16 bytes at `from` as their 32 lowercase hex digits at `to`, where the compiler has SSE2 (every
+       x86-64): each byte's two nibbles split and interleaved, high first, and each nibble made a
+       digit by adding "0", and 39 more ("a" - "0" - 10) where it is above 9. A 32-byte hash (vLLM's
+       raw sha256) in two steps, where the table of digit pairs took a load and a store a byte. */
+    #if defined(__SSE2__)
+      #include <emmintrin.h>
+      #define KV_HEX16 1
+      static inline __m128i kv_hex_digits(__m128i nibbles) {
+          __m128i above = _mm_cmpgt_epi8(nibbles, _mm_set1_epi8(9));
+          return _mm_add_epi8(_mm_add_epi8(nibbles, _mm_set1_epi8('0')), _mm_and_si128(above, _mm_set1_epi8(39)));
+      }
+      static inline void kv_hex16(char *to, const unsigned char *from) {
+          __m128i bytes = _mm_loadu_si128((const __m128i *)from);
+          __m128i low_four = _mm_set1_epi8(0x0F);
+          __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_four);
+          __m128i low = _mm_and_si128(bytes, low_four);
+          _mm_storeu_si128((__m128i *)to, kv_hex_digits(_mm_unpacklo_epi8(high, low)));
+          _mm_storeu_si128((__m128i *)(to + 16), kv_hex_digits(_mm_unpackhi_epi8(high, low)));
+      }
+    #else
+      #define KV_HEX16 0
+      static inline void kv_hex16(char *to, const unsigned char *from) { (void)to; (void)from; }
+    #endif
+    """
+    bint KV_HEX16
+    void kv_hex16(char* to, const unsigned char* source) noexcept
+
 # --- a growing C buffer ---------------------------------------------------------------------------
 
 cdef struct Buffer:
@@ -333,8 +363,14 @@ _fill_hex_pairs()
 
 cdef inline char* _write_hex(char* at, const unsigned char* data, Py_ssize_t n) noexcept:
     """The ``n`` bytes at ``data`` in lowercase hex at ``at`` (room for ``2 * n``); returns the end.
-    Each byte's two digits one copy from :data:`_HEX_PAIRS`, four bytes a step."""
+    Sixteen bytes a step where the compiler has SSE2 (:func:`kv_hex16`); the rest each byte's two
+    digits one copy from :data:`_HEX_PAIRS`, four bytes a step."""
     cdef const unsigned char* end = data + n
+    if KV_HEX16:
+        while end - data >= 16:
+            kv_hex16(at, data)
+            at += 32
+            data += 16
     while end - data >= 4:
         memcpy(at, _HEX_PAIRS + 2 * <size_t>data[0], 2)
         memcpy(at + 2, _HEX_PAIRS + 2 * <size_t>data[1], 2)

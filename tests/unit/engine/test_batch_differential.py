@@ -209,25 +209,32 @@ def test_the_parser_declines_every_other_shape(data: bytes) -> None:
 
 HASH_EDGES = [0, 1, 2**30 - 1, 2**30, 2**32, 2**60 - 1, 2**60, 2**63, 2**64 - 1]
 """A u64's edges: one, two and three of CPython's 30-bit digits (the parser makes the int with its digits)."""
+SIGNED_EDGES = [-1, -32, -33, -(2**31), -(2**31) - 1, -(2**62), -(2**63) + 1, -(2**63)]
+"""A signed hash's negative half (SGLang's), at the edges of msgpack's signed formats (an int 64 is
+read on its own path)."""
 
 
 def int_forms(value: int) -> list[bytes]:
     """``value`` in each msgpack int format that holds it, the shortest or not (another encoder's)."""
     unsigned = [(0xCC, 1), (0xCD, 2), (0xCE, 4), (0xCF, 8)]
-    forms = [bytes([first]) + value.to_bytes(width, "big") for first, width in unsigned if value < 2 ** (8 * width)]
-    forms += [
-        bytes([first]) + value.to_bytes(width, "big")
-        for first, width in ((0xD2, 4), (0xD3, 8))
-        if value < 2 ** (8 * width - 1)
+    forms = [
+        bytes([first]) + value.to_bytes(width, "big") for first, width in unsigned if 0 <= value < 2 ** (8 * width)
     ]
-    return forms + ([bytes([value])] if value <= 0x7F else [])
+    forms += [
+        bytes([first]) + value.to_bytes(width, "big", signed=True)
+        for first, width in ((0xD0, 1), (0xD1, 2), (0xD2, 4), (0xD3, 8))
+        if -(2 ** (8 * width - 1)) <= value < 2 ** (8 * width - 1) and (value < 0 or width >= 4)
+    ]
+    if -32 <= value < 0:
+        forms.append(bytes([value & 0xFF]))  # a negative fixint
+    return forms + ([bytes([value])] if 0 <= value <= 0x7F else [])
 
 
 def test_hashes_in_every_int_format_make_the_references_ints() -> None:
-    """Each u64 edge as a block hash and a parent, in every int format (a uint 64 is read on its own
-    path): the reference's ints; cut inside its bytes, declined."""
+    """Each u64 edge and each signed one as a block hash and a parent, in every int format (a uint 64
+    and an int 64 are read on their own path): the reference's ints; cut inside its bytes, declined."""
     compiled = _compiled()
-    for value in HASH_EDGES:
+    for value in HASH_EDGES + SIGNED_EDGES:
         for form in int_forms(value):
             for data in (
                 b"\x92\xcb" + b"\x00" * 8 + b"\x91\x92\xacBlockRemoved\x92" + form + form,
@@ -241,6 +248,29 @@ def test_hashes_in_every_int_format_make_the_references_ints() -> None:
             cut = b"\x92\xcb" + b"\x00" * 8 + b"\x91\x92\xacBlockRemoved\x91" + form[:-1]
             assert parsed_alone(compiled, cut) is DECLINED
             assert decoded(cut, compiled) == decoded(cut, _batch_py)
+
+
+def test_byte_hashes_in_every_bin_format_make_the_references_bytes() -> None:
+    """Bytes hashes of 0, 1, 32 and 255 bytes as a block hash and a parent, in each bin format (a bin
+    8, vLLM's raw sha256 hashes, is read on its own path): the reference's bytes; cut inside them or
+    their length, declined."""
+    compiled = _compiled()
+    for n in (0, 1, 32, 255):
+        value = bytes(range(n))
+        for first, width in ((0xC4, 1), (0xC5, 2), (0xC6, 4)):
+            form = bytes([first]) + n.to_bytes(width, "big") + value
+            for data in (
+                b"\x92\xcb" + b"\x00" * 8 + b"\x91\x92\xacBlockRemoved\x92" + form + form,
+                b"\x92\xcb" + b"\x00" * 8 + b"\x91\x96\xabBlockStored\x91\x01" + form + b"\x91\x01\x10\xc0",
+            ):
+                answer = parsed_alone(compiled, data)
+                assert answer == _batch_py.parse_batch(data)
+                event = answer.events[0]
+                assert value == (event.parent_block_hash if type(event) is wire.BlockStored else event.block_hashes[1])
+            for cut_at in (1, len(form) - 1) if n else (1,):
+                cut = b"\x92\xcb" + b"\x00" * 8 + b"\x91\x92\xacBlockRemoved\x91" + form[:cut_at]
+                assert parsed_alone(compiled, cut) is DECLINED
+                assert decoded(cut, compiled) == decoded(cut, _batch_py)
 
 
 def test_the_structs_made_without_their_constructors_are_what_the_constructors_make() -> None:

@@ -249,6 +249,17 @@ def test_signed_hashes_are_written_in_the_room_of_a_u64_as_the_reference_writes_
     assert_same([stored, BlockRemoved(hashes[::-1], "GPU", {})])
 
 
+def test_byte_hashes_of_every_length_and_byte_are_written_as_their_hex() -> None:
+    """Bytes hashes of 0 to 80 bytes (the compiled writer takes 16 a step, then 4, then 1), whose
+    bytes run through all 256 values (each nibble at both places, the digits 9 and a at their
+    edge): written as the reference writes them, and each as ``bytes.hex()``."""
+    every = bytes(range(256)) * 2
+    hashes = [every[start : start + n] for n in range(81) for start in (0, 7, 128 + 3, 240)]
+    theirs, _ = assert_same([BlockStored(hashes, None, [1], 16, None, "GPU", None, {})])
+    listed = b'"block_hashes":[' + b",".join(b'"%s"' % h.hex().encode() for h in hashes) + b"]"
+    assert listed in theirs.body
+
+
 def _held(event: Event) -> Any:
     """What a BlockStored's ``token_ids`` slot holds, not read through the field."""
     field = type(event).__dict__["token_ids"]
