@@ -24,8 +24,8 @@ write, read by everyone else. A filter's key is the block hash's ``hash()`` for 
 or u64 one's worked out in line from its digits, as CPython does it), and for a 32-byte hash
 (vLLM's raw sha256) the index's fingerprint of its bytes (``_fingerprint`` in
 state/_hashtable.pxd: a few multiplications, where ``hash()`` of a new bytes object is a SipHash
-over them, and a filter that says no never needs it). The sampling decision is the reference's,
-``hash()`` itself. An event's fields are read from its slots (``field`` in engine/_slots.pxd).
+over them, and a filter that says no never needs it). The sampling decision is the reference's
+(``sample_key``: an int's ``hash()``, bytes' first eight bytes). An event's fields are read from its slots (``field`` in engine/_slots.pxd).
 
 Times and counts stay Python objects (an engine's timestamp is whatever the wire held), so every
 sum, difference and comparison is Python's own.
@@ -121,9 +121,19 @@ cdef enum:
 cdef bint _HASH_IN_LINE = sys.hash_info.modulus == HASH_MODULUS  # a 64-bit CPython's int hash
 
 
-cdef inline Py_hash_t _hash_of(object h) except? -1:
-    """``hash(h)``, Python's own (``_pylong.int_hash``): the sampling decision's, as the reference's."""
-    return int_hash(h, _HASH_IN_LINE)
+cdef inline bint _followed(object h) except -1:
+    """Whether a chain whose first block is ``h`` is followed: the reference's ``sample_key(h) %
+    SAMPLE == 0``, bytes' first eight bytes read as a little-endian number, an int's ``hash()``
+    (``_pylong.int_hash``) with Python's modulo."""
+    cdef const unsigned char* data
+    cdef uint64_t key = 0
+    cdef Py_ssize_t i
+    if type(h) is bytes:
+        data = <const unsigned char*>PyBytes_AS_STRING(h)
+        for i in range(min(PyBytes_GET_SIZE(h), 8)):
+            key |= (<uint64_t>data[i]) << (8 * i)
+        return key % <uint64_t>_SAMPLE == 0
+    return int_hash(h, _HASH_IN_LINE) % _SAMPLE == 0
 
 
 cdef inline uint64_t _filter_key(object h) except? 0:
@@ -323,7 +333,7 @@ cdef class AnalyticsPass:
                 continue
             if tables.evicted_at and _meets(&tables.evicted, tables.evicted_at, hashes):
                 self._refetched(tables, hashes, ts)
-            if _hash_of(hashes[0]) % _SAMPLE == 0:
+            if _followed(hashes[0]):
                 self._sampled(tables, hashes, ts)
             if field(event, _BlockStored, _STORED.parent_block_hash, "parent_block_hash") is None:
                 self._root(stream, routed.medium, hashes[0])

@@ -35,15 +35,27 @@ __all__ = [
     "AnalyticsPass",
     "Route",
     "TierStats",
+    "sample_key",
 ]
 
 SAMPLE: Final = 16
-"""One block in this many is followed (by ``hash(block) % SAMPLE == 0``)."""
+"""One block in this many is followed (by ``sample_key(block) % SAMPLE == 0``)."""
 REFETCH_WINDOW_SECONDS: Final = 60.0
 MAX_TRACKED: Final = 20_000
 MAX_ROOTS: Final = 256
 MAX_ROUTES: Final = 4_096
 """Raw (stream, medium) routes cached: the wire's medium names are not trusted."""
+
+
+def sample_key(block_hash: Hash) -> int:
+    """What decides whether a chain whose first block is ``block_hash`` is followed: an int hash's
+    ``hash()`` (an engine's hash is uniform already), and bytes' first eight bytes as a little-endian
+    number. Not bytes' ``hash()``: it is seeded per process (PYTHONHASHSEED), so two processes
+    reading one log (a cluster's edges, a gateway after a restart) would follow different blocks of
+    vLLM's sha256 hashes, and their sampled figures would differ."""
+    if type(block_hash) is bytes:
+        return int.from_bytes(block_hash[:8], "little")
+    return hash(block_hash)
 
 
 @dataclass(slots=True)
@@ -149,7 +161,7 @@ class AnalyticsPass:
                 medium, tier, stats = routes.get((stream, event.medium)) or self.route(stream, event.medium)
                 if stats.evicted_at and not stats.evicted_at.keys().isdisjoint(hashes):
                     self._refetched(stats, hashes, ts)
-                if hash(hashes[0]) % SAMPLE == 0:
+                if sample_key(hashes[0]) % SAMPLE == 0:
                     stored_at = stats.stored_at
                     for h in hashes:
                         if h not in stored_at:  # a second copy keeps the first one's time

@@ -116,3 +116,36 @@ def test_prefix_hashes_are_written_as_in_the_stream() -> None:
     for n, stream in enumerate((A, B), start=1):
         log.append(batch_record(stream, n, batch(block, ts=1.0), received=1.0, replayed=False))
     assert analytics.prefix_spread(index.streams())["top"] == [{"medium": "GPU", "hash": "ab01", "engines": 2}]
+
+
+_FOLLOWED = """
+import json, random
+from functools import partial
+from kvgateway.state.analytics import CacheAnalytics
+from tests.support import events
+rng = random.Random(7)
+analytics = CacheAnalytics()
+stored = partial(events.stored, parent=None, tokens=[])
+firsts = [rng.randbytes(32) for _ in range(400)]
+analytics.apply(("a", 0), [stored(first, rng.randbytes(32)) for first in firsts], ts=1.0)
+tiers = analytics.core.tiers.values()
+print(json.dumps(sorted(h.hex() for stats in tiers for h in stats.stored_at)))
+"""
+
+
+def test_byte_hashes_are_sampled_alike_in_every_process() -> None:
+    """Which chains of sha256 hashes are followed does not hang on the process's hash seed: two
+    processes of different ``PYTHONHASHSEED`` (a cluster's two edges, a gateway before and after a
+    restart) follow the same blocks of the same events, about one chain in SAMPLE."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    followed = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", _FOLLOWED], env=env, capture_output=True, text=True, check=True)
+        followed.append(json.loads(out.stdout))
+    assert followed[0] == followed[1]
+    assert 400 * 2 // (4 * SAMPLE) < len(followed[0]) < 400 * 2 * 4 // SAMPLE  # two blocks a chain followed
