@@ -37,7 +37,6 @@ cdef extern from "Python.h":
     bint PyBytes_CheckExact(object)
     bint PyList_CheckExact(object)
     bint PyDict_CheckExact(object)
-    long long PyLong_AsLongLongAndOverflow(object, int*) except? -1
     bint PyUnicode_IS_ASCII(object)
     Py_ssize_t PyUnicode_GET_LENGTH(object)
     const char* PyUnicode_1BYTE_DATA(object)
@@ -335,14 +334,11 @@ cdef inline int _put_unsigned(Buffer* out, uint64_t value) except -1:
 cdef int _put_int(Buffer* out, object value) except -1:
     """An exact int in decimal, as msgspec writes it (and str() does, for a hash's text)."""
     cdef uint64_t unsigned
-    cdef int overflow = 0
-    cdef long long small
     if u64_of(value, &unsigned):  # nearly every int: read from its digits
         return _put_unsigned(out, unsigned)
-    small = PyLong_AsLongLongAndOverflow(value, &overflow)
-    if overflow == 0:  # negative
+    if negative_of(value, &unsigned):  # -2**63 to -1, its magnitude read from its digits too
         _put_char(out, 45)  # "-"
-        return _put_unsigned(out, <uint64_t>(-(small + 1)) + 1)
+        return _put_unsigned(out, unsigned)
     return _put_bytes(out, str(value).encode())  # wider than 64 bits: rare, and the same digits
 
 

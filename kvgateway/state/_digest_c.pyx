@@ -18,17 +18,12 @@ arithmetic to 64 bits (``& MASK``), which is what C's unsigned wrap-around does.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport uint64_t
 
-from kvgateway._pylong cimport u64_of  # an int of 0 to 2**64-1 read from its digits
-from kvgateway.state._hashtable cimport _fnv, _fnv_decimal, _fnv_hex  # FNV-1a over the texts, shared with the index's pass
+from kvgateway._pylong cimport negative_of, u64_of  # an int of -2**63 to 2**64-1 read from its digits
+from kvgateway.state._hashtable cimport _fnv, _fnv_decimal, _fnv_hex, _negative_element  # FNV-1a over the texts, shared with the index's pass
 
 from kvgateway.state._digest_py import EMPTY, FNV_OFFSET, FNV_PRIME, MASK, WIDE_FROM, hex_digest
 
-cdef extern from "Python.h":
-    # does not raise for an exact int: an overflow is reported through its flag
-    long long PyLong_AsLongLongAndOverflow(object value, int* overflow) noexcept
-
 cdef uint64_t _OFFSET = 0xCBF29CE484222325ULL
-cdef unsigned char _MINUS = 45  # "-"
 
 
 cdef uint64_t _fnv_text(uint64_t state, bytes text):
@@ -37,14 +32,11 @@ cdef uint64_t _fnv_text(uint64_t state, bytes text):
 
 cdef uint64_t _fnv_int(uint64_t state, object value) except? 0:
     """FNV-1a over ``str(value)`` for an exact int of any size."""
-    cdef int overflow = 0
-    cdef long long small
     cdef uint64_t magnitude
-    if u64_of(value, &magnitude):  # 0 to 2**64-1: every hash the wire sends
+    if u64_of(value, &magnitude):  # 0 to 2**64-1: every u64 hash the wire sends
         return _fnv_decimal(state, magnitude)
-    small = PyLong_AsLongLongAndOverflow(value, &overflow)
-    if overflow == 0:  # negative: -(small + 1) + 1, the magnitude of INT64_MIN too, without overflow
-        return _fnv_decimal((state ^ _MINUS) * 0x100000001B3ULL, (<uint64_t>(-(small + 1))) + 1)
+    if negative_of(value, &magnitude):  # -2**63 to -1: a signed hash's negative half
+        return _negative_element(state, magnitude)
     return _fnv_text(state, str(value).encode())  # beyond 64 bits
 
 

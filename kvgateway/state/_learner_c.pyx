@@ -50,11 +50,11 @@ from cpython.mem cimport PyMem_RawMalloc as malloc
 from cpython.mem cimport PyMem_RawRealloc as realloc
 from libc.string cimport memcpy, memset
 
-from kvgateway._pylong cimport HASH_MODULUS, int_hash, negative_long, negative_of, u64_long, u64_of  # an int read from its digits, made, hashed
+from kvgateway._pylong cimport HASH_MODULUS, int_hash, negative_long, u64_long, u64_of  # an int read from its digits, made, hashed
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 from kvgateway.state._apply_c cimport BlockSet, holds, holds_ahead, holds_key, holds_key_ahead  # the fleet's holders, asked in C
-from kvgateway.state._hashtable cimport _BYTES, _INT, _NEG, CONTENT, Key, _fingerprint, _prefetch
+from kvgateway.state._hashtable cimport _BYTES, _INT, _NEG, CONTENT, Key, _fingerprint, _key_of, _prefetch
 from kvgateway.state._hashtable cimport _mix as _spread  # a 32-byte parent's fingerprint spread over 64 bits  # a hash's key; a line asked for
 
 from kvgateway.engine.wire import Batch, BlockStored
@@ -720,21 +720,22 @@ cdef class ChainLearner:
         return 0
 
     cdef int _store(self, Py_ssize_t at, uint64_t key, object block_hash, uint16_t sid) except -1:
-        cdef uint64_t value
+        cdef Key k
         self._drop_hash(at)
-        if u64_of(block_hash, &value):  # kept as its value: equal ints made of it answer
-            self._vals[at] = value
+        _key_of(block_hash, &k)  # the kind the fleet's tables read: the ring keeps the same ones
+        if k.kind == _INT:  # kept as its value: equal ints made of it answer
+            self._vals[at] = k.key
             self._kinds[at] = _VALUE
-        elif type(block_hash) is bytes and PyBytes_GET_SIZE(block_hash) == CONTENT:  # kept as its bytes
+        elif k.kind == _BYTES:  # kept as its bytes
             if self._blobs == NULL:
                 self._blobs = <unsigned char*>realloc(NULL, (self._size or 1) * CONTENT)
                 if self._blobs == NULL:
                     raise MemoryError()
-            memcpy(self._blobs + at * CONTENT, PyBytes_AS_STRING(block_hash), CONTENT)
+            memcpy(self._blobs + at * CONTENT, k.data, CONTENT)
             self._vals[at] = 0
             self._kinds[at] = _BLOB
-        elif negative_of(block_hash, &value):  # a signed hash's other half: kept as its magnitude
-            self._vals[at] = value
+        elif k.kind == _NEG:  # a signed hash's other half: kept as its magnitude
+            self._vals[at] = k.key
             self._kinds[at] = _NEGATIVE
         else:
             Py_INCREF(block_hash)
