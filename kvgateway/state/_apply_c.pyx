@@ -35,7 +35,6 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject_RichCompare
 from cpython.dict cimport PyDict_Contains
 from cpython.set cimport PySet_Discard
-from cpython.long cimport PyLong_FromDouble
 from libc.math cimport floor, isfinite
 from libc.stdint cimport uint64_t
 
@@ -869,14 +868,14 @@ cdef class Medium:
     cdef public bint gpu
     cdef public dict groups
     cdef public object block_size
-    cdef public object stores
-    cdef public object removes
+    cdef public long long stores  # C ints: a Python int's add makes a new int (an allocation) per event
+    cdef public long long removes
     cdef public list bucket_sec
     cdef public list bucket_stores
     cdef public list bucket_removes
-    cdef public object cur_sec
-    cdef public object cur_stores
-    cdef public object cur_removes
+    cdef public long long cur_sec
+    cdef public long long cur_stores
+    cdef public long long cur_removes
 
     def __init__(self, fleet=None, gpu=False):
         self.fleet = fleet
@@ -898,10 +897,12 @@ cdef class Medium:
             grp = self.groups[group_idx] = Group(self, self.fleet)
         return grp
 
-    cpdef roll(self, sec):
+    @cython.boundscheck(True)  # the lists are public: whatever a caller put there, no unchecked index
+    @cython.wraparound(True)
+    cpdef roll(self, long long sec):
         if sec < self.cur_sec:
             return
-        i = self.cur_sec % _WINDOW
+        i = _slot(self.cur_sec)
         self.bucket_sec[i] = self.cur_sec
         self.bucket_stores[i] = self.cur_stores
         self.bucket_removes[i] = self.cur_removes
@@ -1064,6 +1065,20 @@ cdef inline bint _same_route(object medium, object group_idx, object route_mediu
     return group_idx is route_group or (group_idx is not None and route_group is not None and group_idx == route_group)
 
 
+cdef inline Py_ssize_t _slot(long long sec) noexcept:
+    """``sec % _WINDOW`` as Python takes it (never negative: ``_NEVER`` is), a rate bucket's index."""
+    cdef long long i = sec % _WINDOW
+    return i + _WINDOW if i < 0 else i
+
+
+cdef inline long long _second(object now) except? -1:
+    """``math.floor(now)`` as a C int (a Medium keeps its seconds so): a finite float's in C, anything
+    else by math.floor (an OverflowError past 2**63 seconds, where no clock reads)."""
+    if type(now) is float and isfinite(<double>now) and -4e18 < <double>now < 4e18:
+        return <long long>floor(<double>now)
+    return math.floor(now)
+
+
 cdef inline Py_ssize_t _count_unknown(object index, Py_ssize_t unknown) except -1:
     """``index.unknown_removes += unknown`` (the pass's count so far, added before any Python runs
     and at the batch's end: an attribute read and written once, not at each removal); 0."""
@@ -1087,7 +1102,7 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
     cdef Group route = None  # the group ``routes`` gave the previous event, for its medium and group_idx
     cdef Py_ssize_t unknown = 0  # removes of unknown blocks not yet added to index.unknown_removes
     route_medium = route_group = None
-    sec = PyLong_FromDouble(floor(<double>now)) if type(now) is float and isfinite(<double>now) else math.floor(now)
+    cdef long long sec = _second(now)
     observer = index.observer
     account = index.account
     if account is None and observer is not None:
