@@ -154,14 +154,19 @@ cdef inline Py_hash_t int_hash(object h, bint in_line) except? -1:
     caller's check, once at import, that ``sys.hash_info.modulus`` is :data:`HASH_MODULUS`), since
     CPython's ``long_hash`` is a call and a loop of modular steps; anything else hashed by CPython."""
     cdef uint64_t value
-    cdef Py_hash_t negative
     if in_line:
         if u64_of(h, &value):
             return <Py_hash_t>u64_hash(value)
-        if negative_of(h, &value):  # -x hashes to -hash(x), except that -1 is -2 (the error value)
-            negative = -<Py_hash_t>u64_hash(value)
-            return -2 if negative == -1 else negative
+        if negative_of(h, &value):
+            return negative_hash(value)
     return PyObject_Hash(h)
+
+
+cdef inline Py_hash_t negative_hash(uint64_t magnitude) noexcept nogil:
+    """``hash(-magnitude)`` (``magnitude`` 1 to 2**63), as :func:`u64_hash` works it out: -x hashes
+    to -hash(x), except that -1 is -2 (the error value)."""
+    cdef Py_hash_t negative = -<Py_hash_t>u64_hash(magnitude)
+    return -2 if negative == -1 else negative
 
 
 cdef extern from *:

@@ -43,7 +43,7 @@ from libc.string cimport memcmp, memcpy
 from kvgateway._pylong cimport kv_be16, kv_be32, kv_be64, u64_long  # big-endian loads; a hash's int made
 from kvgateway.engine._direct cimport Maker, make, maker_init  # a Struct made without its constructor
 from kvgateway.engine._slots cimport class_attribute, is_member, member_offset  # where a Struct keeps a field
-from kvgateway.engine._tokens_c cimport Field, tokens_at  # a batch's token ids read where they lie
+from kvgateway.engine._tokens_c cimport Field, hashes_at, tokens_at  # token ids and hashes read where they lie
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(object)
@@ -414,7 +414,9 @@ cdef int _tag(_Cursor* c) noexcept:
 cdef object _value(_Cursor* c, int key):
     """The value of the map key ``key`` (its place in _KEYS)."""
     if key == _HASHES:
-        hashes = _hashes(c)
+        hashes = hashes_at(c.data, c.size, &c.at)  # as the wire sent them, where of one form
+        if hashes is None:
+            hashes = _hashes(c)
         return _NO if hashes is None else hashes
     if key == _PARENT:
         return None if _nil(c) else _hash(c)

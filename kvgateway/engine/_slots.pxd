@@ -44,11 +44,16 @@ cdef inline bint is_member(object attribute) noexcept:
 
 cdef inline Py_ssize_t field_offset(object cls, str name) except -2:
     """Where ``cls``'s instances keep the field ``name``: the offset of the member descriptor that
-    attribute lookup finds first along the MRO; -1 where it finds anything else (a property, a
-    :class:`kvgateway.engine._tokens_c.Field`, nothing) or ``cls`` looks its attributes up its own way."""
+    attribute lookup finds first along the MRO, or that a :class:`kvgateway.engine._tokens_c.Field`
+    found there reads; -1 where it finds anything else (a property, nothing) or ``cls`` looks its
+    attributes up its own way."""
     if cls.__getattribute__ is not object.__getattribute__:
         return -1
     member = class_attribute(cls, name)
+    if member is not None and not is_member(member):
+        # the tokens core's Field (``token_ids``, ``block_hashes``): its slot, read as it is (the
+        # compiled readers take a Tokens or a Hashes there without the list they read as)
+        member = getattr(member, "member", None)
     return member_offset(member) if member is not None and is_member(member) else -1
 
 

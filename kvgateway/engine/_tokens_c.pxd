@@ -1,12 +1,17 @@
 # cython: language_level=3
-"""What the compiled renderer and learner read of a BlockStored's ``token_ids`` without turning
-them into a list: the compact array (:class:`Tokens`) and the field's slot (:func:`slot_value`)."""
+"""What the compiled core reads of an event's ``token_ids`` and ``block_hashes`` without turning
+them into lists: the compact arrays (:class:`Tokens`, :class:`Hashes`) and the fields' slots
+(:func:`slot_value`)."""
 
 from cpython.object cimport PyObject
-from libc.stdint cimport uint32_t
+from libc.stdint cimport uint32_t, uint64_t
 
 
-cdef class Tokens:
+cdef class Listed:
+    """A compact array, to Python the list it stands for."""
+
+
+cdef class Tokens(Listed):
     """Token ids that all fit 32 bits, as the wire sent them, in a C array (in the object itself,
     after these fields, for those :func:`tokens_at` makes)."""
     cdef uint32_t* ids
@@ -16,8 +21,32 @@ cdef class Tokens:
 cdef object tokens_at(const unsigned char* data, Py_ssize_t size, Py_ssize_t* start)
 
 
+cdef enum:
+    HASHES_U64 = 0  # ints of 0 to 2**64-1 (vLLM's hashes, TensorRT-LLM's)
+    HASHES_I64 = 1  # ints of -2**63 to 2**63-1, some negative (SGLang's signed hashes), their bits
+    HASHES_BLOB = 2  # bytes of 32 (vLLM's sha256 hashes), one after another
+    HASH_BLOB_SIZE = 32
+
+
+cdef class Hashes(Listed):
+    """An event's block hashes, all of one form, as the wire sent them, in a C array (in the object
+    itself, after these fields): ``count`` u64s (their bits, for HASHES_I64) or 32-byte strings."""
+    cdef const unsigned char* data
+    cdef Py_ssize_t count
+    cdef int form
+
+
+cdef object hashes_at(const unsigned char* data, Py_ssize_t size, Py_ssize_t* start)
+cdef object hash_item(Hashes hashes, Py_ssize_t i)
+
+
+cdef inline uint64_t hash_bits(Hashes hashes, Py_ssize_t i) noexcept:
+    """Hash ``i`` of a HASHES_U64 or HASHES_I64 array: its 64 bits."""
+    return (<const uint64_t*>hashes.data)[i]
+
+
 cdef class Field:
-    """A Struct's ``token_ids`` field read as a list of ints whatever its slot holds."""
+    """A Struct's ``token_ids`` or ``block_hashes`` field read as a list whatever its slot holds."""
     cdef readonly object owner
     cdef readonly object member
     cdef readonly Py_ssize_t offset

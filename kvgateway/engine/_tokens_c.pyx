@@ -10,23 +10,29 @@ them out again in decimal and the compiled learner digests them, neither needing
 against an int's 32 and a list's 8); anything else (an empty array, ints outside that range, or no
 array of ints at all) it answers as the reference does.
 
+A block event's ``block_hashes`` likewise (:class:`Hashes`, made by the batch parser, and
+:func:`block_hashes` for one array): the engines' u64, signed and 32-byte hashes were an int or a
+bytes object each (about 40 a batch) and a list, made and freed with the batch; the compiled
+index, learner, renderer and analytics read them from the C array instead.
+
 The event's field keeps its name, its place and its list: :func:`install` puts a :class:`Field` in
-place of the Struct's own descriptor of the ``token_ids`` slot, which answers a :class:`Tokens` as
-the list it stands for, made on the first read and kept in the slot in its place. Everything that
-reads ``event.token_ids`` gets the list; what msgspec does with the slot itself (equality,
-``repr``, copies, pickling) sees a :class:`Tokens`, which compares equal to its list, prints as it
-and pickles as it. The compiled readers take the slot as it is (``slot_value`` in the .pxd).
+place of the Struct's own descriptor of the ``token_ids`` slot (and of ``block_hashes``), which
+answers a :class:`Tokens` (a :class:`Hashes`) as the list it stands for, made on the first read and
+kept in the slot in its place. Everything that reads ``event.token_ids`` gets the list; what msgspec
+does with the slot itself (equality, ``repr``, copies, pickling) sees a :class:`Tokens`, which
+compares equal to its list, prints as it and pickles as it. The compiled readers take the slot as it is (``slot_value`` in the .pxd).
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.list cimport PyList_New, PyList_SET_ITEM
-from cpython.long cimport PyLong_FromUnsignedLong
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.long cimport PyLong_FromLongLong, PyLong_FromUnsignedLong
 from cpython.mem cimport PyObject_Malloc
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_DECREF, Py_INCREF
-from libc.stdint cimport uint32_t, uint64_t
-from libc.string cimport memcmp, memset
-from kvgateway._pylong cimport kv_be32  # big-endian loads
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy, memset
+from kvgateway._pylong cimport kv_be32, kv_be64, u64_long  # big-endian loads; a u64's int
 from kvgateway.engine._slots cimport member_offset  # where a Struct keeps a field
 
 cdef extern from "Python.h":
@@ -34,15 +40,45 @@ cdef extern from "Python.h":
 
 import types
 
-from kvgateway.engine._tokens_py import EMPTY, NotTokens, token_ids as _reference
+from kvgateway.engine._tokens_py import EMPTY, NotTokens, block_hashes as _reference_hashes, token_ids as _reference
 
-__all__ = ["EMPTY", "Field", "NotTokens", "Tokens", "install", "token_ids"]
+__all__ = ["EMPTY", "Field", "Hashes", "Listed", "NotTokens", "Tokens", "block_hashes", "install", "token_ids"]
 
 
-cdef class Tokens:
+cdef class Listed:
+    """What a compact array (:class:`Tokens`, :class:`Hashes`) is to everything but the compiled
+    readers: the list it stands for (``tolist``), which it compares equal to, prints as, pickles as
+    and iterates as; unhashable, as a list. (Python methods only: the arrays are made without their
+    type's ``tp_new``, and a C method would need the table it sets up.)"""
+
+    def __eq__(self, other):
+        if type(other) is type(self) or isinstance(other, list):
+            return self.tolist() == (other if isinstance(other, list) else other.tolist())
+        return NotImplemented
+
+    def __ne__(self, other):
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None  # as a list's
+
+    def __iter__(self):
+        return iter(self.tolist())
+
+    def __getitem__(self, index):
+        return self.tolist()[index]
+
+    def __repr__(self):
+        return repr(self.tolist())
+
+    def __reduce__(self):
+        return (list, (self.tolist(),))
+
+
+cdef class Tokens(Listed):
     """Token ids of 0 to 2**32-1 in a C array: what ``token_ids`` holds until it is read as a list.
     Those :func:`tokens_at` makes are one allocation, the ids after the object's fields; one made
-    from Python holds none (no methods of its own: no table of them to set up, see ``_made``)."""
+    from Python holds none (no C methods: no table of them to set up, see ``_made``)."""
 
     def __len__(self):
         return self.count
@@ -52,25 +88,11 @@ cdef class Tokens:
         return _to_list(self)
 
     def __eq__(self, other):
-        if type(other) is Tokens:
+        if type(other) is Tokens:  # the ids compared where they lie
             return self.count == (<Tokens>other).count and (
                 self.count == 0 or memcmp(self.ids, (<Tokens>other).ids, self.count * sizeof(uint32_t)) == 0
             )
-        if isinstance(other, list):
-            return _to_list(self) == other
-        return NotImplemented
-
-    def __ne__(self, other):
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
-
-    __hash__ = None  # as a list's
-
-    def __repr__(self):
-        return repr(_to_list(self))
-
-    def __reduce__(self):
-        return (list, (_to_list(self),))
+        return Listed.__eq__(self, other)
 
 
 cdef list _to_list(Tokens tokens):
@@ -83,22 +105,51 @@ cdef list _to_list(Tokens tokens):
     return out
 
 
-cdef Py_ssize_t _FIELDS = (<PyTypeObject*>Tokens).tp_basicsize  # where a made object's ids start
+cdef inline Py_ssize_t _fields(PyTypeObject* kind) noexcept:
+    """Where a made object of ``kind`` keeps its array: after its fields, at a multiple of 8."""
+    return (kind.tp_basicsize + 7) & ~7
+
+
+cdef Listed _made_of(PyTypeObject* kind, Py_ssize_t room):
+    """An object of ``kind`` (Tokens, Hashes) with ``room`` bytes after its fields, in one
+    allocation: what ``kind.__new__`` makes (a plain object of the type, fields zeroed: the type has
+    no method table, no __cinit__ and is not tracked by the collector), freed as every one of them
+    is (the type's tp_free: PyObject_Free)."""
+    cdef PyObject* made = <PyObject*>PyObject_Malloc(_fields(kind) + room)
+    if made == NULL:
+        raise MemoryError()
+    memset(made, 0, _fields(kind))
+    PyObject_Init(made, kind)
+    listed = <Listed>made
+    Py_DECREF(listed)  # PyObject_Init's reference, now held by ``listed``
+    return listed
 
 
 cdef Tokens _made(Py_ssize_t count):
-    """A Tokens of room for ``count`` ids, in one allocation with them: what Tokens.__new__ makes
-    (a plain object of the type, fields zeroed: the type has no method table, no __cinit__ and is
-    not tracked by the collector), freed as every Tokens is (the type's tp_free: PyObject_Free)."""
-    cdef PyObject* made = <PyObject*>PyObject_Malloc(_FIELDS + count * sizeof(uint32_t))
-    if made == NULL:
-        raise MemoryError()
-    memset(made, 0, _FIELDS)
-    PyObject_Init(made, <PyTypeObject*>Tokens)
-    tokens = <Tokens>made
-    Py_DECREF(tokens)  # PyObject_Init's reference, now held by ``tokens``
-    tokens.ids = <uint32_t*>((<char*>made) + _FIELDS)
+    """A Tokens of room for ``count`` ids, in one allocation with them."""
+    tokens = <Tokens>_made_of(<PyTypeObject*>Tokens, count * sizeof(uint32_t))
+    tokens.ids = <uint32_t*>((<char*><PyObject*>tokens) + _fields(<PyTypeObject*>Tokens))
     return tokens
+
+
+cdef inline Py_ssize_t _array_head(const unsigned char* data, Py_ssize_t size, Py_ssize_t* at) noexcept:
+    """The count of the msgpack array whose header is at ``data[at[0]]`` (``at`` moved past the
+    header); -1 where there is none within ``size``."""
+    cdef Py_ssize_t i = at[0]
+    cdef unsigned char first
+    if i >= size:
+        return -1
+    first = data[i]
+    if 0x90 <= first <= 0x9F:  # fixarray
+        at[0] = i + 1
+        return first & 0x0F
+    if first == 0xDC and i + 3 <= size:  # array 16
+        at[0] = i + 3
+        return (<Py_ssize_t>data[i + 1] << 8) | data[i + 2]
+    if first == 0xDD and i + 5 <= size:  # array 32
+        at[0] = i + 5
+        return (<Py_ssize_t>data[i + 1] << 24) | (<Py_ssize_t>data[i + 2] << 16) | (<Py_ssize_t>data[i + 3] << 8) | data[i + 4]
+    return -1
 
 
 cdef inline bint _read(const unsigned char* data, Py_ssize_t size, Py_ssize_t* at, uint32_t* out) noexcept:
@@ -206,23 +257,11 @@ cdef object tokens_at(const unsigned char* data, Py_ssize_t size, Py_ssize_t* st
     """The msgpack array at ``data[start[0]]`` as a :class:`Tokens` (``start`` moved past it); None
     where it is not a non-empty array of ints of 0 to 2**32-1 within ``size`` (nothing promised of
     ``start`` then). The compiled batch parser (engine/_batch_c.pyx) reads a batch's ids here."""
-    cdef Py_ssize_t count, at = start[0], i
+    cdef Py_ssize_t at = start[0], i
+    cdef Py_ssize_t count = _array_head(data, size, &at)
     cdef Tokens tokens
     cdef uint32_t* ids
-    cdef unsigned char first
-    if at >= size:
-        return None
-    first = data[at]
-    if 0x90 <= first <= 0x9F:  # fixarray
-        count, at = first & 0x0F, at + 1
-    elif first == 0xDC and at + 3 <= size:  # array 16
-        count, at = (<Py_ssize_t>data[at + 1] << 8) | data[at + 2], at + 3
-    elif first == 0xDD and at + 5 <= size:  # array 32
-        count = (<Py_ssize_t>data[at + 1] << 24) | (<Py_ssize_t>data[at + 2] << 16) | (<Py_ssize_t>data[at + 3] << 8) | data[at + 4]
-        at += 5
-    else:
-        return None
-    if count == 0 or count > size - at:  # empty (the reference's []), or shorter than its count
+    if count <= 0 or count > size - at:  # empty (the reference's []), or shorter than its count
         return None
     tokens = _made(count)
     ids = tokens.ids
@@ -247,6 +286,97 @@ cdef object _packed(const unsigned char* data, Py_ssize_t size):
     return None if tokens is None or at != size else tokens
 
 
+cdef class Hashes(Listed):
+    """An event's block hashes, all of one form, in a C array: what ``block_hashes`` holds until it
+    is read as a list (as :class:`Tokens` for ``token_ids``). The compiled batch parser makes one
+    where every hash of a non-empty array is a uint 64 (a u64 array), a uint 64 or an int 64 with
+    some negative and none of 2**63 or more (an i64 array: its bits), or a bin 8 of 32 bytes;
+    anything else stays the list it was. An int per hash (32 bytes, and 65 for a 32-byte bytes) and
+    the list were made and freed with every batch; the compiled index, learner, renderer and
+    analytics read the hashes from here (engine/_tokens_c.pxd, state/_hashtable.pxd)."""
+
+    def __len__(self):
+        return self.count
+
+    def tolist(self):
+        """The hashes as a list of ints or bytes (what the field reads as)."""
+        return _hashes_list(self)
+
+
+cdef object hash_item(Hashes hashes, Py_ssize_t i):
+    """Hash ``i`` as the list holds it: an int, or bytes."""
+    cdef uint64_t bits
+    if hashes.form == HASHES_BLOB:
+        return PyBytes_FromStringAndSize(<const char*>hashes.data + i * HASH_BLOB_SIZE, HASH_BLOB_SIZE)
+    bits = hash_bits(hashes, i)
+    if hashes.form == HASHES_I64:
+        return PyLong_FromLongLong(<int64_t>bits)
+    return u64_long(bits)
+
+
+cdef list _hashes_list(Hashes hashes):
+    cdef list out = PyList_New(hashes.count)
+    cdef Py_ssize_t i
+    for i in range(hashes.count):
+        item = hash_item(hashes, i)
+        Py_INCREF(item)
+        PyList_SET_ITEM(out, i, item)
+    return out
+
+
+cdef Hashes _made_hashes(Py_ssize_t count, int form):
+    """A Hashes of room for ``count`` hashes of ``form``, in one allocation with them (each u64 read
+    aligned: the array starts at a multiple of 8)."""
+    cdef Py_ssize_t each = HASH_BLOB_SIZE if form == HASHES_BLOB else sizeof(uint64_t)
+    hashes = <Hashes>_made_of(<PyTypeObject*>Hashes, count * each)
+    hashes.data = (<const unsigned char*><PyObject*>hashes) + _fields(<PyTypeObject*>Hashes)
+    hashes.count = count
+    hashes.form = form
+    return hashes
+
+
+cdef object hashes_at(const unsigned char* data, Py_ssize_t size, Py_ssize_t* start):
+    """The msgpack array at ``data[start[0]]`` as a :class:`Hashes` (``start`` moved past it); None
+    where it is not a non-empty array of hashes of one of its forms within ``size`` (``start`` left
+    as it was: the caller reads it its own way)."""
+    cdef Py_ssize_t at = start[0], i
+    cdef Py_ssize_t count = _array_head(data, size, &at)
+    cdef unsigned char first
+    cdef uint64_t* out
+    cdef bint negative = False, high = False
+    if count <= 0 or at >= size:
+        return None
+    if data[at] == 0xC4:  # bin 8: each a 32-byte hash
+        if count > (size - at) // (2 + HASH_BLOB_SIZE):
+            return None
+        for i in range(count):
+            if data[at + i * (2 + HASH_BLOB_SIZE)] != 0xC4 or data[at + i * (2 + HASH_BLOB_SIZE) + 1] != HASH_BLOB_SIZE:
+                return None
+        hashes = _made_hashes(count, HASHES_BLOB)
+        for i in range(count):
+            memcpy(<void*>(<Hashes>hashes).data + i * HASH_BLOB_SIZE, data + at + i * (2 + HASH_BLOB_SIZE) + 2, HASH_BLOB_SIZE)
+        start[0] = at + count * (2 + HASH_BLOB_SIZE)
+        return hashes
+    if count > (size - at) // 9:
+        return None
+    for i in range(count):  # uint 64 or int 64 each, read once the forms are known
+        first = data[at + 9 * i]
+        if first == 0xCF:
+            high |= data[at + 9 * i + 1] >= 0x80  # 2**63 or more
+        elif first == 0xD3:
+            negative |= data[at + 9 * i + 1] >= 0x80
+        else:
+            return None
+    if negative and high:
+        return None  # no one form holds both: the caller's list
+    hashes = _made_hashes(count, HASHES_I64 if negative else HASHES_U64)
+    out = <uint64_t*>(<Hashes>hashes).data
+    for i in range(count):
+        out[i] = kv_be64(data + at + 9 * i + 1)
+    start[0] = at + 9 * count
+    return hashes
+
+
 def token_ids(raw):
     """What a BlockStored's ``token_ids`` field holds for the msgpack value ``raw``: a
     :class:`Tokens` for a non-empty array of ints of 0 to 2**32-1; otherwise the reference's answer
@@ -260,13 +390,30 @@ def token_ids(raw):
     return _reference(raw) if found is None else found
 
 
-cdef class Field:
-    """A Struct's ``token_ids`` field, read through the slot's own descriptor (``member``) but
-    answering a :class:`Tokens` there as its list, which then takes its place in the slot."""
+def block_hashes(raw):
+    """What a block event's ``block_hashes`` field holds for the msgpack array ``raw``: a
+    :class:`Hashes` where the batch parser makes one (a non-empty array of one of its forms,
+    filling ``raw`` exactly); otherwise the reference's answer (its list, or its error)."""
+    cdef Py_buffer view
+    cdef Py_ssize_t at = 0
+    PyObject_GetBuffer(raw, &view, PyBUF_SIMPLE)
+    try:
+        found = hashes_at(<const unsigned char*>view.buf, view.len, &at)
+        if found is not None and at != view.len:
+            found = None
+    finally:
+        PyBuffer_Release(&view)
+    return _reference_hashes(raw) if found is None else found
 
-    def __init__(self, owner, member):
+
+cdef class Field:
+    """A Struct's ``token_ids`` or ``block_hashes`` field, read through the slot's own descriptor
+    (``member``) but answering a :class:`Tokens` or :class:`Hashes` there as its list, which then
+    takes its place in the slot."""
+
+    def __init__(self, owner, member, name="token_ids"):
         if type(member) is not types.MemberDescriptorType or not isinstance(owner, type) or not issubclass(owner, member.__objclass__):
-            raise TypeError(f"{owner.__name__}.token_ids is not a slot of its instances")
+            raise TypeError(f"{owner.__name__}.{name} is not a slot of its instances")
         self.owner = owner
         self.member = member
         self.offset = member_offset(member)
@@ -280,10 +427,13 @@ cdef class Field:
         value = slot[0]
         if value == NULL:
             return self.member.__get__(instance, type(instance))  # its AttributeError
-        if type(<object>value) is not Tokens:
+        if type(<object>value) is Tokens:
+            items = _to_list(<Tokens><object>value)
+        elif type(<object>value) is Hashes:
+            items = _hashes_list(<Hashes><object>value)
+        else:
             return <object>value
         old = <object>value
-        items = _to_list(<Tokens>old)
         Py_INCREF(items)
         slot[0] = <PyObject*>items
         Py_DECREF(old)  # the slot's reference (``old`` holds its own until it goes)
@@ -301,9 +451,10 @@ cdef class Field:
         self.member.__delete__(instance)
 
 
-def install(cls):
-    """Make ``cls.token_ids`` (a Struct's field) read as a list of ints whatever its slot holds: a
-    :class:`Field` in place of the slot's own descriptor (once; the field is left as it is)."""
-    current = cls.__dict__["token_ids"]
+def install(cls, name="token_ids"):
+    """Make ``cls``'s field ``name`` (``token_ids``, ``block_hashes``) read as a list whatever its
+    slot holds: a :class:`Field` in place of the slot's own descriptor (once; the field is left as
+    it is)."""
+    current = cls.__dict__[name]
     if type(current) is not Field:
-        type.__setattr__(cls, "token_ids", Field(cls, current))
+        type.__setattr__(cls, name, Field(cls, current, name))

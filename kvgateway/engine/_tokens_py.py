@@ -1,4 +1,5 @@
-"""A BlockStored's ``token_ids`` from the msgpack array the engine sent (the pure-Python reference).
+"""A BlockStored's ``token_ids`` from the msgpack array the engine sent (the pure-Python reference);
+a block event's ``block_hashes`` likewise (:func:`block_hashes`).
 
 The fast decoders of :mod:`kvgateway.engine.wire` take ``token_ids`` as the raw msgpack of the
 array (``msgspec.Raw``) and hand it to :func:`token_ids`, which gives what the event's field holds:
@@ -33,6 +34,16 @@ def token_ids(raw: msgspec.Raw) -> list[int]:
         raise NotTokens("token_ids: not an array of msgpack ints") from None
 
 
-def install(cls: Any) -> None:
-    """Make ``cls.token_ids`` (a Struct's field) read as a list of ints whatever its slot holds: here
-    nothing to do, the slot holds the list."""
+_hashes_decoder: Final = msgspec.msgpack.Decoder(list[int | bytes])
+
+
+def block_hashes(raw: bytes) -> list[int | bytes]:
+    """What a block event's ``block_hashes`` field holds for the msgpack array ``raw`` of ints and
+    bins: its list (a ``msgspec.DecodeError`` or ``ValidationError`` for anything else). The
+    parsers make it in place as they read a batch; this reads one array alone."""
+    return _hashes_decoder.decode(raw)
+
+
+def install(cls: Any, name: str = "token_ids") -> None:
+    """Make ``cls``'s field ``name`` (``token_ids``, ``block_hashes``) read as a list whatever its
+    slot holds: here nothing to do, the slot holds the list."""

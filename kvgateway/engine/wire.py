@@ -224,6 +224,10 @@ def _compiled(name: str) -> ModuleType | None:
 _tokens: Final = _compiled("kvgateway.engine._tokens_c") or _tokens_py
 """The token ids' core: the compiled one where it was built, else the reference."""
 _tokens.install(BlockStored)
+# The compiled parser keeps an event's hashes as the wire sent them where it can (a Hashes): the
+# field reads as their list all the same.
+_tokens.install(BlockStored, "block_hashes")
+_tokens.install(BlockRemoved, "block_hashes")
 _KEPT: Final = _tokens is not _tokens_py
 """Whether the fast decoders take ``token_ids`` as the wire sent them (``msgspec.Raw``), for the
 compiled core to keep (:func:`_token_ids`; :class:`kvgateway.engine._tokens_py.NotTokens` sends the

@@ -23,13 +23,15 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.array cimport array, clone
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from kvgateway._pylong cimport negative_of, u64_of  # an int read from its digits
 from kvgateway.engine._direct cimport Maker, make, maker_init, member_slot  # a Struct made without its constructor
 from kvgateway.engine._slots cimport Fields, field, field_offset, fields_of  # a Struct's field read from its slot
-from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
+from kvgateway.engine._tokens_c cimport (  # token ids and hashes as the wire sent them
+    HASH_BLOB_SIZE, HASHES_BLOB, HASHES_I64, Hashes, Tokens, hash_bits, slot_offset, slot_value,
+)
 
 cdef extern from "Python.h":
     bint PyLong_CheckExact(object)
@@ -623,6 +625,8 @@ cdef bint _put_hashes(Buffer* out, object hashes) except -1:
     cdef Py_ssize_t i, n, size
     cdef uint64_t value
     cdef char* at
+    if type(hashes) is Hashes:
+        return _put_packed_hashes(out, <Hashes>hashes)
     if not PyList_CheckExact(hashes):
         return False
     n = PyList_GET_SIZE(hashes)
@@ -663,6 +667,39 @@ cdef bint _put_hashes(Buffer* out, object hashes) except -1:
             return False
         _reserve(out, 1 + 23 * (n - i - 1))
         at = out.data + out.size
+    at[0] = 93  # "]"
+    out.size = at + 1 - out.data
+    return True
+
+
+cdef bint _put_packed_hashes(Buffer* out, Hashes hashes) except -1:
+    """Block hashes held as the wire sent them (a :class:`kvgateway.engine._tokens_c.Hashes`, never
+    empty) as :func:`_put_hashes` writes their list: each u64 or int64 quoted in decimal, each
+    32-byte hash quoted in hex; the room for all of them reserved once."""
+    cdef Py_ssize_t i, n = hashes.count
+    cdef uint64_t value
+    cdef char* at
+    cdef char* start
+    # each hash after a comma and a quote (the first comma then the opening bracket): a sign, 20
+    # digits or 64 hex digits, the quotes and the comma; the closing bracket
+    _reserve(out, 1 + n * (3 + (2 * HASH_BLOB_SIZE if hashes.form == HASHES_BLOB else 21)))
+    start = at = out.data + out.size
+    for i in range(n):
+        at[0] = 44  # ","
+        at[1] = 34  # '"'
+        at += 2
+        if hashes.form == HASHES_BLOB:
+            at = _write_hex(at, hashes.data + i * HASH_BLOB_SIZE, HASH_BLOB_SIZE)
+        else:
+            value = hash_bits(hashes, i)
+            if hashes.form == HASHES_I64 and <int64_t>value < 0:
+                at[0] = 45  # "-", then the magnitude
+                at += 1
+                value = 0 - value
+            at = _write_u64(at, value)
+        at[0] = 34
+        at += 1
+    start[0] = 91  # "["
     at[0] = 93  # "]"
     out.size = at + 1 - out.data
     return True

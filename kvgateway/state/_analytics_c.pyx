@@ -40,10 +40,11 @@ from cpython.dict cimport PyDict_Next
 from cpython.object cimport PyObject
 from libc.stdint cimport uint64_t
 
-from kvgateway._pylong cimport HASH_MODULUS, int_hash  # a hash's hash(), a u64 int's from its digits
+from kvgateway._pylong cimport HASH_MODULUS, int_hash, negative_hash, u64_hash  # a hash's hash(), a u64 int's from its digits
 from kvgateway.engine._slots cimport Fields, field, field_offset, fields_of  # a Struct's field read from its slot
 from kvgateway.state._hashtable cimport Filter, _filter_free, _filter_may, _filter_note, _filter_size  # negative filters
 from kvgateway.state._hashtable cimport CONTENT, _fingerprint  # a 32-byte hash's filter key
+from kvgateway.state._hashtable cimport _BYTES, _INT, _NEG, Key, hash_count, hash_key, hash_object  # an event's hashes
 
 from kvgateway.engine.mediums import medium_tier, normalise_medium
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
@@ -145,6 +146,40 @@ cdef inline uint64_t _filter_key(object h) except? 0:
     return <uint64_t>int_hash(h, _HASH_IN_LINE)
 
 
+cdef inline Py_hash_t _key_hash(object hashes, Py_ssize_t i, Key* k) except? -1:
+    """``hash()`` of hash ``i`` of a list or a Hashes (not a 32-byte one), its key ``k``: worked out
+    from the key as ``int_hash`` works it out from the int, or asked of the object."""
+    if _HASH_IN_LINE and k.kind == _INT:
+        return <Py_hash_t>u64_hash(k.key)
+    if _HASH_IN_LINE and k.kind == _NEG:
+        return negative_hash(k.key)
+    return int_hash(hash_object(hashes, i), _HASH_IN_LINE)
+
+
+cdef inline uint64_t _filter_key_at(object hashes, Py_ssize_t i) except? 0:
+    """:func:`_filter_key` of hash ``i`` of a list or a Hashes, from its key (a Hashes makes no object)."""
+    cdef Key k
+    hash_key(hashes, i, &k)
+    if k.kind == _BYTES:
+        return k.key  # its fingerprint
+    return <uint64_t>_key_hash(hashes, i, &k)
+
+
+cdef inline bint _followed_at(object hashes, Py_ssize_t i) except -1:
+    """:func:`_followed` of hash ``i`` of a list or a Hashes (a Hashes' bytes read where they lie)."""
+    cdef Key k
+    cdef uint64_t key = 0
+    cdef Py_ssize_t j
+    hash_key(hashes, i, &k)
+    if k.kind == _BYTES:  # 32 bytes: the first eight, little-endian
+        for j in range(8):
+            key |= (<uint64_t>k.data[j]) << (8 * j)
+        return key % <uint64_t>_SAMPLE == 0
+    if k.kind == _INT or k.kind == _NEG:
+        return _key_hash(hashes, i, &k) % _SAMPLE == 0
+    return _followed(hash_object(hashes, i))
+
+
 # The filters are _hashtable.pxd's, keyed by _filter_key: ints' hashes are their values, which its
 # Fibonacci hashing spreads alike
 cdef inline bint _may_hold(Filter* f, uint64_t key) noexcept nogil:
@@ -204,9 +239,15 @@ cdef class _Route:
 
 cdef inline bint _meets(Filter* f, object table, object hashes) except -1:
     """``not table.keys().isdisjoint(hashes)``: the same answer, the table asked only for the
-    hashes its filter may hold (in the same order)."""
-    for h in hashes:
-        if _may_hold(f, _filter_key(h)) and h in table:
+    hashes its filter may hold (in the same order; a Hashes' made only for those)."""
+    cdef Py_ssize_t i, n = hash_count(hashes)
+    if n < 0:
+        for h in hashes:
+            if _may_hold(f, _filter_key(h)) and h in table:
+                return True
+        return False
+    for i in range(n):
+        if _may_hold(f, _filter_key_at(hashes, i)) and hash_object(hashes, i) in table:
             return True
     return False
 
@@ -333,10 +374,10 @@ cdef class AnalyticsPass:
                 continue
             if tables.evicted_at and _meets(&tables.evicted, tables.evicted_at, hashes):
                 self._refetched(tables, hashes, ts)
-            if _followed(hashes[0]):
+            if _followed_at(hashes, 0) if hash_count(hashes) > 0 else _followed(hashes[0]):
                 self._sampled(tables, hashes, ts)
             if field(event, _BlockStored, _STORED.parent_block_hash, "parent_block_hash") is None:
-                self._root(stream, routed.medium, hashes[0])
+                self._root(stream, routed.medium, hash_object(hashes, 0) if hash_count(hashes) > 0 else hashes[0])
         return 0
 
     cdef int _sampled(self, _Tables tables, object hashes, object ts) except -1:

@@ -49,6 +49,10 @@ from kvgateway.state._hashtable cimport (  # the C tables of hashes: the evictio
     _OTHER,
     _key_of,
     _key_prefetch,
+    hash_count,
+    hash_key,
+    hash_object,
+    hash_other,
     _table_add,
     _table_clear,
     _table_copy,
@@ -230,7 +234,8 @@ cdef class Evictions:
         self._add(hashes, ts, NULL)
 
     cdef int _add(self, hashes, ts, Key* keys) except -1:
-        """:meth:`add`; ``keys``, where not NULL, each hash's of ``hashes`` (a list), read already."""
+        """:meth:`add`; ``keys``, where not NULL, each hash's of ``hashes`` (a list or a Hashes), read
+        already."""
         cdef Key k
         cdef _Generation spare
         cdef double at = 0
@@ -242,8 +247,8 @@ cdef class Evictions:
             self.since = ts
         at = ts
         if keys is not NULL:
-            for i in range(PyList_GET_SIZE(hashes)):
-                self._current.set(&keys[i], <object>PyList_GET_ITEM(hashes, i), at, ts)
+            for i in range(hash_count(hashes)):
+                self._current.set(&keys[i], hash_other(hashes, i), at, ts)
         else:
             for h in hashes:
                 _key_of(h, &k)
@@ -264,11 +269,11 @@ cdef class Evictions:
                 return True
         return False
 
-    cdef bint _holds_any_key(self, list hashes, Key* keys) except -1:
-        """:meth:`_holds_any` of a list whose hashes' keys are read already."""
+    cdef bint _holds_any_key(self, object hashes, Key* keys) except -1:
+        """:meth:`_holds_any` of a list or a Hashes whose hashes' keys are read already."""
         cdef Py_ssize_t i
-        for i in range(PyList_GET_SIZE(hashes)):
-            h = <object>PyList_GET_ITEM(hashes, i)
+        for i in range(hash_count(hashes)):
+            h = hash_other(hashes, i)
             if self._current.has(&keys[i], h) or self._previous.has(&keys[i], h):
                 return True
         return False
@@ -530,18 +535,18 @@ cdef uint64_t _blocks_sum(BlockSet blocks, uint64_t prefix) except? 0:
     return total
 
 
-cdef inline bint _none_held(BlockSet blocks, list hashes, Key* keys) except -1:
-    """``blocks.none_of(hashes)`` of a list whose hashes' keys are read already."""
+cdef inline bint _none_held(BlockSet blocks, object hashes, Key* keys) except -1:
+    """``blocks.none_of(hashes)`` of a list or a Hashes whose hashes' keys are read already."""
     cdef Py_ssize_t i
-    for i in range(PyList_GET_SIZE(hashes)):
-        if blocks.has_key(&keys[i], <object>PyList_GET_ITEM(hashes, i)):
+    for i in range(hash_count(hashes)):
+        if blocks.has_key(&keys[i], hash_other(hashes, i)):
             return False
     return True
 
 
 cdef bint _fresh(BlockSet fleet, object evicted, object hashes, Key* keys) except -1:
     """No hash held anywhere in the fleet nor evicted lately (the reference's two tests, one loop);
-    ``keys``, where not NULL, each hash's of ``hashes`` (a list), read already."""
+    ``keys``, where not NULL, each hash's of ``hashes`` (a list or a Hashes), read already."""
     if type(evicted) is not Evictions:
         return fleet.none_of(hashes) and evicted.none_of(hashes)
     if keys is not NULL:
@@ -641,7 +646,8 @@ cdef class Group:
         self._store(hashes, NULL)
 
     cdef int _store(self, hashes, Key* keys) except -1:
-        """:meth:`store`; ``keys``, where not NULL, each hash's of ``hashes`` (a list), read already."""
+        """:meth:`store`; ``keys``, where not NULL, each hash's of ``hashes`` (a list or a Hashes),
+        read already."""
         cdef Group fleet = self.fleet
         cdef BlockSet blocks
         cdef dict extra
@@ -714,20 +720,20 @@ cdef class Group:
         filter may hold (``keys``, where not NULL, each hash's of ``hashes``, read already)."""
         cdef Key k
         cdef Key* at = &k
-        cdef Py_ssize_t i
-        if type(hashes) is not list:
+        cdef Py_ssize_t i, n = hash_count(hashes)
+        if n < 0:
             return _none_in(extra, hashes)
         if self._filtered is not extra:
             self._filter_make(extra)
         if self._filter_all:
             return _none_in(extra, hashes)
-        for i in range(PyList_GET_SIZE(hashes)):
-            h = <object>PyList_GET_ITEM(hashes, i)
+        for i in range(n):
             if keys is NULL:
-                _key_of(h, &k)
+                hash_key(hashes, i, &k)
             else:
                 at = &keys[i]
-            if (at.kind == _OTHER or _filter_may(&self._filter, at.key)) and PyDict_Contains(extra, h):
+            # the hash itself asked of the dict (made, for a Hashes) only where the filter may hold it
+            if (at.kind == _OTHER or _filter_may(&self._filter, at.key)) and PyDict_Contains(extra, hash_object(hashes, i)):
                 return False
         return True
 
@@ -735,8 +741,8 @@ cdef class Group:
         self._store_new(hashes, NULL)
 
     cdef int _store_new(self, hashes, Key* keys) except -1:
-        """:meth:`store_new`; ``keys``, where not NULL, each hash's of ``hashes`` (a list), read
-        already (the pass reads them once for its loops)."""
+        """:meth:`store_new`; ``keys``, where not NULL, each hash's of ``hashes`` (a list or a
+        Hashes), read already (the pass reads them once for its loops)."""
         cdef BlockSet blocks
         cdef BlockSet held = self.fleet.blocks if self.fleet is not None else None
         cdef Key k
@@ -749,8 +755,8 @@ cdef class Group:
         # both sets in one loop, each hash's kind read once (a repeat adds nothing to either), and
         # the digest given each hash that enters (none was resident: each distinct hash once)
         if keys is not NULL:
-            for i in range(PyList_GET_SIZE(hashes)):
-                h = <object>PyList_GET_ITEM(hashes, i)
+            for i in range(hash_count(hashes)):
+                h = hash_other(hashes, i)
                 if blocks.add_key(&keys[i], h) and tracked:
                     self._sum += _element(self._prefix, &keys[i], h)
                 if held is not None:
@@ -770,13 +776,14 @@ cdef class Group:
         return self._remove(hashes, NULL)
 
     cdef Py_ssize_t _remove(self, hashes, Key* keys) except -1:
-        """:meth:`remove`; ``keys``, where not NULL, each hash's of ``hashes`` (a list), read already.
+        """:meth:`remove`; ``keys``, where not NULL, each hash's of ``hashes`` (a list or a Hashes),
+        read already.
         Each hash that leaves (refs 1 -> 0) leaves the digest too, where the group keeps one."""
         cdef BlockSet blocks, held
         cdef dict extra
         cdef Group fleet
         cdef Py_ssize_t i, before
-        cdef Py_ssize_t n = PyList_GET_SIZE(hashes) if keys is not NULL else 0
+        cdef Py_ssize_t n = hash_count(hashes) if keys is not NULL else 0
         cdef Key k
         cdef bint tracked = self._tracked
         cdef list left
@@ -794,14 +801,13 @@ cdef class Group:
         left = [] if fleet is not None and held is None else None  # told to the fleet in one call
         if held is not None and not tracked:  # the common case, its loop as short as it can be
             for i in range(n):
-                h = <object>PyList_GET_ITEM(hashes, i)
+                h = hash_other(hashes, i)
                 if blocks.discard_key(&keys[i], h):
                     held.discard_key(&keys[i], h)
             n = 0
         for i in range(n):  # each hash's key read already
-            h = <object>PyList_GET_ITEM(hashes, i)
-            if blocks.discard_key(&keys[i], h):
-                _left(self, &keys[i], h, held, left, tracked)
+            if blocks.discard_key(&keys[i], hash_other(hashes, i)):
+                _left(self, &keys[i], hash_object(hashes, i), held, left, tracked)
         if keys is NULL:
             for h in hashes:
                 _key_of(h, &k)
@@ -977,7 +983,7 @@ cdef class Account:
         return out
 
 
-cdef int _ahead(Group grp, object evicted, list hashes, Key* keys, bint stored, bint evicting, bint ask) except -1:
+cdef int _ahead(Group grp, object evicted, object hashes, Key* keys, bint stored, bint evicting, bint ask) except -1:
     """Ask for the table lines an event's pass is about to read, every hash's at once: the group's
     set, the fleet's holders, and (a GPU event, the attribution on) the evictions' generations, both
     looked up for a store, the current one set for a remove. On an index larger than the cache each
@@ -994,9 +1000,9 @@ cdef int _ahead(Group grp, object evicted, list hashes, Key* keys, bint stored, 
     if evicting and type(evicted) is Evictions:
         current = (<Evictions>evicted)._current
         previous = (<Evictions>evicted)._previous if stored else None
-    for i in range(PyList_GET_SIZE(hashes)):
+    for i in range(hash_count(hashes)):
         k = &keys[i]
-        _key_of(<object>PyList_GET_ITEM(hashes, i), k)
+        hash_key(hashes, i, k)
         if k.kind == _OTHER or not ask:
             continue
         if held is not None:
@@ -1034,9 +1040,9 @@ cdef enum:
 
 cdef Key* _keys_for(object hashes, Py_ssize_t n, Key* local) except? NULL:
     """Room for the keys of an event's ``hashes``: ``local`` up to _LOCAL_KEYS, else allocated (the
-    caller frees it); NULL where they are not read once (not a list, or none)."""
+    caller frees it); NULL where they are not read once (not a list or a Hashes, or none)."""
     cdef Key* keys
-    if type(hashes) is not list or not n:
+    if hash_count(hashes) < 0 or not n:
         return NULL
     if n <= _LOCAL_KEYS:
         return local
@@ -1133,7 +1139,9 @@ def apply_batch(index, batch, now, bint replayed, *, dict routes, Group fleet):
                         route = None  # a route made: the next event asks ``routes``, as the reference
                     else:
                         route, route_medium, route_group = grp, medium, group_idx
-                n = len(hashes)
+                n = hash_count(hashes)
+                if n < 0:
+                    n = len(hashes)
                 med = grp.medium
                 if live and sec != med.cur_sec:
                     med.roll(sec)

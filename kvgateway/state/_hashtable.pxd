@@ -13,11 +13,15 @@ keep in a Python container beside the tables: :func:`_key_of` says which kind a 
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
 from kvgateway._pylong cimport negative_of, u64_of  # a hash's int read from its digits
+from kvgateway.engine._tokens_c cimport (  # an event's hashes as the wire sent them
+    HASH_BLOB_SIZE, HASHES_BLOB, HASHES_I64, Hashes, hash_bits, hash_item,
+)
 
 cimport cython
 
@@ -262,6 +266,61 @@ cdef inline int _key_of(object h, Key* k) except -1:
     else:
         k.kind = _OTHER
     return 0
+
+
+cdef inline void _key_at(Hashes hashes, Py_ssize_t i, Key* k) noexcept:
+    """:func:`_key_of` of hash ``i`` of a :class:`Hashes`, read from its array (never ``_OTHER``)."""
+    cdef uint64_t bits
+    if hashes.form == HASHES_BLOB:
+        k.kind = _BYTES
+        k.data = hashes.data + i * HASH_BLOB_SIZE
+        k.key = _fingerprint(k.data)
+        return
+    k.data = NULL
+    bits = hash_bits(hashes, i)
+    if hashes.form == HASHES_I64 and <int64_t>bits < 0:
+        k.kind = _NEG
+        k.key = 0 - bits  # the magnitude, 2**63 for -2**63 (negative_of's)
+    else:
+        k.kind = _INT
+        k.key = bits
+
+
+# An event's block hashes, as the pass reads them: a list (the reference decoder's, or the field
+# read from Python), or a Hashes (the compiled parser's). A Hashes holds no hash of kind _OTHER, the
+# only kind the tables' callers hand the object itself to: where the key says more is not needed,
+# :func:`hash_other` gives None for it rather than making the int or bytes.
+
+cdef inline Py_ssize_t hash_count(object hashes) noexcept:
+    """How many hashes a list or a Hashes holds; -1 for anything else."""
+    if type(hashes) is list:
+        return PyList_GET_SIZE(hashes)
+    if type(hashes) is Hashes:
+        return (<Hashes>hashes).count
+    return -1
+
+
+cdef inline int hash_key(object hashes, Py_ssize_t i, Key* k) except -1:
+    """The key of hash ``i`` of a list or a Hashes."""
+    if type(hashes) is list:
+        return _key_of(<object>PyList_GET_ITEM(hashes, i), k)
+    _key_at(<Hashes>hashes, i, k)
+    return 0
+
+
+cdef inline object hash_object(object hashes, Py_ssize_t i):
+    """Hash ``i`` of a list or a Hashes, as the list holds it (made, for a Hashes)."""
+    if type(hashes) is list:
+        return <object>PyList_GET_ITEM(hashes, i)
+    return hash_item(<Hashes>hashes, i)
+
+
+cdef inline object hash_other(object hashes, Py_ssize_t i):
+    """Hash ``i`` of a list or a Hashes where only a hash of kind _OTHER is needed as an object: the
+    list's item, or None (a Hashes holds none of that kind)."""
+    if type(hashes) is list:
+        return <object>PyList_GET_ITEM(hashes, i)
+    return None
 
 
 cdef inline bint _table_add(Table* table, uint64_t key, const unsigned char* data) except -1:

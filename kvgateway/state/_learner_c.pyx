@@ -50,11 +50,12 @@ from cpython.mem cimport PyMem_RawMalloc as malloc
 from cpython.mem cimport PyMem_RawRealloc as realloc
 from libc.string cimport memcpy, memset
 
-from kvgateway._pylong cimport HASH_MODULUS, int_hash, negative_long, u64_long, u64_of  # an int read from its digits, made, hashed
+from kvgateway._pylong cimport HASH_MODULUS, int_hash, negative_hash, negative_long, u64_hash, u64_long, u64_of  # an int read from its digits, made, hashed
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 from kvgateway.state._apply_c cimport BlockSet, holds, holds_ahead, holds_key, holds_key_ahead  # the fleet's holders, asked in C
 from kvgateway.state._hashtable cimport _BYTES, _INT, _NEG, CONTENT, Key, _fingerprint, _key_of, _prefetch
+from kvgateway.state._hashtable cimport hash_count, hash_key, hash_object, hash_other  # an event's hashes, a list or a Hashes
 from kvgateway.state._hashtable cimport _mix as _spread  # a 32-byte parent's fingerprint spread over 64 bits  # a hash's key; a line asked for
 
 from kvgateway.engine.wire import Batch, BlockStored
@@ -104,6 +105,19 @@ cdef inline uint64_t _mix(object parent) except? 0:
     if type(parent) is bytes and PyBytes_GET_SIZE(parent) == CONTENT:
         return (<uint64_t>_spread(_fingerprint(<const unsigned char*>PyBytes_AS_STRING(parent)))) * _K64
     return (<uint64_t>int_hash(parent, _HASH_IN_LINE)) * _K64
+
+
+cdef inline uint64_t _mix_at(object hashes, Py_ssize_t i, Key* k) except? 0:
+    """:func:`_mix` of hash ``i`` of a list or a Hashes whose key is ``k``: from the key, as
+    :func:`_mix` works it out from the object (``int_hash``'s arithmetic), without the object
+    (a Hashes makes none); from the object where the key does not say it all."""
+    if k.kind == _BYTES:
+        return (<uint64_t>_spread(k.key)) * _K64
+    if _HASH_IN_LINE and k.kind == _INT:
+        return (<uint64_t>u64_hash(k.key)) * _K64
+    if _HASH_IN_LINE and k.kind == _NEG:
+        return (<uint64_t>negative_hash(k.key)) * _K64
+    return _mix(hash_object(hashes, i))
 
 
 # CPython's tuple hash (Objects/tupleobject.c, xxHash's mixing, the same from 3.8 on), so that a
@@ -719,10 +733,12 @@ cdef class ChainLearner:
         self._live -= 1
         return 0
 
-    cdef int _store(self, Py_ssize_t at, uint64_t key, object block_hash, uint16_t sid) except -1:
-        cdef Key k
+    cdef int _store(self, Py_ssize_t at, uint64_t key, Key* hk, object block_hash, uint16_t sid) except -1:
+        """Entry ``at`` made the block's: its hash by its key ``hk`` (the kind the fleet's tables
+        read: the ring keeps the same ones), ``block_hash`` itself kept only for a hash of no
+        table's kind."""
+        cdef Key k = hk[0]
         self._drop_hash(at)
-        _key_of(block_hash, &k)  # the kind the fleet's tables read: the ring keeps the same ones
         if k.kind == _INT:  # kept as its value: equal ints made of it answer
             self._vals[at] = k.key
             self._kinds[at] = _VALUE
@@ -746,13 +762,13 @@ cdef class ChainLearner:
         self._live += 1
         return 0
 
-    cdef int _insert(self, uint64_t key, object block_hash, uint16_t sid) except -1:
+    cdef int _insert(self, uint64_t key, Key* hk, object block_hash, uint16_t sid) except -1:
         """One entry at the back; a re-announced key leaves its old place."""
         cdef Py_ssize_t old = self._find(key)
         if old >= 0:
             self._free_entry(old)
         cdef Py_ssize_t at = self._slot()
-        self._store(at, key, block_hash, sid)
+        self._store(at, key, hk, block_hash, sid)
         self._link(at, key)
         self._after_insert()
         return 0
@@ -774,7 +790,7 @@ cdef class ChainLearner:
             self._rebuild()
         return 0
 
-    cdef int _append(self, uint64_t key, object block_hash, uint16_t sid) except -1:
+    cdef int _append(self, uint64_t key, Key* hk, object block_hash, uint16_t sid) except -1:
         """A new key at the back: the ring grows (below the cap) or its front is evicted (at the
         cap) when full."""
         cdef Py_ssize_t at
@@ -787,7 +803,7 @@ cdef class ChainLearner:
             self._pop()  # at the cap: one slot freed at the front (no bucket split: b holds)
             at = (self._head + self._count) % self._size
         self._count += 1
-        self._store(at, key, block_hash, sid)
+        self._store(at, key, hk, block_hash, sid)
         self._link(at, key)
         self._after_insert()
         return 0
@@ -873,9 +889,10 @@ cdef class ChainLearner:
         if not tokens or (size_u == 0 if small else size_of <= 0):
             self.placeholders += 1
             return 0
-        if type(hashes) is not list:
+        cdef Py_ssize_t blocks = hash_count(hashes)
+        if blocks < 0:
             hashes = list(hashes)
-        cdef Py_ssize_t blocks = PyList_GET_SIZE(hashes)
+            blocks = PyList_GET_SIZE(hashes)
         if (len(tokens) != blocks * <Py_ssize_t>size_u) if small else (len(tokens) != blocks * size_of):
             self.inconsistent += 1  # (any block size the wire sent: Python's arithmetic beyond 2**30)
             return 0
@@ -895,7 +912,7 @@ cdef class ChainLearner:
         try:
             self._digests(event, tokens, size, blocks, digests)
             parent = field(event, _BlockStored, _STORED.parent_block_hash, "parent_block_hash")
-            self._teach(stream, parent, <list>hashes, blocks, digests)
+            self._teach(stream, parent, hashes, blocks, digests)
         finally:
             if digests != on_stack:
                 free(digests)
@@ -917,7 +934,7 @@ cdef class ChainLearner:
             out[i] = <uint64_t>digest
         return 0
 
-    cdef int _teach(self, tuple stream, object parent, list hashes, Py_ssize_t blocks, uint64_t* digests) except -1:
+    cdef int _teach(self, tuple stream, object parent, object hashes, Py_ssize_t blocks, uint64_t* digests) except -1:
         """One entry per block, each keyed by its digest XOR its parent's mix (``digests`` become
         the keys). The keys come first, so that each run of blocks' lines (their buckets, their
         chains' first entries, the front entries they evict) are asked for together: on a table
@@ -927,31 +944,35 @@ cdef class ChainLearner:
         cdef uint16_t sid = self._stream_id(stream)
         cdef Py_ssize_t i, ready = 0
         cdef uint64_t key
+        cdef Key k
         try:
             for i in range(blocks):
                 key = digests[i] ^ mix
                 digests[i] = key if key else 1
-                mix = _mix(<object>PyList_GET_ITEM(hashes, i))  # the next block's parent
+                hash_key(hashes, i, &k)
+                mix = _mix_at(hashes, i, &k)  # the next block's parent
                 ready = i + 1  # taught only once its hash's mix is had, as block by block
         finally:
             self._teach_keys(hashes, ready, digests, sid)
         return 0
 
-    cdef int _teach_keys(self, list hashes, Py_ssize_t blocks, const uint64_t* keys, uint16_t sid) except -1:
+    cdef int _teach_keys(self, object hashes, Py_ssize_t blocks, const uint64_t* keys, uint16_t sid) except -1:
         """The first ``blocks`` blocks taught, their keys given, in runs of _AHEAD asked for first."""
         cdef Py_ssize_t i, start = 0, end
+        cdef Key k
         while start < blocks:
             end = start + _AHEAD if blocks - start > _AHEAD else blocks
             self._ahead(keys + start, end - start)
             for i in range(start, end):
-                self._teach_one(keys[i], <object>PyList_GET_ITEM(hashes, i), sid)
+                hash_key(hashes, i, &k)
+                self._teach_one(keys[i], &k, hash_other(hashes, i), sid)
             start = end
         return 0
 
-    cdef inline int _teach_one(self, uint64_t key, object block_hash, uint16_t sid) except -1:
+    cdef inline int _teach_one(self, uint64_t key, Key* hk, object block_hash, uint16_t sid) except -1:
         if self._find(key) >= 0:  # re-announced (rare): to the back of the eviction order
-            return self._insert(key, block_hash, sid)
-        return self._append(key, block_hash, sid)
+            return self._insert(key, hk, block_hash, sid)
+        return self._append(key, hk, block_hash, sid)
 
     cdef void _ahead(self, const uint64_t* keys, Py_ssize_t n) noexcept:
         """Ask for the lines teaching ``n`` keys (at most _AHEAD) reads: their buckets, and, the ring

@@ -30,7 +30,7 @@ from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockSt
 from kvgateway.state import _apply_py, _learner_py, attribution, occupancy
 from kvgateway.state.attribution import Attribution
 from kvgateway.state.occupancy import OccupancyIndex
-from tests.support.cores import compiled_twin
+from tests.support.cores import compiled_twin, packed
 from tests.support.payloads import U64
 
 STREAMS = [("a", 0), ("a", 1), ("b", 0)]
@@ -123,6 +123,8 @@ class Side:
         with core(self.module):
             if kind == "batch":
                 (source, rank), events, _dt, replayed = value
+                if self.module is not _apply_py:  # the hashes as the compiled parser keeps them
+                    events = packed(events)
                 batch = Batch(ts, events, rank)
                 self.index.apply(source, rank, batch, now=1000.0 + ts, replayed=replayed)
                 self.learner.learn_batch(source, rank, batch)
