@@ -301,17 +301,22 @@ cdef inline Py_ssize_t hash_count(object hashes) noexcept:
 
 
 cdef inline int hash_key(object hashes, Py_ssize_t i, Key* k) except -1:
-    """The key of hash ``i`` of a list or a Hashes."""
+    """The key of hash ``i`` (below :func:`hash_count`) of a list or a Hashes."""
     if type(hashes) is list:
         return _key_of(<object>PyList_GET_ITEM(hashes, i), k)
+    if type(hashes) is not Hashes:  # a caller's mistake, not the wire's: never read as a Hashes
+        raise TypeError(f"block hashes: a list or a Hashes, not {type(hashes).__name__}")
     _key_at(<Hashes>hashes, i, k)
     return 0
 
 
 cdef inline object hash_object(object hashes, Py_ssize_t i):
-    """Hash ``i`` of a list or a Hashes, as the list holds it (made, for a Hashes)."""
+    """Hash ``i`` (below :func:`hash_count`) of a list or a Hashes, as the list holds it (made, for
+    a Hashes)."""
     if type(hashes) is list:
         return <object>PyList_GET_ITEM(hashes, i)
+    if type(hashes) is not Hashes:
+        raise TypeError(f"block hashes: a list or a Hashes, not {type(hashes).__name__}")
     return hash_item(<Hashes>hashes, i)
 
 
