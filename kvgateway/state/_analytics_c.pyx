@@ -40,11 +40,11 @@ from cpython.dict cimport PyDict_Next
 from cpython.object cimport PyObject
 from libc.stdint cimport uint64_t
 
-from kvgateway._pylong cimport HASH_MODULUS, int_hash, negative_hash, u64_hash  # a hash's hash(), a u64 int's from its digits
+from kvgateway._pylong cimport HASH_MODULUS  # a 64-bit CPython's int hash, which keys are hashed as in line
 from kvgateway.engine._slots cimport Fields, field, field_offset, fields_of  # a Struct's field read from its slot
 from kvgateway.state._hashtable cimport Filter, _filter_free, _filter_may, _filter_note, _filter_size  # negative filters
-from kvgateway.state._hashtable cimport CONTENT, _fingerprint  # a 32-byte hash's filter key
-from kvgateway.state._hashtable cimport _BYTES, _INT, _NEG, Key, hash_count, hash_key, hash_object  # an event's hashes
+from kvgateway.state._hashtable cimport CONTENT, _BYTES, Key, _key_of, key_hash  # a hash's key, its hash()
+from kvgateway.state._hashtable cimport hash_count, hash_hashed, hash_key, hash_object  # an event's hashes
 
 from kvgateway.engine.mediums import medium_tier, normalise_medium
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
@@ -122,62 +122,59 @@ cdef enum:
 cdef bint _HASH_IN_LINE = sys.hash_info.modulus == HASH_MODULUS  # a 64-bit CPython's int hash
 
 
-cdef inline bint _followed(object h) except -1:
-    """Whether a chain whose first block is ``h`` is followed: the reference's ``sample_key(h) %
-    SAMPLE == 0``, bytes' first eight bytes read as a little-endian number, an int's ``hash()``
-    (``_pylong.int_hash``) with Python's modulo."""
-    cdef const unsigned char* data
+cdef inline uint64_t _first_eight(const unsigned char* data, Py_ssize_t n) noexcept:
+    """Bytes' first eight (or fewer) read as a little-endian number."""
     cdef uint64_t key = 0
     cdef Py_ssize_t i
-    if type(h) is bytes:
-        data = <const unsigned char*>PyBytes_AS_STRING(h)
-        for i in range(min(PyBytes_GET_SIZE(h), 8)):
-            key |= (<uint64_t>data[i]) << (8 * i)
-        return key % <uint64_t>_SAMPLE == 0
-    return int_hash(h, _HASH_IN_LINE) % _SAMPLE == 0
+    for i in range(min(n, 8)):
+        key |= (<uint64_t>data[i]) << (8 * i)
+    return key
 
 
-cdef inline uint64_t _filter_key(object h) except? 0:
-    """A block hash's key in the filters, the same wherever it is worked out (a filter rebuilt from
-    a table's keys finds the bits the pass set): a 32-byte hash's fingerprint, any other's
-    ``hash()``. A fingerprint is never 0; a hash() may be, and a 0 key is a key like another."""
-    if type(h) is bytes and PyBytes_GET_SIZE(h) == CONTENT:
-        return _fingerprint(<const unsigned char*>PyBytes_AS_STRING(h))
-    return <uint64_t>int_hash(h, _HASH_IN_LINE)
-
-
-cdef inline Py_hash_t _key_hash(object hashes, Py_ssize_t i, Key* k) except? -1:
-    """``hash()`` of hash ``i`` of a list or a Hashes (not a 32-byte one), its key ``k``: worked out
-    from the key as ``int_hash`` works it out from the int, or asked of the object."""
-    if _HASH_IN_LINE and k.kind == _INT:
-        return <Py_hash_t>u64_hash(k.key)
-    if _HASH_IN_LINE and k.kind == _NEG:
-        return negative_hash(k.key)
-    return int_hash(hash_object(hashes, i), _HASH_IN_LINE)
-
-
-cdef inline uint64_t _filter_key_at(object hashes, Py_ssize_t i) except? 0:
-    """:func:`_filter_key` of hash ``i`` of a list or a Hashes, from its key (a Hashes makes no object)."""
-    cdef Key k
-    hash_key(hashes, i, &k)
+cdef inline bint _followed_of(Key* k, object h) except -1:
+    """Whether a chain whose first block is ``h`` (its key ``k``; ``h`` as :func:`hash_hashed` gives
+    it) is followed: the reference's ``sample_key(h) % SAMPLE == 0``, bytes' first eight bytes read
+    as a little-endian number, an int's ``hash()`` with Python's modulo."""
     if k.kind == _BYTES:
-        return k.key  # its fingerprint
-    return <uint64_t>_key_hash(hashes, i, &k)
+        return _first_eight(k.data, CONTENT) % <uint64_t>_SAMPLE == 0
+    if type(h) is bytes:  # of another length than 32
+        return _first_eight(<const unsigned char*>PyBytes_AS_STRING(h), PyBytes_GET_SIZE(h)) % <uint64_t>_SAMPLE == 0
+    return key_hash(k, h, _HASH_IN_LINE) % _SAMPLE == 0
+
+
+cdef inline bint _followed(object h) except -1:
+    cdef Key k
+    _key_of(h, &k)
+    return _followed_of(&k, h)
 
 
 cdef inline bint _followed_at(object hashes, Py_ssize_t i) except -1:
-    """:func:`_followed` of hash ``i`` of a list or a Hashes (a Hashes' bytes read where they lie)."""
+    """:func:`_followed` of hash ``i`` of a list or a Hashes (a Hashes makes no object)."""
     cdef Key k
-    cdef uint64_t key = 0
-    cdef Py_ssize_t j
     hash_key(hashes, i, &k)
-    if k.kind == _BYTES:  # 32 bytes: the first eight, little-endian
-        for j in range(8):
-            key |= (<uint64_t>k.data[j]) << (8 * j)
-        return key % <uint64_t>_SAMPLE == 0
-    if k.kind == _INT or k.kind == _NEG:
-        return _key_hash(hashes, i, &k) % _SAMPLE == 0
-    return _followed(hash_object(hashes, i))
+    return _followed_of(&k, hash_hashed(hashes, i, &k, _HASH_IN_LINE))
+
+
+cdef inline uint64_t _filter_key_of(Key* k, object h) except? 0:
+    """A block hash's key in the filters, the same wherever it is worked out (a filter rebuilt from
+    a table's keys finds the bits the pass set): a 32-byte hash's fingerprint (``k``'s key), any
+    other's ``hash()``. A fingerprint is never 0; a hash() may be, and a 0 key is a key like another."""
+    if k.kind == _BYTES:
+        return k.key
+    return <uint64_t>key_hash(k, h, _HASH_IN_LINE)
+
+
+cdef inline uint64_t _filter_key(object h) except? 0:
+    cdef Key k
+    _key_of(h, &k)
+    return _filter_key_of(&k, h)
+
+
+cdef inline uint64_t _filter_key_at(object hashes, Py_ssize_t i) except? 0:
+    """:func:`_filter_key` of hash ``i`` of a list or a Hashes (a Hashes makes no object)."""
+    cdef Key k
+    hash_key(hashes, i, &k)
+    return _filter_key_of(&k, hash_hashed(hashes, i, &k, _HASH_IN_LINE))
 
 
 # The filters are _hashtable.pxd's, keyed by _filter_key: ints' hashes are their values, which its

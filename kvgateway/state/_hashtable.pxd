@@ -18,7 +18,9 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
-from kvgateway._pylong cimport negative_of, u64_of  # a hash's int read from its digits
+from cpython.object cimport PyObject_Hash
+
+from kvgateway._pylong cimport negative_hash, negative_of, u64_hash, u64_of  # a hash's int read from its digits, hashed
 from kvgateway.engine._tokens_c cimport (  # an event's hashes as the wire sent them
     HASH_BLOB_SIZE, HASHES_BLOB, HASHES_I64, Hashes, hash_bits, hash_item,
 )
@@ -325,6 +327,27 @@ cdef inline object hash_other(object hashes, Py_ssize_t i):
     list's item, or None (a Hashes holds none of that kind)."""
     if type(hashes) is list:
         return <object>PyList_GET_ITEM(hashes, i)
+    return None
+
+
+cdef inline Py_hash_t key_hash(Key* k, object h, bint in_line) except? -1:
+    """``hash()`` of the block hash ``h`` whose key is ``k`` (not a 32-byte one): an int64 or u64
+    one's worked out from its key where ``in_line`` (the caller's check that
+    ``sys.hash_info.modulus`` is ``HASH_MODULUS``), as ``_pylong.int_hash`` works it out from the
+    int; any other asked of ``h`` (see :func:`hash_hashed`)."""
+    if in_line and k.kind == _INT:
+        return <Py_hash_t>u64_hash(k.key)
+    if in_line and k.kind == _NEG:
+        return negative_hash(k.key)
+    return PyObject_Hash(h)
+
+
+cdef inline object hash_hashed(object hashes, Py_ssize_t i, Key* k, bint in_line):
+    """Hash ``i`` of a list or a Hashes, its key ``k``, as :func:`key_hash` needs it: the object
+    where its ``hash()`` is asked of it (a hash of no table's kind, or any where ints are not hashed
+    in line: never one of a Hashes' in line), else None."""
+    if k.kind == _OTHER or not in_line:
+        return hash_object(hashes, i)
     return None
 
 

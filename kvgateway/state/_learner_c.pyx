@@ -50,12 +50,12 @@ from cpython.mem cimport PyMem_RawMalloc as malloc
 from cpython.mem cimport PyMem_RawRealloc as realloc
 from libc.string cimport memcpy, memset
 
-from kvgateway._pylong cimport HASH_MODULUS, int_hash, negative_hash, negative_long, u64_hash, u64_long, u64_of  # an int read from its digits, made, hashed
+from kvgateway._pylong cimport HASH_MODULUS, int_hash, negative_long, u64_long, u64_of  # an int read from its digits, made, hashed
 from kvgateway.engine._slots cimport Fields, field, fields_of  # a Struct's field read from its slot
 from kvgateway.engine._tokens_c cimport Tokens, slot_offset, slot_value  # token ids as the wire sent them
 from kvgateway.state._apply_c cimport BlockSet, holds, holds_ahead, holds_key, holds_key_ahead  # the fleet's holders, asked in C
 from kvgateway.state._hashtable cimport _BYTES, _INT, _NEG, CONTENT, Key, _fingerprint, _key_of, _prefetch
-from kvgateway.state._hashtable cimport hash_count, hash_key, hash_object, hash_other  # an event's hashes, a list or a Hashes
+from kvgateway.state._hashtable cimport hash_count, hash_hashed, hash_key, hash_other, key_hash  # an event's hashes, a list or a Hashes
 from kvgateway.state._hashtable cimport _mix as _spread  # a 32-byte parent's fingerprint spread over 64 bits  # a hash's key; a line asked for
 
 from kvgateway.engine.wire import Batch, BlockStored
@@ -102,22 +102,17 @@ cdef inline uint64_t _mix(object parent) except? 0:
     of the ring's bytes for a lookup) is a SipHash over them, about 230 instructions. The
     learner's keys are its own, compared with nothing outside the ring: the reference's answers,
     slots and counts are the same."""
-    if type(parent) is bytes and PyBytes_GET_SIZE(parent) == CONTENT:
-        return (<uint64_t>_spread(_fingerprint(<const unsigned char*>PyBytes_AS_STRING(parent)))) * _K64
-    return (<uint64_t>int_hash(parent, _HASH_IN_LINE)) * _K64
+    cdef Key k
+    _key_of(parent, &k)
+    return _mix_of(&k, parent)
 
 
-cdef inline uint64_t _mix_at(object hashes, Py_ssize_t i, Key* k) except? 0:
-    """:func:`_mix` of hash ``i`` of a list or a Hashes whose key is ``k``: from the key, as
-    :func:`_mix` works it out from the object (``int_hash``'s arithmetic), without the object
-    (a Hashes makes none); from the object where the key does not say it all."""
+cdef inline uint64_t _mix_of(Key* k, object h) except? 0:
+    """:func:`_mix` of the hash whose key is ``k`` (``h`` as ``hash_hashed`` gives it): from the key
+    where it says it all (a Hashes makes no object)."""
     if k.kind == _BYTES:
         return (<uint64_t>_spread(k.key)) * _K64
-    if _HASH_IN_LINE and k.kind == _INT:
-        return (<uint64_t>u64_hash(k.key)) * _K64
-    if _HASH_IN_LINE and k.kind == _NEG:
-        return (<uint64_t>negative_hash(k.key)) * _K64
-    return _mix(hash_object(hashes, i))
+    return (<uint64_t>key_hash(k, h, _HASH_IN_LINE)) * _K64
 
 
 # CPython's tuple hash (Objects/tupleobject.c, xxHash's mixing, the same from 3.8 on), so that a
@@ -950,7 +945,7 @@ cdef class ChainLearner:
                 key = digests[i] ^ mix
                 digests[i] = key if key else 1
                 hash_key(hashes, i, &k)
-                mix = _mix_at(hashes, i, &k)  # the next block's parent
+                mix = _mix_of(&k, hash_hashed(hashes, i, &k, _HASH_IN_LINE))  # the next block's parent
                 ready = i + 1  # taught only once its hash's mix is had, as block by block
         finally:
             self._teach_keys(hashes, ready, digests, sid)
