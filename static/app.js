@@ -179,7 +179,13 @@ function invalidate(part) {
 // ---------------------------------------------------------------------------------------------
 // HTTP polls
 
-class AuthError extends Error {}
+/** A 401 or 403; `token`: the one the request carried (an answer about an old token is no news). */
+class AuthError extends Error {
+  constructor(message, token) {
+    super(message);
+    this.token = token;
+  }
+}
 
 /** A failed poll, said for people ("the gateway did not answer within 4 s"); `detail`: the browser's own words. */
 class FetchProblem extends Error {
@@ -196,6 +202,7 @@ function authHeaders() {
 async function getJSON(path) {
   const ctrl = new AbortController();
   const timer = setTimeout(() => ctrl.abort(), FETCH_TIMEOUT_MS);
+  const token = state.token;
   let res;
   try {
     res = await fetch(new URL(path, document.baseURI), {
@@ -203,7 +210,7 @@ async function getJSON(path) {
       cache: "no-store",
       signal: ctrl.signal,
     });
-    if (res.status === 401 || res.status === 403) throw new AuthError(`HTTP ${res.status}`);
+    if (res.status === 401 || res.status === 403) throw new AuthError(`HTTP ${res.status}`, token);
     if (!res.ok) throw new FetchProblem(`the gateway answered HTTP ${res.status}; retrying`);
     return parseMessage(await res.text()); // JSON.parse with every seq exact (a decimal string)
   } catch (err) {
@@ -235,26 +242,41 @@ function onAuthRequired() {
   }
 }
 
+/**
+ * One request at a time, every intervalMs. now() while a request is in flight asks for the next
+ * one as soon as it ends: a second timer then would start a second chain of polls for good.
+ */
 function poller(path, intervalMs, onData, onError) {
   let timer = 0;
+  let inFlight = false;
+  let again = false;
   const tick = async () => {
     timer = 0;
+    inFlight = true;
+    again = false;
     if (!state.needAuth) {
       try {
         onData(await getJSON(typeof path === "function" ? path() : path));
       } catch (err) {
-        if (err instanceof AuthError) onAuthRequired();
-        else onError(err);
+        // A 401 for a token the user has replaced meanwhile says nothing of the new one: ask again.
+        if (!(err instanceof AuthError)) onError(err);
+        else if (err.token === state.token) onAuthRequired();
+        else again = true;
       }
     }
-    timer = setTimeout(tick, intervalMs);
+    inFlight = false;
+    timer = setTimeout(tick, again ? 0 : intervalMs);
   };
   return {
     start() {
-      if (!timer) timer = setTimeout(tick, 0);
+      if (!timer && !inFlight) timer = setTimeout(tick, 0);
     },
     now() {
-      if (timer) clearTimeout(timer);
+      if (inFlight) {
+        again = true;
+        return;
+      }
+      clearTimeout(timer);
       timer = setTimeout(tick, 0);
     },
   };

@@ -343,16 +343,43 @@ def test_token_flow(start_demo: Callable[..., Demo], new_page: Callable[..., Any
     form.wait_for(state="visible")
     assert page.locator(tid("conn-state")).get_attribute("data-value") != "live"
 
+    # The wrong token's /v1/sources requests are held until the right token is live: their 401s
+    # then answer a token the user has replaced, and must not ask for one again (CI once saw a
+    # late 401 stop the new connection, and the page waited for a token for good).
+    held: list[Any] = []
+    released = False
+    asked_after_release: list[str] = []
+
+    def hold_wrong(route: Any) -> None:
+        sent = route.request.headers.get("authorization", "")
+        if sent == "Bearer wrong" and not released:
+            held.append(route)
+            return
+        if sent == f"Bearer {token}" and released:
+            asked_after_release.append(route.request.url)
+        route.continue_()
+
+    page.route("**/v1/sources*", hold_wrong)
     page.fill(tid("token-input"), "wrong")
     page.click(tid("token-submit"))
     page.locator(tid("auth-error")).wait_for(state="visible")
     assert form.is_visible()
+    wait_until(page, lambda: held, what="the wrong token's /v1/sources poll, held")
 
     recorder = OccupancyRecorder().attach(page)
     page.fill(tid("token-input"), token)
     page.click(tid("token-submit"))
     page.wait_for_selector(f'{tid("conn-state")}[data-value="live"]')
     assert not form.is_visible()
+    assert not asked_after_release
+    released = True
+    for route in held:
+        route.continue_()  # the gateway answers 401 to the old token now
+    # The sources poll is one request at a time: its next one means the 401 has been dealt with
+    # (on the bug, the form comes back instead).
+    wait_until(page, lambda: asked_after_release or form.is_visible(), what="the old token's 401 dealt with")
+    assert not form.is_visible()
+    assert page.locator(tid("conn-state")).get_attribute("data-value") == "live"
     wait_page_matches_occupancy(page, recorder)
     assert page.evaluate("sessionStorage.getItem('kvgateway.token')") == token
     assert token not in page.locator("body").inner_text()
