@@ -57,12 +57,16 @@ def test_a_backlog_left_by_a_vanished_publisher_never_starves_the_probes(procs: 
     engine = FakeEngine(pub, replay, sndhwm=0)  # no high-water mark: every batch is queued, none dropped
     bodies = [payload(seq) for seq in range(BATCHES)]
     engine.wait_subscribed()
-    for seq, body in enumerate(bodies):
-        engine.publish(seq, body)
-    engine.close(linger=60_000)  # every batch on its way, then the publisher is gone
+    # The gateway is stopped while the batches are published: otherwise it reads them as they come
+    # (on a loaded machine the publishing is the slow part) and little is left for the probes to
+    # wait behind (CI once saw 51,442 read before the first probe).
+    with gw.proc.held():
+        for seq, body in enumerate(bodies):
+            engine.publish(seq, body)
     probes = Probes(gw.base)
     prober = threading.Thread(target=probes.run, daemon=True)
     prober.start()
+    engine.close(linger=60_000)  # every batch on its way, then the publisher is gone
     prober.join(180)
     probes.done.set()
     assert not prober.is_alive(), "the backlog was not read within 180 s"
