@@ -63,8 +63,10 @@ _encode: Final = msgspec.msgpack.Encoder().encode
 _MAX_SIZES: Final = 4
 _RING_MIN: Final = 1024
 _GROWTH_SHIFT: Final = 5
-"""The ring grows by a 32nd at a time (realloc: the large arrays move by remapping pages, not by
-copying), so that a ring still growing holds at most 3% of free slots."""
+"""The ring grows by a 32nd at a time, so that a ring still growing holds at most 3% of free slots.
+Each growth is a realloc: an array glibc mapped on its own moves by remapping its pages, one it
+took from the heap (below glibc's mmap threshold, which rises to the largest block freed) is
+copied; a learner at its cap does not grow (docs/performance.md, round nineteen)."""
 _TRIM_FROM: Final = 65_536
 """Ring slots from which a growth by a quarter returns the heap's free pages to the system."""
 _LOAD: Final = 2
