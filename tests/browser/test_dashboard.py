@@ -394,6 +394,48 @@ def test_token_flow(start_demo: Callable[..., Demo], new_page: Callable[..., Any
     other.locator(tid("auth-form")).wait_for(state="visible")
 
 
+def test_a_reconnect_while_a_poll_is_out_asks_again_once_it_ends(
+    shared_demo: Demo, new_page: Callable[..., Any]
+) -> None:
+    """A reconnect's hello asks for fresh occupancy; with a poll still out, the next one follows it
+    rather than going beside it (a second request then started a second chain of polls for good)."""
+    page = new_page()
+    sockets: list[Any] = []
+
+    def through(ws: Any) -> None:  # the page's WebSocket, passed to the gateway; closable by the test
+        ws.connect_to_server()
+        sockets.append(ws)
+
+    page.route_web_socket(re.compile(r".*/v1/ws.*"), through)
+    open_dashboard(page, shared_demo)
+    events: list[str] = []  # in the order the browser reported them
+    held: list[Any] = []
+
+    def hold_first(route: Any) -> None:
+        if not held:
+            held.append(route)
+            events.append("held")
+            return
+        events.append("asked")
+        route.continue_()
+
+    page.on("requestfailed", lambda req: events.append("timed out") if "/v1/occupancy" in req.url else None)
+    page.route("**/v1/occupancy", hold_first)
+    wait_until(page, lambda: held, what="an occupancy poll, held")
+    sockets[-1].close(code=1001, reason="test: going away")  # the page reconnects, and its hello asks for a poll
+    wait_until(
+        page,
+        lambda: len(sockets) == 2 and page.locator(tid("conn-state")).get_attribute("data-value") == "live",
+        what="the page live again on a new WebSocket",
+    )
+    events.append("released")
+    with contextlib.suppress(Exception):  # the page may have given up on it already (FETCH_TIMEOUT_MS)
+        held[0].continue_()
+    wait_until(page, lambda: "asked" in events, what="the next occupancy poll")
+    first_end = min(events.index(e) for e in ("released", "timed out") if e in events)
+    assert events.index("asked") > first_end, events
+
+
 def test_sse_fallback_when_websocket_fails(shared_demo: Demo, new_page: Callable[..., Any]) -> None:
     page = new_page()
     attempts: list[str] = []
