@@ -1,17 +1,19 @@
 """The compiled twin a differential test holds against its pure-Python reference: imported, or the
-test skipped (no C compiler at install, or the pure-Python core forced); and events as the compiled
-parser hands them to the compiled core (:func:`packed`)."""
+test skipped (no C compiler at install, or the pure-Python core forced); what a compact array's
+slot holds before it is read (:func:`slot`); and events as the compiled parser hands them to the
+compiled core (:func:`packed`)."""
 
 from __future__ import annotations
 
 import copy
 import importlib
-import struct
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests.support.msgpack_forms import wide_array
 
 
 def compiled_twin(name: str, chosen: Callable[[ModuleType], bool] | None = None) -> ModuleType:
@@ -26,22 +28,16 @@ def compiled_twin(name: str, chosen: Callable[[ModuleType], bool] | None = None)
     return module
 
 
-def _wide(hashes: list[Any]) -> bytes | None:
-    """``hashes`` as a msgpack array the way engines send them (every int as a uint 64 or an int
-    64, bytes as a bin 8), or None where one cannot be written so (a wider int, longer bytes)."""
-    if len(hashes) > 0xFFFF:
-        return None
-    out = [bytes([0x90 | len(hashes)]) if len(hashes) <= 15 else b"\xdc" + struct.pack(">H", len(hashes))]
-    for h in hashes:
-        if type(h) is int and 0 <= h < 2**64:
-            out.append(b"\xcf" + struct.pack(">Q", h))
-        elif type(h) is int and -(2**63) <= h < 0:
-            out.append(b"\xd3" + struct.pack(">q", h))
-        elif type(h) is bytes and len(h) <= 0xFF:
-            out.append(b"\xc4" + bytes([len(h)]) + h)
-        else:
-            return None
-    return b"".join(out)
+def slot(event: Any, name: str) -> Any:
+    """What ``event``'s slot ``name`` holds, not read through the field (a compact array until read)."""
+    return type(event).__dict__[name].member.__get__(event, type(event))
+
+
+def compiled_tokens() -> ModuleType:
+    """kvgateway/engine/_tokens_c as the gateway runs it (the test skipped where it does not)."""
+    from kvgateway.engine import wire
+
+    return compiled_twin("kvgateway.engine._tokens_c", lambda module: wire._tokens is module)
 
 
 def packed(events: list[Any]) -> list[Any]:
@@ -58,7 +54,7 @@ def packed(events: list[Any]) -> list[Any]:
     out = []
     for event in events:
         hashes = getattr(event, "block_hashes", None)
-        wide = _wide(hashes) if type(hashes) is list else None
+        wide = wide_array(hashes) if type(hashes) is list else None
         if wide is None:
             out.append(event)
             continue

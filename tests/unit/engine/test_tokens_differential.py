@@ -27,31 +27,22 @@ from kvgateway.config.options import NO_EXTENSIONS_ENV
 from kvgateway.engine import _tokens_py, wire
 from kvgateway.engine.wire import Batch, BlockStored, DecodeError
 from kvgateway.runtime import extensions
-from tests.support.cores import compiled_twin
+from tests.support.cores import compiled_tokens, slot
+from tests.support.msgpack_forms import array_head, int_forms
 from tests.support.payloads import U64
 
 
 def _compiled() -> ModuleType:
-    return compiled_twin("kvgateway.engine._tokens_c", lambda module: wire._tokens is module)
+    return compiled_tokens()
 
 
 def _slot(event: BlockStored) -> Any:
     """What the event's ``token_ids`` slot holds, not read through the field."""
-    return type(event).__dict__["token_ids"].member.__get__(event, type(event))
+    return slot(event, "token_ids")
 
 
 # --- msgpack ints in every format, and arrays of them ------------------------------------------------
 
-_FORMATS = (  # (first byte, struct format, lowest, highest)
-    (0xCC, ">B", 0, 2**8 - 1),
-    (0xCD, ">H", 0, 2**16 - 1),
-    (0xCE, ">I", 0, 2**32 - 1),
-    (0xCF, ">Q", 0, U64),
-    (0xD0, ">b", -(2**7), 2**7 - 1),
-    (0xD1, ">h", -(2**15), 2**15 - 1),
-    (0xD2, ">i", -(2**31), 2**31 - 1),
-    (0xD3, ">q", -(2**63), 2**63 - 1),
-)
 EDGES = [0, 1, 127, 128, 255, 256, 2**16 - 1, 2**16, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1, 2**63, U64]
 EDGES += [-1, -32, -33, -128, -129, -(2**31), -(2**63)]
 
@@ -60,21 +51,13 @@ EDGES += [-1, -32, -33, -128, -129, -(2**31), -(2**63)]
 def packed_int(draw: st.DrawFn) -> tuple[bytes, int]:
     """(an int in one of the msgpack formats that can hold it, the int)."""
     value = draw(st.integers(0, 200_000) | st.integers(-(2**63), U64) | st.sampled_from(EDGES))
-    forms = [bytes([first]) + struct.pack(fmt, value) for first, fmt, low, high in _FORMATS if low <= value <= high]
+    forms = int_forms(value)
     if 0 <= value <= 0x7F or -32 <= value < 0:
         forms.append(struct.pack(">b", value))  # positive or negative fixint
     return draw(st.sampled_from(forms)), value
 
 
 OTHER_VALUES = [None, True, False, 1.5, "7", b"7", [1], {"a": 1}, msgspec.msgpack.Ext(1, b"x")]
-
-
-def array_head(count: int, form: str) -> bytes:
-    if form == "fix" and count <= 15:
-        return bytes([0x90 | count])
-    if form in ("fix", "16") and count <= 0xFFFF:
-        return b"\xdc" + struct.pack(">H", count)
-    return b"\xdd" + struct.pack(">I", count)
 
 
 @st.composite
@@ -127,11 +110,9 @@ def test_every_token_array_gives_the_references_answer(data: bytes) -> None:
 def test_the_edges_of_each_int_format() -> None:
     compiled = _compiled()
     for value in EDGES:
-        for first, fmt, low, high in _FORMATS:
-            if low <= value <= high:
-                cell = bytes([first]) + struct.pack(fmt, value)
-                for data in (b"\x91" + cell, b"\x92\x05" + cell, b"\x92" + cell + b"\x05", b"\x91" + cell[:-1]):
-                    assert_same_tokens(compiled, data)
+        for cell in int_forms(value):
+            for data in (b"\x91" + cell, b"\x92\x05" + cell, b"\x92" + cell + b"\x05", b"\x91" + cell[:-1]):
+                assert_same_tokens(compiled, data)
     assert type(assert_same_tokens(compiled, b"\x93\x00\xce\xff\xff\xff\xff\xcd\x01\x00")) is compiled.Tokens
     assert assert_same_tokens(compiled, b"\x90") == []
     assert assert_same_tokens(compiled, b"\xdc\x00\x00") == []

@@ -27,31 +27,23 @@ from hypothesis import strategies as st
 from kvgateway.engine import _tokens_py, wire
 from kvgateway.engine.wire import BlockRemoved, BlockStored
 from kvgateway.protocol import _render_py
-from tests.support.cores import compiled_twin, packed
+from tests.support.cores import compiled_tokens, compiled_twin, packed, slot
+from tests.support.msgpack_forms import array_head, int_forms, wide_array
 from tests.support.payloads import U64
 
 
 def _compiled() -> ModuleType:
-    return compiled_twin("kvgateway.engine._tokens_c", lambda module: wire._tokens is module)
+    return compiled_tokens()
 
 
 def _slot(event: Any) -> Any:
     """What the event's ``block_hashes`` slot holds, not read through the field."""
-    return type(event).__dict__["block_hashes"].member.__get__(event, type(event))
+    return slot(event, "block_hashes")
 
 
 # --- one array -------------------------------------------------------------------------------------
 
 INT_EDGES = [0, 1, 127, 2**31, 2**32, 2**62, 2**63 - 1, 2**63, U64 - 1, U64, -1, -(2**31), -(2**62), -(2**63)]
-_INT_FORMATS = (  # (first byte, struct format, lowest, highest)
-    (0xCC, ">B", 0, 2**8 - 1),
-    (0xCD, ">H", 0, 2**16 - 1),
-    (0xCE, ">I", 0, 2**32 - 1),
-    (0xCF, ">Q", 0, U64),
-    (0xD0, ">b", -(2**7), 2**7 - 1),
-    (0xD2, ">i", -(2**31), 2**31 - 1),
-    (0xD3, ">q", -(2**63), 2**63 - 1),
-)
 
 
 @st.composite
@@ -60,9 +52,7 @@ def hash_cell(draw: st.DrawFn) -> tuple[bytes, Any]:
     kind = draw(st.sampled_from(["int"] * 6 + ["bin"] * 3 + ["other"]))
     if kind == "int":
         value = draw(st.sampled_from(INT_EDGES) | st.integers(-(2**63), U64))
-        forms = [
-            bytes([first]) + struct.pack(fmt, value) for first, fmt, low, high in _INT_FORMATS if low <= value <= high
-        ]
+        forms = int_forms(value)
         wide = [form for form in forms if form[0] in (0xCF, 0xD3)]
         return draw(st.sampled_from(wide * 4 + forms)), value
     if kind == "bin":
@@ -71,14 +61,6 @@ def hash_cell(draw: st.DrawFn) -> tuple[bytes, Any]:
         return draw(st.sampled_from(forms)), value
     value = draw(st.sampled_from([None, True, 1.5, "7", [1]]))
     return msgspec.msgpack.encode(value), value
-
-
-def array_head(count: int, form: str) -> bytes:
-    if form == "fix" and count <= 15:
-        return bytes([0x90 | count])
-    if form in ("fix", "16"):
-        return b"\xdc" + struct.pack(">H", count)
-    return b"\xdd" + struct.pack(">I", count)
 
 
 @st.composite
@@ -169,13 +151,9 @@ BLOBS = [bytes(range(32)), b"\xff" * 32]
 def decoded(hashes: list[Any], positional: bool, removed: bool) -> Any:
     """A block event of ``hashes`` decoded by the compiled parser from an engine's wide formats,
     its hashes not read yet."""
-    cells = b"".join(
-        b"\xc4\x20" + h
-        if type(h) is bytes
-        else (b"\xcf" + struct.pack(">Q", h) if h >= 0 else b"\xd3" + struct.pack(">q", h))
-        for h in hashes
-    )
-    raw = msgspec.Raw(array_head(len(hashes), "fix") + cells)
+    wide = wide_array(hashes)
+    assert wide is not None, hashes
+    raw = msgspec.Raw(wide)
     if removed:
         event: Any = (
             ["BlockRemoved", raw, "GPU"]
