@@ -35,7 +35,7 @@ from bench.common import write_run
 from kvgateway.config.settings import Settings, SourceConfig
 from kvgateway.engine.wire import Batch, BlockRemoved, BlockStored
 from kvgateway.gateway import OneProcess
-from kvgateway.log.ordered import batch_record
+from kvgateway.log.records import batch_record
 from kvgateway.serve.app import create_app
 from kvgateway.serve.server import loop_factory, uvicorn_config
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from kvgateway.cluster.records import WireBatch, WireRecord, to_record
 from kvgateway.engine.wire import Stream
-from kvgateway.log.ordered import NoticeRecord, Record
+from kvgateway.log.records import NoticeRecord, Record
 
 
 class OrderGuard:

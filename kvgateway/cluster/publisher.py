@@ -26,7 +26,7 @@ from nats.js.errors import NotFoundError
 
 from kvgateway.cluster import records
 from kvgateway.engine.wire import Stream
-from kvgateway.log.ordered import BatchRecord, NoticeRecord, Record
+from kvgateway.log.records import BatchRecord, NoticeRecord, Record
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.runtime.tasks import cancel_and_wait
 

@@ -15,7 +15,7 @@ from nats.js import api as js_api
 from kvgateway.cluster import records
 from kvgateway.cluster.order import OrderGuard
 from kvgateway.config.cluster import NatsOptions
-from kvgateway.log.ordered import Record
+from kvgateway.log.records import Record
 
 AHEAD_WAIT_SECONDS = 5.0
 """A client whose id is ahead of this edge (it read a faster edge) waits this long for it."""

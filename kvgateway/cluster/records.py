@@ -21,7 +21,7 @@ import msgspec
 
 from kvgateway.engine import wire
 from kvgateway.engine.wire import Stream
-from kvgateway.log.ordered import BatchRecord, NoticeRecord, Record
+from kvgateway.log.records import BatchRecord, NoticeRecord, Record
 from kvgateway.protocol.filters import EventKey
 from kvgateway.protocol.messages import EncodedEvents
 

@@ -37,7 +37,8 @@ from kvgateway.engine.sequencer import (
     Restart,
     Unrecovered,
 )
-from kvgateway.log.ordered import STATUS, Appender, NoticeRecord, batch_record
+from kvgateway.log.ordered import Appender
+from kvgateway.log.records import STATUS, NoticeRecord, batch_record
 from kvgateway.log.staleness import Staleness
 from kvgateway.log.status import QUIET_LOSSES, StreamStatus
 from kvgateway.protocol.filters import EventKey

@@ -8,99 +8,27 @@ offset order, as it is appended), and a resuming client reads from an offset. No
 reaches back into ingest.
 
 :class:`MemoryLog` is the one log the serving half follows, in one process and on an edge alike:
-what it can be read back from is bounded (the resume :class:`~kvgateway.log.ring.Ring`); an edge
-gives it a :class:`ReadBack` (its JetStream stream) for what is older than the ring. In a cluster
-the ingest half appends to a publisher instead; records carry no offset and their events are
-already encoded, so they are sent as they are.
+what it can be read back from is bounded (the resume :class:`~kvgateway.log.ring.Ring`, which its
+:class:`~kvgateway.log.ring.RingAppender` fills); an edge gives it a :class:`ReadBack` (its
+JetStream stream) for what is older than the ring. In a cluster the ingest half appends to a
+publisher instead; records carry no offset and their events are already encoded, so they are sent
+as they are. What the log carries is :mod:`kvgateway.log.records`'.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Final, Protocol
 
-import msgspec
-
-from kvgateway.engine import wire
-from kvgateway.engine.wire import Stream
-from kvgateway.log.ring import Entry, Ring
-from kvgateway.log.status import StreamStatus
-from kvgateway.protocol import messages, render
-from kvgateway.protocol.filters import EventFilterKey, EventKey
-from kvgateway.protocol.messages import EncodedEvents, OutMessage
-
-
-class BatchRecord(msgspec.Struct, frozen=True, gc=False):
-    """A batch delivered by a stream's sequencer: encoded for clients once, and as the index needs it.
-
-    A Struct (built in C: a frozen dataclass's ``__init__`` cost 2 us a batch), untracked by the
-    garbage collector like the batch it holds: nothing in it leads back to it."""
-
-    stream: Stream
-    seq: int
-    batch: wire.Batch  # what the index applies
-    received: float  # when the gateway received it (the index's rates)
-    replayed: bool  # replayed history stays out of the index's rates
-    events: EncodedEvents  # the events' JSON, encoded once
-    keys: tuple[EventKey, ...]  # each event's filter key
-
-
-@dataclass(frozen=True, slots=True)
-class NoticeRecord:
-    """Something happened to a stream (restart, unrecovered_gap, stale, degraded, up, down);
-    ``fields`` are the kind's own (:func:`kvgateway.protocol.messages.encode_stream_notice`).
-
-    One kind carries the ingest's whole view of the stream: ``status``
-    (:meth:`kvgateway.log.status.StreamStatus.report`), appended whenever that view changes in a
-    way batches and other notices do not say (a connection, a diagnosis, a counter). The serving
-    half's status board takes it as it is; a client gets the stream's /v1/sources entry at that
-    moment (a ``status`` notice)."""
-
-    stream: Stream
-    kind: str
-    fields: dict[str, Any]
-
-
-STATUS: Final = "status"
-"""The notice kind that carries a stream's status through the log."""
-
-
-Record: TypeAlias = BatchRecord | NoticeRecord
-Follower: TypeAlias = Callable[[Entry], None]
-
-
-def batch_record(stream: Stream, seq: int, batch: wire.Batch, *, received: float, replayed: bool) -> BatchRecord:
-    """The record of a delivered batch: its events' JSON and filter keys written here, once, in
-    one pass (:func:`kvgateway.protocol.render.events_json`)."""
-    events, keys = render.events_json(batch.events)
-    return BatchRecord(stream, seq, batch, received, replayed, events, keys)
-
-
-def make_entry(epoch: str, offset: int, record: Record) -> Entry:
-    """``record``'s entry at ``offset`` of ``epoch``: its message rendered as every log renders it.
-
-    Raises :class:`kvgateway.protocol.messages.NoticeError` for a wrong notice."""
-    if type(record) is BatchRecord:
-        encoded = render.batch_message(
-            epoch, offset, record.stream, seq=record.seq, ts=record.batch.ts, events=record.events
-        )
-        message = encoded.message
-        return Entry(offset, record.stream, message, encoded, record.keys, len(message.data), record)
-    assert type(record) is NoticeRecord
-    source, dp_rank = record.stream
-    fields = record.fields
-    if record.kind == STATUS:  # the client's form: the stream's /v1/sources entry at that moment
-        status = StreamStatus.from_report(source, dp_rank, fields)
-        stale_reason = fields["stale_reason"]
-        fields = {"status": status.to_json(fields["at"], stale_reason is not None, stale_reason)}
-    message = messages.encode_stream_notice(
-        record.kind, epoch=epoch, offset=offset, source=source, dp_rank=dp_rank, fields=fields
-    )
-    return Entry(offset, record.stream, message, None, (), len(message.data), record)
+from kvgateway.log.entry import Entry, Follower
+from kvgateway.log.records import Record, make_entry
+from kvgateway.log.ring import Ring, RingAppender
+from kvgateway.protocol import messages
+from kvgateway.protocol.filters import EventFilterKey
+from kvgateway.protocol.messages import OutMessage
 
 
 class Appender(Protocol):
@@ -187,26 +115,42 @@ class MemoryLog:
         *,
         read_back: ReadBack | None = None,
     ) -> None:
-        self.epoch = secrets.token_hex(8)
-        """Random per process: ids from another process (or before a restart) are not recovered."""
         self._bounds = (max_messages, max_bytes)
-        self.ring = Ring(max_messages, max_bytes)
-        self._followers: list[Follower] = []
+        # Random per process: ids from another process (or before a restart) are not recovered.
+        self._appender = RingAppender(
+            Ring(max_messages, max_bytes),
+            secrets.token_hex(8),
+            appended=None if read_back is None else read_back.appended,
+        )
+        # Ingest's call a record goes to the appender itself: no Python frame of the log's.
+        self.append = self._appender.append
+        """Add a record at the next offset: into the ring, to every follower, then the ring trimmed to
+        its bounds; returns the offset. Raises :class:`kvgateway.protocol.messages.NoticeError` (and
+        assigns nothing) for a wrong notice."""
         self._read_back = read_back
-        self._offset = 0
-        self._fed = False  # a checkpoint loads only into followers that applied nothing
         self._lent: Sequence[Entry] = ()
         self._scratch = Ring(0, 0)  # filtered variants of lent entries: cached on them, not counted
 
     def start_at(self, epoch: str, first_offset: int) -> None:
         """Before any record (an edge): the stream's epoch and the offset of the first record to come."""
-        self.epoch = epoch
-        self.ring = Ring(*self._bounds, first_offset=first_offset)
-        self._offset = first_offset - 1
+        appender = self._appender
+        appender.epoch = epoch
+        appender.ring = Ring(*self._bounds, first_offset=first_offset)
+        appender.offset = first_offset - 1
+
+    @property
+    def epoch(self) -> str:
+        """Names this log's offsets: an id from another epoch cannot be resumed."""
+        return self._appender.epoch
+
+    @property
+    def ring(self) -> Ring:
+        """The recent messages, readable back."""
+        return self._appender.ring
 
     @property
     def last_offset(self) -> int:
-        return self._offset
+        return self._appender.offset
 
     @property
     def first_offset(self) -> int:
@@ -216,48 +160,21 @@ class MemoryLog:
 
     @property
     def fed(self) -> bool:
-        """Whether a record has been appended since the log started."""
-        return self._fed
+        """Whether a record has been appended since the log started (a checkpoint loads only into
+        followers that applied nothing)."""
+        return self._appender.fed
 
     def follow(self, follower: Follower) -> None:
-        self._followers.append(follower)
-
-    def append(self, record: Record) -> int:
-        """Add ``record`` at the next offset: into the ring, to every follower, then the ring
-        trimmed to its bounds; returns the offset. Raises
-        :class:`kvgateway.protocol.messages.NoticeError` (and assigns nothing) for a wrong notice."""
-        offset = self._offset + 1
-        if type(record) is BatchRecord:  # make_entry's batch case in line: a Python call fewer a batch
-            stream = record.stream
-            batch = render.batch_message(
-                self.epoch, offset, stream, seq=record.seq, ts=record.batch.ts, events=record.events
-            )
-            message = batch.message
-            entry = Entry(offset, stream, message, batch, record.keys, len(message.data), record)
-        else:
-            entry = make_entry(self.epoch, offset, record)
-        self._offset = offset
-        self._fed = True
-        ring = self.ring
-        held = ring.append(entry)  # the oldest dropped already if the count bound has no room for it
-        for follower in self._followers:
-            follower(entry)
-        # Followers have applied the record; the ring keeps the messages only (the decoded batch
-        # would hold memory and give the garbage collector thousands of lists to walk).
-        entry.record = None
-        if held > ring.max_messages or ring.bytes > ring.max_bytes:
-            ring.trim()  # after the followers: a message larger than the bound is still delivered live
-        if self._read_back is not None:
-            self._read_back.appended(offset)
-        return offset
+        self._appender.followers.append(follower)
 
     def append_at(self, offset: int, record: Record) -> None:
         """Append the record stored elsewhere at ``offset`` (an edge); one already applied (a
         repeat after a consumer reset) is ignored. Raises :class:`OffsetGap`."""
-        if offset <= self._offset:
+        last = self._appender.offset
+        if offset <= last:
             return
-        if offset != self._offset + 1:
-            raise OffsetGap(f"expected offset {self._offset + 1}, the stream delivered {offset}")
+        if offset != last + 1:
+            raise OffsetGap(f"expected offset {last + 1}, the stream delivered {offset}")
         self.append(record)
 
     def read(self, after: int) -> Iterator[Entry]:
@@ -285,7 +202,7 @@ class MemoryLog:
     async def checkpoint(self) -> bytes | None:
         """Before any record: the latest checkpoint kept beside the records, of this log's epoch,
         that the records still go on from; the log then starts right after it."""
-        if self._read_back is None or self._fed:
+        if self._read_back is None or self._appender.fed:
             return None  # a process's own log starts with the process
         found = await self._read_back.checkpoint()
         if found is None:
@@ -306,7 +223,7 @@ class MemoryLog:
             yield
             return
         offset = parsed[1]
-        if offset > self._offset:
+        if offset > self._appender.offset:
             await read_back.reached(offset)
             yield
             return

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from time import perf_counter
 
 from kvgateway.engine.wire import Stream
+from kvgateway.log.entry import Entry
 from kvgateway.log.ordered import Log
 from kvgateway.log.resume import resume_after
-from kvgateway.log.ring import Entry
 from kvgateway.protocol import messages
 from kvgateway.protocol.messages import OutMessage
 from kvgateway.runtime.metrics import FOLD_AT, HubMetrics

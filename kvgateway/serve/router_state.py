@@ -17,8 +17,8 @@ from typing import Any, Final
 
 from kvgateway.config.settings import Settings
 from kvgateway.engine.wire import Hash, Stream
-from kvgateway.log.ordered import BatchRecord
-from kvgateway.log.ring import Entry
+from kvgateway.log.entry import Entry
+from kvgateway.log.records import BatchRecord
 from kvgateway.protocol import messages
 from kvgateway.protocol.filters import ClientFilter
 from kvgateway.protocol.messages import OutMessage

@@ -48,7 +48,7 @@ from kvgateway.state._hashtable cimport hash_count, hash_hashed, hash_key, hash_
 
 from kvgateway.engine.mediums import medium_tier, normalise_medium
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
-from kvgateway.log.ordered import BatchRecord, NoticeRecord
+from kvgateway.log.records import BatchRecord, NoticeRecord
 from kvgateway.runtime.metrics import LIFETIME_BUCKETS
 from kvgateway.state._analytics_py import MAX_ROOTS, MAX_ROUTES, MAX_TRACKED, REFETCH_WINDOW_SECONDS, SAMPLE, TierStats
 

@@ -22,8 +22,8 @@ from typing import Any, Final
 
 from kvgateway.engine.mediums import medium_tier, normalise_medium
 from kvgateway.engine.wire import AllBlocksCleared, BlockRemoved, BlockStored, Hash, Stream
-from kvgateway.log.ordered import BatchRecord, NoticeRecord
-from kvgateway.log.ring import Entry
+from kvgateway.log.entry import Entry
+from kvgateway.log.records import BatchRecord, NoticeRecord
 from kvgateway.runtime.metrics import LIFETIME_BUCKETS
 
 __all__ = [

@@ -4,8 +4,8 @@ reads a stream's idleness and lag freshness from."""
 from __future__ import annotations
 
 from kvgateway.engine.wire import Stream
-from kvgateway.log.ordered import BatchRecord
-from kvgateway.log.ring import Entry
+from kvgateway.log.entry import Entry
+from kvgateway.log.records import BatchRecord
 
 
 class Activity:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from kvgateway.engine.wire import Hash, Stream
-from kvgateway.log.ring import Entry
+from kvgateway.log.entry import Entry
 from kvgateway.protocol.render import hash_text
 from kvgateway.runtime.extensions import load
 from kvgateway.state import _analytics_py

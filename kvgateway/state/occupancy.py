@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from kvgateway.engine.mediums import DEFAULT_MEDIUM, medium_tier, normalise_medium, tier_rank
 from kvgateway.engine.wire import Batch, Hash, Stream
-from kvgateway.log.ordered import BatchRecord, NoticeRecord
-from kvgateway.log.ring import Entry
+from kvgateway.log.entry import Entry
+from kvgateway.log.records import BatchRecord, NoticeRecord
 from kvgateway.log.staleness import Staleness
 from kvgateway.runtime.extensions import load
 from kvgateway.state import _apply_py

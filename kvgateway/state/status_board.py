@@ -22,8 +22,8 @@ from typing import Any
 
 from kvgateway.config.settings import StreamConfig
 from kvgateway.engine.wire import Stream
-from kvgateway.log.ordered import STATUS, BatchRecord, NoticeRecord
-from kvgateway.log.ring import Entry
+from kvgateway.log.entry import Entry
+from kvgateway.log.records import STATUS, BatchRecord, NoticeRecord
 from kvgateway.log.status import StreamStatus, not_ready
 from kvgateway.runtime.metrics import StreamFamilies
 from kvgateway.state.occupancy import OccupancyIndex

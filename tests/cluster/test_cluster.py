@@ -16,7 +16,7 @@ import pytest
 from kvgateway.cluster import nats_link, records
 from kvgateway.cluster import publisher as publishing
 from kvgateway.config.cluster import NatsOptions
-from kvgateway.log.ordered import batch_record
+from kvgateway.log.records import batch_record
 from kvgateway.runtime.metrics import Metrics
 from tests.support import (
     BIG_QUEUE,

@@ -27,8 +27,9 @@ from kvgateway.ingest.monitor import DISCONNECTED, HANDSHAKE_FAILED, MONITOR_EVE
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.ingest.reader import StreamReader, not_zeromq_reason
 from kvgateway.ingest.streams import Ingest
-from kvgateway.log.ordered import BatchRecord, MemoryLog, NoticeRecord
-from kvgateway.log.ring import Entry
+from kvgateway.log.entry import Entry
+from kvgateway.log.ordered import MemoryLog
+from kvgateway.log.records import BatchRecord, NoticeRecord
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.simulator import encode
 from tests.support import free_port, until

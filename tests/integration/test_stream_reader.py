@@ -16,8 +16,9 @@ from kvgateway.engine import wire
 from kvgateway.ingest import reader as reader_module
 from kvgateway.ingest.outlet import StreamOutlet
 from kvgateway.ingest.reader import StreamReader
-from kvgateway.log.ordered import STATUS, BatchRecord, MemoryLog, NoticeRecord
-from kvgateway.log.ring import Entry
+from kvgateway.log.entry import Entry
+from kvgateway.log.ordered import MemoryLog
+from kvgateway.log.records import STATUS, BatchRecord, NoticeRecord
 from kvgateway.simulator import encode
 from kvgateway.state.occupancy import OccupancyIndex
 from tests.support import until as support_until

@@ -12,7 +12,8 @@ from starlette.datastructures import QueryParams
 
 from kvgateway.config import StreamConfig
 from kvgateway.engine import wire
-from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
+from kvgateway.log.ordered import MemoryLog
+from kvgateway.log.records import NoticeRecord, batch_record
 from kvgateway.log.ring import Ring
 from kvgateway.log.status import StreamStatus
 from kvgateway.protocol import messages

@@ -37,6 +37,11 @@ WITHOUT_UNIT_TESTS: dict[str, str] = {
     "tests/integration/test_health_and_logs.py",
     "serve/router_api.py": "the routers' routes over a real server: tests/integration/test_routers_web.py",
     "serve/dashboard_api.py": "the dashboard's routes: tests/integration/test_history.py and tests/browser",
+    # the log's data, no logic of their own to test apart
+    "log/entry.py": "one Struct and a type alias: what the ring keeps and what its followers are called with, "
+    "tests/unit/log/test_ring.py and tests/unit/log/test_ring_differential.py",
+    "log/records.py": "the log's records and the entry each becomes at its offset: tests/unit/log/test_ordered.py "
+    "(an appended batch is the entry make_entry makes) and tests/unit/cluster/test_records.py",
     # the ingest half's sockets
     "ingest/reader.py": "a stream's ZeroMQ reader over real sockets: tests/integration/test_stream_reader.py",
     "ingest/monitor.py": "a monitor re-armed, over real sockets: tests/integration/test_connection_monitor.py",

@@ -4,7 +4,8 @@ the same live and read back."""
 from __future__ import annotations
 
 from kvgateway.cluster import records
-from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
+from kvgateway.log.ordered import MemoryLog
+from kvgateway.log.records import NoticeRecord, batch_record
 from tests.support.events import batch, removed
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from kvgateway.cluster import records
 from kvgateway.engine import wire
-from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
+from kvgateway.log.ordered import MemoryLog
+from kvgateway.log.records import NoticeRecord, batch_record
 from kvgateway.state.occupancy import OccupancyIndex
 from tests.support import events
 

@@ -24,8 +24,9 @@ from kvgateway.engine.sequencer import (
 )
 from kvgateway.engine.wire import AllBlocksCleared, UnknownEvent
 from kvgateway.ingest.outlet import StreamOutlet
-from kvgateway.log.ordered import STATUS, BatchRecord, MemoryLog, NoticeRecord
-from kvgateway.log.ring import Entry
+from kvgateway.log.entry import Entry
+from kvgateway.log.ordered import MemoryLog
+from kvgateway.log.records import STATUS, BatchRecord, NoticeRecord
 from kvgateway.runtime.metrics import FOLD_AT, LAG_BUCKETS, LagHistogram, Metrics
 from kvgateway.state.occupancy import OccupancyIndex
 from kvgateway.state.status_board import BoardFigures, StatusBoard

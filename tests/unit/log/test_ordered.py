@@ -7,8 +7,9 @@ import asyncio
 
 import pytest
 
-from kvgateway.log.ordered import MemoryLog, NoticeRecord, OffsetGap, Record, batch_record, make_entry
-from kvgateway.log.ring import Entry
+from kvgateway.log.entry import Entry
+from kvgateway.log.ordered import MemoryLog, OffsetGap
+from kvgateway.log.records import NoticeRecord, Record, batch_record, make_entry
 from tests.support import events
 
 
@@ -85,8 +86,8 @@ def test_a_read_back_goes_on_until_it_meets_the_ring_that_moved_meanwhile() -> N
 
 
 def test_an_appended_batch_is_the_entry_make_entry_makes() -> None:
-    """MemoryLog.append makes a batch's entry in line (a call fewer a batch): the entry
-    make_entry makes, which a read-back's lent entries and a notice still get."""
+    """The log's append (its RingAppender's) makes a batch's entry in line (a call fewer a batch):
+    the entry make_entry makes, which a read-back's lent entries and a notice still get."""
     batch = events.batch(events.stored(1, 2, block_size=2), events.removed(3, medium="CPU"), ts=12.5)
     record = batch_record(("s", 1), 7, batch, received=13.0, replayed=False)
     log = MemoryLog()

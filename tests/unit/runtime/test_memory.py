@@ -12,7 +12,8 @@ import sys
 
 import msgspec
 
-from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
+from kvgateway.log.ordered import MemoryLog
+from kvgateway.log.records import NoticeRecord, batch_record
 from kvgateway.runtime.memory import CollectionTimer
 from kvgateway.runtime.metrics import Metrics
 from tests.support.events import batch, removed, stored

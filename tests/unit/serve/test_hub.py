@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from starlette.datastructures import QueryParams
 
-from kvgateway.log.ordered import batch_record
+from kvgateway.log.records import batch_record
 from kvgateway.protocol import messages
 from kvgateway.runtime.metrics import FOLD_AT
 from kvgateway.serve.hub import TooManyClients

@@ -18,7 +18,7 @@ import pytest
 
 from kvgateway.config import Settings, SourceConfig
 from kvgateway.engine.wire import AllBlocksCleared, Event
-from kvgateway.log.ordered import batch_record
+from kvgateway.log.records import batch_record
 from kvgateway.protocol.filters import ClientFilter
 from kvgateway.runtime.metrics import Metrics
 from kvgateway.serve import router_state

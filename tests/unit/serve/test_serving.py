@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from kvgateway.config import Settings, SourceConfig
-from kvgateway.log.ordered import STATUS, NoticeRecord, batch_record
+from kvgateway.log.records import STATUS, NoticeRecord, batch_record
 from kvgateway.log.status import StreamStatus
 from kvgateway.protocol.filters import ClientFilter
 from kvgateway.runtime.metrics import Metrics

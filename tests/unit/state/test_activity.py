@@ -3,7 +3,8 @@ the log's records (notices change nothing)."""
 
 from __future__ import annotations
 
-from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
+from kvgateway.log.ordered import MemoryLog
+from kvgateway.log.records import NoticeRecord, batch_record
 from kvgateway.state.activity import Activity
 from tests.support.events import batch, stored
 

@@ -6,7 +6,8 @@ from functools import partial
 from typing import Any
 
 from kvgateway.engine.wire import AllBlocksCleared
-from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
+from kvgateway.log.ordered import MemoryLog
+from kvgateway.log.records import NoticeRecord, batch_record
 from kvgateway.state.analytics import MAX_TRACKED, SAMPLE, CacheAnalytics, Stream
 from kvgateway.state.occupancy import OccupancyIndex
 from tests.support import events

@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, Hash, UnknownEvent
-from kvgateway.log.ordered import MemoryLog, NoticeRecord, batch_record
+from kvgateway.log.ordered import MemoryLog
+from kvgateway.log.records import NoticeRecord, batch_record
 from kvgateway.runtime.metrics import LIFETIME_BUCKETS
 from kvgateway.state import _analytics_py, analytics
 from kvgateway.state.analytics import SAMPLE, CacheAnalytics

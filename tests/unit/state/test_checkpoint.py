@@ -10,7 +10,8 @@ import pytest
 
 from kvgateway.config import StreamConfig
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
-from kvgateway.log.ordered import STATUS, MemoryLog, NoticeRecord, Record, batch_record
+from kvgateway.log.ordered import MemoryLog
+from kvgateway.log.records import STATUS, NoticeRecord, Record, batch_record
 from kvgateway.log.status import StreamStatus
 from kvgateway.state import checkpoint
 from kvgateway.state.occupancy import OccupancyIndex

@@ -8,7 +8,8 @@ from typing import Any
 from kvgateway.config import StreamConfig
 from kvgateway.engine.wire import AllBlocksCleared, Batch
 from kvgateway.ingest.outlet import StreamOutlet
-from kvgateway.log.ordered import STATUS, MemoryLog, NoticeRecord, batch_record
+from kvgateway.log.ordered import MemoryLog
+from kvgateway.log.records import STATUS, NoticeRecord, batch_record
 from kvgateway.log.status import StreamStatus
 from kvgateway.state.occupancy import OccupancyIndex
 from kvgateway.state.status_board import INGEST_UNREACHABLE, StatusBoard
