@@ -30,6 +30,7 @@ SOURCES = {
     "kvgateway.engine._batch_c": "kvgateway/engine/_batch_c.pyx",
     "kvgateway.engine._receive_c": "kvgateway/engine/_receive_c.pyx",
     "kvgateway.log._ring_c": "kvgateway/log/_ring_c.pyx",
+    "kvgateway.ingest._outlet_c": "kvgateway/ingest/_outlet_c.pyx",
 }
 BUILD_ERRORS = (CCompilerError, ExecError, PlatformError, OSError, ValueError)
 """What a missing or broken compiler raises (distutils' CompileError and LinkError are

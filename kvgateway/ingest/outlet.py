@@ -17,9 +17,8 @@ Prometheus reads them at scrape time through :meth:`StreamOutlet.export`.
 from __future__ import annotations
 
 import logging
-from collections import _count_elements  # type: ignore[attr-defined]  # Counter's counting loop, in C
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from kvgateway.config.settings import StreamConfig
 from kvgateway.engine import wire
@@ -37,22 +36,30 @@ from kvgateway.engine.sequencer import (
     Restart,
     Unrecovered,
 )
+from kvgateway.ingest import _outlet_py
 from kvgateway.log.ordered import Appender
-from kvgateway.log.records import STATUS, NoticeRecord, batch_record
+from kvgateway.log.records import STATUS, NoticeRecord
 from kvgateway.log.staleness import Staleness
 from kvgateway.log.status import QUIET_LOSSES, StreamStatus
-from kvgateway.protocol.filters import EventKey
 from kvgateway.protocol.messages import ConnectionCode
-from kvgateway.runtime.metrics import FOLD_AT, REPLAY_OUTCOMES, REPLAY_PURPOSES, LagHistogram, StreamFamilies
+from kvgateway.runtime.extensions import load
+from kvgateway.runtime.metrics import REPLAY_OUTCOMES, REPLAY_PURPOSES, LagHistogram, StreamFamilies
 
 logger = logging.getLogger("kvgateway")
+
+if TYPE_CHECKING:  # one API: the reference's
+    from kvgateway.ingest._outlet_py import Delivery
+else:
+    _compiled = load("kvgateway.ingest._outlet_c")
+    Delivery = _outlet_py.Delivery if _compiled is None else _compiled.Delivery
 
 ConnectionHook = Callable[["StreamOutlet", bool, bool, str, ConnectionCode], None]
 """Called with (outlet, connected, changed, reason, its code) after each connection report."""
 
 
 class StreamOutlet:
-    """Everything downstream of one stream's sequencer."""
+    """Everything downstream of one stream's sequencer (a delivered batch: its :class:`Delivery`,
+    compiled where the core is)."""
 
     def __init__(
         self,
@@ -67,83 +74,45 @@ class StreamOutlet:
         self.name = f"{config.source}[{config.dp_rank}]"
         self.status = StreamStatus(config)
         self.staleness = Staleness()  # as the serving half's index will say, from the same notices
-        self._reported = False  # the status changed since the last status notice
-        # The batches the serving half counts: those of the last status notice, plus one for each
-        # batch delivered since (a received message not delivered, a duplicate, one held for later,
-        # is counted only by the next status notice: see settle).
-        self._shown_batches = 0
         self._log = log
         self._clock = clock
         self._on_connection = on_connection
         self._purpose: Purpose = "gap"  # the purpose of the recovery in progress (one at a time)
         # Figures that only metrics show (the status counters are the others).
         self._labels = (config.source, str(config.dp_rank))
-        # Delivered events by type, as the renderer counted them in each batch (its EventCounts):
-        # BlockStored, BlockRemoved, AllBlocksCleared. A batch with events of another type (or
-        # not counted) is counted by its filter keys (type, medium, tier) instead, each key
-        # interned by the renderer: :attr:`events` sums both by type.
-        self._stored = self._removed = self._cleared = 0
-        self._keyed: dict[EventKey, int] = {}
         self.replay_requests: dict[Outcome, int] = dict.fromkeys(REPLAY_OUTCOMES, 0)
         self.replay_attempts: dict[Purpose, int] = dict.fromkeys(REPLAY_PURPOSES, 0)
         self.rank_mismatches = 0
-        self.held = 0  # batches the sequencer holds (the ingest queue depth)
         self._diagnosed = False  # the down reason came from a diagnosis (see diagnosed)
         self.lag = LagHistogram()
-        self._lags = self.lag.values  # the lags not yet bucketed
+        self._delivery = Delivery(
+            self.key,
+            config.dp_rank,
+            self.status,
+            self.staleness,
+            self.lag,
+            log=log,
+            other=self._act,
+            rank_mismatch=self._rank_mismatch,
+            report=self.report,
+        )
+        # The reader's call a batch goes to the delivery itself: no Python frame of the outlet's.
+        self.apply = self._delivery.apply
+        """The sequencer's actions, in order; ``held``: what it holds after them."""
+
+    @property
+    def held(self) -> int:
+        """Batches the sequencer holds (the ingest queue depth)."""
+        return self._delivery.held
 
     # --- what the reader reports --------------------------------------------------------------
-
-    def apply(self, actions: Iterable[Action], received: float, held: int) -> None:
-        """The sequencer's actions, in order; ``held``: what it holds after them."""
-        for action in actions:
-            # The common action, a delivered batch, in line: without the match of the others (its
-            # class patterns cost a type test and attribute reads per case tried, about 0.5 us a
-            # batch) and without a Python call of its own.
-            if type(action) is not Deliver or action.batch is None:
-                self._act(action)
-                continue
-            seq, batch = action.seq, action.batch
-            status = self.status
-            status.last_seq = seq
-            if batch.dp_rank is not None and batch.dp_rank != self.config.dp_rank:
-                self._rank_mismatch(seq, batch.dp_rank)
-            replayed = action.replayed
-            if replayed:
-                status.counters["replayed"] += 1
-            else:
-                lag = received - batch.ts
-                status.lag_seconds = lag
-                lags = self._lags  # observed as the histogram's plain list: no Python call a batch
-                lags.append(0.0 if lag < 0.0 else lag)  # max(lag, 0.0), NaN kept, without the call
-                if len(lags) >= FOLD_AT:
-                    self.lag.fold()
-            if self.staleness.reason is not None:  # a call per batch only while the stream is stale
-                self.staleness.batch(batch)
-            self._shown_batches += 1
-            record = batch_record(self.key, seq, batch, received=received, replayed=replayed)
-            # Counted as the renderer counted them (docs/performance.md, round fourteen): counting
-            # the record's filter keys, even in C, cost 4,200 instructions a batch.
-            counts = record.events.counts
-            if counts is not None and not counts[3]:
-                stored, removed, cleared, _others = counts
-                self._stored += stored
-                self._removed += removed
-                self._cleared += cleared
-            else:
-                _count_elements(self._keyed, record.keys)
-            # The serving half follows the log: it has applied the batch when append returns.
-            self._log.append(record)
-        self.held = held
-        if not self._reported:  # the test in line: a delivered batch leaves nothing to report
-            self.report()
 
     def received(self, count: int = 1) -> None:
         self.status.counters["batches"] += count
 
     def decode_error(self, seq: int | None, reason: str) -> None:
         self.status.counters["decode_errors"] += 1
-        self._reported = False
+        self._delivery.reported = False
         where = "" if seq is None else f" seq {seq}"
         logger.warning("stream %s:%s skipped undecodable message: %s", self.name, where, reason[:300])
         self.report()
@@ -151,26 +120,26 @@ class StreamOutlet:
     def heartbeat(self) -> None:
         """A ``status`` notice even if nothing changed: in a cluster, the proof that this stream is
         still read (and a late edge's first word of it)."""
-        self._reported = False
+        self._delivery.reported = False
         self.report()
 
     def report(self) -> None:
         """A ``status`` notice, when the status changed since the last one in a way that the
         batches do not say (a delivered batch's seq, lag and count the serving half and a client
         take from the batch itself)."""
-        if not self._reported:
-            self._reported = True
+        if not self._delivery.reported:
+            self._delivery.reported = True
             status = self.status
             report = status.report(self.staleness.reason, self._clock())
-            self._shown_batches = status.counters["batches"]
+            self._delivery.shown_batches = status.counters["batches"]
             self._log.append(NoticeRecord(self.key, STATUS, report))
 
     def settle(self) -> None:
         """The reader's burst (or replay reply) is applied and counted: when the serving half's
         count of received batches is off (a message received that delivered nothing, or was held),
         a status notice sets it right; when every message delivered a batch, nothing is appended."""
-        if self._shown_batches != self.status.counters["batches"]:
-            self._reported = False
+        if self._delivery.shown_batches != self.status.counters["batches"]:
+            self._delivery.reported = False
             self.report()
 
     def connection(self, connected: bool, reason: str, code: ConnectionCode) -> None:
@@ -189,7 +158,7 @@ class StreamOutlet:
         if changed:
             self._notice("up" if connected else "down", reason=reason, reason_code=code)
         if (status.connected, status.down_reason) != before:
-            self._reported = False
+            self._delivery.reported = False
             self.report()
         if self._on_connection is not None:
             self._on_connection(self, connected, changed, reason, code)
@@ -203,7 +172,7 @@ class StreamOutlet:
             if status.down_reason != reason:
                 status.down_reason = reason
                 status.down_code = code
-                self._reported = False
+                self._delivery.reported = False
                 self.report()
 
     # --- the actions ------------------------------------------------------------------------
@@ -215,7 +184,7 @@ class StreamOutlet:
                 self._skipped(seq)
             case Duplicate():
                 self.status.counters["duplicates"] += 1
-                self._reported = False
+                self._delivery.reported = False
             case GapDetected():
                 self._gap(action)
             case RequestReplay():
@@ -240,14 +209,14 @@ class StreamOutlet:
     def _skipped(self, seq: int) -> None:
         """An undecodable batch took its place in the order: the index now misses its events."""
         self.status.last_seq = seq
-        self._reported = False
+        self._delivery.reported = False
         self._mark_stale("undecodable", seq=seq, detail="the batch could not be decoded; see the log")
 
     def _gap(self, gap: GapDetected) -> None:
         counters = self.status.counters
         counters["gaps"] += 1
         counters["missed"] += gap.count
-        self._reported = False
+        self._delivery.reported = False
         logger.warning("stream %s: gap, seq %d..%d missing (%d batches)", self.name, gap.first, gap.last, gap.count)
 
     def _replay_requested(self, request: RequestReplay) -> None:
@@ -301,7 +270,7 @@ class StreamOutlet:
             status.last_loss_at = now
         status.counters["unrecovered"] += count
         status.losses[reason] = status.losses.get(reason, 0) + count
-        self._reported = False
+        self._delivery.reported = False
         logger.warning(
             "stream %s: %d batches lost for good (seq %d..%d, %s)", self.name, count, loss.first, loss.last, reason
         )
@@ -314,7 +283,7 @@ class StreamOutlet:
 
     def _history_truncated(self, first: int) -> None:
         self.status.counters["history_truncations"] += 1
-        self._reported = False
+        self._delivery.reported = False
         logger.warning(
             "stream %s: the engine no longer holds its history before seq %d; the index lacks it until the "
             "next AllBlocksCleared or restart",
@@ -325,7 +294,7 @@ class StreamOutlet:
 
     def _restart(self, restart: Restart) -> None:
         self.status.counters["restarts"] += 1
-        self._reported = False
+        self._delivery.reported = False
         logger.warning(
             "stream %s: publisher restart (%s): seq %d after %d; its cache state was reset",
             self.name,
@@ -351,17 +320,19 @@ class StreamOutlet:
 
     @property
     def events(self) -> dict[str, int]:
-        """Events in delivered batches, by type (a type once its first event came)."""
+        """Events in delivered batches, by type (a type once its first event came): as the renderer
+        counted each batch's, and by filter key where it did not (each key interned by the renderer)."""
+        delivery = self._delivery
         counts = {
             kind: count
             for kind, count in (
-                (wire.STORED, self._stored),
-                (wire.REMOVED, self._removed),
-                (wire.CLEARED, self._cleared),
+                (wire.STORED, delivery.stored),
+                (wire.REMOVED, delivery.removed),
+                (wire.CLEARED, delivery.cleared),
             )
             if count
         }
-        for (kind, _medium, _tier), count in list(self._keyed.items()):
+        for (kind, _medium, _tier), count in list(delivery.keyed.items()):
             counts[kind] = counts.get(kind, 0) + count
         return counts
 

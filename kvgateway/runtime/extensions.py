@@ -31,6 +31,7 @@ COMPILED_MODULES: Final = (
     "kvgateway.engine._batch_c",
     "kvgateway.engine._receive_c",
     "kvgateway.log._ring_c",
+    "kvgateway.ingest._outlet_c",
 )
 """Every compiled module of the core: the core is compiled when all of them load."""
 
