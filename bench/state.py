@@ -43,6 +43,7 @@ import argparse
 import gc
 import importlib
 import importlib.util
+import re
 import subprocess
 import sys
 import tempfile
@@ -79,6 +80,39 @@ def _say(text: str) -> None:
     print(f"[bench.state] {text}", file=sys.stderr, flush=True)
 
 
+MOVED: Final = {
+    "kvgateway.log.ordered": (
+        "kvgateway.log.records",
+        {"BatchRecord", "NoticeRecord", "Record", "STATUS", "batch_record", "make_entry"},
+    ),
+    "kvgateway.log.ring": ("kvgateway.log.entry", {"Entry"}),
+}
+"""Names a base's modules import from where they were before they moved (round twenty: the log's
+records and its entry got modules of their own): the module each is imported from now."""
+_IMPORT_LINE: Final = re.compile(r"^from (?P<module>[\w.]+) import (?P<names>[\w, ]+)$", re.MULTILINE)
+
+
+def _moved(source: str) -> str:
+    """``source`` with each one-line import of a moved name pointed where the name is now."""
+
+    def point(match: re.Match[str]) -> str:
+        module, names = match["module"], [n.strip() for n in match["names"].split(",") if n.strip()]
+        if module not in MOVED:
+            return match[0]
+        target, moved = MOVED[module]
+        lines = [
+            f"from {where} import {', '.join(sorted(group))}"
+            for where, group in (
+                (target, [n for n in names if n in moved]),
+                (module, [n for n in names if n not in moved]),
+            )
+            if group
+        ]
+        return "\n".join(lines)
+
+    return _IMPORT_LINE.sub(point, source)
+
+
 def load_base(rev: str, name: str = "occupancy", replace: tuple[str, str] | None = None) -> ModuleType:
     """``rev``'s state module ``name`` as a module of its own (what it imports is still where it
     was; ``replace``: one import to point elsewhere, such as at ``rev``'s own occupancy)."""
@@ -88,7 +122,8 @@ def load_base(rev: str, name: str = "occupancy", replace: tuple[str, str] | None
     if proc.returncode != 0:
         raise SystemExit(f"bench.state: cannot read {rev}'s {name} module from git: {proc.stderr.strip()}")
     path = Path(tempfile.mkdtemp(prefix="kvgw-base-state-")) / f"{name}_{rev}.py"
-    path.write_text(proc.stdout.replace(*replace) if replace else proc.stdout, encoding="utf-8")
+    source = _moved(proc.stdout)
+    path.write_text(source.replace(*replace) if replace else source, encoding="utf-8")
     spec = importlib.util.spec_from_file_location(f"{name}_{rev}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
