@@ -5,11 +5,10 @@ ring and the append, step for step, as extension types.
 Their attributes are C fields (an offset stays a Python int: JetStream's sequences are unsigned 64-bit,
 and the reference's arithmetic is Python's); the appender calls its ring's append and the bounds'
 test in C; a Struct's fields (the record's, the batch's, the message's, an entry's) are read from
-their slots (engine/_slots.pxd). The rest is the reference's: the reads of resumes (:meth:`Ring.since`)
-as its code is, and a filter's variant (:meth:`Ring.message_for`) by its own function."""
+their slots (engine/_slots.pxd). What is not on the per-batch path (the offsets, a trim past the byte
+bound, a resume's read, a filter's variant) is the reference's own functions, run on these rings."""
 
 from collections import deque
-from itertools import islice
 
 from kvgateway.engine._slots cimport field, field_offset  # a Struct's field read from its slot
 
@@ -27,7 +26,6 @@ cdef object _EncodedBatch = EncodedBatch
 cdef object _OutMessage = OutMessage
 cdef object _make_entry = make_entry
 cdef object _batch_message = render.batch_message  # the chosen renderer's (compiled with this core)
-cdef object _islice = islice
 
 cdef Py_ssize_t _R_STREAM = field_offset(BatchRecord, "stream")
 cdef Py_ssize_t _R_SEQ = field_offset(BatchRecord, "seq")
@@ -62,15 +60,6 @@ cdef class Ring:
     def __len__(self):
         return len(self._entries)
 
-    @property
-    def first_offset(self):
-        """Offset of the oldest message held (last offset + 1 when empty)."""
-        return self._next - len(self._entries)
-
-    @property
-    def last_offset(self):
-        return self._next - 1
-
     def append(self, entry):
         """:meth:`kvgateway.log._ring_py.Ring.append`."""
         return self._append(entry)
@@ -89,22 +78,13 @@ cdef class Ring:
         self.bytes += field(entry, _Entry, _E_SIZE, "size")
         return held + 1
 
-    def trim(self):
-        """:meth:`kvgateway.log._ring_py.Ring.trim`."""
-        entries = self._entries
-        while entries and (len(entries) > self.max_messages or self.bytes > self.max_bytes):
-            self.bytes -= entries.popleft().size
-        return len(entries)
-
-    def since(self, offset):
-        """Every entry after ``offset`` (which must satisfy ``first_offset - 1 <= offset``)."""
-        start = offset + 1 - self.first_offset
-        if start < 0:
-            raise ValueError(f"offset {offset} is no longer in the ring")
-        return _islice(self._entries, start, None)
-
-    # Not on the per-batch path (a filtered client's first read of an entry): the reference's own code,
-    # run on this ring (its attributes are the same names).
+    # Not on the per-batch path (a trim past the byte bound, a resume's read, a filtered client's first
+    # read of an entry, the offsets a client is told): the reference's own code, run on this ring (its
+    # attributes are the same names).
+    first_offset = _ring_py.Ring.first_offset
+    last_offset = _ring_py.Ring.last_offset
+    trim = _ring_py.Ring.trim
+    since = _ring_py.Ring.since
     message_for = _ring_py.Ring.message_for
 
 
