@@ -31,13 +31,10 @@ def _ephemeral_low() -> int:
 
 
 def _candidate(host: str, spacing: int) -> int:
-    """A port to try as a base: a random one below the ports outgoing connections take, or, where
-    that range leaves too little room, the kernel's free pick. The kernel picks a lone port from the
-    ephemeral range, where any outgoing connection (a client of another test's server, on another
-    worker) can take it between the check and the bind: a simulator then failed to bind its replay
-    port ("Address already in use"). On a busy machine every connection holds one of those, so a
-    wide range of free ones is rare there too."""
-    if (top := _ephemeral_low() - spacing) > 10_000:
+    """A port to try as a base: the kernel's free pick for one port; for a range, a random base below
+    the ports outgoing connections take. On a busy machine every connection holds one of those, so
+    a wide range of free ones is rare there, and one could be taken between the check and the bind."""
+    if spacing > 1 and (top := _ephemeral_low() - spacing) > 10_000:
         return random.randrange(10_000, top)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
@@ -52,7 +49,7 @@ def free_ports(count: int, *, spacing: int = 1, host: str = "127.0.0.1") -> list
         if len(found) == count:
             break
         base = _candidate(host, spacing)
-        if not _bindable(host, base):
+        if spacing > 1 and not _bindable(host, base):
             continue
         if base + spacing >= 65535:
             continue
