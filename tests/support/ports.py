@@ -30,12 +30,22 @@ def _ephemeral_low() -> int:
         return 49152
 
 
+LONE_REGION = 4096
+"""Lone ports are drawn from the 4096 ports just below the ephemeral range, ranges from below those:
+never the kernel's pick for port 0 (an ephemeral port, which any worker's outgoing connection can
+take between the check and the bind), and never one region for both, where the lone ports a process
+handed out last (:data:`_handed_out`) would sit in nearly every 1000-port block a range asks for."""
+
+
 def _candidate(host: str, spacing: int) -> int:
-    """A port to try as a base: the kernel's free pick for one port; for a range, a random base below
-    the ports outgoing connections take. On a busy machine every connection holds one of those, so
-    a wide range of free ones is rare there, and one could be taken between the check and the bind."""
-    if spacing > 1 and (top := _ephemeral_low() - spacing) > 10_000:
+    """A port to try as a base: at random in its region below the ports outgoing connections take
+    (on a busy machine every connection holds one of those); the kernel's pick where the range leaves
+    no room."""
+    lone_low = _ephemeral_low() - LONE_REGION
+    if spacing > 1 and (top := lone_low - spacing) > 10_000:
         return random.randrange(10_000, top)
+    if spacing == 1 and lone_low > 10_000:
+        return random.randrange(lone_low, lone_low + LONE_REGION)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
@@ -49,7 +59,7 @@ def free_ports(count: int, *, spacing: int = 1, host: str = "127.0.0.1") -> list
         if len(found) == count:
             break
         base = _candidate(host, spacing)
-        if spacing > 1 and not _bindable(host, base):
+        if not _bindable(host, base):
             continue
         if base + spacing >= 65535:
             continue
