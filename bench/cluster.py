@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -57,6 +58,13 @@ def _nats_binary() -> str:
     if found is None:
         raise BenchError("nats-server is not installed")
     return found
+
+
+def nats_version() -> str:
+    """The version the nats-server found prints (``v2.9.10``): its file store and its pauses differ
+    by version (docs/performance.md, "Cluster latency, round twenty-one")."""
+    printed = subprocess.run([_nats_binary(), "--version"], capture_output=True, text=True, check=True, timeout=30)
+    return printed.stdout.strip().rsplit(" ", 1)[-1]
 
 
 def _last_seq(base: str) -> int:
@@ -324,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     data = payloads.path_of(payloads.standard(min(max(args.batches, 100), 30_000)))
     logs = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     modes = {"cpu": _cpu_runs, "ingest": _ingest_runs, "fanout": _fanout_runs}
-    out = {"mode": args.mode, **modes[args.mode](data, logs, args), "load_average": os.getloadavg()}
+    out = {"mode": args.mode, "nats_server": nats_version(), **modes[args.mode](data, logs, args)}
+    out["load_average"] = os.getloadavg()
     print(json.dumps(out, indent=2))
     return 0
 

@@ -100,6 +100,7 @@ class IngestRole:
             metrics=self.metrics,
             on_failure=recreate,
             on_lost=self.publishes_lost,
+            linger=options.linger_seconds,
         )
         await publishing.load_positions([s.key for s in settings.streams()])
         shared = options.leases
@@ -203,7 +204,9 @@ class IngestRole:
         self.metrics.jetstream_pending.set(0 if self.publishing is None else self.publishing.pending)
 
     def started_line(self, url: str) -> str:
-        return f"ingest publishing to {options_text(self._nc)}; probes on {url}"
+        linger = self.publishing.linger if self.publishing is not None else 0.0
+        shown = f"{linger * 1e3:g} ms" if linger else "none"
+        return f"ingest publishing to {options_text(self._nc)} (linger {shown}); probes on {url}"
 
 
 def ingest_summary(settings: Settings) -> str:

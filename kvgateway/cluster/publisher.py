@@ -25,6 +25,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from kvgateway.cluster import records
+from kvgateway.config.cluster import NatsOptions
 from kvgateway.engine.wire import Stream
 from kvgateway.log.records import BatchRecord, NoticeRecord, Record
 from kvgateway.runtime.metrics import Metrics
@@ -36,12 +37,15 @@ RETRY_SECONDS = 0.5
 MAX_IN_FLIGHT = 4096
 """Publishes sent and not yet acknowledged (pipelining: one at a time manages only hundreds a second)."""
 ACK_SECONDS = 5.0
-LINGER_SECONDS = 0.005
-"""A publish waits at most this long for company (the latency it adds, against one write each).
-5 ms rather than 2: at 1,000 batches/s the cluster's CPU per batch fell 12-21% (ingest, nats-server
-and edge alike: fewer, fuller writes and deliveries) for about 2 ms more median latency. It waits
-only where company can come (:meth:`Publisher._lingers`): not for a record after a quiet spell, nor
-for a backlog or burst already queued; and no longer once :data:`LINGER_BATCH` are queued."""
+LINGER_SECONDS: Final = NatsOptions().linger_seconds
+"""A publish waits at most this long for company (``--nats-linger``, 3 ms by default): the latency
+it adds, against a write for each (a write costs the ingest, nats-server and the edge about 300 us
+of CPU in all). At 1,000 batches/s on nats-server 2.15 (docs/scaling.md, "Latency and the linger"),
+3 ms cost 12-27% more cluster CPU per batch than 5 ms for a p99 of 4.5-5.0 ms against 6.9-7.3;
+none, about 70% more than 3 ms for 1.2-1.6 ms. From about 10,000 batches/s a write is full
+(:data:`LINGER_BATCH`) at any of them. It waits only where company can come (:meth:`Publisher._lingers`):
+not for a record after a quiet spell, nor for a backlog or burst already queued; and no longer once
+:data:`LINGER_BATCH` are queued."""
 LINGER_BATCH = 32
 
 
@@ -92,8 +96,10 @@ class Publisher:
         metrics: Metrics,
         on_failure: Callable[[], Awaitable[None]] | None = None,
         on_lost: Callable[[dict[Stream, list[int]]], None] | None = None,
+        linger: float = LINGER_SECONDS,
     ) -> None:
         self.metrics = metrics
+        self.linger = linger  # seconds; 0: each publish leaves in the turn it was appended
         self._nc = nc
         self._js = js
         self._prefix = prefix
@@ -173,7 +179,7 @@ class Publisher:
         queue = self._queue
         now = time.monotonic()
         if not queue:
-            self._alone = now - self._appended_at >= LINGER_SECONDS
+            self._alone = now - self._appended_at >= self.linger
         self._appended_at = now
         queue.append(_Outgoing(subject, payload, {"Nats-Msg-Id": ident}, record.stream, position.generation, seq))
         full = self._full
@@ -228,21 +234,21 @@ class Publisher:
                     self._failed = str(exc) or type(exc).__name__
 
     def _lingers(self) -> bool:
-        """Whether the queue waits for company before it is sent. Not when its oldest record came
-        :data:`LINGER_SECONDS` or more after the one before it (at that pace a linger gathers nothing:
+        """Whether the queue waits for company before it is sent. Never with no linger; not when its
+        oldest record came the linger's time or more after the one before it (at that pace a linger gathers nothing:
         it would add its whole wait to every record for no fewer writes), nor when the queue already
         holds :data:`LINGER_BATCH`, or as many as the last linger gathered and at least two (a burst,
         or a backlog the pump finds when it comes late, as after a stall: company came already)."""
         queued = len(self._queue)
-        if self._alone or queued >= LINGER_BATCH:
+        if self._alone or queued >= LINGER_BATCH or self.linger <= 0:
             return False
         return queued < max(2, self._gathered)
 
     async def _linger(self) -> None:
-        """Wait :data:`LINGER_SECONDS`, or until :data:`LINGER_BATCH` records are queued."""
+        """Wait the linger's time, or until :data:`LINGER_BATCH` records are queued."""
         loop = asyncio.get_running_loop()
         full = self._full = loop.create_future()
-        timer = loop.call_later(LINGER_SECONDS, _release, full)
+        timer = loop.call_later(self.linger, _release, full)
         try:
             await full
         finally:

@@ -16,6 +16,7 @@ class NatsOptions:
     retention_seconds: float = 600.0
     duplicate_window_seconds: float = 120.0
     checkpoint_seconds: float = 30.0  # an edge's index checkpoints (0: none); see cluster/checkpoints.py
+    linger_seconds: float = 0.003  # ingest: how long a publish waits for company (cluster/publisher.py)
     leases: bool = True  # ingest: share the sources with the other ingest processes (cluster/shards.py)
     replicas: int = 1
     creds: str | None = None

@@ -259,6 +259,16 @@ OPTIONS: tuple[Option, ...] = (
         sets="checkpoint_seconds",
     ),
     Option(
+        "nats_linger",
+        float,
+        "nats",
+        "ingest: how long a batch may wait for others to share its write to NATS: latency against "
+        "CPU (0: none; default 0.003)",
+        (0, 1),
+        lands=NATS,
+        sets="linger_seconds",
+    ),
+    Option(
         "nats_leases",
         bool,
         "nats",

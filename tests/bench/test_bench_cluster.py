@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
 from tests.support.bench_runs import run_bench
@@ -19,6 +20,8 @@ def test_ingest_mode_counts_every_batch_of_one_and_two_ingest_processes() -> Non
     assert [run["stored"] for run in result["runs"]["1"]] == [200]
     assert [run["stored"] for run in result["runs"]["2"]] == [400]
     assert result["stream_rate_1"] > 0 and result["stream_rate_2"] > 0
+    printed = subprocess.run([nats_binary(), "--version"], capture_output=True, text=True, check=True).stdout
+    assert result["nats_server"].startswith("v2.") and printed.strip().endswith(" " + result["nats_server"])
 
 
 def test_fanout_mode_measures_the_single_process_and_an_edge() -> None:

@@ -46,9 +46,11 @@ def sim(start: Start, pub: int, rep: int, *more: str) -> Proc:
 def ingest(start: Start, nats: NatsServer, spec: str) -> Proc:
     """An ingest process that reads every source it is given at once, whatever other processes do
     (``--nats-leases false``: a hot standby, or a replacement that does not wait for a lease to run
-    out; test_shards.py covers the processes that share sources through leases)."""
-    proc = start("ingest", "--source", spec, "--nats", nats.url, "--port", "0", "--nats-leases", "false")
-    proc.wait_for("ingest publishing to", timeout=30)
+    out; test_shards.py covers the processes that share sources through leases). Its publishes wait
+    at most 2 ms for company (``--nats-linger``, reported by its publisher in its start line)."""
+    flags = ("--nats-leases", "false", "--nats-linger", "0.002")
+    proc = start("ingest", "--source", spec, "--nats", nats.url, "--port", "0", *flags)
+    proc.wait_for(r"ingest publishing to .* \(linger 2 ms\)", timeout=30)
     return proc
 
 
@@ -400,14 +402,11 @@ def test_serve_workers_on_an_existing_nats_server(procs: Start, nats_server: Nat
     wait_until(lambda: _gone(kids), timeout=20, what="every child gone")
 
 
-def test_the_publish_linger_waits_only_where_company_can_come(
-    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_publish_linger_waits_only_where_company_can_come(nats_server: NatsServer) -> None:
     """The ingest's publisher, with a linger of an hour: the first record (nothing came before it)
     is published at once, and so are two queued together (company came already); one close behind
     them waits for company (a publish sent after it on the same connection is stored before it),
     and leaves, in order, with the rest once ``LINGER_BATCH`` are queued."""
-    monkeypatch.setattr(publishing, "LINGER_SECONDS", 3600.0)
     arun(_linger_story(nats_server.url))
 
 
@@ -416,7 +415,7 @@ async def _linger_story(url: str) -> None:
     nc = await nats_link.connect(options)
     js = nc.jetstream()
     await nats_link.ensure_stream(js, options)
-    publisher = publishing.Publisher(nc, js, options.subject_prefix, options.stream, metrics=Metrics())
+    publisher = publishing.Publisher(nc, js, options.subject_prefix, options.stream, metrics=Metrics(), linger=3600.0)
     publisher.start()
 
     def append(*seqs: int) -> None:

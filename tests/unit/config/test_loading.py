@@ -77,6 +77,9 @@ def test_flag_beats_environment_beats_file_beats_default(option: Option, tmp_pat
         float: (150.5, 250.5, 350.5),  # above the duplicate window's default, below the retention's
         bool: (not default, default, not default),
     }
+    if option.kind is float and option.limits:  # within them, and none is the default
+        bottom, span = option.limits[0], option.limits[1] - option.limits[0]
+        samples[float] = (bottom + span * 0.15, bottom + span * 0.25, bottom + span * 0.35)
     file_value, env_value, flag_value = samples[option.kind]
     path = tmp_path / "kv.toml"
     literal = str(file_value).lower() if option.kind is bool else str(file_value)
@@ -297,6 +300,22 @@ def test_a_cluster_setting_applies_only_to_the_commands_that_take_it(tmp_path: P
         (EDGE, (["--nats-leases", "maybe"], {}, ""), "--nats-leases: expected true or false, got 'maybe'"),
         (EDGE, ([], {}, ""), "no NATS server: give --nats URL, $KVGATEWAY_NATS or [cluster] nats in the file"),
         (INGEST, ([*SOURCE, "--nats", "http://h:1"], {}, ""), "--nats 'http://h:1': http:// is not NATS"),
+        (
+            INGEST,
+            ([*SOURCE, *NATS_URL, "--nats-linger", "-0.001"], {}, ""),
+            "--nats-linger: must be from 0 to 1, got -0.001",
+        ),
+        (
+            INGEST,
+            ([*SOURCE, *NATS_URL], {"KVGATEWAY_NATS_LINGER": "nan"}, ""),
+            "KVGATEWAY_NATS_LINGER: must be from 0 to 1, got nan",
+        ),
+        (
+            INGEST,
+            ([*SOURCE, *NATS_URL], {}, "nats_linger = 5"),
+            "[cluster] key 'nats_linger': must be from 0 to 1, got 5.0",
+        ),
+        (INGEST, ([*SOURCE, *NATS_URL, "--nats-linger", "3ms"], {}, ""), "--nats-linger: expected a number, got '3ms'"),
     ],
 )
 def test_bad_cluster_settings_name_where_they_came_from(
