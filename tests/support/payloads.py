@@ -88,6 +88,15 @@ def stored_fields(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
+def counted_medium(medium: str | None, extra: dict[str, Any]) -> str | None:
+    """The medium a map event's block is counted under (docs/protocol.md): a block of a remote pool,
+    ``locality`` "REMOTE" in any case, under ``REMOTE_`` and its medium (GPU where none is sent)."""
+    locality = extra.get("locality")
+    if isinstance(locality, str) and locality.upper() == "REMOTE":
+        return "REMOTE_" + (medium.upper() if medium else "GPU")
+    return medium
+
+
 @st.composite
 def encoded_event(draw: st.DrawFn) -> tuple[Any, Event, tuple[Any, ...]]:
     """(the plain value an engine sends, the event it must decode to, its layout-free core)."""
@@ -95,7 +104,6 @@ def encoded_event(draw: st.DrawFn) -> tuple[Any, Event, tuple[Any, ...]]:
     as_map = draw(st.booleans())
     if kind == "stored":
         f = draw(stored_fields())
-        core = ("BlockStored", *(f[name] for name in STORED_CORE), f["group_idx"])
         if as_map:
             body: dict[str, Any] = {"type": "BlockStored"}
             for name in STORED_POSITIONAL:  # None values may be left out (omit_defaults)
@@ -111,7 +119,9 @@ def encoded_event(draw: st.DrawFn) -> tuple[Any, Event, tuple[Any, ...]]:
             trailing = draw(st.lists(small_value, max_size=3)) if n == 11 else []
             wire_value = ["BlockStored", *(f[name] for name in STORED_POSITIONAL[:n]), *trailing]
             extra = {name: f[name] for name in STORED_FURTHER[: max(0, n - 7)]}
-        expected: Event = BlockStored(**{name: f[name] for name in STORED_CORE}, extra=extra)
+        fields = {name: f[name] for name in STORED_CORE} | {"medium": counted_medium(f["medium"], extra)}
+        expected: Event = BlockStored(**fields, extra=extra)
+        core = ("BlockStored", *(fields[name] for name in STORED_CORE), f["group_idx"])
         return wire_value, expected, core
     if kind == "removed":
         hashes = draw(st.lists(hash_st, max_size=4))
@@ -126,7 +136,9 @@ def encoded_event(draw: st.DrawFn) -> tuple[Any, Event, tuple[Any, ...]]:
                 body["group_idx"] = group_idx
             body.update(draw(st.dictionaries(st.sampled_from(["locality", "ownership"]), small_value)))
             extra = {k: v for k, v in body.items() if k not in {"type", "block_hashes", "medium"}}
-            return body, BlockRemoved(block_hashes=hashes, medium=medium, extra=extra), core
+            counted = counted_medium(medium, extra)
+            core = ("BlockRemoved", hashes, counted, group_idx)
+            return body, BlockRemoved(block_hashes=hashes, medium=counted, extra=extra), core
         n = 3 if group_idx is not None else draw(st.sampled_from([2, 3] if medium is not None else [1, 2, 3]))
         values = ["BlockRemoved", hashes, medium, group_idx][: n + 1]
         extra = {"group_idx": group_idx} if n == 3 else {}

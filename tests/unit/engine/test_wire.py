@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kvgateway.engine import _batch_py, wire
@@ -310,8 +310,25 @@ batch_st = st.tuples(
 )
 
 
+REMOTE_REMOVAL = {"type": "BlockRemoved", "block_hashes": [], "medium": "GPU", "locality": "REMOTE"}
+"""A map removal of a remote pool's block (hypothesis drew it once: the oracle then expected GPU)."""
+
+
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=batch_st)
+@example(
+    batch=(
+        0.0,
+        [
+            (
+                REMOTE_REMOVAL,
+                BlockRemoved([], "REMOTE_GPU", {"locality": "REMOTE"}),
+                ("BlockRemoved", [], "REMOTE_GPU", None),
+            )
+        ],
+        (),
+    )
+)
 def test_every_layout_mixed_in_one_batch_decodes_to_the_same_events(
     batch: tuple[float, list[tuple[Any, Event, tuple[Any, ...]]], tuple[Any, ...]],
 ) -> None:
