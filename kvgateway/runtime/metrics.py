@@ -500,6 +500,11 @@ class Metrics:
         self.jetstream_retries = Counter(
             "kvgateway_jetstream_retries", "Records sent to the stream again after a failure (ingest).", registry=r
         )
+        self.jetstream_writes = Counter(
+            "kvgateway_jetstream_writes",
+            "Writes of queued records to NATS (ingest): published over writes is records a write.",
+            registry=r,
+        )
         self.jetstream_pending = Gauge(
             "kvgateway_jetstream_pending", "Records queued or unacknowledged by the stream (ingest).", registry=r
         )

@@ -415,7 +415,8 @@ async def _linger_story(url: str) -> None:
     nc = await nats_link.connect(options)
     js = nc.jetstream()
     await nats_link.ensure_stream(js, options)
-    publisher = publishing.Publisher(nc, js, options.subject_prefix, options.stream, metrics=Metrics(), linger=3600.0)
+    metrics = Metrics()
+    publisher = publishing.Publisher(nc, js, options.subject_prefix, options.stream, metrics=metrics, linger=3600.0)
     publisher.start()
 
     def append(*seqs: int) -> None:
@@ -438,6 +439,9 @@ async def _linger_story(url: str) -> None:
         assert stored[3].subject == "linger.marker"
         decoded = [records.decode(raw.data or b"") for raw in stored if raw.subject != "linger.marker"]
         assert [record.seq for record in decoded if isinstance(record, records.WireBatch)] == list(range(last + 1))
+        # three writes: record 0 alone, then 1 and 2, then 3 with the LINGER_BATCH - 1 after it
+        assert metrics.registry.get_sample_value("kvgateway_jetstream_writes_total") == 3
+        assert metrics.registry.get_sample_value("kvgateway_jetstream_published_total") == last + 1
     finally:
         await publisher.stop()
         await nats_link.close(nc)
