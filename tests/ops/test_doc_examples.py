@@ -47,6 +47,7 @@ OTHER_TOOLS_FLAGS = {
     "--retry-delay": "curl",
     "--retry-connrefused": "curl",
     "--separate-callers": "valgrind --tool=callgrind",
+    "--call-graph": "perf record",
 }
 """Flags of other programs that the documents mention, with the program."""
 
