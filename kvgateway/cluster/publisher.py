@@ -99,7 +99,7 @@ class Publisher:
         linger: float = LINGER_SECONDS,
     ) -> None:
         self.metrics = metrics
-        self.linger = linger  # seconds; 0: each publish leaves in the turn it was appended
+        self.linger = linger  # seconds; 0: what is queued leaves when the pump next runs, unwaited
         self._nc = nc
         self._js = js
         self._prefix = prefix
@@ -224,7 +224,8 @@ class Publisher:
                 await self._linger()
             # What is queued now leaves in one write: nats-py buffers the publishes (none of them
             # yields below its 2 MB buffer) and its flusher writes them together in its next turn.
-            self.metrics.jetstream_writes.inc()
+            if queue and not self._failed:  # an acknowledgement may have failed during the linger
+                self.metrics.jetstream_writes.inc()
             while queue and len(self._in_flight) < MAX_IN_FLIGHT and not self._failed:
                 item = queue.popleft()
                 self._next_id += 1
@@ -238,8 +239,8 @@ class Publisher:
 
     def _lingers(self) -> bool:
         """Whether the queue waits for company before it is sent. Never with no linger; not when its
-        oldest record came the linger's time or more after the one before it (at that pace a linger gathers nothing:
-        it would add its whole wait to every record for no fewer writes), nor when the queue already
+        oldest record came the linger's time or more after the one before it (at that pace a linger
+        gathers nothing: it would add its whole wait to every record for no fewer writes), nor when the queue already
         holds :data:`LINGER_BATCH`, or as many as the last linger gathered and at least two (a burst,
         or a backlog the pump finds when it comes late, as after a stall: company came already)."""
         queued = len(self._queue)
