@@ -17,6 +17,7 @@ from collections import _count_elements
 from kvgateway.engine._slots cimport field, field_offset  # a Struct's field read from its slot
 
 from kvgateway.engine.sequencer import Deliver
+from kvgateway.ingest import _outlet_py
 from kvgateway.engine.wire import Batch
 from kvgateway.log.records import BatchRecord
 from kvgateway.protocol import render
@@ -30,6 +31,7 @@ cdef object _EncodedEvents = EncodedEvents
 cdef object _events_json = render.events_json  # the chosen renderer's (compiled with this core)
 cdef object _count = _count_elements
 cdef Py_ssize_t _FOLD_AT = FOLD_AT
+cdef object _reference_init = _outlet_py.Delivery.__init__
 
 cdef Py_ssize_t _SEQ = field_offset(Deliver, "seq")
 cdef Py_ssize_t _BATCH = field_offset(Deliver, "batch")
@@ -61,22 +63,9 @@ cdef class Delivery:
     cdef public long long cleared
     cdef public dict keyed
 
-    def __init__(self, key, dp_rank, status, staleness, lag, *, log, other, rank_mismatch, report):
-        self.key = key
-        self.dp_rank = dp_rank
-        self.status = status
-        self.staleness = staleness
-        self.lag = lag
-        self.lags = lag.values
-        self.log = log
-        self.other = other
-        self.rank_mismatch = rank_mismatch
-        self.report = report
-        self.held = 0
-        self.reported = False
-        self.shown_batches = 0
-        self.stored = self.removed = self.cleared = 0
-        self.keyed = {}
+    def __init__(self, *args, **kwargs):
+        """The reference's own constructor, run on this type's fields."""
+        _reference_init(self, *args, **kwargs)
 
     def apply(self, actions, received, held):
         """:meth:`kvgateway.ingest._outlet_py.Delivery.apply`."""

@@ -8,8 +8,6 @@ test in C; a Struct's fields (the record's, the batch's, the message's, an entry
 their slots (engine/_slots.pxd). What is not on the per-batch path (the offsets, a trim past the byte
 bound, a resume's read, a filter's variant) is the reference's own functions, run on these rings."""
 
-from collections import deque
-
 from kvgateway.engine._slots cimport field, field_offset  # a Struct's field read from its slot
 
 from kvgateway.engine.wire import Batch
@@ -26,6 +24,8 @@ cdef object _EncodedBatch = EncodedBatch
 cdef object _OutMessage = OutMessage
 cdef object _make_entry = make_entry
 cdef object _batch_message = render.batch_message  # the chosen renderer's (compiled with this core)
+cdef object _ring_init = _ring_py.Ring.__init__
+cdef object _appender_init = _ring_py.RingAppender.__init__
 
 cdef Py_ssize_t _R_STREAM = field_offset(BatchRecord, "stream")
 cdef Py_ssize_t _R_SEQ = field_offset(BatchRecord, "seq")
@@ -48,14 +48,9 @@ cdef class Ring:
     cdef public object _entries
     cdef public object _next
 
-    def __init__(self, max_messages, max_bytes, *, first_offset=1):
-        if max_messages < 0 or max_bytes < 0:
-            raise ValueError("ring bounds must be >= 0")
-        self.max_messages = max_messages
-        self.max_bytes = max_bytes
-        self._entries = deque()
-        self._next = first_offset
-        self.bytes = 0
+    def __init__(self, *args, **kwargs):
+        """The reference's own constructor (its checks, its fields), run on this type's fields."""
+        _ring_init(self, *args, **kwargs)
 
     def __len__(self):
         return len(self._entries)
@@ -98,13 +93,9 @@ cdef class RingAppender:
     cdef public object appended
     cdef public bint fed
 
-    def __init__(self, Ring ring, epoch, *, appended=None):
-        self.ring = ring
-        self.epoch = epoch
-        self.offset = ring.last_offset
-        self.followers = []
-        self.appended = appended
-        self.fed = False
+    def __init__(self, *args, **kwargs):
+        """The reference's own constructor, run on this type's fields."""
+        _appender_init(self, *args, **kwargs)
 
     def append(self, record):
         """:meth:`kvgateway.log._ring_py.RingAppender.append`."""
