@@ -29,7 +29,6 @@ from pathlib import Path
 
 import kvgateway
 from kvgateway.cluster.commands import exit_with_parent, require_nats
-from kvgateway.config.arguments import nats_argv
 from kvgateway.config.cluster import NatsOptions
 from kvgateway.config.errors import ConfigError
 from kvgateway.config.loading import Loaded
@@ -117,7 +116,11 @@ def children(workers: int, argv: list[str], nats: NatsOptions, store: Path | Non
     me = [sys.executable, "-P", "-m", "kvgateway"]  # -P: the working directory cannot shadow the package
     env = child_env()
     shared = _server_argv(argv)
-    nats_flags = nats_argv(nats)
+    # The servers only: they are the supervisor's choice (its private nats-server, or --nats). Every
+    # other NATS setting stays the children's to read from the file (--config, in ``shared``) and
+    # the environment they inherit, as a lone ingest or edge reads it: ``serve`` takes none of them
+    # as a flag, so a flag with its default here would override what the file or a variable says.
+    nats_flags = [arg for url in nats.servers for arg in ("--nats", url)]
     out = []
     if store is not None:
         binary = shutil.which("nats-server") or "/usr/sbin/nats-server"

@@ -1,13 +1,12 @@
 """The command line made from the option table: a command's flags, grouped as --help shows them,
 each with no argparse default (None is "not given": the loader looks at the environment and the
-file next), and the flags that give NATS options to a child process."""
+file next)."""
 
 from __future__ import annotations
 
 import argparse
 
-from kvgateway.config.cluster import NatsOptions
-from kvgateway.config.options import CONFIG_ENV, GROUPS, NATS_KEYS, OPTION_BY_KEY, SOURCES_ENV, Option, OptionSet
+from kvgateway.config.options import CONFIG_ENV, GROUPS, SOURCES_ENV, Option, OptionSet
 
 SOURCE_HELP = (
     "name=NAME,endpoint=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,topic=T][,dp_size=N][,bind=true]"
@@ -53,18 +52,3 @@ def flag_names(parser: argparse.ArgumentParser) -> set[str]:
             for sub in action.choices.values():
                 names |= flag_names(sub)
     return names
-
-
-def nats_argv(options: NatsOptions) -> list[str]:
-    """The flags that give ``options`` to a child process (``kvgateway ingest`` or ``edge``)."""
-    argv: list[str] = []
-    for key in NATS_KEYS:
-        option = OPTION_BY_KEY[key]
-        value = getattr(options, option.attribute)
-        if value is None:
-            continue
-        values = value if isinstance(value, tuple) else (value,)
-        for item in values:
-            text = ("true" if item else "false") if isinstance(item, bool) else str(item)
-            argv += [option.flag_name, text]
-    return argv

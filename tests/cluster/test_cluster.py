@@ -386,11 +386,22 @@ def test_an_ingest_outage_longer_than_the_engine_buffer_is_one_exact_loss(
     second.wait_for("continuing after seq")
 
 
-def test_serve_workers_on_an_existing_nats_server(procs: Start, nats_server: NatsServer) -> None:
+def test_serve_workers_on_an_existing_nats_server(procs: Start, nats_server: NatsServer, tmp_path: Path) -> None:
+    """With the NATS settings that ``serve`` has no flags for given in the file and the
+    environment, as one configuration serves every process: the children use them (the stream
+    the edge follows, the linger the ingest publishes with), not the defaults."""
     pub, rep, port = free_port(), free_port(), free_port()
     spec = source_spec("sim", pub, rep)
     sim(procs, pub, rep, "--rate", "100", "--batches", "100000")
-    parent = procs("serve", "--source", spec, "--port", str(port), "--workers", "1", "--nats", nats_server.url)
+    config = tmp_path / "kvgateway.toml"
+    config.write_text('[cluster]\nnats_stream = "POOL_A"\n')
+    parent = procs(
+        *("serve", "--config", str(config), "--source", spec, "--port", str(port)),
+        *("--workers", "1", "--nats", nats_server.url),
+        env={"KVGATEWAY_NATS_LINGER": "0.01"},
+    )
+    parent.wait_for("(linger 10 ms)", timeout=40)
+    parent.wait_for("edge following POOL_A", timeout=40)
     wait_until(lambda: ready(port), timeout=40, what="the edge ready")
     kids = _children(parent.popen.pid)
     assert len(kids) == 2  # ingest and one edge: no private nats-server

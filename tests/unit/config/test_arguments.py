@@ -1,5 +1,5 @@
 """kvgateway.config.arguments: each command's flags are made from the option table, as its option
-set says; and the flags a child process is given give it the same options back."""
+set says."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ import pytest
 from kvgateway import cli
 from kvgateway.cli import SERVE
 from kvgateway.cluster.commands import EDGE, INGEST
-from kvgateway.config.arguments import add_arguments, flag_names, nats_argv
-from kvgateway.config.cluster import NatsOptions
+from kvgateway.config.arguments import add_arguments, flag_names
 from kvgateway.config.options import CLIENT_ONLY, NATS_KEYS, OPTIONS, SERVER_KEYS, OptionSet
 from kvgateway.demo import DEMO
-from tests.support.command_line import load_command, parse
+from tests.support.command_line import parse
 
 
 def _flags(*argv: str) -> set[str]:
@@ -67,26 +66,3 @@ def test_max_learned_blocks_help_gives_the_learners_figures() -> None:
     text = " ".join(parser.format_help().split())
     assert f"{learner.LEARNED_PER_RESIDENT:g} per resident block" in text
     assert f"at least {learner.LEARNED_FLOOR}" in text
-
-
-def test_a_childs_nats_flags_give_it_the_same_options() -> None:
-    given = NatsOptions(
-        servers=("nats://a:1", "nats://b:2"),
-        stream="S",
-        subject_prefix="p",
-        retention_seconds=900.5,
-        duplicate_window_seconds=60.0,
-        checkpoint_seconds=0.0,
-        leases=False,
-        replicas=3,
-        creds="/c",
-        tls_ca="/ca",
-        tls_cert="/cert",
-        tls_key="/key",
-        token_file="/t",
-    )
-    argv = nats_argv(given)
-    assert argv[:4] == ["--nats", "nats://a:1", "--nats", "nats://b:2"] and "--nats-leases" in argv
-    assert load_command(EDGE, *argv).nats == given
-    defaults = nats_argv(NatsOptions(servers=("nats://a:1",)))
-    assert "--nats-creds" not in defaults and load_command(EDGE, *defaults).nats == NatsOptions(servers=("nats://a:1",))
