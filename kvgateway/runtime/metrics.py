@@ -48,6 +48,7 @@ REJECTION_REASONS = (
     "bad_request",
     "too_many_snapshots",
     "rate_limited",
+    "shutdown",
 )
 REJECTION_TRANSPORTS = ("ws", "sse", "http")
 
@@ -423,7 +424,7 @@ class Metrics:
         self.client_rejections = Counter(
             "kvgateway_client_rejections",
             "Requests refused before streaming (unauthorized, forbidden_origin, forbidden_host, too_many_clients, "
-            "bad_request).",
+            "bad_request, too_many_snapshots, rate_limited, shutdown).",
             ("transport", "reason"),
             registry=r,
         )

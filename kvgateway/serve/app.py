@@ -28,7 +28,7 @@ from kvgateway.protocol.messages import schema_bytes
 from kvgateway.serve.dashboard_api import DashboardData, analytics_endpoint, history_endpoint
 from kvgateway.serve.errors import json_error
 from kvgateway.serve.http_query import bad_request, read_query
-from kvgateway.serve.hub import TooManyClients
+from kvgateway.serve.hub import ShuttingDown, TooManyClients
 from kvgateway.serve.middleware import PROTECTED_PREFIX, Authentication, HostCheck, SecurityHeaders
 from kvgateway.serve.query import INT_SEQS, BadRequest, ClientRequest
 from kvgateway.serve.role import Role
@@ -179,6 +179,9 @@ async def events(request: Request) -> Response:
         return json_error(400, str(exc))
     try:
         subscription = await serving.subscribe(client, "sse")
+    except ShuttingDown:
+        metrics.client_rejections.labels("sse", "shutdown").inc()
+        return json_error(503, "gateway shutting down", **{"Retry-After": "5"})
     except TooManyClients:
         metrics.client_rejections.labels("sse", "too_many_clients").inc()
         return json_error(503, "too many clients", **{"Retry-After": "5"})
@@ -201,9 +204,10 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
         return
     try:
         subscription = await serving.subscribe(client, "ws")
-    except TooManyClients:
-        metrics.client_rejections.labels("ws", "too_many_clients").inc()
-        code, reason = WS_CLOSE["too_many_clients"]
+    except (ShuttingDown, TooManyClients) as exc:
+        why = "shutdown" if isinstance(exc, ShuttingDown) else "too_many_clients"
+        metrics.client_rejections.labels("ws", why).inc()
+        code, reason = WS_CLOSE[why]
         await websocket.accept()
         await websocket.close(code, reason)
         return

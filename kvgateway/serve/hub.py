@@ -36,6 +36,11 @@ class TooManyClients(Exception):
     """No room for another client (HTTP 503 before the upgrade, or close 1013 after)."""
 
 
+class ShuttingDown(Exception):
+    """The gateway is stopping: no new client (HTTP 503 before the upgrade, or close 1012 after,
+    as the clients it had are told)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ResumePoint:
     """Where a new client starts: after ``offset``; ``recovered`` when it resumes its own position."""
@@ -146,10 +151,11 @@ class Hub:
     # clients
 
     def resume_point(self, request: ClientRequest, transport: Transport) -> ResumePoint:
-        """Where a client asking ``request`` starts; raises :class:`TooManyClients` (the route
-        counts the rejection). Call :meth:`subscribe` before anything is appended to the log."""
+        """Where a client asking ``request`` starts; raises :class:`ShuttingDown` or
+        :class:`TooManyClients` (the route counts the rejection). Call :meth:`subscribe` before
+        anything is appended to the log."""
         if self._closed:
-            raise TooManyClients("the gateway is shutting down")
+            raise ShuttingDown("the gateway is shutting down")
         if len(self._clients) >= self.max_clients:
             raise TooManyClients(f"the gateway already serves {self.max_clients} clients")
         last = self.log.last_offset

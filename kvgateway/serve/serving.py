@@ -150,7 +150,8 @@ class Serving:
     async def subscribe(self, request: ClientRequest, transport: Transport) -> Subscription:
         """A new client, on whatever log: the log first holds what a resume reads (an edge waits
         for an id ahead of it, or fetches a range older than its ring), then one synchronous
-        step makes the hello and the subscription. Raises :class:`~kvgateway.serve.hub.TooManyClients`."""
+        step makes the hello and the subscription. Raises :class:`~kvgateway.serve.hub.ShuttingDown` or
+        :class:`~kvgateway.serve.hub.TooManyClients`."""
         async with self.log.holding(request.last_event_id):
             return self.subscribe_held(request, transport)
 

@@ -31,6 +31,7 @@ WS_CLOSE: Final[dict[str, tuple[int, str]]] = {
     "slow_consumer": (1013, "slow consumer"),
     "too_many_clients": (1013, "too many clients"),
     "shutdown": (1012, "gateway shutting down"),
+    "error": (1011, ""),  # the client's transport failed: a close is tried, the peer may be gone
 }
 """WebSocket close code and reason for each way the gateway ends a connection (docs/protocol.md)."""
 

@@ -7,16 +7,17 @@ import asyncio
 import gc
 import json
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import pytest
 
 from kvgateway.protocol import messages
 from kvgateway.protocol.filters import ClientFilter
 from kvgateway.protocol.messages import OutMessage
-from kvgateway.serve.hub import TooManyClients
+from kvgateway.serve.hub import ShuttingDown
 from kvgateway.serve.query import ClientRequest
-from kvgateway.serve.sessions import Pump, Turns, Writers, turns
+from kvgateway.serve.sessions import UTF8_TEXT, Pump, Turns, Writers, turns, ws_session
 from tests.support.events import batch, stored
 from tests.support.hub import make_hub, next_chunk, offsets, publish_batch, run, sample, subscribe, subscribe_request
 
@@ -82,7 +83,7 @@ def test_next_chunk_waits_for_a_publish_and_close_wakes_it() -> None:
 
     run(scenario())
     assert sample(hub, "kvgateway_client_disconnects_total", transport="ws", reason="shutdown") == 1
-    with pytest.raises(TooManyClients):
+    with pytest.raises(ShuttingDown):
         subscribe(hub)
 
 
@@ -235,3 +236,51 @@ def test_the_turns_of_a_loop_do_not_keep_it_alive() -> None:
     del first, second
     gc.collect()
     assert [loop() for loop in loops] == [None, None]
+
+
+class _BrokenSocket:
+    """What :func:`ws_session` uses of a Starlette WebSocket, on a transport that fails: the frames
+    the awaited send writes are kept, the ``send_now`` offered with :data:`UTF8_TEXT` raises (the
+    peer is gone), the client says nothing, and the close the session sends is kept."""
+
+    def __init__(self) -> None:
+        self.sent: list[Mapping[str, Any]] = []
+        self.closed: tuple[int, str] | None = None
+        self.scope = {"type": "websocket", "extensions": {UTF8_TEXT: {"send": self.send, "send_now": self._fail}}}
+
+    async def send(self, message: Mapping[str, Any]) -> None:
+        self.sent.append(message)
+
+    def _fail(self, chunk: Callable[[], Sequence[bytes]]) -> bool:
+        raise OSError("connection reset")
+
+    async def accept(self) -> None:
+        pass
+
+    async def receive(self) -> dict[str, Any]:
+        await asyncio.Event().wait()  # a client that never speaks (cancelled by the session)
+        raise AssertionError("unreachable")
+
+    async def close(self, code: int, reason: str) -> None:
+        self.closed = (code, reason)
+
+
+def test_a_session_whose_transport_fails_closes_with_1011() -> None:
+    """A write that raises ends that client alone ("error"), and the session closes it with 1011,
+    the internal error docs/protocol.md's table names (a close to a peer that may be gone)."""
+    hub = make_hub()
+    websocket = _BrokenSocket()
+
+    async def scenario() -> str | None:
+        sub = subscribe(hub)
+        session = asyncio.ensure_future(ws_session(websocket, sub))  # type: ignore[arg-type]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert [m["type"] for m in websocket.sent] == ["websocket.send"]  # the hello, awaited
+        publish_batch(hub, "a", 0, 0, batch(stored(0)))  # written from the push: the transport fails
+        await asyncio.wait_for(session, 5)
+        return sub.closed_reason
+
+    assert run(scenario()) == "error"
+    assert websocket.closed == (1011, "")
+    assert sample(hub, "kvgateway_client_disconnects_total", transport="ws", reason="error") == 1
