@@ -282,7 +282,7 @@ OPTIONS: tuple[Option, ...] = (
         "nats_replicas",
         int,
         "nats",
-        "stream replicas (1, 3 or 5; default 1)",
+        "stream replicas, 1 to 5 (an odd number keeps a majority; default 1)",
         (1, 5),
         lands=NATS,
         sets="replicas",

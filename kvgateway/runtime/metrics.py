@@ -369,7 +369,8 @@ def analytics_families() -> tuple[HistogramMetricFamily, CounterMetricFamily, Co
         CounterMetricFamily("kvgateway_sampled_evictions", "Removals of sampled blocks.", labels=labels),
         CounterMetricFamily(
             "kvgateway_block_refetches",
-            "Sampled blocks stored again within 60 s of their removal (the engine paid for them again).",
+            "Sampled blocks stored again within refetch_window (60 s by default) of their removal "
+            "(the engine paid for them again).",
             labels=labels,
         ),
     )

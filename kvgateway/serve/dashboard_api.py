@@ -22,7 +22,7 @@ from starlette.responses import Response
 
 from kvgateway.runtime.tasks import cancel_and_wait
 from kvgateway.serve.http_query import bad_request, read_query
-from kvgateway.serve.query import BadRequest
+from kvgateway.serve.query import BadRequest, check_once
 from kvgateway.state.history import History, MediumReading, StreamReading
 from kvgateway.state.occupancy import StreamIndex
 
@@ -125,6 +125,8 @@ def parse_history_query(own: dict[str, list[str]], interval: float) -> tuple[flo
     (:func:`kvgateway.serve.query.parse_route_query`); raises :class:`BadRequest`."""
     since: float | None = None
     step = 1
+    for name in ("since", "step"):
+        check_once(name, own.get(name, []))
     for value in own.get("since", []):
         try:
             since = float(value)

@@ -120,8 +120,7 @@ class HostCheck:
         if self.allows(None if raw is None else raw.decode("latin-1")):
             await self.app(scope, receive, send)
             return
-        transport = "ws" if scope["type"] == "websocket" else "http"
-        self.metrics.client_rejections.labels(transport, "forbidden_host").inc()
+        self.metrics.client_rejections.labels(_transport(scope), "forbidden_host").inc()
         logger.warning("request for a foreign host refused: %r", (raw or b"").decode("latin-1")[:200])
         await _refuse(scope, receive, send, json_error(400, "host not allowed (see --allowed-host)"))
 

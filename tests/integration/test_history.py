@@ -58,6 +58,8 @@ def test_history_route(procs: Start) -> None:
         ("?step=3", "step"),
         ("?since=x", "since"),
         ("?source=nope", "source"),
+        ("?since=1&since=2", "since: given more than once"),
+        ("?step=10&step=10", "step: given more than once"),
     ):
         res = httpx.get(f"{base}/v1/history{query}", timeout=5)
         assert res.status_code == 400 and word in res.json()["error"], (query, res.text)

@@ -44,10 +44,12 @@ from tests.support import (
     wait_until,
 )
 from tests.support.clients import ResumingClient
+from tests.support.metrics import metric
 
 pytestmark = pytest.mark.timeout(120)
 
 TOKEN = "sec-Tok3n-9b2f41c7d0"
+REJECTIONS = "kvgateway_client_rejections_total"
 OPEN_PATHS = {"/healthz", "/readyz", "/metrics"}
 """Routes that need no token on purpose: probes and Prometheus (docs/security.md)."""
 
@@ -529,15 +531,19 @@ def test_a_token_in_a_percent_encoded_parameter_is_not_logged(procs: Start) -> N
 
 def test_a_foreign_host_header_is_refused_on_a_loopback_gateway(procs: Start) -> None:
     http, pub = free_ports(2)
-    start_gateway(procs, http, [source_spec("e", pub)])
+    gateway = start_gateway(procs, http, [source_spec("e", pub)])
     evil = f"evil.example:{http}"
     request = ws_handshake_request(http, "/v1/ws", f"Host: {evil}", f"Origin: http://{evil}")
     with socket.create_connection(("127.0.0.1", http), timeout=10) as sock:
         sock.sendall(request.encode())
         status_line = sock.recv(4096).split(b"\r\n", 1)[0]
     assert b" 101 " not in status_line, "a DNS-rebinding page opened the WebSocket"
-    status, body = raw_request(http, "/v1/sources", f"Host: {evil}")
-    assert status != 200, body
+    for path in ("/v1/sources", "/v1/events"):
+        status, body = raw_request(http, path, f"Host: {evil}")
+        assert status == 400, body
+    # counted under the transport each asked for, as the token check counts its refusals
+    refused = {t: metric(gateway.base, REJECTIONS, transport=t, reason="forbidden_host") for t in ("ws", "sse", "http")}
+    assert refused == {"ws": 1.0, "sse": 1.0, "http": 1.0}
 
 
 # --- safe defaults -----------------------------------------------------------------------------------
