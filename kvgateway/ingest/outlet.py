@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from kvgateway.config.settings import StreamConfig
 from kvgateway.engine import wire
@@ -52,6 +52,14 @@ if TYPE_CHECKING:  # one API: the reference's
 else:
     _compiled = load("kvgateway.ingest._outlet_c")
     Delivery = _outlet_py.Delivery if _compiled is None else _compiled.Delivery
+
+MAX_EVENT_TYPES: Final = 16
+"""Event types a stream's ``kvgateway_events_received_total`` names (the three known ones always,
+once seen); the other types past it, in the order of their first event, are summed under
+:data:`OTHER_TYPES`: a type is a name from the wire, and a faulty engine would otherwise add a
+series per name."""
+OTHER_TYPES: Final = "other"
+_KNOWN_TYPES: Final = (wire.STORED, wire.REMOVED, wire.CLEARED)  # never summed into OTHER_TYPES
 
 ConnectionHook = Callable[["StreamOutlet", bool, bool, str, ConnectionCode], None]
 """Called with (outlet, connected, changed, reason, its code) after each connection report."""
@@ -333,6 +341,8 @@ class StreamOutlet:
             if count
         }
         for (kind, _medium, _tier), count in list(delivery.keyed.items()):
+            if kind not in counts and kind not in _KNOWN_TYPES and len(counts) >= MAX_EVENT_TYPES - 1:
+                kind = OTHER_TYPES  # noqa: PLW2901 - the label it is counted under
             counts[kind] = counts.get(kind, 0) + count
         return counts
 

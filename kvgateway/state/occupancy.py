@@ -23,6 +23,7 @@ much again in the fleet's holders; 42 bytes a block in all measured, against 161
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -69,8 +70,24 @@ RATE_DECIMALS: Final = 3
 """Rates are rounded to this many decimals where they are rendered into JSON (a thousandth of a
 block per second): a sum of floats is otherwise written as ``1185.1999999999998``."""
 
+logger = logging.getLogger("kvgateway.index")
+
 _ROUTE_CACHE_MAX: Final = 256
 """Bound on cached (raw medium, group_idx) routes: the wire's medium strings are not trusted."""
+
+MAX_MEDIUMS: Final = 32
+"""Mediums one stream's index keeps apart (its configured capacities' among them). A medium is a
+name from the wire: a faulty engine that sends ever new names would otherwise grow the index, the
+history (a preallocated hour per medium) and the metrics' series without bound. Real engines send a
+handful (GPU, CPU, a disk, remote pools)."""
+MAX_GROUPS: Final = 64
+"""Groups (``group_idx``) one medium keeps apart, for the same reason: hybrid models have a few."""
+OVERFLOW_MEDIUM: Final = "OTHER"
+"""Where a stream's events go past :data:`MAX_MEDIUMS` mediums: one medium for all the rest, its
+blocks counted exactly there (a block stored under one extra name and removed under another still
+leaves it), announced once by a warning."""
+OVERFLOW_GROUP: Final = -1
+"""Where a medium's events go past :data:`MAX_GROUPS` groups (no engine numbers a group -1)."""
 
 BlockGroup: TypeAlias = tuple[str, int, int, "AbstractSet[Hash]", "dict[Hash, int]"]
 """One (medium, group_idx) of a stream, from :meth:`StreamIndex.block_groups`: ``(medium name,
@@ -125,6 +142,7 @@ class StreamIndex:
         "_digest",
         "_fleet",
         "_mediums",
+        "_overflows",
         "_routes",
         "account",
         "dp_rank",
@@ -166,19 +184,44 @@ class StreamIndex:
         # (raw medium, raw group_idx) -> group: one dict lookup per event on the hot path.
         self._routes: dict[tuple[str | None, int | None], Group] = {}
         self._digest = False  # every group keeps its digest (see digest())
+        self._overflows: set[str] = set()  # the bounds this stream went past (warned once each)
 
     def route(self, medium: str | None, group_idx: int | None) -> Group:
-        """The group of a (raw medium, raw group_idx) not yet in the route cache."""
+        """The group of a (raw medium, raw group_idx) not yet in the route cache; past the bounds,
+        :data:`OVERFLOW_MEDIUM` or :data:`OVERFLOW_GROUP` (both cores' passes ask here)."""
         name = normalise_medium(medium)
         med = self._mediums.get(name)
         if med is None:
-            med = self._mediums[name] = Medium(self._fleet, medium_tier(name) == "GPU")
-        grp = med.group(0 if group_idx is None else group_idx)
+            if len(self._mediums) >= MAX_MEDIUMS and name != OVERFLOW_MEDIUM:
+                self._overflowed("mediums", MAX_MEDIUMS, name)
+                name = OVERFLOW_MEDIUM
+                med = self._mediums.get(name)
+            if med is None:
+                med = self._mediums[name] = Medium(self._fleet, medium_tier(name) == "GPU")
+        group = 0 if group_idx is None else group_idx
+        if group not in med.groups and len(med.groups) >= MAX_GROUPS:
+            self._overflowed(f"groups in {name}", MAX_GROUPS, str(group))
+            group = OVERFLOW_GROUP
+        grp = med.group(group)
         if self._digest and grp.digest is None:
-            grp.track(name, 0 if group_idx is None else group_idx)
+            grp.track(name, group)
         if len(self._routes) < _ROUTE_CACHE_MAX:
             self._routes[(medium, group_idx)] = grp
         return grp
+
+    def _overflowed(self, what: str, bound: int, name: str) -> None:
+        if what not in self._overflows:  # once per stream and kind: the names are the wire's
+            self._overflows.add(what)
+            where = OVERFLOW_MEDIUM if what == "mediums" else f"group {OVERFLOW_GROUP}"
+            logger.warning(
+                "stream %s:%d reports more than %d %s (%r among them): the index counts the rest as %s",
+                self.source,
+                self.dp_rank,
+                bound,
+                what,
+                name[:64],
+                where,
+            )
 
     def apply(self, batch: Batch, now: float, replayed: bool = False) -> None:
         """Apply one delivered batch in order; unknown event types are ignored.

@@ -23,7 +23,7 @@ from kvgateway.engine.sequencer import (
     Unrecovered,
 )
 from kvgateway.engine.wire import AllBlocksCleared, UnknownEvent
-from kvgateway.ingest.outlet import StreamOutlet
+from kvgateway.ingest.outlet import MAX_EVENT_TYPES, OTHER_TYPES, StreamOutlet
 from kvgateway.log.entry import Entry
 from kvgateway.log.ordered import MemoryLog
 from kvgateway.log.records import STATUS, BatchRecord, NoticeRecord
@@ -137,6 +137,22 @@ def test_a_delivered_batch_is_one_record_the_index_applies_and_counts_in_status_
     assert rig.sample("kvgateway_events_received_total", type="BlockStored") == 6
     assert rig.sample("kvgateway_events_received_total", type="AllBlocksCleared") == 2
     assert rig.sample("kvgateway_events_received_total", type="Vendor") == 2
+    # a faulty engine's ever new types: the first ones named, the rest summed under "other"
+    types = [f"Vendor{n}" for n in range(MAX_EVENT_TYPES + 3)]
+    rig.outlet.apply([Deliver(3, batch(*(UnknownEvent(t, {}) for t in types)), replayed=False)], NOW, held=0)
+    named = MAX_EVENT_TYPES - 1 - 4  # the three known types and "Vendor" came first
+    assert rig.outlet.events == {
+        "BlockStored": 6,
+        "BlockRemoved": 3,
+        "AllBlocksCleared": 2,
+        "Vendor": 2,
+        **dict.fromkeys(types[:named], 1),
+        OTHER_TYPES: len(types) - named,
+    }
+    assert rig.sample("kvgateway_events_received_total", type=OTHER_TYPES) == len(types) - named
+    more = batch(stored(8), events.cleared(), events.removed(8))  # the known types are never summed
+    rig.outlet.apply([Deliver(4, more, replayed=False)], NOW, held=0)
+    assert (rig.outlet.events["BlockStored"], rig.outlet.events["AllBlocksCleared"]) == (7, 3)
 
 
 def test_the_lags_wait_unbucketed_fold_at_most_and_a_scrape_sees_every_one() -> None:

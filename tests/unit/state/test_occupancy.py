@@ -16,7 +16,16 @@ from hypothesis import strategies as st
 from kvgateway.engine.wire import AllBlocksCleared, Batch, BlockStored, Event, Hash, UnknownEvent
 from kvgateway.protocol.filters import event_key, select
 from kvgateway.state.attribution import Attribution
-from kvgateway.state.occupancy import RATE_WINDOW_SECONDS, MediumStats, OccupancyIndex, StreamIndex
+from kvgateway.state.occupancy import (
+    MAX_GROUPS,
+    MAX_MEDIUMS,
+    OVERFLOW_GROUP,
+    OVERFLOW_MEDIUM,
+    RATE_WINDOW_SECONDS,
+    MediumStats,
+    OccupancyIndex,
+    StreamIndex,
+)
 from tests.support.events import BIG, batch, removed, stored
 
 
@@ -628,3 +637,34 @@ def test_holds_any_answers_as_the_resident_count_does(
             make = stored if kind == "stored" else removed
             occupancy.apply(source, rank, batch(make(*hashes, medium=medium)), 0.0)
         assert occupancy.holds_any() == (occupancy.resident_blocks() > 0)
+
+
+# --- bounds on what the wire names -----------------------------------------------------------
+
+
+def test_a_stream_past_its_mediums_and_groups_counts_the_rest_in_one_each(caplog: pytest.LogCaptureFixture) -> None:
+    """A faulty engine naming ever new mediums or groups: the index keeps MAX_MEDIUMS mediums and
+    MAX_GROUPS groups a medium apart, and counts every later one's blocks, exactly, in
+    OVERFLOW_MEDIUM or OVERFLOW_GROUP, with one warning for each bound."""
+    index = StreamIndex("a", 0, capacity_blocks={"CPU": 100})  # a configured medium counts as one
+    extra = 5
+    index.apply(batch(*(stored(n, medium=f"m{n}") for n in range(1, MAX_MEDIUMS + extra))), 0.0)
+    kept = [f"M{n}" for n in range(1, MAX_MEDIUMS)]
+    assert sorted(index.medium_stats(0.0)) == sorted(["CPU", *kept, OVERFLOW_MEDIUM])
+    assert stats(index, OVERFLOW_MEDIUM).blocks == extra
+    # the same medium again stays in its own; one removed under yet another new name leaves OTHER
+    index.apply(batch(stored(10_000, medium="m1"), removed(MAX_MEDIUMS + 1, medium="never-seen")), 0.0)
+    assert (stats(index, "M1").blocks, stats(index, OVERFLOW_MEDIUM).blocks) == (2, extra - 1)
+    assert index.unknown_removes == 0
+    other = StreamIndex("b", 1)
+    other.apply(batch(*(stored(20_000 + g, medium="GPU", group=g) for g in range(MAX_GROUPS + 3))), 0.0)
+    other.apply(batch(removed(20_000 + MAX_GROUPS, medium="GPU", group=10**9)), 0.0)
+    assert sorted(other.groups("GPU")) == [OVERFLOW_GROUP, *range(MAX_GROUPS)]
+    assert other.groups("GPU")[OVERFLOW_GROUP] == 2
+    warned = [r.getMessage() for r in caplog.records if r.name == "kvgateway.index"]
+    assert warned == [
+        f"stream a:0 reports more than {MAX_MEDIUMS} mediums ('M{MAX_MEDIUMS}' among them): "
+        f"the index counts the rest as {OVERFLOW_MEDIUM}",
+        f"stream b:1 reports more than {MAX_GROUPS} groups in GPU ('{MAX_GROUPS}' among them): "
+        f"the index counts the rest as group {OVERFLOW_GROUP}",
+    ]
