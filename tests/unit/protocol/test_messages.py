@@ -4,6 +4,7 @@ message the package sends against the JSON Schema."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import msgspec
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from kvgateway.engine import wire
 from kvgateway.protocol import messages, render
 from kvgateway.protocol.messages import OutMessage
+from kvgateway.state.learner import ChainLearner
+from kvgateway.state.lookup import BadLookup, TokenQuery, lookup_hashes, lookup_tokens, parse_hash
 from kvgateway.state.occupancy import OccupancyIndex
 from tests.support.events import MIXED, batch, removed, stored
 from tests.support.hub import TRT_SEQ, decode, drain, make_hub, publish_batch, publish_notice, snapshot, subscribe
@@ -77,12 +80,19 @@ def test_the_int_seqs_variant_of_a_batch_unquotes_its_seq_only() -> None:
     assert messages.with_int_seqs(state) is state  # no seq in it: the message itself
 
 
+def _occupancy(offset: int) -> dict[str, Any]:
+    """A real occupancy snapshot: the schema requires every field the index always emits."""
+    index = OccupancyIndex({("a", 0): {"GPU": 10}})
+    index.apply("a", 0, batch(stored(1, 2, medium="GPU")), 0.0)
+    return index.snapshot(offset, 0.0)
+
+
 def test_every_message_validates_against_the_schema() -> None:
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads(messages.schema_bytes())
     jsonschema.Draft202012Validator.check_schema(schema)
     validator = jsonschema.Draft202012Validator(schema)
-    hub = make_hub(client_queue_bytes=1)
+    hub = make_hub(client_queue_bytes=1, snapshot=_occupancy)
     sub = subscribe(hub)
     publish_batch(hub, "a", 0, 1, batch(*MIXED, stored(2**64 - 1, b"\xab", -3, medium="CPU")))
     publish_batch(hub, "a", 0, 2, batch())
@@ -110,8 +120,16 @@ def test_every_message_validates_against_the_schema() -> None:
     notice["extra"] = 1
     assert not validator.is_valid(notice)
     hello = decode(sent[0])
-    hello["occupancy"] = snapshot(0)
+    hello["occupancy"] = _occupancy(0)
     assert not validator.is_valid(hello)  # recovered hellos carry no snapshot
+    fresh = decode(sent[-2])
+    assert fresh["occupancy"] is not None
+    assert not validator.is_valid(fresh | {"occupancy": snapshot(0)})  # no stale, block_size, stores, ...
+    for where, field in (("stream", "stale_reason"), ("stream", "unknown_removes"), ("medium", "block_size")):
+        broken = json.loads(json.dumps(fresh))
+        stream = broken["occupancy"]["streams"][0]
+        del (stream if where == "stream" else stream["mediums"]["GPU"])[field]
+        assert not validator.is_valid(broken), field
 
 
 def test_tiers_lenient_fields_and_a_real_snapshot_validate_against_the_schema() -> None:
@@ -156,3 +174,29 @@ def test_tiers_lenient_fields_and_a_real_snapshot_validate_against_the_schema() 
     assert not validator.is_valid(broken)
     del broken["occupancy"]["tiers"]
     assert not validator.is_valid(broken)
+
+
+def _shape(schema: dict[str, Any], name: str) -> Any:
+    jsonschema = pytest.importorskip("jsonschema")
+    return jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": f"#/$defs/{name}"})
+
+
+def test_lookup_answers_validate_and_the_hash_pattern_is_what_the_server_accepts() -> None:
+    schema = json.loads(messages.schema_bytes())
+    answer, lookup_hash = _shape(schema, "lookup_answer"), _shape(schema, "lookup_hash")
+    index = OccupancyIndex()
+    index.apply("a", 0, batch(stored(1, 2, medium="GPU")), 0.0)
+    streams = list(index.streams())
+    by_hashes = lookup_hashes(streams, [parse_hash("1"), parse_hash("2")], 1)
+    by_tokens = lookup_tokens(streams, ChainLearner(), TokenQuery([1, 2]), 1)
+    for found in (by_hashes, by_tokens):
+        answer.validate(found)
+        unmarked = {k: v for k, v in found["streams"][0].items() if k != "stale"}
+        assert not answer.is_valid(found | {"streams": [unmarked]})
+    texts = ["0", "-7", "1234", "0012", "ab", "9" * 130, "", "-0", "012", "abc", "AB", "+1", " 1", "9" * 131]
+    for text in texts:
+        try:
+            accepted = bool(parse_hash(text))
+        except BadLookup:
+            accepted = False
+        assert lookup_hash.is_valid(text) == accepted, text
