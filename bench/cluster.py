@@ -151,8 +151,12 @@ class _Cluster:
                 specs += ["--source", spec]
                 command = python_command("kvgateway", "ingest", "--source", spec, "--nats", url, "--port", "0")
                 self.ingests.append(Process([*command, "--log-level", "warning"], logs / f"ingest{i}.log"))
-            self.processes += self.ingests
-            time.sleep(1.0)  # the ingest creates the stream
+                self.processes.append(self.ingests[-1])
+                if i == 0:
+                    # The first creates the stream before the others start: nats-server 2.9.10
+                    # crashed once on a message get while another ingest was creating it.
+                    wait_until(self._has_stream, 30, "the first ingest to create the stream")
+            time.sleep(1.0)
             if edge:
                 command = python_command("kvgateway", "edge", *specs, "--nats", url, "--log-level", "warning")
                 self.edge = Process([*command, "--port", str(edge_port)], logs / "edge.log")
@@ -161,6 +165,9 @@ class _Cluster:
         except BaseException:
             self.stop()
             raise
+
+    def _has_stream(self) -> bool:
+        return int(get_json(f"http://127.0.0.1:{self.monitor_port}/jsz").get("streams", 0)) > 0
 
     def stream_messages(self) -> int:
         """The messages the stream holds, from nats-server's monitoring endpoint."""

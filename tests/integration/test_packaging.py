@@ -41,5 +41,5 @@ def test_ingest_help_lists_only_what_ingest_uses() -> None:
     assert "needs a token" not in result.stdout and "probes and metrics" in result.stdout  # --host
     text = " ".join(result.stdout.split())
     assert "--nats-subject-prefix PREFIX subjects PREFIX.SOURCE.RANK (default kvgateway)" in text
-    assert "--nats-replicas N stream replicas (1, 3 or 5; default 1)" in text
+    assert "--nats-replicas N stream replicas, 1 to 5 (an odd number keeps a majority; default 1)" in text
     assert "--token" in _cli("edge", "--help").stdout  # the edge serves clients: it has them all
