@@ -155,8 +155,7 @@ class _Cluster:
                 if i == 0:
                     # The first creates the stream before the others start: nats-server 2.9.10
                     # crashed once on a message get while another ingest was creating it.
-                    wait_until(self._has_stream, 30, "the first ingest to create the stream")
-            time.sleep(1.0)
+                    wait_until(lambda: self._jsz().get("streams", 0) > 0, 30, "the first ingest to create the stream")
             if edge:
                 command = python_command("kvgateway", "edge", *specs, "--nats", url, "--log-level", "warning")
                 self.edge = Process([*command, "--port", str(edge_port)], logs / "edge.log")
@@ -166,12 +165,13 @@ class _Cluster:
             self.stop()
             raise
 
-    def _has_stream(self) -> bool:
-        return int(get_json(f"http://127.0.0.1:{self.monitor_port}/jsz").get("streams", 0)) > 0
+    def _jsz(self) -> dict[str, Any]:
+        """nats-server's JetStream report (its monitoring endpoint)."""
+        return dict(get_json(f"http://127.0.0.1:{self.monitor_port}/jsz"))
 
     def stream_messages(self) -> int:
-        """The messages the stream holds, from nats-server's monitoring endpoint."""
-        return int(get_json(f"http://127.0.0.1:{self.monitor_port}/jsz")["messages"])
+        """The messages the stream holds."""
+        return int(self._jsz()["messages"])
 
     def stop(self) -> None:
         for process in reversed(self.processes):
