@@ -1,5 +1,7 @@
 """The cache analytics' per-batch pass, pure Python: the reference its compiled twin
-(``_analytics_c.pyx``) mirrors step for step (tests/unit/state/test_analytics_differential.py).
+(``_analytics_c.pyx``, which applies the same steps on a C thread of its own and lets a reader in
+once it has caught up) keeps to, table for table (tests/unit/state/test_analytics_differential.py,
+tests/unit/state/test_analytics_thread.py).
 
 :class:`AnalyticsPass` follows the log and keeps what :mod:`kvgateway.state.analytics` reads and
 shows: per stream and tier a :class:`TierStats` (the sampled blocks stored and evicted, bounded
@@ -152,6 +154,9 @@ class AnalyticsPass:
         # On the ingest path: per event a cached route, a hash of its first block and C-level
         # disjointness tests; Python loops only over the blocks followed. The route's cache is read
         # here, :meth:`route` called only when it misses (a call per event was 0.4 us a batch).
+        # The engine's time read as a float (the wire's ``ts`` is one; the compiled pass's thread
+        # keeps C doubles), so an int given here is kept as the float it equals.
+        ts = float(ts)
         routes = self.routes
         for event in events:
             if type(event) is BlockStored:

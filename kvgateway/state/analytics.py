@@ -18,13 +18,15 @@ engines hold each: 1.0 on average is perfect affinity, the number of engines is 
 everywhere. (Blocks held by more than one engine overall are the lookup module's fleet facts.)
 
 Memory: at most :data:`MAX_TRACKED` stored and as many evicted sampled blocks per stream and tier
-(a float and a hash each, about 100 bytes), and :data:`MAX_ROOTS` first blocks per stream.
+(a time and a hash each: about 100 bytes in the reference's ``OrderedDict`` s, 25 to 50 in the
+compiled pass's C tables), and :data:`MAX_ROOTS` first blocks per stream.
 Cost on the ingest path: per event, a ``sample_key() % 16`` of its first block (an int's
 ``hash()``, bytes' first eight bytes: the same in every process, so that a cluster's edges follow
 the same blocks) and a membership test of its blocks, in the per-batch pass
-(:mod:`kvgateway.state._analytics_py`, the reference; its compiled twin ``_analytics_c.pyx`` where
-it was built): about 3 us a batch of scenario 1's payloads compiled, about 5 interpreted
-(docs/performance.md, "1b. Ingest against the floor, round eight").
+(:mod:`kvgateway.state._analytics_py`, the reference). Its compiled twin ``_analytics_c.pyx``,
+where it was built, only queues each event's hashes on the ingest path and applies them on a C
+thread of its own; a reader of the figures waits until the thread has caught up, so it reads what
+the reference would (docs/performance.md, "1b. Ingest against the floor, round twenty-three").
 """
 
 from __future__ import annotations

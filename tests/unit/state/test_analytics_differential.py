@@ -171,10 +171,11 @@ def test_the_bounds_evict_the_oldest_alike() -> None:
     assert repr(sides[0].streams()) == repr(sides[1].streams())
 
 
-def test_many_blocks_of_every_kind_past_the_filters_rebuilds() -> None:
+def test_many_blocks_of_every_kind_through_tables_that_churn() -> None:
     """Thousands of blocks of every kind (u64, negative and larger ints, 32-byte and other bytes)
-    stored, evicted and stored again through bounds that churn: the compiled pass's filters in front
-    of its tables fill, are rebuilt and grow many times, and every table stays the reference's."""
+    stored, evicted and stored again through bounds that churn: the compiled pass's ordered tables
+    (state/_ordered.pxd) take entries out of their middle, compact and grow many times, and every
+    table stays the reference's, in its order."""
     compiled = _compiled()
     rng = random.Random(29)
     kinds = [
@@ -204,7 +205,7 @@ def test_many_blocks_of_every_kind_past_the_filters_rebuilds() -> None:
         evicted_most = max(evicted_most, *(len(stats.evicted_at) for stats in sides[1].core.tiers.values()))
         if n % 50 == 49:
             assert shown(sides[0], index) == shown(sides[1], index)
-    assert evicted_most == 300  # the bound churned: many more keys added than a filter's first bits hold
+    assert evicted_most == 300  # the bound churned: many more keys added than the tables' first columns hold
 
 
 def test_the_public_analytics_run_the_chosen_pass() -> None:
