@@ -425,7 +425,9 @@ cdef class _Engine:
         cdef Py_ssize_t i
         if self.w is NULL:
             return
-        if self.started:
+        # a forked child has no thread to stop, and its copy of the mutex may be held: memory only
+        cdef bint forked = self.started and _forks != self.forks
+        if self.started and not forked:
             with nogil:
                 pthread_mutex_lock(&self.w.mutex)
                 self.w.stop = True
@@ -439,9 +441,10 @@ cdef class _Engine:
         PyMem_RawFree(self.tiers)
         PyMem_RawFree(self.w.counted)
         PyMem_RawFree(self.w.buf)
-        pthread_cond_destroy(&self.w.done)
-        pthread_cond_destroy(&self.w.wake)
-        pthread_mutex_destroy(&self.w.mutex)
+        if not forked:
+            pthread_cond_destroy(&self.w.done)
+            pthread_cond_destroy(&self.w.wake)
+            pthread_mutex_destroy(&self.w.mutex)
         PyMem_RawFree(self.w)
 
     cdef _Tier* new_tier(self, Py_ssize_t id) except NULL:
