@@ -600,7 +600,7 @@ cdef class _Entries:
         return ordered_find(o, <uint8_t>k.kind, k.key, k.data) >= 0
 
     def __repr__(self):
-        return f"OrderedDict({self.items()!r})" if len(self) else "OrderedDict()"
+        return repr(_OrderedDict(self.items()))  # the reference's, as this Python writes it
 
 
 cdef class _Stats:

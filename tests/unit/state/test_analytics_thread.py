@@ -13,7 +13,6 @@ import gc
 import os
 import random
 import signal
-import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +22,7 @@ from kvgateway.state import _analytics_py
 from kvgateway.state.analytics import SAMPLE, CacheAnalytics
 from kvgateway.state.occupancy import OccupancyIndex
 from tests.support.cores import compiled_twin, packed
+from tests.support.waits import wait_until
 from tests.unit.state.test_analytics_differential import STREAMS, analytics_with, shown
 
 
@@ -149,12 +149,11 @@ def test_a_pass_used_in_a_forked_child_raises() -> None:
             gc.collect()  # its engine freed here, in a process without the thread it started
         finally:
             os._exit(code)
-    deadline = time.monotonic() + 60
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if done[0] == 0:
-        os.kill(pid, signal.SIGKILL)
+    try:
+        done = wait_until(lambda: (reaped := os.waitpid(pid, os.WNOHANG))[0] and reaped, 60, 0.05, "the child's exit")
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)  # its pass waited for a thread it does not have
         os.waitpid(pid, 0)
-    assert done[0] == pid, "the child did not exit within 60 s: its pass waited for a thread it does not have"
+        raise
     assert os.waitstatus_to_exitcode(done[1]) == 0
     assert core.tier(STREAMS[0], "GPU").stored_at.keys() == [SAMPLE]  # the parent's goes on
