@@ -107,7 +107,8 @@ def test_a_short_chaos_soak_is_exact_through_every_kind_of_fault() -> None:
     """75 s of traffic: gamma restarts at 25 s and 50 s (3 processes), and faults 12-17 s apart up
     to 20 s before the end (59 s) make at least 3, one of each kind (they come in shuffled rounds
     of the three). Each fault is healed before the next; the checks run once every edge shows
-    every stream's last batch, however long a loaded machine takes."""
+    every stream's last batch, or after 120 s, when an edge still short of one is a violation the
+    failure names (both edges waited for at once, within the test's own timeout)."""
     nats_binary()  # skips without nats-server
     proc = subprocess.run(
         [sys.executable, "-m", "bench.chaos", "--minutes", "1.25", "--fault-every", "12-17", "--restart-every", "25"],
@@ -119,7 +120,7 @@ def test_a_short_chaos_soak_is_exact_through_every_kind_of_fault() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout)
-    assert result["ok"] and result["violation_count"] == 0
+    assert result["ok"] and result["violation_count"] == 0, result["violations"][:10]
     assert all(result["faults"][kind] >= 1 for kind in ("kill_ingest", "kill_edge", "restart_nats")), result["faults"]
     assert result["resumes"] >= 1 and result["resumes_recovered"] == result["resumes"]
     assert all(client["gamma[0]"]["processes"] == 3 for client in result["deliveries"].values())  # 2 restarts seen
