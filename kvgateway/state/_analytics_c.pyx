@@ -41,11 +41,11 @@ from libc.string cimport memcpy, memset
 
 from kvgateway._pylong cimport HASH_MODULUS, negative_long, u64_long  # a 64-bit CPython's int hash; ints made back
 from kvgateway.engine._slots cimport Fields, field, field_offset, fields_of  # a Struct's field read from its slot
-from kvgateway.engine._tokens_c cimport HASHES_BLOB, HASHES_I64, Hashes  # hashes as the wire sent them
-from kvgateway.state._hashtable cimport CONTENT, _BYTES, _INT, _NEG, _OTHER, Key, _fingerprint, _key_of, key_hash
+from kvgateway.engine._tokens_c cimport HASHES_BLOB, Hashes  # hashes as the wire sent them
+from kvgateway.state._hashtable cimport CONTENT, _BYTES, _INT, _NEG, _OTHER, Key, _key_in, _key_of, key_hash
 from kvgateway.state._hashtable cimport hash_count, hash_hashed, hash_key, hash_object  # an event's hashes
 from kvgateway.state._ordered cimport (
-    ORDERED_DEAD, Ordered, ordered_append, ordered_clear, ordered_find, ordered_free, ordered_take,
+    ORDERED_DEAD, Ordered, ordered_append, ordered_find, ordered_free, ordered_take,
 )
 
 from kvgateway.engine.mediums import medium_tier, normalise_medium
@@ -191,9 +191,7 @@ cdef enum:
     _REC_REMOVED = 2
     _REC_CLEAR = 3
     _REC_WRAP = 4  # the rest of the buffer unused: the next record is at its start
-    _FORM_U64 = 0  # n words, each an int's value (a Hashes of u64s)
-    _FORM_I64 = 1  # n words, each an int64's bits (a Hashes of signed hashes)
-    _FORM_BLOB = 2  # n 32-byte hashes (a Hashes of sha256 bytes)
+    # a record's form: a Hashes' (HASHES_U64, HASHES_I64, HASHES_BLOB: its array copied), or
     _FORM_KEYS = 3  # n keys of any kind, _KEY_SIZE bytes each (a list's hashes)
     _KEY_SIZE = 48  # a word, a kind, 32 bytes
     _CHUNK = 1024  # hashes a record at most: an event of more is split (the work is per hash, in order)
@@ -232,37 +230,15 @@ cdef inline size_t _aligned(size_t n) noexcept nogil:
     return (n + 7) & ~(<size_t>7)
 
 
-cdef struct _Hash:
-    uint8_t kind
-    uint64_t word
-    const unsigned char* blob  # a 32-byte hash's bytes (in the record), else NULL
-
-
-cdef inline void _key_in(_Record* r, const unsigned char* data, size_t i, _Hash* h) noexcept nogil:
+cdef inline void _key_of_record(_Record* r, const unsigned char* data, size_t i, Key* k) noexcept nogil:
     """The key of hash ``i`` of record ``r`` (its payload ``data``)."""
-    cdef uint64_t bits
-    h.blob = NULL
-    if r.form == _FORM_U64:
-        h.kind = _INT
-        h.word = (<const uint64_t*>data)[i]
-    elif r.form == _FORM_I64:
-        bits = (<const uint64_t*>data)[i]
-        if <int64_t>bits < 0:
-            h.kind = _NEG
-            h.word = 0 - bits  # the magnitude, as _hashtable's _key_at reads it
-        else:
-            h.kind = _INT
-            h.word = bits
-    elif r.form == _FORM_BLOB:
-        h.kind = _BYTES
-        h.blob = data + i * CONTENT
-        h.word = _fingerprint(h.blob)
-    else:
-        data = data + i * _KEY_SIZE
-        h.word = (<const uint64_t*>data)[0]
-        h.kind = <uint8_t>(<const uint64_t*>data)[1]
-        if h.kind == _BYTES:
-            h.blob = data + 16
+    if r.form != _FORM_KEYS:
+        _key_in(r.form, data, i, k)
+        return
+    data = data + i * _KEY_SIZE
+    k.key = (<const uint64_t*>data)[0]
+    k.kind = <int>(<const uint64_t*>data)[1]
+    k.data = data + 16 if k.kind == _BYTES else NULL
 
 
 cdef int _stored(_Worker* w, _Record* r, const unsigned char* data) noexcept nogil:
@@ -272,12 +248,12 @@ cdef int _stored(_Worker* w, _Record* r, const unsigned char* data) noexcept nog
     cdef _Tier* t = r.tier
     cdef size_t i
     cdef Py_ssize_t pos
-    cdef _Hash h
+    cdef Key h
     cdef double evicted
     if t.evicted.n:
         for i in range(r.n):
-            _key_in(r, data, i, &h)
-            pos = ordered_find(&t.evicted, h.kind, h.word, h.blob)
+            _key_of_record(r, data, i, &h)
+            pos = ordered_find(&t.evicted, &h)
             if pos >= 0:
                 evicted = t.evicted.values[pos]
                 ordered_take(&t.evicted, pos)
@@ -285,9 +261,9 @@ cdef int _stored(_Worker* w, _Record* r, const unsigned char* data) noexcept nog
                     t.refetches += 1
     if r.followed:
         for i in range(r.n):
-            _key_in(r, data, i, &h)
-            if ordered_find(&t.stored, h.kind, h.word, h.blob) < 0:  # a second copy keeps the first one's time
-                if ordered_append(&t.stored, h.kind, h.word, h.blob, r.ts) < 0:
+            _key_of_record(r, data, i, &h)
+            if ordered_find(&t.stored, &h) < 0:  # a second copy keeps the first one's time
+                if ordered_append(&t.stored, &h, r.ts) < 0:
                     return -1
                 if <Py_ssize_t>t.stored.n > w.max_tracked:
                     ordered_take(&t.stored, t.stored.head)
@@ -300,23 +276,23 @@ cdef int _removed(_Worker* w, _Record* r, const unsigned char* data) noexcept no
     cdef _Tier* t = r.tier
     cdef size_t i
     cdef Py_ssize_t pos
-    cdef _Hash h
+    cdef Key h
     cdef double stored, seconds
     cdef _Tier** grown
     if not t.stored.n:
         return 0
     for i in range(r.n):
-        _key_in(r, data, i, &h)
-        pos = ordered_find(&t.stored, h.kind, h.word, h.blob)
+        _key_of_record(r, data, i, &h)
+        pos = ordered_find(&t.stored, &h)
         if pos < 0:
             continue  # not followed (or stored before the gateway watched)
         stored = t.stored.values[pos]
         ordered_take(&t.stored, pos)
         t.evictions += 1
-        pos = ordered_find(&t.evicted, h.kind, h.word, h.blob)
+        pos = ordered_find(&t.evicted, &h)
         if pos >= 0:  # evicted again: its time the new one, and the newest (move_to_end)
             ordered_take(&t.evicted, pos)
-        if ordered_append(&t.evicted, h.kind, h.word, h.blob, r.ts) < 0:
+        if ordered_append(&t.evicted, &h, r.ts) < 0:
             return -1
         if <Py_ssize_t>t.evicted.n > w.max_tracked:
             ordered_take(&t.evicted, t.evicted.head)
@@ -346,7 +322,7 @@ cdef int _apply_record(_Worker* w, _Record* r) noexcept nogil:
     if r.type == _REC_REMOVED:
         return _removed(w, r, data)
     if r.type == _REC_CLEAR:
-        ordered_clear(&r.tier.stored)
+        ordered_free(&r.tier.stored)  # every entry out, the memory back (as OrderedDict.clear)
     return 0
 
 
@@ -354,7 +330,7 @@ cdef inline size_t _record_size(_Record* r) noexcept nogil:
     cdef size_t each
     if r.type == _REC_CLEAR:
         return sizeof(_Record)
-    if r.form == _FORM_BLOB:
+    if r.form == HASHES_BLOB:
         each = CONTENT
     elif r.form == _FORM_KEYS:
         each = _KEY_SIZE
@@ -597,7 +573,7 @@ cdef class _Entries:
         _key_of(h, &k)
         if k.kind == _OTHER:
             return h in self.keys()
-        return ordered_find(o, <uint8_t>k.kind, k.key, k.data) >= 0
+        return ordered_find(o, &k) >= 0
 
     def __repr__(self):
         return repr(_OrderedDict(self.items()))  # the reference's, as this Python writes it
@@ -632,12 +608,9 @@ cdef class _Stats:
 
     def _counts(self):
         """The reference's stats with these counts (its tables left empty): its methods, reused."""
+        buckets, lifetimes, lifetime_sum, evictions, refetches = _counts_of(self)
         return _TierStats(
-            buckets=self.buckets,
-            lifetimes=self.lifetimes,
-            lifetime_sum=self.lifetime_sum,
-            evictions=self.evictions,
-            refetches=self.refetches,
+            buckets=buckets, lifetimes=lifetimes, lifetime_sum=lifetime_sum, evictions=evictions, refetches=refetches
         )
 
     def lifetime_quantile(self, q):
@@ -838,12 +811,13 @@ cdef class AnalyticsPass:
             n = len(hashes)
         if type(hashes) is Hashes:
             compact = <Hashes>hashes
-            form = _FORM_BLOB if compact.form == HASHES_BLOB else (_FORM_I64 if compact.form == HASHES_I64 else _FORM_U64)
-            each = CONTENT if form == _FORM_BLOB else 8
+            form = compact.form
+            each = CONTENT if form == HASHES_BLOB else 8
         else:
             form = _FORM_KEYS
             each = _KEY_SIZE
-            self._number_others(hashes, n)  # before any record: numbering may read the tables
+            if len(self._other_ids) + n > self._others_limit:
+                self._drop_unheld_others()  # before any record of the event: it waits for the queue
         start = 0
         while start < n:
             count = min(n - start, _CHUNK)
@@ -856,7 +830,7 @@ cdef class AnalyticsPass:
                 for i in range(count):
                     h = hashes[start + i]
                     _key_of(h, &k)
-                    (<uint64_t*>data)[0] = self._other_ids[h] if k.kind == _OTHER else k.key
+                    (<uint64_t*>data)[0] = self._number(h) if k.kind == _OTHER else k.key
                     (<uint64_t*>data)[1] = <uint64_t>k.kind
                     if k.kind == _BYTES:
                         memcpy(data + 16, k.data, CONTENT)
@@ -864,21 +838,16 @@ cdef class AnalyticsPass:
             start += count
         return 0
 
-    cdef int _number_others(self, object hashes, Py_ssize_t n) except -1:
-        """Each hash of kind _OTHER in ``hashes`` numbered (equal hashes, one number): the thread
-        compares their numbers. Numbers no table holds are dropped once there are many."""
-        cdef Key k
-        cdef Py_ssize_t i
-        if len(self._other_ids) + n > self._others_limit:
-            self._drop_unheld_others()
-        for i in range(n):
-            h = hashes[i]
-            _key_of(h, &k)
-            if k.kind == _OTHER and h not in self._other_ids:
-                self._other_ids[h] = self._next_other
-                self._engine.others[self._next_other] = h
-                self._next_other += 1
-        return 0
+    cdef object _number(self, object h):
+        """The number of ``h``, a hash of kind _OTHER (equal hashes, one number): the thread compares
+        numbers where the reference compares objects. Numbers no table holds are dropped once there
+        are many (:meth:`_drop_unheld_others`, between events)."""
+        number = self._other_ids.get(h)
+        if number is None:
+            number = self._other_ids[h] = self._next_other
+            self._engine.others[number] = h
+            self._next_other += 1
+        return number
 
     cdef int _drop_unheld_others(self) except -1:
         cdef Py_ssize_t t

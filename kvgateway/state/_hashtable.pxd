@@ -14,7 +14,7 @@ keep in a Python container beside the tables: :func:`_key_of` says which kind a 
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_RawFree, PyMem_RawMalloc
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
@@ -22,7 +22,7 @@ from cpython.object cimport PyObject_Hash
 
 from kvgateway._pylong cimport negative_hash, negative_of, u64_hash, u64_of  # a hash's int read from its digits, hashed
 from kvgateway.engine._tokens_c cimport (  # an event's hashes as the wire sent them
-    HASH_BLOB_SIZE, HASHES_BLOB, HASHES_I64, Hashes, hash_bits, hash_item,
+    HASH_BLOB_SIZE, HASHES_BLOB, HASHES_I64, Hashes, hash_item,
 )
 
 cimport cython
@@ -270,22 +270,28 @@ cdef inline int _key_of(object h, Key* k) except -1:
     return 0
 
 
-cdef inline void _key_at(Hashes hashes, Py_ssize_t i, Key* k) noexcept:
-    """:func:`_key_of` of hash ``i`` of a :class:`Hashes`, read from its array (never ``_OTHER``)."""
+cdef inline void _key_in(int form, const unsigned char* data, Py_ssize_t i, Key* k) noexcept nogil:
+    """:func:`_key_of` of hash ``i`` of an array of hashes of one :class:`Hashes` form (``form``,
+    its bytes ``data``): a Hashes' own, or a copy of it (the analytics' thread reads one)."""
     cdef uint64_t bits
-    if hashes.form == HASHES_BLOB:
+    if form == HASHES_BLOB:
         k.kind = _BYTES
-        k.data = hashes.data + i * HASH_BLOB_SIZE
+        k.data = data + i * HASH_BLOB_SIZE
         k.key = _fingerprint(k.data)
         return
     k.data = NULL
-    bits = hash_bits(hashes, i)
-    if hashes.form == HASHES_I64 and <int64_t>bits < 0:
+    bits = (<const uint64_t*>data)[i]
+    if form == HASHES_I64 and <int64_t>bits < 0:
         k.kind = _NEG
         k.key = 0 - bits  # the magnitude, 2**63 for -2**63 (negative_of's)
     else:
         k.kind = _INT
         k.key = bits
+
+
+cdef inline void _key_at(Hashes hashes, Py_ssize_t i, Key* k) noexcept:
+    """:func:`_key_of` of hash ``i`` of a :class:`Hashes`, read from its array (never ``_OTHER``)."""
+    _key_in(hashes.form, hashes.data, i, k)
 
 
 # An event's block hashes, as the pass reads them: a list (the reference decoder's, or the field
@@ -469,19 +475,20 @@ cdef enum:
     _FILTER_SPARSE = 8  # at most one bit in this many set
 
 
-cdef inline int _filter_size(Filter* f, Py_ssize_t keys, int min_log2) except -1:
+cdef inline int _filter_sized(Filter* f, Py_ssize_t keys, int min_log2) noexcept nogil:
     """``f`` empty, with bits for ``keys`` keys, at least ``2**min_log2`` (its words kept when their
-    number stays)."""
+    number stays); without the GIL (the analytics' thread makes its filters). -1: no memory, and
+    ``f`` has no words (its owner asks its table)."""
     cdef Py_ssize_t bits = (<Py_ssize_t>1) << min_log2
     cdef int log2 = min_log2
     while bits < _FILTER_BITS_A_KEY * keys:
         bits <<= 1
         log2 += 1
     if f.words is NULL or 64 - log2 != f.shift:
-        PyMem_Free(f.words)
-        f.words = <uint64_t*>PyMem_Malloc((bits >> 6) * sizeof(uint64_t))  # PyMem: traced, as a dict's
+        PyMem_RawFree(f.words)
+        f.words = <uint64_t*>PyMem_RawMalloc((bits >> 6) * sizeof(uint64_t))  # traced, as a dict's
         if f.words is NULL:
-            raise MemoryError()
+            return -1
         f.shift = 64 - log2
     memset(f.words, 0, (bits >> 6) * sizeof(uint64_t))
     f.added = 0
@@ -489,8 +496,15 @@ cdef inline int _filter_size(Filter* f, Py_ssize_t keys, int min_log2) except -1
     return 0
 
 
-cdef inline void _filter_free(Filter* f) noexcept:
-    PyMem_Free(f.words)
+cdef inline int _filter_size(Filter* f, Py_ssize_t keys, int min_log2) except -1:
+    """:func:`_filter_sized`, a MemoryError where there is no memory."""
+    if _filter_sized(f, keys, min_log2) < 0:
+        raise MemoryError()
+    return 0
+
+
+cdef inline void _filter_free(Filter* f) noexcept nogil:
+    PyMem_RawFree(f.words)
     f.words = NULL
 
 

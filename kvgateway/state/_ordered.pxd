@@ -10,17 +10,18 @@ Entries lie in their order in columns (a word, a kind, a time; 32 bytes for a sh
 are compacted (or doubled, when more than half are alive) once the tail reaches their end, so
 each operation is O(1) amortised. An index (open addressing, linear probing, at most half full)
 maps a key to its entry's position; a taken entry leaves it by backward shifting (no tombstones).
-In front of the index, a negative filter (a bit a key, 16 bits a key when made, at most one in 8
-set): most questions the analytics ask are of hashes absent from the table (a stored hash was
-seldom evicted lately; a removed one was seldom sampled), and a clear bit answers them without
-the index's and the columns' lines, which for a table of 20,000 entries lie outside the caches.
-A key taken out keeps its bit until the filter is made again (from the live keys, once more keys
-were added than it allows).
+In front of the index, ``_hashtable.pxd``'s negative filter (made without the GIL): most
+questions the analytics ask are of hashes absent from the table (a stored hash was seldom evicted
+lately; a removed one was seldom sampled), and a clear bit answers them without the index's and
+the columns' lines, which for a table of 20,000 entries lie outside the caches. A key taken out
+keeps its bit until the filter is made again (from the live keys, once more keys were added than
+it allows).
 
-A key is a hash's kind (``_hashtable.pxd``'s ``_INT``, ``_NEG``, ``_BYTES``, or ``_OTHER`` for a
-hash the caller has numbered) and its word (the int's value, the negative's magnitude, the 32-byte
-hash's fingerprint with its bytes beside, the number): two keys are one hash exactly where kind,
-word and bytes are equal, which is where Python's ``==`` says so for the hashes the kinds hold.
+A key is ``_hashtable.pxd``'s :c:type:`Key`: a hash's kind (``_INT``, ``_NEG``, ``_BYTES``, or
+``_OTHER`` for a hash the caller has numbered) and its word (the int's value, the negative's
+magnitude, the 32-byte hash's fingerprint with its bytes beside, the number): two keys are one hash
+exactly where kind, word and bytes are equal, which is where Python's ``==`` says so for the hashes
+the kinds hold.
 
 Every function here runs without the GIL: allocation is Python's raw allocator (malloc underneath,
 seen by tracemalloc), and a failed allocation returns -1 with the table unchanged.
@@ -30,15 +31,13 @@ from libc.stdint cimport int32_t, uint8_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
 
-from kvgateway.state._hashtable cimport CONTENT, _BYTES, _mix
+from kvgateway.state._hashtable cimport CONTENT, _BYTES, Filter, Key, _filter_free, _filter_may, _filter_note, _filter_sized, _mix
 
 
 cdef enum:
     ORDERED_DEAD = 0xFF  # an entry's kind once taken out
     _ORDERED_MIN = 16  # a new table's entries
-    _FILTER_MIN_BITS = 1024
-    _FILTER_BITS_A_KEY = 16  # when made
-    _FILTER_SPARSE = 8  # at most one bit in this many set before it is made again
+    _ORDERED_FILTER_LOG2 = 10  # a filter's bits at the least: 1024
 
 
 cdef struct Ordered:
@@ -52,69 +51,42 @@ cdef struct Ordered:
     size_t cap  # entries the columns hold
     size_t n  # entries alive
     size_t smask  # the index's slots - 1
-    uint64_t* fbits  # the negative filter (NULL: none, every question goes to the index)
-    int fshift  # 64 - log2(its bits)
-    size_t fadded  # keys noted since it was made
-    size_t flimit  # its bits / _FILTER_SPARSE
+    Filter filter  # no words: none (no memory), every question goes to the index
 
 
-cdef inline size_t _ordered_home(Ordered* o, uint8_t kind, uint64_t word) noexcept nogil:
-    return _mix(word ^ (<uint64_t>kind * 0x9E3779B97F4A7C15ULL)) & o.smask
+cdef inline uint64_t _ordered_word(int kind, uint64_t word) noexcept nogil:
+    """What a key is placed and filtered by: its word, told apart by its kind."""
+    return word ^ (<uint64_t>kind * 0x9E3779B97F4A7C15ULL)
 
 
-cdef inline bint _ordered_is(Ordered* o, size_t pos, uint8_t kind, uint64_t word, const unsigned char* blob) noexcept nogil:
-    return o.words[pos] == word and o.kinds[pos] == kind and (
-        kind != _BYTES or memcmp(o.blobs + pos * CONTENT, blob, CONTENT) == 0
-    )
+cdef inline size_t _ordered_home(Ordered* o, int kind, uint64_t word) noexcept nogil:
+    return _mix(_ordered_word(kind, word)) & o.smask
 
 
-cdef inline uint64_t _filter_bit(Ordered* o, uint8_t kind, uint64_t word) noexcept nogil:
-    return ((word ^ (<uint64_t>kind * 0xC2B2AE3D27D4EB4FULL)) * 0x9E3779B97F4A7C15ULL) >> o.fshift
-
-
-cdef inline void _filter_note(Ordered* o, uint8_t kind, uint64_t word) noexcept nogil:
-    cdef uint64_t i = _filter_bit(o, kind, word)
-    o.fbits[i >> 6] |= (<uint64_t>1) << (i & 63)
-    o.fadded += 1
-
-
-cdef inline void _filter_make(Ordered* o) noexcept nogil:
+cdef inline void _ordered_filter(Ordered* o) noexcept nogil:
     """The filter made again for the live keys (none where there is no memory: the index answers)."""
-    cdef size_t bits = _FILTER_MIN_BITS, i
-    cdef int log2 = 10
-    while bits < _FILTER_BITS_A_KEY * o.n:
-        bits <<= 1
-        log2 += 1
-    PyMem_RawFree(o.fbits)
-    o.fbits = <uint64_t*>PyMem_RawMalloc((bits >> 6) * sizeof(uint64_t))
-    if o.fbits is NULL:
+    cdef size_t i
+    if _filter_sized(&o.filter, o.n, _ORDERED_FILTER_LOG2) < 0:
         return
-    memset(o.fbits, 0, (bits >> 6) * sizeof(uint64_t))
-    o.fshift = 64 - log2
-    o.fadded = 0
-    o.flimit = bits // _FILTER_SPARSE
     for i in range(o.head, o.tail):
         if o.kinds[i] != ORDERED_DEAD:
-            _filter_note(o, o.kinds[i], o.words[i])
+            _filter_note(&o.filter, _ordered_word(o.kinds[i], o.words[i]))
 
 
-cdef inline Py_ssize_t ordered_find(Ordered* o, uint8_t kind, uint64_t word, const unsigned char* blob) noexcept nogil:
-    """The position of the entry of this key, or -1."""
+cdef inline Py_ssize_t ordered_find(Ordered* o, const Key* k) noexcept nogil:
+    """The position of the entry of key ``k``, or -1."""
     cdef size_t i
     cdef int32_t p
-    cdef uint64_t bit
-    if o.n == 0:
+    if o.n == 0 or (o.filter.words is not NULL and not _filter_may(&o.filter, _ordered_word(k.kind, k.key))):
         return -1
-    if o.fbits is not NULL:
-        bit = _filter_bit(o, kind, word)
-        if not (o.fbits[bit >> 6] >> (bit & 63)) & 1:
-            return -1
-    i = _ordered_home(o, kind, word)
+    i = _ordered_home(o, k.kind, k.key)
     while True:
         p = o.slots[i]
         if p < 0:
             return -1
-        if _ordered_is(o, <size_t>p, kind, word, blob):
+        if o.words[p] == k.key and o.kinds[p] == k.kind and (
+            k.kind != _BYTES or memcmp(o.blobs + p * CONTENT, k.data, CONTENT) == 0
+        ):
             return p
         i = (i + 1) & o.smask
 
@@ -125,7 +97,7 @@ cdef inline void ordered_free(Ordered* o) noexcept nogil:
     PyMem_RawFree(o.values)
     PyMem_RawFree(o.blobs)
     PyMem_RawFree(o.slots)
-    PyMem_RawFree(o.fbits)
+    _filter_free(&o.filter)
     memset(o, 0, sizeof(Ordered))
 
 
@@ -182,26 +154,26 @@ cdef inline int _ordered_resize(Ordered* o, bint blobs) noexcept nogil:
     return 0
 
 
-cdef inline int ordered_append(Ordered* o, uint8_t kind, uint64_t word, const unsigned char* blob, double value) noexcept nogil:
-    """A new entry (its key not in the table) at the end. -1: no memory (the table unchanged)."""
+cdef inline int ordered_append(Ordered* o, const Key* k, double value) noexcept nogil:
+    """A new entry (its key ``k`` not in the table) at the end. -1: no memory (the table unchanged)."""
     cdef size_t pos
-    cdef bint blobs = o.blobs is not NULL or kind == _BYTES
+    cdef bint blobs = o.blobs is not NULL or k.kind == _BYTES
     if o.tail == o.cap or (blobs and o.blobs is NULL):
         if _ordered_resize(o, blobs) < 0:
             return -1
     pos = o.tail
     o.tail += 1
-    o.words[pos] = word
-    o.kinds[pos] = kind
+    o.words[pos] = k.key
+    o.kinds[pos] = <uint8_t>k.kind
     o.values[pos] = value
-    if kind == _BYTES:
-        memcpy(o.blobs + pos * CONTENT, blob, CONTENT)
+    if k.kind == _BYTES:
+        memcpy(o.blobs + pos * CONTENT, k.data, CONTENT)
     _ordered_slot(o, pos)
     o.n += 1
-    if o.fbits is NULL or o.fadded >= o.flimit:
-        _filter_make(o)  # with this key among the live ones
+    if o.filter.words is NULL or o.filter.added >= o.filter.limit:
+        _ordered_filter(o)  # with this key among the live ones
     else:
-        _filter_note(o, kind, word)
+        _filter_note(&o.filter, _ordered_word(k.kind, k.key))
     return 0
 
 
@@ -230,8 +202,3 @@ cdef inline void ordered_take(Ordered* o, size_t pos) noexcept nogil:
         o.head += 1
     if o.n == 0:
         o.head = o.tail = 0  # from the front again (the index is empty already)
-
-
-cdef inline void ordered_clear(Ordered* o) noexcept nogil:
-    """Every entry out, the memory given back (as ``OrderedDict.clear``)."""
-    ordered_free(o)

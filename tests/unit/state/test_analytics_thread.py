@@ -30,8 +30,8 @@ def _compiled() -> ModuleType:
     return compiled_twin("kvgateway.state._analytics_c")
 
 
-def _both(**bounds: float) -> list[CacheAnalytics]:
-    return [analytics_with(module, **bounds) for module in (_analytics_py, _compiled())]  # type: ignore[arg-type]
+def _both(window: float, **bounds: int) -> list[CacheAnalytics]:
+    return [analytics_with(module, window, **bounds) for module in (_analytics_py, _compiled())]
 
 
 def test_a_flood_read_only_at_its_end_is_the_reference() -> None:
